@@ -1,0 +1,39 @@
+# ttsaot — the README's two commands are `make demo` and `make test`; both set up a fresh machine first.
+PY ?= python3
+PIP ?= $(PY) -m pip
+ART ?= artifacts
+PYTEST_WORKERS ?= 2
+# Upstream packages used only as parity oracles; installed without their dependency trees, which would
+# replace the CPU torch (qwen-tts pins torchaudio; vllm-omni pulls vllm).
+ORACLE_WHEELS = qwen-tts==0.1.1 voxcpm==2.0.3 vllm-omni==0.30.0 fish-speech==0.1.0
+
+.PHONY: setup setup-dev demo test test-gpu bench lint clean
+
+setup:
+	$(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -e ".[audio]"
+
+setup-dev: setup
+	$(PIP) install -q -e ".[audio,test,onnx,oracle]"
+	$(PIP) install -q --no-deps $(ORACLE_WHEELS)
+
+demo: setup
+	build-artifacts build qwen3-tts-12hz --preset tiny --random-weights --device cpu --dtype fp32 \
+		--batch-buckets 1,2 --frame-buckets 16,32 --out $(ART)
+	build-artifacts inspect $(ART)/qwen3-tts-12hz
+	$(PY) examples/demo.py --artifacts $(ART) --out demo_out
+
+test: setup-dev
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not gpu" tests
+
+test-gpu:
+	CXX=$${CXX:-/usr/bin/g++} $(PY) -m pytest -m gpu tests -x -v
+
+bench:
+	$(PY) -m bench --out bench/results
+
+lint:
+	$(PY) -m ruff check builder runtime tests bench examples
+
+clean:
+	rm -rf $(ART)/*/ .pytest_artifacts demo_out

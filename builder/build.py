@@ -1,0 +1,353 @@
+"""The build pipeline for one family:
+
+faithful eager module → passes → parity of the rewritten module → torch.export + AOTI per bucket → weights
+(from the compile, identical across buckets) → golden cases → manifest → fresh packages loaded once in a
+subprocess and compared with eager → atomic rename into place."""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import fcntl
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..runtime.artifact import FORMAT_VERSION, MANIFEST, dtype_name, sha256_of
+from .buckets import BucketPlan
+from .export import CompileError, compile_bucket, compiler_info
+from .passes import cast_to_compute_dtype, count_parameters
+from .stage_spec import StageSpec
+
+PASS_PARITY_LIMIT = 1e-5   # rewritten vs original module, fp32 on CPU: rewrites must not change the math
+
+
+class BuildError(RuntimeError):
+    """A build failed; nothing was written to the destination."""
+
+
+class Reporter:
+    """Progress callbacks; the CLI implements them with rich, tests use this silent default."""
+
+    def stage_start(self, stage: str, n_buckets: int) -> None: ...
+    def bucket_done(self, stage: str, key: str, seconds: float) -> None: ...
+    def note(self, msg: str) -> None: ...
+
+
+@dataclass
+class BuildResult:
+    path: Path
+    manifest: dict
+    seconds: float
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    o, r = out.detach().double().cpu(), ref.detach().double().cpu()
+    n = r.norm().item()
+    return (o - r).norm().item() / (n if n > 0 else 1.0)
+
+
+def build_env(device: torch.device) -> dict[str, Any]:
+    env: dict[str, Any] = {
+        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "platform": f"{platform.system()}-{platform.machine()}",
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except Exception:  # noqa: BLE001
+        env["triton"] = None
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        env["sm"] = f"{major}.{minor}"
+        env["gpu_name"] = torch.cuda.get_device_name(device)
+    else:
+        env["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    env.update(compiler_info())
+    try:
+        from importlib.metadata import version
+
+        env["ttsaot"] = version("ttsaot")
+    except Exception:  # noqa: BLE001
+        env["ttsaot"] = None
+    return env
+
+
+class _BuildLock:
+    """An exclusive lock per destination so two builds cannot interleave their renames."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise BuildError(f"another build is writing {self.path.with_suffix('')} (lock {self.path})") from None
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=metadata)
+
+
+def _file_entry(root: Path, rel: str) -> dict:
+    p = root / rel
+    return {"file": rel, "sha256": sha256_of(p), "bytes": p.stat().st_size}
+
+
+def _io_with_dtypes(descs: list[dict]) -> list[dict]:
+    return [dict(d) for d in descs]
+
+
+def _golden_sizes(spec: StageSpec) -> list[dict[str, int]]:
+    """One case per distinct size of every non-batch axis (at the smallest batch), the largest batch at the
+    smallest sizes, and the family's off-bucket cases (exercise padding and trimming)."""
+    buckets = spec.plan.buckets()
+    axes = list(spec.plan.axes)
+    out: list[dict[str, int]] = []
+    if "batch" in axes:
+        bmin, bmax = min(spec.plan.axes["batch"]), max(spec.plan.axes["batch"])
+        for b in buckets:
+            if b["batch"] == bmin and b not in out:
+                out.append(b)
+        smallest = {a: (bmax if a == "batch" else min(spec.plan.axes[a])) for a in axes}
+        if smallest not in out:
+            out.append(smallest)
+    else:
+        out = list(buckets)
+    for extra in spec.golden_sizes:
+        if extra not in out:
+            out.append(extra)
+    return out
+
+
+def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, reporter: Reporter,
+                extra_inductor_options: dict | None = None) -> dict:
+    """Build one stage into `tmp`; returns its manifest entry."""
+    if spec.fp32_only and spec.dtype != torch.float32:
+        raise BuildError(f"{spec.name}: this stage is fp32 only (numerics policy), refusing {spec.dtype}")
+    original = spec.make_module().eval()
+    before = count_parameters(original)
+    rewritten = copy.deepcopy(original)
+    pass_reports = [p(rewritten) for p in spec.passes]
+
+    # Golden inputs and the fp32 eager reference of the ORIGINAL faithful module.
+    golden: dict[str, torch.Tensor] = {}
+    cases: list[str] = []
+    for i, sizes in enumerate(_golden_sizes(spec)):
+        g = torch.Generator().manual_seed(seed * 1000 + i)
+        inputs = spec.make_inputs(sizes, g)
+        with torch.no_grad():
+            ref = original(*[inputs[n] for n in spec.input_names])
+            mid = rewritten(*[inputs[n] for n in spec.input_names])
+        ref = ref if isinstance(ref, tuple) else (ref,)
+        mid = mid if isinstance(mid, tuple) else (mid,)
+        case = BucketPlan.key(sizes)
+        for o_desc, r, m in zip(spec.outputs, ref, mid):
+            err = rel_error(m, r) if r.is_floating_point() else float((m != r).sum())
+            if err > PASS_PARITY_LIMIT:
+                raise BuildError(f"{spec.name}: passes changed output {o_desc['name']!r} on case {case} "
+                                 f"(rel error {err:.3g} > {PASS_PARITY_LIMIT}); a rewrite is wrong")
+            golden[f"{case}/out/{o_desc['name']}"] = r.detach().contiguous()
+        for n in spec.input_names:
+            golden[f"{case}/in/{n}"] = inputs[n].contiguous()
+        cases.append(case)
+    del original
+
+    module = cast_to_compute_dtype(rewritten, spec.dtype).to(device).eval()
+    after = count_parameters(module)
+    buckets = spec.plan.buckets()
+    reporter.stage_start(spec.name, len(buckets))
+    weights: dict[str, torch.Tensor] | None = None
+    bucket_entries = []
+    for sizes in buckets:
+        key = BucketPlan.key(sizes)
+        rel = f"{spec.name}/{key}.pt2"
+        g = torch.Generator().manual_seed(seed)
+        ex = spec.make_inputs(sizes, g)
+        args = tuple(ex[n].to(device) for n in spec.input_names)
+        t0 = time.time()
+        try:
+            cb = compile_bucket(module, args, device, tmp / rel, model_name=f"{spec.name}_{key}",
+                                metadata={"ttsaot_stage": spec.name, "ttsaot_bucket": key,
+                                          "ttsaot_family": spec.family},
+                                extra_options=extra_inductor_options)
+        except CompileError as e:
+            raise BuildError(f"{spec.name}/{key}: {e}") from e
+        if weights is None:
+            weights = cb.weights
+        else:
+            if list(cb.weights) != list(weights) or any(not torch.equal(cb.weights[k], weights[k]) for k in weights):
+                diff = sorted(set(cb.weights) ^ set(weights))[:3] or "values"
+                raise BuildError(f"{spec.name}/{key}: compiled constants differ from the first bucket's ({diff}); "
+                                 "weights could not be shared")
+        bucket_entries.append({"key": key, "sizes": sizes, **_file_entry(tmp, rel)})
+        reporter.bucket_done(spec.name, key, time.time() - t0)
+
+    assert weights is not None
+    wrel = f"{spec.name}.safetensors"
+    _save_safetensors(weights, tmp / wrel, metadata={"ttsaot_stage": spec.name})
+    grel = f"golden/{spec.name}.safetensors"
+    _save_safetensors(golden, tmp / grel)
+    constants = {k: {"dtype": dtype_name(t.dtype), "shape": list(t.shape), "stride": list(t.contiguous().stride())}
+                 for k, t in weights.items()}
+    return {
+        "kind": spec.kind, "dtype": dtype_name(spec.dtype),
+        "inputs": _io_with_dtypes(spec.inputs), "outputs": _io_with_dtypes(spec.outputs),
+        "weights": _file_entry(tmp, wrel), "constants": constants,
+        "buckets": bucket_entries,
+        "golden": _file_entry(tmp, grel), "golden_cases": cases,
+        "tolerance": spec.tolerance,
+        "metadata": spec.metadata, "config": spec.config,
+        "passes": pass_reports,
+        "checkpoint": {**spec.checkpoint_report, "params_before": before, "params_after": after},
+    }
+
+
+def subprocess_verify(path: Path, device: torch.device, timeout: float = 1800) -> list[dict]:
+    """Load the fresh packages in a child process and run the golden cases: a package that segfaults on load
+    fails the build here instead of crashing a user's server later."""
+    cmd = [sys.executable, "-m", "ttsaot.runtime.verify", str(path), "--device", str(device), "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode < 0:
+        raise BuildError(f"loading the fresh packages killed the process with signal {-proc.returncode} "
+                         f"(on the GPU machine, set CXX=/usr/bin/g++ or pass --cxx); stderr: "
+                         f"{proc.stderr.strip().splitlines()[-1:] if proc.stderr.strip() else ''}")
+    try:
+        results = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no output"
+        raise BuildError(f"verifying the fresh artifact failed: {tail}") from None
+    bad = [r for r in results if not r["ok"]]
+    if bad:
+        r = bad[0]
+        raise BuildError(f"{r['stage']}/{r['case']}: artifact output {r['output']!r} differs from eager "
+                         f"({r['metric']} {r['value']:.3g} > {r['limit']:.3g})")
+    return results
+
+
+def build_family(family: str, specs: list[StageSpec], out_root: str | Path, device: str | torch.device = "cpu",
+                 seed: int = 0, preset: str | None = None, reporter: Reporter | None = None,
+                 verify_in_subprocess: bool = True, extra_inductor_options: dict | None = None,
+                 keep_existing_stages: bool = True) -> BuildResult:
+    """Build `specs` into <out_root>/<family>/ atomically (temp dir + rename, under a lock)."""
+    reporter = reporter or Reporter()
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", 0)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise BuildError("--device cuda requested but torch.cuda.is_available() is False")
+    out_root = Path(out_root)
+    final = out_root / family
+    t_start = time.time()
+    with _BuildLock(out_root / f".{family}.lock"):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{family}.tmp-", dir=out_root))
+        try:
+            tmp.chmod(0o755)   # mkdtemp makes 0700; the artifact is meant to be read by serving users
+            stages: dict[str, dict] = {}
+            env = build_env(dev)
+            for spec in specs:
+                stages[spec.name] = build_stage(spec, tmp, dev, seed, reporter, extra_inductor_options)
+            kept = _carry_over_stages(final, tmp, env, dev, set(stages)) if keep_existing_stages else {}
+            manifest = {
+                "format_version": FORMAT_VERSION, "family": family, "preset": preset, "device": dev.type,
+                "build_env": env, "stages": {**kept, **stages},
+                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            }
+            if dev.type == "cpu":
+                manifest["build_env"]["cpu_isa"] = _package_cpu_isa(tmp, stages)
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+            if verify_in_subprocess:
+                reporter.note("verifying the fresh artifact in a subprocess")
+                subprocess_verify(tmp, dev)
+            _replace_dir(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)   # Ctrl-C included: the previous artifact stays intact
+            raise
+    return BuildResult(path=final, manifest=manifest, seconds=time.time() - t_start)
+
+
+def _package_cpu_isa(tmp: Path, stages: dict[str, dict]) -> str:
+    from torch._C._aoti import AOTIModelPackageLoader
+
+    for entry in stages.values():
+        pkg = tmp / entry["buckets"][0]["file"]
+        meta = AOTIModelPackageLoader.load_metadata_from_package(str(pkg), "model")
+        return meta.get("AOTI_CPU_ISA", "")
+    return ""
+
+
+def _carry_over_stages(final: Path, tmp: Path, env: dict, dev: torch.device, rebuilt: set[str]) -> dict[str, dict]:
+    """Keep stages of an existing artifact that this build does not rebuild, if they were built for the same
+    format, device and torch: `--stages code_predictor` must not delete a previously built `code2wav`."""
+    mpath = final / MANIFEST
+    if not mpath.is_file():
+        return {}
+    try:
+        old = json.loads(mpath.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    same = (old.get("format_version") == FORMAT_VERSION and old.get("device") == dev.type
+            and old.get("build_env", {}).get("torch") == env["torch"]
+            and old.get("build_env", {}).get("sm") == env.get("sm"))
+    if not same:
+        return {}
+    kept = {}
+    for name, entry in old.get("stages", {}).items():
+        if name in rebuilt:
+            continue
+        files = [entry["weights"]["file"], *(b["file"] for b in entry["buckets"])]
+        if entry.get("golden"):
+            files.append(entry["golden"]["file"])
+        for rel in files:
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(final / rel, tmp / rel)
+        kept[name] = entry
+    return kept
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    """Two renames: the destination is always either the old artifact or the new one, never a mix."""
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+
+
+def stage_summary(result: BuildResult) -> list[dict]:
+    rows = []
+    for name, st in result.manifest["stages"].items():
+        rows.append({"stage": name, "buckets": len(st["buckets"]), "dtype": st["dtype"],
+                     "weights_mib": round(st["weights"]["bytes"] / 2**20, 2),
+                     "package_mib": round(sum(b["bytes"] for b in st["buckets"]) / 2**20, 2)})
+    return rows
+
+
+ProgressFactory = Callable[[], Reporter]
+__all__ = ["BuildError", "BuildResult", "Reporter", "build_family", "asdict"]

@@ -1,0 +1,269 @@
+"""`build-artifacts`: build · inspect · verify · list."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import warnings
+from dataclasses import replace
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+# Tables are read in CI logs and by tests too: never squeeze them below 160 columns.
+_WIDTH = max(shutil.get_terminal_size((160, 24)).columns, 160)
+console = Console(stderr=True, width=_WIDTH)
+out_console = Console(width=_WIDTH)
+
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32",
+          "fp16": "float16", "float16": "float16"}
+
+
+def _quiet_torch_warnings() -> None:
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module="torch")
+
+
+def _int_list(value: str | None) -> tuple[int, ...] | None:
+    if not value:
+        return None
+    try:
+        out = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    if any(v <= 0 for v in out):
+        raise click.BadParameter("sizes must be positive")
+    return out
+
+
+class _RichReporter:
+    def __init__(self, progress: Progress) -> None:
+        self.progress, self.tasks = progress, {}
+
+    def stage_start(self, stage: str, n: int) -> None:
+        self.tasks[stage] = self.progress.add_task(f"compile {stage}", total=n)
+
+    def bucket_done(self, stage: str, key: str, seconds: float) -> None:
+        self.progress.update(self.tasks[stage], advance=1, description=f"compile {stage} ({key} {seconds:.0f}s)")
+
+    def note(self, msg: str) -> None:
+        self.progress.console.print(f"[dim]{msg}[/dim]")
+
+
+def _fail(e: BaseException, debug: bool) -> None:
+    if debug:
+        raise e
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    console.print(f"[bold red]error:[/bold red] {msg}", highlight=False, soft_wrap=True)
+    sys.exit(1)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """Build, inspect and verify ahead-of-time compiled TTS stage artifacts."""
+    ctx.obj = {"debug": debug}
+    _quiet_torch_warnings()
+
+
+@main.command()
+@click.argument("family")
+@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False), help="Real checkpoint directory.")
+@click.option("--preset", default=None, help="Named config preset (tiny, full) for --random-weights builds.")
+@click.option("--random-weights", is_flag=True, help="Deterministic random weights (no checkpoint needed).")
+@click.option("--stages", default=None, help="Comma-separated stage names (default: all of the family).")
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N]: where the artifact will run.")
+@click.option("--dtype", type=click.Choice(sorted(DTYPES)), default=None, help="Compute dtype (stage default).")
+@click.option("--max-batch", type=int, default=None, help="Largest batch bucket (powers of two up to it).")
+@click.option("--batch-buckets", default=None, help="Explicit batch buckets, e.g. 1,4.")
+@click.option("--frame-buckets", default=None, help="Explicit frame buckets instead of the streaming plan.")
+@click.option("--chunk-frames", type=int, default=None, help="Streaming: new frames per chunk.")
+@click.option("--left-context-frames", type=int, default=None, help="Streaming: frames of left context.")
+@click.option("--first-chunk-frames", type=int, default=None, help="Streaming: initial chunk size (0 = off).")
+@click.option("--nonstreaming-chunk-frames", type=int, default=None, help="Chunk for one-shot long decode (0 = off).")
+@click.option("--no-pow2", is_flag=True, help="Do not add power-of-two frame buckets.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", "out_dir", default="artifacts", show_default=True, type=click.Path(file_okay=False))
+@click.option("--cxx", default=None, help="C++ compiler for AOTInductor (sets $CXX; /usr/bin/g++ on the GPU box).")
+@click.option("--max-autotune", is_flag=True, help="Inductor max-autotune for the compiled kernels (slower build).")
+@click.option("--no-verify", is_flag=True, help="Skip loading the fresh packages in a subprocess (not advised).")
+@click.pass_context
+def build(ctx, family, checkpoint, preset, random_weights, stages, device, dtype, max_batch, batch_buckets,
+          frame_buckets, chunk_frames, left_context_frames, first_chunk_frames, nonstreaming_chunk_frames, no_pow2,
+          seed, out_dir, cxx, max_autotune, no_verify):
+    """Build FAMILY's stages into OUT/FAMILY (atomically: the old artifact stays until the new one is verified)."""
+    debug = ctx.obj["debug"]
+    try:
+        import torch
+
+        from .build import build_family, stage_summary
+        from .families import get_family
+
+        if cxx:
+            os.environ["CXX"] = cxx
+        if bool(checkpoint) == bool(random_weights):
+            raise click.UsageError("give exactly one of --checkpoint DIR or --random-weights (with --preset)")
+        fam = get_family(family)
+        if preset is not None and preset not in fam.PRESETS:
+            raise click.UsageError(f"unknown preset {preset!r} for {family} (have: {', '.join(fam.PRESETS)})")
+        kw = dict(checkpoint=checkpoint, preset=preset or "tiny", seed=seed, max_batch=max_batch,
+                  batch_buckets=_int_list(batch_buckets), frame_buckets=_int_list(frame_buckets),
+                  pow2_frames=not no_pow2 if no_pow2 else None,
+                  dtype=getattr(torch, DTYPES[dtype]) if dtype else None)
+        defaults = getattr(fam, "STREAMING_DEFAULTS", None)
+        if defaults is not None and any(v is not None for v in (chunk_frames, left_context_frames,
+                                                                 first_chunk_frames, nonstreaming_chunk_frames)):
+            kw["streaming"] = replace(defaults, **{k: v for k, v in dict(
+                chunk_frames=chunk_frames, left_context_frames=left_context_frames,
+                first_chunk_frames=first_chunk_frames,
+                nonstreaming_chunk_frames=nonstreaming_chunk_frames).items() if v is not None})
+        opts = fam.options_from_cli(**kw)
+        specs = fam.stages(opts)
+        if stages:
+            want = stages.split(",")
+            unknown = [s for s in want if s not in {sp.name for sp in specs}]
+            if unknown:
+                raise click.UsageError(f"unknown stage {unknown[0]!r} for {family} "
+                                       f"(have: {', '.join(sp.name for sp in specs)})")
+            specs = [sp for sp in specs if sp.name in want]
+        extra = {"max_autotune": True} if max_autotune else None
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=False) as progress:
+            result = build_family(family, specs, out_dir, device=device, seed=seed,
+                                  preset=None if checkpoint else (preset or "tiny"),
+                                  reporter=_RichReporter(progress), verify_in_subprocess=not no_verify,
+                                  extra_inductor_options=extra)
+        table = Table(title=f"{family} → {result.path} ({result.seconds:.0f}s)")
+        for col in ("stage", "buckets", "dtype", "weights_mib", "package_mib"):
+            table.add_column(col)
+        for row in stage_summary(result):
+            table.add_row(*(str(row[c]) for c in ("stage", "buckets", "dtype", "weights_mib", "package_mib")))
+        out_console.print(table)
+    except click.UsageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - one line per failure unless --debug
+        _fail(e, debug)
+    except KeyboardInterrupt:
+        console.print("[red]interrupted[/red]: the previous artifact (if any) is unchanged")
+        sys.exit(130)
+
+
+def _load_manifest_json(path: str) -> dict:
+    from ..runtime.artifact import read_manifest
+
+    return json.loads(read_manifest(path).to_json())
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(exists=True, file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
+@click.pass_context
+def inspect(ctx, artifact, as_json):
+    """Show an artifact: build environment, stages, buckets, sizes, what pruning kept and dropped."""
+    try:
+        m = _load_manifest_json(artifact)
+        rows = []
+        for name, st in m["stages"].items():
+            ck = st.get("checkpoint", {})
+            dropped = {}
+            for p in st.get("passes", []):
+                for k, v in (p.get("dropped") or {}).items():
+                    dropped[k] = v
+            for k, n in (ck.get("dropped") or {}).items():
+                dropped[k] = {"params": n}
+            rows.append({
+                "stage": name, "kind": st["kind"], "dtype": st["dtype"],
+                "buckets": [b["key"] for b in st["buckets"]],
+                "weights_mib": round(st["weights"]["bytes"] / 2**20, 3),
+                "packages_mib": round(sum(b["bytes"] for b in st["buckets"]) / 2**20, 3),
+                "params_before": ck.get("params_before"), "params_after": ck.get("params_after"),
+                "dropped": dropped, "ignored": ck.get("ignored"), "tolerance": st["tolerance"],
+                "onnx": st.get("onnx"),
+            })
+        if as_json:
+            out_console.print_json(json.dumps({"family": m["family"], "device": m["device"], "preset": m["preset"],
+                                               "build_env": m["build_env"], "stages": rows}))
+            return
+        env = m["build_env"]
+        out_console.print(f"[bold]{m['family']}[/bold] format v{m['format_version']} device={m['device']} "
+                          f"preset={m['preset']} torch={env.get('torch')} triton={env.get('triton')} "
+                          f"cuda={env.get('cuda')} gpu={env.get('gpu_name', '-')} sm={env.get('sm', '-')} "
+                          f"cxx={env.get('cxx_version', '?')}", highlight=False)
+        t = Table()
+        for c in ("stage", "kind", "dtype", "buckets", "weights MiB", "packages MiB", "params kept",
+                  "params dropped"):
+            t.add_column(c)
+        for r in rows:
+            kept = r["params_after"] or {}
+            before = r["params_before"] or {}
+            dropped_params = sum(int(v.get("params", 0)) for v in r["dropped"].values())
+            t.add_row(r["stage"], r["kind"], r["dtype"], f"{len(r['buckets'])}: {' '.join(r['buckets'])}",
+                      f"{r['weights_mib']}", f"{r['packages_mib']}",
+                      f"{kept.get('params', '?')} ({kept.get('mib', '?')} MiB)",
+                      f"{dropped_params} (of {before.get('params', '?')} loaded)")
+        out_console.print(t)
+    except Exception as e:  # noqa: BLE001
+        _fail(e, ctx.obj["debug"])
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(exists=True, file_okay=False))
+@click.option("--device", default=None, help="Device to verify on (default: the artifact's).")
+@click.option("--stages", default=None, help="Comma-separated subset of stages.")
+@click.option("--no-graphs", is_flag=True, help="Run packages directly instead of replaying CUDA graphs.")
+@click.pass_context
+def verify(ctx, artifact, device, stages, no_graphs):
+    """Re-run the golden cases through the runtime; exit 1 on any regression."""
+    try:
+        from ..runtime import load
+        from ..runtime.verify import verify_bundle
+
+        t0 = time.time()
+        want = stages.split(",") if stages else None
+        bundle = load(artifact, device=device, stages=want, cuda_graphs=not no_graphs)
+        results = verify_bundle(bundle, want)
+        t = Table(title=f"verify {artifact} on {bundle.device} ({time.time() - t0:.1f}s)")
+        for c in ("stage", "case", "output", "metric", "value", "limit", "ok"):
+            t.add_column(c)
+        for r in results:
+            t.add_row(r.stage, r.case, r.output, r.metric, f"{r.value:.3g}", f"{r.limit:.3g}",
+                      "[green]ok[/green]" if r.ok else "[red]FAIL[/red]")
+        out_console.print(t)
+        if not results:
+            raise RuntimeError("no golden cases to verify")
+        if not all(r.ok for r in results):
+            bad = next(r for r in results if not r.ok)
+            console.print(f"[bold red]regression:[/bold red] {bad.stage}/{bad.case}/{bad.output} "
+                          f"{bad.metric}={bad.value:.3g} > {bad.limit:.3g}")
+            sys.exit(1)
+    except SystemExit:
+        raise
+    except Exception as e:  # noqa: BLE001
+        _fail(e, ctx.obj["debug"])
+
+
+@main.command(name="list")
+def list_cmd():
+    """List families, their stages and presets."""
+    from .families import FAMILIES, get_family
+
+    t = Table()
+    for c in ("family", "stages", "presets"):
+        t.add_column(c)
+    for name in FAMILIES:
+        try:
+            fam = get_family(name)
+            t.add_row(name, ", ".join(fam.STAGE_NAMES), ", ".join(fam.PRESETS))
+        except ImportError as e:   # a family whose modules are not installed in this checkout
+            t.add_row(name, f"(unavailable: {e})", "")
+    out_console.print(t)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""torch.export + AOTInductor, one package per bucket, compiled WITHOUT constants (AOTI.md §2.3).
+
+The weights come back from the compile itself (`pickle_weights` → a `Weights` dict keyed by AOTI constant name,
+which is not always the state_dict name: lifted tensors become `_tensor_constant0`), so the runtime binds
+exactly what each package asks for."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .kernels.snake_beta import CPU_DECOMPOSITIONS
+
+
+class CompileError(RuntimeError):
+    """torch.export or AOTInductor failed for one stage bucket."""
+
+
+@dataclass
+class CompiledBucket:
+    package: Path
+    weights: dict[str, torch.Tensor]   # constant name → tensor (CPU), in the order AOTI lists them
+    metadata: dict[str, str]
+
+
+def export_program(module: nn.Module, args: tuple, device: torch.device) -> torch.export.ExportedProgram:
+    with torch.no_grad():
+        ep = torch.export.export(module, args, strict=False)
+    if device.type == "cpu":
+        # Inductor's C++ backend cannot lower user Triton kernels: decompose our custom ops into aten here.
+        table = torch.export.default_decompositions()
+        table.update(CPU_DECOMPOSITIONS)
+        ep = ep.run_decompositions(table)
+    return ep
+
+
+def inductor_options(model_name: str, metadata: dict[str, str], device: torch.device,
+                     extra: dict | None = None) -> dict:
+    opts = {
+        "aot_inductor.package": True,
+        "aot_inductor.package_constants_in_so": False,
+        "aot_inductor.package_constants_on_disk_format": "pickle_weights",
+        "aot_inductor.model_name_for_generated_files": model_name,
+        "aot_inductor.metadata": {k: str(v) for k, v in metadata.items()},
+    }
+    if device.type == "cpu":
+        # Thread count decided by the serving process, not frozen at the build host's core count.
+        opts["cpp.dynamic_threads"] = True
+    opts.update(extra or {})
+    return opts
+
+
+def compile_bucket(module: nn.Module, args: tuple, device: torch.device, package_path: Path,
+                   model_name: str, metadata: dict[str, str], extra_options: dict | None = None) -> CompiledBucket:
+    from torch._inductor import aot_compile
+    from torch._inductor.package import package_aoti
+    from torch.export.pt2_archive._package_weights import Weights
+
+    try:
+        ep = export_program(module, args, device)
+    except Exception as e:  # noqa: BLE001 - reported per bucket with the cause
+        raise CompileError(f"torch.export failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+    try:
+        with torch.no_grad():
+            files = aot_compile(ep.module(), args,
+                                options=inductor_options(model_name, metadata, device, extra_options))
+    except Exception as e:  # noqa: BLE001
+        raise CompileError(f"AOTInductor compile failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+    weights = [f for f in files if isinstance(f, Weights)]
+    if len(weights) != 1:
+        raise CompileError("AOTInductor returned no weights object (is package_constants_in_so honoured?)")
+    package_path.parent.mkdir(parents=True, exist_ok=True)
+    package_aoti(str(package_path), [f for f in files if isinstance(f, str)])
+    tensors = {name: t.detach().to("cpu") for name, (t, _props) in weights[0].items()}
+    return CompiledBucket(package=package_path, weights=tensors, metadata=metadata)
+
+
+def compiler_info() -> dict[str, str]:
+    """The C++ compiler AOTInductor will call (honours $CXX) and its version line."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        cxx = get_cpp_compiler()
+    except Exception:  # noqa: BLE001
+        cxx = os.environ.get("CXX", "g++")
+    path = shutil.which(cxx) or cxx
+    try:
+        version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+        version = version.splitlines()[0] if version else "unknown"
+    except Exception:  # noqa: BLE001
+        version = "unknown"
+    return {"cxx": path, "cxx_version": version}

@@ -1,0 +1,114 @@
+"""`ttsaot::snake_beta(x, alpha, inv_beta)`: y = x + inv_beta * sin(alpha * x)^2.
+
+`alpha` = exp(log_alpha) and `inv_beta` = 1 / (exp(log_beta) + eps) are baked at build time (passes.bake), so
+the kernel reads two per-channel scalars and streams x once: it is a pure bandwidth kernel.
+
+Registration follows AOTI.md §1/§9: with Triton present the op is a `torch.library.triton_op` whose body branches
+on the device, so `torch.export` keeps ONE node and AOTInductor embeds the compiled CUDA kernel in the package
+(the serving process needs neither Triton nor this registration). Without Triton (CPU-only installs) the same
+name and schema are registered as a plain custom op. CPU builds decompose the node into aten ops before compiling
+(export.py), because Inductor's CPU backend cannot lower user Triton kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+
+OP_NAME = "ttsaot::snake_beta"
+
+try:  # Triton is optional: the CPU wheel of torch does not depend on it.
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except Exception:  # noqa: BLE001 - any import failure means "no Triton"
+    HAVE_TRITON = False
+
+
+def snake_beta_reference(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor) -> torch.Tensor:
+    """The same math in aten ops, computed in fp32 and cast back (what the kernel does)."""
+    xf = x.float()
+    a = alpha.float().view(1, -1, 1)
+    ib = inv_beta.float().view(1, -1, 1)
+    s = torch.sin(xf * a)
+    return (xf + ib * (s * s)).to(x.dtype)
+
+
+def _check(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor) -> None:
+    torch._check(x.dim() == 3, lambda: f"snake_beta expects x [B,C,T], got {tuple(x.shape)}")
+    torch._check(alpha.shape == (x.shape[1],), lambda: "alpha must be [C]")
+    torch._check(inv_beta.shape == (x.shape[1],), lambda: "inv_beta must be [C]")
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _snake_beta_jit(x_ptr, a_ptr, ib_ptr, y_ptr, C, T, BLOCK: tl.constexpr):
+        # Rows (b, c) on grid axis 0 (limit 2^31-1), time blocks on axis 1: per-channel scalars load once per
+        # program and the row is streamed with contiguous vector accesses.
+        row = tl.program_id(0)
+        tblk = tl.program_id(1)
+        c = row % C
+        a = tl.load(a_ptr + c).to(tl.float32)
+        ib = tl.load(ib_ptr + c).to(tl.float32)
+        offs = tblk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < T
+        base = row.to(tl.int64) * T
+        x = tl.load(x_ptr + base + offs, mask=mask, other=0.0)
+        xf = x.to(tl.float32)
+        s = tl.sin(xf * a)
+        y = xf + ib * s * s
+        tl.store(y_ptr + base + offs, y.to(x.dtype), mask=mask)
+
+    # Tuned per bucket at AOTI compile time on the compile GPU (one config is baked into each package).
+    _snake_beta_kernel = triton.autotune(
+        configs=[
+            triton.Config({"BLOCK": 1024}, num_warps=4),
+            triton.Config({"BLOCK": 2048}, num_warps=4),
+            triton.Config({"BLOCK": 4096}, num_warps=8),
+        ],
+        key=["T"],
+    )(_snake_beta_jit)
+
+    def launch_snake_beta_kernel(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor,
+                                 wrap=lambda k: k, block: int | None = None) -> torch.Tensor:
+        """Launch the Triton kernel. `block` skips autotuning: the TRITON_INTERPRET=1 tests on CPU use it,
+        since the autotuner's benchmark needs a GPU driver."""
+        x = x.contiguous()
+        B, C, T = x.shape
+        y = torch.empty_like(x)
+
+        def grid(meta):
+            return (B * C, triton.cdiv(T, meta["BLOCK"]))
+
+        if block is None:
+            wrap(_snake_beta_kernel)[grid](x, alpha, inv_beta, y, C, T)
+        else:
+            _snake_beta_jit[grid](x, alpha, inv_beta, y, C, T, BLOCK=block)
+        return y
+
+    @torch.library.triton_op(OP_NAME, mutates_args=())
+    def snake_beta(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor) -> torch.Tensor:
+        _check(x, alpha, inv_beta)
+        if x.device.type != "cuda":
+            # Traced with fake tensors during CPU compiles too: plain aten ops, fused by Inductor's C++ backend.
+            return snake_beta_reference(x, alpha, inv_beta)
+        return launch_snake_beta_kernel(x, alpha, inv_beta, wrap=torch.library.wrap_triton)
+
+else:
+
+    @torch.library.custom_op(OP_NAME, mutates_args=())
+    def snake_beta(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor) -> torch.Tensor:
+        _check(x, alpha, inv_beta)
+        return snake_beta_reference(x, alpha, inv_beta)
+
+    @snake_beta.register_fake
+    def _(x, alpha, inv_beta):
+        _check(x, alpha, inv_beta)
+        return torch.empty_like(x)
+
+    launch_snake_beta_kernel = None  # type: ignore[assignment]
+
+
+# Target-specific lowering tables used by export.py (CPU) and the ONNX exporter.
+CPU_DECOMPOSITIONS = {torch.ops.ttsaot.snake_beta.default: snake_beta_reference}

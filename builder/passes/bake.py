@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ..layers.snake import BakedSnakeBeta, SnakeBeta
+
+
+def _replace(root: nn.Module, cls: type, make) -> int:
+    n = 0
+    for name, child in list(root.named_children()):
+        if isinstance(child, cls):
+            setattr(root, name, make(child))
+            n += 1
+        else:
+            n += _replace(child, cls, make)
+    return n
+
+
+def bake_snake(module: nn.Module) -> dict[str, Any]:
+    """Replace every SnakeBeta by BakedSnakeBeta: exp(alpha), 1/(exp(beta)+eps) computed once here."""
+    n = _replace(module, SnakeBeta, lambda m: BakedSnakeBeta.from_log_scale(m.alpha, m.beta))
+    return {"pass": "bake_snake", "replaced": n}
+
+
+def replace_modules(module: nn.Module, cls: type, make) -> int:
+    """Generic form used by families for their own bakes (weight norm, codebooks)."""
+    return _replace(module, cls, make)

@@ -1,0 +1,40 @@
+"""What a family hands the builder for each stage. Nothing else in the builder knows about a family."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from .buckets import BucketPlan
+
+# A module → module rewrite returning a report dict for the manifest/inspect (what it changed, sizes).
+Pass = Callable[[nn.Module], dict[str, Any]]
+
+
+@dataclass
+class StageSpec:
+    family: str
+    name: str
+    kind: str                                   # runtime behaviour: "codec_decoder", "generic", ...
+    make_module: Callable[[], nn.Module]        # faithful eager module, fp32, weights loaded, on CPU
+    passes: list[Pass]                          # applied in order to a copy of the module
+    plan: BucketPlan
+    # random, valid (never all-zero) inputs for a bucket: {input name: tensor}; sizes may be below the bucket
+    make_inputs: Callable[[dict[str, int], torch.Generator], dict[str, torch.Tensor]]
+    inputs: list[dict[str, Any]]                # io descriptors (artifacts/README.md § I/O descriptors)
+    outputs: list[dict[str, Any]]
+    dtype: torch.dtype                          # compute dtype of the artifact
+    tolerance: float                            # max ‖out − ref‖/‖ref‖ against the fp32 eager reference
+    metadata: dict[str, Any] = field(default_factory=dict)   # runtime facts (sample rate, streaming, ...)
+    config: dict[str, Any] = field(default_factory=dict)     # the model config, for the manifest
+    checkpoint_report: dict[str, Any] = field(default_factory=dict)  # what loading read / dropped
+    fp32_only: bool = False                     # refuse any other dtype (DAC encoder)
+    golden_sizes: list[dict[str, int]] = field(default_factory=list)  # extra off-bucket golden cases
+
+    @property
+    def input_names(self) -> list[str]:
+        return [d["name"] for d in self.inputs]

@@ -1,0 +1,335 @@
+"""The artifact format, v1: the one definition of manifest.json (spec: artifacts/README.md), its validation,
+integrity and compatibility checks. Nothing here loads native code."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import (
+    ArtifactNotFoundError,
+    CompatibilityError,
+    IntegrityError,
+    ManifestError,
+)
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+DTYPES = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+    "int64": torch.int64, "int32": torch.int32, "bool": torch.bool, "uint8": torch.uint8,
+}
+STAGE_KINDS = ("generic", "codec_decoder", "codec_encoder", "codebook_predictor", "lm_step", "lm_prefill")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    for k, v in DTYPES.items():
+        if v == dtype:
+            return k
+    raise ValueError(f"unsupported dtype {dtype}")
+
+
+# Shape entries: an int (static), an axis name ("batch", "frames"), or [axis, scale] (output length = scale·axis).
+ShapeEntry = int | str | list
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: list[ShapeEntry]
+    pad: float | int | None = None          # value used to pad bucket axes (inputs only)
+    range: dict | None = None               # {"dim": d, "low": int, "high": [per index along d]} for codes
+    finite: bool = True                     # float inputs must be free of NaN/Inf
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def axes(self) -> list[tuple[int, str, int]]:
+        """(dim, axis, scale) for every bucketed dimension."""
+        out = []
+        for d, s in enumerate(self.shape):
+            if isinstance(s, str):
+                out.append((d, s, 1))
+            elif isinstance(s, list):
+                out.append((d, s[0], int(s[1])))
+        return out
+
+    def concrete(self, sizes: dict[str, int]) -> tuple[int, ...]:
+        dims = []
+        for s in self.shape:
+            if isinstance(s, int):
+                dims.append(s)
+            elif isinstance(s, str):
+                dims.append(sizes[s])
+            else:
+                dims.append(sizes[s[0]] * int(s[1]))
+        return tuple(dims)
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    dtype: str
+    shape: list[int]
+    stride: list[int]
+
+
+@dataclass(frozen=True)
+class BucketEntry:
+    key: str
+    sizes: dict[str, int]
+    file: str
+    sha256: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    file: str
+    sha256: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class StageEntry:
+    name: str
+    kind: str
+    dtype: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    weights: FileEntry
+    constants: dict[str, WeightSpec]
+    buckets: list[BucketEntry]
+    golden: FileEntry | None
+    golden_cases: list[str]
+    tolerance: float
+    metadata: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    passes: list[dict] = field(default_factory=list)
+    checkpoint: dict[str, Any] = field(default_factory=dict)
+
+    def axis_names(self) -> list[str]:
+        return list(self.buckets[0].sizes) if self.buckets else []
+
+    def files(self) -> list[FileEntry]:
+        out = [self.weights] + [FileEntry(b.file, b.sha256, b.bytes) for b in self.buckets]
+        if self.golden:
+            out.append(self.golden)
+        return out
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format_version: int
+    family: str
+    preset: str | None
+    device: str                   # "cuda" | "cpu"
+    build_env: dict[str, Any]
+    stages: dict[str, StageEntry]
+    created: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=False)
+
+
+# ------------------------------------------------------------------------------------ parsing
+def _get(d: dict, key: str, typ, where: str):
+    if not isinstance(d, dict):
+        raise ManifestError(f"manifest.json: {where} must be an object")
+    if key not in d:
+        raise ManifestError(f"manifest.json: {where}.{key} is missing")
+    v = d[key]
+    if typ is float and isinstance(v, int) and not isinstance(v, bool):
+        v = float(v)
+    if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+        raise ManifestError(f"manifest.json: {where}.{key} has type {type(v).__name__}, "
+                            f"expected {getattr(typ, '__name__', typ)}")
+    return v
+
+
+def _safe_relpath(p: str, where: str) -> str:
+    # Files are named relative to the artifact root; refuse anything that could escape it.
+    if os.path.isabs(p) or ".." in Path(p).parts or p.startswith("~"):
+        raise ManifestError(f"manifest.json: {where} names a path outside the artifact: {p!r}")
+    return p
+
+
+def _tensor_spec(d: dict, where: str) -> TensorSpec:
+    dtype = _get(d, "dtype", str, where)
+    if dtype not in DTYPES:
+        raise ManifestError(f"manifest.json: {where}.dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    shape = _get(d, "shape", list, where)
+    for s in shape:
+        ok = (isinstance(s, int) and not isinstance(s, bool) and s >= 0) or isinstance(s, str) or (
+            isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and isinstance(s[1], int))
+        if not ok:
+            raise ManifestError(f"manifest.json: {where}.shape has an invalid entry {s!r}")
+    rng = d.get("range")
+    if rng is not None:
+        if not (isinstance(rng, dict) and isinstance(rng.get("dim"), int) and isinstance(rng.get("high"), list)):
+            raise ManifestError(f"manifest.json: {where}.range must be {{dim, low, high[]}}")
+    return TensorSpec(name=_get(d, "name", str, where), dtype=dtype, shape=shape, pad=d.get("pad"), range=rng,
+                      finite=bool(d.get("finite", True)))
+
+
+def _file_entry(d: dict, where: str) -> FileEntry:
+    return FileEntry(file=_safe_relpath(_get(d, "file", str, where), where), sha256=_get(d, "sha256", str, where),
+                     bytes=_get(d, "bytes", int, where))
+
+
+def _stage(name: str, d: dict) -> StageEntry:
+    w = f"stages.{name}"
+    kind = _get(d, "kind", str, w)
+    if kind not in STAGE_KINDS:
+        raise ManifestError(f"manifest.json: {w}.kind {kind!r} is unknown to this runtime ({', '.join(STAGE_KINDS)})")
+    dtype = _get(d, "dtype", str, w)
+    if dtype not in DTYPES:
+        raise ManifestError(f"manifest.json: {w}.dtype {dtype!r} is unknown")
+    buckets = []
+    for i, b in enumerate(_get(d, "buckets", list, w)):
+        bw = f"{w}.buckets[{i}]"
+        sizes = _get(b, "sizes", dict, bw)
+        if not all(isinstance(v, int) and v > 0 for v in sizes.values()):
+            raise ManifestError(f"manifest.json: {bw}.sizes must be positive integers")
+        buckets.append(BucketEntry(key=_get(b, "key", str, bw), sizes=sizes,
+                                   file=_safe_relpath(_get(b, "file", str, bw), bw),
+                                   sha256=_get(b, "sha256", str, bw), bytes=_get(b, "bytes", int, bw)))
+    if not buckets:
+        raise ManifestError(f"manifest.json: {w}.buckets is empty")
+    axes = set(buckets[0].sizes)
+    if any(set(b.sizes) != axes for b in buckets):
+        raise ManifestError(f"manifest.json: {w}.buckets do not all have the same axes")
+    constants = {}
+    for cname, c in _get(d, "constants", dict, w).items():
+        cw = f"{w}.constants[{cname!r}]"
+        cd = _get(c, "dtype", str, cw)
+        if cd not in DTYPES:
+            raise ManifestError(f"manifest.json: {cw}.dtype {cd!r} is unknown")
+        constants[cname] = WeightSpec(dtype=cd, shape=_get(c, "shape", list, cw), stride=_get(c, "stride", list, cw))
+    golden = d.get("golden")
+    return StageEntry(
+        name=name, kind=kind, dtype=dtype,
+        inputs=[_tensor_spec(x, f"{w}.inputs[{i}]") for i, x in enumerate(_get(d, "inputs", list, w))],
+        outputs=[_tensor_spec(x, f"{w}.outputs[{i}]") for i, x in enumerate(_get(d, "outputs", list, w))],
+        weights=_file_entry(_get(d, "weights", dict, w), f"{w}.weights"),
+        constants=constants, buckets=buckets,
+        golden=_file_entry(golden, f"{w}.golden") if golden else None,
+        golden_cases=list(d.get("golden_cases", [])),
+        tolerance=_get(d, "tolerance", float, w),
+        metadata=dict(d.get("metadata", {})), config=dict(d.get("config", {})),
+        passes=list(d.get("passes", [])), checkpoint=dict(d.get("checkpoint", {})),
+    )
+
+
+def parse_manifest(data: dict) -> Manifest:
+    version = data.get("format_version") if isinstance(data, dict) else None
+    if version != FORMAT_VERSION:
+        raise ManifestError(f"manifest.json: format_version {version!r} is not supported by this runtime "
+                            f"(it reads version {FORMAT_VERSION}); rebuild the artifact with this ttsaot")
+    device = _get(data, "device", str, "manifest")
+    if device not in ("cuda", "cpu"):
+        raise ManifestError(f"manifest.json: device {device!r} must be 'cuda' or 'cpu'")
+    stages = {n: _stage(n, s) for n, s in _get(data, "stages", dict, "manifest").items()}
+    if not stages:
+        raise ManifestError("manifest.json: no stages")
+    return Manifest(format_version=version, family=_get(data, "family", str, "manifest"),
+                    preset=data.get("preset"), device=device, build_env=_get(data, "build_env", dict, "manifest"),
+                    stages=stages, created=str(data.get("created", "")))
+
+
+def read_manifest(root: str | Path, trusted_sha256: str | None = None) -> Manifest:
+    """Read and validate <root>/manifest.json. With `trusted_sha256`, the manifest's own hash must match the
+    pin (the manifest in turn pins every other file), so a pinned artifact cannot be swapped."""
+    path = Path(root) / MANIFEST
+    if not path.is_file():
+        raise ArtifactNotFoundError(f"{path}: not found; build one with `build-artifacts build FAMILY --out ...`")
+    raw = path.read_bytes()
+    if trusted_sha256 is not None:
+        got = hashlib.sha256(raw).hexdigest()
+        if got != trusted_sha256.lower():
+            raise IntegrityError(f"{path}: sha256 {got[:16]}… does not match the trusted pin "
+                                 f"{trusted_sha256[:16]}…; refusing to load")
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ManifestError(f"{path}: not valid JSON ({e})") from None
+    return parse_manifest(data)
+
+
+def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_file(root: Path, entry: FileEntry) -> Path:
+    """Size then sha256 of one file, BEFORE anything reads it as weights or dlopens it."""
+    path = root / entry.file
+    if not path.is_file():
+        raise IntegrityError(f"{path}: missing (the manifest lists it); rebuild or re-copy the artifact")
+    size = path.stat().st_size
+    if size != entry.bytes:
+        raise IntegrityError(f"{path}: {size} bytes, the manifest says {entry.bytes} (truncated or replaced)")
+    got = sha256_of(path)
+    if got != entry.sha256:
+        raise IntegrityError(f"{path}: sha256 {got[:16]}… differs from the manifest's {entry.sha256[:16]}… "
+                             "(corrupt or tampered); rebuild the artifact")
+    return path
+
+
+# ------------------------------------------------------------------------------- compatibility
+def runtime_env(device: torch.device) -> dict[str, Any]:
+    env: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        env["sm"] = f"{major}.{minor}"
+        env["gpu_name"] = torch.cuda.get_device_name(device)
+    else:
+        env["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    return env
+
+
+_ISA_RANK = {"DEFAULT": 0, "NO AVX": 0, "AVX2": 1, "AVX512": 2}
+
+
+def check_compatible(m: Manifest, device: torch.device) -> None:
+    """Refuse, with one line saying what was built for what, an artifact this process cannot run."""
+    env = m.build_env
+    rebuild = f"rebuild with `build-artifacts build {m.family} --device {device.type}` on this machine"
+    if m.device != device.type:
+        raise CompatibilityError(f"artifact {m.family!r} was built for device {m.device!r}, "
+                                 f"loading on {device.type!r}; {rebuild}")
+    built_torch = str(env.get("torch"))
+    if built_torch != torch.__version__:
+        raise CompatibilityError(f"artifact {m.family!r} was built with torch {built_torch}, this process has "
+                                 f"torch {torch.__version__} (AOTI packages are not promised across versions); "
+                                 f"{rebuild}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CompatibilityError("artifact needs CUDA but torch.cuda.is_available() is False")
+        major, minor = torch.cuda.get_device_capability(device)
+        here = f"{major}.{minor}"
+        if str(env.get("sm")) != here:
+            raise CompatibilityError(f"artifact {m.family!r} was built for GPU architecture sm_{env.get('sm')} "
+                                     f"({env.get('gpu_name')}), this GPU is sm_{here} "
+                                     f"({torch.cuda.get_device_name(device)}); {rebuild}")
+        built_cuda = env.get("cuda")
+        if built_cuda and torch.version.cuda and built_cuda.split(".")[0] != torch.version.cuda.split(".")[0]:
+            raise CompatibilityError(f"artifact {m.family!r} was built with CUDA {built_cuda}, this torch uses "
+                                     f"CUDA {torch.version.cuda}; {rebuild}")
+    else:
+        built_isa = str(env.get("cpu_isa", ""))
+        here = torch.backends.cpu.get_cpu_capability()
+        need = max((_ISA_RANK.get(tok, 0) for tok in built_isa.split()), default=0)
+        if need > _ISA_RANK.get(here, 0):
+            raise CompatibilityError(f"artifact {m.family!r} was compiled for CPU ISA {built_isa!r}, this CPU "
+                                     f"supports {here!r} (would crash with an illegal instruction); {rebuild}")

@@ -1,0 +1,315 @@
+"""A loaded stage: input validation, bucket choice, padding, static buffers, CUDA-graph capture/replay, CPU path.
+
+One lock per stage: a stage is safe to call from several threads; the graphs of one stage share one memory pool,
+so outputs are copied out of the pool before the lock is released (the next replay overwrites them)."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .artifact import BucketEntry, StageEntry, TensorSpec, WeightSpec
+from .errors import (
+    BindingError,
+    InputDeviceError,
+    InputDTypeError,
+    InputRangeError,
+    InputShapeError,
+    InputValueError,
+)
+
+WARMUP_CALLS = 3
+
+
+def _load_package(path: Path, device: torch.device, single_threaded: bool):
+    from torch.export.pt2_archive._package import load_pt2
+
+    index = device.index if device.type == "cuda" and device.index is not None else -1
+    contents = load_pt2(str(path), run_single_threaded=single_threaded, device_index=index)
+    runners = contents.aoti_runners
+    if len(runners) != 1:
+        raise BindingError(f"{path}: expected one compiled model in the package, found {sorted(runners)}")
+    return next(iter(runners.values()))
+
+
+def check_weights(entry: StageEntry, weights: dict[str, torch.Tensor], device: torch.device) -> None:
+    """AOTI binds user-managed constants without checking anything and segfaults or computes garbage on a
+    mismatch (AOTI.md §2.4): check name, device, dtype, shape, stride and 16-byte alignment here."""
+    missing = sorted(set(entry.constants) - set(weights))
+    extra = sorted(set(weights) - set(entry.constants))
+    if missing or extra:
+        what = f"missing {missing[:3]}" if missing else f"unexpected {extra[:3]}"
+        raise BindingError(f"stage {entry.name!r}: weights file does not match the packages' constants ({what})")
+    for name, spec in entry.constants.items():
+        _check_weight(entry.name, name, weights[name], spec, device)
+
+
+def _check_weight(stage: str, name: str, t: torch.Tensor, spec: WeightSpec, device: torch.device) -> None:
+    from .artifact import DTYPES
+
+    where = f"stage {stage!r} constant {name!r}"
+    if t.device != device:
+        raise BindingError(f"{where} is on {t.device}, the stage runs on {device}")
+    if t.dtype != DTYPES[spec.dtype]:
+        raise BindingError(f"{where} has dtype {t.dtype}, the package was compiled for {spec.dtype}")
+    if list(t.shape) != list(spec.shape):
+        raise BindingError(f"{where} has shape {list(t.shape)}, the package expects {spec.shape}")
+    if list(t.stride()) != list(spec.stride):
+        raise BindingError(f"{where} has stride {list(t.stride())}, the package expects {spec.stride}")
+    if t.numel() and t.data_ptr() % 16:
+        raise BindingError(f"{where} is not 16-byte aligned (Inductor assumes every constant is)")
+
+
+def load_weights(path: Path, entry: StageEntry, device: torch.device) -> dict[str, torch.Tensor]:
+    """Each tensor in its own allocation with the recorded strides (never views into one blob)."""
+    from safetensors import SafetensorError, safe_open
+
+    from .artifact import DTYPES
+
+    out: dict[str, torch.Tensor] = {}
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                t = f.get_tensor(name)
+                spec = entry.constants.get(name)
+                if spec is None:
+                    out[name] = t
+                    continue
+                if t.dtype != DTYPES[spec.dtype] or list(t.shape) != list(spec.shape):
+                    raise BindingError(f"stage {entry.name!r} weight {name!r} is {t.dtype} {list(t.shape)} in the "
+                                       f"file, the manifest says {spec.dtype} {spec.shape}")
+                dst = torch.empty_strided(spec.shape, spec.stride, dtype=t.dtype, device=device)
+                dst.copy_(t)
+                out[name] = dst
+    except SafetensorError as e:
+        raise BindingError(f"{path}: unreadable weights ({e})") from None
+    return out
+
+
+class _BucketRunner:
+    """One AOTI package bound to the stage weights; on CUDA, its static buffers and captured graph."""
+
+    def __init__(self, path: Path, bucket: BucketEntry, entry: StageEntry, device: torch.device,
+                 weights: dict[str, torch.Tensor], use_graph: bool, pool) -> None:
+        self.bucket = bucket
+        self.device = device
+        self.model = _load_package(path, device, single_threaded=(device.type == "cuda"))
+        fqns = set(self.model.get_constant_fqns())
+        if fqns != set(entry.constants):
+            diff = sorted(fqns ^ set(entry.constants))[:3]
+            raise BindingError(f"{path}: package constants differ from the manifest's ({diff})")
+        self.model.load_constants({k: weights[k] for k in fqns}, check_full_update=True, user_managed=True)
+        self.run_fn = self.model.loader.run
+        self.shapes = [spec.concrete(bucket.sizes) for spec in entry.inputs]
+        self.graph = None
+        self.static_inputs: list[torch.Tensor] = []
+        self.static_outputs: list[torch.Tensor] = []
+        if use_graph:
+            self._capture(entry, pool)
+
+    def _capture(self, entry: StageEntry, pool) -> None:
+        self.static_inputs = [
+            torch.full(shape, spec.pad if spec.pad is not None else 0, dtype=spec.torch_dtype, device=self.device)
+            for spec, shape in zip(entry.inputs, self.shapes)]
+        # Lazy cubin loads and allocator growth must happen before capture (AOTI.md §3).
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_CALLS):
+                self.run_fn(self.static_inputs)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.static_outputs = list(self.run_fn(self.static_inputs))
+
+    def run(self, inputs: list[torch.Tensor], pads: list) -> list[torch.Tensor]:
+        """inputs: the caller's (unpadded, validated) tensors; padding to the bucket happens here."""
+        if self.graph is not None:
+            for dst, src, pad in zip(self.static_inputs, inputs, pads):
+                if tuple(src.shape) != tuple(dst.shape):
+                    dst.fill_(pad if pad is not None else 0)
+                dst[tuple(slice(0, n) for n in src.shape)].copy_(src)
+            self.graph.replay()
+            return self.static_outputs
+        padded = []
+        for src, shape, pad in zip(inputs, self.shapes, pads):
+            if tuple(src.shape) == shape:
+                padded.append(src.contiguous())
+            else:
+                buf = torch.full(shape, pad if pad is not None else 0, dtype=src.dtype, device=self.device)
+                buf[tuple(slice(0, n) for n in src.shape)].copy_(src)
+                padded.append(buf)
+        return list(self.run_fn(padded))
+
+
+class Stage:
+    """Callable stage: `stage(*inputs)` or `stage(name=tensor, ...)` → output tensor (or tuple of them)."""
+
+    def __init__(self, root: Path, entry: StageEntry, device: torch.device, weights: dict[str, torch.Tensor],
+                 cuda_graphs: bool = True) -> None:
+        self.root, self.entry, self.device = root, entry, device
+        self.name, self.kind = entry.name, entry.kind
+        self.metadata = entry.metadata
+        self.validate_inputs = True
+        self._lock = threading.RLock()
+        self._weights = weights   # owned here: AOTI keeps raw handles, so these must outlive every runner
+        use_graph = cuda_graphs and device.type == "cuda"
+        self.uses_cuda_graphs = use_graph
+        self._pool = torch.cuda.graph_pool_handle() if use_graph else None
+        # Capture the largest buckets first so smaller graphs reuse their pool blocks.
+        order = sorted(entry.buckets, key=lambda b: -math.prod(b.sizes.values()))
+        self._runners = {b.key: _BucketRunner(root / b.file, b, entry, device, weights, use_graph, self._pool)
+                         for b in order}
+        self._axes = entry.axis_names()
+        self.max_sizes = {a: max(b.sizes[a] for b in entry.buckets) for a in self._axes}
+        self._range_cache: dict[str, torch.Tensor] = {}
+
+    # ------------------------------------------------------------------------------ public
+    @property
+    def input_names(self) -> list[str]:
+        return [s.name for s in self.entry.inputs]
+
+    @property
+    def buckets(self) -> list[dict[str, int]]:
+        return [dict(b.sizes) for b in self.entry.buckets]
+
+    def __call__(self, *args, **kwargs):
+        named = self._bind(args, kwargs)
+        sizes = self._validate(named)
+        outs = self._run(named, sizes)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def __repr__(self) -> str:
+        return (f"Stage({self.name!r}, kind={self.kind!r}, device={self.device}, buckets={len(self._runners)}, "
+                f"graphs={self.uses_cuda_graphs})")
+
+    # ---------------------------------------------------------------------------- internals
+    def _bind(self, args: Sequence, kwargs: dict) -> dict[str, torch.Tensor]:
+        names = self.input_names
+        if len(args) > len(names):
+            raise InputShapeError(f"{self.name}: takes {len(names)} inputs ({', '.join(names)}), got {len(args)}")
+        named = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names:
+                raise InputShapeError(f"{self.name}: unknown input {k!r} (inputs: {', '.join(names)})")
+            if k in named:
+                raise InputShapeError(f"{self.name}: input {k!r} given twice")
+            named[k] = v
+        missing = [n for n in names if n not in named]
+        if missing:
+            raise InputShapeError(f"{self.name}: missing input {missing[0]!r}")
+        for k, v in named.items():
+            if isinstance(v, np.ndarray):
+                named[k] = torch.from_numpy(v)
+            elif not isinstance(v, torch.Tensor):
+                raise InputDTypeError(f"{self.name}: input {k!r} must be a torch.Tensor or numpy array, "
+                                      f"got {type(v).__name__}")
+        return named
+
+    def _validate(self, named: dict[str, torch.Tensor]) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        for spec in self.entry.inputs:
+            x = named[spec.name]
+            if x.dtype != spec.torch_dtype:
+                raise InputDTypeError(f"{self.name}: input {spec.name!r} must be {spec.dtype}, got "
+                                      f"{str(x.dtype).removeprefix('torch.')}")
+            if x.dim() != len(spec.shape):
+                raise InputShapeError(f"{self.name}: input {spec.name!r} must have {len(spec.shape)} dims "
+                                      f"{self._shape_str(spec)}, got {tuple(x.shape)}")
+            for d, s in enumerate(spec.shape):
+                if isinstance(s, int) and x.shape[d] != s:
+                    raise InputShapeError(f"{self.name}: input {spec.name!r} dim {d} must be {s} "
+                                          f"{self._shape_str(spec)}, got {tuple(x.shape)}")
+            for d, axis, _ in spec.axes():
+                n = int(x.shape[d])
+                if n == 0:
+                    raise InputValueError(f"{self.name}: input {spec.name!r} is empty along {axis!r}")
+                if sizes.setdefault(axis, n) != n:
+                    raise InputShapeError(f"{self.name}: inputs disagree on {axis!r} ({sizes[axis]} vs {n})")
+            if x.device.type == "cuda" and self.device.type == "cuda" and x.device != self.device:
+                raise InputDeviceError(f"{self.name}: input {spec.name!r} is on {x.device}, the stage runs on "
+                                       f"{self.device}")
+        for spec in self.entry.inputs:
+            x = named[spec.name] = named[spec.name].to(self.device, non_blocking=True)
+            if not self.validate_inputs:
+                continue
+            if spec.range is not None:
+                self._check_range(spec, x)
+            if spec.finite and x.is_floating_point() and not bool(torch.isfinite(x).all()):
+                raise InputValueError(f"{self.name}: input {spec.name!r} contains NaN or Inf")
+        return sizes
+
+    @staticmethod
+    def _shape_str(spec: TensorSpec) -> str:
+        return "[" + ", ".join(s if isinstance(s, str) else (f"{s[0]}·{s[1]}" if isinstance(s, list) else str(s))
+                               for s in spec.shape) + "]"
+
+    def _check_range(self, spec: TensorSpec, x: torch.Tensor) -> None:
+        rng = spec.range
+        high = self._range_cache.get(spec.name)
+        if high is None:
+            shape = [1] * x.dim()
+            shape[rng["dim"]] = -1
+            high = torch.tensor(rng["high"], dtype=x.dtype, device=self.device).view(shape)
+            self._range_cache[spec.name] = high
+        low = rng.get("low", 0)
+        bad = (x < low) | (x >= high)
+        if bool(bad.any()):
+            idx = tuple(int(i) for i in bad.nonzero()[0].tolist())
+            limit = rng["high"][idx[rng["dim"]]]
+            raise InputRangeError(f"{self.name}: input {spec.name!r}{list(idx)} = {int(x[idx])} is outside "
+                                  f"[{low}, {limit}) (codebook {idx[rng['dim']]})")
+
+    def pick_bucket(self, sizes: dict[str, int]) -> BucketEntry | None:
+        fits = [b for b in self.entry.buckets if all(b.sizes[a] >= sizes[a] for a in self._axes)]
+        return min(fits, key=lambda b: math.prod(b.sizes.values())) if fits else None
+
+    def _run(self, named: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
+        if "batch" in sizes and sizes["batch"] > self.max_sizes.get("batch", sizes["batch"]):
+            return self._run_split_batch(named, sizes)
+        for axis, n in sizes.items():
+            if n > self.max_sizes[axis]:
+                return self._run_overflow(named, sizes, axis)
+        return self._run_bucket(named, sizes)
+
+    def _run_bucket(self, named: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
+        bucket = self.pick_bucket(sizes)
+        assert bucket is not None
+        runner = self._runners[bucket.key]
+        inputs = [named[s.name] for s in self.entry.inputs]
+        pads = [s.pad for s in self.entry.inputs]
+        with self._lock:
+            outs = runner.run(inputs, pads)
+            trimmed = []
+            for spec, o in zip(self.entry.outputs, outs):
+                idx = [slice(None)] * o.dim()
+                for d, axis, scale in spec.axes():
+                    idx[d] = slice(0, sizes[axis] * scale)
+                # clone: graph outputs live in the stage pool and the next replay overwrites them
+                trimmed.append(o[tuple(idx)].clone() if runner.graph is not None else o[tuple(idx)].contiguous())
+        return trimmed
+
+    def _batch_dim(self, spec: TensorSpec) -> int | None:
+        return next((d for d, axis, _ in spec.axes() if axis == "batch"), None)
+
+    def _run_split_batch(self, named, sizes) -> list[torch.Tensor]:
+        step = self.max_sizes["batch"]
+        parts = []
+        for start in range(0, sizes["batch"], step):
+            sub = {}
+            for spec in self.entry.inputs:
+                d = self._batch_dim(spec)
+                sub[spec.name] = named[spec.name].narrow(d, start, min(step, sizes["batch"] - start))
+            parts.append(self._run(sub, {**sizes, "batch": min(step, sizes["batch"] - start)}))
+        return [torch.cat([p[i] for p in parts], dim=self._batch_dim(spec))
+                for i, spec in enumerate(self.entry.outputs)]
+
+    def _run_overflow(self, named, sizes, axis: str) -> list[torch.Tensor]:
+        raise InputShapeError(f"{self.name}: {axis} = {sizes[axis]} exceeds the largest bucket "
+                              f"({self.max_sizes[axis]}); rebuild with larger buckets")

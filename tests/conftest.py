@@ -1,0 +1,95 @@
+"""Shared fixtures. Artifacts are built once per test session (and shared between xdist workers through a file
+lock) because every AOTI compile costs tens of seconds on a 2-core CI machine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from filelock import FileLock
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("TTSAOT_TEST_ARTIFACTS", ROOT / ".pytest_artifacts"))
+
+
+def built_artifact(name: str, build: Callable[[Path], Path]) -> Path:
+    """Build once into CACHE/<name>; later callers (other workers, other tests) reuse it.
+
+    Each pytest run has its own directory (the run id is set by the controlling process and inherited by xdist
+    workers), so stale artifacts from older code are never reused and concurrent runs do not collide."""
+    root = CACHE / os.environ["TTSAOT_TEST_RUN"] / name
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root) + ".lock"):
+        done = root / ".done"
+        if not done.exists():
+            if root.exists():
+                shutil.rmtree(root)
+            root.mkdir(parents=True)
+            path = build(root)
+            done.write_text(str(path.relative_to(root)))
+        return root / done.read_text()
+
+
+def pytest_configure(config):
+    if not os.environ.get("PYTEST_XDIST_WORKER") and "TTSAOT_TEST_RUN" not in os.environ:
+        os.environ["TTSAOT_TEST_RUN"] = uuid.uuid4().hex[:12]
+        config._ttsaot_owns_run = True
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_ttsaot_owns_run", False):
+        shutil.rmtree(CACHE / os.environ.pop("TTSAOT_TEST_RUN"), ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def qwen_tiny_fp32() -> Path:
+    """Tiny code2wav, fp32, buckets batch {1,2} × frames {8,16,48}; streaming chunk 16 + context 32 (≥ the
+    tiny receptive field of 28 frames, so streamed audio must equal one-shot audio)."""
+    from ttsaot.builder.buckets import StreamingConfig
+    from ttsaot.builder.build import build_family
+    from ttsaot.builder.families import qwen3_tts as q
+
+    def build(root: Path) -> Path:
+        opts = q.Qwen3TTSOptions(dtype=torch.float32, batch_buckets=(1, 2), frame_buckets=(8, 16, 48),
+                                 streaming=StreamingConfig(16, 32, 0, 0))
+        return build_family(q.FAMILY, q.stages(opts), root, "cpu").path
+
+    return built_artifact("qwen-tiny-fp32", build)
+
+
+@pytest.fixture(scope="session")
+def qwen_tiny_bf16() -> Path:
+    from ttsaot.builder.buckets import StreamingConfig
+    from ttsaot.builder.build import build_family
+    from ttsaot.builder.families import qwen3_tts as q
+
+    def build(root: Path) -> Path:
+        opts = q.Qwen3TTSOptions(dtype=torch.bfloat16, batch_buckets=(1,), frame_buckets=(16,),
+                                 streaming=StreamingConfig(16, 0, 0, 0))
+        return build_family(q.FAMILY, q.stages(opts), root, "cpu").path
+
+    return built_artifact("qwen-tiny-bf16", build)
+
+
+@pytest.fixture
+def artifact_copy(tmp_path) -> Callable[[Path], Path]:
+    """A writable copy of a built artifact, for fault-injection tests."""
+
+    def copy(src: Path) -> Path:
+        dst = tmp_path / src.name
+        shutil.copytree(src, dst)
+        return dst
+
+    return copy
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()

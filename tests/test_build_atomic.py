@@ -1,0 +1,96 @@
+"""Builds are atomic: a failure or Ctrl-C leaves the previous artifact intact and no temp files; a lock stops
+two builds into one directory; a package that crashes on load fails the build, not the user later."""
+
+import json
+import os
+import shutil
+import stat
+
+import pytest
+import torch
+from ttsaot.builder import build as build_mod
+from ttsaot.builder.buckets import StreamingConfig
+from ttsaot.builder.build import BuildError, _BuildLock, build_family
+from ttsaot.builder.families import qwen3_tts as q
+
+
+def _specs(**kw):
+    opts = q.Qwen3TTSOptions(dtype=torch.float32, batch_buckets=(1,), frame_buckets=(8,),
+                             streaming=StreamingConfig(8, 0, 0, 0), **kw)
+    return q.stages(opts)
+
+
+@pytest.fixture
+def previous(qwen_tiny_fp32, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(qwen_tiny_fp32, out / "qwen3-tts-12hz")
+    return out, (out / "qwen3-tts-12hz" / "manifest.json").read_text()
+
+
+def _no_temp(out):
+    return not [p for p in out.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+
+
+def test_interrupt_leaves_previous_artifact(previous, monkeypatch):
+    out, before = previous
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build_mod, "compile_bucket", boom)
+    with pytest.raises(KeyboardInterrupt):
+        build_family(q.FAMILY, _specs(), out, "cpu")
+    assert (out / "qwen3-tts-12hz" / "manifest.json").read_text() == before
+    assert _no_temp(out)
+
+
+def test_compile_failure_is_reported_per_bucket(previous, monkeypatch):
+    out, before = previous
+
+    def fail(*a, **k):
+        raise build_mod.CompileError("AOTInductor compile failed: no space left on device")
+
+    monkeypatch.setattr(build_mod, "compile_bucket", fail)
+    with pytest.raises(BuildError, match="code2wav/b1_f8: AOTInductor compile failed: no space"):
+        build_family(q.FAMILY, _specs(), out, "cpu")
+    assert (out / "qwen3-tts-12hz" / "manifest.json").read_text() == before
+    assert _no_temp(out)
+
+
+def test_lock_prevents_interleaved_builds(previous):
+    out, _ = previous
+    with _BuildLock(out / ".qwen3-tts-12hz.lock"):
+        with pytest.raises(BuildError, match="another build is writing"):
+            build_family(q.FAMILY, _specs(), out, "cpu")
+
+
+def test_package_crash_on_load_fails_the_build(previous, monkeypatch, tmp_path):
+    out, before = previous
+    fake = tmp_path / "crashing-python"
+    fake.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(build_mod.sys, "executable", str(fake))
+    with pytest.raises(BuildError, match="signal 11"):
+        build_family(q.FAMILY, _specs(), out, "cpu")
+    assert (out / "qwen3-tts-12hz" / "manifest.json").read_text() == before
+    assert _no_temp(out)
+
+
+def test_verification_really_compares(previous):
+    # A zero tolerance cannot be met (kernel-order noise ~1e-7): the subprocess check must catch it.
+    out, before = previous
+    specs = _specs()
+    specs[0].tolerance = 0.0
+    with pytest.raises(BuildError, match="differs from eager"):
+        build_family(q.FAMILY, specs, out, "cpu")
+    assert (out / "qwen3-tts-12hz" / "manifest.json").read_text() == before
+
+
+def test_rebuild_replaces_and_keeps_permissions(previous):
+    out, before = previous
+    res = build_family(q.FAMILY, _specs(), out, "cpu")
+    m = json.loads((res.path / "manifest.json").read_text())
+    assert [b["key"] for b in m["stages"]["code2wav"]["buckets"]] == ["b1_f8"]
+    assert (res.path / "manifest.json").read_text() != before
+    assert oct(os.stat(res.path).st_mode & 0o777) == "0o755"
+    assert _no_temp(out)

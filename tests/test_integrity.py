@@ -1,0 +1,142 @@
+"""Corrupted, truncated, tampered and mismatched artifacts give typed errors before any native code runs."""
+
+import hashlib
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from ttsaot.runtime import (
+    ArtifactNotFoundError,
+    BindingError,
+    CompatibilityError,
+    IntegrityError,
+    ManifestError,
+    load,
+)
+
+
+def _manifest(path):
+    return json.loads((path / "manifest.json").read_text())
+
+
+def _write_manifest(path, m):
+    (path / "manifest.json").write_text(json.dumps(m))
+
+
+def _resha(path, entry):
+    p = path / entry["file"]
+    entry["sha256"] = hashlib.sha256(p.read_bytes()).hexdigest()
+    entry["bytes"] = p.stat().st_size
+
+
+def test_bit_flip_in_package_is_refused_before_dlopen(qwen_tiny_fp32, artifact_copy):
+    art = artifact_copy(qwen_tiny_fp32)
+    pkg = art / _manifest(art)["stages"]["code2wav"]["buckets"][0]["file"]
+    data = bytearray(pkg.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    pkg.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="sha256"):
+        load(art)
+
+
+def test_truncated_weights_are_refused(qwen_tiny_fp32, artifact_copy):
+    art = artifact_copy(qwen_tiny_fp32)
+    w = art / "code2wav.safetensors"
+    w.write_bytes(w.read_bytes()[:-100])
+    with pytest.raises(IntegrityError, match="bytes"):
+        load(art)
+
+
+def test_missing_file(qwen_tiny_fp32, artifact_copy):
+    art = artifact_copy(qwen_tiny_fp32)
+    (art / "golden" / "code2wav.safetensors").unlink()
+    with pytest.raises(IntegrityError, match="missing"):
+        load(art)
+    with pytest.raises(ArtifactNotFoundError):
+        load(art / "nope")
+
+
+@pytest.mark.parametrize("mutate, err, match", [
+    (lambda m: m.__setitem__("format_version", 2), ManifestError, "format_version 2"),
+    (lambda m: m.pop("stages"), ManifestError, "stages is missing"),
+    (lambda m: m["stages"]["code2wav"].__setitem__("kind", "teleporter"), ManifestError, "unknown"),
+    (lambda m: m["stages"]["code2wav"]["buckets"][0].__setitem__("file", "../../etc/passwd"), ManifestError,
+     "outside the artifact"),
+    (lambda m: m["stages"]["code2wav"].__setitem__("tolerance", "small"), ManifestError, "tolerance"),
+    (lambda m: m["build_env"].__setitem__("torch", "1.0.0"), CompatibilityError, "torch 1.0.0"),
+    (lambda m: m.__setitem__("device", "cuda"), CompatibilityError, "built for device 'cuda'"),
+    (lambda m: m["build_env"].__setitem__("cpu_isa", "AVX512 AMX_TILE")
+     if torch.backends.cpu.get_cpu_capability() != "AVX512" else m["build_env"].__setitem__("torch", "0"),
+     CompatibilityError, ""),
+])
+def test_bad_manifest_fields(qwen_tiny_fp32, artifact_copy, mutate, err, match):
+    art = artifact_copy(qwen_tiny_fp32)
+    m = _manifest(art)
+    mutate(m)
+    _write_manifest(art, m)
+    with pytest.raises(err, match=match):
+        load(art, device="cpu")
+
+
+def test_not_json(qwen_tiny_fp32, artifact_copy):
+    art = artifact_copy(qwen_tiny_fp32)
+    (art / "manifest.json").write_bytes(b"\x00\xffnot json")
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        load(art)
+
+
+def _replace_weight(art, fn):
+    m = _manifest(art)
+    wpath = art / "code2wav.safetensors"
+    sd = load_file(str(wpath))
+    fn(sd)
+    save_file(sd, str(wpath))
+    _resha(art, m["stages"]["code2wav"]["weights"])
+    _write_manifest(art, m)
+
+
+def test_weight_with_wrong_shape_is_refused_not_segfault(qwen_tiny_fp32, artifact_copy):
+    art = artifact_copy(qwen_tiny_fp32)
+    name = next(iter(_manifest(art)["stages"]["code2wav"]["constants"]))
+    _replace_weight(art, lambda sd: sd.__setitem__(name, torch.zeros(3, 3, dtype=sd[name].dtype)))
+    with pytest.raises(BindingError, match="manifest says"):
+        load(art)
+
+
+def test_weight_with_wrong_dtype_is_refused(qwen_tiny_fp32, artifact_copy):
+    art = artifact_copy(qwen_tiny_fp32)
+    consts = _manifest(art)["stages"]["code2wav"]["constants"]
+    name = next(k for k, v in consts.items() if v["dtype"] == "float32")
+    _replace_weight(art, lambda sd: sd.__setitem__(name, sd[name].double()))
+    with pytest.raises(BindingError):
+        load(art)
+
+
+def test_missing_weight_is_refused(qwen_tiny_fp32, artifact_copy):
+    art = artifact_copy(qwen_tiny_fp32)
+    name = next(iter(_manifest(art)["stages"]["code2wav"]["constants"]))
+    _replace_weight(art, lambda sd: sd.pop(name))
+    with pytest.raises(BindingError, match="missing"):
+        load(art)
+
+
+def test_trusted_pin(qwen_tiny_fp32):
+    sha = hashlib.sha256((qwen_tiny_fp32 / "manifest.json").read_bytes()).hexdigest()
+    assert load(qwen_tiny_fp32, trusted_sha256=sha)["code2wav"] is not None
+    with pytest.raises(IntegrityError, match="trusted pin"):
+        load(qwen_tiny_fp32, trusted_sha256="0" * 64)
+
+
+def test_check_weights_alignment_and_stride():
+    from ttsaot.runtime.artifact import WeightSpec
+    from ttsaot.runtime.stage import _check_weight
+
+    spec = WeightSpec(dtype="float32", shape=[4, 4], stride=[4, 1])
+    _check_weight("s", "w", torch.zeros(4, 4), spec, torch.device("cpu"))
+    with pytest.raises(BindingError, match="stride"):
+        _check_weight("s", "w", torch.zeros(4, 4).t(), spec, torch.device("cpu"))
+    base = torch.zeros(17)
+    misaligned = base[1:].view(4, 4)
+    with pytest.raises(BindingError, match="16-byte"):
+        _check_weight("s", "w", misaligned, spec, torch.device("cpu"))
