@@ -4,5 +4,9 @@ from .bake import bake_snake
 from .cast import cast_to_compute_dtype
 from .fuse import fuse_projections
 from .prune import count_parameters, prune_submodules
+from .weight_norm import bake_weight_norm, legacy_weight_norm_to_new, weight_norm
 
-__all__ = ["bake_snake", "cast_to_compute_dtype", "count_parameters", "fuse_projections", "prune_submodules"]
+__all__ = [
+    "bake_snake", "bake_weight_norm", "cast_to_compute_dtype", "count_parameters", "fuse_projections",
+    "legacy_weight_norm_to_new", "prune_submodules", "weight_norm",
+]
