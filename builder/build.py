@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import datetime as _dt
 import fcntl
+import hashlib
 import json
 import os
 import platform
@@ -125,6 +126,8 @@ def _io_with_dtypes(descs: list[dict]) -> list[dict]:
 def _golden_sizes(spec: StageSpec) -> list[dict[str, int]]:
     """One case per distinct size of every non-batch axis (at the smallest batch), the largest batch at the
     smallest sizes, and the family's off-bucket cases (exercise padding and trimming)."""
+    if not spec.golden_buckets:
+        return list(spec.golden_sizes)
     buckets = spec.plan.buckets()
     axes = list(spec.plan.axes)
     out: list[dict[str, int]] = []
@@ -144,8 +147,21 @@ def _golden_sizes(spec: StageSpec) -> list[dict[str, int]]:
     return out
 
 
+FORMATS = ("aoti", "onnx")
+
+
+def parse_formats(value: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
+    """`aoti`, `onnx`, `aoti,onnx` → a tuple in canonical order; refuses unknown or empty formats."""
+    items = value.split(",") if isinstance(value, str) else list(value or ("aoti",))
+    items = [f.strip().lower() for f in items if f.strip()]
+    bad = [f for f in items if f not in FORMATS]
+    if bad or not items:
+        raise BuildError(f"unknown artifact format {bad[0] if bad else value!r} (have: {', '.join(FORMATS)})")
+    return tuple(f for f in FORMATS if f in items)
+
+
 def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, reporter: Reporter,
-                extra_inductor_options: dict | None = None) -> dict:
+                extra_inductor_options: dict | None = None, formats: tuple[str, ...] = ("aoti",)) -> dict:
     """Build one stage into `tmp`; returns its manifest entry."""
     if spec.fp32_only and spec.dtype != torch.float32:
         raise BuildError(f"{spec.name}: this stage is fp32 only (numerics policy), refusing {spec.dtype}")
@@ -179,6 +195,29 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
 
     module = cast_to_compute_dtype(rewritten, spec.dtype).to(device).eval()
     after = count_parameters(module)
+    onnx_entry = None
+    if "onnx" in formats:
+        from .onnx_export import OnnxExportError, export_stage_onnx, manifest_entry
+
+        try:
+            res = export_stage_onnx(spec, module, tmp / "onnx" / f"{spec.name}.onnx", seed=seed)
+        except OnnxExportError as e:
+            raise BuildError(str(e)) from e
+        onnx_entry = manifest_entry(res, tmp)
+        reporter.note(f"{spec.name}: ONNX opset {res.opset}, dynamic {res.dynamic_axes or '-'}, "
+                      f"{res.seconds:.1f}s" + "".join(f"; {n}" for n in res.notes))
+    if "aoti" not in formats:
+        grel = f"golden/{spec.name}.safetensors"
+        _save_safetensors(golden, tmp / grel)
+        return {
+            "kind": spec.kind, "dtype": dtype_name(spec.dtype),
+            "inputs": _io_with_dtypes(spec.inputs), "outputs": _io_with_dtypes(spec.outputs),
+            "weights": None, "constants": {}, "buckets": [],
+            "golden": _file_entry(tmp, grel), "golden_cases": cases, "tolerance": spec.tolerance,
+            "metadata": spec.metadata, "config": spec.config, "passes": pass_reports,
+            "checkpoint": {**spec.checkpoint_report, "params_before": before, "params_after": after},
+            "onnx": onnx_entry,
+        }
     buckets = spec.plan.buckets()
     reporter.stage_start(spec.name, len(buckets))
     weights: dict[str, torch.Tensor] | None = None
@@ -224,13 +263,17 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
         "metadata": spec.metadata, "config": spec.config,
         "passes": pass_reports,
         "checkpoint": {**spec.checkpoint_report, "params_before": before, "params_after": after},
+        **({"onnx": onnx_entry} if onnx_entry is not None else {}),
     }
 
 
-def subprocess_verify(path: Path, device: torch.device, timeout: float = 1800) -> list[dict]:
+def subprocess_verify(path: Path, device: torch.device, timeout: float = 1800,
+                      stages: list[str] | None = None) -> list[dict]:
     """Load the fresh packages in a child process and run the golden cases: a package that segfaults on load
     fails the build here instead of crashing a user's server later."""
     cmd = [sys.executable, "-m", "ttsaot.runtime.verify", str(path), "--device", str(device), "--json"]
+    if stages:
+        cmd += ["--stages", ",".join(stages)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode < 0:
         raise BuildError(f"loading the fresh packages killed the process with signal {-proc.returncode} "
@@ -239,7 +282,10 @@ def subprocess_verify(path: Path, device: torch.device, timeout: float = 1800) -
     try:
         results = json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
-        tail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no output"
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        # The last line of an AOTI failure is a generic "API call failed"; the cause is printed just before it.
+        cause = [ln.strip() for ln in lines if "rror" in ln and "API call failed" not in ln][-2:]
+        tail = " | ".join(cause + lines[-1:]) if lines else "no output"
         raise BuildError(f"verifying the fresh artifact failed: {tail}") from None
     bad = [r for r in results if not r["ok"]]
     if bad:
@@ -249,12 +295,52 @@ def subprocess_verify(path: Path, device: torch.device, timeout: float = 1800) -
     return results
 
 
+def subprocess_verify_onnx(path: Path, stages: list[str], reporter: Reporter, timeout: float = 1800) -> list[dict]:
+    """onnxruntime (CPU, and CUDA when available) on the fresh ONNX models against the golden cases, in a child
+    process like the AOTI check. A provider without kernels for the graph is reported, not failed."""
+    cmd = [sys.executable, "-m", "ttsaot.builder.onnx_verify", str(path), "--json", "--stages", ",".join(stages)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    try:
+        results = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+        raise BuildError(f"verifying the fresh ONNX models failed: {tail}") from None
+    bad = [r for r in results if not r["ok"] and not r["skipped"]]
+    if bad:
+        r = bad[0]
+        raise BuildError(f"{r['stage']}/{r['case']}: ONNX output {r['output']!r} on {r['provider']} differs from "
+                         f"eager ({r['metric']} {r['value']:.3g} > {r['limit']:.3g})")
+    for key in sorted({(r["stage"], r["provider"], r["skipped"]) for r in results if r["skipped"]}):
+        reporter.note(f"ONNX {key[0]} not run on {key[1]}: {key[2]}")
+    return results
+
+
+def _use_private_inductor_cache() -> Path:
+    """Point Inductor at a cache keyed by our kernel sources and the torch version.
+
+    Seen on an H200 (torch 2.11): after the SnakeBeta Triton source changed, a warm default Inductor cache produced
+    packages that failed at run time ("run_func_ API call failed"); a fresh cache built correct ones. Keying the
+    cache directory on the kernels' source keeps reuse across builds without ever mixing kernel versions."""
+    h = hashlib.sha256(torch.__version__.encode())
+    for src in sorted((Path(__file__).parent / "kernels").glob("*.py")):
+        h.update(src.read_bytes())
+    base = Path(os.environ.get("TTSAOT_INDUCTOR_CACHE_DIR",
+                               Path(tempfile.gettempdir()) / f"ttsaot_inductor_{os.getuid()}"))
+    path = base / h.hexdigest()[:16]
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    return path
+
+
 def build_family(family: str, specs: list[StageSpec], out_root: str | Path, device: str | torch.device = "cpu",
                  seed: int = 0, preset: str | None = None, reporter: Reporter | None = None,
                  verify_in_subprocess: bool = True, extra_inductor_options: dict | None = None,
-                 keep_existing_stages: bool = True) -> BuildResult:
-    """Build `specs` into <out_root>/<family>/ atomically (temp dir + rename, under a lock)."""
+                 keep_existing_stages: bool = True, formats: str | tuple[str, ...] = ("aoti",)) -> BuildResult:
+    """Build `specs` into <out_root>/<family>/ atomically (temp dir + rename, under a lock). `formats`: "aoti"
+    (packages per bucket), "onnx" (one ONNX model per stage, builder/onnx_export.py), or both."""
     reporter = reporter or Reporter()
+    formats = parse_formats(formats)
+    _use_private_inductor_cache()
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", 0)
@@ -270,7 +356,8 @@ def build_family(family: str, specs: list[StageSpec], out_root: str | Path, devi
             stages: dict[str, dict] = {}
             env = build_env(dev)
             for spec in specs:
-                stages[spec.name] = build_stage(spec, tmp, dev, seed, reporter, extra_inductor_options)
+                stages[spec.name] = build_stage(spec, tmp, dev, seed, reporter, extra_inductor_options,
+                                                formats=formats)
             kept = _carry_over_stages(final, tmp, env, dev, set(stages)) if keep_existing_stages else {}
             manifest = {
                 "format_version": FORMAT_VERSION, "family": family, "preset": preset, "device": dev.type,
@@ -281,8 +368,14 @@ def build_family(family: str, specs: list[StageSpec], out_root: str | Path, devi
                 manifest["build_env"]["cpu_isa"] = _package_cpu_isa(tmp, stages)
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
             if verify_in_subprocess:
-                reporter.note("verifying the fresh artifact in a subprocess")
-                subprocess_verify(tmp, dev)
+                aoti_stages = [n for n, e in manifest["stages"].items() if e["buckets"]]
+                if aoti_stages:
+                    reporter.note("verifying the fresh artifact in a subprocess")
+                    subprocess_verify(tmp, dev, stages=aoti_stages)
+                onnx_stages = [n for n, e in stages.items() if e.get("onnx")]
+                if onnx_stages:
+                    reporter.note("verifying the fresh ONNX models with onnxruntime in a subprocess")
+                    subprocess_verify_onnx(tmp, onnx_stages, reporter)
             _replace_dir(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)   # Ctrl-C included: the previous artifact stays intact
@@ -294,6 +387,8 @@ def _package_cpu_isa(tmp: Path, stages: dict[str, dict]) -> str:
     from torch._C._aoti import AOTIModelPackageLoader
 
     for entry in stages.values():
+        if not entry["buckets"]:
+            continue
         pkg = tmp / entry["buckets"][0]["file"]
         meta = AOTIModelPackageLoader.load_metadata_from_package(str(pkg), "model")
         return meta.get("AOTI_CPU_ISA", "")
@@ -319,9 +414,12 @@ def _carry_over_stages(final: Path, tmp: Path, env: dict, dev: torch.device, reb
     for name, entry in old.get("stages", {}).items():
         if name in rebuilt:
             continue
-        files = [entry["weights"]["file"], *(b["file"] for b in entry["buckets"])]
+        files = [entry["weights"]["file"]] if entry.get("weights") else []
+        files += [b["file"] for b in entry["buckets"]]
         if entry.get("golden"):
             files.append(entry["golden"]["file"])
+        if entry.get("onnx"):
+            files += [entry["onnx"]["file"], *(x["file"] for x in entry["onnx"].get("external_data", []))]
         for rel in files:
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(final / rel, tmp / rel)
@@ -344,9 +442,14 @@ def stage_summary(result: BuildResult) -> list[dict]:
     rows = []
     for name, st in result.manifest["stages"].items():
         rows.append({"stage": name, "buckets": len(st["buckets"]), "dtype": st["dtype"],
-                     "weights_mib": round(st["weights"]["bytes"] / 2**20, 2),
-                     "package_mib": round(sum(b["bytes"] for b in st["buckets"]) / 2**20, 2)})
+                     "weights_mib": round(st["weights"]["bytes"] / 2**20, 2) if st.get("weights") else 0.0,
+                     "package_mib": round(sum(b["bytes"] for b in st["buckets"]) / 2**20, 2),
+                     **({"onnx_mib": round(_onnx_bytes(st["onnx"]) / 2**20, 2)} if st.get("onnx") else {})})
     return rows
+
+
+def _onnx_bytes(onnx: dict) -> int:
+    return onnx["bytes"] + sum(x["bytes"] for x in onnx.get("external_data", []))
 
 
 ProgressFactory = Callable[[], Reporter]

@@ -34,6 +34,7 @@ class StageSpec:
     checkpoint_report: dict[str, Any] = field(default_factory=dict)  # what loading read / dropped
     fp32_only: bool = False                     # refuse any other dtype (DAC encoder)
     golden_sizes: list[dict[str, int]] = field(default_factory=list)  # extra off-bucket golden cases
+    golden_buckets: bool = True                 # False: golden cases are golden_sizes only (big state inputs)
 
     @property
     def input_names(self) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -86,6 +87,7 @@ def load(path: str | Path, device: str | torch.device | None = None, stages: lis
 
     Order matters for safety: manifest schema → compatibility → sha256 of every file of the selected stages →
     weights checked against the manifest → only then are packages dlopen'ed and bound."""
+    t_start = time.perf_counter()
     root = Path(path)
     manifest = read_manifest(root, trusted_sha256=trusted_sha256)
     dev = _resolve_device(device, manifest)
@@ -95,16 +97,28 @@ def load(path: str | Path, device: str | torch.device | None = None, stages: lis
         if n not in manifest.stages:
             raise ManifestError(f"{root}: no stage {n!r} (have: {', '.join(manifest.stages)})")
     for n in names:
+        if not manifest.stages[n].buckets:
+            raise ManifestError(f"{root}: stage {n!r} has only an ONNX model (built with --format onnx), no AOTI "
+                                "packages for this runtime; run it with onnxruntime, or rebuild with "
+                                "--format aoti,onnx")
+    for n in names:
         for f in manifest.stages[n].files():
             check_file(root, f)
+    stats = {"validate_s": time.perf_counter() - t_start}
     loaded: dict[str, Stage] = {}
     for n in names:
         entry = manifest.stages[n]
+        t0 = time.perf_counter()
         weights = load_weights(root / entry.weights.file, entry, dev)
         check_weights(entry, weights, dev)
+        t_weights = time.perf_counter() - t0
         cls = stage_class(entry.kind)
         loaded[n] = cls(root, entry, dev, weights, cuda_graphs=cuda_graphs)
-    return Bundle(root, manifest, dev, loaded)
+        loaded[n].load_stats["weights_s"] = round(t_weights, 3)
+    stats["total_s"] = time.perf_counter() - t_start
+    bundle = Bundle(root, manifest, dev, loaded)
+    bundle.load_stats = {k: round(v, 3) for k, v in stats.items()}
+    return bundle
 
 
 __all__ = [

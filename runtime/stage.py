@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,15 +27,27 @@ from .errors import (
 WARMUP_CALLS = 3
 
 
-def _load_package(path: Path, device: torch.device, single_threaded: bool):
-    from torch.export.pt2_archive._package import load_pt2
+class _Package:
+    """One AOTI package through the C++ loader directly. `load_pt2` would also probe the host CPU ISA by compiling
+    test programs and scan the archive for exported programs (seconds per package); the runtime has already
+    checked compatibility from the manifest, so neither is needed here."""
 
-    index = device.index if device.type == "cuda" and device.index is not None else -1
-    contents = load_pt2(str(path), run_single_threaded=single_threaded, device_index=index)
-    runners = contents.aoti_runners
-    if len(runners) != 1:
-        raise BindingError(f"{path}: expected one compiled model in the package, found {sorted(runners)}")
-    return next(iter(runners.values()))
+    def __init__(self, path: Path, device: torch.device, single_threaded: bool) -> None:
+        index = device.index if device.type == "cuda" and device.index is not None else -1
+        try:
+            self.loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", single_threaded, 1, index)
+        except RuntimeError as e:
+            raise BindingError(f"{path}: not a loadable AOTInductor package ({str(e).splitlines()[0]})") from None
+
+    def get_constant_fqns(self) -> list[str]:
+        return list(self.loader.get_constant_fqns())
+
+    def load_constants(self, constants: dict[str, torch.Tensor], check_full_update: bool, user_managed: bool) -> None:
+        self.loader.load_constants(constants, False, check_full_update, user_managed)
+
+
+def _load_package(path: Path, device: torch.device, single_threaded: bool) -> _Package:
+    return _Package(path, device, single_threaded)
 
 
 def check_weights(entry: StageEntry, weights: dict[str, torch.Tensor], device: torch.device) -> None:
@@ -98,7 +111,9 @@ class _BucketRunner:
                  weights: dict[str, torch.Tensor], use_graph: bool, pool) -> None:
         self.bucket = bucket
         self.device = device
+        t0 = time.perf_counter()
         self.model = _load_package(path, device, single_threaded=(device.type == "cuda"))
+        self.load_s = time.perf_counter() - t0
         fqns = set(self.model.get_constant_fqns())
         if fqns != set(entry.constants):
             diff = sorted(fqns ^ set(entry.constants))[:3]
@@ -109,8 +124,10 @@ class _BucketRunner:
         self.graph = None
         self.static_inputs: list[torch.Tensor] = []
         self.static_outputs: list[torch.Tensor] = []
+        t0 = time.perf_counter()
         if use_graph:
             self._capture(entry, pool)
+        self.capture_s = time.perf_counter() - t0
 
     def _capture(self, entry: StageEntry, pool) -> None:
         self.static_inputs = [
@@ -166,6 +183,9 @@ class Stage:
         order = sorted(entry.buckets, key=lambda b: -math.prod(b.sizes.values()))
         self._runners = {b.key: _BucketRunner(root / b.file, b, entry, device, weights, use_graph, self._pool)
                          for b in order}
+        # Where start-up time goes, per phase (seconds): users tune cold start with this.
+        self.load_stats = {"package_load_s": round(sum(r.load_s for r in self._runners.values()), 3),
+                           "warmup_capture_s": round(sum(r.capture_s for r in self._runners.values()), 3)}
         self._axes = entry.axis_names()
         self.max_sizes = {a: max(b.sizes[a] for b in entry.buckets) for a in self._axes}
         self._range_cache: dict[str, torch.Tensor] = {}
