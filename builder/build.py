@@ -123,6 +123,10 @@ def _io_with_dtypes(descs: list[dict]) -> list[dict]:
     return [dict(d) for d in descs]
 
 
+def input_signature(args: tuple) -> str:
+    return json.dumps([[list(a.shape), dtype_name(a.dtype)] for a in args])
+
+
 def _golden_sizes(spec: StageSpec) -> list[dict[str, int]]:
     """One case per distinct size of every non-batch axis (at the smallest batch), the largest batch at the
     smallest sizes, and the family's off-bucket cases (exercise padding and trimming)."""
@@ -232,7 +236,10 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
         try:
             cb = compile_bucket(module, args, device, tmp / rel, model_name=f"{spec.name}_{key}",
                                 metadata={"ttsaot_stage": spec.name, "ttsaot_bucket": key,
-                                          "ttsaot_family": spec.family},
+                                          "ttsaot_family": spec.family,
+                                          # the package's own record of what it was compiled for: the runtime
+                                          # cross-checks it, so an edited manifest cannot feed it other shapes
+                                          "ttsaot_inputs": input_signature(args)},
                                 extra_options=extra_inductor_options)
         except CompileError as e:
             raise BuildError(f"{spec.name}/{key}: {e}") from e

@@ -5,6 +5,7 @@ so outputs are copied out of the pool before the lock is released (the next repl
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -41,6 +42,9 @@ class _Package:
 
     def get_constant_fqns(self) -> list[str]:
         return list(self.loader.get_constant_fqns())
+
+    def get_metadata(self) -> dict[str, str]:
+        return dict(self.loader.get_metadata())
 
     def load_constants(self, constants: dict[str, torch.Tensor], check_full_update: bool, user_managed: bool) -> None:
         self.loader.load_constants(constants, False, check_full_update, user_managed)
@@ -114,6 +118,7 @@ class _BucketRunner:
         t0 = time.perf_counter()
         self.model = _load_package(path, device, single_threaded=(device.type == "cuda"))
         self.load_s = time.perf_counter() - t0
+        self._check_signature(path, bucket, entry)
         fqns = set(self.model.get_constant_fqns())
         if fqns != set(entry.constants):
             diff = sorted(fqns ^ set(entry.constants))[:3]
@@ -122,12 +127,27 @@ class _BucketRunner:
         self.run_fn = self.model.loader.run
         self.shapes = [spec.concrete(bucket.sizes) for spec in entry.inputs]
         self.graph = None
+        self.outputs_checked = False
         self.static_inputs: list[torch.Tensor] = []
         self.static_outputs: list[torch.Tensor] = []
         t0 = time.perf_counter()
         if use_graph:
             self._capture(entry, pool)
         self.capture_s = time.perf_counter() - t0
+
+    def _check_signature(self, path: Path, bucket: BucketEntry, entry: StageEntry) -> None:
+        """The manifest says what shapes to feed; the package says what it was compiled for. They must agree: AOTI
+        does not check input shapes and computes garbage (or crashes) on a mismatch."""
+        meta = self.model.get_metadata()
+        want = [[list(spec.concrete(bucket.sizes)), spec.dtype] for spec in entry.inputs]
+        stamped = meta.get("ttsaot_inputs")
+        if meta.get("ttsaot_bucket") != bucket.key or stamped is None:
+            raise BindingError(f"{path}: package was compiled for bucket {meta.get('ttsaot_bucket')!r}, the manifest "
+                               f"lists it as {bucket.key!r}")
+        got = json.loads(stamped)
+        if got != want:
+            raise BindingError(f"{path}: package inputs {got} differ from the manifest's {want} for bucket "
+                               f"{bucket.key!r}; the manifest was edited or belongs to another build")
 
     def _capture(self, entry: StageEntry, pool) -> None:
         self.static_inputs = [
@@ -306,6 +326,8 @@ class Stage:
         pads = [s.pad for s in self.entry.inputs]
         with self._lock:
             outs = runner.run(inputs, pads)
+            if not runner.outputs_checked:
+                self._check_outputs(runner, outs)
             trimmed = []
             for spec, o in zip(self.entry.outputs, outs):
                 idx = [slice(None)] * o.dim()
@@ -314,6 +336,15 @@ class Stage:
                 # clone: graph outputs live in the stage pool and the next replay overwrites them
                 trimmed.append(o[tuple(idx)].clone() if runner.graph is not None else o[tuple(idx)].contiguous())
         return trimmed
+
+    def _check_outputs(self, runner: _BucketRunner, outs: list[torch.Tensor]) -> None:
+        """Once per bucket: the package's outputs must be what the manifest says, or trimming would be wrong."""
+        want = [(spec.concrete(runner.bucket.sizes), spec.torch_dtype) for spec in self.entry.outputs]
+        got = [(tuple(o.shape), o.dtype) for o in outs]
+        if got != want:
+            raise BindingError(f"{self.name}/{runner.bucket.key}: package outputs {got} differ from the manifest's "
+                               f"{want}; the manifest was edited or belongs to another build")
+        runner.outputs_checked = True
 
     def _batch_dim(self, spec: TensorSpec) -> int | None:
         return next((d for d, axis, _ in spec.axes() if axis == "batch"), None)

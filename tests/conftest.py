@@ -59,7 +59,7 @@ def qwen_tiny_fp32() -> Path:
     def build(root: Path) -> Path:
         opts = q.Qwen3TTSOptions(dtype=torch.float32, batch_buckets=(1, 2), frame_buckets=(8, 16, 48),
                                  streaming=StreamingConfig(16, 32, 0, 0))
-        return build_family(q.FAMILY, q.stages(opts), root, "cpu").path
+        return build_family(q.FAMILY, [q.code2wav_stage(opts)], root, "cpu").path
 
     return built_artifact("qwen-tiny-fp32", build)
 
@@ -73,7 +73,7 @@ def qwen_tiny_bf16() -> Path:
     def build(root: Path) -> Path:
         opts = q.Qwen3TTSOptions(dtype=torch.bfloat16, batch_buckets=(1,), frame_buckets=(16,),
                                  streaming=StreamingConfig(16, 0, 0, 0))
-        return build_family(q.FAMILY, q.stages(opts), root, "cpu").path
+        return build_family(q.FAMILY, [q.code2wav_stage(opts)], root, "cpu").path
 
     return built_artifact("qwen-tiny-bf16", build)
 

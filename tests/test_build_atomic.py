@@ -17,7 +17,7 @@ from ttsaot.builder.families import qwen3_tts as q
 def _specs(**kw):
     opts = q.Qwen3TTSOptions(dtype=torch.float32, batch_buckets=(1,), frame_buckets=(8,),
                              streaming=StreamingConfig(8, 0, 0, 0), **kw)
-    return q.stages(opts)
+    return [q.code2wav_stage(opts)]
 
 
 @pytest.fixture

@@ -6,14 +6,16 @@ import json
 import pytest
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
+
 from ttsaot.builder.cli import main
 
 
 @pytest.fixture(scope="module")
 def cli_artifact(tmp_path_factory):
     out = tmp_path_factory.mktemp("cli")
-    r = CliRunner().invoke(main, ["build", "qwen3-tts-12hz", "--preset", "tiny", "--random-weights", "--dtype", "fp32",
-                                  "--batch-buckets", "1", "--frame-buckets", "8", "--out", str(out)])
+    r = CliRunner().invoke(main, ["build", "qwen3-tts-12hz", "--stages", "code2wav", "--preset", "tiny",
+                                  "--random-weights", "--dtype", "fp32", "--batch-buckets", "1",
+                                  "--frame-buckets", "8", "--out", str(out)])
     assert r.exit_code == 0, r.output
     return out / "qwen3-tts-12hz"
 

@@ -43,6 +43,12 @@ def bake_weight_norm(module: nn.Module) -> dict[str, Any]:
     n = 0
     for sub in module.modules():
         if parametrize.is_parametrized(sub, "weight"):
+            # deepcopy shares the injected `Parametrized*` class between the copies, and removal deletes the
+            # `weight` property from that class, which would break the other copy (the builder still runs the
+            # original after the passes): give this instance its own class first.
+            cls = sub.__class__
+            own = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
+            sub.__class__ = type(cls.__name__, cls.__bases__, own)
             parametrize.remove_parametrizations(sub, "weight", leave_parametrized=True)
             n += 1
         elif hasattr(sub, "weight_g") and hasattr(sub, "weight_v"):

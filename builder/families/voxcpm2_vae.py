@@ -1,0 +1,362 @@
+"""VoxCPM2 AudioVAE V2 decoder (`vae_decoder` stage): latents [B,64,F] → wave [B,1,F·1920] at 48 kHz, fp32.
+
+Facts: shared/reference/STAGES.md §3.2. The module tree mirrors `audiovae.safetensors` (`decoder.*`): the
+causal convs ARE Conv1d / ConvTranspose1d subclasses there (weights directly on them, not under `.conv`),
+with LEGACY weight norm (`weight_g`/`weight_v`). We build new-style weight norm and rename the keys on load
+(passes.weight_norm), then bake: weight norm → plain weights, Snake (linear alpha) → `ttsaot::snake_beta`, the
+sample-rate conditioning (48 kHz bin, a constant) → one per-channel affine per block.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..checkpoint import CheckpointError, KeyRules, load_strict, sha256_file
+from ..layers.snake import BakedSnakeBeta
+from ..passes.bake import replace_modules
+from ..passes.weight_norm import NEW_G, NEW_V, legacy_weight_norm_to_new, weight_norm
+
+SNAKE_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class VAEConfig:
+    """`audio_vae_config` of config.json (AudioVAEConfigV2 names); decode-side fields only matter here."""
+
+    encoder_dim: int = 128
+    encoder_rates: tuple[int, ...] = (2, 5, 8, 8)
+    latent_dim: int = 64
+    decoder_dim: int = 2048
+    decoder_rates: tuple[int, ...] = (8, 6, 5, 2, 2, 2)
+    depthwise: bool = True
+    sample_rate: int = 16000
+    out_sample_rate: int = 48000
+    use_noise_block: bool = False
+    sr_bin_boundaries: tuple[int, ...] | None = (20000, 30000, 40000)
+    cond_type: str = "scale_bias"
+    cond_dim: int = 128
+    cond_out_layer: bool = False
+
+    @property
+    def samples_per_frame(self) -> int:
+        return math.prod(self.decoder_rates)
+
+    @classmethod
+    def from_json(cls, d: dict) -> VAEConfig:
+        known = set(cls.__dataclass_fields__)
+        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known}
+        cfg = cls(**kw)
+        if cfg.use_noise_block:
+            raise ValueError("vae_decoder: use_noise_block=True draws noise inside the decoder: unsupported")
+        if cfg.sr_bin_boundaries is not None and (cfg.cond_type not in ("scale_bias", "scale_bias_init")
+                                                  or cfg.cond_out_layer):
+            raise ValueError(f"vae_decoder: sample-rate conditioning {cfg.cond_type!r} (out_layer="
+                             f"{cfg.cond_out_layer}) is not supported (scale_bias only)")
+        return cfg
+
+    def to_json(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+
+
+VAE_PRESETS: dict[str, VAEConfig] = {
+    "full": VAEConfig(),
+    # Same topology (depthwise, 6 → 4 upsampling blocks, sr conditioning, 29 snakes), small widths and rates.
+    "tiny": VAEConfig(encoder_dim=8, encoder_rates=(2, 2), latent_dim=16, decoder_dim=64,
+                      decoder_rates=(8, 6, 2, 2)),
+}
+
+
+# --------------------------------------------------------------------------------------------- modules
+class Snake1d(nn.Module):
+    """x + 1/(alpha + 1e-9) · sin²(alpha·x), alpha [1,C,1] LINEAR scale (DAC lineage)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(1, channels, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + (self.alpha + SNAKE_EPS).reciprocal() * torch.sin(self.alpha * x).pow(2)
+
+
+class CausalConv1d(nn.Conv1d):
+    """Conv1d with `(kernel-1)·dilation` zeros on the left (stride 1 in the decoder)."""
+
+    def __init__(self, *args, left_pad: int = 0, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.left_pad = left_pad
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(F.pad(x, (self.left_pad, 0)) if self.left_pad else x)
+
+
+class CausalConvTranspose1d(nn.ConvTranspose1d):
+    """ConvTranspose1d(k=2r, stride r) with the r-sample tail trimmed: exactly T·r outputs."""
+
+    def __init__(self, *args, trim: int = 0, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.trim = trim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        return y[..., : y.shape[-1] - self.trim]
+
+
+def _wn_conv(cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1) -> nn.Module:
+    return weight_norm(CausalConv1d(cin, cout, kernel, dilation=dilation, groups=groups,
+                                    left_pad=(kernel - 1) * dilation))
+
+
+class CausalResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int, groups: int) -> None:
+        super().__init__()
+        self.block = nn.Sequential(Snake1d(dim), _wn_conv(dim, dim, 7, dilation, groups), Snake1d(dim),
+                                   _wn_conv(dim, dim, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.block(x)
+
+
+class CausalDecoderBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, rate: int, groups: int) -> None:
+        super().__init__()
+        # reference trim = 2·ceil(r/2) − r%2 = r for every r
+        up = weight_norm(CausalConvTranspose1d(cin, cout, 2 * rate, stride=rate, trim=rate))
+        units = (CausalResidualUnit(cout, d, groups) for d in (1, 3, 9))
+        self.block = nn.Sequential(Snake1d(cin), up, *units)
+        self.input_channels = cin
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)
+
+
+class SampleRateCondition(nn.Module):
+    """x · scale_embed[bin] + bias_embed[bin] (cond_type scale_bias), bin = bucketize(sr, boundaries)."""
+
+    def __init__(self, dim: int, buckets: int) -> None:
+        super().__init__()
+        self.scale_embed = nn.Embedding(buckets, dim)
+        self.bias_embed = nn.Embedding(buckets, dim)
+
+    def forward(self, x: torch.Tensor, sr_bin: torch.Tensor) -> torch.Tensor:
+        return x * self.scale_embed(sr_bin).unsqueeze(-1) + self.bias_embed(sr_bin).unsqueeze(-1)
+
+
+class ChannelAffine(nn.Module):
+    """The baked sample-rate conditioning: x · scale + bias with [1,C,1] constants."""
+
+    def __init__(self, scale: torch.Tensor, bias: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("scale", scale.detach().reshape(1, -1, 1).contiguous())
+        self.register_buffer("bias", bias.detach().reshape(1, -1, 1).contiguous())
+
+    def forward(self, x: torch.Tensor, sr_bin: torch.Tensor | None = None) -> torch.Tensor:
+        return x * self.scale + self.bias
+
+
+class CausalDecoder(nn.Module):
+    def __init__(self, cfg: VAEConfig) -> None:
+        super().__init__()
+        c0, ch = cfg.latent_dim, cfg.decoder_dim
+        if cfg.depthwise:
+            layers: list[nn.Module] = [_wn_conv(c0, c0, 7, groups=c0), _wn_conv(c0, ch, 1)]
+        else:
+            layers = [_wn_conv(c0, ch, 7)]
+        for i, rate in enumerate(cfg.decoder_rates):
+            cout = ch // 2 ** (i + 1)
+            layers.append(CausalDecoderBlock(ch // 2**i, cout, rate, groups=cout if cfg.depthwise else 1))
+        out = ch // 2 ** len(cfg.decoder_rates)
+        layers += [Snake1d(out), _wn_conv(out, 1, 7), nn.Tanh()]
+        self.model = nn.ModuleList(layers)
+        self.out_sample_rate = cfg.out_sample_rate
+        if cfg.sr_bin_boundaries is not None:
+            self.register_buffer("sr_bin_boundaries", torch.tensor(cfg.sr_bin_boundaries, dtype=torch.int32))
+            n = len(cfg.sr_bin_boundaries) + 1
+            self.sr_cond_model = nn.ModuleList(
+                SampleRateCondition(m.input_channels, n) if isinstance(m, CausalDecoderBlock) else None
+                for m in layers)
+        else:
+            self.sr_bin_boundaries = None
+            self.sr_cond_model = None
+
+    def sr_bin(self, x: torch.Tensor) -> torch.Tensor | None:
+        """bucketize(out_sample_rate) in-graph, as the reference does for its default 48 kHz request."""
+        if self.sr_bin_boundaries is None:
+            return None
+        sr = torch.full((x.shape[0],), self.out_sample_rate, dtype=torch.int32, device=x.device)
+        return torch.bucketize(sr, self.sr_bin_boundaries)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sr_bin = self.sr_bin(x)
+        for i, layer in enumerate(self.model):
+            if self.sr_cond_model is not None and self.sr_cond_model[i] is not None:
+                x = self.sr_cond_model[i](x, sr_bin)
+            x = layer(x)
+        return x
+
+
+class AudioVAEDecoder(nn.Module):
+    """The stage module: `decoder.*` of audiovae.safetensors. latents [B,64,F] fp32 → wav [B,1,F·spf] fp32."""
+
+    def __init__(self, cfg: VAEConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.decoder = CausalDecoder(cfg)
+
+    def forward(self, latents: torch.Tensor) -> torch.Tensor:
+        return self.decoder(latents)
+
+
+# ------------------------------------------------------------------------------------------ receptive field
+def receptive_field_frames(cfg: VAEConfig) -> int:
+    """Latent frames of left context after which the first sample of a frame no longer depends on earlier
+    latents: trace the earliest input index each op reads, from output sample F·spf back to the latents.
+    Causal conv with left pad p: n → n − p; transposed conv k=2r, stride r: n → ⌊n/r⌋ − 1; residual adds keep
+    the branch's reach. Later samples of the chunk reach less far, so this bounds the whole chunk."""
+    ops: list[tuple[str, int]] = [("conv", 6)] + ([("conv", 0)] if cfg.depthwise else [])
+    for r in cfg.decoder_rates:
+        ops.append(("up", r))
+        ops += [("conv", 6 * d) for d in (1, 3, 9)]
+    ops.append(("conv", 6))
+    frame = 10_000
+    n = frame * cfg.samples_per_frame
+    for kind, v in reversed(ops):
+        n = n - v if kind == "conv" else n // v - 1
+    return frame - n
+
+
+# ------------------------------------------------------------------------------------------------ passes
+def bake_snake1d(module: nn.Module) -> dict[str, Any]:
+    """Snake1d (linear alpha) → BakedSnakeBeta(alpha, 1/(alpha+1e-9)) calling `ttsaot::snake_beta`."""
+
+    def make(s: Snake1d) -> BakedSnakeBeta:
+        a = s.alpha.detach().float().reshape(-1)
+        return BakedSnakeBeta(a, (a + SNAKE_EPS).reciprocal())
+
+    return {"pass": "bake_snake1d", "replaced": replace_modules(module, Snake1d, make)}
+
+
+def bake_sample_rate(module: nn.Module) -> dict[str, Any]:
+    """The decoder always serves the configured output rate: fold its conditioning bin into constants."""
+    dec = module.decoder
+    if dec.sr_cond_model is None:
+        return {"pass": "bake_sample_rate", "replaced": 0}
+    b = int(torch.bucketize(torch.tensor([dec.out_sample_rate], dtype=torch.int32), dec.sr_bin_boundaries))
+    n = 0
+    for i, c in enumerate(dec.sr_cond_model):
+        if isinstance(c, SampleRateCondition):
+            dec.sr_cond_model[i] = ChannelAffine(c.scale_embed.weight[b], c.bias_embed.weight[b])
+            n += 1
+    dec.sr_bin_boundaries = None   # a None buffer: gone from the state dict, sr_bin() returns None
+    return {"pass": "bake_sample_rate", "sample_rate": dec.out_sample_rate, "bin": b, "replaced": n}
+
+
+# ------------------------------------------------------------------------------------------ checkpoint
+# audiovae.safetensors: `decoder.*` is this module; `encoder.*` (voice-clone encoder, 184.8 MiB) is not read.
+VAE_RULES = KeyRules(prefix="", ignore_prefixes=("encoder.",))
+
+
+def _classify(state: dict[str, torch.Tensor], source: str) -> tuple[dict[str, torch.Tensor], dict]:
+    loaded, report = {}, {"ignored": {"tensors": 0, "params": 0}, "dropped": {}, "unknown": []}
+    for k, v in state.items():
+        kind = VAE_RULES.classify(k)
+        if kind == "load":
+            loaded[VAE_RULES.module_key(k)] = v
+        elif kind == "ignore":
+            report["ignored"]["tensors"] += 1
+            report["ignored"]["params"] += v.numel()
+    return loaded, report
+
+
+def read_vae_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """audiovae.safetensors, else audiovae.pth (`state_dict` inside, torch.load weights_only=True)."""
+    d = Path(ckpt_dir)
+    st, pth = d / "audiovae.safetensors", d / "audiovae.pth"
+    if st.is_file():
+        from safetensors.torch import load_file
+
+        path, state = st, load_file(str(st))
+    elif pth.is_file():
+        obj = torch.load(str(pth), map_location="cpu", weights_only=True)
+        path, state = pth, obj.get("state_dict", obj)
+    else:
+        raise FileNotFoundError(f"{d}: neither audiovae.safetensors nor audiovae.pth found")
+    loaded, report = _classify(state, str(path))
+    report["path"], report["sha256"] = str(path), sha256_file(path)
+    return legacy_weight_norm_to_new(loaded), report
+
+
+def load_vae_decoder(ckpt_dir: str | Path, cfg: VAEConfig) -> tuple[AudioVAEDecoder, dict]:
+    tensors, report = read_vae_state(ckpt_dir)
+    model = AudioVAEDecoder(cfg)
+    try:
+        load_strict(model, tensors, source=report["path"])
+    except CheckpointError as e:
+        raise CheckpointError(f"{e} (audio_vae_config in config.json: {cfg.to_json()})") from None
+    return model.eval(), report
+
+
+def init_random_vae(model: AudioVAEDecoder, seed: int = 0) -> AudioVAEDecoder:
+    """Deterministic random weights with audio-range output (tanh not saturated, not silent)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("alpha"):
+                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+            elif name.endswith(NEW_G):
+                # row norm of the effective weight; 1×1 convs closing residual branches start small
+                last = f"decoder.model.{len(model.decoder.model) - 2}."
+                small = ".block.3." in name or name.startswith(last)
+                p.copy_((0.1 if small else 0.7) * (0.8 + 0.4 * torch.rand(p.shape, generator=g)))
+            elif name.endswith(NEW_V):
+                p.copy_(torch.randn(p.shape, generator=g))
+            elif name.endswith("scale_embed.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.02 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def vae_state_dict_legacy(model: AudioVAEDecoder) -> dict[str, torch.Tensor]:
+    """The decoder in the checkpoint's own layout (legacy weight_g / weight_v names)."""
+    out = {}
+    for k, v in model.state_dict().items():
+        if k.endswith(NEW_G):
+            k = k[: -len(NEW_G)] + "weight_g"
+        elif k.endswith(NEW_V):
+            k = k[: -len(NEW_V)] + "weight_v"
+        out[k] = v.detach().contiguous()
+    return out
+
+
+def write_vae_checkpoint(model: AudioVAEDecoder, out_dir: str | Path,
+                         extra: dict[str, torch.Tensor] | None = None, fmt: str = "safetensors") -> Path:
+    """audiovae.safetensors (or audiovae.pth with a `state_dict`) in the real layout: decoder + `extra`
+    (encoder tensors; a token one when none are given)."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    sd = vae_state_dict_legacy(model)
+    sd.update(extra if extra is not None else {"encoder.fc_logvar.bias": torch.zeros(model.cfg.latent_dim)})
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+
+        path = d / "audiovae.safetensors"
+        save_file(sd, str(path))
+    else:
+        path = d / "audiovae.pth"
+        torch.save({"state_dict": sd}, str(path))
+    return path
+
+
+def vae_config_from_checkpoint(ckpt_dir: str | Path) -> VAEConfig:
+    d = json.loads((Path(ckpt_dir) / "config.json").read_text())
+    return VAEConfig.from_json(d.get("audio_vae_config") or {})
