@@ -1,0 +1,537 @@
+"""`python -m bench [run] ...` measure · `python -m bench report` write BENCHMARKS.md ·
+`python -m bench snake` ·
+`python -m bench list`. Internal: `_stage`, `_coldstart`, `_snake` (the per-process workers)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .common import REPO, git_commit, now_iso, short_error, write_json
+
+COMMANDS = ("run", "report", "snake", "list", "_stage", "_coldstart", "_snake")
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _ints(value: str) -> list[int]:
+    return [int(v) for v in _csv(value)]
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _add_measure_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default=None, help="full (default on CUDA) or tiny (default on CPU)")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--dtype", default=None, choices=["bf16", "fp32", "fp16"], help="override the stage dtype")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--axis",
+        action="append",
+        default=None,
+        metavar="NAME=SIZES",
+        help="bucket sizes of an axis, e.g. --axis batch=1,4 --axis frames=25,50",
+    )
+    p.add_argument(
+        "--variants",
+        type=_csv,
+        default=None,
+        help="comma-separated subset (default: all on CUDA; eager_raw,eager,ttsaot_nograph on CPU)",
+    )
+    p.add_argument("--quick", action="store_true", help="fewer repetitions (3 warm-up, 10 timed)")
+    p.add_argument(
+        "--compile-budget",
+        type=float,
+        default=240.0,
+        help="seconds per torch.compile variant (setup + all buckets) before it is recorded skipped",
+    )
+    p.add_argument("--variant-budget", type=float, default=300.0, help="seconds for any other variant")
+    p.add_argument("--build-budget", type=float, default=420.0, help="seconds for the artifact build")
+    p.add_argument(
+        "--compile-mode",
+        default="max-autotune-no-cudagraphs",
+        help="torch.compile mode of compile_graph/upstream_compile and the compile cold start",
+    )
+    p.add_argument(
+        "--coldstart-compile-mode",
+        default=None,
+        help="mode for the torch.compile cold start (default: --compile-mode; 'default' is cheaper)",
+    )
+    p.add_argument("--cache-dir", default=str(REPO / "bench" / ".cache"))
+    _add_coldstart_options(p)
+    p.add_argument(
+        "--verify-build", action="store_true", help="also run the builder's subprocess verification"
+    )
+    p.add_argument(
+        "--stream-seconds", type=float, default=None, help="utterance length (default 10; CPU 0.25)"
+    )
+    p.add_argument(
+        "--stream-variants",
+        type=_csv,
+        default=None,
+        help="variants measured streaming (codec decoders); default eager,eager_graph,compile_graph,"
+        "ttsaot_nograph,ttsaot_graph",
+    )
+    p.add_argument("--throughput-batches", type=_ints, default=None, help="default 1,2,4,8,16 (CPU: 1,2)")
+    p.add_argument(
+        "--throughput-variants",
+        type=_csv,
+        default=None,
+        help="default eager,ttsaot_graph (CPU: eager,ttsaot_nograph)",
+    )
+
+
+def _add_coldstart_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-coldstart", dest="coldstart", action="store_false")
+    p.add_argument("--coldstart-budget", type=float, default=300.0, help="seconds per cold-start process")
+    p.add_argument(
+        "--coldstart-modes",
+        type=_csv,
+        default=None,
+        help="ttsaot,compile (default on CUDA); ttsaot only on CPU",
+    )
+
+
+def _finish_measure_args(a) -> None:
+    from .variants import ALL_VARIANTS, DEFAULT_CPU
+
+    a.device = a.device or _default_device()
+    cuda = a.device.startswith("cuda")
+    a.preset = a.preset or ("full" if cuda else "tiny")
+    if not cuda and a.dtype is None:
+        a.dtype = "fp32"  # bf16 convolutions on CPU take a slow reference path: CPU runs are smoke tests
+    a.variants = a.variants or list(ALL_VARIANTS if cuda else DEFAULT_CPU)
+    unknown = [v for v in a.variants if v not in ALL_VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {unknown} (known: {', '.join(ALL_VARIANTS)})")
+    a.stream_variants = a.stream_variants or [
+        "eager",
+        "eager_graph",
+        "compile_graph",
+        "ttsaot_nograph",
+        "ttsaot_graph",
+    ]
+    a.throughput_batches = a.throughput_batches or ([1, 2, 4, 8, 16] if cuda else [1, 2])
+    a.throughput_variants = a.throughput_variants or (
+        ["eager", "ttsaot_graph"] if cuda else ["eager", "ttsaot_nograph"]
+    )
+    a.coldstart_compile_mode = a.coldstart_compile_mode or a.compile_mode
+    a.coldstart_modes = a.coldstart_modes or (["ttsaot", "compile"] if cuda else ["ttsaot"])
+    if a.stream_seconds is None:
+        a.stream_seconds = 10.0 if cuda else 0.25
+
+
+def _worker_args(a) -> list[str]:
+    out = [
+        "--device",
+        a.device,
+        "--preset",
+        a.preset,
+        "--seed",
+        str(a.seed),
+        "--variants",
+        ",".join(a.variants),
+        "--compile-budget",
+        str(a.compile_budget),
+        "--variant-budget",
+        str(a.variant_budget),
+        "--build-budget",
+        str(a.build_budget),
+        "--compile-mode",
+        a.compile_mode,
+        "--cache-dir",
+        a.cache_dir,
+        "--stream-seconds",
+        str(a.stream_seconds),
+        "--stream-variants",
+        ",".join(a.stream_variants),
+        "--throughput-batches",
+        ",".join(map(str, a.throughput_batches)),
+        "--throughput-variants",
+        ",".join(a.throughput_variants),
+    ]
+    if a.dtype:
+        out += ["--dtype", a.dtype]
+    if a.quick:
+        out.append("--quick")
+    if a.verify_build:
+        out.append("--verify-build")
+    if not a.coldstart:
+        out.append("--no-coldstart")
+    out += [
+        "--coldstart-budget",
+        str(a.coldstart_budget),
+        "--coldstart-modes",
+        ",".join(a.coldstart_modes),
+        "--coldstart-compile-mode",
+        a.coldstart_compile_mode,
+    ]
+    for ax in a.axis or []:
+        out += ["--axis", ax]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ run
+def cmd_run(a) -> int:
+    from .specs import family_names, stage_names
+
+    _finish_measure_args(a)
+    t_begin = time.time()
+    budget = a.time_budget
+    families = a.family or family_names()
+    todo: list[tuple[str, str]] = []
+    problems: list[str] = []
+    for fam in families:
+        try:
+            names = stage_names(fam, a.preset)
+        except Exception as e:  # noqa: BLE001 - a family still being written must not stop the others
+            problems.append(f"{fam}: cannot list stages ({short_error(e)})")
+            continue
+        for st in names:
+            if a.stages and st not in a.stages:
+                continue
+            todo.append((fam, st))
+    if a.stages:
+        missing = [s for s in a.stages if s not in {st for _, st in todo}]
+        problems += [f"stage {s!r} not found in {', '.join(families)}" for s in missing]
+
+    out_root = Path(a.out)
+    summary: list[dict] = []
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    if not a.device.startswith("cuda"):
+        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # CPU runs share small CI machines
+    elif "CXX" not in env and Path("/usr/bin/g++").exists():
+        env["CXX"] = "/usr/bin/g++"  # AOTI packages built with another compiler segfault on load (GPU box)
+
+    def left() -> float:
+        return budget - (time.time() - t_begin) if budget else float("inf")
+
+    if (a.snake and a.device.startswith("cuda")) or a.snake_cpu:
+        r = _spawn_json(
+            [sys.executable, "-m", "bench", "_snake", "--device", a.device]
+            + (["--quick"] if a.quick else []),
+            env,
+            min(300.0, left()),
+        )
+        if r.get("device"):
+            write_json(out_root / r["device"]["slug"] / "snake_kernel.json", r)
+        summary.append(
+            {"stage": "snake_kernel", "status": r.get("status", "failed"), "detail": _snake_summary(r)}
+        )
+
+    for fam, st in todo:
+        remaining = left()
+        if remaining < 30:
+            summary.append(
+                {"stage": f"{fam}/{st}", "status": "skipped", "detail": "global --time-budget used up"}
+            )
+            continue
+        timeout = min(a.stage_timeout, remaining)
+        with tempfile.TemporaryDirectory(prefix="bench-stage-") as tmp:
+            tmp_json = Path(tmp) / "result.json"
+            cmd = [
+                sys.executable,
+                "-m",
+                "bench",
+                "_stage",
+                "--family",
+                fam,
+                "--stage",
+                st,
+                "--result",
+                str(tmp_json),
+                *_worker_args(a),
+            ]
+            print(f"[bench] {fam}/{st}: measuring (timeout {timeout:.0f} s)", file=sys.stderr, flush=True)
+            t0 = time.time()
+            rc, err_tail = _spawn(cmd, env, timeout, Path(a.cache_dir) / "logs" / f"{fam}__{st}.log")
+            res = json.loads(tmp_json.read_text()) if tmp_json.is_file() else None
+        if res is not None and "stage" not in res:  # died before its StageSpec existed (family in progress)
+            res = None
+        if res is None:
+            summary.append({"stage": f"{fam}/{st}", "status": "failed", "detail": err_tail})
+            if a.record_failures:
+                dev = _device_info(a.device)
+                write_json(
+                    out_root / dev["slug"] / f"{fam}__{st}.json",
+                    {
+                        "schema": 1,
+                        "status": "failed",
+                        "reason": err_tail,
+                        "device": dev,
+                        "git_commit": git_commit(),
+                        "started": now_iso(),
+                        "stage": {"family": fam, "stage": st},
+                    },
+                )
+            continue
+        if rc != 0:
+            res["status"] = "incomplete"
+            res["reason"] = err_tail
+            for v in res.get("variants", {}).values():
+                if v.get("status") == "running":
+                    v.update(status="incomplete", reason=f"the stage process ended: {err_tail}")
+        res["worker_wall_s"] = round(time.time() - t0, 1)
+        slug = res["device"]["slug"]
+        path = out_root / slug / f"{fam}__{st}.json"
+        write_json(path, res)
+        summary.append(
+            {
+                "stage": f"{fam}/{st}",
+                "status": res.get("status"),
+                "detail": _stage_summary(res),
+                "path": str(path),
+            }
+        )
+    _print_summary(summary, problems, time.time() - t_begin)
+    return 0 if all(s["status"] in ("ok", "skipped") for s in summary) and summary else 1
+
+
+def _device_info(device: str) -> dict:
+    import torch
+
+    from .common import device_info
+
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", 0)
+    return device_info(d)
+
+
+def _spawn(cmd: list[str], env: dict, timeout: float, log_path: Path | None = None) -> tuple[int, str]:
+    """Run a worker, echo its progress lines, keep its whole output in `log_path`; return (rc, last line)."""
+    tail: list[str] = []
+    log = None
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "w")  # noqa: SIM115 - closed below
+    try:
+        # own session: a timeout kills the worker AND its cold-start children, never anything else
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=str(REPO),
+            start_new_session=True,
+        )
+    except Exception as e:  # noqa: BLE001
+        return 1, short_error(e)
+    deadline = time.time() + timeout
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    killed = False
+    while True:
+        if time.time() > deadline and proc.poll() is None and not killed:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            killed = True
+        events = sel.select(timeout=1.0)
+        if events:
+            line = proc.stdout.readline()
+            if line:
+                if log is not None:
+                    log.write(line)
+                if line.startswith("[bench]") or "Error" in line or "Traceback" in line:
+                    sys.stderr.write("  " + line)
+                tail = (tail + [line.rstrip()])[-20:]
+                continue
+        if proc.poll() is not None:
+            rest = proc.stdout.read()
+            if rest:
+                tail = (tail + rest.rstrip().splitlines())[-20:]
+                if log is not None:
+                    log.write(rest)
+            break
+    rc = proc.wait()
+    if log is not None:
+        log.close()
+    last = next((ln for ln in reversed(tail) if ln.strip() and not ln.startswith("[bench]")), "")
+    if killed:
+        return 124, f"killed after the {timeout:.0f} s stage timeout; last output: {last[:300]}"
+    if rc < 0:
+        return rc, f"killed by signal {-rc} (crash or OOM); last output: {last[:300]}"
+    return rc, last[:400]
+
+
+def _spawn_json(cmd, env, timeout) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        p = Path(tmp) / "r.json"
+        rc, tail = _spawn([*cmd, "--result", str(p)], env, timeout)
+        if p.is_file():
+            return json.loads(p.read_text())
+        return {"status": "failed", "reason": tail}
+
+
+def _snake_summary(r: dict) -> str:
+    parts = []
+    for name, c in r.get("cases", {}).items():
+        k = c.get("kernel", {})
+        if "gb_per_s" in k:
+            parts.append(f"{name}: kernel {k['gb_per_s']:.0f} GB/s = {k['ratio_to_copy']:.0%} of copy")
+        else:
+            parts.append(f"{name}: {k.get('status', c.get('error', '?'))}")
+    return "; ".join(parts) or r.get("reason", "")
+
+
+def _stage_summary(res: dict) -> str:
+    parts = []
+    for name, v in res.get("variants", {}).items():
+        if v.get("status") == "ok" and v.get("buckets"):
+            k, b = next(iter(v["buckets"].items()))
+            parts.append(
+                f"{name} {b['ms']:.3g} ms" + (f" ({b['x_floor']:.1f}×floor)" if "x_floor" in b else "")
+            )
+        else:
+            parts.append(f"{name} {v.get('status')}")
+    return "; ".join(parts)
+
+
+def _print_summary(rows: list[dict], problems: list[str], seconds: float) -> None:
+    print(f"\n== bench summary ({seconds:.0f} s) ==")
+    for r in rows:
+        print(f"{r['stage']:<40} {r['status']:<10} {r.get('detail', '')}")
+        if r.get("path"):
+            print(f"{'':<40} → {r['path']}")
+    for p in problems:
+        print(f"note: {p}")
+
+
+# ----------------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS + ("-h", "--help"):
+        argv = ["run", *argv]
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("run", help="measure stages (one subprocess per stage) and write JSON results")
+    p.add_argument("--family", type=_csv, default=None, help="families (default: all registered)")
+    p.add_argument("--stages", type=_csv, default=None, help="stage names (default: all of each family)")
+    p.add_argument("--out", default=str(REPO / "bench" / "results"))
+    p.add_argument("--stage-timeout", type=float, default=600.0, help="seconds per stage process")
+    p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run")
+    p.add_argument("--no-snake", dest="snake", action="store_false", help="skip the SnakeBeta kernel bench")
+    p.add_argument("--snake-cpu", action="store_true", help="run the snake bench on CPU too (smoke)")
+    p.add_argument(
+        "--record-failures",
+        action="store_true",
+        help="write a status=failed JSON for a stage whose process produced nothing",
+    )
+    _add_measure_options(p)
+
+    p = sub.add_parser("_stage")
+    p.add_argument("--family", required=True)
+    p.add_argument("--stage", required=True)
+    p.add_argument("--result", required=True)
+    _add_measure_options(p)
+
+    p = sub.add_parser("_coldstart")
+    for opt in (
+        "--mode",
+        "--device",
+        "--inputs",
+        "--stage",
+        "--family",
+        "--preset",
+        "--axes",
+        "--compile-mode",
+        "--artifact",
+    ):
+        p.add_argument(opt, required=opt in ("--mode", "--device", "--inputs", "--stage"))
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--t-spawn", type=float, required=True)
+
+    for name in ("snake", "_snake"):
+        p = sub.add_parser(name, help="SnakeBeta kernel vs copy bandwidth" if name == "snake" else None)
+        p.add_argument("--device", default=None)
+        p.add_argument("--shape", type=_ints, default=None)
+        p.add_argument("--quick", action="store_true")
+        p.add_argument("--result", default=None)
+        p.add_argument("--out", default=str(REPO / "bench" / "results"))
+
+    p = sub.add_parser("report", help="write BENCHMARKS.md (and plots) from bench/results/*/*.json")
+    p.add_argument("--results", default=str(REPO / "bench" / "results"))
+    p.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
+    p.add_argument("--plots", default=None, help="plot folder (default: <results>/plots)")
+    p.add_argument("--include-cpu", action="store_true", help="also report CPU results (not publishable)")
+
+    sub.add_parser("list", help="families, stages and the buckets the bench would measure")
+
+    a = ap.parse_args(argv)
+    if a.cmd == "run":
+        return cmd_run(a)
+    if a.cmd == "_stage":
+        _finish_measure_args(a)
+        from .specs import parse_axes
+        from .stage import run_stage
+
+        axes = parse_axes(a.axis)
+        a.axes = json.dumps({k: list(v) for k, v in axes.items()}) if axes else None
+        run_stage(a)
+        return 0
+    if a.cmd == "_coldstart":
+        from .coldstart import child_main
+
+        child_main(a)
+        return 0
+    if a.cmd in ("snake", "_snake"):
+        import torch
+
+        from .snake import run_snake
+
+        dev = torch.device(a.device or _default_device())
+        r = run_snake(dev, tuple(a.shape) if a.shape else None, a.quick)
+        path = Path(a.result) if a.result else Path(a.out) / r["device"]["slug"] / "snake_kernel.json"
+        write_json(path, r)
+        if a.cmd == "snake":
+            print(_snake_summary(r))
+            print(f"→ {path}")
+        return 0
+    if a.cmd == "report":
+        from .report import write_report
+
+        path = write_report(
+            Path(a.results), Path(a.output), Path(a.plots) if a.plots else None, a.include_cpu
+        )
+        print(f"wrote {path}")
+        return 0
+    if a.cmd == "list":
+        from .specs import family_names, make_spec, stage_names
+
+        for fam in family_names():
+            try:
+                for st in stage_names(fam, "full"):
+                    try:
+                        spec, desc = make_spec(fam, st, "full")
+                        print(f"{fam}/{st}: kind={spec.kind} dtype={desc['dtype']} buckets={desc['axes']}")
+                    except Exception as e:  # noqa: BLE001
+                        print(f"{fam}/{st}: {short_error(e)}")
+            except Exception as e:  # noqa: BLE001
+                print(f"{fam}: {short_error(e)}")
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,441 @@
+"""BENCHMARKS.md from bench/results/<device>/*.json (+ PNG plots under bench/results/plots/ when matplotlib is
+importable). Only GPU results are reported unless include_cpu: CPU runs are smoke tests of the harness."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .variants import ALL_VARIANTS
+
+HOW_TO_READ = """\
+## How to read these numbers
+
+- **Latency** is the median of individually timed calls (CUDA events around each call on the current
+  stream) after warm-up, on random, never all-zero inputs of exactly the bucket's shape; p10/p90 are in the
+  JSON. Every variant is timed in the same process on the same inputs, with the same random weights.
+- **Variants**: `eager_raw` = the faithful module (checkpoint layout, no rewrites) cast to the stage dtype;
+  `eager` = after the stage's passes (codebook baking, SnakeBeta baking, projection fusion: what is exported);
+  `eager_graph` = `eager` captured in a CUDA graph by hand; `compile_graph` = `torch.compile(mode=
+  "max-autotune-no-cudagraphs")` + a manual CUDA-graph capture of the compiled callable (the vLLM-Omni
+  pattern); `compile_ro` = `torch.compile(mode="reduce-overhead")`; `ttsaot_nograph` / `ttsaot_graph` = the
+  built artifact loaded with `cuda_graphs=False` / the default (AOTInductor package + CUDA-graph replay per
+  bucket), through the public `Stage.__call__` including input validation (`ms_without_input_validation` in
+  the JSON drops the range check); `upstream_*` = the upstream implementation with the same weights.
+  A variant over its compile budget is recorded as skipped with the reason, never silently dropped.
+- **Floor** = max(bytes / copy bandwidth, FLOPs / matmul rate), both rates measured in the same process
+  (a 1 GiB device-to-device copy counting bytes read + written; an 8192^3 bf16 matmul). Bytes = the stage's
+  weights in the compute dtype + its inputs and outputs (activations inside the stage are assumed to stay on
+  chip); FLOPs = `torch.utils.flop_counter.FlopCounterMode` on the faithful module (matmuls, convolutions,
+  attention; elementwise work counts zero) at matmul rate. It is a lower bound nothing reaches;
+  `×floor` = latency / floor.
+- **Parity** = ||out − ref|| / ||ref|| against the fp32 faithful module on the same GPU (TF32 off).
+- **Cold start** = wall time from spawning a fresh process to the first output on the host. ttsaot:
+  import + load (checks, weights, binding every bucket, capturing every graph) + first call. torch.compile:
+  import + module construction with random weights (stands in for reading a checkpoint) + compile with an
+  EMPTY Inductor cache + warm-up + capture + first call, for the primary shape only (a lower bound for
+  serving several shapes); its mode is in the table.
+- **Memory** = `torch.cuda.memory_allocated` / `memory_reserved` deltas around a variant's setup and its
+  buckets (weights, static buffers, graph pools) and the peak reserved while running them.
+- **Streaming** (codec decoders): a 10 s utterance decoded chunk by chunk with the stage's default streaming
+  configuration (chunk + left context, the runtime's `stream()` for ttsaot); TTFA = first chunk's audio ready;
+  RTF = decode time / audio duration (lower is better).
+- **Throughput** vs batch: items (requests) per second at the primary non-batch sizes; ttsaot pads to the
+  smallest fitting bucket or splits batches over the largest one (the bucket used is in the JSON).
+- Numbers are for the GPU named in each section, with random weights at the full model configuration.
+"""
+
+
+def _fmt_ms(ms: float | None) -> str:
+    if ms is None:
+        return "—"
+    if ms >= 100:
+        return f"{ms:.0f}"
+    if ms >= 10:
+        return f"{ms:.1f}"
+    return f"{ms:.3g}"
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def load_results(results: Path, include_cpu: bool) -> dict[str, dict[str, Any]]:
+    devices: dict[str, dict[str, Any]] = {}
+    for d in (
+        sorted(p for p in results.iterdir() if p.is_dir() and p.name != "plots") if results.is_dir() else []
+    ):
+        for f in sorted(d.glob("*.json")):
+            try:
+                r = json.loads(f.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            dev = r.get("device") or {}
+            if dev.get("type") != "cuda" and not include_cpu:
+                continue
+            entry = devices.setdefault(d.name, {"device": dev, "stages": [], "snake": None})
+            if not entry["device"]:
+                entry["device"] = dev
+            if r.get("kind") == "snake_kernel":
+                entry["snake"] = r
+            else:
+                r["_file"] = str(f)
+                entry["stages"].append(r)
+    return devices
+
+
+def _variant_order(res: dict) -> list[str]:
+    names = list(res.get("variants", {}))
+    return [v for v in ALL_VARIANTS if v in names] + [v for v in names if v not in ALL_VARIANTS]
+
+
+def _stage_section(res: dict, plots: dict[str, str]) -> str:
+    st = res.get("stage", {})
+    title = f"### {st.get('family', '?')} / {st.get('stage', '?')}"
+    lines = [title, ""]
+    if res.get("status") not in ("ok",):
+        lines.append(f"**status: {res.get('status')}** {res.get('reason', '')}".rstrip())
+        lines.append("")
+    lines.append(
+        f"kind `{st.get('kind')}`, dtype {st.get('dtype')}, preset {st.get('preset')}, buckets "
+        f"{st.get('axes')}; {res.get('settings', {}).get('reps', '?')} timed calls per cell; commit "
+        f"`{str(res.get('git_commit', '?'))[:12]}`; {res.get('started', '')}"
+    )
+    for note in res.get("notes", []):
+        lines.append(f"\n_note: {note}_")
+    lines.append("")
+    variants = _variant_order(res)
+    ok = [v for v in variants if res["variants"][v].get("buckets")]  # partial runs keep their measured cells
+    floors = res.get("floor", {})
+    # latency
+    header = ["bucket", "floor ms (bound)"] + [f"`{v}`" for v in ok]
+    rows = []
+    for b in res.get("buckets", []):
+        k = b["key"]
+        fl = floors.get(k, {})
+        row = [f"`{k}`", f"{_fmt_ms(fl.get('ms'))} ({fl.get('bound', '?')})"]
+        for v in ok:
+            cell = res["variants"][v].get("buckets", {}).get(k)
+            if not cell:
+                row.append("—")
+            else:
+                x = f" ({cell['x_floor']:.1f}×)" if cell.get("x_floor") else ""
+                row.append(f"{_fmt_ms(cell['ms'])}{x}")
+        rows.append(row)
+    if rows and ok:
+        lines += ["Latency, ms (× floor):", "", _table(header, rows), ""]
+    not_ok = [v for v in variants if res["variants"][v].get("status") != "ok"]
+    if not_ok:
+        lines.append(
+            "Not measured: "
+            + "; ".join(
+                f"`{v}` {res['variants'][v].get('status')}: {res['variants'][v].get('reason', '')}"
+                for v in not_ok
+            )
+        )
+        lines.append("")
+    if plots.get("latency"):
+        lines += [f"![latency]({plots['latency']})", ""]
+    # parity + setup
+    rows = []
+    for v in ok:
+        rec = res["variants"][v]
+        errs = [
+            b.get("rel_err_vs_fp32")
+            for b in rec.get("buckets", {}).values()
+            if b.get("rel_err_vs_fp32") is not None
+        ]
+        prep = [b.get("prepare_s", 0) for b in rec.get("buckets", {}).values()]
+        mem = rec.get("memory", {})
+        rows.append(
+            [
+                f"`{v}`",
+                f"{max(errs):.2e}" if errs else "—",
+                f"{rec.get('setup_s', 0) + sum(prep):.1f}",
+                rec.get("weight_mib", "—"),
+                mem.get("after_buckets_alloc_mib", "—"),
+                mem.get("after_buckets_reserved_mib", "—"),
+                mem.get("peak_reserved_mib", "—"),
+            ]
+        )
+    if rows:
+        lines += [
+            "Parity, setup and memory:",
+            "",
+            _table(
+                [
+                    "variant",
+                    "max rel err vs fp32",
+                    "setup + prepare s",
+                    "weights MiB",
+                    "resident alloc MiB",
+                    "resident reserved MiB",
+                    "peak reserved MiB",
+                ],
+                rows,
+            ),
+            "",
+        ]
+    p = res.get("params", {})
+    if p:
+        f, a, c = (
+            p.get("faithful_fp32", {}),
+            p.get("after_passes_fp32", {}),
+            p.get("after_passes_compute_dtype", {}),
+        )
+        lines += [
+            f"Parameters: faithful {f.get('params', '?'):,} ({f.get('mib', '?')} MiB fp32) → after passes "
+            f"{a.get('params', '?'):,} ({a.get('mib', '?')} MiB fp32, {c.get('mib', '?')} MiB in "
+            f"{st.get('dtype')}).",
+            "",
+        ]
+    b = res.get("build")
+    if b:
+        lines += [
+            f"Artifact build: {'cached' if b.get('cached') else str(b.get('seconds', '?')) + ' s'}"
+            + (f" — error: {b['error']}" if b.get("error") else ""),
+            "",
+        ]
+    # cold start
+    cs = res.get("cold_start") or {}
+    if cs:
+        rows = []
+        for mode, r in cs.items():
+            if r.get("status") != "ok":
+                rows.append([mode, "—", r.get("reason", r.get("status"))])
+                continue
+            parts = [
+                f"{k.removesuffix('_s')} {r[k]:.2f} s"
+                for k in ("startup_s", "module_s", "load_s", "compile_s")
+                if k in r
+            ]
+            parts.append(f"first call {r.get('first_call_ms', 0):.1f} ms")
+            if r.get("compile_mode"):
+                parts.append(f"mode {r['compile_mode']}")
+            rows.append([mode, f"{r['first_output_s']:.2f}", ", ".join(parts)])
+        lines += [
+            "Cold start (fresh process → first output):",
+            "",
+            _table(["path", "seconds", "breakdown"], rows),
+            "",
+        ]
+    # streaming
+    rows = []
+    for v in ok:
+        s = res["variants"][v].get("streaming")
+        if not s:
+            continue
+        if "ttfa_ms" in s:
+            rows.append(
+                [
+                    f"`{v}`",
+                    f"{s['ttfa_ms']:.1f}",
+                    f"{s['total_ms']:.1f}",
+                    f"{s['rtf']:.4f}",
+                    f"{s['x_realtime']:.3g}×",
+                ]
+            )
+        else:
+            rows.append([f"`{v}`", "—", "—", "—", s.get("skipped", s.get("error", ""))])
+    if rows:
+        s0 = next(
+            (
+                res["variants"][v]["streaming"]
+                for v in ok
+                if "ttfa_ms" in res["variants"][v].get("streaming", {})
+            ),
+            {},
+        )
+        lines += [
+            f"Streaming a {s0.get('utterance_s', '?')} s utterance ({s0.get('chunks', '?')} chunks of "
+            f"{s0.get('chunk_frames', '?')} frames, left context {s0.get('left_context_frames', '?')}):",
+            "",
+            _table(["variant", "TTFA ms", "total ms", "RTF", "speed"], rows),
+            "",
+        ]
+    # throughput
+    tv = [v for v in ok if res["variants"][v].get("throughput")]
+    if tv:
+        batches = sorted({r["batch"] for v in tv for r in res["variants"][v]["throughput"]})
+        audio = any("audio_s_per_s" in r for v in tv for r in res["variants"][v]["throughput"])
+        rows = []
+        for bsz in batches:
+            row = [bsz]
+            for v in tv:
+                r = next((r for r in res["variants"][v]["throughput"] if r["batch"] == bsz), {})
+                if "items_per_s" not in r:
+                    row.append(r.get("error", "—")[:60])
+                elif audio and "audio_s_per_s" in r:
+                    row.append(f"{r['items_per_s']:.1f} ({r['audio_s_per_s']:.0f} s/s)")
+                else:
+                    row.append(f"{r['items_per_s']:.1f}")
+            rows.append(row)
+        unit = "requests/s (audio seconds per second)" if audio else "requests/s"
+        lines += [f"Throughput vs batch, {unit}:", "", _table(["batch"] + [f"`{v}`" for v in tv], rows), ""]
+        if plots.get("throughput"):
+            lines += [f"![throughput]({plots['throughput']})", ""]
+    return "\n".join(lines)
+
+
+def _hardware_rows(devices: dict) -> list[list[Any]]:
+    rows = []
+    for slug, d in devices.items():
+        dev = d["device"]
+        hw = next((r.get("hardware") for r in d["stages"] if r.get("hardware")), {}) or {}
+        rows.append(
+            [
+                dev.get("name", slug),
+                dev.get("torch"),
+                dev.get("cuda"),
+                dev.get("triton"),
+                dev.get("driver", "—"),
+                hw.get("copy", {}).get("gb_per_s", "—"),
+                hw.get("matmul", {}).get("tflop_per_s", "—"),
+            ]
+        )
+    return rows
+
+
+def _snake_section(snake: dict) -> str:
+    rows = []
+    for dt, c in snake.get("cases", {}).items():
+        k = c.get("kernel", {})
+        e = c.get("eager", {})
+        rows.append(
+            [
+                dt,
+                f"{c.get('copy', {}).get('gb_per_s', 0):.0f}",
+                f"{e.get('gb_per_s', 0):.0f} ({e.get('ratio_to_copy', 0):.0%})" if e else "—",
+                f"{k['gb_per_s']:.0f} ({k['ratio_to_copy']:.0%})"
+                if "gb_per_s" in k
+                else k.get("status", "—"),
+                ("yes" if k.get("meets_target") else "no") if "gb_per_s" in k else "—",
+            ]
+        )
+    return "\n".join(
+        [
+            f"SnakeBeta `{snake.get('shape')}`, GB/s counting bytes read + written (% of a D2D copy of "
+            f"the same bytes; target ≥ {snake.get('target_ratio', 0.85):.0%}):",
+            "",
+            _table(["dtype", "copy", "eager formula", "Triton kernel", "≥ target"], rows),
+            "",
+        ]
+    )
+
+
+def make_plots(res: dict, plot_dir: Path, slug: str) -> dict[str, Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    st = res.get("stage", {})
+    base = f"{slug}__{st.get('family')}__{st.get('stage')}"
+    out: dict[str, Path] = {}
+    ok = [v for v in _variant_order(res) if res["variants"][v].get("buckets")]
+    keys = [b["key"] for b in res.get("buckets", [])]
+    if ok and keys:
+        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(keys) * max(1, len(ok)) / 3), 4))
+        width = 0.8 / (len(ok) + 1)
+        for i, v in enumerate(ok):
+            ms = [res["variants"][v].get("buckets", {}).get(k, {}).get("ms", float("nan")) for k in keys]
+            ax.bar([j + i * width for j in range(len(keys))], ms, width, label=v)
+        fl = [res.get("floor", {}).get(k, {}).get("ms", float("nan")) for k in keys]
+        ax.bar([j + len(ok) * width for j in range(len(keys))], fl, width, label="floor", color="black")
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], keys)
+        ax.set_ylabel("ms (median)")
+        ax.set_yscale("log")
+        ax.set_title(f"{st.get('family')}/{st.get('stage')} latency per bucket — {res['device'].get('name')}")
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        out["latency"] = plot_dir / f"{base}__latency.png"
+        fig.savefig(out["latency"], dpi=110)
+        plt.close(fig)
+    tv = [v for v in ok if res["variants"][v].get("throughput")]
+    if tv:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for v in tv:
+            pts = [
+                (r["batch"], r["items_per_s"]) for r in res["variants"][v]["throughput"] if "items_per_s" in r
+            ]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=v)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch")
+        ax.set_ylabel("requests / s")
+        ax.set_title(f"{st.get('family')}/{st.get('stage')} throughput — {res['device'].get('name')}")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        out["throughput"] = plot_dir / f"{base}__throughput.png"
+        fig.savefig(out["throughput"], dpi=110)
+        plt.close(fig)
+    return out
+
+
+def write_report(
+    results: Path, output: Path, plot_dir: Path | None = None, include_cpu: bool = False
+) -> Path:
+    devices = load_results(results, include_cpu)
+    plot_dir = plot_dir or results / "plots"
+    try:
+        import matplotlib  # noqa: F401
+
+        have_mpl = True
+    except Exception:  # noqa: BLE001
+        have_mpl = False
+    parts = [
+        "# Benchmarks",
+        "",
+        "Generated by `python -m bench report` from `bench/results/<device>/*.json` (measured with "
+        "`make bench` / `bench/gpu_all.sh` on a GPU machine). Do not edit by hand.",
+        "",
+    ]
+    if not devices:
+        parts += [
+            "**No GPU results yet.** Run `bash bench/gpu_all.sh` (or `make bench`) on a CUDA machine, commit "
+            "`bench/results/`, then `python -m bench report`."
+            + ("" if not include_cpu else " (CPU results were requested but none were found.)"),
+            "",
+        ]
+    else:
+        cpu = [s for s, d in devices.items() if d["device"].get("type") != "cuda"]
+        if cpu:
+            parts += [
+                f"**Includes CPU smoke-test results ({', '.join(cpu)}): tiny presets, not publishable.**",
+                "",
+            ]
+        parts += [
+            "## Machines",
+            "",
+            _table(
+                ["device", "torch", "CUDA", "Triton", "driver", "copy GB/s (r+w)", "matmul TFLOP/s"],
+                _hardware_rows(devices),
+            ),
+            "",
+        ]
+    if not have_mpl:
+        parts += ["_Plots not generated: matplotlib is not importable where the report was written._", ""]
+    for slug, d in devices.items():
+        parts += [f"## {d['device'].get('name', slug)}", ""]
+        if d["snake"]:
+            parts += [_snake_section(d["snake"]), ""]
+        for res in sorted(
+            d["stages"],
+            key=lambda r: (r.get("stage", {}).get("family", ""), r.get("stage", {}).get("stage", "")),
+        ):
+            plots: dict[str, str] = {}
+            if have_mpl and res.get("variants"):
+                plot_dir.mkdir(parents=True, exist_ok=True)
+                try:
+                    for k, p in make_plots(res, plot_dir, slug).items():
+                        plots[k] = os.path.relpath(p, output.parent)
+                except Exception as e:  # noqa: BLE001
+                    parts.append(f"_plot failed: {type(e).__name__}: {e}_")
+            parts += [_stage_section(res, plots), ""]
+    parts += [HOW_TO_READ]
+    output.write_text("\n".join(parts).rstrip() + "\n")
+    return output

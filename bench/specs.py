@@ -1,0 +1,125 @@
+"""Which stages exist and which buckets the bench measures for each (small by default: GPU time is scarce).
+
+Generic over StageSpec: a stage without an entry in BENCH_DEFAULTS is measured at the first one or two sizes
+of each axis of its own default plan (`--axis name=1,2` overrides any axis)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+# (family, stage) → preset → {"axes": {axis: sizes}, "streaming": StreamingConfig overrides}
+BENCH_DEFAULTS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
+    # The issue's evidence: one 50-frame decode at B=1 and B=4, streaming chunk 25 with left context 25.
+    ("qwen3-tts-12hz", "code2wav"): {
+        "full": {"axes": {"batch": (1, 4), "frames": (25, 50)}},
+        "tiny": {
+            "axes": {"batch": (1,), "frames": (16,)},
+            "streaming": {
+                "chunk_frames": 8,
+                "left_context_frames": 8,
+                "first_chunk_frames": 0,
+                "nonstreaming_chunk_frames": 0,
+            },
+        },
+    },
+    ("fish-s2-pro", "dac_decoder"): {
+        "full": {"axes": {"batch": (1, 4), "frames": (25, 50)}},
+        "tiny": {
+            "axes": {"batch": (1,), "frames": (16,)},
+            "streaming": {
+                "chunk_frames": 8,
+                "left_context_frames": 8,
+                "first_chunk_frames": 0,
+                "nonstreaming_chunk_frames": 0,
+            },
+        },
+    },
+}
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+
+
+def family_module(family: str):
+    from ttsaot.builder.families import get_family
+
+    return get_family(family)
+
+
+def family_names() -> list[str]:
+    from ttsaot.builder.families import FAMILIES
+
+    return list(FAMILIES)
+
+
+def stage_names(family: str, preset: str) -> list[str]:
+    fam = family_module(family)
+    try:
+        return list(fam.STAGE_NAMES)
+    except Exception:  # noqa: BLE001 - a family still being written: ask its stage list
+        return [s.name for s in fam.stages(fam.options_from_cli(preset=preset))]
+
+
+def parse_axes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {}
+    for item in items or []:
+        name, _, sizes = item.partition("=")
+        if not name or not sizes:
+            raise ValueError(f"--axis expects name=1,2,4, got {item!r}")
+        out[name.strip()] = tuple(int(s) for s in sizes.split(","))
+    return out
+
+
+def make_spec(
+    family: str,
+    stage: str,
+    preset: str,
+    seed: int = 0,
+    axes: dict[str, tuple[int, ...]] | None = None,
+    dtype: str | None = None,
+):
+    """The StageSpec as the builder would make it, restricted to the benchmark buckets. Returns
+    (spec, description of the choices for the JSON and the cache key)."""
+    from ttsaot.builder.buckets import BucketPlan
+
+    fam = family_module(family)
+    defaults = BENCH_DEFAULTS.get((family, stage), {}).get(preset, {})
+    want_axes = {**{k: tuple(v) for k, v in defaults.get("axes", {}).items()}, **(axes or {})}
+    kw: dict[str, Any] = {"preset": preset, "seed": seed}
+    if dtype:
+        kw["dtype"] = DTYPES[dtype]
+    if "batch" in want_axes:
+        kw["batch_buckets"] = want_axes["batch"]
+    if "frames" in want_axes:
+        kw["frame_buckets"] = want_axes["frames"]
+    stream_over = defaults.get("streaming")
+    if stream_over and getattr(fam, "STREAMING_DEFAULTS", None) is not None:
+        kw["streaming"] = replace(fam.STREAMING_DEFAULTS, **stream_over)
+    opts = fam.options_from_cli(**kw)
+    specs = {s.name: s for s in fam.stages(opts)}
+    if stage not in specs:
+        raise KeyError(f"{family} has no stage {stage!r} (have: {', '.join(specs)})")
+    spec = specs[stage]
+    per_axis = 2 if preset != "tiny" else 1
+    plan_axes = {}
+    for axis, sizes in spec.plan.axes.items():
+        if axis in want_axes:
+            plan_axes[axis] = tuple(want_axes[axis])
+        else:
+            plan_axes[axis] = tuple(sorted(sizes))[:per_axis]
+    spec = replace(spec, plan=BucketPlan(plan_axes))
+    desc = {
+        "family": family,
+        "stage": stage,
+        "preset": preset,
+        "seed": seed,
+        "kind": spec.kind,
+        "dtype": str(spec.dtype).removeprefix("torch."),
+        "dtype_override": dtype,
+        "axes": {k: list(v) for k, v in plan_axes.items()},
+        "streaming_override": stream_over,
+        "options": {k: repr(v) for k, v in kw.items()},
+    }
+    return spec, desc
