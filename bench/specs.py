@@ -37,6 +37,16 @@ BENCH_DEFAULTS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
             },
         },
     },
+    # Issue evidence: predictors at B=1 and B=8; LM steps at B=1 and B=16 with a 512-token context; the VoxCPM2
+    # patch stages at B=1 and B=16; the VAE's streaming window (12 new + 24 context frames); a 10 s reference clip.
+    ("qwen3-tts-12hz", "code_predictor"): {"full": {"axes": {"batch": (1, 8)}}},
+    ("fish-s2-pro", "fast_ar"): {"full": {"axes": {"batch": (1, 8)}}},
+    ("fish-s2-pro", "dac_encoder"): {"full": {"options": {"encoder_seconds": (10.0,)}}},
+    ("voxcpm2", "base_lm_step"): {"full": {"axes": {"batch": (1, 16)}, "options": {"max_len": 512}}},
+    ("voxcpm2", "residual_lm_step"): {"full": {"axes": {"batch": (1, 16)}, "options": {"max_len": 512}}},
+    ("voxcpm2", "locdit"): {"full": {"axes": {"batch": (1, 16)}}},
+    ("voxcpm2", "local_encoder"): {"full": {"axes": {"batch": (1, 16)}}},
+    ("voxcpm2", "vae_decoder"): {"full": {"axes": {"batch": (1,), "frames": (36,)}}},
 }
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
@@ -94,6 +104,7 @@ def make_spec(
         kw["batch_buckets"] = want_axes["batch"]
     if "frames" in want_axes:
         kw["frame_buckets"] = want_axes["frames"]
+    kw.update(defaults.get("options", {}))
     stream_over = defaults.get("streaming")
     if stream_over and getattr(fam, "STREAMING_DEFAULTS", None) is not None:
         kw["streaming"] = replace(fam.STREAMING_DEFAULTS, **stream_over)

@@ -77,6 +77,7 @@ def build_env(device: torch.device) -> dict[str, Any]:
     else:
         env["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     env.update(compiler_info())
+    env["cxx11_abi"] = bool(torch._C._GLIBCXX_USE_CXX11_ABI)
     try:
         from importlib.metadata import version
 

@@ -41,6 +41,18 @@ def _int_list(value: str | None) -> tuple[int, ...] | None:
     return out
 
 
+def _float_list(value: str | None) -> tuple[float, ...] | None:
+    if not value:
+        return None
+    try:
+        out = tuple(float(v) for v in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers, got {value!r}") from None
+    if any(v <= 0 for v in out):
+        raise click.BadParameter("values must be positive")
+    return out
+
+
 class _RichReporter:
     def __init__(self, progress: Progress) -> None:
         self.progress, self.tasks = progress, {}
@@ -88,22 +100,37 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--first-chunk-frames", type=int, default=None, help="Streaming: initial chunk size (0 = off).")
 @click.option("--nonstreaming-chunk-frames", type=int, default=None, help="Chunk for one-shot long decode (0 = off).")
 @click.option("--no-pow2", is_flag=True, help="Do not add power-of-two frame buckets.")
+@click.option("--max-len", type=int, default=None, help="LM stages: static KV cache length (voxcpm2).")
+@click.option("--prefill-buckets", default=None, help="LM prefill prompt-length buckets, e.g. 64,128,256,512.")
+@click.option("--encoder-seconds", default=None, help="DAC encoder length buckets in seconds, e.g. 5,10,15,30.")
+@click.option("--talker-size", type=click.Choice(["0.6B", "1.7B"]), default=None,
+              help="qwen3-tts-12hz code_predictor config for --preset full.")
+@click.option("--with-embedding", is_flag=True, help="Predictor stages also output the next backbone input embedding.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", "out_dir", default="artifacts", show_default=True, type=click.Path(file_okay=False))
 @click.option("--cxx", default=None, help="C++ compiler for AOTInductor (sets $CXX; /usr/bin/g++ on the GPU box).")
 @click.option("--max-autotune", is_flag=True, help="Inductor max-autotune for the compiled kernels (slower build).")
 @click.option("--no-verify", is_flag=True, help="Skip loading the fresh packages in a subprocess (not advised).")
+@click.option("--format", "formats", default="aoti", show_default=True,
+              help="aoti (AOTInductor package per bucket), onnx (one ONNX model per stage, dynamic axes), or "
+                   "aoti,onnx.")
 @click.pass_context
 def build(ctx, family, checkpoint, preset, random_weights, stages, device, dtype, max_batch, batch_buckets,
           frame_buckets, chunk_frames, left_context_frames, first_chunk_frames, nonstreaming_chunk_frames, no_pow2,
-          seed, out_dir, cxx, max_autotune, no_verify):
+          max_len, prefill_buckets, encoder_seconds, talker_size, with_embedding, seed, out_dir, cxx, max_autotune,
+          no_verify, formats):
     """Build FAMILY's stages into OUT/FAMILY (atomically: the old artifact stays until the new one is verified)."""
     debug = ctx.obj["debug"]
     try:
         import torch
 
-        from .build import build_family, stage_summary
+        from .build import BuildError, build_family, parse_formats, stage_summary
         from .families import get_family
+
+        try:
+            formats = parse_formats(formats)
+        except BuildError as e:
+            raise click.UsageError(str(e)) from None
 
         if cxx:
             os.environ["CXX"] = cxx
@@ -115,7 +142,11 @@ def build(ctx, family, checkpoint, preset, random_weights, stages, device, dtype
         kw = dict(checkpoint=checkpoint, preset=preset or "tiny", seed=seed, max_batch=max_batch,
                   batch_buckets=_int_list(batch_buckets), frame_buckets=_int_list(frame_buckets),
                   pow2_frames=not no_pow2 if no_pow2 else None,
-                  dtype=getattr(torch, DTYPES[dtype]) if dtype else None)
+                  dtype=getattr(torch, DTYPES[dtype]) if dtype else None,
+                  max_len=max_len, prefill_buckets=_int_list(prefill_buckets), talker_size=talker_size,
+                  encoder_seconds=_float_list(encoder_seconds),
+                  fast_ar_with_embedding=True if with_embedding else None,
+                  code_predictor_with_embedding=True if with_embedding else None)
         defaults = getattr(fam, "STREAMING_DEFAULTS", None)
         if defaults is not None and any(v is not None for v in (chunk_frames, left_context_frames,
                                                                  first_chunk_frames, nonstreaming_chunk_frames)):
@@ -138,12 +169,14 @@ def build(ctx, family, checkpoint, preset, random_weights, stages, device, dtype
             result = build_family(family, specs, out_dir, device=device, seed=seed,
                                   preset=None if checkpoint else (preset or "tiny"),
                                   reporter=_RichReporter(progress), verify_in_subprocess=not no_verify,
-                                  extra_inductor_options=extra)
+                                  extra_inductor_options=extra, formats=formats)
         table = Table(title=f"{family} → {result.path} ({result.seconds:.0f}s)")
-        for col in ("stage", "buckets", "dtype", "weights_mib", "package_mib"):
+        cols = ("stage", "buckets", "dtype", "weights_mib", "package_mib") + (("onnx_mib",) if "onnx" in formats
+                                                                              else ())
+        for col in cols:
             table.add_column(col)
         for row in stage_summary(result):
-            table.add_row(*(str(row[c]) for c in ("stage", "buckets", "dtype", "weights_mib", "package_mib")))
+            table.add_row(*(str(row.get(c, "-")) for c in cols))
         out_console.print(table)
     except click.UsageError:
         raise
@@ -180,7 +213,7 @@ def inspect(ctx, artifact, as_json):
             rows.append({
                 "stage": name, "kind": st["kind"], "dtype": st["dtype"],
                 "buckets": [b["key"] for b in st["buckets"]],
-                "weights_mib": round(st["weights"]["bytes"] / 2**20, 3),
+                "weights_mib": round(st["weights"]["bytes"] / 2**20, 3) if st.get("weights") else 0.0,
                 "packages_mib": round(sum(b["bytes"] for b in st["buckets"]) / 2**20, 3),
                 "params_before": ck.get("params_before"), "params_after": ck.get("params_after"),
                 "dropped": dropped, "ignored": ck.get("ignored"), "tolerance": st["tolerance"],
@@ -197,7 +230,7 @@ def inspect(ctx, artifact, as_json):
                           f"cxx={env.get('cxx_version', '?')}", highlight=False)
         t = Table()
         for c in ("stage", "kind", "dtype", "buckets", "weights MiB", "packages MiB", "params kept",
-                  "params dropped"):
+                  "params dropped", "onnx"):
             t.add_column(c)
         for r in rows:
             kept = r["params_after"] or {}
@@ -206,10 +239,22 @@ def inspect(ctx, artifact, as_json):
             t.add_row(r["stage"], r["kind"], r["dtype"], f"{len(r['buckets'])}: {' '.join(r['buckets'])}",
                       f"{r['weights_mib']}", f"{r['packages_mib']}",
                       f"{kept.get('params', '?')} ({kept.get('mib', '?')} MiB)",
-                      f"{dropped_params} (of {before.get('params', '?')} loaded)")
+                      f"{dropped_params} (of {before.get('params', '?')} loaded)", _onnx_cell(r["onnx"]))
         out_console.print(t)
     except Exception as e:  # noqa: BLE001
         _fail(e, ctx.obj["debug"])
+
+
+def _onnx_cell(onnx: dict | None) -> str:
+    """`file (opset N, X MiB[, +data Y MiB]) dyn: batch 1-4, frames 1-48`"""
+    if not onnx:
+        return "-"
+    ext = sum(x["bytes"] for x in onnx.get("external_data", []))
+    size = f"{onnx['bytes'] / 2**20:.2f} MiB" + (f" + data {ext / 2**20:.2f} MiB" if ext else "")
+    dyn = ", ".join(f"{a} {r['min']}-{r['max']}" for a, r in onnx.get("dynamic_axes", {}).items())
+    static = ", ".join(f"{a}={n}" for a, n in onnx.get("static_axes", {}).items())
+    return (f"{onnx['file']} (opset {onnx['opset']}, {size}) dynamic: {dyn or '-'}"
+            + (f"; static: {static}" if static else ""))
 
 
 @main.command()
@@ -217,28 +262,50 @@ def inspect(ctx, artifact, as_json):
 @click.option("--device", default=None, help="Device to verify on (default: the artifact's).")
 @click.option("--stages", default=None, help="Comma-separated subset of stages.")
 @click.option("--no-graphs", is_flag=True, help="Run packages directly instead of replaying CUDA graphs.")
+@click.option("--onnx/--no-onnx", "check_onnx", default=True, show_default=True,
+              help="Also run the stages' ONNX models (when present) with onnxruntime against the golden cases.")
 @click.pass_context
-def verify(ctx, artifact, device, stages, no_graphs):
-    """Re-run the golden cases through the runtime; exit 1 on any regression."""
+def verify(ctx, artifact, device, stages, no_graphs, check_onnx):
+    """Re-run the golden cases through the runtime (and onnxruntime for ONNX models); exit 1 on any regression."""
     try:
         from ..runtime import load
+        from ..runtime.artifact import read_manifest
         from ..runtime.verify import verify_bundle
 
         t0 = time.time()
         want = stages.split(",") if stages else None
-        bundle = load(artifact, device=device, stages=want, cuda_graphs=not no_graphs)
-        results = verify_bundle(bundle, want)
-        t = Table(title=f"verify {artifact} on {bundle.device} ({time.time() - t0:.1f}s)")
-        for c in ("stage", "case", "output", "metric", "value", "limit", "ok"):
+        manifest = read_manifest(artifact)
+        selected = [n for n in manifest.stages if want is None or n in want]
+        aoti = [n for n in selected if manifest.stages[n].buckets]
+        results, where = [], manifest.device
+        if aoti or not check_onnx:
+            bundle = load(artifact, device=device, stages=aoti if want or len(aoti) < len(selected) else None,
+                          cuda_graphs=not no_graphs)
+            results = verify_bundle(bundle, aoti)
+            where = str(bundle.device)
+        onnx_results = []
+        if check_onnx and any(manifest.stages[n].onnx is not None for n in selected):
+            from .onnx_verify import verify_onnx
+
+            onnx_results = verify_onnx(artifact, selected)
+        t = Table(title=f"verify {artifact} on {where} ({time.time() - t0:.1f}s)")
+        for c in ("stage", "case", "output", "format", "metric", "value", "limit", "ok"):
             t.add_column(c)
         for r in results:
-            t.add_row(r.stage, r.case, r.output, r.metric, f"{r.value:.3g}", f"{r.limit:.3g}",
+            t.add_row(r.stage, r.case, r.output, "aoti", r.metric, f"{r.value:.3g}", f"{r.limit:.3g}",
                       "[green]ok[/green]" if r.ok else "[red]FAIL[/red]")
+        for r in onnx_results:
+            state = (f"[yellow]skipped[/yellow] {r.skipped[:80]}" if r.skipped
+                     else "[green]ok[/green]" if r.ok else "[red]FAIL[/red]")
+            t.add_row(r.stage, r.case, r.output, f"onnx {r.provider.removesuffix('ExecutionProvider')}", r.metric,
+                      f"{r.value:.3g}", f"{r.limit:.3g}", state)
         out_console.print(t)
-        if not results:
-            raise RuntimeError("no golden cases to verify")
-        if not all(r.ok for r in results):
-            bad = next(r for r in results if not r.ok)
+        ran = list(results) + [r for r in onnx_results if not r.skipped]
+        if not ran:
+            why = f" (onnxruntime could not run the ONNX models: {onnx_results[0].skipped})" if onnx_results else ""
+            raise RuntimeError(f"no golden cases to verify{why}")
+        if not all(r.ok for r in ran):
+            bad = next(r for r in ran if not r.ok)
             console.print(f"[bold red]regression:[/bold red] {bad.stage}/{bad.case}/{bad.output} "
                           f"{bad.metric}={bad.value:.3g} > {bad.limit:.3g}")
             sys.exit(1)

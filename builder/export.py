@@ -48,6 +48,10 @@ def inductor_options(model_name: str, metadata: dict[str, str], device: torch.de
         "aot_inductor.package_constants_on_disk_format": "pickle_weights",
         "aot_inductor.model_name_for_generated_files": model_name,
         "aot_inductor.metadata": {k: str(v) for k, v in metadata.items()},
+        # Inductor's caches key on the graph, not on constant values, yet some constants (e.g. a CPU Linear's
+        # bias) are folded into the generated code: a second compile of the same graph with other weights
+        # (another seed, a real checkpoint) silently reused the stale values. Never reuse a cached compile.
+        "force_disable_caches": True,
     }
     if device.type == "cpu":
         # Thread count decided by the serving process, not frozen at the build host's core count.

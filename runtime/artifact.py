@@ -98,13 +98,38 @@ class FileEntry:
 
 
 @dataclass(frozen=True)
+class OnnxEntry:
+    """The stage's optional ONNX model (`build --format onnx`): read by onnxruntime/TensorRT, never by this
+    runtime, but integrity-checked with the other files. `dynamic_axes`: axis → {min, max[, multiple_of]}
+    (symbolic in the graph); `static_axes`: axis → size the graph was fixed at (pad to it, as for a bucket)."""
+
+    file: str
+    sha256: str
+    bytes: int
+    opset: int
+    external_data: list[FileEntry] = field(default_factory=list)
+    dynamic_axes: dict[str, dict[str, int]] = field(default_factory=dict)
+    static_axes: dict[str, int] = field(default_factory=dict)
+    ops: list[str] = field(default_factory=list)
+    custom_ops: dict[str, str] = field(default_factory=dict)
+    updated_inputs: dict[str, str] = field(default_factory=dict)   # extra output → the input it replaces
+
+    @property
+    def model(self) -> FileEntry:
+        return FileEntry(self.file, self.sha256, self.bytes)
+
+    def files(self) -> list[FileEntry]:
+        return [self.model, *self.external_data]
+
+
+@dataclass(frozen=True)
 class StageEntry:
     name: str
     kind: str
     dtype: str
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
-    weights: FileEntry
+    weights: FileEntry | None          # None only for ONNX-only stages (no buckets)
     constants: dict[str, WeightSpec]
     buckets: list[BucketEntry]
     golden: FileEntry | None
@@ -114,14 +139,18 @@ class StageEntry:
     config: dict[str, Any] = field(default_factory=dict)
     passes: list[dict] = field(default_factory=list)
     checkpoint: dict[str, Any] = field(default_factory=dict)
+    onnx: OnnxEntry | None = None
 
     def axis_names(self) -> list[str]:
         return list(self.buckets[0].sizes) if self.buckets else []
 
     def files(self) -> list[FileEntry]:
-        out = [self.weights] + [FileEntry(b.file, b.sha256, b.bytes) for b in self.buckets]
+        out = [self.weights] if self.weights is not None else []
+        out += [FileEntry(b.file, b.sha256, b.bytes) for b in self.buckets]
         if self.golden:
             out.append(self.golden)
+        if self.onnx is not None:
+            out += self.onnx.files()
         return out
 
 
@@ -201,9 +230,12 @@ def _stage(name: str, d: dict) -> StageEntry:
         buckets.append(BucketEntry(key=_get(b, "key", str, bw), sizes=sizes,
                                    file=_safe_relpath(_get(b, "file", str, bw), bw),
                                    sha256=_get(b, "sha256", str, bw), bytes=_get(b, "bytes", int, bw)))
-    if not buckets:
+    onnx = _onnx_entry(d["onnx"], f"{w}.onnx") if d.get("onnx") is not None else None
+    if not buckets and onnx is None:
         raise ManifestError(f"manifest.json: {w}.buckets is empty")
-    axes = set(buckets[0].sizes)
+    if buckets and d.get("weights") is None:
+        raise ManifestError(f"manifest.json: {w}.weights is missing")
+    axes = set(buckets[0].sizes) if buckets else set()
     if any(set(b.sizes) != axes for b in buckets):
         raise ManifestError(f"manifest.json: {w}.buckets do not all have the same axes")
     constants = {}
@@ -218,14 +250,34 @@ def _stage(name: str, d: dict) -> StageEntry:
         name=name, kind=kind, dtype=dtype,
         inputs=[_tensor_spec(x, f"{w}.inputs[{i}]") for i, x in enumerate(_get(d, "inputs", list, w))],
         outputs=[_tensor_spec(x, f"{w}.outputs[{i}]") for i, x in enumerate(_get(d, "outputs", list, w))],
-        weights=_file_entry(_get(d, "weights", dict, w), f"{w}.weights"),
+        weights=(_file_entry(_get(d, "weights", dict, w), f"{w}.weights") if d.get("weights") is not None
+                 else None),
         constants=constants, buckets=buckets,
         golden=_file_entry(golden, f"{w}.golden") if golden else None,
         golden_cases=list(d.get("golden_cases", [])),
         tolerance=_get(d, "tolerance", float, w),
         metadata=dict(d.get("metadata", {})), config=dict(d.get("config", {})),
-        passes=list(d.get("passes", [])), checkpoint=dict(d.get("checkpoint", {})),
+        passes=list(d.get("passes", [])), checkpoint=dict(d.get("checkpoint", {})), onnx=onnx,
     )
+
+
+def _onnx_entry(d: dict, where: str) -> OnnxEntry:
+    opset = _get(d, "opset", int, where)
+    ext = [_file_entry(x, f"{where}.external_data[{i}]")
+           for i, x in enumerate(_get(d, "external_data", list, where) if "external_data" in d else [])]
+    dyn = d.get("dynamic_axes", {}) or {}
+    static = d.get("static_axes", {}) or {}
+    ok_dyn = isinstance(dyn, dict) and all(
+        isinstance(r, dict) and all(isinstance(r.get(k), int) for k in ("min", "max")) for r in dyn.values())
+    if not ok_dyn:
+        raise ManifestError(f"manifest.json: {where}.dynamic_axes must map axis → {{min, max}}")
+    if not (isinstance(static, dict) and all(isinstance(v, int) and v > 0 for v in static.values())):
+        raise ManifestError(f"manifest.json: {where}.static_axes must map axis → positive size")
+    model = _file_entry(d, where)
+    return OnnxEntry(file=model.file, sha256=model.sha256, bytes=model.bytes, opset=opset, external_data=ext,
+                     dynamic_axes={k: dict(v) for k, v in dyn.items()}, static_axes=dict(static),
+                     ops=list(d.get("ops", [])), custom_ops=dict(d.get("custom_ops", {})),
+                     updated_inputs=dict(d.get("updated_inputs", {})))
 
 
 def parse_manifest(data: dict) -> Manifest:
@@ -313,6 +365,10 @@ def check_compatible(m: Manifest, device: torch.device) -> None:
         raise CompatibilityError(f"artifact {m.family!r} was built with torch {built_torch}, this process has "
                                  f"torch {torch.__version__} (AOTI packages are not promised across versions); "
                                  f"{rebuild}")
+    abi = env.get("cxx11_abi")
+    if abi is not None and bool(abi) != bool(torch._C._GLIBCXX_USE_CXX11_ABI):
+        raise CompatibilityError(f"artifact {m.family!r} was built against the {'new' if abi else 'old'} C++ ABI, "
+                                 f"this torch uses the other one; {rebuild}")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise CompatibilityError("artifact needs CUDA but torch.cuda.is_available() is False")

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import torch
+
 from ttsaot.builder.families import qwen3_tts as q
 from ttsaot.runtime import (
     InputDTypeError,

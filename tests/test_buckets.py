@@ -1,4 +1,5 @@
 import pytest
+
 from ttsaot.builder.buckets import BucketPlan, StreamingConfig, batch_sizes, frame_sizes, powers_of_two
 
 

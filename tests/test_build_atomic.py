@@ -8,6 +8,7 @@ import stat
 
 import pytest
 import torch
+
 from ttsaot.builder import build as build_mod
 from ttsaot.builder.buckets import StreamingConfig
 from ttsaot.builder.build import BuildError, _BuildLock, build_family

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+
 from ttsaot.runtime import (
     ArtifactNotFoundError,
     BindingError,

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+
 from ttsaot.builder.checkpoint import CheckpointError
 from ttsaot.builder.families import qwen3_tts as q
 from ttsaot.builder.passes import bake_snake, fuse_projections

@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 import torch
+
 from ttsaot.builder.kernels.snake_beta import CPU_DECOMPOSITIONS, HAVE_TRITON, snake_beta_reference
 from ttsaot.builder.layers import BakedSnakeBeta, SnakeBeta
 

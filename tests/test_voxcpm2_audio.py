@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+
 from ttsaot.builder.buckets import StreamingConfig
 from ttsaot.builder.checkpoint import CheckpointError
 from ttsaot.builder.families import voxcpm2 as fam

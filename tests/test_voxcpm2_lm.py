@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+
 from ttsaot.builder.checkpoint import CheckpointError
 from ttsaot.builder.families import voxcpm2_lm as L
 from ttsaot.builder.families.voxcpm2 import VoxCPM2Options

@@ -30,7 +30,7 @@ from ..layers import (
     rope_table,
 )
 from ..layers.attention import Attention, sliding_window_causal_mask
-from ..passes import bake_snake, fuse_projections
+from ..passes import bake_snake, depthwise_conv_as_shifts, fuse_projections
 from ..stage_spec import StageSpec
 
 FAMILY = "qwen3-tts-12hz"
@@ -364,6 +364,8 @@ class Qwen3TTSOptions:
     frame_buckets: tuple[int, ...] | None = None
     pow2_frames: bool = True
     streaming: StreamingConfig = field(default_factory=lambda: STREAMING_DEFAULTS)
+    talker_size: str = "0.6B"                    # code_predictor config for preset "full": "0.6B" or "1.7B"
+    code_predictor_with_embedding: bool = False  # also output the summed codec embedding for the next talker step
 
 
 def _codes_input(cfg: Code2WavConfig) -> dict:
@@ -403,7 +405,7 @@ def code2wav_stage(opts: Qwen3TTSOptions) -> StageSpec:
     cfg_json = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
     return StageSpec(
         family=FAMILY, name="code2wav", kind="codec_decoder", make_module=make_module,
-        passes=[fold_codebooks, bake_snake, fuse_projections],
+        passes=[fold_codebooks, bake_snake, fuse_projections, depthwise_conv_as_shifts],
         plan=plan, make_inputs=make_inputs,
         inputs=[_codes_input(cfg)],
         outputs=[{"name": "wav", "dtype": "float32", "shape": ["batch", 1, ["frames", cfg.samples_per_frame]]}],
@@ -418,7 +420,13 @@ def code2wav_stage(opts: Qwen3TTSOptions) -> StageSpec:
 
 
 def stages(opts: Qwen3TTSOptions) -> list[StageSpec]:
-    return [code2wav_stage(opts)]
+    from .qwen3_tts_predictor import code_predictor_stage, has_code_predictor
+
+    specs = [code2wav_stage(opts)]
+    # A speech-tokenizer-only checkpoint (no talker config) serves code2wav alone.
+    if not opts.checkpoint or has_code_predictor(opts.checkpoint):
+        specs.append(code_predictor_stage(opts))
+    return specs
 
 
 def options_from_cli(**kw) -> Qwen3TTSOptions:
@@ -426,4 +434,4 @@ def options_from_cli(**kw) -> Qwen3TTSOptions:
     return replace(o, **{k: v for k, v in kw.items() if k in o.__dataclass_fields__ and v is not None})
 
 
-STAGE_NAMES = ("code2wav",)
+STAGE_NAMES = ("code2wav", "code_predictor")

@@ -358,11 +358,12 @@ class CFM(nn.Module):
         # mu = cat[lm_to_dit, res_to_dit] = 2 tokens of the DiT width
         self.estimator = LocDiT(cfg.dit, cfg.feat_dim, cfg.patch_size, mu_tokens=2)
         self.n_timesteps, self.cfg_rate, self.mean_mode = n_timesteps, float(cfg_rate), cfg.dit_mean_mode
-        self._schedules: dict[torch.dtype, list] = {}
+        # Computed here, on real tensors: computed inside forward, a bf16 export would trace the grid with fake
+        # tensors and float(t) would become an unbacked symbol (seen on torch 2.11: GuardOnDataDependentSymNode).
+        self._schedules: dict[torch.dtype, list] = {
+            dt: euler_schedule(n_timesteps, dt) for dt in (torch.float32, torch.bfloat16, torch.float16)}
 
     def schedule(self, dtype: torch.dtype) -> list[tuple[float, float, bool]]:
-        if dtype not in self._schedules:
-            self._schedules[dtype] = euler_schedule(self.n_timesteps, dtype)
         return self._schedules[dtype]
 
     def forward(self, mu: torch.Tensor, cond: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -19,14 +19,19 @@ RopeFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor
 
 class Attention(nn.Module):
     def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, bias: bool = False,
-                 qk_norm_eps: float | None = None) -> None:
+                 qk_norm_eps: float | None = None, fused_qkv: bool = False) -> None:
+        """fused_qkv: the checkpoint already stores one [q;k;v] matrix (Fish `wqkv`): build `qkv_proj` only and
+        load it directly (rows q ∣ k ∣ v, contiguous, not per-head interleaved)."""
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.q_proj = nn.Linear(dim, n_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(n_heads * head_dim, dim, bias=bias)
         self.qkv_proj: nn.Linear | None = None
+        if fused_qkv:
+            self.qkv_proj = nn.Linear(dim, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
+        else:
+            self.q_proj = nn.Linear(dim, n_heads * head_dim, bias=bias)
+            self.k_proj = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
+            self.v_proj = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(n_heads * head_dim, dim, bias=bias)
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(head_dim, qk_norm_eps)
             self.k_norm = RMSNorm(head_dim, qk_norm_eps)

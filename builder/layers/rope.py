@@ -39,3 +39,17 @@ def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     x0, x1 = xr[..., 0], xr[..., 1]
     out = torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1)
     return out.flatten(-2)
+
+
+def rope_table_interleaved(head_dim: int, max_positions: int, theta: float,
+                           round_to: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape [max_positions, head_dim/2] for `apply_rope_interleaved` (one angle per pair).
+
+    `round_to=torch.bfloat16` rounds the fp32 tables to bf16 precision (kept as fp32 values): vLLM-Omni does this
+    for every Fish rope cache ("fp32 RoPE causes logit divergence"), and it makes a later bf16 cast lossless."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = torch.outer(torch.arange(max_positions, dtype=torch.int64).float(), inv_freq)
+    cos, sin = freqs.cos(), freqs.sin()
+    if round_to is not None:
+        cos, sin = cos.to(round_to).float(), sin.to(round_to).float()
+    return cos, sin

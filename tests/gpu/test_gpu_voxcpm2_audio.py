@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from ttsaot.builder.buckets import StreamingConfig
 
 STREAM = StreamingConfig(12, 24, 0, 0)

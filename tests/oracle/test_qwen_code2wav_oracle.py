@@ -6,6 +6,7 @@ from dataclasses import asdict
 import pytest
 import torch
 from safetensors.torch import load_file
+
 from ttsaot.builder.buckets import StreamingConfig
 from ttsaot.builder.build import build_family
 from ttsaot.builder.families import qwen3_tts as q

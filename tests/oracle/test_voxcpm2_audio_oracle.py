@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from torch import nn
+
 from ttsaot.builder.families import voxcpm2_audio as a
 from ttsaot.builder.families import voxcpm2_vae as vae
 from ttsaot.runtime import load

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+
 from ttsaot.builder.families import voxcpm2_lm as L
 from ttsaot.builder.passes import fuse_projections
 

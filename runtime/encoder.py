@@ -1,0 +1,87 @@
+"""Codec encoders (kind `codec_encoder`): reference audio → codes, e.g. the Fish DAC encoder (voice cloning).
+
+Buckets are audio lengths in samples (axis `samples`, batch 1). The encoder is causal, so audio is
+right-padded with zeros to the smallest bucket and the codes are trimmed to the real length
+⌈T / samples_per_frame⌉: the output axis `frames` is not a bucket axis, this class derives it from `samples`.
+Longer audio than the largest bucket is refused (chunked encoding would not be exact: the encoder's attention
+and convolutions look back across any chunk boundary)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import BindingError, InputShapeError
+from .stage import Stage
+
+INPUT_SLACK = 64          # elements of zeros after the padded input (see _validate)
+
+
+class CodecEncoderStage(Stage):
+    """`encode(audio, sample_rate)` → codes [K, F] int64; `stage(audio [1,1,T] float32)` → codes [1,K,F]."""
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self.metadata["sample_rate"])
+
+    @property
+    def samples_per_frame(self) -> int:
+        return int(self.metadata["samples_per_frame"])
+
+    @property
+    def max_samples(self) -> int:
+        return self.max_sizes["samples"]
+
+    def _validate(self, named: dict[str, torch.Tensor]) -> dict[str, int]:
+        sizes = super()._validate(named)
+        n = sizes["samples"]
+        sizes["frames"] = math.ceil(n / self.samples_per_frame)
+        if n <= self.max_samples:
+            # Pad to the bucket here, inside a buffer with slack: the CPU package's first (pad) kernel reads
+            # up to 15 floats past the end of its input in its vectorized tail loop (an Inductor CPU codegen
+            # bug, masked on the left bound only), which segfaults when the input ends at an unmapped page.
+            S = self.pick_bucket(sizes).sizes["samples"]
+            x = named["audio"]
+            buf = torch.zeros(S + INPUT_SLACK, dtype=x.dtype, device=x.device)
+            buf[:n].copy_(x.reshape(-1))
+            named["audio"] = buf[:S].view(1, 1, S)
+        return sizes
+
+    def _check_outputs(self, runner, outs: list[torch.Tensor]) -> None:
+        """As Stage's check, with the derived `frames` axis: a bucket of S samples yields ⌈S / spf⌉ frames."""
+        sizes = dict(runner.bucket.sizes)
+        sizes["frames"] = math.ceil(sizes["samples"] / self.samples_per_frame)
+        want = [(spec.concrete(sizes), spec.torch_dtype) for spec in self.entry.outputs]
+        got = [(tuple(o.shape), o.dtype) for o in outs]
+        if got != want:
+            raise BindingError(f"{self.name}/{runner.bucket.key}: package outputs {got} differ from the "
+                               f"manifest's {want}; the manifest was edited or belongs to another build")
+        runner.outputs_checked = True
+
+    def _run(self, named, sizes):
+        if sizes["samples"] > self.max_samples:
+            n, sr = sizes["samples"], self.sample_rate
+            raise InputShapeError(
+                f"{self.name}: audio of {n} samples ({n / sr:.2f} s) exceeds the largest bucket "
+                f"({self.max_samples} samples, {self.max_samples / sr:.2f} s); trim the reference audio or "
+                f"rebuild with longer encoder buckets")
+        return self._run_bucket(named, sizes)
+
+    def encode(self, audio: str | Path | np.ndarray | torch.Tensor, sample_rate: int | None = None,
+               keep_batch: bool = False) -> torch.Tensor:
+        """Read/mix down/resample `audio` (a path, or an array at `sample_rate`, default the codec's rate) and
+        return its codes [K, ⌈T/spf⌉] (or [1, K, F] with `keep_batch`) on the stage device."""
+        from .audio import prepare_audio
+
+        wav = prepare_audio(audio, sample_rate, self.sample_rate)
+        if wav.shape[0] > self.max_samples:
+            sr = self.sample_rate
+            raise InputShapeError(
+                f"{self.name}: reference audio is {wav.shape[0] / sr:.2f} s at {sr} Hz, longer than the "
+                f"largest bucket ({self.max_samples / sr:.2f} s); trim it or rebuild with longer encoder "
+                "buckets")
+        codes = self(torch.from_numpy(wav).view(1, 1, -1))
+        return codes if keep_batch else codes[0]

@@ -1,0 +1,107 @@
+"""Parity with the upstream Fish S2 Pro DAC: the same tiny random weights, saved as a real-format `codec.pth`,
+loaded STRICTLY into the upstream module (which proves the file layout) and built into our artifacts.
+
+Oracle: the DAC modules vendored in `vllm_omni` 0.30.0 (`model_executor/models/fish_speech/dac_modules`),
+imported file by file with stubbed parent packages (the package __init__ pulls vllm). They are fish-speech
+0.1.0's `modded_dac` + `rvq` trimmed to inference (same parameter tree, same math; see their docstrings)
+and, unlike `fish_speech.models.dac`, need torch only. The constructor arguments mirror vLLM-Omni's
+`dac_utils.build_dac_codec` with the tiny preset's sizes."""
+
+import pytest
+import torch
+
+from ttsaot.builder.families import fish_dac as fd
+from ttsaot.runtime import load
+
+from ..conftest import rel_err
+from ..fish_fixtures import fish_dac_ckpt as _ckpt_fixture
+from ..fish_fixtures import fish_dac_tiny as _tiny_fixture
+from .upstream import import_upstream
+
+pytestmark = pytest.mark.oracle
+fish_dac_ckpt, fish_dac_tiny = _ckpt_fixture, _tiny_fixture
+PKG = "vllm_omni.model_executor.models.fish_speech.dac_modules"
+CFG = fd.PRESETS["tiny"]
+
+
+def build_upstream(cfg: fd.DACConfig):
+    codec = import_upstream(f"{PKG}.codec")
+    rvq = import_upstream(f"{PKG}.rvq")
+    tr = import_upstream(f"{PKG}.transformer")
+    common = dict(n_local_heads=-1, rope_base=cfg.rope_base, norm_eps=cfg.norm_eps, dropout_rate=0.0,
+                  attn_dropout_rate=0.0, channels_first=True)
+    q_args = tr.ModelArgs(block_size=cfg.quantizer_block_size, n_layer=cfg.quantizer_layers,
+                          n_head=cfg.quantizer_heads, dim=cfg.latent_dim,
+                          intermediate_size=cfg.quantizer_intermediate, head_dim=cfg.quantizer_head_dim,
+                          **common)
+
+    def quantizer_transformer():
+        return tr.WindowLimitedTransformer(causal=True, window_size=cfg.quantizer_window,
+                                           input_dim=cfg.latent_dim, config=q_args)
+
+    quantizer = rvq.DownsampleResidualVectorQuantize(
+        input_dim=cfg.latent_dim, n_codebooks=cfg.n_codebooks, codebook_size=cfg.codebook_size,
+        codebook_dim=cfg.codebook_dim, quantizer_dropout=0.0, downsample_factor=list(cfg.downsample_factor),
+        post_module=quantizer_transformer(), pre_module=quantizer_transformer(),
+        semantic_codebook_size=cfg.semantic_codebook_size)
+
+    def encoder_transformer_config(**kw):
+        return tr.ModelArgs(**{"block_size": cfg.encoder_block_size, "head_dim": cfg.transformer_head_dim,
+                               **common, **kw})
+
+    return codec.DAC(
+        encoder_dim=cfg.encoder_dim, encoder_rates=list(cfg.encoder_rates), decoder_dim=cfg.decoder_dim,
+        decoder_rates=list(cfg.decoder_rates), quantizer=quantizer, sample_rate=cfg.sample_rate, causal=True,
+        encoder_transformer_layers=list(cfg.encoder_transformer_layers),
+        decoder_transformer_layers=[4, 0, 0, 0],          # as upstream: built, never registered
+        transformer_general_config=encoder_transformer_config).eval()
+
+
+@pytest.fixture(scope="module")
+def upstream(fish_dac_ckpt):
+    model = build_upstream(CFG)
+    sd = torch.load(fish_dac_ckpt / "codec.pth", map_location="cpu", weights_only=True)["generator"]
+    model.load_state_dict(sd, strict=True)      # our writer produces exactly the upstream key set and shapes
+    return model
+
+
+@pytest.fixture(scope="module")
+def bundle(fish_dac_tiny):
+    return load(fish_dac_tiny)
+
+
+def test_eager_modules_are_bit_identical_to_upstream(upstream, fish_dac_ckpt):
+    ours, _ = fd.load_codec(fish_dac_ckpt, CFG)
+    codes = fd.random_codes(CFG, 2, 12, torch.Generator().manual_seed(1))
+    audio = 0.2 * torch.randn(1, 1, 30_000, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(ours.decode(codes), upstream.decode(codes, torch.tensor([12, 12]))[0])
+        assert torch.equal(ours.encode(audio), upstream.encode(audio)[0])
+
+
+def test_decoder_artifact_matches_upstream(upstream, bundle):
+    stage = bundle["dac_decoder"]
+    g = torch.Generator().manual_seed(4)
+    errs = []
+    for B, F in ((2, 16), (1, 11), (2, 8)):
+        codes = fd.random_codes(CFG, B, F, g)
+        with torch.no_grad():
+            ref, lengths = upstream.decode(codes, torch.full((B,), F))
+        out = stage(codes)
+        assert out.shape == ref.shape and int(lengths[0]) == F * 2048
+        assert 0.01 < ref.abs().max() < 0.99        # not silent, not saturated by tanh
+        errs.append(rel_err(out, ref))
+    assert max(errs) <= 1e-5, errs                 # measured ≈1e-7 (fp32, CPU)
+
+
+def test_encoder_artifact_codes_equal_upstream(upstream, bundle):
+    stage = bundle["dac_encoder"]
+    g = torch.Generator().manual_seed(5)
+    for n in (45_056, 20_000, 777):
+        t = torch.arange(n) / 44100.0
+        audio = (0.3 * torch.sin(2 * torch.pi * (150 + 300 * t) * t) + 0.05 * torch.randn(n, generator=g))
+        with torch.no_grad():
+            ref, ref_len = upstream.encode(audio.view(1, 1, -1))
+        codes = stage.encode(audio)
+        assert codes.shape == ref[0].shape and int(ref_len[0]) == codes.shape[1]
+        assert torch.equal(codes, ref[0]), n
