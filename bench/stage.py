@@ -136,7 +136,10 @@ def make_bucket_inputs(spec, sizes: dict[str, int], seed: int, device: torch.dev
     xs = []
     for n in spec.input_names:
         x = named[n]
-        if x.numel() and not bool((x != 0).any()):
+        # Data inputs must be random; a per-row parameter (one value per row, e.g. top_k = 0 meaning "off") may
+        # legitimately be zero everywhere.
+        per_row_param = x.dim() <= 1 and x.numel() <= sizes.get("batch", x.numel())
+        if x.numel() and not per_row_param and not bool((x != 0).any()):
             raise RuntimeError(
                 f"make_inputs returned an all-zero {n!r} for {sizes}: random inputs are required"
             )
