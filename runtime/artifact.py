@@ -339,17 +339,6 @@ def check_file(root: Path, entry: FileEntry) -> Path:
 
 
 # ------------------------------------------------------------------------------- compatibility
-def runtime_env(device: torch.device) -> dict[str, Any]:
-    env: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda}
-    if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        env["sm"] = f"{major}.{minor}"
-        env["gpu_name"] = torch.cuda.get_device_name(device)
-    else:
-        env["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-    return env
-
-
 _ISA_RANK = {"DEFAULT": 0, "NO AVX": 0, "AVX2": 1, "AVX512": 2}
 
 

@@ -19,7 +19,7 @@ from ttsaot.builder.families.fish_dac_modules import (
 )
 from ttsaot.builder.families.fish_s2 import STREAMING_DEFAULTS, FishS2Options
 from ttsaot.builder.layers import BakedSnakeBeta
-from ttsaot.builder.passes import bake_weight_norm, cast_to_compute_dtype
+from ttsaot.builder.passes import bake_snake, bake_weight_norm, cast_to_compute_dtype
 
 from .conftest import rel_err
 
@@ -209,7 +209,7 @@ def test_baked_snake_is_the_linear_alpha_snake():
     with torch.no_grad():
         s.alpha.copy_(torch.rand(1, 6, 1) * 2 + 0.01)
     root = torch.nn.Sequential(s)
-    fd.bake_snake_linear(root)
+    bake_snake(root)
     assert isinstance(root[0], BakedSnakeBeta)
     x = torch.randn(2, 6, 50) * 3
     assert torch.equal(root(x), s(x))

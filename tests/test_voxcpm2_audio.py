@@ -14,7 +14,7 @@ from ttsaot.builder.checkpoint import CheckpointError
 from ttsaot.builder.families import voxcpm2 as fam
 from ttsaot.builder.families import voxcpm2_audio as a
 from ttsaot.builder.families import voxcpm2_vae as vae
-from ttsaot.builder.passes import bake_weight_norm, cast_to_compute_dtype
+from ttsaot.builder.passes import bake_snake, bake_weight_norm, cast_to_compute_dtype
 
 from .conftest import built_artifact, rel_err
 
@@ -156,7 +156,7 @@ def test_vae_topology_and_bakes():
     assert ref.shape == (2, 1, 10 * CFG.vae.samples_per_frame)
     assert 1e-3 < ref.abs().max() < 0.9                     # audio-range, tanh not saturated
     baked = copy.deepcopy(m)
-    reports = [bake_weight_norm(baked), vae.bake_snake1d(baked), vae.bake_sample_rate(baked)]
+    reports = [bake_weight_norm(baked), bake_snake(baked), vae.bake_sample_rate(baked)]
     assert [r.get("baked", r.get("replaced")) for r in reports] == [31, snakes, len(CFG.vae.decoder_rates)]
     assert reports[2]["bin"] == 3                           # 48 kHz > 40 kHz boundary
     assert not any("parametrizations" in k or "sr_bin" in k or "embed" in k for k in baked.state_dict())

@@ -20,18 +20,14 @@ from torch import nn
 
 from ..buckets import BucketPlan, batch_sizes, frame_sizes
 from ..checkpoint import CheckpointError, load_strict, sha256_file
-from ..layers import BakedSnakeBeta
-from ..passes import bake_weight_norm, fuse_projections, legacy_weight_norm_to_new, prune_submodules
-from ..passes.bake import replace_modules
+from ..passes import bake_snake, bake_weight_norm, fuse_projections, legacy_weight_norm_to_new, prune_submodules
 from ..stage_spec import StageSpec
 from .fish_dac_modules import (
     DAC,
     PRESETS,
-    SNAKE_EPS,
     DACConfig,
     DACDecoder,
     DACEncoder,
-    Snake1d,
     WindowLimitedTransformer,
 )
 
@@ -153,14 +149,6 @@ def write_codec_pth(model: DAC, path: str | Path, generator_wrapper: bool = True
 
 
 # ----------------------------------------------------------------------------------------------- passes
-def bake_snake_linear(module: nn.Module) -> dict[str, Any]:
-    """Snake1d (linear α) → BakedSnakeBeta(alpha=α, inv_beta=(α+1e-9)⁻¹) calling `ttsaot::snake_beta`; the
-    reciprocal is computed in fp32 exactly as the reference computes it per call."""
-    def make(m: Snake1d) -> BakedSnakeBeta:
-        a = m.alpha.detach().float()
-        return BakedSnakeBeta(a.flatten(), (a + SNAKE_EPS).reciprocal().flatten())
-
-    return {"pass": "bake_snake", "replaced": replace_modules(module, Snake1d, make)}
 
 
 def decoder_unused(cfg: DACConfig) -> list[str]:
@@ -266,7 +254,7 @@ def dac_decoder_stage(opts) -> StageSpec:
     return StageSpec(
         family=FAMILY, name="dac_decoder", kind="codec_decoder",
         make_module=_module_factory(opts, cfg, DACDecoder, report),
-        passes=[_prune(decoder_unused(cfg)), bake_weight_norm, bake_snake_linear, fuse_projections],
+        passes=[_prune(decoder_unused(cfg)), bake_weight_norm, bake_snake, fuse_projections],
         plan=plan, make_inputs=make_inputs, inputs=[codes_input(cfg)],
         outputs=[{"name": "wav", "dtype": "float32",
                   "shape": ["batch", 1, ["frames", cfg.samples_per_frame]]}],
@@ -308,7 +296,7 @@ def dac_encoder_stage(opts) -> StageSpec:
     return StageSpec(
         family=FAMILY, name="dac_encoder", kind="codec_encoder",
         make_module=_module_factory(opts, cfg, DACEncoder, report),
-        passes=[_prune(encoder_unused(cfg)), bake_weight_norm, bake_snake_linear, fuse_projections],
+        passes=[_prune(encoder_unused(cfg)), bake_weight_norm, bake_snake, fuse_projections],
         plan=plan, make_inputs=make_inputs,
         inputs=[{"name": "audio", "dtype": "float32", "shape": [1, 1, "samples"], "pad": 0.0}],
         # "frames" is not a bucket axis: codec_encoder derives it as ⌈samples / samples_per_frame⌉

@@ -18,12 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layers import CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock, RMSNorm, apply_rope_interleaved
+from ..layers import CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock, RMSNorm, Snake1d, apply_rope_interleaved
 from ..layers.attention import sliding_window_causal_mask
 from ..layers.mlp import fuse_linears
 from ..passes.weight_norm import weight_norm
-
-SNAKE_EPS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -103,17 +101,6 @@ def wn_causal_conv_transpose(cin: int, cout: int, kernel: int, stride: int) -> C
     m = CausalConvTranspose1d(cin, cout, kernel, stride)
     weight_norm(m.conv)
     return m
-
-
-class Snake1d(nn.Module):
-    """DAC Snake with a LINEAR alpha [1,C,1]: x + (α + 1e-9)⁻¹ · sin²(α·x). Baked to `ttsaot::snake_beta`."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.alpha = nn.Parameter(torch.ones(1, channels, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + (self.alpha + SNAKE_EPS).reciprocal() * torch.sin(self.alpha * x).pow(2)
 
 
 class ResidualUnit(nn.Module):

@@ -33,7 +33,7 @@ from ..buckets import BucketPlan, batch_sizes, frame_sizes
 from ..checkpoint import KeyRules, load_strict, read_safetensors_selected, sha256_file
 from ..layers import RMSNorm, SwiGLU, apply_rope_neox, rope_table
 from ..layers.attention import Attention
-from ..passes import bake_weight_norm, fuse_projections
+from ..passes import bake_snake, bake_weight_norm, fuse_projections
 from ..stage_spec import StageSpec
 from . import voxcpm2_vae as vae
 
@@ -336,7 +336,7 @@ def euler_schedule(n_timesteps: int, dtype: torch.dtype,
     u + sway·(cos(πu/2) − 1 + u) on u = linspace(1, 0, n+1), t advanced by t ← t − dt and
     dt ← t − grid[k+1] (0-dim tensors of `dtype`, so bf16 rounding matches), and the first
     max(1, ⌊0.04·(n+1)⌋) steps zero-init."""
-    grid = torch.linspace(1, 0, n_timesteps + 1, dtype=dtype)
+    grid = torch.linspace(1, 0, n_timesteps + 1, dtype=dtype, device="cpu")   # also under a meta-device init
     grid = grid + sway * (torch.cos(torch.pi / 2 * grid) - 1 + grid)
     t, dt = grid[0], grid[0] - grid[1]
     zero_steps = max(1, int((n_timesteps + 1) * 0.04))
@@ -576,7 +576,7 @@ def vae_decoder_stage(opts) -> StageSpec:
     spf = cfg.samples_per_frame
     return StageSpec(
         family=FAMILY, name="vae_decoder", kind="codec_decoder", make_module=make_module,
-        passes=[bake_weight_norm, vae.bake_snake1d, vae.bake_sample_rate],
+        passes=[bake_weight_norm, bake_snake, vae.bake_sample_rate],
         plan=plan, make_inputs=make_inputs,
         inputs=[{"name": "latents", "dtype": "float32", "shape": ["batch", cfg.latent_dim, "frames"],
                  "pad": 0}],

@@ -20,11 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checkpoint import CheckpointError, KeyRules, load_strict, sha256_file
-from ..layers.snake import BakedSnakeBeta
-from ..passes.bake import replace_modules
+from ..layers.snake import Snake1d
 from ..passes.weight_norm import NEW_G, NEW_V, legacy_weight_norm_to_new, weight_norm
-
-SNAKE_EPS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -75,17 +72,6 @@ VAE_PRESETS: dict[str, VAEConfig] = {
 
 
 # --------------------------------------------------------------------------------------------- modules
-class Snake1d(nn.Module):
-    """x + 1/(alpha + 1e-9) · sin²(alpha·x), alpha [1,C,1] LINEAR scale (DAC lineage)."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.alpha = nn.Parameter(torch.ones(1, channels, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + (self.alpha + SNAKE_EPS).reciprocal() * torch.sin(self.alpha * x).pow(2)
-
-
 class CausalConv1d(nn.Conv1d):
     """Conv1d with `(kernel-1)·dilation` zeros on the left (stride 1 in the decoder)."""
 
@@ -233,14 +219,6 @@ def receptive_field_frames(cfg: VAEConfig) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ passes
-def bake_snake1d(module: nn.Module) -> dict[str, Any]:
-    """Snake1d (linear alpha) → BakedSnakeBeta(alpha, 1/(alpha+1e-9)) calling `ttsaot::snake_beta`."""
-
-    def make(s: Snake1d) -> BakedSnakeBeta:
-        a = s.alpha.detach().float().reshape(-1)
-        return BakedSnakeBeta(a, (a + SNAKE_EPS).reciprocal())
-
-    return {"pass": "bake_snake1d", "replaced": replace_modules(module, Snake1d, make)}
 
 
 def bake_sample_rate(module: nn.Module) -> dict[str, Any]:

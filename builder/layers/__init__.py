@@ -4,7 +4,7 @@ from .conv import CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock
 from .mlp import SwiGLU
 from .norms import LayerScale, RMSNorm
 from .rope import apply_rope_interleaved, apply_rope_neox, rope_table
-from .snake import BakedSnakeBeta, SnakeBeta
+from .snake import BakedSnakeBeta, Snake1d, SnakeBeta
 
 __all__ = [
     "BakedSnakeBeta",
@@ -13,6 +13,7 @@ __all__ = [
     "ConvNeXtBlock",
     "LayerScale",
     "RMSNorm",
+    "Snake1d",
     "SnakeBeta",
     "SwiGLU",
     "apply_rope_interleaved",

@@ -27,6 +27,19 @@ class SnakeBeta(nn.Module):
         return x + (1.0 / (beta + SNAKE_EPS)) * torch.pow(torch.sin(x * alpha), 2)
 
 
+class Snake1d(nn.Module):
+    """DAC-lineage Snake with a LINEAR alpha [1,C,1] (Fish DAC, VoxCPM2 AudioVAE): x + (α + 1e-9)⁻¹ · sin²(α·x).
+
+    The same function as SnakeBeta with alpha = α and inv_beta = 1/(α + eps), so it bakes to the same op."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(1, channels, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + (self.alpha + SNAKE_EPS).reciprocal() * torch.sin(self.alpha * x).pow(2)
+
+
 class BakedSnakeBeta(nn.Module):
     """exp(alpha) and 1/(exp(beta)+eps) precomputed once, kept in fp32 whatever the compute dtype
     (`keep_fp32` is honoured by passes.cast.cast_to_compute_dtype)."""
@@ -43,6 +56,11 @@ class BakedSnakeBeta(nn.Module):
         a = torch.exp(log_alpha.detach().double())
         ib = 1.0 / (torch.exp(log_beta.detach().double()) + SNAKE_EPS)
         return cls(a.float(), ib.float())
+
+    @classmethod
+    def from_linear(cls, alpha: torch.Tensor) -> BakedSnakeBeta:
+        a = alpha.detach().flatten().float()
+        return cls(a, (a + SNAKE_EPS).reciprocal())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.ttsaot.snake_beta(x, self.alpha, self.inv_beta)

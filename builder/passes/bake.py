@@ -4,7 +4,7 @@ from typing import Any
 
 from torch import nn
 
-from ..layers.snake import BakedSnakeBeta, SnakeBeta
+from ..layers.snake import BakedSnakeBeta, Snake1d, SnakeBeta
 
 
 def _replace(root: nn.Module, cls: type, make) -> int:
@@ -19,8 +19,10 @@ def _replace(root: nn.Module, cls: type, make) -> int:
 
 
 def bake_snake(module: nn.Module) -> dict[str, Any]:
-    """Replace every SnakeBeta by BakedSnakeBeta: exp(alpha), 1/(exp(beta)+eps) computed once here."""
+    """Replace every SnakeBeta (log-scale α, β) and Snake1d (linear α) by BakedSnakeBeta, whose per-channel
+    scalars (exp(α) and 1/(exp(β)+eps), or α and 1/(α+eps)) are computed once here."""
     n = _replace(module, SnakeBeta, lambda m: BakedSnakeBeta.from_log_scale(m.alpha, m.beta))
+    n += _replace(module, Snake1d, lambda m: BakedSnakeBeta.from_linear(m.alpha))
     return {"pass": "bake_snake", "replaced": n}
 
 
