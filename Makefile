@@ -18,9 +18,14 @@ setup-dev: setup
 	$(PIP) install -q --no-deps $(ORACLE_WHEELS)
 
 demo: setup
-	build-artifacts build qwen3-tts-12hz --preset tiny --random-weights --device cpu --dtype fp32 \
-		--batch-buckets 1,2 --frame-buckets 16,32 --out $(ART)
+	build-artifacts build qwen3-tts-12hz --stages code2wav --preset tiny --random-weights --device cpu --dtype fp32 \
+		--batch-buckets 1,2 --frame-buckets 16,48 --chunk-frames 16 --left-context-frames 32 \
+		--nonstreaming-chunk-frames 0 --out $(ART)
+	build-artifacts build fish-s2-pro --stages dac_decoder,dac_encoder --preset tiny --random-weights --device cpu \
+		--batch-buckets 1 --frame-buckets 24 --chunk-frames 8 --left-context-frames 8 --first-chunk-frames 0 \
+		--encoder-seconds 1 --out $(ART)
 	build-artifacts inspect $(ART)/qwen3-tts-12hz
+	build-artifacts inspect $(ART)/fish-s2-pro
 	$(PY) examples/demo.py --artifacts $(ART) --out demo_out
 
 test: setup-dev

@@ -403,6 +403,8 @@ def _stage_summary(res: dict) -> str:
             )
         else:
             parts.append(f"{name} {v.get('status')}")
+    if res.get("status") not in (None, "ok") and res.get("reason"):
+        parts.append(str(res["reason"])[:200])    # why the stage stopped (timeout, crash), also when cut mid-way
     return "; ".join(parts)
 
 

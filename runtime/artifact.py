@@ -244,7 +244,11 @@ def _stage(name: str, d: dict) -> StageEntry:
         cd = _get(c, "dtype", str, cw)
         if cd not in DTYPES:
             raise ManifestError(f"manifest.json: {cw}.dtype {cd!r} is unknown")
-        constants[cname] = WeightSpec(dtype=cd, shape=_get(c, "shape", list, cw), stride=_get(c, "stride", list, cw))
+        shape, stride = _get(c, "shape", list, cw), _get(c, "stride", list, cw)
+        if len(shape) != len(stride) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                for v in [*shape, *stride]):
+            raise ManifestError(f"manifest.json: {cw} shape/stride must be equal-length lists of non-negative ints")
+        constants[cname] = WeightSpec(dtype=cd, shape=shape, stride=stride)
     golden = d.get("golden")
     return StageEntry(
         name=name, kind=kind, dtype=dtype,

@@ -28,6 +28,27 @@ from .errors import (
 WARMUP_CALLS = 3
 
 
+class strict_fp32:
+    """Run fp32 stages in fp32: cuDNN allows TF32 for fp32 convolutions by default, and AOTI's aten conv/matmul
+    fallbacks read that process-global flag at call time (for graphs, at capture). TF32 moved the Fish DAC
+    encoder's argmax codes on an H200 (1.9e-2 relative code error vs the fp32 reference); the numerics policy says
+    the encoder is fp32, so it must really be. The previous flags are restored on exit."""
+
+    def __init__(self, active: bool) -> None:
+        self.active = active
+
+    def __enter__(self):
+        if self.active:
+            self.saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
+        return self
+
+    def __exit__(self, *exc):
+        if self.active:
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = self.saved
+
+
 class _Package:
     """One AOTI package through the C++ loader directly. `load_pt2` would also probe the host CPU ISA by compiling
     test programs and scan the archive for exported programs (seconds per package); the runtime has already
@@ -126,6 +147,7 @@ class _BucketRunner:
         self.model.load_constants({k: weights[k] for k in fqns}, check_full_update=True, user_managed=True)
         self.run_fn = self.model.loader.run
         self.shapes = [spec.concrete(bucket.sizes) for spec in entry.inputs]
+        self.fp32 = strict_fp32(device.type == "cuda" and entry.dtype == "float32")
         self.graph = None
         self.outputs_checked = False
         self.static_inputs: list[torch.Tensor] = []
@@ -156,13 +178,13 @@ class _BucketRunner:
         # Lazy cubin loads and allocator growth must happen before capture (AOTI.md §3).
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), self.fp32:
             for _ in range(WARMUP_CALLS):
                 self.run_fn(self.static_inputs)
         torch.cuda.current_stream(self.device).wait_stream(side)
         torch.cuda.synchronize(self.device)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        with torch.cuda.graph(self.graph, pool=pool), self.fp32:
             self.static_outputs = list(self.run_fn(self.static_inputs))
 
     def run(self, inputs: list[torch.Tensor], pads: list) -> list[torch.Tensor]:
@@ -182,7 +204,8 @@ class _BucketRunner:
                 buf = torch.full(shape, pad if pad is not None else 0, dtype=src.dtype, device=self.device)
                 buf[tuple(slice(0, n) for n in src.shape)].copy_(src)
                 padded.append(buf)
-        return list(self.run_fn(padded))
+        with self.fp32:
+            return list(self.run_fn(padded))
 
 
 class Stage:

@@ -167,7 +167,8 @@ def test_manifest_roundtrip_and_contents(qwen_tiny_fp32):
     assert st.weights.file == "code2wav.safetensors"
     # weights are stored ONCE per stage, packages carry code only
     assert all(b.bytes < 5 * 2**20 for b in st.buckets)
-    assert [p["pass"] for p in st.passes] == ["bake_codebooks", "bake_snake", "fuse_projections"]
+    assert [p["pass"] for p in st.passes] == ["bake_codebooks", "bake_snake", "fuse_projections",
+                                              "depthwise_conv_as_shifts"]
 
 
 def test_bf16_artifact_within_policy_tolerance(qwen_tiny_bf16):
