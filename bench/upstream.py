@@ -22,10 +22,13 @@ from .common import Skipped, short_error
 def import_module_alone(dotted: str):
     """Import `a.b.c` with its parent packages stubbed (real __path__, no __init__ executed)."""
     top = dotted.split(".")[0]
-    spec = importlib.util.find_spec(top)
-    if spec is None or not spec.submodule_search_locations:
-        raise Skipped(f"unavailable: upstream package {top!r} is not installed")
-    root = Path(list(spec.submodule_search_locations)[0])
+    if top in sys.modules and getattr(sys.modules[top], "__path__", None):   # already stubbed by an earlier call
+        root = Path(list(sys.modules[top].__path__)[0])
+    else:
+        spec = importlib.util.find_spec(top)
+        if spec is None or not spec.submodule_search_locations:
+            raise Skipped(f"unavailable: upstream package {top!r} is not installed")
+        root = Path(list(spec.submodule_search_locations)[0])
     parts = dotted.split(".")
     for i in range(1, len(parts)):
         name = ".".join(parts[:i])
