@@ -129,6 +129,17 @@ def load_weights(path: Path, entry: StageEntry, device: torch.device) -> dict[st
     return out
 
 
+CPU_INPUT_SLACK = 64   # elements
+
+
+def _with_slack(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A contiguous tensor of `shape` followed by unused elements. Inductor's vectorised CPU tail loops were seen
+    (gdb, Fish DAC encoder) to read up to 15 elements past an input's end, which segfaults when the input ends at
+    an unmapped page; the caller's own tensors are therefore never handed to a CPU package directly."""
+    n = math.prod(shape)
+    return torch.empty(n + CPU_INPUT_SLACK, dtype=dtype, device=device)[:n].view(shape)
+
+
 class _BucketRunner:
     """One AOTI package bound to the stage weights; on CUDA, its static buffers and captured graph."""
 
@@ -198,12 +209,12 @@ class _BucketRunner:
             return self.static_outputs
         padded = []
         for src, shape, pad in zip(inputs, self.shapes, pads):
-            if tuple(src.shape) == shape:
-                padded.append(src.contiguous())
-            else:
-                buf = torch.full(shape, pad if pad is not None else 0, dtype=src.dtype, device=self.device)
-                buf[tuple(slice(0, n) for n in src.shape)].copy_(src)
-                padded.append(buf)
+            buf = _with_slack(shape, src.dtype, self.device) if self.device.type == "cpu" else \
+                torch.empty(shape, dtype=src.dtype, device=self.device)
+            if tuple(src.shape) != shape:
+                buf.fill_(pad if pad is not None else 0)
+            buf[tuple(slice(0, n) for n in src.shape)].copy_(src)
+            padded.append(buf)
         with self.fp32:
             return list(self.run_fn(padded))
 

@@ -1,4 +1,4 @@
-"""fp32 stages run with TF32 off (cuDNN enables it for fp32 convolutions by default) and restore the flags."""
+"""Runtime buffer policies: fp32 stages run with TF32 off; CPU package inputs carry slack after their end."""
 
 import torch
 
@@ -17,3 +17,11 @@ def test_strict_fp32_disables_and_restores_tf32():
             assert torch.backends.cudnn.allow_tf32 is True     # bf16 stages leave the process flags alone
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_cpu_inputs_are_handed_over_with_slack():
+    from ttsaot.runtime.stage import CPU_INPUT_SLACK, _with_slack
+
+    t = _with_slack((2, 3, 5), torch.int64, torch.device("cpu"))
+    assert t.shape == (2, 3, 5) and t.is_contiguous()
+    assert t.untyped_storage().nbytes() >= (30 + CPU_INPUT_SLACK) * 8
