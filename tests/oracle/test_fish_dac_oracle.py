@@ -70,12 +70,15 @@ def bundle(fish_dac_tiny):
     return load(fish_dac_tiny)
 
 
-def test_eager_modules_are_bit_identical_to_upstream(upstream, fish_dac_ckpt):
+def test_eager_modules_match_upstream(upstream, fish_dac_ckpt):
     ours, _ = fd.load_codec(fish_dac_ckpt, CFG)
     codes = fd.random_codes(CFG, 2, 12, torch.Generator().manual_seed(1))
     audio = 0.2 * torch.randn(1, 1, 30_000, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        assert torch.equal(ours.decode(codes), upstream.decode(codes, torch.tensor([12, 12]))[0])
+        # Usually bit-identical, but oneDNN CPU convolutions may differ in the last bit between two modules'
+        # buffers (alignment / thread partition): seen once in CI. 1e-6 is still 10x stricter than the 1e-5
+        # the oracle requires; codes, being argmaxes, must match exactly.
+        assert rel_err(ours.decode(codes), upstream.decode(codes, torch.tensor([12, 12]))[0]) <= 1e-6
         assert torch.equal(ours.encode(audio), upstream.encode(audio)[0])
 
 
