@@ -10,33 +10,22 @@ from typing import Any
 
 import torch
 
+# Both codec decoders: one 50-frame decode at B=1 and B=4 with streaming chunk 25 / left context 25 (full); a
+# single small bucket whose streaming window fits it (tiny, CPU smoke).
+_CODEC_DECODER: dict[str, dict[str, Any]] = {
+    "full": {"axes": {"batch": (1, 4), "frames": (25, 50)}},
+    "tiny": {
+        "axes": {"batch": (1,), "frames": (16,)},
+        "streaming": {"chunk_frames": 8, "left_context_frames": 8, "first_chunk_frames": 0,
+                      "nonstreaming_chunk_frames": 0},
+    },
+}
+
 # (family, stage) → preset → {"axes": {axis: sizes}, "streaming": StreamingConfig overrides}
 BENCH_DEFAULTS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
     # The issue's evidence: one 50-frame decode at B=1 and B=4, streaming chunk 25 with left context 25.
-    ("qwen3-tts-12hz", "code2wav"): {
-        "full": {"axes": {"batch": (1, 4), "frames": (25, 50)}},
-        "tiny": {
-            "axes": {"batch": (1,), "frames": (16,)},
-            "streaming": {
-                "chunk_frames": 8,
-                "left_context_frames": 8,
-                "first_chunk_frames": 0,
-                "nonstreaming_chunk_frames": 0,
-            },
-        },
-    },
-    ("fish-s2-pro", "dac_decoder"): {
-        "full": {"axes": {"batch": (1, 4), "frames": (25, 50)}},
-        "tiny": {
-            "axes": {"batch": (1,), "frames": (16,)},
-            "streaming": {
-                "chunk_frames": 8,
-                "left_context_frames": 8,
-                "first_chunk_frames": 0,
-                "nonstreaming_chunk_frames": 0,
-            },
-        },
-    },
+    ("qwen3-tts-12hz", "code2wav"): _CODEC_DECODER,
+    ("fish-s2-pro", "dac_decoder"): _CODEC_DECODER,
     # Issue evidence: predictors at B=1 and B=8; LM steps at B=1 and B=16 with a 512-token context; the VoxCPM2
     # patch stages at B=1 and B=16; the VAE's streaming window (12 new + 24 context frames); a 10 s reference clip.
     ("qwen3-tts-12hz", "code_predictor"): {"full": {"axes": {"batch": (1, 8)}}},
