@@ -37,7 +37,7 @@ from .common import (
 )
 from .floor import count_flops, floor_for, measure_hardware
 from .specs import make_spec
-from .variants import COMPILED, TTSAOT, VariantContext, make_variant
+from .variants import COMPILED, TTSAOT, VariantContext, applies, make_variant
 
 MIB = 2**20
 _ELSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "uint8": 1}
@@ -470,7 +470,7 @@ def run_stage(a) -> dict:
     )
     prim = primary_sizes(spec)
     batchable = "batch" in spec.plan.axes
-    for name in a.variants:
+    for name in [v for v in a.variants if applies(v, spec)]:
         if name in COMPILED:  # cold starts before the expensive compiles, so a budget cut spares them
             run_cold_starts(res, a, artifact, spec, prim, save)
         rec: dict[str, Any] = {"status": "running"}

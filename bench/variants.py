@@ -12,6 +12,10 @@ capture for that shape) and returns a callable taking the stage inputs in the St
 | ttsaot_graph      | the built artifact, `load(...)` (AOTI + CUDA graph per bucket)                        |
 | upstream_eager    | the upstream implementation with the same random weights, cast to the stage dtype     |
 | upstream_compile  | upstream + torch.compile(max-autotune-no-cudagraphs) + manual CUDA graph              |
+| loop_eager_host   | codebook predictors: eager forward per codebook step (KV cache) + eager sampling +   |
+|                   | a host read of the codes per step (the reference loop; bench/predictor_loops.py)      |
+| loop_compile_graph| codebook predictors: torch.compile'd step forward, one CUDA graph per step index,    |
+|                   | eager sampling between replays, no host sync (vLLM-Omni; bench/predictor_loops.py)    |
 """
 
 from __future__ import annotations
@@ -36,10 +40,12 @@ ALL_VARIANTS = (
     "upstream_eager",
     "compile_graph",
     "compile_ro",
+    "loop_eager_host",
+    "loop_compile_graph",
     "upstream_compile",
 )
-CUDA_ONLY = {"eager_graph", "ttsaot_graph", "compile_ro"}
-COMPILED = {"compile_graph", "compile_ro", "upstream_compile"}  # time-boxed by --compile-budget
+CUDA_ONLY = {"eager_graph", "ttsaot_graph", "compile_ro", "loop_compile_graph"}
+COMPILED = {"compile_graph", "compile_ro", "upstream_compile", "loop_compile_graph"}  # time-boxed by --compile-budget
 TTSAOT = {"ttsaot_nograph", "ttsaot_graph"}
 DEFAULT_CPU = ("eager_raw", "eager", "ttsaot_nograph")
 
@@ -250,6 +256,15 @@ class TtsaotVariant(Variant):
         self.stage = None
 
 
+PREDICTOR_ONLY = {"loop_eager_host", "loop_compile_graph"}
+
+
+def applies(name: str, spec) -> bool:
+    """Whether a variant means anything for this stage (the predictor loops exist for codebook predictors only);
+    the harness does not record the ones that don't."""
+    return name not in PREDICTOR_ONLY or spec.kind == "codebook_predictor"
+
+
 def make_variant(name: str, ctx: VariantContext) -> Variant:
     if name in CUDA_ONLY and ctx.device.type != "cuda":
         raise Skipped("needs CUDA")
@@ -272,6 +287,10 @@ def make_variant(name: str, ctx: VariantContext) -> Variant:
         v = EagerVariant(ctx, raw=True, graph=False, upstream=True)
     elif name == "upstream_compile":
         v = CompileVariant(ctx, ctx.compile_mode, manual_graph=True, upstream=True)
+    elif name in ("loop_eager_host", "loop_compile_graph"):
+        from .predictor_loops import make_loop_variant  # imports this module: import on use
+
+        v = make_loop_variant(name, ctx)  # Skipped for a stage that is not a codebook_predictor
     else:
         raise KeyError(f"unknown variant {name!r} (known: {', '.join(ALL_VARIANTS)})")
     v.name = name
