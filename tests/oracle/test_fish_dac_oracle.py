@@ -4,12 +4,13 @@ loaded STRICTLY into the upstream module (which proves the file layout) and buil
 Oracle: the DAC modules vendored in `vllm_omni` 0.30.0 (`model_executor/models/fish_speech/dac_modules`),
 imported file by file with stubbed parent packages (the package __init__ pulls vllm). They are fish-speech
 0.1.0's `modded_dac` + `rvq` trimmed to inference (same parameter tree, same math; see their docstrings)
-and, unlike `fish_speech.models.dac`, need torch only. The constructor arguments mirror vLLM-Omni's
-`dac_utils.build_dac_codec` with the tiny preset's sizes."""
+and, unlike `fish_speech.models.dac`, need torch only. The upstream module is built by the bench's
+`bench.upstream.fish_dac_upstream` (vLLM-Omni's `dac_utils.build_dac_codec` with the tiny preset's sizes)."""
 
 import pytest
 import torch
 
+from bench.upstream import FISH_DAC_PKG, fish_dac_upstream
 from ttsaot.builder.families import fish_dac as fd
 from ttsaot.runtime import load
 
@@ -20,46 +21,13 @@ from .upstream import import_upstream
 
 pytestmark = pytest.mark.oracle
 fish_dac_ckpt, fish_dac_tiny = _ckpt_fixture, _tiny_fixture
-PKG = "vllm_omni.model_executor.models.fish_speech.dac_modules"
 CFG = fd.PRESETS["tiny"]
-
-
-def build_upstream(cfg: fd.DACConfig):
-    codec = import_upstream(f"{PKG}.codec")
-    rvq = import_upstream(f"{PKG}.rvq")
-    tr = import_upstream(f"{PKG}.transformer")
-    common = dict(n_local_heads=-1, rope_base=cfg.rope_base, norm_eps=cfg.norm_eps, dropout_rate=0.0,
-                  attn_dropout_rate=0.0, channels_first=True)
-    q_args = tr.ModelArgs(block_size=cfg.quantizer_block_size, n_layer=cfg.quantizer_layers,
-                          n_head=cfg.quantizer_heads, dim=cfg.latent_dim,
-                          intermediate_size=cfg.quantizer_intermediate, head_dim=cfg.quantizer_head_dim,
-                          **common)
-
-    def quantizer_transformer():
-        return tr.WindowLimitedTransformer(causal=True, window_size=cfg.quantizer_window,
-                                           input_dim=cfg.latent_dim, config=q_args)
-
-    quantizer = rvq.DownsampleResidualVectorQuantize(
-        input_dim=cfg.latent_dim, n_codebooks=cfg.n_codebooks, codebook_size=cfg.codebook_size,
-        codebook_dim=cfg.codebook_dim, quantizer_dropout=0.0, downsample_factor=list(cfg.downsample_factor),
-        post_module=quantizer_transformer(), pre_module=quantizer_transformer(),
-        semantic_codebook_size=cfg.semantic_codebook_size)
-
-    def encoder_transformer_config(**kw):
-        return tr.ModelArgs(**{"block_size": cfg.encoder_block_size, "head_dim": cfg.transformer_head_dim,
-                               **common, **kw})
-
-    return codec.DAC(
-        encoder_dim=cfg.encoder_dim, encoder_rates=list(cfg.encoder_rates), decoder_dim=cfg.decoder_dim,
-        decoder_rates=list(cfg.decoder_rates), quantizer=quantizer, sample_rate=cfg.sample_rate, causal=True,
-        encoder_transformer_layers=list(cfg.encoder_transformer_layers),
-        decoder_transformer_layers=[4, 0, 0, 0],          # as upstream: built, never registered
-        transformer_general_config=encoder_transformer_config).eval()
 
 
 @pytest.fixture(scope="module")
 def upstream(fish_dac_ckpt):
-    model = build_upstream(CFG)
+    import_upstream(f"{FISH_DAC_PKG}.codec")      # skips if vllm_omni is not installed, fails if broken
+    model = fish_dac_upstream(CFG)
     sd = torch.load(fish_dac_ckpt / "codec.pth", map_location="cpu", weights_only=True)["generator"]
     model.load_state_dict(sd, strict=True)      # our writer produces exactly the upstream key set and shapes
     return model

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from bench.upstream import voxcpm_audio_vae, voxcpm_cfm, voxcpm_local_encoder
 from ttsaot.builder.families import voxcpm2_audio as a
 from ttsaot.builder.families import voxcpm2_vae as vae
 from ttsaot.runtime import load
@@ -28,51 +28,26 @@ pytestmark = pytest.mark.oracle
 def upstream():
     pytest.importorskip("pydantic")
     pytest.importorskip("einops")
-    # The stubbed `voxcpm.modules.minicpm4` package skips its __init__, which is what exports these two names
-    # to `from ..minicpm4 import MiniCPMModel, MiniCPM4Config` in the DiT / encoder modules.
-    pkg_cfg = import_upstream("voxcpm.modules.minicpm4.config")
-    pkg_model = import_upstream("voxcpm.modules.minicpm4.model")
-    pkg = sys.modules["voxcpm.modules.minicpm4"]
-    pkg.MiniCPM4Config, pkg.MiniCPMModel = pkg_cfg.MiniCPM4Config, pkg_model.MiniCPMModel
-    return {
-        "cfg": pkg_cfg,
-        "cfm": import_upstream("voxcpm.modules.locdit.unified_cfm"),
-        "dit": import_upstream("voxcpm.modules.locdit.local_dit_v2"),
-        "enc": import_upstream("voxcpm.modules.locenc.local_encoder"),
-        "vae": import_upstream("voxcpm.modules.audiovae.audio_vae_v2"),
-    }
-
-
-def _sub(lm_cfg, sub: dict):
-    """What VoxCPM2Model.__init__ does for the local encoder / DiT configs."""
-    c = lm_cfg.model_copy(deep=True)
-    c.hidden_size, c.intermediate_size = sub["hidden_dim"], sub["ffn_dim"]
-    c.num_attention_heads, c.num_hidden_layers = sub["num_heads"], sub["num_layers"]
-    c.kv_channels, c.vocab_size = sub["kv_channels"], 0
-    return c
+    import_upstream("voxcpm.modules.minicpm4.config")    # skips if voxcpm is not installed, fails if broken
 
 
 @pytest.fixture(scope="module")
 def ckpt_and_upstream(upstream, tmp_path_factory):
     """Our build-fixture modules written as a real checkpoint; upstream modules loaded from it strictly."""
     dit, enc, dec = _modules_from_build()
-    up_vae_probe = upstream["vae"].AudioVAE(upstream["vae"].AudioVAEConfig(**CFG.vae.to_json()))
+    up_vae_probe = voxcpm_audio_vae(CFG.vae.to_json())
     encoder_sd = {f"encoder.{k}": v for k, v in up_vae_probe.encoder.state_dict().items()}
     ckpt = a.write_checkpoint(tmp_path_factory.mktemp("voxcpm2") / "VoxCPM2-tiny", CFG, dit, enc, dec,
                               vae_extra=encoder_sd)
     conf = json.loads((ckpt / "config.json").read_text())
-    lm_cfg = upstream["cfg"].MiniCPM4Config(**conf["lm_config"])
     sd = load_file(str(ckpt / "model.safetensors"))
 
     def strip(prefix):
         return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
 
-    up_enc = upstream["enc"].VoxCPMLocEnc(_sub(lm_cfg, conf["encoder_config"]), input_dim=conf["feat_dim"])
+    up_enc = voxcpm_local_encoder(conf)
     up_enc.load_state_dict(strip("feat_encoder."), strict=True)
-    est = upstream["dit"].VoxCPMLocDiT(_sub(lm_cfg, conf["dit_config"]), in_channels=conf["feat_dim"])
-    cfm_cfg = upstream["cfm"].CfmConfig(**conf["dit_config"]["cfm_config"])
-    cfm = upstream["cfm"].UnifiedCFM(conf["feat_dim"], cfm_cfg, est,
-                                     mean_mode=conf["dit_config"]["dit_mean_mode"])
+    cfm = voxcpm_cfm(conf)
     cfm.estimator.load_state_dict(strip("feat_decoder.estimator."), strict=True)
     projs = {}
     for name, (i, o) in {"enc_to_lm_proj": (CFG.encoder.hidden_size, CFG.lm_hidden_size),
@@ -80,7 +55,7 @@ def ckpt_and_upstream(upstream, tmp_path_factory):
                          "res_to_dit_proj": (CFG.lm_hidden_size, CFG.dit.hidden_size)}.items():
         projs[name] = nn.Linear(i, o)
         projs[name].load_state_dict(strip(f"{name}."), strict=True)
-    up_vae = upstream["vae"].AudioVAE(upstream["vae"].AudioVAEConfig(**conf["audio_vae_config"]))
+    up_vae = voxcpm_audio_vae(conf["audio_vae_config"])
     up_vae.load_state_dict(load_file(str(ckpt / "audiovae.safetensors")), strict=True)
     return ckpt, {"enc": up_enc.eval(), "cfm": cfm.eval(), "vae": up_vae.eval(), **projs}
 

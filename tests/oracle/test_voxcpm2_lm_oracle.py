@@ -1,8 +1,9 @@
 """Oracle parity: our MiniCPM4 (prefill, per-row static-cache step, fused projections) and the fsq/stop heads
 against the installed `voxcpm` package's MiniCPMModel / ScalarQuantizationLayer with identical weights.
 
-Only single upstream modules are imported (tests/oracle/upstream.py stubs the `voxcpm` package, skipping its
-__init__, which pulls the audio/hub stacks)."""
+Only single upstream modules are imported (bench/upstream.py stubs the `voxcpm` package, skipping its
+__init__, which pulls the audio/hub stacks) and built with the bench's constructors (`voxcpm_minicpm`,
+`voxcpm_fsq`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from bench.upstream import voxcpm_fsq, voxcpm_minicpm, voxcpm_module
 from ttsaot.builder.families import voxcpm2_lm as L
 from ttsaot.builder.passes import fuse_projections
 
@@ -25,22 +27,12 @@ MAX_LEN = 24
 @pytest.fixture(scope="module")
 def up():
     pytest.importorskip("pydantic")
-    model = import_upstream("voxcpm.modules.minicpm4.model")
-    config = import_upstream("voxcpm.modules.minicpm4.config")
-    sq = import_upstream("voxcpm.modules.layers.scalar_quantization_layer")
-    return model, config, sq
+    import_upstream("voxcpm.modules.minicpm4.model")    # skips if voxcpm is not installed, fails if broken
+    return voxcpm_module("minicpm4.model"), voxcpm_module("minicpm4.config")
 
 
-def _upstream_lm(up, cfg: L.MiniCPM4Config, ours: L.MiniCPM4):
-    model, config, _ = up
-    ucfg = config.MiniCPM4Config(**cfg.to_json())
-    m = model.MiniCPMModel(ucfg)
-    sd = {k: v for k, v in ours.state_dict().items()}
-    if "embed_tokens.weight" not in sd and cfg.vocab_size > 0:
-        sd["embed_tokens.weight"] = m.embed_tokens.weight.detach().clone()
-    missing, unexpected = m.load_state_dict(sd, strict=False)
-    assert not unexpected and all(k == "embed_tokens.weight" for k in missing), (missing, unexpected)
-    return m.eval()
+def _upstream_lm(cfg: L.MiniCPM4Config, ours: L.MiniCPM4):
+    return voxcpm_minicpm(cfg.to_json(), ours.state_dict())
 
 
 CASES = {
@@ -56,7 +48,7 @@ CASES = {
 def test_minicpm4_prefill_and_steps_match_upstream(up, case):
     cfg = CASES[case](L.PRESETS["tiny"])
     ours = L.init_random(L.MiniCPM4(cfg, MAX_LEN + 1, with_embedding=cfg.vocab_size > 0), seed=3)
-    ref = _upstream_lm(up, cfg, ours)
+    ref = _upstream_lm(cfg, ours)
     B, T, P = 2, 7, 5
     x = torch.randn(B, T, cfg.hidden_size, generator=torch.Generator().manual_seed(0))
 
@@ -90,7 +82,7 @@ def test_minicpm4_prefill_and_steps_match_upstream(up, case):
 
 @torch.no_grad()
 def test_rope_table_matches_upstream_longrope(up):
-    model, config, _ = up
+    model, config = up
     for cfg in (L.PRESETS["tiny"].lm, CASES["mup_long_rope"](L.PRESETS["tiny"]), L.PRESETS["full"].lm):
         rope = model.MiniCPMLongRoPE(config.MiniCPM4Config(**cfg.to_json()))
         ours = L.RopeTable(cfg, 64)
@@ -99,11 +91,9 @@ def test_rope_table_matches_upstream_longrope(up):
 
 @torch.no_grad()
 def test_fsq_and_stop_head_match_upstream(up):
-    _, _, sq = up
     cfg = L.PRESETS["tiny"]
     step = L.init_random(L.BaseLMStep(cfg, MAX_LEN), seed=1)
-    ref = sq.ScalarQuantizationLayer(cfg.lm.hidden_size, cfg.lm.hidden_size, cfg.scalar_quantization_latent_dim,
-                                     cfg.scalar_quantization_scale)
+    ref = voxcpm_fsq(cfg.lm.hidden_size, cfg.scalar_quantization_latent_dim, cfg.scalar_quantization_scale)
     ref.load_state_dict(step.fsq_layer.state_dict())
     ref.eval()
     h = torch.randn(3, 5, cfg.lm.hidden_size, generator=torch.Generator().manual_seed(2)) * 3

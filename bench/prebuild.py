@@ -1,0 +1,78 @@
+"""`python -m bench build`: build (or reuse) the artifacts that `bench run` would build, several stages at a time.
+
+Building is CPU-bound (Inductor codegen + a C++ compile per bucket) and timing must run alone on the GPU, so on a
+many-core GPU machine the artifacts are built first, in parallel processes, into the same cache `bench run`
+reuses (bench/stage.py `build_or_reuse`, keyed by the stage options, torch, device kind and sources)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+from .common import REPO, short_error
+
+
+def _build_one(family: str, stage: str, preset: str, seed: int, dtype: str | None, device: str,
+               cache_dir: str) -> dict:
+    import torch
+
+    from .specs import make_spec
+    from .stage import build_or_reuse
+
+    t0 = time.time()
+    try:
+        spec, desc = make_spec(family, stage, preset, seed=seed, dtype=dtype)
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", 0)
+        path, info = build_or_reuse(spec, desc, dev, Path(cache_dir), verify=False)
+        return {"stage": f"{family}/{stage}", "dtype": dtype, "ok": True, "path": str(path), **info}
+    except Exception as e:  # noqa: BLE001 - one failed build must not stop the others; bench run records it
+        return {"stage": f"{family}/{stage}", "dtype": dtype, "ok": False, "error": short_error(e),
+                "seconds": round(time.time() - t0, 1)}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("build", help="build the bench artifacts of several stages in parallel (no timing)")
+    p.add_argument("targets", nargs="+", metavar="FAMILY/STAGE[:DTYPE]",
+                   help="e.g. fish-s2-pro/dac_decoder fish-s2-pro/dac_decoder:bf16 voxcpm2/locdit")
+    p.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 4))
+    p.add_argument("--preset", default=None, help="full (default on CUDA) or tiny")
+    p.add_argument("--device", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache-dir", default=str(REPO / "bench" / ".cache"))
+
+
+def parse_target(text: str) -> tuple[str, str, str | None]:
+    name, _, dtype = text.partition(":")
+    family, sep, stage = name.partition("/")
+    if not sep or not family or not stage:
+        raise argparse.ArgumentTypeError(f"expected FAMILY/STAGE[:DTYPE], got {text!r}")
+    return family, stage, dtype or None
+
+
+def main(a) -> int:
+    import torch
+
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    preset = a.preset or ("full" if device.startswith("cuda") else "tiny")
+    if device.startswith("cuda") and "CXX" not in os.environ and Path("/usr/bin/g++").exists():
+        os.environ["CXX"] = "/usr/bin/g++"  # see bench/gpu_all.sh
+    targets = [parse_target(t) for t in a.targets]
+    failed = 0
+    # spawn: each build in a fresh interpreter (no CUDA context inherited through fork)
+    import multiprocessing as mp
+
+    with ProcessPoolExecutor(max_workers=max(1, a.jobs), mp_context=mp.get_context("spawn")) as pool:
+        futs = [pool.submit(_build_one, f, s, preset, a.seed, d, device, a.cache_dir) for f, s, d in targets]
+        for fut in as_completed(futs):
+            r = fut.result()
+            failed += not r["ok"]
+            print(f"[bench build] {r['stage']}{':' + r['dtype'] if r['dtype'] else ''}: "
+                  f"{'ok' if r['ok'] else 'FAILED'} {r.get('seconds')} s "
+                  f"{'(cached)' if r.get('cached') else ''}{r.get('error', '')}", file=sys.stderr, flush=True)
+    return 1 if failed else 0
