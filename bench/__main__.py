@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .common import REPO, git_commit, now_iso, short_error, write_json
 
-COMMANDS = ("run", "report", "snake", "list", "_stage", "_coldstart", "_snake")
+COMMANDS = ("run", "report", "snake", "list", "build", "voxcpm-loop", "_stage", "_coldstart", "_snake")
 
 
 def _csv(value: str) -> list[str]:
@@ -111,6 +111,7 @@ def _finish_measure_args(a) -> None:
     a.device = a.device or _default_device()
     cuda = a.device.startswith("cuda")
     a.preset = a.preset or ("full" if cuda else "tiny")
+    a.dtype_explicit = a.dtype   # names the result file; the CPU fp32 default does not
     if not cuda and a.dtype is None:
         a.dtype = "fp32"  # bf16 convolutions on CPU take a slow reference path: CPU runs are smoke tests
     a.variants = a.variants or list(ALL_VARIANTS if cuda else DEFAULT_CPU)
@@ -132,6 +133,12 @@ def _finish_measure_args(a) -> None:
     a.coldstart_modes = a.coldstart_modes or (["ttsaot", "compile"] if cuda else ["ttsaot"])
     if a.stream_seconds is None:
         a.stream_seconds = 10.0 if cuda else 0.25
+
+
+def result_name(family: str, stage: str, dtype: str | None) -> str:
+    """One JSON per stage; a run with a dtype override (e.g. the bf16 Fish decoder next to its fp32 default) gets
+    its own file instead of replacing the default's."""
+    return f"{family}__{stage}" + (f"__{dtype}" if dtype else "") + ".json"
 
 
 def _worker_args(a) -> list[str]:
@@ -267,7 +274,7 @@ def cmd_run(a) -> int:
             if a.record_failures:
                 dev = _device_info(a.device)
                 write_json(
-                    out_root / dev["slug"] / f"{fam}__{st}.json",
+                    out_root / dev["slug"] / result_name(fam, st, a.dtype_explicit),
                     {
                         "schema": 1,
                         "status": "failed",
@@ -287,7 +294,7 @@ def cmd_run(a) -> int:
                     v.update(status="incomplete", reason=f"the stage process ended: {err_tail}")
         res["worker_wall_s"] = round(time.time() - t0, 1)
         slug = res["device"]["slug"]
-        path = out_root / slug / f"{fam}__{st}.json"
+        path = out_root / slug / result_name(fam, st, a.dtype_explicit)
         write_json(path, res)
         summary.append(
             {
@@ -480,6 +487,13 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("list", help="families, stages and the buckets the bench would measure")
 
+    from .prebuild import add_parser as add_build
+    from .voxcpm_loop import add_parser as add_voxcpm_loop
+
+    add_build(sub)
+
+    add_voxcpm_loop(sub)
+
     a = ap.parse_args(argv)
     if a.cmd == "run":
         return cmd_run(a)
@@ -518,6 +532,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"wrote {path}")
         return 0
+    if a.cmd == "build":
+        from .prebuild import main as prebuild
+
+        return prebuild(a)
+    if a.cmd == "voxcpm-loop":
+        from .voxcpm_loop import main as voxcpm_loop
+
+        return voxcpm_loop(a)
     if a.cmd == "list":
         from .specs import family_names, make_spec, stage_names
 

@@ -24,6 +24,9 @@ HOW_TO_READ = """\
   built artifact loaded with `cuda_graphs=False` / the default (AOTInductor package + CUDA-graph replay per
   bucket), through the public `Stage.__call__` including input validation (`ms_without_input_validation` in
   the JSON drops the range check); `upstream_*` = the upstream implementation with the same weights.
+  Codebook predictors only: `loop_eager_host` = eager forward per codebook step (KV cache) + eager sampling
+  + a host read of the codes per step (the reference loop); `loop_compile_graph` = torch.compile'd step
+  forward, one CUDA graph per step index, eager sampling between replays (vLLM-Omni); same noise and sampler.
   A variant over its compile budget is recorded as skipped with the reason, never silently dropped.
 - **Floor** = max(bytes / copy bandwidth, FLOPs / matmul rate), both rates measured in the same process
   (a 1 GiB device-to-device copy counting bytes read + written; an 8192^3 bf16 matmul). Bytes = the stage's
@@ -96,6 +99,8 @@ def _variant_order(res: dict) -> list[str]:
 def _stage_section(res: dict, plots: dict[str, str]) -> str:
     st = res.get("stage", {})
     title = f"### {st.get('family', '?')} / {st.get('stage', '?')}"
+    if st.get("dtype_override"):
+        title += f" ({st['dtype_override']})"
     lines = [title, ""]
     if res.get("status") not in ("ok",):
         lines.append(f"**status: {res.get('status')}** {res.get('reason', '')}".rstrip())
@@ -281,6 +286,109 @@ def _stage_section(res: dict, plots: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def _decode_loop_section(res: dict) -> str:
+    """`python -m bench voxcpm-loop` (bench/voxcpm_loop.py): the whole VoxCPM2 decode step, ttsaot vs upstream."""
+    st, audio, summ = res.get("stage", {}), res.get("audio", {}), res.get("summary", {})
+    cfg = res.get("settings", {})
+    ms_audio = audio.get("audio_ms_per_step")
+    lines = ["### VoxCPM2 decode loop", ""]
+    if res.get("status") != "ok":
+        lines += [f"**status: {res.get('status')}** {res.get('reason', '')}".rstrip(), ""]
+    lines += [
+        f"preset {st.get('preset')}, LM/DiT dtype {st.get('dtype', '?')}, KV cache {st.get('max_len')} positions "
+        f"({st.get('context')} prefilled), batch buckets {st.get('buckets')}, CFM {st.get('n_timesteps', '?')} "
+        f"Euler steps, CFG "
+        f"{st.get('cfg_rate', '?')}; {cfg.get('reps', '?')} timed steps per cell after {cfg.get('warmup', '?')} "
+        f"warm-up; commit `{str(res.get('git_commit', '?'))[:12]}`; {res.get('started', '')}",
+        "",
+        "One step = `locdit` (CFM solve) → `local_encoder` → stop flag to the host → `base_lm_step` → "
+        f"`residual_lm_step` = {audio.get('frames_per_step', '?')} latent frames = "
+        f"{_fmt_ms(ms_audio)} ms of audio per request; RTF = step time / that (lower is better). ttsaot = the "
+        "artifacts driven as `VoxCPM2Decoder` drives them; upstream = `voxcpm`'s own loop "
+        "(`VoxCPM2Model._inference`) with the same random weights; `stream` = `VoxCPM2Decoder.stream` end to "
+        "end (VAE every 3 steps included).",
+        "",
+    ]
+    tts = res.get("ttsaot", {}).get("steps", {}).get("batches", {})
+    up = res.get("upstream", {})
+
+    def cell(src: dict, b: str, key: str = "step_ms") -> str:
+        c = src.get(b, {})
+        if key in c:
+            return f"{_fmt_ms(c[key])} ({c[key] / ms_audio:.3g})" if ms_audio else _fmt_ms(c[key])
+        return c.get("status", "—") if c else "—"
+
+    rows = []
+    for b in [str(x) for x in st.get("batches", [])]:
+        stream = tts.get(b, {}).get("stream", {})
+        row = summ.get("batches", {}).get(b, {})
+        speed = (f"{row['upstream_optimize_ms'] / row['ttsaot_ms']:.1f}×"
+                 if row.get("upstream_optimize_ms") and row.get("ttsaot_ms") else "—")
+        rows.append([b, cell(tts, b), cell({b: stream}, b, "ms_per_step"),
+                     cell(up.get("eager", {}).get("batches", {}), b),
+                     cell(up.get("optimize", {}).get("batches", {}), b), speed])
+    lines += ["Per decode step, ms (RTF):", "",
+              _table(["batch", "ttsaot", "ttsaot stream", "upstream eager", "upstream optimize()",
+                      "ttsaot speed-up vs optimize()"], rows), ""]
+    comp = [(b, c["components_ms"]) for b, c in tts.items() if c.get("components_ms")]
+    if comp:
+        names = list(comp[0][1])
+        rows = [[b] + [_fmt_ms(c.get(n)) for n in names] + [_fmt_ms(tts[b].get("components_sum_ms")),
+                                                           _fmt_ms(tts[b].get("step_ms"))] for b, c in comp]
+        lines += ["ttsaot, each stage alone, ms:", "",
+                  _table(["batch"] + [f"`{n}`" for n in names] + ["sum", "step"], rows), ""]
+    vae = res.get("ttsaot", {}).get("vae", {})
+    if "ms" in vae:
+        lines += [f"VAE decode of {vae.get('new_frames')} new frames (+ {vae.get('left_context_frames')} frames "
+                  f"of left context), batch 1: {_fmt_ms(vae['ms'])} ms for {_fmt_ms(vae.get('audio_ms'))} ms of "
+                  f"audio (RTF {vae.get('rtf', 0):.3g}).", ""]
+    fs = res.get("first_step", {})
+    if fs:
+        rows = []
+        for mode, r in fs.items():
+            if "first_step_s" not in r:
+                rows.append([mode, "—", f"{r.get('status')}: {r.get('reason', '')}"])
+                continue
+            parts = [f"{k.removesuffix('_s')} {r[k]:.2f} s" for k in ("startup_s", "load_s", "model_s",
+                                                                        "caches_s", "first_patch_s") if k in r]
+            parts.append(f"step {r.get('first_step_ms', 0):.0f} ms")
+            rows.append([mode, f"{r['first_step_s']:.2f}", ", ".join(parts)])
+        lines += ["First step after process start (fresh process, B=1):", "",
+                  _table(["path", "seconds", "breakdown"], rows), ""]
+    par = res.get("parity", {}).get("batches", {})
+    if par:
+        lines += ["Parity, upstream loop vs ttsaot loop from the same prefill with the same noise, max rel err "
+                  "of the generated patches: "
+                  + "; ".join(f"B={b}: {p['max_rel_err']:.2e} over {p['steps']} steps ({p.get('dtype')})"
+                              if "max_rel_err" in p
+                              else f"B={b}: {p.get('status')} {p.get('reason', '')}" for b, p in par.items()), ""]
+    tg = res.get("targets", {})
+    b1, f1 = summ.get("batches", {}).get("1", {}).get("ttsaot_ms"), fs.get("ttsaot", {}).get("first_step_s")
+    lines += [f"Targets ({tg.get('stated_for', '?')}; measured on {res.get('device', {}).get('name', '?')}): "
+              f"B=1 step ≤ {tg.get('step_ms_b1')} ms: "
+              + ("—" if b1 is None else f"**{'met' if summ.get('step_ms_b1_target_met') else 'not met'}** "
+                 f"({_fmt_ms(b1)} ms)")
+              + f"; first step ≤ {tg.get('first_step_s')} s: "
+              + ("—" if f1 is None else f"**{'met' if summ.get('first_step_target_met') else 'not met'}** "
+                 f"({f1:.2f} s)"), ""]
+    missing = []
+    for path, rec in (("build", res.get("build", {})), ("load", res.get("load", {})),
+                      *((f"ttsaot/{k}", v) for k, v in res.get("ttsaot", {}).items()),
+                      *((f"upstream/{k}", v) for k, v in up.items() if isinstance(v, dict)),
+                      *((f"first_step/{k}", v) for k, v in fs.items())):
+        if isinstance(rec, dict) and rec.get("status") not in (None, "ok"):
+            missing.append(f"`{path}` {rec.get('status')}: {rec.get('reason', '')}")
+    for name, src in (("ttsaot", tts), ("upstream eager", up.get("eager", {}).get("batches", {})),
+                      ("upstream optimize()", up.get("optimize", {}).get("batches", {}))):
+        missing += [f"{name} B={b} {c.get('status')}: {c.get('reason', '')}" for b, c in src.items()
+                    if c.get("status") not in (None, "ok")]
+    if missing:
+        lines += ["Not measured: " + "; ".join(missing), ""]
+    if up.get("imports"):
+        lines += ["Upstream imported with: " + "; ".join(up["imports"]) + ".", ""]
+    return "\n".join(lines)
+
+
 def _hardware_rows(devices: dict) -> list[list[Any]]:
     rows = []
     for slug, d in devices.items():
@@ -335,6 +443,8 @@ def make_plots(res: dict, plot_dir: Path, slug: str) -> dict[str, Path]:
 
     st = res.get("stage", {})
     base = f"{slug}__{st.get('family')}__{st.get('stage')}"
+    if st.get("dtype_override"):
+        base += f"__{st['dtype_override']}"
     out: dict[str, Path] = {}
     ok = [v for v in _variant_order(res) if res["variants"][v].get("buckets")]
     keys = [b["key"] for b in res.get("buckets", [])]
@@ -435,7 +545,8 @@ def write_report(
                         plots[k] = os.path.relpath(p, output.parent)
                 except Exception as e:  # noqa: BLE001
                     parts.append(f"_plot failed: {type(e).__name__}: {e}_")
-            parts += [_stage_section(res, plots), ""]
+            section = _decode_loop_section(res) if res.get("kind") == "decode_loop" else None
+            parts += [section or _stage_section(res, plots), ""]
     parts += [HOW_TO_READ]
     output.write_text("\n".join(parts).rstrip() + "\n")
     return output

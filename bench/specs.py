@@ -25,7 +25,8 @@ _CODEC_DECODER: dict[str, dict[str, Any]] = {
 BENCH_DEFAULTS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
     # The issue's evidence: one 50-frame decode at B=1 and B=4, streaming chunk 25 with left context 25.
     ("qwen3-tts-12hz", "code2wav"): _CODEC_DECODER,
-    ("fish-s2-pro", "dac_decoder"): _CODEC_DECODER,
+    # Fish streams a 4-frame first chunk, then 25 new frames with 25 of context: windows of 29 (4 + 25) and 50.
+    ("fish-s2-pro", "dac_decoder"): {**_CODEC_DECODER, "full": {"axes": {"batch": (1, 4), "frames": (29, 50)}}},
     # Issue evidence: predictors at B=1 and B=8; LM steps at B=1 and B=16 with a 512-token context; the VoxCPM2
     # patch stages at B=1 and B=16; the VAE's streaming window (12 new + 24 context frames); a 10 s reference clip.
     ("qwen3-tts-12hz", "code_predictor"): {"full": {"axes": {"batch": (1, 8)}}},
@@ -33,6 +34,12 @@ BENCH_DEFAULTS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
     ("fish-s2-pro", "dac_encoder"): {"full": {"options": {"encoder_seconds": (10.0,)}}},
     ("voxcpm2", "base_lm_step"): {"full": {"axes": {"batch": (1, 16)}, "options": {"max_len": 512}}},
     ("voxcpm2", "residual_lm_step"): {"full": {"axes": {"batch": (1, 16)}, "options": {"max_len": 512}}},
+    ("voxcpm2", "base_lm_prefill"): {
+        "full": {"axes": {"batch": (1, 4), "tokens": (64, 256)}, "options": {"max_len": 512}}
+    },
+    ("voxcpm2", "residual_lm_prefill"): {
+        "full": {"axes": {"batch": (1, 4), "tokens": (64, 256)}, "options": {"max_len": 512}}
+    },
     ("voxcpm2", "locdit"): {"full": {"axes": {"batch": (1, 16)}}},
     ("voxcpm2", "local_encoder"): {"full": {"axes": {"batch": (1, 16)}}},
     ("voxcpm2", "vae_decoder"): {"full": {"axes": {"batch": (1,), "frames": (36,)}}},
