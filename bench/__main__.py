@@ -71,6 +71,8 @@ def _add_measure_options(p: argparse.ArgumentParser) -> None:
         help="mode for the torch.compile cold start (default: --compile-mode; 'default' is cheaper)",
     )
     p.add_argument("--cache-dir", default=str(REPO / "bench" / ".cache"))
+    p.add_argument("--merge", action="store_true",
+                   help="keep the variants/buckets of the existing result file that this run does not measure")
     _add_coldstart_options(p)
     p.add_argument(
         "--verify-build", action="store_true", help="also run the builder's subprocess verification"
@@ -133,6 +135,33 @@ def _finish_measure_args(a) -> None:
     a.coldstart_modes = a.coldstart_modes or (["ttsaot", "compile"] if cuda else ["ttsaot"])
     if a.stream_seconds is None:
         a.stream_seconds = 10.0 if cuda else 0.25
+
+
+def merge_results(old: dict, new: dict) -> dict:
+    """`run --merge`: the new run's figures, plus the old file's variants, buckets and top-level sections the new
+    run did not measure (each merged variant names the run it came from). For adding a variant or a bucket to a
+    stage without re-measuring the rest; the table then mixes two processes, which the JSON says."""
+    if old.get("device", {}).get("slug") != new.get("device", {}).get("slug"):
+        return new
+    origin = {"started": old.get("started"), "git_commit": old.get("git_commit")}
+    out = dict(new)
+    for key, value in old.items():
+        out.setdefault(key, value)
+    variants = dict(new.get("variants", {}))
+    for name, rec in old.get("variants", {}).items():
+        if name not in variants or not variants[name].get("buckets"):
+            variants[name] = {**rec, "merged_from": rec.get("merged_from", origin)}
+            continue
+        for k, cell in rec.get("buckets", {}).items():
+            variants[name]["buckets"].setdefault(k, {**cell, "merged_from": cell.get("merged_from", origin)})
+    out["variants"] = variants
+    keys = {b["key"] for b in new.get("buckets", [])}
+    out["buckets"] = list(new.get("buckets", [])) + [b for b in old.get("buckets", []) if b["key"] not in keys]
+    out["floor"] = {**old.get("floor", {}), **new.get("floor", {})}
+    out["notes"] = list(new.get("notes", [])) + [
+        f"merged with the run of {origin['started']} (commit {origin['git_commit']}): entries marked merged_from"
+    ]
+    return out
 
 
 def result_name(family: str, stage: str, dtype: str | None) -> str:
@@ -295,6 +324,8 @@ def cmd_run(a) -> int:
         res["worker_wall_s"] = round(time.time() - t0, 1)
         slug = res["device"]["slug"]
         path = out_root / slug / result_name(fam, st, a.dtype_explicit)
+        if a.merge and path.is_file():
+            res = merge_results(json.loads(path.read_text()), res)
         write_json(path, res)
         summary.append(
             {
