@@ -15,6 +15,13 @@ from .buckets import BucketPlan
 Pass = Callable[[nn.Module], dict[str, Any]]
 
 
+# GEMV-bound decode stages (batch ≤ 16 rows against large weights): on an H200 (torch 2.11), torch.compile with
+# max-autotune ran `residual_lm_step` at B=1 in 0.428 ms where the default-compiled AOTI artifact took 0.647 ms
+# (bench/results/nvidia-h200/voxcpm2__residual_lm_step.json): Inductor's autotuned Triton GEMMs beat the cuBLAS
+# kernels it calls by default for these shapes. Autotuning runs once, at build time, on the build GPU.
+DECODE_AUTOTUNE: dict[str, Any] = {"max_autotune": True}
+
+
 @dataclass
 class StageSpec:
     family: str
@@ -35,6 +42,8 @@ class StageSpec:
     fp32_only: bool = False                     # refuse any other dtype (DAC encoder)
     golden_sizes: list[dict[str, int]] = field(default_factory=list)  # extra off-bucket golden cases
     golden_buckets: bool = True                 # False: golden cases are golden_sizes only (big state inputs)
+    # Inductor options for CUDA builds of this stage (CPU builds ignore them), before the user's own options.
+    cuda_inductor_options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def input_names(self) -> list[str]:

@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from ttsaot.builder.buckets import BucketPlan, StreamingConfig, batch_sizes, frame_sizes, powers_of_two
 
@@ -47,3 +48,18 @@ def test_invalid_streaming_config():
         StreamingConfig(chunk_frames=0)
     with pytest.raises(ValueError):
         StreamingConfig(left_context_frames=-1)
+
+
+def test_decode_stages_autotune_their_gemms_on_cuda_only():
+    """GEMV-bound decode stages carry max-autotune for CUDA builds; CPU builds and the codecs do not; the user's
+    own options come last."""
+    from ttsaot.builder.build import stage_inductor_options
+    from ttsaot.builder.families import get_family
+
+    fam = get_family("voxcpm2")
+    specs = {s.name: s for s in fam.stages(fam.options_from_cli(preset="tiny"))}
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert stage_inductor_options(specs["base_lm_step"], cuda, None) == {"max_autotune": True}
+    assert stage_inductor_options(specs["base_lm_step"], cpu, None) is None
+    assert stage_inductor_options(specs["vae_decoder"], cuda, None) is None
+    assert stage_inductor_options(specs["locdit"], cuda, {"max_autotune": False}) == {"max_autotune": False}

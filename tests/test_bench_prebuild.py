@@ -1,0 +1,31 @@
+"""`python -m bench build`: artifacts built ahead of `bench run`, into the cache `bench run` then reuses."""
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from bench.prebuild import parse_target
+from bench.specs import make_spec
+from bench.stage import artifact_key
+
+
+def test_targets_parse_and_bad_ones_are_refused():
+    assert parse_target("voxcpm2/locdit") == ("voxcpm2", "locdit", None)
+    assert parse_target("fish-s2-pro/dac_decoder:bf16") == ("fish-s2-pro", "dac_decoder", "bf16")
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_target("locdit")
+
+
+@pytest.mark.slow
+def test_build_lands_where_bench_run_looks(tmp_path):
+    import torch
+
+    cmd = [sys.executable, "-m", "bench", "build", "voxcpm2/local_encoder", "--device", "cpu", "--jobs", "1",
+           "--cache-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    spec, desc = make_spec("voxcpm2", "local_encoder", "tiny")
+    key = artifact_key(spec, desc, torch.device("cpu"))
+    assert (tmp_path / key / ".done").is_file() and (tmp_path / key / "voxcpm2" / "manifest.json").is_file()
