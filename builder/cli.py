@@ -110,6 +110,9 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--out", "out_dir", default="artifacts", show_default=True, type=click.Path(file_okay=False))
 @click.option("--cxx", default=None, help="C++ compiler for AOTInductor (sets $CXX; /usr/bin/g++ on the GPU box).")
 @click.option("--max-autotune", is_flag=True, help="Inductor max-autotune for the compiled kernels (slower build).")
+@click.option("--tf32", is_flag=True,
+              help="fp32 stages (not the fp32-by-policy encoder/VAE) run TF32 convolutions/matmuls on CUDA, as "
+                   "PyTorch's defaults give the reference: ~2-3x faster, ~1e-3 relative error.")
 @click.option("--no-verify", is_flag=True, help="Skip loading the fresh packages in a subprocess (not advised).")
 @click.option("--format", "formats", default="aoti", show_default=True,
               help="aoti (AOTInductor package per bucket), onnx (one ONNX model per stage, dynamic axes), or "
@@ -118,7 +121,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 def build(ctx, family, checkpoint, preset, random_weights, stages, device, dtype, max_batch, batch_buckets,
           frame_buckets, chunk_frames, left_context_frames, first_chunk_frames, nonstreaming_chunk_frames, no_pow2,
           max_len, prefill_buckets, encoder_seconds, talker_size, with_embedding, seed, out_dir, cxx, max_autotune,
-          no_verify, formats):
+          tf32, no_verify, formats):
     """Build FAMILY's stages into OUT/FAMILY (atomically: the old artifact stays until the new one is verified)."""
     debug = ctx.obj["debug"]
     try:
@@ -163,6 +166,10 @@ def build(ctx, family, checkpoint, preset, random_weights, stages, device, dtype
                 raise click.UsageError(f"unknown stage {unknown[0]!r} for {family} "
                                        f"(have: {', '.join(sp.name for sp in specs)})")
             specs = [sp for sp in specs if sp.name in want]
+        if tf32:
+            from .stage_spec import with_tf32
+
+            specs = [with_tf32(sp) for sp in specs]
         extra = {"max_autotune": True} if max_autotune else None
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=False) as progress:

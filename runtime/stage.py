@@ -28,25 +28,33 @@ from .errors import (
 WARMUP_CALLS = 3
 
 
-class strict_fp32:
+class fp32_mode:
+    """The TF32 setting an fp32 CUDA stage was built for, whatever the process-global flags say: exact fp32 by
+    default (see strict_fp32), TF32 when the artifact was built with `--tf32` (metadata `allow_tf32`)."""
+
+    def __init__(self, active: bool, tf32: bool) -> None:
+        self.active, self.tf32 = active, tf32
+
+    def __enter__(self):
+        if self.active:
+            self.saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+            torch.backends.cudnn.allow_tf32 = self.tf32
+            torch.backends.cuda.matmul.allow_tf32 = self.tf32
+        return self
+
+    def __exit__(self, *exc):
+        if self.active:
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = self.saved
+
+
+class strict_fp32(fp32_mode):
     """Run fp32 stages in fp32: cuDNN allows TF32 for fp32 convolutions by default, and AOTI's aten conv/matmul
     fallbacks read that process-global flag at call time (for graphs, at capture). TF32 moved the Fish DAC
     encoder's argmax codes on an H200 (1.9e-2 relative code error vs the fp32 reference); the numerics policy says
     the encoder is fp32, so it must really be. The previous flags are restored on exit."""
 
     def __init__(self, active: bool) -> None:
-        self.active = active
-
-    def __enter__(self):
-        if self.active:
-            self.saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
-            torch.backends.cudnn.allow_tf32 = False
-            torch.backends.cuda.matmul.allow_tf32 = False
-        return self
-
-    def __exit__(self, *exc):
-        if self.active:
-            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = self.saved
+        super().__init__(active, tf32=False)
 
 
 class _Package:
@@ -158,7 +166,8 @@ class _BucketRunner:
         self.model.load_constants({k: weights[k] for k in fqns}, check_full_update=True, user_managed=True)
         self.run_fn = self.model.loader.run
         self.shapes = [spec.concrete(bucket.sizes) for spec in entry.inputs]
-        self.fp32 = strict_fp32(device.type == "cuda" and entry.dtype == "float32")
+        self.fp32 = fp32_mode(device.type == "cuda" and entry.dtype == "float32",
+                              tf32=bool(entry.metadata.get("allow_tf32", False)))
         self.graph = None
         self.outputs_checked = False
         self.static_inputs: list[torch.Tensor] = []
