@@ -7,7 +7,7 @@ PYTEST_WORKERS ?= 2
 # replace the CPU torch (qwen-tts pins torchaudio; vllm-omni pulls vllm).
 ORACLE_WHEELS = qwen-tts==0.1.1 voxcpm==2.0.3 vllm-omni==0.30.0 fish-speech==0.1.0
 
-.PHONY: setup setup-dev demo test test-gpu bench lint clean
+.PHONY: setup setup-dev demo test test-gpu bench gpu-wheels lint clean
 
 setup:
 	$(PIP) install -q "torch==2.13.0"
@@ -42,3 +42,13 @@ lint:
 
 clean:
 	rm -rf $(ART)/*/ .pytest_artifacts demo_out
+
+# Wheels for the GPU machine (Python 3.12, no registry there): the upstream packages the bench compares against and
+# what they import that the machine lacks. Carry .whl/ with the device call; bench/gpu_plan.sh installs them.
+GPU_WHEELS = $(ORACLE_WHEELS) einops pydantic==2.14.3 pydantic-core==2.50.4 typing-inspection annotated-types \
+	typing-extensions soundfile soxr cffi pycparser pytest-xdist execnet omegaconf antlr4-python3-runtime
+gpu-wheels:
+	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+		-d .whl $(GPU_WHEELS)
+
