@@ -17,8 +17,6 @@ import torch
 from .errors import BindingError, InputShapeError
 from .stage import Stage
 
-INPUT_SLACK = 64          # elements of zeros after the padded input (see _validate)
-
 
 class CodecEncoderStage(Stage):
     """`encode(audio, sample_rate)` → codes [K, F] int64; `stage(audio [1,1,T] float32)` → codes [1,K,F]."""
@@ -36,18 +34,10 @@ class CodecEncoderStage(Stage):
         return self.max_sizes["samples"]
 
     def _validate(self, named: dict[str, torch.Tensor]) -> dict[str, int]:
+        # Padding to the bucket (zeros: causal, so the real frames' codes do not change) is the generic bucket
+        # runner's, which also gives CPU packages the slack their vectorised tail loops read past the input.
         sizes = super()._validate(named)
-        n = sizes["samples"]
-        sizes["frames"] = math.ceil(n / self.samples_per_frame)
-        if n <= self.max_samples:
-            # Pad to the bucket here, inside a buffer with slack: the CPU package's first (pad) kernel reads
-            # up to 15 floats past the end of its input in its vectorized tail loop (an Inductor CPU codegen
-            # bug, masked on the left bound only), which segfaults when the input ends at an unmapped page.
-            S = self.pick_bucket(sizes).sizes["samples"]
-            x = named["audio"]
-            buf = torch.zeros(S + INPUT_SLACK, dtype=x.dtype, device=x.device)
-            buf[:n].copy_(x.reshape(-1))
-            named["audio"] = buf[:S].view(1, 1, S)
+        sizes["frames"] = math.ceil(sizes["samples"] / self.samples_per_frame)
         return sizes
 
     def _check_outputs(self, runner, outs: list[torch.Tensor]) -> None:

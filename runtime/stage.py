@@ -28,23 +28,32 @@ from .errors import (
 WARMUP_CALLS = 3
 
 
+# The TF32 switches are process-global: two fp32 stages built for different settings, called from two threads,
+# must not interleave their switch-set-call-restore regions (an exact stage would run with TF32 on).
+_TF32_FLAGS_LOCK = threading.RLock()
+
+
 class fp32_mode:
     """The TF32 setting an fp32 CUDA stage was built for, whatever the process-global flags say: exact fp32 by
-    default (see strict_fp32), TF32 when the artifact was built with `--tf32` (metadata `allow_tf32`)."""
+    default (see strict_fp32), TF32 when the artifact was built with `--tf32` (metadata `allow_tf32`). Regions
+    of different stages are serialised across threads (the flags are global); the caller's flags come back."""
 
     def __init__(self, active: bool, tf32: bool) -> None:
         self.active, self.tf32 = active, tf32
+        self._saved: list[tuple[bool, bool]] = []   # a stack: the same stage may re-enter from a nested call
 
     def __enter__(self):
         if self.active:
-            self.saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+            _TF32_FLAGS_LOCK.acquire()
+            self._saved.append((torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32))
             torch.backends.cudnn.allow_tf32 = self.tf32
             torch.backends.cuda.matmul.allow_tf32 = self.tf32
         return self
 
     def __exit__(self, *exc):
         if self.active:
-            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = self.saved
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = self._saved.pop()
+            _TF32_FLAGS_LOCK.release()
 
 
 class strict_fp32(fp32_mode):

@@ -53,3 +53,35 @@ def test_cli_tf32_is_recorded_in_the_manifest(tmp_path):
     assert stages["dac_decoder"]["metadata"]["allow_tf32"] is True
     assert stages["dac_decoder"]["tolerance"] >= TF32_TOLERANCE
     assert "allow_tf32" not in stages["dac_encoder"]["metadata"]
+
+
+def test_regions_of_different_settings_never_interleave_across_threads():
+    """While one thread runs an exact-fp32 stage, another thread's TF32 stage waits: the flags are global."""
+    import threading
+
+    exact, fast = fp32_mode(True, tf32=False), fp32_mode(True, tf32=True)
+    inside, release, seen = threading.Event(), threading.Event(), []
+
+    def hold_exact():
+        with exact:
+            inside.set()
+            release.wait(5)
+            seen.append(("exact", torch.backends.cudnn.allow_tf32))
+
+    def run_fast():
+        with fast:
+            seen.append(("fast", torch.backends.cudnn.allow_tf32))
+
+    before = torch.backends.cudnn.allow_tf32
+    t1 = threading.Thread(target=hold_exact)
+    t1.start()
+    assert inside.wait(5)
+    t2 = threading.Thread(target=run_fast)
+    t2.start()
+    t2.join(0.3)
+    assert t2.is_alive()                     # blocked until the exact region ends
+    release.set()
+    t1.join(5)
+    t2.join(5)
+    assert seen == [("exact", False), ("fast", True)]
+    assert torch.backends.cudnn.allow_tf32 == before
