@@ -15,7 +15,9 @@ HOW_TO_READ = """\
 
 - **Latency** is the median of individually timed calls (CUDA events around each call on the current
   stream) after warm-up, on random, never all-zero inputs of exactly the bucket's shape; p10/p90 are in the
-  JSON. Every variant is timed in the same process on the same inputs, with the same random weights.
+  JSON. Every variant is timed in the same process on the same inputs, with the same random weights —
+  except where a stage's note says it was merged (`bench run --merge`): then the entries marked
+  `merged_from` in the JSON come from the named earlier run on the same device and software.
 - **Variants**: `eager_raw` = the faithful module (checkpoint layout, no rewrites) cast to the stage dtype;
   `eager` = after the stage's passes (codebook baking, SnakeBeta baking, projection fusion: what is exported);
   `eager_graph` = `eager` captured in a CUDA graph by hand; `compile_graph` = `torch.compile(mode=
