@@ -225,6 +225,9 @@ def inspect(ctx, artifact, as_json):
                 "params_before": ck.get("params_before"), "params_after": ck.get("params_after"),
                 "dropped": dropped, "ignored": ck.get("ignored"), "tolerance": st["tolerance"],
                 "onnx": st.get("onnx"),
+                # how it was compiled and which numerics it runs: autotuned GEMMs, TF32 allowed (build --tf32)
+                "inductor_options": st.get("inductor_options", {}),
+                "tf32": bool(st.get("metadata", {}).get("allow_tf32", False)),
             })
         if as_json:
             out_console.print_json(json.dumps({"family": m["family"], "device": m["device"], "preset": m["preset"],
@@ -237,7 +240,7 @@ def inspect(ctx, artifact, as_json):
                           f"cxx={env.get('cxx_version', '?')}", highlight=False)
         t = Table()
         for c in ("stage", "kind", "dtype", "buckets", "weights MiB", "packages MiB", "params kept",
-                  "params dropped", "onnx"):
+                  "params dropped", "compiled with", "onnx"):
             t.add_column(c)
         for r in rows:
             kept = r["params_after"] or {}
@@ -246,7 +249,10 @@ def inspect(ctx, artifact, as_json):
             t.add_row(r["stage"], r["kind"], r["dtype"], f"{len(r['buckets'])}: {' '.join(r['buckets'])}",
                       f"{r['weights_mib']}", f"{r['packages_mib']}",
                       f"{kept.get('params', '?')} ({kept.get('mib', '?')} MiB)",
-                      f"{dropped_params} (of {before.get('params', '?')} loaded)", _onnx_cell(r["onnx"]))
+                      f"{dropped_params} (of {before.get('params', '?')} loaded)",
+                      " ".join([*(f"{k}={v}" for k, v in r["inductor_options"].items()), *(["tf32"] if r["tf32"]
+                                                                                           else [])]) or "-",
+                      _onnx_cell(r["onnx"]))
         out_console.print(t)
     except Exception as e:  # noqa: BLE001
         _fail(e, ctx.obj["debug"])

@@ -28,6 +28,18 @@ DTYPES = {
 STAGE_KINDS = ("generic", "codec_decoder", "codec_encoder", "codebook_predictor", "lm_step", "lm_prefill")
 
 
+
+def _overlapping(shape: list[int], stride: list[int]) -> bool:
+    """True unless the strided layout is non-overlapping: dims of size > 1 sorted by stride must each step over
+    the whole extent of the previous ones (e.g. a stride of 0 on a dim of size 2 broadcasts one element)."""
+    dims = sorted((st, n) for n, st in zip(shape, stride) if n > 1)
+    extent = 1
+    for st, n in dims:
+        if st < extent:
+            return True
+        extent = st * n
+    return False
+
 def dtype_name(dtype: torch.dtype) -> str:
     for k, v in DTYPES.items():
         if v == dtype:
@@ -248,6 +260,9 @@ def _stage(name: str, d: dict) -> StageEntry:
         if len(shape) != len(stride) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                                                 for v in [*shape, *stride]):
             raise ManifestError(f"manifest.json: {cw} shape/stride must be equal-length lists of non-negative ints")
+        if _overlapping(shape, stride):
+            raise ManifestError(f"manifest.json: {cw} stride {stride} makes elements of shape {shape} share memory "
+                                "(a weight cannot be written into such a layout)")
         constants[cname] = WeightSpec(dtype=cd, shape=shape, stride=stride)
     golden = d.get("golden")
     return StageEntry(

@@ -139,7 +139,11 @@ def load_weights(path: Path, entry: StageEntry, device: torch.device) -> dict[st
                     raise BindingError(f"stage {entry.name!r} weight {name!r} is {t.dtype} {list(t.shape)} in the "
                                        f"file, the manifest says {spec.dtype} {spec.shape}")
                 dst = torch.empty_strided(spec.shape, spec.stride, dtype=t.dtype, device=device)
-                dst.copy_(t)
+                try:
+                    dst.copy_(t)
+                except RuntimeError as e:   # a layout the manifest checks missed: still a typed error
+                    raise BindingError(f"stage {entry.name!r} weight {name!r} cannot be laid out with stride "
+                                       f"{spec.stride}: {str(e).splitlines()[0]}") from None
                 out[name] = dst
     except SafetensorError as e:
         raise BindingError(f"{path}: unreadable weights ({e})") from None

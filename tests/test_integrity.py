@@ -80,6 +80,25 @@ def test_bad_manifest_fields(qwen_tiny_fp32, artifact_copy, mutate, err, match):
         load(art, device="cpu")
 
 
+def _first_matrix_constant(stage: dict) -> dict:
+    return next(c for c in stage["constants"].values() if sum(n > 1 for n in c["shape"]) >= 2)
+
+
+@pytest.mark.parametrize("stride_of", [
+    lambda c: [0] + c["stride"][1:],                       # the fuzzer's case: one element broadcast over a dim
+    lambda c: [1] * len(c["stride"]),                       # rows overlapping columns
+])
+def test_overlapping_weight_strides_are_a_manifest_error(qwen_tiny_fp32, artifact_copy, stride_of):
+    """Hypothesis found a stride of 0 in a constant's layout reaching `copy_` as an untyped RuntimeError."""
+    art = artifact_copy(qwen_tiny_fp32)
+    m = _manifest(art)
+    c = _first_matrix_constant(m["stages"]["code2wav"])
+    c["stride"] = stride_of(c)
+    _write_manifest(art, m)
+    with pytest.raises(ManifestError, match="share memory"):
+        load(art, device="cpu")
+
+
 def test_not_json(qwen_tiny_fp32, artifact_copy):
     art = artifact_copy(qwen_tiny_fp32)
     (art / "manifest.json").write_bytes(b"\x00\xffnot json")

@@ -53,6 +53,9 @@ def test_cli_tf32_is_recorded_in_the_manifest(tmp_path):
     assert stages["dac_decoder"]["metadata"]["allow_tf32"] is True
     assert stages["dac_decoder"]["tolerance"] >= TF32_TOLERANCE
     assert "allow_tf32" not in stages["dac_encoder"]["metadata"]
+    shown = CliRunner().invoke(main, ["inspect", str(tmp_path / "fish-s2-pro"), "--json"])
+    rows = {r["stage"]: r for r in json.loads(shown.output)["stages"]}
+    assert rows["dac_decoder"]["tf32"] is True and rows["dac_encoder"]["tf32"] is False
 
 
 def test_regions_of_different_settings_never_interleave_across_threads():
