@@ -31,9 +31,8 @@ from torch import nn
 from ttsaot.runtime.sampling import sample
 
 from .common import Skipped
-from .variants import Variant, VariantContext, capture_graph, cast_module
+from .variants import PREDICTOR_LOOPS, Variant, VariantContext, capture_graph, cast_module
 
-LOOP_VARIANTS = ("loop_eager_host", "loop_compile_graph")
 # Keys of the KV cache are padded to a multiple of this many positions (never visible: masked) so the attention
 # mask's last dimension meets the alignment the fused SDPA kernels want; the extra keys cost nothing measurable.
 _KEY_ALIGN = 16
@@ -380,4 +379,4 @@ def make_loop_variant(name: str, ctx: VariantContext) -> Variant:
         return LoopEagerHostVariant(ctx)
     if name == "loop_compile_graph":
         return LoopCompileGraphVariant(ctx)
-    raise KeyError(f"unknown loop variant {name!r} (known: {', '.join(LOOP_VARIANTS)})")
+    raise KeyError(f"unknown loop variant {name!r} (known: {', '.join(PREDICTOR_LOOPS)})")

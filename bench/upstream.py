@@ -54,23 +54,18 @@ def import_module_alone(dotted: str):
 
 
 # ------------------------------------------------------------------------------------------------ weights
-_LEGACY_WEIGHT_NORM = {".weight_g": ".parametrizations.weight.original0",
-                       ".weight_v": ".parametrizations.weight.original1"}
-
-
 def load_our_weights(up: nn.Module, ours: nn.Module, unread: str | None = None) -> None:
     """Load `ours`' state into `up` under upstream's names. Names are the same except where upstream keeps
     legacy weight norm (`weight_g`/`weight_v`) and we the parametrization (`original0`/`original1`).
     `unread` (regex) names upstream tensors that may stay as upstream initialised them: buffers the forward
     never reads from the state (e.g. rope tables upstream rebuilds itself). Anything else missing, and any
     tensor of ours left over, is an error: the two modules must hold the same weights."""
+    from ttsaot.builder.passes.weight_norm import legacy_weight_norm_to_new
+
     src = ours.state_dict()
     mapped: dict[str, torch.Tensor] = {}
-    for key in up.state_dict():
-        name = key
-        for legacy, new in _LEGACY_WEIGHT_NORM.items():
-            if key.endswith(legacy):
-                name = key[: -len(legacy)] + new
+    # our name → upstream's: the checkpoint loader's own legacy→parametrization key mapping
+    for name, key in legacy_weight_norm_to_new({k: k for k in up.state_dict()}).items():
         if name in src:
             mapped[key] = src.pop(name)
     missing = [k for k in up.state_dict() if k not in mapped and not (unread and re.fullmatch(unread, k))]

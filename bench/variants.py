@@ -256,13 +256,13 @@ class TtsaotVariant(Variant):
         self.stage = None
 
 
-PREDICTOR_ONLY = {"loop_eager_host", "loop_compile_graph"}
+PREDICTOR_LOOPS = ("loop_eager_host", "loop_compile_graph")  # bench/predictor_loops.py
 
 
 def applies(name: str, spec) -> bool:
     """Whether a variant means anything for this stage (the predictor loops exist for codebook predictors only);
     the harness does not record the ones that don't."""
-    return name not in PREDICTOR_ONLY or spec.kind == "codebook_predictor"
+    return name not in PREDICTOR_LOOPS or spec.kind == "codebook_predictor"
 
 
 def make_variant(name: str, ctx: VariantContext) -> Variant:
@@ -287,7 +287,7 @@ def make_variant(name: str, ctx: VariantContext) -> Variant:
         v = EagerVariant(ctx, raw=True, graph=False, upstream=True)
     elif name == "upstream_compile":
         v = CompileVariant(ctx, ctx.compile_mode, manual_graph=True, upstream=True)
-    elif name in ("loop_eager_host", "loop_compile_graph"):
+    elif name in PREDICTOR_LOOPS:
         from .predictor_loops import make_loop_variant  # imports this module: import on use
 
         v = make_loop_variant(name, ctx)  # Skipped for a stage that is not a codebook_predictor

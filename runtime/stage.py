@@ -35,8 +35,11 @@ _TF32_FLAGS_LOCK = threading.RLock()
 
 class fp32_mode:
     """The TF32 setting an fp32 CUDA stage was built for, whatever the process-global flags say: exact fp32 by
-    default (see strict_fp32), TF32 when the artifact was built with `--tf32` (metadata `allow_tf32`). Regions
-    of different stages are serialised across threads (the flags are global); the caller's flags come back."""
+    default, TF32 when the artifact was built with `--tf32` (metadata `allow_tf32`). Exact by default because
+    cuDNN allows TF32 for fp32 convolutions unless told otherwise, AOTI's aten conv/matmul fallbacks read that
+    flag at call time (for graphs, at capture), and TF32 moved the Fish DAC encoder's argmax codes on an H200
+    (1.9e-2 relative code error vs the fp32 reference). Regions of different stages are serialised across threads
+    (the flags are global); the caller's flags come back on exit."""
 
     def __init__(self, active: bool, tf32: bool) -> None:
         self.active, self.tf32 = active, tf32
@@ -54,16 +57,6 @@ class fp32_mode:
         if self.active:
             torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = self._saved.pop()
             _TF32_FLAGS_LOCK.release()
-
-
-class strict_fp32(fp32_mode):
-    """Run fp32 stages in fp32: cuDNN allows TF32 for fp32 convolutions by default, and AOTI's aten conv/matmul
-    fallbacks read that process-global flag at call time (for graphs, at capture). TF32 moved the Fish DAC
-    encoder's argmax codes on an H200 (1.9e-2 relative code error vs the fp32 reference); the numerics policy says
-    the encoder is fp32, so it must really be. The previous flags are restored on exit."""
-
-    def __init__(self, active: bool) -> None:
-        super().__init__(active, tf32=False)
 
 
 class _Package:

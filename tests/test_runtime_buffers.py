@@ -2,18 +2,18 @@
 
 import torch
 
-from ttsaot.runtime.stage import strict_fp32
+from ttsaot.runtime.stage import fp32_mode
 
 
-def test_strict_fp32_disables_and_restores_tf32():
+def test_exact_fp32_mode_disables_and_restores_tf32():
     before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
     torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = True, True
     try:
-        with strict_fp32(True):
+        with fp32_mode(True, tf32=False):
             assert torch.backends.cudnn.allow_tf32 is False
             assert torch.backends.cuda.matmul.allow_tf32 is False
         assert torch.backends.cudnn.allow_tf32 is True and torch.backends.cuda.matmul.allow_tf32 is True
-        with strict_fp32(False):
+        with fp32_mode(False, tf32=False):
             assert torch.backends.cudnn.allow_tf32 is True     # bf16 stages leave the process flags alone
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before

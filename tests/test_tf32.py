@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from ttsaot.builder.cli import main
 from ttsaot.builder.families import get_family
 from ttsaot.builder.stage_spec import TF32_TOLERANCE, with_tf32
-from ttsaot.runtime.stage import fp32_mode, strict_fp32
+from ttsaot.runtime.stage import fp32_mode
 
 
 def _fish_specs(dtype=None):
@@ -37,7 +37,7 @@ def test_fp32_mode_sets_the_built_for_flags_and_restores_the_callers(tf32):
         assert torch.backends.cudnn.allow_tf32 is (not tf32)
         with fp32_mode(False, tf32=tf32):                                   # bf16 / CPU stages: untouched
             assert torch.backends.cudnn.allow_tf32 is (not tf32)
-        with strict_fp32(True):
+        with fp32_mode(True, tf32=False):
             assert torch.backends.cudnn.allow_tf32 is False
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before

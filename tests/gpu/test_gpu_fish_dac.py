@@ -15,7 +15,7 @@ from ttsaot.builder.build import build_family  # noqa: E402
 from ttsaot.builder.families import fish_dac as fd  # noqa: E402
 from ttsaot.builder.families.fish_s2 import FishS2Options  # noqa: E402
 from ttsaot.runtime import load  # noqa: E402
-from ttsaot.runtime.stage import strict_fp32  # noqa: E402
+from ttsaot.runtime.stage import fp32_mode  # noqa: E402
 
 from ..conftest import rel_err  # noqa: E402
 
@@ -54,9 +54,9 @@ def test_decoder_graph_replay_equals_package_run_and_eager(gpu_artifact):
         a, b = graphs(codes), direct(codes)
         assert a.shape == (B, 1, F * 2048)
         assert torch.equal(a, b)                         # replay is bit-identical to running the package
-        # the artifact runs fp32 with TF32 off (strict_fp32), so must its reference: cuDNN allows TF32 by
+        # the artifact runs fp32 with TF32 off (fp32_mode), so must its reference: cuDNN allows TF32 by
         # default (6e-4 off on an H200)
-        with torch.no_grad(), strict_fp32(True):
+        with torch.no_grad(), fp32_mode(True, tf32=False):
             assert rel_err(a, eager(codes)) < 1e-4       # fp32, the manifest tolerance
 
 
