@@ -51,7 +51,9 @@ class StageSpec:
 
 
 # TF32 tensor-core convolutions/matmuls for an fp32 stage (what PyTorch's default cuDNN flags give the reference):
-# the Fish DAC decoder measured 7.3e-4 relative error vs exact fp32 on an H200, and exact fp32 cost 2.3× at B=4.
+# the Fish DAC decoder's artifact ran at 7.3e-4 relative error vs exact fp32 with TF32 on an H200; exact, it took
+# 30.1 ms at B=4 / 29 frames where eager with TF32 took 13.2 ms
+# (bench/results/nvidia-h200/fish-s2-pro__dac_decoder.json).
 TF32_TOLERANCE = 2e-3
 
 
