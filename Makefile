@@ -32,7 +32,7 @@ test: setup-dev
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not gpu" tests
 
 test-gpu:
-	CXX=$${CXX:-/usr/bin/g++} $(PY) -m pytest -m gpu tests -x -v
+	CXX=$${TTSAOT_CXX:-/usr/bin/g++} $(PY) -m pytest -m gpu tests -x -v
 
 bench:
 	$(PY) -m bench --out bench/results

@@ -29,7 +29,7 @@ def _build_one(family: str, stage: str, preset: str, seed: int, dtype: str | Non
         dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", 0)
-        path, info = build_or_reuse(spec, desc, dev, Path(cache_dir), verify=False)
+        path, info = build_or_reuse(spec, desc, dev, Path(cache_dir), verify=True)
         return {"stage": f"{family}/{stage}", "dtype": dtype, "ok": True, "path": str(path), **info}
     except Exception as e:  # noqa: BLE001 - one failed build must not stop the others; bench run records it
         return {"stage": f"{family}/{stage}", "dtype": dtype, "ok": False, "error": short_error(e),

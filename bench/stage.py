@@ -45,6 +45,8 @@ _ELSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "b
 
 # ------------------------------------------------------------------------------------------ artifacts
 def artifact_key(spec, desc: dict, device: torch.device) -> str:
+    from ttsaot.builder.export import compiler_info
+
     info = {
         "desc": {k: v for k, v in desc.items() if k != "options"},
         "options": desc["options"],
@@ -52,6 +54,9 @@ def artifact_key(spec, desc: dict, device: torch.device) -> str:
         "device": device.type,
         "sm": ".".join(map(str, torch.cuda.get_device_capability(device))) if device.type == "cuda" else None,
         "sources": source_hash("builder", "runtime"),
+        # The C++ compiler too: a cached package built by another compiler may not even load (2026-11-21 on the
+        # GPU machine, a preset $CXX wrapper's packages segfaulted on load and were reused by the next run).
+        "cxx": compiler_info(),
     }
     return hashlib.sha256(json.dumps(info, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

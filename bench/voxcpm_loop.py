@@ -742,7 +742,7 @@ class LoopRun:
         out: dict[str, Any] = {}
         for name in LOOP_STAGES:
             spec, desc = loop_spec(name, self.s)
-            path, info = build_or_reuse(spec, desc, self.device, Path(self.s.cache_dir), False)
+            path, info = build_or_reuse(spec, desc, self.device, Path(self.s.cache_dir), True)  # load-checked
             self.paths[name] = str(path)
             out[name] = {**info, "path": str(path), "dtype": desc["dtype"], "axes": desc["axes"],
                          "overrides": desc.get("loop_overrides", {})}

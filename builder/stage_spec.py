@@ -15,11 +15,12 @@ from .buckets import BucketPlan
 Pass = Callable[[nn.Module], dict[str, Any]]
 
 
-# GEMV-bound decode stages (batch ≤ 16 rows against large weights): on an H200 (torch 2.11), torch.compile with
-# max-autotune ran `residual_lm_step` at B=1 in 0.428 ms where the default-compiled AOTI artifact took 0.647 ms
-# (bench/results/nvidia-h200/voxcpm2__residual_lm_step.json): Inductor's autotuned Triton GEMMs beat the cuBLAS
-# kernels it calls by default for these shapes. Autotuning runs once, at build time, on the build GPU.
-DECODE_AUTOTUNE: dict[str, Any] = {"max_autotune": True}
+# Inductor options the GEMV-bound decode stages (batch ≤ 16 rows against large weights) compile with on CUDA.
+# Empty: GEMM autotuning is opt-in (`build-artifacts build --max-autotune`), not the default. On an H200
+# (torch 2.11) torch.compile with max-autotune ran `residual_lm_step` at B=1 in 0.428 ms against 0.647 ms for the
+# default-compiled artifact, but autotuned artifacts have not been timed yet, and autotuning made the full
+# `base_lm_step` build take 350 s instead of ~100 s (2026-11-21). Record a measurement before making it a default.
+DECODE_AUTOTUNE: dict[str, Any] = {}
 
 
 @dataclass

@@ -357,5 +357,9 @@ def test_static_buffer_path_equals_direct_path(voxcpm2_lm_tiny, bundle):
     step = static["base_lm_step"]
     (bound,) = [gr for (_k, cid), gr in step._graphs.items() if cid == id(cache)]
     assert bound.inputs[step._cache_idx[0]] is cache.k and bound.inputs[step._cache_idx[1]] is cache.v
+    prefill = static["base_lm_prefill"]   # its own input order: the cache slots are found by its own index
+    (pbound,) = [gr for (_k, cid), gr in prefill._graphs.items() if cid == id(cache)]
+    assert pbound.inputs[prefill._cache_idx[0]] is cache.k and pbound.inputs[prefill._cache_idx[1]] is cache.v
+    assert prefill._cache_idx != step._cache_idx
     step.release(cache)
     assert not step._graphs
