@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..runtime.artifact import FORMAT_VERSION, MANIFEST, dtype_name, sha256_of
+from ..runtime.artifact import CHUNK_BYTES, FORMAT_VERSION, MANIFEST, dtype_name, file_digests, sha256_of
 from .buckets import BucketPlan
 from .export import CompileError, compile_bucket, compiler_info
 from .passes import cast_to_compute_dtype, count_parameters
@@ -115,9 +115,14 @@ def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: di
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=metadata)
 
 
-def _file_entry(root: Path, rel: str) -> dict:
+def _file_entry(root: Path, rel: str, chunked: bool = False) -> dict:
+    """Chunked (weights): per-slice digests too, so `load` verifies a multi-GB file in parallel."""
     p = root / rel
-    return {"file": rel, "sha256": sha256_of(p), "bytes": p.stat().st_size}
+    size = p.stat().st_size
+    if not chunked or size <= CHUNK_BYTES:
+        return {"file": rel, "sha256": sha256_of(p), "bytes": size}
+    whole, chunks = file_digests(p, CHUNK_BYTES)
+    return {"file": rel, "sha256": whole, "bytes": size, "chunk_bytes": CHUNK_BYTES, "chunk_sha256": chunks}
 
 
 def _io_with_dtypes(descs: list[dict]) -> list[dict]:
@@ -264,7 +269,7 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
     return {
         "kind": spec.kind, "dtype": dtype_name(spec.dtype),
         "inputs": _io_with_dtypes(spec.inputs), "outputs": _io_with_dtypes(spec.outputs),
-        "weights": _file_entry(tmp, wrel), "constants": constants,
+        "weights": _file_entry(tmp, wrel, chunked=True), "constants": constants,
         "buckets": bucket_entries,
         "golden": _file_entry(tmp, grel), "golden_cases": cases,
         "tolerance": spec.tolerance,

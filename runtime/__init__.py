@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .artifact import FORMAT_VERSION, Manifest, check_compatible, check_file, read_manifest
+from .artifact import FORMAT_VERSION, Manifest, check_compatible, check_files, read_manifest
 from .errors import (
     ArtifactError,
     ArtifactNotFoundError,
@@ -101,9 +101,7 @@ def load(path: str | Path, device: str | torch.device | None = None, stages: lis
             raise ManifestError(f"{root}: stage {n!r} has only an ONNX model (built with --format onnx), no AOTI "
                                 "packages for this runtime; run it with onnxruntime, or rebuild with "
                                 "--format aoti,onnx")
-    for n in names:
-        for f in manifest.stages[n].files():
-            check_file(root, f)
+    check_files(root, [f for n in names for f in manifest.stages[n].files()])
     stats = {"validate_s": time.perf_counter() - t_start}
     loaded: dict[str, Stage] = {}
     for n in names:

@@ -104,9 +104,15 @@ class BucketEntry:
 
 @dataclass(frozen=True)
 class FileEntry:
+    """`chunk_sha256`: optional sha256 of each consecutive `chunk_bytes` slice (the last may be shorter). Large
+    weights files carry them so `load` can hash the slices in parallel instead of one sequential sha256 (2.6 GB
+    of base-LM weights took 1.75 s of a 6.1 s first step on an H200 host); together they cover every byte."""
+
     file: str
     sha256: str
     bytes: int
+    chunk_bytes: int = 0
+    chunk_sha256: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -221,8 +227,17 @@ def _tensor_spec(d: dict, where: str) -> TensorSpec:
 
 
 def _file_entry(d: dict, where: str) -> FileEntry:
+    size = _get(d, "bytes", int, where)
+    chunk, digests = d.get("chunk_bytes", 0), d.get("chunk_sha256", [])
+    if not (isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 0 and isinstance(digests, list)
+            and all(isinstance(x, str) for x in digests)):
+        raise ManifestError(f"manifest.json: {where}.chunk_bytes must be an int ≥ 0 and chunk_sha256 a list of "
+                            "strings")
+    if (chunk > 0) != bool(digests) or (chunk and len(digests) != -(-size // chunk)):
+        raise ManifestError(f"manifest.json: {where} has {len(digests)} chunk digests for {size} bytes in chunks "
+                            f"of {chunk}")
     return FileEntry(file=_safe_relpath(_get(d, "file", str, where), where), sha256=_get(d, "sha256", str, where),
-                     bytes=_get(d, "bytes", int, where))
+                     bytes=size, chunk_bytes=chunk, chunk_sha256=tuple(digests))
 
 
 def _stage(name: str, d: dict) -> StageEntry:
@@ -342,19 +357,68 @@ def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+# Slice size of the chunk digests the builder writes for large files (artifacts/README.md "file entry").
+CHUNK_BYTES = 64 << 20
+
+
+def file_digests(path: Path, chunk_bytes: int = CHUNK_BYTES) -> tuple[str, list[str]]:
+    """(sha256 of the whole file, sha256 of each chunk_bytes slice), in one read."""
+    whole, chunks = hashlib.sha256(), []
+    with open(path, "rb") as f:
+        while block := f.read(chunk_bytes):
+            whole.update(block)
+            chunks.append(hashlib.sha256(block).hexdigest())
+    return whole.hexdigest(), chunks
+
+
+def _slice_sha256(path: Path, offset: int, length: int, step: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while length > 0 and (block := f.read(min(step, length))):
+            h.update(block)   # hashlib releases the GIL on large updates: slices hash in parallel threads
+            length -= len(block)
+    return h.hexdigest()
+
+
+def check_files(root: Path, entries: list[FileEntry], workers: int | None = None) -> list[Path]:
+    """Size, then sha256, of every file BEFORE anything reads it as weights or dlopens it. Every size is checked
+    first; then the digests (whole files, and the slices of chunked entries) are computed on a thread pool."""
+    paths = []
+    for e in entries:
+        path = root / e.file
+        if not path.is_file():
+            raise IntegrityError(f"{path}: missing (the manifest lists it); rebuild or re-copy the artifact")
+        size = path.stat().st_size
+        if size != e.bytes:
+            raise IntegrityError(f"{path}: {size} bytes, the manifest says {e.bytes} (truncated or replaced)")
+        paths.append(path)
+    jobs = []   # (path, offset, length, expected digest, what failed)
+    for e, path in zip(entries, paths):
+        if e.chunk_sha256:
+            jobs += [(path, i * e.chunk_bytes, e.chunk_bytes, d, f"chunk {i} (bytes {i * e.chunk_bytes}…)")
+                     for i, d in enumerate(e.chunk_sha256)]
+        else:
+            jobs.append((path, 0, e.bytes, e.sha256, "sha256"))
+    if workers is None:
+        workers = min(16, os.cpu_count() or 1, len(jobs))
+    if workers > 1 and len(jobs) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ttsaot-sha256") as pool:
+            got = list(pool.map(lambda j: _slice_sha256(*j[:3]), jobs))
+    else:
+        got = [_slice_sha256(*j[:3]) for j in jobs]
+    for (path, _off, _len, want, what), digest in zip(jobs, got):
+        if digest != want:
+            raise IntegrityError(f"{path}: {what} sha256 {digest[:16]}… differs from the manifest's {want[:16]}… "
+                                 "(corrupt or tampered); rebuild the artifact")
+    return paths
+
+
 def check_file(root: Path, entry: FileEntry) -> Path:
     """Size then sha256 of one file, BEFORE anything reads it as weights or dlopens it."""
-    path = root / entry.file
-    if not path.is_file():
-        raise IntegrityError(f"{path}: missing (the manifest lists it); rebuild or re-copy the artifact")
-    size = path.stat().st_size
-    if size != entry.bytes:
-        raise IntegrityError(f"{path}: {size} bytes, the manifest says {entry.bytes} (truncated or replaced)")
-    got = sha256_of(path)
-    if got != entry.sha256:
-        raise IntegrityError(f"{path}: sha256 {got[:16]}… differs from the manifest's {entry.sha256[:16]}… "
-                             "(corrupt or tampered); rebuild the artifact")
-    return path
+    return check_files(root, [entry])[0]
 
 
 # ------------------------------------------------------------------------------- compatibility

@@ -160,3 +160,57 @@ def test_check_weights_alignment_and_stride():
     misaligned = base[1:].view(4, 4)
     with pytest.raises(BindingError, match="16-byte"):
         _check_weight("s", "w", misaligned, spec, torch.device("cpu"))
+
+
+def _chunk_weights(art, chunk_bytes):
+    """Rewrite the code2wav weights entry with per-slice digests, as the builder does for files > 64 MiB."""
+    from ttsaot.runtime.artifact import file_digests
+
+    m = _manifest(art)
+    entry = m["stages"]["code2wav"]["weights"]
+    whole, chunks = file_digests(art / entry["file"], chunk_bytes)
+    assert whole == entry["sha256"] and len(chunks) > 3
+    entry.update(chunk_bytes=chunk_bytes, chunk_sha256=chunks)
+    _write_manifest(art, m)
+    return art / entry["file"], len(chunks)
+
+
+def test_chunked_weights_load_and_a_flipped_byte_names_its_chunk(qwen_tiny_fp32, artifact_copy):
+    art = artifact_copy(qwen_tiny_fp32)
+    w, n = _chunk_weights(art, 1 << 12)
+    load(art)   # every slice verified (on a thread pool), then bound
+    data = bytearray(w.read_bytes())
+    data[(n // 2) * 4096 + 7] ^= 0x01
+    w.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match=f"chunk {n // 2} "):
+        load(art)
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda e: e.update(chunk_sha256=e["chunk_sha256"][:-1]), "chunk digests"),
+    (lambda e: e.update(chunk_bytes=0), "chunk digests"),
+    (lambda e: e.update(chunk_bytes="4096"), "chunk_bytes"),
+    (lambda e: e.update(chunk_sha256=[1] * len(e["chunk_sha256"])), "chunk_sha256"),
+])
+def test_bad_chunk_fields_are_manifest_errors(qwen_tiny_fp32, artifact_copy, mutate, match):
+    art = artifact_copy(qwen_tiny_fp32)
+    _chunk_weights(art, 1 << 12)
+    m = _manifest(art)
+    mutate(m["stages"]["code2wav"]["weights"])
+    _write_manifest(art, m)
+    with pytest.raises(ManifestError, match=match):
+        load(art)
+
+
+def test_builder_writes_chunk_digests_for_large_weights(tmp_path, monkeypatch):
+    import ttsaot.builder.build as build
+    from ttsaot.runtime.artifact import _file_entry as parse_entry
+    from ttsaot.runtime.artifact import check_files
+
+    (tmp_path / "w.bin").write_bytes(bytes(range(256)) * 100)   # 25,600 bytes
+    monkeypatch.setattr(build, "CHUNK_BYTES", 4096)
+    d = build._file_entry(tmp_path, "w.bin", chunked=True)
+    assert d["chunk_bytes"] == 4096 and len(d["chunk_sha256"]) == 7
+    assert d["sha256"] == hashlib.sha256((tmp_path / "w.bin").read_bytes()).hexdigest()
+    assert "chunk_sha256" not in build._file_entry(tmp_path, "w.bin")   # packages, golden files: whole digest
+    check_files(tmp_path, [parse_entry(d, "test")], workers=4)
