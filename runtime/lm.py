@@ -249,7 +249,7 @@ class _LMStage(Stage):
             if self.static_buffers or self.uses_cuda_graphs:
                 g = self._graphs.get((bucket.key, id(cache)))
                 if g is None:
-                    g = _CacheGraph(runner.run_fn, self.entry.inputs, runner.shapes, cache, self._cache_idx,
+                    g = _CacheGraph(runner.call, self.entry.inputs, runner.shapes, cache, self._cache_idx,
                                     {self._control_idx: idle_control}, self.device, self._graph_pool,
                                     capture=self.uses_cuda_graphs)
                     self._graphs[(bucket.key, id(cache))] = g
@@ -267,7 +267,7 @@ class _LMStage(Stage):
                     full[i] = buf
                 full[self._control_idx] = ctl.to(self.device)
                 full[self._cache_idx[0]], full[self._cache_idx[1]] = cache.k, cache.v
-                outs = list(runner.run_fn(full))
+                outs = list(runner.call(full))
             result = []
             for spec, o in zip(self.entry.outputs, outs):
                 idx = [rows_d] + [slice(0, out_sizes[s]) if isinstance(s, str) and s != "batch" else slice(None)
@@ -303,7 +303,7 @@ class _LMStage(Stage):
                 buf[tuple(slice(0, s) for s in x.shape)].copy_(x)
                 full.append(buf)
         with self._lock:
-            outs = list(runner.run_fn(full))
+            outs = list(runner.call(full))
         trimmed = []
         for spec, o in zip(self.entry.outputs, outs):
             sl = [slice(None)] * o.dim()

@@ -197,6 +197,12 @@ class _BucketRunner:
             raise BindingError(f"{path}: package inputs {got} differ from the manifest's {want} for bucket "
                                f"{bucket.key!r}; the manifest was edited or belongs to another build")
 
+    def call(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """One package call under the TF32 setting the stage was built for: every path (direct, warm-up, capture,
+        the LM stages' per-cache graphs) goes through here."""
+        with self.fp32:
+            return self.run_fn(inputs)
+
     def _capture(self, entry: StageEntry, pool) -> None:
         self.static_inputs = [
             torch.full(shape, spec.pad if spec.pad is not None else 0, dtype=spec.torch_dtype, device=self.device)
@@ -204,14 +210,14 @@ class _BucketRunner:
         # Lazy cubin loads and allocator growth must happen before capture (AOTI.md §3).
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side), self.fp32:
+        with torch.cuda.stream(side):
             for _ in range(WARMUP_CALLS):
-                self.run_fn(self.static_inputs)
+                self.call(self.static_inputs)
         torch.cuda.current_stream(self.device).wait_stream(side)
         torch.cuda.synchronize(self.device)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool), self.fp32:
-            self.static_outputs = list(self.run_fn(self.static_inputs))
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.static_outputs = list(self.call(self.static_inputs))
 
     def run(self, inputs: list[torch.Tensor], pads: list) -> list[torch.Tensor]:
         """inputs: the caller's (unpadded, validated) tensors; padding to the bucket happens here."""
@@ -230,8 +236,7 @@ class _BucketRunner:
                 buf.fill_(pad if pad is not None else 0)
             buf[tuple(slice(0, n) for n in src.shape)].copy_(src)
             padded.append(buf)
-        with self.fp32:
-            return list(self.run_fn(padded))
+        return list(self.call(padded))
 
 
 class Stage:

@@ -333,6 +333,34 @@ def test_step_program_reads_the_caches_in_place(voxcpm2_lm_tiny):
         assert allocs and biggest < layer_cache, (name, biggest, layer_cache)
 
 
+@pytest.mark.parametrize("static", [False, True])
+def test_lm_calls_run_under_the_stage_fp32_mode(voxcpm2_lm_tiny, static):
+    """The LM stages' own call paths (per-cache static buffers / graphs, and the direct one) go through the runner's
+    TF32 switch like every other stage: an exact-fp32 step must not run with a caller's process-wide TF32."""
+    from ttsaot.runtime.stage import fp32_mode
+
+    b = load(voxcpm2_lm_tiny, stages=["base_lm_prefill", "base_lm_step"])
+    seen = []
+    for st in b.values():
+        st.static_buffers = static
+        for runner in st._runners.values():
+            runner.fp32 = fp32_mode(True, tf32=False)   # what a CUDA fp32 stage gets; CPU stages get it inactive
+            run = runner.run_fn
+            runner.run_fn = lambda xs, run=run: (seen.append(torch.backends.cuda.matmul.allow_tf32), run(xs))[1]
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        cache = b["base_lm_step"].new_cache(1)
+        g = torch.Generator().manual_seed(5)
+        b["base_lm_prefill"].prefill(torch.randint(0, TINY.lm.vocab_size, (1, 4), generator=g), torch.ones(1, 4),
+                                     torch.zeros(1, 4, H), torch.zeros(1, 4), lengths=[4], cache=cache)
+        b["base_lm_step"].step(torch.randn(1, H, generator=g), cache=cache)
+        assert torch.backends.cuda.matmul.allow_tf32 is True      # the caller's setting comes back
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    assert len(seen) == 2 and not any(seen)
+
+
 def test_static_buffer_path_equals_direct_path(voxcpm2_lm_tiny, bundle):
     """The CUDA-graph path's machinery (per-(bucket, cache) static inputs whose cache slots ARE the cache
     tensors, scatter of rows, idle rows at the scratch slot) run on CPU without capture."""
