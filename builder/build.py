@@ -246,7 +246,7 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
                                           # the package's own record of what it was compiled for: the runtime
                                           # cross-checks it, so an edited manifest cannot feed it other shapes
                                           "ttsaot_inputs": input_signature(args)},
-                                extra_options=stage_inductor_options(spec, device, extra_inductor_options))
+                                extra_options=extra_inductor_options)
         except CompileError as e:
             raise BuildError(f"{spec.name}/{key}: {e}") from e
         if weights is None:
@@ -275,16 +275,10 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
         "tolerance": spec.tolerance,
         "metadata": spec.metadata, "config": spec.config,
         "passes": pass_reports,
-        "inductor_options": stage_inductor_options(spec, device, extra_inductor_options) or {},
+        "inductor_options": extra_inductor_options or {},
         "checkpoint": {**spec.checkpoint_report, "params_before": before, "params_after": after},
         **({"onnx": onnx_entry} if onnx_entry is not None else {}),
     }
-
-
-def stage_inductor_options(spec: StageSpec, device: torch.device, extra: dict | None) -> dict | None:
-    """The stage's own CUDA Inductor options (e.g. autotuned GEMMs for decode steps), then the user's."""
-    opts = {**(spec.cuda_inductor_options if device.type == "cuda" else {}), **(extra or {})}
-    return opts or None
 
 
 def subprocess_verify(path: Path, device: torch.device, timeout: float = 1800,

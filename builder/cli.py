@@ -109,6 +109,9 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", "out_dir", default="artifacts", show_default=True, type=click.Path(file_okay=False))
 @click.option("--cxx", default=None, help="C++ compiler for AOTInductor (sets $CXX; /usr/bin/g++ on the GPU box).")
+# Opt-in, not a default: never timed as an artifact. torch.compile with max-autotune ran the VoxCPM2 residual step
+# at B=1 in 0.428 ms against 0.647 ms for the default-compiled artifact (H200), and autotuning the base step's build
+# took 350 s instead of 116 s (bench/results/nvidia-h200/probes/README.md).
 @click.option("--max-autotune", is_flag=True, help="Inductor max-autotune for the compiled kernels (slower build).")
 @click.option("--tf32", is_flag=True,
               help="fp32 stages (not the fp32-by-policy encoder/VAE) run TF32 convolutions/matmuls on CUDA, as "

@@ -15,13 +15,6 @@ from .buckets import BucketPlan
 Pass = Callable[[nn.Module], dict[str, Any]]
 
 
-# Inductor options the GEMV-bound decode stages (batch ≤ 16 rows against large weights) compile with on CUDA.
-# Empty: GEMM autotuning is opt-in (`build-artifacts build --max-autotune`), not the default. On an H200
-# (torch 2.11) torch.compile with max-autotune ran `residual_lm_step` at B=1 in 0.428 ms against 0.647 ms for the
-# default-compiled artifact, but autotuned artifacts have not been timed yet, and autotuning made the full
-# `base_lm_step` build take 350 s instead of ~100 s (2026-11-21). Record a measurement before making it a default.
-DECODE_AUTOTUNE: dict[str, Any] = {}
-
 
 @dataclass
 class StageSpec:
@@ -43,8 +36,6 @@ class StageSpec:
     fp32_only: bool = False                     # refuse any other dtype (DAC encoder)
     golden_sizes: list[dict[str, int]] = field(default_factory=list)  # extra off-bucket golden cases
     golden_buckets: bool = True                 # False: golden cases are golden_sizes only (big state inputs)
-    # Inductor options for CUDA builds of this stage (CPU builds ignore them), before the user's own options.
-    cuda_inductor_options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def input_names(self) -> list[str]:

@@ -1,5 +1,4 @@
 import pytest
-import torch
 
 from ttsaot.builder.buckets import BucketPlan, StreamingConfig, batch_sizes, frame_sizes, powers_of_two
 
@@ -48,22 +47,3 @@ def test_invalid_streaming_config():
         StreamingConfig(chunk_frames=0)
     with pytest.raises(ValueError):
         StreamingConfig(left_context_frames=-1)
-
-
-def test_stage_cuda_inductor_options_apply_to_cuda_builds_only():
-    """A stage's own Inductor options reach CUDA builds only, the user's options come last, and no stage
-    autotunes by default (opt-in with --max-autotune until an autotuned artifact has been timed)."""
-    from dataclasses import replace
-
-    from ttsaot.builder.build import stage_inductor_options
-    from ttsaot.builder.families import get_family
-
-    fam = get_family("voxcpm2")
-    specs = {s.name: s for s in fam.stages(fam.options_from_cli(preset="tiny"))}
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert all(stage_inductor_options(s, d, None) is None for s in specs.values() for d in (cuda, cpu))
-    tuned = replace(specs["base_lm_step"], cuda_inductor_options={"coordinate_descent_tuning": True})
-    assert stage_inductor_options(tuned, cuda, None) == {"coordinate_descent_tuning": True}
-    assert stage_inductor_options(tuned, cpu, None) is None
-    assert stage_inductor_options(tuned, cuda, {"coordinate_descent_tuning": False, "max_autotune": True}) == {
-        "coordinate_descent_tuning": False, "max_autotune": True}

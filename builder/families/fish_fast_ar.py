@@ -31,7 +31,7 @@ from ..layers.norms import RMSNorm
 from ..layers.rope import rope_table_interleaved
 from ..layers.transformer import DecoderBlock
 from ..passes import fuse_projections
-from ..stage_spec import DECODE_AUTOTUNE, StageSpec
+from ..stage_spec import StageSpec
 
 FAMILY = "fish-s2-pro"
 
@@ -346,7 +346,6 @@ def fast_ar_stage(opts) -> StageSpec:
         outputs.append({"name": "next_embed", "dtype": "float32", "shape": ["batch", cfg.dim]})
     return StageSpec(
         family=FAMILY, name="fast_ar", kind="codebook_predictor", make_module=make_module,
-        cuda_inductor_options=DECODE_AUTOTUNE,
         passes=[prune_fast_ar, fuse_projections],
         plan=BucketPlan({"batch": batches}),
         make_inputs=make_inputs, inputs=inputs, outputs=outputs, dtype=dtype,

@@ -30,7 +30,7 @@ from ..layers.norms import RMSNorm
 from ..layers.rope import rope_table
 from ..layers.transformer import DecoderBlock
 from ..passes import fuse_projections
-from ..stage_spec import DECODE_AUTOTUNE, StageSpec
+from ..stage_spec import StageSpec
 from .fish_fast_ar import off_bucket_batch, random_sampling_inputs, sampling_inputs
 
 FAMILY = "qwen3-tts-12hz"
@@ -298,7 +298,6 @@ def code_predictor_stage(opts) -> StageSpec:
         outputs.append({"name": "next_embed", "dtype": "float32", "shape": ["batch", cfg.talker_hidden_size]})
     return StageSpec(
         family=FAMILY, name="code_predictor", kind="codebook_predictor", make_module=make_module,
-        cuda_inductor_options=DECODE_AUTOTUNE,
         passes=[prune_code_predictor, fuse_projections],
         plan=BucketPlan({"batch": batches}), make_inputs=make_inputs,
         inputs=[{"name": "hidden", "dtype": "float32", "shape": ["batch", cfg.talker_hidden_size]},

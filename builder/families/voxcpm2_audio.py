@@ -34,7 +34,7 @@ from ..checkpoint import KeyRules, load_strict, read_safetensors_selected, sha25
 from ..layers import RMSNorm, SwiGLU, apply_rope_neox, rope_table
 from ..layers.attention import Attention
 from ..passes import bake_snake, bake_weight_norm, fuse_projections
-from ..stage_spec import DECODE_AUTOTUNE, StageSpec
+from ..stage_spec import StageSpec
 from . import voxcpm2_vae as vae
 
 FAMILY = "voxcpm2"
@@ -507,7 +507,6 @@ def locdit_stage(opts) -> StageSpec:
     estimator_calls = sum(1 for *_, z in euler_schedule(n_steps, dtype) if not z)
     return StageSpec(
         family=FAMILY, name="locdit", kind="generic", make_module=make_module, passes=[fuse_projections],
-        cuda_inductor_options=DECODE_AUTOTUNE,
         plan=plan, make_inputs=make_inputs,
         inputs=[{"name": "lm_hidden", "dtype": "float32", "shape": ["batch", H]},
                 {"name": "residual_hidden", "dtype": "float32", "shape": ["batch", H]},
@@ -546,7 +545,6 @@ def local_encoder_stage(opts) -> StageSpec:
     dtype = opts.dtype or torch.bfloat16
     return StageSpec(
         family=FAMILY, name="local_encoder", kind="generic", make_module=make_module,
-        cuda_inductor_options=DECODE_AUTOTUNE,
         passes=[fuse_projections],
         plan=BucketPlan({"batch": batch_sizes(opts.max_batch, opts.batch_buckets)}), make_inputs=make_inputs,
         inputs=[{"name": "patch", "dtype": "float32", "shape": ["batch", 1, P, C]}],

@@ -42,7 +42,7 @@ from ..checkpoint import KeyRules, load_strict, read_safetensors_selected, sha25
 from ..layers import RMSNorm, SwiGLU, apply_rope_neox, rope_table
 from ..layers.attention import Attention
 from ..passes import fuse_projections
-from ..stage_spec import DECODE_AUTOTUNE, StageSpec
+from ..stage_spec import StageSpec
 
 FAMILY = "voxcpm2"
 STAGE_NAMES = ("base_lm_prefill", "base_lm_step", "residual_lm_prefill", "residual_lm_step")
@@ -589,7 +589,6 @@ def lm_stage(name: str, opts, cfg: VoxCPM2LMConfig | None = None) -> StageSpec:
                   "cache_inputs": ["k_cache", "v_cache"], "cache_shape": cache_shape(mcfg, "batch", max_len),
                   "cache_dtype": cdt, "hidden_size": H, **meta},
         config=cfg.to_json(), checkpoint_report=report, golden_sizes=golden, golden_buckets=False,
-        cuda_inductor_options=DECODE_AUTOTUNE if is_step else {},
     )
 
 
