@@ -4,7 +4,6 @@ is an error naming the key — the opposite of the reference loaders' `strict=Fa
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -36,14 +35,6 @@ class KeyRules:
 
     def module_key(self, key: str) -> str:
         return self.rename.get(key, key[len(self.prefix):])
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_safetensors_selected(path: str | Path, rules: KeyRules) -> tuple[dict[str, torch.Tensor], dict]:

@@ -28,7 +28,6 @@ DTYPES = {
 STAGE_KINDS = ("generic", "codec_decoder", "codec_encoder", "codebook_predictor", "lm_step", "lm_prefill")
 
 
-
 def _overlapping(shape: list[int], stride: list[int]) -> bool:
     """True unless the strided layout is non-overlapping: dims of size > 1 sorted by stride must each step over
     the whole extent of the previous ones (e.g. a stride of 0 on a dim of size 2 broadcasts one element)."""
@@ -39,6 +38,7 @@ def _overlapping(shape: list[int], stride: list[int]) -> bool:
             return True
         extent = st * n
     return False
+
 
 def dtype_name(dtype: torch.dtype) -> str:
     for k, v in DTYPES.items():
@@ -105,8 +105,8 @@ class BucketEntry:
 @dataclass(frozen=True)
 class FileEntry:
     """`chunk_sha256`: optional sha256 of each consecutive `chunk_bytes` slice (the last may be shorter). Large
-    weights files carry them so `load` can hash the slices in parallel instead of one sequential sha256 (2.6 GB
-    of base-LM weights took 1.75 s of a 6.1 s first step on an H200 host); together they cover every byte."""
+    weights files carry them so `load` can hash the slices in parallel instead of one sequential sha256 (validating
+    the 2.6 GB base-LM stage took 1.75 s of a 6.1 s first step on an H200 host); together they cover every byte."""
 
     file: str
     sha256: str
@@ -349,11 +349,15 @@ def read_manifest(root: str | Path, trusted_sha256: str | None = None) -> Manife
     return parse_manifest(data)
 
 
-def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
+def sha256_of(path: str | Path, offset: int = 0, length: int | None = None, step: int = 1 << 22) -> str:
+    """sha256 of a file, or of its `length` bytes from `offset` (a chunk of a chunked entry)."""
     h = hashlib.sha256()
+    left = float("inf") if length is None else length
     with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
+        f.seek(offset)
+        while left > 0 and (block := f.read(int(min(step, left)))):
+            h.update(block)   # hashlib releases the GIL on large updates: chunks hash in parallel threads
+            left -= len(block)
     return h.hexdigest()
 
 
@@ -369,16 +373,6 @@ def file_digests(path: Path, chunk_bytes: int = CHUNK_BYTES) -> tuple[str, list[
             whole.update(block)
             chunks.append(hashlib.sha256(block).hexdigest())
     return whole.hexdigest(), chunks
-
-
-def _slice_sha256(path: Path, offset: int, length: int, step: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        f.seek(offset)
-        while length > 0 and (block := f.read(min(step, length))):
-            h.update(block)   # hashlib releases the GIL on large updates: slices hash in parallel threads
-            length -= len(block)
-    return h.hexdigest()
 
 
 def check_files(root: Path, entries: list[FileEntry], workers: int | None = None) -> list[Path]:
@@ -406,9 +400,9 @@ def check_files(root: Path, entries: list[FileEntry], workers: int | None = None
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ttsaot-sha256") as pool:
-            got = list(pool.map(lambda j: _slice_sha256(*j[:3]), jobs))
+            got = list(pool.map(lambda j: sha256_of(*j[:3]), jobs))
     else:
-        got = [_slice_sha256(*j[:3]) for j in jobs]
+        got = [sha256_of(*j[:3]) for j in jobs]
     for (path, _off, _len, want, what), digest in zip(jobs, got):
         if digest != want:
             raise IntegrityError(f"{path}: {what} sha256 {digest[:16]}… differs from the manifest's {want[:16]}… "

@@ -18,8 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...runtime.artifact import sha256_of
 from ..buckets import BucketPlan, batch_sizes, frame_sizes
-from ..checkpoint import CheckpointError, load_strict, sha256_file
+from ..checkpoint import CheckpointError, load_strict
 from ..passes import bake_snake, bake_weight_norm, fuse_projections, legacy_weight_norm_to_new, prune_submodules
 from ..stage_spec import StageSpec
 from .fish_dac_modules import (
@@ -89,7 +90,7 @@ def load_codec(path: str | Path, cfg: DACConfig | None = None, cls: type[DAC] = 
     src = str(codec_path(path))
     load_strict(model, tensors, source=src)
     _check_rope_buffers(model, ignored, src)
-    report["sha256"] = sha256_file(codec_path(path))
+    report["sha256"] = sha256_of(codec_path(path))
     return model.eval(), report
 
 

@@ -24,9 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...runtime.artifact import sha256_of
 from ...runtime.sampling import sample
 from ..buckets import BucketPlan, batch_sizes
-from ..checkpoint import KeyRules, load_strict, read_safetensors_selected, sha256_file
+from ..checkpoint import KeyRules, load_strict, read_safetensors_selected
 from ..layers.norms import RMSNorm
 from ..layers.rope import rope_table_interleaved
 from ..layers.transformer import DecoderBlock
@@ -218,7 +219,7 @@ def load_fast_ar(path: str | Path, cfg: FastARConfig, with_embedding: bool) -> t
         report["ignored"]["params"] += r["ignored"]["params"]
         report["dropped"].update(r["dropped"])
         report["unknown"] += r["unknown"]
-        report["files"].append({"path": str(f), "sha256": sha256_file(f)})
+        report["files"].append({"path": str(f), "sha256": sha256_of(f)})
     model = FastAR(cfg, with_embedding)
     load_strict(model, tensors, report.pop("unknown"), source=str(path))
     return model.eval(), report

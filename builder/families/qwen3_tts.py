@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...runtime.artifact import sha256_of
 from ..buckets import BucketPlan, StreamingConfig, batch_sizes, frame_sizes
-from ..checkpoint import KeyRules, load_strict, read_safetensors_selected, sha256_file
+from ..checkpoint import KeyRules, load_strict, read_safetensors_selected
 from ..layers import (
     CausalConv1d,
     CausalConvTranspose1d,
@@ -295,7 +296,7 @@ def load_code2wav(path: str | Path, cfg: Code2WavConfig | None = None) -> tuple[
     tensors, report = read_safetensors_selected(st, CHECKPOINT_RULES)
     model = Code2Wav(cfg)
     load_strict(model, tensors, report["unknown"], source=str(st))
-    report["sha256"] = sha256_file(st)
+    report["sha256"] = sha256_of(st)
     report["path"] = str(st)
     return model.eval(), report
 

@@ -23,9 +23,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...runtime.artifact import sha256_of
 from ...runtime.sampling import sample
 from ..buckets import BucketPlan, batch_sizes
-from ..checkpoint import KeyRules, load_strict, read_safetensors_selected, sha256_file
+from ..checkpoint import KeyRules, load_strict, read_safetensors_selected
 from ..layers.norms import RMSNorm
 from ..layers.rope import rope_table
 from ..layers.transformer import DecoderBlock
@@ -213,7 +214,7 @@ def load_code_predictor(path: str | Path, cfg: CodePredictorConfig,
     tensors, report = read_safetensors_selected(st, CHECKPOINT_RULES)
     model = CodePredictor(cfg, with_embedding)
     load_strict(model, tensors, report.pop("unknown"), source=str(st))
-    report.update(sha256=sha256_file(st), path=str(st))
+    report.update(sha256=sha256_of(st), path=str(st))
     return model.eval(), report
 
 

@@ -29,8 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...runtime.artifact import sha256_of
 from ..buckets import BucketPlan, batch_sizes, frame_sizes
-from ..checkpoint import KeyRules, load_strict, read_safetensors_selected, sha256_file
+from ..checkpoint import KeyRules, load_strict, read_safetensors_selected
 from ..layers import RMSNorm, SwiGLU, apply_rope_neox, rope_table
 from ..layers.attention import Attention
 from ..passes import bake_snake, bake_weight_norm, fuse_projections
@@ -428,7 +429,7 @@ def load_stage_module(stage: str, ckpt_dir: str | Path, module: nn.Module) -> di
         raise FileNotFoundError(f"{st}: VoxCPM2 model.safetensors not found")
     tensors, report = read_safetensors_selected(st, stage_rules(stage))
     load_strict(module, tensors, report["unknown"], source=str(st))
-    report.update(path=str(st), sha256=sha256_file(st))
+    report.update(path=str(st), sha256=sha256_of(st))
     return report
 
 

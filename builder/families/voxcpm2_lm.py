@@ -37,8 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...runtime.artifact import sha256_of
 from ..buckets import BucketPlan, batch_sizes
-from ..checkpoint import KeyRules, load_strict, read_safetensors_selected, sha256_file
+from ..checkpoint import KeyRules, load_strict, read_safetensors_selected
 from ..layers import RMSNorm, SwiGLU, apply_rope_neox, rope_table
 from ..layers.attention import Attention
 from ..passes import fuse_projections
@@ -444,7 +445,7 @@ def load_stage_module(stage: str, path: str | Path, cfg: VoxCPM2LMConfig, max_le
     module = STAGE_MODULES[stage](cfg, max_len) if stage != "all" else VoxCPM2LM(cfg, max_len)
     tensors, report = read_safetensors_selected(st, key_rules(stage))
     load_strict(module, tensors, report["unknown"], source=str(st))
-    report.update({"path": str(st), "sha256": sha256_file(st)})
+    report.update({"path": str(st), "sha256": sha256_of(st)})
     return module.eval(), report
 
 

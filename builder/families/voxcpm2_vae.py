@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checkpoint import CheckpointError, KeyRules, load_strict, sha256_file
+from ...runtime.artifact import sha256_of
+from ..checkpoint import CheckpointError, KeyRules, load_strict
 from ..layers.snake import Snake1d
 from ..passes.weight_norm import NEW_G, NEW_V, legacy_weight_norm_to_new, weight_norm
 
@@ -267,7 +268,7 @@ def read_vae_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict]
     else:
         raise FileNotFoundError(f"{d}: neither audiovae.safetensors nor audiovae.pth found")
     loaded, report = _classify(state, str(path))
-    report["path"], report["sha256"] = str(path), sha256_file(path)
+    report["path"], report["sha256"] = str(path), sha256_of(path)
     return legacy_weight_norm_to_new(loaded), report
 
 
