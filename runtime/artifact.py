@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -220,10 +221,41 @@ def _tensor_spec(d: dict, where: str) -> TensorSpec:
             raise ManifestError(f"manifest.json: {where}.shape has an invalid entry {s!r}")
     rng = d.get("range")
     if rng is not None:
-        if not (isinstance(rng, dict) and isinstance(rng.get("dim"), int) and isinstance(rng.get("high"), list)):
-            raise ManifestError(f"manifest.json: {where}.range must be {{dim, low, high[]}}")
-    return TensorSpec(name=_get(d, "name", str, where), dtype=dtype, shape=shape, pad=d.get("pad"), range=rng,
-                      finite=bool(d.get("finite", True)))
+        _check_range_spec(rng, shape, f"{where}.range")
+    pad = d.get("pad")
+    if pad is not None and not _is_number(pad):
+        raise ManifestError(f"manifest.json: {where}.pad must be a number or null, got {pad!r}")
+    finite = d.get("finite", True)
+    if not isinstance(finite, bool):
+        raise ManifestError(f"manifest.json: {where}.finite must be true or false, got {finite!r}")
+    return TensorSpec(name=_get(d, "name", str, where), dtype=dtype, shape=shape, pad=pad, range=rng,
+                      finite=finite)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def _check_range_spec(rng: Any, shape: list, where: str) -> None:
+    """`{dim, low, high[]}`: high holds one int bound for every index along dim, or one per index of a static
+    dimension (per-codebook sizes)."""
+    ok = (isinstance(rng, dict) and _is_int(rng.get("dim")) and 0 <= rng["dim"] < len(shape)
+          and _is_int(rng.get("low", 0)) and isinstance(rng.get("high"), list) and rng["high"]
+          and all(_is_int(h) for h in rng["high"]))
+    if not ok:
+        raise ManifestError(f"manifest.json: {where} must be {{dim: a dimension of the tensor, low: int, "
+                            f"high: [int, ...]}}, got {rng!r}")
+    size = shape[rng["dim"]]
+    if len(rng["high"]) != 1 and size != len(rng["high"]):
+        raise ManifestError(f"manifest.json: {where}.high has {len(rng['high'])} bounds for dimension "
+                            f"{rng['dim']} of size {size!r} (one bound for all, or one per index of a static "
+                            "dimension)")
+    if any(h <= rng.get("low", 0) for h in rng["high"]):
+        raise ManifestError(f"manifest.json: {where}.high bounds must exceed low")
 
 
 def _file_entry(d: dict, where: str) -> FileEntry:
@@ -280,9 +312,12 @@ def _stage(name: str, d: dict) -> StageEntry:
                                 "(a weight cannot be written into such a layout)")
         constants[cname] = WeightSpec(dtype=cd, shape=shape, stride=stride)
     golden = d.get("golden")
+    metadata = d.get("metadata", {})
+    inputs = [_tensor_spec(x, f"{w}.inputs[{i}]") for i, x in enumerate(_get(d, "inputs", list, w))]
+    _check_metadata(kind, metadata, inputs, f"{w}.metadata")
     return StageEntry(
         name=name, kind=kind, dtype=dtype,
-        inputs=[_tensor_spec(x, f"{w}.inputs[{i}]") for i, x in enumerate(_get(d, "inputs", list, w))],
+        inputs=inputs,
         outputs=[_tensor_spec(x, f"{w}.outputs[{i}]") for i, x in enumerate(_get(d, "outputs", list, w))],
         weights=(_file_entry(_get(d, "weights", dict, w), f"{w}.weights") if d.get("weights") is not None
                  else None),
@@ -290,9 +325,78 @@ def _stage(name: str, d: dict) -> StageEntry:
         golden=_file_entry(golden, f"{w}.golden") if golden else None,
         golden_cases=list(d.get("golden_cases", [])),
         tolerance=_get(d, "tolerance", float, w),
-        metadata=dict(d.get("metadata", {})), config=dict(d.get("config", {})),
-        passes=list(d.get("passes", [])), checkpoint=dict(d.get("checkpoint", {})), onnx=onnx,
+        metadata=dict(metadata), config=_get_optional(d, "config", dict, w, {}),
+        passes=_get_optional(d, "passes", list, w, []), checkpoint=_get_optional(d, "checkpoint", dict, w, {}),
+        onnx=onnx,
     )
+
+
+def _get_optional(d: dict, key: str, typ, where: str, default):
+    return _get(d, key, typ, where) if d.get(key) is not None else type(default)(default)
+
+
+# What each stage kind's runtime class reads from `metadata` (artifacts/README.md "Stage metadata by kind"):
+# key → (check, what it must be). Validated at load so an edited value is a ManifestError, never a bare
+# ValueError or KeyError from deep inside a call.
+def _positive_int(v: Any) -> bool:
+    return _is_int(v) and v > 0
+
+
+def _non_negative_int(v: Any) -> bool:
+    return _is_int(v) and v >= 0
+
+
+_STREAMING_KEYS = ("chunk_frames", "left_context_frames", "first_chunk_frames", "nonstreaming_chunk_frames")
+_REQUIRED_METADATA: dict[str, dict[str, tuple[Any, str]]] = {
+    "codec_decoder": {"sample_rate": (_positive_int, "a positive int"),
+                      "samples_per_frame": (_positive_int, "a positive int")},
+    "codec_encoder": {"sample_rate": (_positive_int, "a positive int"),
+                      "samples_per_frame": (_positive_int, "a positive int")},
+    "lm_step": {"max_len": (_positive_int, "a positive int"), "cache_dtype": (lambda v: v in DTYPES, "a dtype name"),
+                "cache_inputs": (lambda v: isinstance(v, list) and len(v) == 2
+                                 and all(isinstance(x, str) for x in v), "two input names [k, v]"),
+                "cache_shape": (lambda v: isinstance(v, list) and len(v) == 5 and v.count("batch") == 1
+                                and all(v_ == "batch" or _positive_int(v_) for v_ in v),
+                                "[layers, 'batch', kv_heads, positions, head_dim]"),
+                "position_input": (lambda v: isinstance(v, str), "an input name")},
+}
+_REQUIRED_METADATA["lm_prefill"] = {**{k: v for k, v in _REQUIRED_METADATA["lm_step"].items()
+                                       if k != "position_input"},
+                                    "length_input": (lambda v: isinstance(v, str), "an input name")}
+
+
+def _check_metadata(kind: str, md: Any, inputs: list[TensorSpec], where: str) -> None:
+    if not isinstance(md, dict):
+        raise ManifestError(f"manifest.json: {where} must be an object")
+    for key, (ok, what) in _REQUIRED_METADATA.get(kind, {}).items():
+        if key not in md:
+            raise ManifestError(f"manifest.json: {where}.{key} is missing (stage kind {kind!r} needs it)")
+        if not ok(md[key]):
+            raise ManifestError(f"manifest.json: {where}.{key} must be {what}, got {md[key]!r}")
+    names = [s.name for s in inputs]
+    for key in ("cache_inputs", "position_input", "length_input"):
+        if key in md and kind in ("lm_step", "lm_prefill"):
+            for n in md[key] if isinstance(md[key], list) else [md[key]]:
+                if n not in names:
+                    raise ManifestError(f"manifest.json: {where}.{key} names {n!r}, which is not an input")
+    if kind in ("lm_step", "lm_prefill"):
+        cache_len = md["cache_shape"][3]
+        if cache_len != md["max_len"] + 1:
+            raise ManifestError(f"manifest.json: {where}.cache_shape positions {cache_len} must be max_len + 1 "
+                                f"({md['max_len'] + 1}: the scratch slot)")
+        if "lm" in md and not isinstance(md["lm"], str):
+            raise ManifestError(f"manifest.json: {where}.lm must be a string")
+    st = md.get("streaming")
+    if st is not None and not (isinstance(st, dict) and all(_non_negative_int(st.get(k, 0)) for k in _STREAMING_KEYS)):
+        raise ManifestError(f"manifest.json: {where}.streaming must map {', '.join(_STREAMING_KEYS)} to ints ≥ 0")
+    sd = md.get("sampling_defaults")
+    if sd is not None and not (isinstance(sd, dict) and _is_number(sd.get("temperature", 1.0))
+                               and _non_negative_int(sd.get("top_k", 0)) and _is_number(sd.get("top_p", 1.0))
+                               and 0 < sd.get("top_p", 1.0) <= 1):
+        raise ManifestError(f"manifest.json: {where}.sampling_defaults must be {{temperature: number, top_k: int ≥ "
+                            "0, top_p: (0, 1]}}")
+    if not isinstance(md.get("allow_tf32", False), bool):
+        raise ManifestError(f"manifest.json: {where}.allow_tf32 must be true or false")
 
 
 def _onnx_entry(d: dict, where: str) -> OnnxEntry:

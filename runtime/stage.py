@@ -356,9 +356,11 @@ class Stage:
         bad = (x < low) | (x >= high)
         if bool(bad.any()):
             idx = tuple(int(i) for i in bad.nonzero()[0].tolist())
-            limit = rng["high"][idx[rng["dim"]]]
+            at = idx[rng["dim"]]
+            limit = rng["high"][at if len(rng["high"]) > 1 else 0]
+            where = f" (codebook {at})" if len(rng["high"]) > 1 else ""
             raise InputRangeError(f"{self.name}: input {spec.name!r}{list(idx)} = {int(x[idx])} is outside "
-                                  f"[{low}, {limit}) (codebook {idx[rng['dim']]})")
+                                  f"[{low}, {limit}){where}")
 
     def pick_bucket(self, sizes: dict[str, int]) -> BucketEntry | None:
         fits = [b for b in self.entry.buckets if all(b.sizes[a] >= sizes[a] for a in self._axes)]

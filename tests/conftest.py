@@ -13,8 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 from filelock import FileLock
+from hypothesis import HealthCheck, settings
 
 warnings.filterwarnings("ignore", category=FutureWarning)
+
+# Property tests: CI runs a fixed, reproducible set (derandomized, hypothesis pinned in pyproject's `test` extra);
+# `HYPOTHESIS_PROFILE=explore make test` searches freely with more, random examples on a developer's machine.
+settings.register_profile("ci", max_examples=30, derandomize=True, deadline=None,
+                          suppress_health_check=list(HealthCheck), print_blob=True)
+settings.register_profile("explore", max_examples=300, derandomize=False, deadline=None,
+                          suppress_health_check=list(HealthCheck), print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("TTSAOT_TEST_ARTIFACTS", ROOT / ".pytest_artifacts"))
 

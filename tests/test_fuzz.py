@@ -8,13 +8,10 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ttsaot.runtime import BindingError, InputError, IntegrityError, TTSAOTError, load
-
-FAST = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-
 
 @pytest.fixture(scope="module")
 def bundle(qwen_tiny_fp32):
@@ -38,7 +35,6 @@ def _fresh_copy(src, workdir, name):
 DTYPES = [torch.int64, torch.int32, torch.float32, torch.bool, torch.uint8]
 
 
-@FAST
 @given(dtype=st.sampled_from(DTYPES), shape=st.lists(st.integers(0, 20), min_size=0, max_size=4),
        low=st.integers(-5, 70), span=st.integers(1, 80), nan=st.booleans())
 def test_random_requests_get_output_or_typed_error(bundle, dtype, shape, low, span, nan):
@@ -73,7 +69,6 @@ def test_stage_usable_after_every_kind_of_error(bundle):
 
 
 # ------------------------------------------------------------------------------------------- artifact files
-@FAST
 @given(data=st.data())
 def test_any_flipped_byte_is_refused(qwen_tiny_fp32, workdir, data):
     art = _fresh_copy(qwen_tiny_fp32, workdir, "flip")
@@ -87,7 +82,6 @@ def test_any_flipped_byte_is_refused(qwen_tiny_fp32, workdir, data):
         load(art)
 
 
-@FAST
 @given(data=st.data())
 def test_any_truncation_is_refused(qwen_tiny_fp32, workdir, data):
     art = _fresh_copy(qwen_tiny_fp32, workdir, "trunc")
@@ -116,7 +110,6 @@ JUNK = st.one_of(st.none(), st.booleans(), st.integers(-3, 100), st.floats(allow
                  st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(data=st.data())
 def test_manifest_mutations_end_in_typed_errors(qwen_tiny_fp32, workdir, data):
     art = _fresh_copy(qwen_tiny_fp32, workdir, "mani")
