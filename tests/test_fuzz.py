@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from ttsaot.runtime import BindingError, InputError, IntegrityError, TTSAOTError, load
 
+
 @pytest.fixture(scope="module")
 def bundle(qwen_tiny_fp32):
     return load(qwen_tiny_fp32)
