@@ -1,0 +1,357 @@
+"""Build-time modules over the conv kernels (builder/kernels/conv1d.py), free of family code.
+
+- `KernelConv1d`, `KernelConvTranspose1d`, `KernelDwConv1d`: drop-ins for CausalConv1d / CausalConvTranspose1d /
+  a causal depthwise conv (weights baked once by `from_conv`), each with an optional fused epilogue
+  (residual input, per-channel affine, SnakeBeta / tanh / clamp, second `pre` output, output dtype).
+- `fuse_conv_chain(items)`: turns a codec decoder/encoder written as a flat list of generic items
+  (snakes, convs, `Residual([...])` branches, `Affine`, "tanh"/"clamp", any other module as an opaque step) into
+  a `FusedConvChain` that runs every conv with the activation that FOLLOWS it, the residual add that closes its
+  branch, and the second output that the next branch needs as its skip, all in the conv's epilogue:
+  Snake → conv(k, d) → Snake → conv(1) → +skip → next Snake costs 2 launches per residual unit instead of ~6 passes.
+
+Mapping the three codecs (phase 2 builds the item lists from the family modules):
+- Qwen3-TTS ResidualUnit and Fish DAC ResidualUnit: `Residual([snake1, conv1(k7, d), snake2, conv2(k1)])`
+  (SnakeBeta log-scale and Snake1d linear-alpha both bake to BakedSnakeBeta; causal convs keep the length, so the
+  skip is never cropped);
+- VoxCPM2 CausalResidualUnit: the same with a DEPTHWISE conv1 (groups = channels, `KernelDwConv1d`), and the
+  baked sample-rate conditioning before each decoder block as `Affine(scale, shift)`;
+- decoder blocks: `snake, conv_transpose, Residual(...)×3`; heads: `snake, conv(k7), "tanh"` (Fish, VoxCPM2) or
+  `"clamp"` with `out_dtype=torch.float32` (Qwen's clamp(−1, 1).float()).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..layers.snake import BakedSnakeBeta, Snake1d, SnakeBeta
+from . import conv1d as _ops  # noqa: F401  (registers torch.ops.ttsaot.conv*)
+from .conv1d import ACTS, PRECISIONS, ConvBakeError, ConvMeta, bake_conv1d, bake_conv_transpose1d, bake_dwconv1d
+
+
+def _param(t: torch.Tensor | None) -> nn.Parameter | None:
+    return None if t is None else nn.Parameter(t.detach().clone().contiguous(), requires_grad=False)
+
+
+def _snake_params(snake: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(alpha, inv_beta) fp32 of a BakedSnakeBeta, or of an unbaked SnakeBeta / Snake1d (baked here)."""
+    if isinstance(snake, SnakeBeta):
+        snake = BakedSnakeBeta.from_log_scale(snake.alpha, snake.beta)
+    elif isinstance(snake, Snake1d):
+        snake = BakedSnakeBeta.from_linear(snake.alpha)
+    if not (hasattr(snake, "alpha") and hasattr(snake, "inv_beta")):
+        raise ConvBakeError(f"{type(snake).__name__}: not a snake (needs alpha and inv_beta)")
+    return snake.alpha.detach().float().flatten(), snake.inv_beta.detach().float().flatten()
+
+
+class _KernelConvBase(nn.Module):
+    """Epilogue state shared by the three kernel modules. alpha/inv_beta stay fp32 through
+    passes.cast.cast_to_compute_dtype (`<name>_keep_fp32`); weight, bias, scale and shift take the compute dtype,
+    as the eager modules' parameters do."""
+
+    alpha_keep_fp32 = inv_beta_keep_fp32 = True
+
+    def _init_epilogue(self, channels: int, act: str, snake: Any, affine: tuple | None, write_pre: bool,
+                       out_dtype: torch.dtype | None) -> None:
+        if act not in ACTS:
+            raise ConvBakeError(f"act must be one of {ACTS}, got {act!r}")
+        if (act == "snake") != (snake is not None):
+            raise ConvBakeError("a snake module is given exactly when act='snake'")
+        self.act, self.write_pre, self.out_dtype = act, write_pre, out_dtype
+        a, ib = _snake_params(snake) if snake is not None else (None, None)
+        for name, t in (("alpha", a), ("inv_beta", ib)):
+            if t is not None and t.shape != (channels,):
+                raise ConvBakeError(f"{name} has {t.numel()} channels, the conv outputs {channels}")
+            self.register_buffer(name, None if t is None else t.contiguous())
+        sc, sh = (None, None) if affine is None else (affine[0].detach().flatten(), affine[1].detach().flatten())
+        for name, t in (("scale", sc), ("shift", sh)):
+            if t is not None and t.shape != (channels,):
+                raise ConvBakeError(f"affine {name} has {t.numel()} channels, the conv outputs {channels}")
+            self.register_buffer(name, None if t is None else t.clone().contiguous())
+
+    def _epilogue_args(self) -> tuple:
+        return self.scale, self.shift, self.alpha, self.inv_beta
+
+    def extra_repr(self) -> str:
+        return (f"act={self.act}, write_pre={self.write_pre}, affine={self.scale is not None}, "
+                f"out_dtype={self.out_dtype}")
+
+
+class KernelConv1d(_KernelConvBase):
+    """`ttsaot::conv1d` (or `conv1d_dual` with write_pre): forward(x, residual=None) → out, or (pre, out)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, meta: ConvMeta, *, act: str = "none",
+                 snake: Any = None, affine: tuple | None = None, write_pre: bool = False,
+                 out_dtype: torch.dtype | None = None, precision: str = "ieee") -> None:
+        super().__init__()
+        if precision not in PRECISIONS:
+            raise ConvBakeError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        self.weight, self.bias, self.meta, self.precision = _param(weight), _param(bias), meta, precision
+        self._init_epilogue(meta.cout, act, snake, affine, write_pre, out_dtype)
+
+    @classmethod
+    def from_conv(cls, conv: nn.Module, **epilogue) -> KernelConv1d:
+        w, b, meta = bake_conv1d(conv)
+        return cls(w, b, meta, **epilogue)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        m = self.meta
+        op = torch.ops.ttsaot.conv1d_dual if self.write_pre else torch.ops.ttsaot.conv1d
+        return op(x, self.weight, self.bias, residual, *self._epilogue_args(), m.kernel_size, m.stride, m.dilation,
+                  m.left_pad, m.tap_major, self.act, self.out_dtype, self.precision)
+
+
+class KernelConvTranspose1d(_KernelConvBase):
+    """`ttsaot::conv_transpose1d(_dual)`: exactly T·stride outputs (CausalConvTranspose1d's trimmed form)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, act: str = "none", snake: Any = None,
+                 affine: tuple | None = None, write_pre: bool = False, out_dtype: torch.dtype | None = None,
+                 precision: str = "ieee") -> None:
+        super().__init__()
+        if precision not in PRECISIONS:
+            raise ConvBakeError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        self.weight, self.bias, self.precision = _param(weight), _param(bias), precision
+        self.stride = weight.shape[1]
+        self._init_epilogue(weight.shape[0], act, snake, affine, write_pre, out_dtype)
+
+    @classmethod
+    def from_conv(cls, conv: nn.Module, **epilogue) -> KernelConvTranspose1d:
+        w, b, _ = bake_conv_transpose1d(conv)
+        return cls(w, b, **epilogue)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        op = torch.ops.ttsaot.conv_transpose1d_dual if self.write_pre else torch.ops.ttsaot.conv_transpose1d
+        return op(x, self.weight, self.bias, residual, *self._epilogue_args(), self.act, self.out_dtype,
+                  self.precision)
+
+
+class KernelDwConv1d(_KernelConvBase):
+    """`ttsaot::dwconv1d`: causal depthwise conv (stride 1). No second output: where a skip must be kept, the
+    chain writes the plain conv output and runs the snake separately."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dilation: int, left_pad: int, *,
+                 act: str = "none", snake: Any = None, affine: tuple | None = None,
+                 out_dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.weight, self.bias, self.dilation, self.left_pad = _param(weight), _param(bias), dilation, left_pad
+        self._init_epilogue(weight.shape[0], act, snake, affine, False, out_dtype)
+
+    @classmethod
+    def from_conv(cls, conv: nn.Module, **epilogue) -> KernelDwConv1d:
+        w, b, dil, left = bake_dwconv1d(conv)
+        return cls(w, b, dil, left, **epilogue)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.ops.ttsaot.dwconv1d(x, self.weight, self.bias, residual, *self._epilogue_args(),
+                                         self.dilation, self.left_pad, self.act, self.out_dtype)
+
+
+# ------------------------------------------------------------------------------------------ chains
+@dataclass
+class Residual:
+    """x + branch(x): the branch is a list of chain items (no nested Residual)."""
+
+    branch: Sequence[Any]
+
+
+@dataclass
+class Affine:
+    """x · scale + shift per channel (VoxCPM2's baked sample-rate conditioning); scale, shift [C]."""
+
+    scale: torch.Tensor
+    shift: torch.Tensor
+
+
+@dataclass
+class _Tok:
+    kind: str            # conv | convT | dw | snake | res_begin | res_end | affine | act | opaque
+    obj: Any = None
+
+
+def _is_depthwise(m: nn.Module) -> bool:
+    inner = getattr(m, "conv", m)
+    if isinstance(inner, nn.Conv1d):
+        return inner.groups > 1 and inner.groups == inner.in_channels == inner.out_channels
+    return type(m).__name__ == "ShiftDepthwiseConv1d"
+
+
+def _classify(item: Any) -> _Tok:
+    if isinstance(item, str):
+        if item not in ("tanh", "clamp"):
+            raise ConvBakeError(f"unknown chain item {item!r} (string items: 'tanh', 'clamp')")
+        return _Tok("act", item)
+    if isinstance(item, nn.Tanh):
+        return _Tok("act", "tanh")
+    if isinstance(item, Affine):
+        return _Tok("affine", item)
+    if isinstance(item, (SnakeBeta, Snake1d, BakedSnakeBeta)):
+        return _Tok("snake", item)
+    inner = getattr(item, "conv", item)
+    if isinstance(inner, nn.ConvTranspose1d):
+        return _Tok("convT", item)
+    if _is_depthwise(item):
+        return _Tok("dw", item)
+    if isinstance(inner, nn.Conv1d) and hasattr(item, "left_pad"):
+        return _Tok("conv", item)
+    if isinstance(item, nn.Module):
+        return _Tok("opaque", item)
+    raise ConvBakeError(f"unsupported chain item {type(item).__name__}")
+
+
+def _tokens(items: Sequence[Any], nested: bool = False) -> list[_Tok]:
+    out: list[_Tok] = []
+    for it in items:
+        if isinstance(it, Residual):
+            if nested:
+                raise ConvBakeError("nested Residual branches are not supported")
+            out += [_Tok("res_begin"), *_tokens(it.branch, nested=True), _Tok("res_end")]
+        else:
+            out.append(_classify(it))
+    return out
+
+
+class _Step(nn.Module):
+    """One launch (or an opaque module) of a chain: (cur, skip) → (cur, skip)."""
+
+    def __init__(self, mod: nn.Module, kind: str, use_skip: bool = False, set_skip: str | None = None) -> None:
+        super().__init__()
+        self.mod, self.kind, self.use_skip, self.set_skip = mod, kind, use_skip, set_skip
+
+    def forward(self, cur: torch.Tensor, skip: torch.Tensor | None):
+        if self.kind == "kernel":
+            y = self.mod(cur, skip if self.use_skip else None)
+            if isinstance(y, tuple):                       # dual output: (pre → skip, act → cur)
+                return y[1], y[0]
+            return y, (y if self.set_skip == "out" else skip)
+        if self.kind == "set_skip":
+            return cur, cur
+        if self.kind == "add_skip":
+            return cur + skip, skip
+        return self.mod(cur), skip                         # snake / affine / act / opaque / cast
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind}, use_skip={self.use_skip}, set_skip={self.set_skip}"
+
+
+class _AffineMod(nn.Module):
+    def __init__(self, a: Affine) -> None:
+        super().__init__()
+        self.register_buffer("scale", a.scale.detach().reshape(1, -1, 1).clone().contiguous())
+        self.register_buffer("shift", a.shift.detach().reshape(1, -1, 1).clone().contiguous())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale + self.shift
+
+
+class _ActMod(nn.Module):
+    def __init__(self, act: str, out_dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.act, self.out_dtype = act, out_dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.act == "tanh":
+            x = torch.tanh(x)
+        elif self.act == "clamp":
+            x = x.clamp(-1.0, 1.0)
+        return x if self.out_dtype is None else x.to(self.out_dtype)
+
+
+@dataclass
+class ChainPlan:
+    """What fuse_conv_chain made of the items: one line per step (for the manifest/inspect and tests)."""
+
+    steps: list[str] = field(default_factory=list)
+
+    @property
+    def launches(self) -> int:
+        return sum(1 for s in self.steps if not s.startswith(("set_skip", "opaque")))
+
+
+class FusedConvChain(nn.Module):
+    """forward(x) runs the fused steps; `plan` describes them."""
+
+    def __init__(self, steps: list[_Step], plan: ChainPlan) -> None:
+        super().__init__()
+        self.steps = nn.ModuleList(steps)
+        self.plan = plan
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cur, skip = x, None
+        for step in self.steps:
+            cur, skip = step(cur, skip)
+        return cur
+
+
+def fuse_conv_chain(items: Sequence[Any], *, out_dtype: torch.dtype | None = None,
+                    precision: str = "ieee") -> FusedConvChain:
+    """Compile a flat item list into fused kernel launches (see the module docstring). `out_dtype` is the dtype
+    of the chain's result (Qwen: fp32 after the clamp); `precision` is used by every fp32 GEMM conv."""
+    toks = _tokens(items)
+    steps: list[_Step] = []
+    plan = ChainPlan()
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        if t.kind in ("conv", "convT", "dw"):
+            j = i + 1
+            use_skip = j < len(toks) and toks[j].kind == "res_end"
+            j += use_skip
+            affine = None
+            if j < len(toks) and toks[j].kind == "affine":
+                affine, j = (toks[j].obj.scale, toks[j].obj.shift), j + 1
+            need_pre = j < len(toks) and toks[j].kind == "res_begin" and t.kind != "dw"
+            if need_pre and j + 1 < len(toks) and toks[j + 1].kind in ("snake", "act"):
+                j += 1
+            else:
+                need_pre = False
+            act, snake = "none", None
+            if j < len(toks) and toks[j].kind == "snake":
+                act, snake, j = "snake", toks[j].obj, j + 1
+            elif j < len(toks) and toks[j].kind == "act":
+                act, j = toks[j].obj, j + 1
+            set_skip = None
+            if not need_pre and j < len(toks) and toks[j].kind == "res_begin":
+                set_skip, j = "out", j + 1              # the activated output itself is the next skip
+            last = j >= len(toks)
+            ep = dict(act=act, snake=snake, affine=affine, out_dtype=out_dtype if last else None)
+            if t.kind == "conv":
+                mod = KernelConv1d.from_conv(t.obj, write_pre=need_pre, precision=precision, **ep)
+            elif t.kind == "convT":
+                mod = KernelConvTranspose1d.from_conv(t.obj, write_pre=need_pre, precision=precision, **ep)
+            else:
+                mod = KernelDwConv1d.from_conv(t.obj, **ep)
+            steps.append(_Step(mod, "kernel", use_skip=use_skip, set_skip=set_skip))
+            plan.steps.append(f"{t.kind}({'+skip' if use_skip else ''}{'+affine' if affine else ''}"
+                              f"{'+' + act if act != 'none' else ''}{', pre→skip' if need_pre else ''}"
+                              f"{', out→skip' if set_skip else ''})")
+            i = j
+            continue
+        if t.kind == "snake":
+            a, ib = _snake_params(t.obj)
+            steps.append(_Step(BakedSnakeBeta(a, ib), "snake"))
+        elif t.kind == "res_begin":
+            steps.append(_Step(nn.Identity(), "set_skip"))
+        elif t.kind == "res_end":
+            steps.append(_Step(nn.Identity(), "add_skip"))
+        elif t.kind == "affine":
+            steps.append(_Step(_AffineMod(t.obj), "affine"))
+        elif t.kind == "act":
+            steps.append(_Step(_ActMod(t.obj), "act"))
+        else:
+            steps.append(_Step(t.obj, "opaque"))
+        plan.steps.append(t.kind if t.kind != "act" else f"act({t.obj})")
+        i += 1
+    if out_dtype is not None and not (steps and steps[-1].kind == "kernel"):
+        steps.append(_Step(_ActMod("none", out_dtype), "cast"))
+        plan.steps.append(f"cast({out_dtype})")
+    return FusedConvChain(steps, plan)
+
+
+__all__ = [
+    "Affine", "ChainPlan", "FusedConvChain", "KernelConv1d", "KernelConvTranspose1d", "KernelDwConv1d", "Residual",
+    "fuse_conv_chain",
+]
