@@ -425,15 +425,19 @@ def _flags(x: torch.Tensor, act: str) -> dict[str, Any]:
 def launch_conv_gemm(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, shift, alpha, inv_beta, *,
                      rows: int, tout: int, ksize: int, dilation: int, stride: int, pad: int, phases: int,
                      tap_major: bool, act: str, write_pre: bool, out_dtype, precision: str,
-                     wrap=lambda k: k, config: ConvKernelConfig | None = None):
+                     wrap=lambda k: k, config: ConvKernelConfig | None = None, out: torch.Tensor | None = None,
+                     pre: torch.Tensor | None = None):
     """Launch the implicit-GEMM kernel; returns (out, pre or None), out [B, rows/phases, tout·phases].
-    `config` skips autotuning (the interpreter tests use it: the autotuner's benchmark needs a GPU)."""
+    `config` skips autotuning (the interpreter tests use it: the autotuner's benchmark needs a GPU); `out`/`pre`
+    are preallocated outputs (tests poison them to see that every element is written)."""
     x = x.contiguous()
     B, Cin, T = x.shape
     R = w.numel() // rows
     cout = rows // phases
-    out = torch.empty((B, cout, tout * phases), dtype=out_dtype or x.dtype, device=x.device)
-    pre = torch.empty((B, cout, tout * phases), dtype=x.dtype, device=x.device) if write_pre else None
+    if out is None:
+        out = torch.empty((B, cout, tout * phases), dtype=out_dtype or x.dtype, device=x.device)
+    if pre is None and write_pre:
+        pre = torch.empty((B, cout, tout * phases), dtype=x.dtype, device=x.device)
     torch._check(Cin * T < 2**31 and cout * tout * phases < 2**31, lambda: "per-sample tensor too large")
     cuda = x.device.type == "cuda"
     meta = dict(TAP_MAJOR=tap_major, POINTWISE=(ksize == 1 and stride == 1 and pad == 0),
@@ -458,10 +462,11 @@ def launch_conv_gemm(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, sh
 
 def launch_dwconv(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, shift, alpha, inv_beta, *,
                   tout: int, dilation: int, pad: int, act: str, out_dtype, wrap=lambda k: k,
-                  config: DwKernelConfig | None = None) -> torch.Tensor:
+                  config: DwKernelConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     x = x.contiguous()
     B, C, T = x.shape
-    out = torch.empty((B, C, tout), dtype=out_dtype or x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((B, C, tout), dtype=out_dtype or x.dtype, device=x.device)
     torch._check(C * max(T, tout) < 2**31, lambda: "per-sample tensor too large")
     meta = dict(HAS_BIAS=bias is not None, HAS_RES=residual is not None, HAS_AFFINE=scale is not None,
                 WRITE_PRE=False, **_flags(x, act))
@@ -483,8 +488,9 @@ def launch_dwconv(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, shift
 # ------------------------------------------------------------------------------------------ op bodies
 def conv1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, kernel_size: int, stride: int,
                    dilation: int, left_pad: int, tap_major: bool, act: str, out_dtype, precision: str,
-                   write_pre: bool, wrap=lambda k: k, config: ConvKernelConfig | None = None):
-    """Shared body of ttsaot::conv1d(_dual): (pre, out) with pre None unless write_pre."""
+                   write_pre: bool, wrap=lambda k: k, config: ConvKernelConfig | None = None, out=None, pre=None):
+    """Shared body of ttsaot::conv1d(_dual): (pre, out) with pre None unless write_pre. With `config` the kernel
+    runs on any device (CPU: TRITON_INTERPRET=1) into the optional preallocated `out`/`pre`."""
     Cout, Cin, tout = _check_conv1d(x, weight, kernel_size, stride, dilation, left_pad, tap_major)
     _check_epilogue(x, Cout, (x.shape[0], Cout, tout), bias, residual, scale, shift, alpha, inv_beta, act,
                     out_dtype, precision)
@@ -495,13 +501,13 @@ def conv1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, ker
     out, pre = launch_conv_gemm(x, weight, bias, residual, scale, shift, alpha, inv_beta, rows=Cout, tout=tout,
                                 ksize=kernel_size, dilation=dilation, stride=stride, pad=left_pad, phases=1,
                                 tap_major=tap_major, act=act, write_pre=write_pre, out_dtype=out_dtype,
-                                precision=precision, wrap=wrap, config=config)
+                                precision=precision, wrap=wrap, config=config, out=out, pre=pre)
     return pre, out
 
 
 def conv_transpose1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, act: str, out_dtype,
                              precision: str, write_pre: bool, wrap=lambda k: k,
-                             config: ConvKernelConfig | None = None):
+                             config: ConvKernelConfig | None = None, out=None, pre=None):
     Cout, s, M, Cin = _check_conv_transpose1d(x, weight)
     T = x.shape[2]
     _check_epilogue(x, Cout, (x.shape[0], Cout, T * s), bias, residual, scale, shift, alpha, inv_beta, act,
@@ -513,12 +519,12 @@ def conv_transpose1d_forward(x, weight, bias, residual, scale, shift, alpha, inv
     out, pre = launch_conv_gemm(x, weight, bias, residual, scale, shift, alpha, inv_beta, rows=Cout * s, tout=T,
                                 ksize=M, dilation=1, stride=1, pad=M - 1, phases=s, tap_major=True, act=act,
                                 write_pre=write_pre, out_dtype=out_dtype, precision=precision, wrap=wrap,
-                                config=config)
+                                config=config, out=out, pre=pre)
     return pre, out
 
 
 def dwconv1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, dilation: int, left_pad: int,
-                     act: str, out_dtype, wrap=lambda k: k, config: DwKernelConfig | None = None):
+                     act: str, out_dtype, wrap=lambda k: k, config: DwKernelConfig | None = None, out=None):
     tout = _check_dwconv1d(x, weight, dilation, left_pad)
     _check_epilogue(x, x.shape[1], (x.shape[0], x.shape[1], tout), bias, residual, scale, shift, alpha, inv_beta,
                     act, out_dtype, "ieee")
@@ -526,7 +532,7 @@ def dwconv1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, d
         return dwconv1d_reference(x, weight, bias, residual, scale, shift, alpha, inv_beta, dilation, left_pad, act,
                                   out_dtype)
     return launch_dwconv(x, weight, bias, residual, scale, shift, alpha, inv_beta, tout=tout, dilation=dilation,
-                         pad=left_pad, act=act, out_dtype=out_dtype, wrap=wrap, config=config)
+                         pad=left_pad, act=act, out_dtype=out_dtype, wrap=wrap, config=config, out=out)
 
 
 # ------------------------------------------------------------------------------------------ registration
