@@ -325,9 +325,10 @@ def fuse_conv_chain(items: Sequence[Any], *, out_dtype: torch.dtype | None = Non
             else:
                 mod = KernelDwConv1d.from_conv(t.obj, **ep)
             steps.append(_Step(mod, "kernel", use_skip=use_skip, set_skip=set_skip))
-            plan.steps.append(f"{t.kind}({'+skip' if use_skip else ''}{'+affine' if affine else ''}"
-                              f"{'+' + act if act != 'none' else ''}{', pre→skip' if need_pre else ''}"
-                              f"{', out→skip' if set_skip else ''})")
+            parts = "".join(p for p, on in (("+skip", use_skip), ("+affine", affine is not None),
+                                               (f"+{act}", act != "none"), (", pre→skip", need_pre),
+                                               (", out→skip", set_skip is not None)) if on)
+            plan.steps.append(f"{t.kind}({parts.lstrip(', ')})" if parts else t.kind)
             i = j
             continue
         if t.kind == "snake":
@@ -343,7 +344,7 @@ def fuse_conv_chain(items: Sequence[Any], *, out_dtype: torch.dtype | None = Non
             steps.append(_Step(_ActMod(t.obj), "act"))
         else:
             steps.append(_Step(t.obj, "opaque"))
-        plan.steps.append(t.kind if t.kind != "act" else f"act({t.obj})")
+        plan.steps.append({"res_begin": "set_skip", "res_end": "add_skip", "act": f"act({t.obj})"}.get(t.kind, t.kind))
         i += 1
     if out_dtype is not None and not (steps and steps[-1].kind == "kernel"):
         steps.append(_Step(_ActMod("none", out_dtype), "cast"))
