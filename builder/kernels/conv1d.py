@@ -307,7 +307,8 @@ if HAVE_TRITON:
     @triton.jit
     def _conv_gemm_jit(x_ptr, w_ptr, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr, pre_ptr,
                        B, Cin, T, ROWS, TOUT, R, KSIZE, DIL, STRIDE, PAD, PHASES,
-                       TAP_MAJOR: tl.constexpr, POINTWISE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       TAP_MAJOR: tl.constexpr, POINTWISE: tl.constexpr, TAP_BLOCKED: tl.constexpr,
+                       HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, HAS_AFFINE: tl.constexpr, ACT: tl.constexpr,
                        WRITE_PRE: tl.constexpr, PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
                        FAST_SIN: tl.constexpr, GPU_MATH: tl.constexpr, EMULATE_RNE: tl.constexpr,
@@ -333,6 +334,14 @@ if HAVE_TRITON:
             if POINTWISE:
                 xm = r_ok[:, None] & (cols < T)[None, :]
                 xv = tl.load(x_b + rr[:, None] * T + cols[None, :], mask=xm, other=0.0)
+            elif TAP_BLOCKED:
+                # Cin is a multiple of BLOCK_R: the block is one tap over consecutive channels, so the shift and
+                # the padding mask are per column only.
+                j = r0 // Cin
+                ci = r0 - j * Cin + tl.arange(0, BLOCK_R)
+                tin = cols * STRIDE + (j * DIL - PAD)
+                xm = ((tin >= 0) & (tin < T))[None, :]
+                xv = tl.load(x_b + ci[:, None] * T + tin[None, :], mask=xm, other=0.0)
             else:
                 if TAP_MAJOR:
                     j = rr // Cin
@@ -440,7 +449,10 @@ def launch_conv_gemm(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, sh
         pre = torch.empty((B, cout, tout * phases), dtype=x.dtype, device=x.device)
     torch._check(Cin * T < 2**31 and cout * tout * phases < 2**31, lambda: "per-sample tensor too large")
     cuda = x.device.type == "cuda"
-    meta = dict(TAP_MAJOR=tap_major, POINTWISE=(ksize == 1 and stride == 1 and pad == 0),
+    pointwise = ksize == 1 and stride == 1 and pad == 0
+    block_r = config.block_r if config is not None else gemm_kernel_configs(x.dtype)[0].block_r
+    meta = dict(TAP_MAJOR=tap_major, POINTWISE=pointwise,
+                TAP_BLOCKED=tap_major and not pointwise and Cin % block_r == 0,
                 HAS_BIAS=bias is not None, HAS_RES=residual is not None, HAS_AFFINE=scale is not None,
                 WRITE_PRE=write_pre, PRECISION=precision if x.dtype == torch.float32 else "ieee",
                 UPCAST_DOT=not cuda, **_flags(x, act))
