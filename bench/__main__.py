@@ -1,5 +1,5 @@
 """`python -m bench [run] ...` measure · `python -m bench report` write BENCHMARKS.md ·
-`python -m bench snake` ·
+`python -m bench snake` · `python -m bench conv-kernels` ·
 `python -m bench list`. Internal: `_stage`, `_coldstart`, `_snake` (the per-process workers)."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 
 from .common import REPO, git_commit, now_iso, short_error, write_json
 
-COMMANDS = ("run", "report", "snake", "list", "build", "voxcpm-loop", "_stage", "_coldstart", "_snake")
+COMMANDS = ("run", "report", "snake", "conv-kernels", "list", "build", "voxcpm-loop", "_stage", "_coldstart",
+            "_snake")
 
 
 def _csv(value: str) -> list[str]:
@@ -518,10 +519,12 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("list", help="families, stages and the buckets the bench would measure")
 
+    from .conv_kernels import add_parser as add_conv_kernels
     from .prebuild import add_parser as add_build
     from .voxcpm_loop import add_parser as add_voxcpm_loop
 
     add_build(sub)
+    add_conv_kernels(sub)
 
     add_voxcpm_loop(sub)
 
@@ -567,6 +570,10 @@ def main(argv: list[str] | None = None) -> int:
         from .prebuild import main as prebuild
 
         return prebuild(a)
+    if a.cmd == "conv-kernels":
+        from .conv_kernels import main as conv_kernels
+
+        return conv_kernels(a)
     if a.cmd == "voxcpm-loop":
         from .voxcpm_loop import main as voxcpm_loop
 

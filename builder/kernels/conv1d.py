@@ -231,6 +231,9 @@ class DwKernelConfig:
     num_warps: int = 4
 
 
+DW_CONFIGS = (DwKernelConfig(8, 512, 4), DwKernelConfig(16, 256, 4), DwKernelConfig(32, 256, 8))
+
+
 # (BLOCK_M, BLOCK_N, warps): wgmma-sized tiles for wide layers, smaller ones for short inputs (50-frame buckets
 # at B=1 give few time tiles), 16-row tiles for the single-channel output conv.
 GEMM_TILES = ((128, 128, 8), (128, 64, 4), (64, 128, 4), (64, 64, 4), (16, 256, 4))
@@ -418,8 +421,8 @@ if HAVE_TRITON:
     _conv_gemm_32 = triton.autotune(configs=_triton_configs(torch.float32), key=_AUTOTUNE_KEY,
                                     prune_configs_by={"early_config_prune": _prune_autotune})(_conv_gemm_jit)
     _dwconv_tuned = triton.autotune(
-        configs=[triton.Config({"BLOCK_C": c, "BLOCK_T": t}, num_warps=w)
-                 for c, t, w in ((8, 512, 4), (16, 256, 4), (32, 256, 8))],
+        configs=[triton.Config({"BLOCK_C": c.block_c, "BLOCK_T": c.block_t}, num_warps=c.num_warps)
+                 for c in DW_CONFIGS],
         key=["C", "T", "KSIZE", "DIL"])(_dwconv_jit)
 
 
@@ -703,7 +706,7 @@ def bake_dwconv1d(conv) -> tuple[torch.Tensor, torch.Tensor | None, int, int]:
 
 
 __all__ = [
-    "ACTS", "CPU_DECOMPOSITIONS", "GEMM_TILES", "OPS", "PRECISIONS", "ConvBakeError", "ConvKernelConfig",
+    "ACTS", "CPU_DECOMPOSITIONS", "DW_CONFIGS", "GEMM_TILES", "OPS", "PRECISIONS", "ConvBakeError", "ConvKernelConfig",
     "ConvMeta", "DwKernelConfig", "bake_conv1d", "bake_conv_transpose1d", "bake_dwconv1d", "causal_out_len",
     "conv1d", "conv1d_dual", "conv1d_dual_reference", "conv1d_forward", "conv1d_reference", "conv_transpose1d",
     "conv_transpose1d_dual", "conv_transpose1d_dual_reference", "conv_transpose1d_forward",

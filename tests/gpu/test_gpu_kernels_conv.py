@@ -1,0 +1,153 @@
+"""The conv kernels compiled by Triton on CUDA (autotuned, through torch.ops) against their exact references at real
+codec layer shapes; fused chains against the eager modules; an AOTI CUDA build of a fused chain."""
+
+import pytest
+import torch
+
+from ttsaot.builder.kernels import conv1d as K
+from ttsaot.builder.kernels.conv_modules import Residual, fuse_conv_chain
+from ttsaot.builder.layers import SnakeBeta
+from ttsaot.builder.layers.conv import CausalConv1d, CausalConvTranspose1d
+from ttsaot.builder.passes import bake_snake, cast_to_compute_dtype
+
+pytestmark = pytest.mark.gpu
+
+# fp32 inputs: the references are exact fp32 (cuDNN with TF32 off); tf32x3 must land near fp32 rounding.
+TOL = {"bf16": 4e-3, "tf32": 2e-3, "tf32x3": 2e-6, "ieee": 2e-6}
+
+
+@pytest.fixture(autouse=True)
+def _exact_cudnn():
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = old
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def _inputs(cin, cout, T, B, dtype, g):
+    x = torch.randn(B, cin, T, generator=g, device="cuda").to(dtype)
+    a, ib = torch.rand(cout, device="cuda") + 0.5, torch.rand(cout, device="cuda")
+    return x, a, ib
+
+
+# (B, Cin, Cout, K, stride, dilation, T, precision): code2wav's dilated 192-ch conv and head, Fish DAC decoder
+# layers, the encoder's strided and first convs
+CONV_CASES = [(1, 192, 192, 7, 1, 9, 32000, "bf16"), (4, 384, 384, 7, 1, 9, 8000, "bf16"),
+              (1, 96, 1, 7, 1, 1, 96000, "bf16"), (1, 768, 768, 7, 1, 3, 928, "tf32"),
+              (1, 768, 768, 7, 1, 3, 928, "tf32x3"), (1, 384, 384, 1, 1, 1, 7424, "tf32x3"),
+              (1, 128, 256, 8, 4, 1, 221184, "tf32x3"), (1, 1, 64, 7, 1, 1, 442368, "tf32x3"),
+              (1, 1024, 1536, 7, 1, 1, 200, "bf16"), (2, 96, 96, 7, 1, 3, 1000, "ieee")]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_conv1d_op_on_cuda(case):
+    B, cin, cout, k, s, d, T, prec = case
+    dtype = torch.bfloat16 if prec == "bf16" else torch.float32
+    g = torch.Generator(device="cuda").manual_seed(0)
+    with torch.device("cuda"):
+        conv = CausalConv1d(cin, cout, k, stride=s, dilation=d)
+    w, b, m = K.bake_conv1d(conv)
+    w, b = w.to(dtype), b.to(dtype)
+    x, a, ib = _inputs(cin, cout, T, B, dtype, g)
+    tout = m.out_len(T)
+    res = torch.randn(B, cout, tout, generator=g, device="cuda").to(dtype)
+    args = (x, w, b, res, None, None, a, ib, k, s, d, m.left_pad, m.tap_major, "snake", None,
+            "ieee" if prec == "bf16" else prec)
+    pre, out = torch.ops.ttsaot.conv1d_dual(*args)
+    ref_pre, ref = K.conv1d_dual_reference(*args)
+    assert not out.isnan().any() and out.shape == ref.shape
+    assert _rel(pre, ref_pre) < TOL[prec] and _rel(out, ref) < TOL[prec] * 2
+    plain = torch.ops.ttsaot.conv1d(*args[:3], None, None, None, None, None, *args[8:13], "clamp", torch.float32,
+                                    args[15])
+    assert plain.dtype == torch.float32
+    assert _rel(plain, K.conv1d_reference(*args[:3], None, None, None, None, None, *args[8:13], "clamp",
+                                          torch.float32, args[15])) < TOL[prec]
+
+
+@pytest.mark.parametrize("case", [(1, 384, 192, 8, 4, 8000, "bf16"), (4, 1536, 768, 16, 8, 200, "bf16"),
+                                  (1, 1024, 1024, 2, 2, 50, "bf16"), (1, 1536, 768, 16, 8, 116, "tf32x3"),
+                                  (1, 192, 96, 6, 3, 29696, "tf32")], ids=lambda c: "-".join(map(str, c)))
+def test_conv_transpose1d_op_on_cuda(case):
+    B, cin, cout, k, s, T, prec = case
+    dtype = torch.bfloat16 if prec == "bf16" else torch.float32
+    g = torch.Generator(device="cuda").manual_seed(1)
+    with torch.device("cuda"):
+        ct = CausalConvTranspose1d(cin, cout, k, s)
+    w, b, _ = K.bake_conv_transpose1d(ct)
+    x, a, ib = _inputs(cin, cout, T, B, dtype, g)
+    args = (x, w.to(dtype), b.to(dtype), None, None, None, a, ib, "snake", None, "ieee" if prec == "bf16" else prec)
+    pre, out = torch.ops.ttsaot.conv_transpose1d_dual(*args)
+    ref_pre, ref = K.conv_transpose1d_dual_reference(*args)
+    assert out.shape == (B, cout, T * s)
+    assert _rel(pre, ref_pre) < TOL[prec] and _rel(out, ref) < TOL[prec] * 2
+
+
+@pytest.mark.parametrize("C,d,T,dtype", [(1024, 9, 288, torch.float32), (64, 3, 34560, torch.float32),
+                                         (32, 1, 69120, torch.bfloat16)])
+def test_dwconv1d_op_on_cuda(C, d, T, dtype):
+    g = torch.Generator(device="cuda").manual_seed(2)
+    w = torch.randn(C, 7, generator=g, device="cuda").to(dtype)
+    b = torch.randn(C, generator=g, device="cuda").to(dtype)
+    x, a, ib = _inputs(C, C, T, 1, dtype, g)
+    args = (x, w, b, None, None, None, a, ib, d, 6 * d, "snake", None)
+    assert _rel(torch.ops.ttsaot.dwconv1d(*args), K.dwconv1d_reference(*args)) < (1e-5 if dtype == torch.float32
+                                                                                  else 4e-3)
+
+
+def _qwen_block(dtype):
+    torch.manual_seed(0)
+    units = []
+    mods = [SnakeBeta(64), CausalConvTranspose1d(64, 32, 8, 4)]
+    items = list(mods)
+    for d in (1, 3, 9):
+        block = [SnakeBeta(32), CausalConv1d(32, 32, 7, dilation=d), SnakeBeta(32), CausalConv1d(32, 32, 1)]
+        units.append(torch.nn.Sequential(*block))
+        items.append(Residual(block))
+
+    class Eager(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Sequential(*mods)
+            self.units = torch.nn.ModuleList(units)
+
+        def forward(self, x):
+            x = self.head(x)
+            for u in self.units:
+                x = x + u(x)
+            return x
+
+    eager = Eager()
+    with torch.no_grad():
+        for n, p in eager.named_parameters():
+            p.copy_(torch.rand_like(p) * 0.5 if n.endswith(("alpha", "beta")) else torch.randn_like(p) * 0.1)
+    chain = cast_to_compute_dtype(fuse_conv_chain(items), dtype).cuda()
+    bake_snake(eager)
+    return cast_to_compute_dtype(eager, dtype).cuda().eval(), chain
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_chain_matches_eager_on_cuda(dtype):
+    eager, chain = _qwen_block(dtype)
+    x = torch.randn(2, 64, 500, device="cuda").to(dtype)
+    with torch.no_grad():
+        y, ref = chain(x), eager(x)
+    assert _rel(y, ref) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
+def test_fused_chain_aoti_cuda_package(tmp_path):
+    """The ops stay one node each under export and compile into the AOTI package (no Triton needed to run)."""
+    _, chain = _qwen_block(torch.bfloat16)
+    x = torch.randn(1, 64, 200, device="cuda").bfloat16()
+    with torch.no_grad():
+        ref = chain(x)
+        ep = torch.export.export(chain, (x,), strict=False)
+    names = [str(n.target) for n in ep.graph.nodes if n.op == "call_function" and "ttsaot" in str(n.target)]
+    assert names.count("ttsaot.conv1d_dual.default") == 2 and names.count("ttsaot.conv_transpose1d_dual.default") == 1
+    path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "chain.pt2"))
+    got = torch._inductor.aoti_load_package(path)(x)
+    assert _rel(got, ref) < 1e-2
