@@ -7,6 +7,8 @@ VAE decoder 36 frames, the Fish DAC encoder 10 s), identical shapes timed once. 
 - `cudnn_ms`: F.conv1d / conv_transpose1d on the pre-padded NCL input in the stage's precision (TF32 on for the
   "tf32" rows, off for "tf32x3"/"ieee", which are compared with exact fp32);
 - `kernel_ms`: the Triton kernel without epilogue, best of the autotuning space (each config's time recorded);
+- `kernel_nlc_input`: the same kernel and config reading a channels-last copy of x (an experiment: are the
+  time-shifted, unaligned NCL loads what limits it?);
 - `fused_ms`: the kernel with the layer's epilogue (bias + snake, + residual and the second output inside residual
   units, tanh/clamp on the head) vs `unfused_ms`: pad + cuDNN conv + add + `ttsaot::snake_beta` (the eager chain);
 - TFLOP/s, % of the dense tensor-core peak (H100 SXM: 989 bf16, 495 TF32; tf32x3 does 3 TF32 products per useful
@@ -42,6 +44,7 @@ from torch import nn
 from . import RESULTS_SCHEMA
 from .common import REPO, device_info, git_commit, now_iso, rel_err, short_error, write_json
 
+DEVICE = "cuda"          # a module constant so that the logic can be dry-run on CPU (tests patch it)
 SURVEY = REPO / "bench" / "results" / "nvidia-h100" / "probes" / "codec_conv_survey.json"
 PEAK_TFLOPS = {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "tf32x3": 494.7, "ieee": 66.9}   # H100 SXM, dense
 L2_BYTES = 50 * 2**20
@@ -201,7 +204,7 @@ class _Set:
     """One rotation set of a case's tensors (baked for the kernel, plain for cuDNN)."""
 
     def __init__(self, case: Case, gen: torch.Generator, proto: dict) -> None:
-        dev, dt = "cuda", case.dtype
+        dev, dt = DEVICE, case.dtype
         self.x = (torch.randn(case.B, case.cin, case.T, generator=gen, device=dev)).to(dt)
         self.w = proto["w"].clone()
         self.wb = proto["wb"].clone()
@@ -209,6 +212,7 @@ class _Set:
         act, use_res, _, _ = ROLES[case.role]
         self.res = torch.randn(case.B, case.cout, case.tout, generator=gen, device=dev).to(dt) if use_res else None
         self.alpha, self.inv_beta = proto["alpha"], proto["inv_beta"]
+        self.x_nlc = self.x.transpose(1, 2).contiguous() if case.kind == "conv" else None
         if case.kind != "convT":
             from ttsaot.builder.kernels.conv1d import _right_pad
 
@@ -223,7 +227,7 @@ def _prototype(case: Case, gen: torch.Generator) -> dict:
     from ttsaot.builder.kernels.conv1d import bake_conv1d, bake_conv_transpose1d, bake_dwconv1d
     from ttsaot.builder.layers.conv import CausalConv1d, CausalConvTranspose1d
 
-    dev, dt = "cuda", case.dtype
+    dev, dt = DEVICE, case.dtype
     with torch.device(dev):
         if case.kind == "convT":
             m = CausalConvTranspose1d(case.cin, case.cout, case.k, case.stride)
@@ -263,14 +267,31 @@ def _kernel(case: Case, s: _Set, cfg, role: str, tap_major: bool) -> Callable[[]
     res = s.res if use_res else None
     a, ib = (s.alpha, s.inv_beta) if act == "snake" else (None, None)
     prec = "ieee" if case.precision in ("bf16", "fp16") else case.precision
-    if case.kind == "convT":
-        return lambda: K.conv_transpose1d_forward(s.x, s.wb, s.b, res, None, None, a, ib, act, odt, prec, dual,
-                                                  config=cfg)
     if case.kind == "dw":
         return lambda: K.dwconv1d_forward(s.x, s.wb, s.b, res, None, None, a, ib, case.dil, case.left, act, odt,
                                           config=cfg)
-    return lambda: K.conv1d_forward(s.x, s.wb, s.b, res, None, None, a, ib, case.k, case.stride, case.dil, case.left,
-                                    tap_major, act, odt, prec, dual, config=cfg)
+    if case.kind == "convT":
+        def run():
+            return K.conv_transpose1d_forward(s.x, s.wb, s.b, res, None, None, a, ib, act, odt, prec, dual,
+                                              config=cfg)
+    else:
+        def run():
+            return K.conv1d_forward(s.x, s.wb, s.b, res, None, None, a, ib, case.k, case.stride, case.dil,
+                                    case.left, tap_major, act, odt, prec, dual, config=cfg)
+    # (pre, out) for a dual epilogue, else out
+    return run if dual else (lambda: run()[1])
+
+
+def _kernel_nlc(case: Case, s: _Set, cfg, tap_major: bool) -> Callable[[], Any]:
+    """The same kernel reading a [B, T, Cin] copy of x (channel-contiguous, always aligned loads): how much the
+    time-shifted NCL loads cost."""
+    from ttsaot.builder.kernels import conv1d as K
+
+    prec = "ieee" if case.precision in ("bf16", "fp16") else case.precision
+    return lambda: K.launch_conv_gemm(s.x_nlc, s.wb, s.b, None, None, None, None, None, rows=case.cout,
+                                      tout=case.tout, ksize=case.k, dilation=case.dil, stride=case.stride,
+                                      pad=case.left, phases=1, tap_major=tap_major, act="none", write_pre=False,
+                                      out_dtype=None, precision=prec, config=cfg, x_nlc=True)[0]
 
 
 def _unfused(case: Case, s: _Set, role: str) -> Callable[[], Any]:
@@ -337,7 +358,7 @@ def _cfg_name(c) -> str:
 
 
 def measure_case(case: Case, reps: int) -> dict:
-    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(repr(case.key()).encode()))
+    gen = torch.Generator(device=DEVICE).manual_seed(zlib.crc32(repr(case.key()).encode()))
     _set_tf32(case.precision)
     proto = _prototype(case, gen)
     first = _Set(case, gen, proto)
@@ -380,6 +401,8 @@ def measure_case(case: Case, reps: int) -> dict:
         raise RuntimeError(f"no kernel config ran: {cfg_ms}")
     row["kernel"] = {**perf(best_ms), "config": _cfg_name(best)}
     row["fused"] = perf(graph_ms([_kernel(case, s, best, case.role, tap_major) for s in sets], reps))
+    if case.kind == "conv":
+        row["kernel_nlc_input"] = perf(graph_ms([_kernel_nlc(case, s, best, tap_major) for s in sets], reps))
     row["unfused"] = perf(graph_ms([_unfused(case, s, case.role) for s in sets], reps))
     row["speedup_kernel_vs_cudnn"] = round(row["cudnn"]["ms"] / row["kernel"]["ms"], 2)
     row["speedup_fused_vs_unfused"] = round(row["unfused"]["ms"] / row["fused"]["ms"], 2)
@@ -389,10 +412,11 @@ def measure_case(case: Case, reps: int) -> dict:
     cud = _cudnn(case, first)()
     cud = cud[..., : case.tout] if case.kind == "convT" else cud
     plain = _kernel(case, first, best, "bias", tap_major)()
-    plain = plain[1] if isinstance(plain, tuple) else plain
     fused = _kernel(case, first, best, case.role, tap_major)()
     unf = _unfused(case, first, case.role)()
     err = {"cudnn": rel_err(cud, conv64), "kernel": rel_err(plain, conv64)}
+    if case.kind == "conv":
+        err["kernel_nlc_input"] = rel_err(_kernel_nlc(case, first, best, tap_major)(), conv64)
     if isinstance(fused, tuple):
         err["fused_pre"], err["fused"] = rel_err(fused[0], pre64), rel_err(fused[1], out64)
     else:
@@ -567,10 +591,10 @@ def measure_chain(name: str, family: str, B: int, T: int, precision: str, reps: 
     chain = fuse_conv_chain(items, out_dtype=out_dtype if dt != torch.float32 else None,
                             precision=precision if dt == torch.float32 else "ieee")
     bake_snake(eager)
-    eager = cast_to_compute_dtype(eager, dt).cuda().eval()
-    chain = cast_to_compute_dtype(chain, dt).cuda().eval()
-    g = torch.Generator(device="cuda").manual_seed(1)
-    x = torch.randn(B, cin, T, generator=g, device="cuda").to(dt)
+    eager = cast_to_compute_dtype(eager, dt).to(DEVICE).eval()
+    chain = cast_to_compute_dtype(chain, dt).to(DEVICE).eval()
+    g = torch.Generator(device=DEVICE).manual_seed(1)
+    x = torch.randn(B, cin, T, generator=g, device=DEVICE).to(dt)
     row: dict[str, Any] = {"name": name, "family": family, "precision": precision, "B": B, "input": [B, cin, T],
                            "plan": chain.plan.steps, "fused_launches": chain.plan.launches}
     with torch.no_grad():
@@ -629,12 +653,12 @@ def _smoke_cases(precision: str, g: torch.Generator) -> dict[str, tuple[Callable
     prec = precision if dt == torch.float32 else "ieee"
 
     def rnd(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dt)
+        return (torch.randn(*shape, generator=g, device=DEVICE) * scale).to(dt)
 
     x, res = rnd(2, 24, 301), rnd(2, 20, 301)
     w, wt, wd, b = rnd(20, 7, 24, scale=1 / 13), rnd(20, 4, 2, 24, scale=1 / 7), rnd(24, 7), rnd(20)
     wc = w.permute(0, 2, 1).contiguous()                       # channel-major for the strided conv
-    a, ib = torch.rand(24, device="cuda") + 0.5, torch.rand(24, device="cuda")
+    a, ib = torch.rand(24, device=DEVICE) + 0.5, torch.rand(24, device=DEVICE)
     a20, ib20, sc, sh = a[:20], ib[:20], b.float().abs() + 0.5, b.float()
 
     def single(fn):
@@ -669,7 +693,7 @@ def smoke() -> dict:
     """Each op × dtype × precision once at a small odd shape against its aten reference (exact fp32): a compile
     error shows here once, with its traceback, instead of in every layer."""
     out: dict[str, Any] = {}
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device=DEVICE).manual_seed(0)
     _set_tf32("ieee")
     for precision in ("bf16", "fp16", "ieee", "tf32", "tf32x3"):
         tol = 1e-5 if precision in ("ieee", "tf32x3") else 5e-3
@@ -691,7 +715,7 @@ def smoke() -> dict:
 # ------------------------------------------------------------------------------------------ driver
 def run(out_dir: Path, survey_path: Path, budget: float, reps: int, only: set[str] | None) -> dict:
     torch.set_grad_enabled(False)
-    dev = torch.device("cuda")
+    dev = torch.device(DEVICE)
     t0 = time.time()
     res: dict[str, Any] = {"schema": RESULTS_SCHEMA, "kind": "conv_kernels", "started": now_iso(),
                            "git_commit": git_commit(), "device": device_info(dev), "peak_tflops_h100_sxm": PEAK_TFLOPS,

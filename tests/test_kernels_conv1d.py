@@ -263,7 +263,8 @@ _HARNESS = textwrap.dedent("""
 
     def epilogue(i, cout, T_out, B, dtype):
         use_b, use_r, use_aff, act, dual, odt = EPILOGUES[i % len(EPILOGUES)]
-        res = torch.randn(B, cout, T_out).to(dtype) if use_r else None
+        # a non-contiguous residual (the launch makes every operand contiguous)
+        res = torch.randn(B, T_out, cout).to(dtype).transpose(1, 2) if use_r else None
         sc, sh = (torch.rand(cout) + 0.5, torch.randn(cout)) if use_aff else (None, None)
         a, ib = (torch.rand(cout) + 0.5, torch.rand(cout)) if act == "snake" else (None, None)
         return use_b, res, sc, sh, a, ib, act, dual, odt
@@ -272,7 +273,8 @@ _HARNESS = textwrap.dedent("""
 
 GROUPS = {
     "conv1d[float32]": ("conv1d", "float32"), "conv1d[bfloat16]": ("conv1d", "bfloat16"),
-    "conv1d[float16]": ("conv1d", "float16"), "conv_transpose1d[float32]": ("conv_transpose1d", "float32"),
+    "conv1d[float16]": ("conv1d", "float16"), "conv1d_nlc[bfloat16]": ("conv1d_nlc", "bfloat16"),
+    "conv_transpose1d[float32]": ("conv_transpose1d", "float32"),
     "conv_transpose1d[bfloat16]": ("conv_transpose1d", "bfloat16"), "dwconv1d": ("dwconv1d", None),
 }
 
@@ -302,6 +304,22 @@ _CASES = {
                 if dual:
                     check(got_pre, ref_pre, dtype, what)
                 i += 1
+    """,
+    "conv1d_nlc": """
+    i = 0
+    for cin, cout, k, s, d, T in [(5, 7, 7, 1, 3, 40), (32, 24, 7, 1, 9, 45), (20, 40, 1, 1, 1, 50),
+                                  (8, 12, 4, 2, 1, 31)]:
+        w, b, m = K.bake_conv1d(CausalConv1d(cin, cout, k, stride=s, dilation=d))
+        x, w, b = torch.randn(2, cin, T).to(dtype), w.to(dtype), b.to(dtype)
+        ref = K.conv1d_reference(x, w, b, None, None, None, None, None, k, s, d, m.left_pad, m.tap_major, "none",
+                                 None, "ieee")
+        got, _ = K.launch_conv_gemm(x.transpose(1, 2).contiguous(), w, b, None, None, None, None, None, rows=cout,
+                                    tout=m.out_len(T), ksize=k, dilation=d, stride=s, pad=m.left_pad, phases=1,
+                                    tap_major=m.tap_major, act="none", write_pre=False, out_dtype=None,
+                                    precision="ieee", config=CFGS[i % 2], out=poisoned(ref.shape, dtype),
+                                    x_nlc=True)
+        check(got, ref, dtype, ("nlc", cin, cout, k, s, d, T))
+        i += 1
     """,
     "conv_transpose1d": """
     i = 0

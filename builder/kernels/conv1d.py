@@ -311,7 +311,7 @@ if HAVE_TRITON:
     def _conv_gemm_jit(x_ptr, w_ptr, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr, pre_ptr,
                        B, Cin, T, ROWS, TOUT, R, KSIZE, DIL, STRIDE, PAD, PHASES,
                        TAP_MAJOR: tl.constexpr, POINTWISE: tl.constexpr, TAP_BLOCKED: tl.constexpr,
-                       HAS_BIAS: tl.constexpr,
+                       X_NLC: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_RES: tl.constexpr, HAS_AFFINE: tl.constexpr, ACT: tl.constexpr,
                        WRITE_PRE: tl.constexpr, PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
                        FAST_SIN: tl.constexpr, GPU_MATH: tl.constexpr, EMULATE_RNE: tl.constexpr,
@@ -336,7 +336,10 @@ if HAVE_TRITON:
             w = tl.load(w_ptr + rows[:, None] * R + rr[None, :], mask=row_ok[:, None] & r_ok[None, :], other=0.0)
             if POINTWISE:
                 xm = r_ok[:, None] & (cols < T)[None, :]
-                xv = tl.load(x_b + rr[:, None] * T + cols[None, :], mask=xm, other=0.0)
+                if X_NLC:
+                    xv = tl.load(x_b + rr[:, None] + cols[None, :] * Cin, mask=xm, other=0.0)
+                else:
+                    xv = tl.load(x_b + rr[:, None] * T + cols[None, :], mask=xm, other=0.0)
             elif TAP_BLOCKED:
                 # Cin is a multiple of BLOCK_R: the block is one tap over consecutive channels, so the shift and
                 # the padding mask are per column only.
@@ -344,7 +347,10 @@ if HAVE_TRITON:
                 ci = r0 - j * Cin + tl.arange(0, BLOCK_R)
                 tin = cols * STRIDE + (j * DIL - PAD)
                 xm = ((tin >= 0) & (tin < T))[None, :]
-                xv = tl.load(x_b + ci[:, None] * T + tin[None, :], mask=xm, other=0.0)
+                if X_NLC:
+                    xv = tl.load(x_b + ci[:, None] + tin[None, :] * Cin, mask=xm, other=0.0)
+                else:
+                    xv = tl.load(x_b + ci[:, None] * T + tin[None, :], mask=xm, other=0.0)
             else:
                 if TAP_MAJOR:
                     j = rr // Cin
@@ -354,7 +360,10 @@ if HAVE_TRITON:
                     j = rr - ci * KSIZE
                 tin = cols[None, :] * STRIDE + (j * DIL - PAD)[:, None]
                 xm = r_ok[:, None] & (tin >= 0) & (tin < T)
-                xv = tl.load(x_b + ci[:, None] * T + tin, mask=xm, other=0.0)
+                if X_NLC:
+                    xv = tl.load(x_b + ci[:, None] + tin * Cin, mask=xm, other=0.0)
+                else:
+                    xv = tl.load(x_b + ci[:, None] * T + tin, mask=xm, other=0.0)
             if UPCAST_DOT:  # the interpreter multiplies 16-bit dot operands wrongly; upcasting is exact
                 w = w.to(tl.float32)
                 xv = xv.to(tl.float32)
@@ -438,12 +447,17 @@ def launch_conv_gemm(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, sh
                      rows: int, tout: int, ksize: int, dilation: int, stride: int, pad: int, phases: int,
                      tap_major: bool, act: str, write_pre: bool, out_dtype, precision: str,
                      wrap=lambda k: k, config: ConvKernelConfig | None = None, out: torch.Tensor | None = None,
-                     pre: torch.Tensor | None = None):
+                     pre: torch.Tensor | None = None, x_nlc: bool = False):
     """Launch the implicit-GEMM kernel; returns (out, pre or None), out [B, rows/phases, tout·phases].
     `config` skips autotuning (the interpreter tests use it: the autotuner's benchmark needs a GPU); `out`/`pre`
-    are preallocated outputs (tests poison them to see that every element is written)."""
-    x = x.contiguous()
-    B, Cin, T = x.shape
+    are preallocated outputs (tests poison them to see that every element is written). `x_nlc`: x is given as
+    [B, T, Cin] (an experiment of the benchmark: channel-contiguous loads are aligned whatever the tap shift;
+    the ops are NCL)."""
+    # the kernel indexes every tensor as contiguous (no-ops under export for the tensors the chains pass)
+    x, w = x.contiguous(), w.contiguous()
+    bias, residual, scale, shift, alpha, inv_beta = (
+        None if t is None else t.contiguous() for t in (bias, residual, scale, shift, alpha, inv_beta))
+    B, T, Cin = x.shape if x_nlc else (x.shape[0], x.shape[2], x.shape[1])
     R = w.numel() // rows
     cout = rows // phases
     if out is None:
@@ -455,7 +469,7 @@ def launch_conv_gemm(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, sh
     pointwise = ksize == 1 and stride == 1 and pad == 0
     block_r = config.block_r if config is not None else gemm_kernel_configs(x.dtype)[0].block_r
     meta = dict(TAP_MAJOR=tap_major, POINTWISE=pointwise,
-                TAP_BLOCKED=tap_major and not pointwise and Cin % block_r == 0,
+                TAP_BLOCKED=tap_major and not pointwise and Cin % block_r == 0, X_NLC=x_nlc,
                 HAS_BIAS=bias is not None, HAS_RES=residual is not None, HAS_AFFINE=scale is not None,
                 WRITE_PRE=write_pre, PRECISION=precision if x.dtype == torch.float32 else "ieee",
                 UPCAST_DOT=not cuda, **_flags(x, act))
@@ -478,7 +492,9 @@ def launch_conv_gemm(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, sh
 def launch_dwconv(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, shift, alpha, inv_beta, *,
                   tout: int, dilation: int, pad: int, act: str, out_dtype, wrap=lambda k: k,
                   config: DwKernelConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    x = x.contiguous()
+    x, w = x.contiguous(), w.contiguous()
+    bias, residual, scale, shift, alpha, inv_beta = (
+        None if t is None else t.contiguous() for t in (bias, residual, scale, shift, alpha, inv_beta))
     B, C, T = x.shape
     if out is None:
         out = torch.empty((B, C, tout), dtype=out_dtype or x.dtype, device=x.device)
