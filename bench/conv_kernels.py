@@ -651,6 +651,7 @@ def _smoke_cases(precision: str, g: torch.Generator) -> dict[str, tuple[Callable
 
     dt = _dtype(precision)
     prec = precision if dt == torch.float32 else "ieee"
+    cfg, dcfg = K.ConvKernelConfig(64, 64, 32), K.DW_CONFIGS[1]          # one compile per case (no autotuning)
 
     def rnd(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g, device=DEVICE) * scale).to(dt)
@@ -667,24 +668,26 @@ def _smoke_cases(precision: str, g: torch.Generator) -> dict[str, tuple[Callable
     return {
         "conv1d_res_snake_dual": (
             lambda: K.conv1d_forward(x, w, b, res, None, None, a20, ib20, 7, 1, 3, 18, True, "snake", None, prec,
-                                     True),
+                                     True, config=cfg),
             lambda: K.conv1d_dual_reference(x, w, b, res, None, None, a20, ib20, 7, 1, 3, 18, True, "snake", None,
                                             prec)),
         "conv1d_clamp_f32": (
             lambda: K.conv1d_forward(x, w, b, None, None, None, None, None, 7, 1, 1, 6, True, "clamp",
-                                     torch.float32, prec, False),
+                                     torch.float32, prec, False, config=cfg),
             single(lambda: K.conv1d_reference(x, w, b, None, None, None, None, None, 7, 1, 1, 6, True, "clamp",
                                               torch.float32, prec))),
         "conv1d_strided_tanh": (
             lambda: K.conv1d_forward(x, wc, b, None, None, None, None, None, 7, 4, 1, 3, False, "tanh", None, prec,
-                                     False),
+                                     False, config=cfg),
             single(lambda: K.conv1d_reference(x, wc, b, None, None, None, None, None, 7, 4, 1, 3, False, "tanh",
                                               None, prec))),
         "conv_transpose1d_affine_snake_dual": (
-            lambda: K.conv_transpose1d_forward(x, wt, b, None, sc, sh, a20, ib20, "snake", None, prec, True),
+            lambda: K.conv_transpose1d_forward(x, wt, b, None, sc, sh, a20, ib20, "snake", None, prec, True,
+                                               config=cfg),
             lambda: K.conv_transpose1d_dual_reference(x, wt, b, None, sc, sh, a20, ib20, "snake", None, prec)),
         "dwconv1d_snake": (
-            single(lambda: K.dwconv1d_forward(x, wd, None, None, None, None, a, ib, 9, 54, "snake", None)),
+            single(lambda: K.dwconv1d_forward(x, wd, None, None, None, None, a, ib, 9, 54, "snake", None,
+                                              config=dcfg)),
             single(lambda: K.dwconv1d_reference(x, wd, None, None, None, None, a, ib, 9, 54, "snake", None))),
     }
 
