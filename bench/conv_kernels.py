@@ -20,7 +20,7 @@ Chains: Qwen's 192-channel DecoderBlock and one ResidualUnit, the whole code2wav
 and the Fish encoder conv stack, fused (`fuse_conv_chain`, op autotuner as AOTI uses it) vs the eager modules
 (cuDNN + `ttsaot::snake_beta`), both in CUDA graphs.
 
-Work runs as prioritised tasks under a time budget (`--budget`, default 225 s); a task that fails or does not fit
+Work runs as prioritised tasks under a time budget (`--budget`, default 200 s); a task that fails or does not fit
 is recorded, never fatal."""
 
 from __future__ import annotations
@@ -849,7 +849,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("conv-kernels", help="codec conv kernels vs cuDNN, per layer and per fused chain (GPU)")
     p.add_argument("--out", default=str(REPO / "bench" / "results"), help="results root (<out>/<device>/...)")
     p.add_argument("--survey", default=str(SURVEY), help="per-layer cuDNN survey JSON whose shapes are measured")
-    p.add_argument("--budget", type=float, default=225.0, help="seconds after which remaining tasks are skipped")
+    p.add_argument("--budget", type=float, default=200.0, help="seconds after which remaining tasks are skipped")
     p.add_argument("--reps", type=int, default=10, help="timed graph replays per measurement")
     p.add_argument("--only", type=lambda v: {s.strip() for s in v.split(",") if s.strip()}, default=None,
                    help="task name prefixes, e.g. smoke,chain:qwen,layers:code2wav")
