@@ -181,7 +181,7 @@ def gemv_baseline():
         cp = copy_gbps(nbytes)
         for M in (1, 4, 16, 64, 176):
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-            ms = graph_timed(lambda: F.linear(x, w))
+            ms = graph_timed(lambda x=x, w=w: F.linear(x, w))
             gbps = nbytes / ms / 1e6
             out.append({"shape": name, "N": N, "K": K, "M": M, "ms": round(ms, 5), "weight_gbps": round(gbps, 1),
                         "copy_gbps": round(cp, 1), "pct_of_copy": round(100 * gbps / cp, 1)})
@@ -214,7 +214,7 @@ def main() -> None:
         t0 = time.time()
         try:
             r = survey(fam, st, dt, sizes, tf)
-        except Exception as e:  # noqa: BLE001
+        except Exception:  # noqa: BLE001
             import traceback
 
             r = {"family": fam, "stage": st, "error": traceback.format_exc()[-1500:]}
