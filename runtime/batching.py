@@ -183,6 +183,11 @@ class Batcher:
     def open_streams(self) -> int:
         return self._open_streams
 
+    @property
+    def alive(self) -> bool:
+        """The worker is running and the batcher takes requests (a health check reads this)."""
+        return self._worker.is_alive() and not self._closed
+
     def submit(self, *args, **named) -> Future:
         """`stage(*args, **named)` as a Future (its result: the stage's output for these rows)."""
         return self._enqueue(self._request(args, named))
