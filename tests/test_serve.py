@@ -227,3 +227,31 @@ def test_voxcpm2_endpoint_streams_the_decode_loop(voxcpm2_dir, voxcpm2_lm_tiny, 
         assert c.get("/health").json()["voxcpm2"]["free_slots"] == 1     # refused requests returned their slot
         assert c.post("/v1/voxcpm2/stream", json={"text_tokens": tokens, "seed": seed, "max_steps": steps,
                                                   "format": "pcm"}).content == body
+
+
+# --------------------------------------------------------------------------------------------- load generator
+def test_load_generator_runs_both_modes_and_reports(qwen_tiny_fp32, tmp_path):
+    """The GPU load test's own code path on the tiny CPU artifact (in-process servers, short cells): every cell
+    served its streams without errors, unbatched calls carry one row each, and the report renders the JSON."""
+    from bench.report import serve_load_section
+    from examples.serve.load import LoadSettings, run, write
+
+    settings = LoadSettings(artifacts=str(qwen_tiny_fp32.parent), concurrency=(1, 3), seconds=1.0, warmup_s=0.3,
+                            utterance_s=0.1, server="thread", overhead_reps=10, out=str(tmp_path))
+    res = run(settings)
+    assert res["overhead"]["same_output"] and res["overhead"]["direct_ms"]["p50"] > 0
+    for mode in ("batched", "unbatched"):
+        rec = res["modes"][mode]
+        assert rec["status"] == "ok", rec
+        assert [c["concurrency"] for c in rec["cells"]] == [1, 3]
+        for c in rec["cells"]:
+            assert c["requests"] >= c["concurrency"] and c["errors"] == 0, c
+            assert c["audio_s"] == pytest.approx(c["requests"] * res["artifact"]["utterance_s"])
+            assert c["ttfa_ms"]["p50"] > 0 and c["rtf"]["p95"] >= c["rtf"]["p50"] > 0
+    assert all(c["mean_rows_per_call"] == 1.0 for c in res["modes"]["unbatched"]["cells"])
+    assert res["modes"]["batched"]["server"]["batching"] and not res["modes"]["unbatched"]["server"]["batching"]
+    assert set(res["summary"]["by_concurrency"]) == {"1", "3"}
+    path = write(res, str(tmp_path))
+    assert path == tmp_path / res["device"]["slug"] / "serve_load.json" and json.loads(path.read_text())["modes"]
+    text = serve_load_section(json.loads(path.read_text()), None, "cpu", tmp_path / "BENCHMARKS.md")
+    assert "| 3 |" in text and "Batcher overhead at c=1" in text
