@@ -1,4 +1,4 @@
-"""A streaming TTS service on the ttsaot runtime (FastAPI on uvicorn): codes in, chunked 16-bit PCM / WAV out.
+"""A streaming TTS service on the ttsaot runtime (Starlette on uvicorn): codes in, chunked 16-bit PCM / WAV out.
 
 Endpoints (`README.md` beside this file has the protocol and examples):
   POST /v1/{stage}/stream   whole codes [K, F] as JSON → chunked response, one PCM piece per decoded chunk
@@ -27,8 +27,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ttsaot.runtime import (
     InputDTypeError,
@@ -315,27 +318,20 @@ async def _json_body(request: Request, limit: int) -> dict:
     return data
 
 
-def create_app(service: Service) -> FastAPI:
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        yield
-        service.close()   # the batchers' workers stop with the server
-
-    app = FastAPI(title="ttsaot streaming TTS", version="1", lifespan=lifespan)
-    app.state.service = service
+def create_app(service: Service) -> Starlette:
     metrics = service.metrics
 
-    @app.exception_handler(TTSAOTError)
     async def _typed(request: Request, e: TTSAOTError) -> JSONResponse:
         return _error_response(e)
 
-    @app.get("/health")
-    async def health() -> JSONResponse:
+    async def _missing(request: Request, e: LookupError) -> JSONResponse:
+        return JSONResponse({"error": "NotFound", "detail": str(e)}, 404)
+
+    async def health(request: Request) -> JSONResponse:
         h = service.health()
         return JSONResponse(h, 200 if h["status"] == "ok" else 503)
 
-    @app.get("/metrics")
-    async def prometheus() -> Response:
+    async def prometheus(request: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
 
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
@@ -346,12 +342,6 @@ def create_app(service: Service) -> FastAPI:
             raise _NotFound(f"no codec stage {stage!r} here (have: {', '.join(service.codecs) or 'none'})")
         return ep
 
-    @app.exception_handler(LookupError)
-    async def _missing(request: Request, e: LookupError) -> JSONResponse:
-        return JSONResponse({"error": "NotFound", "detail": str(e)}, 404)
-
-    # registered before /v1/{stage}/stream, which would match it
-    @app.post("/v1/voxcpm2/stream")
     async def voxcpm2(request: Request):
         t0 = time.perf_counter()
         label = "voxcpm2"
@@ -423,9 +413,9 @@ def create_app(service: Service) -> FastAPI:
 
         return StreamingResponse(audio(), media_type=media, headers={"X-Sample-Rate": str(vx.sample_rate)})
 
-    @app.post("/v1/{stage}/stream")
-    async def stream(stage: str, request: Request):
+    async def stream(request: Request):
         t0 = time.perf_counter()
+        stage = request.path_params["stage"]
         label = stage
         try:
             ep = endpoint(stage)
@@ -467,8 +457,8 @@ def create_app(service: Service) -> FastAPI:
             "X-Sample-Rate": str(ep.sample_rate), "X-Frames": str(codes.shape[-1]),
             "X-Samples": str(codes.shape[-1] * ep.samples_per_frame)})
 
-    @app.websocket("/v1/{stage}/ws")
-    async def stream_ws(ws: WebSocket, stage: str):
+    async def stream_ws(ws: WebSocket):
+        stage = ws.path_params["stage"]
         await ws.accept()
         label = f"{stage}/ws"
         ep = service.codecs.get(stage)
@@ -519,6 +509,19 @@ def create_app(service: Service) -> FastAPI:
             session.close()
             metrics.requests.labels(label, outcome).inc()
 
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        yield
+        service.close()   # the batchers' workers stop with the server
+
+    routes = [Route("/health", health), Route("/metrics", prometheus),
+              # before /v1/{stage}/stream, which would match it
+              Route("/v1/voxcpm2/stream", voxcpm2, methods=["POST"]),
+              Route("/v1/{stage}/stream", stream, methods=["POST"]),
+              WebSocketRoute("/v1/{stage}/ws", stream_ws)]
+    app = Starlette(routes=routes, exception_handlers={TTSAOTError: _typed, LookupError: _missing},
+                    lifespan=lifespan)
+    app.state.service = service
     return app
 
 
