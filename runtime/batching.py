@@ -369,6 +369,8 @@ class Batcher:
     # ---------------------------------------------------------------------------------------- worker
     def _work(self) -> None:
         try:
+            if self.stage.device.type == "cuda":   # a thread starts on device 0; the stage's graphs may be elsewhere
+                torch.cuda.set_device(self.stage.device)
             while True:
                 group = self._next_group()
                 if group is None:

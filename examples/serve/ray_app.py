@@ -7,8 +7,10 @@ batching happens inside each replica. No scheduler of our own beyond the in-proc
     python -m examples.serve.ray_app --artifacts artifacts --port 8000 --replicas 4
 
 Every replica loads the artifacts from the same path: on several nodes, put them on a shared filesystem (or the
-same path on every node). `build` arguments: artifacts, replicas (default: the cluster's GPUs, else 1), device,
-batching (true/false), max_wait_ms, max_queue, max_streams, voxcpm2_slots, cpus_per_replica."""
+same path on every node). `build` arguments: artifacts, replicas (default: the cluster's GPUs, else 1),
+max_ongoing_requests (streams routed to one replica at once, default 64: Ray's default of 5 would cap every batch
+at 5 streams), device, batching (true/false), max_wait_ms, max_queue, max_streams, voxcpm2_slots,
+cpus_per_replica."""
 
 from __future__ import annotations
 
@@ -35,16 +37,20 @@ class TTSReplica:
         return create_app(self.service)
 
 
+DEPLOYMENT_ARGS = ("replicas", "max_ongoing_requests", "cpus_per_replica")
+DEFAULT_MAX_ONGOING_REQUESTS = 64
+
+
 def _config(args: dict[str, Any]) -> dict[str, Any]:
     from .app import ServeConfig
 
     fields = {f.name: f for f in dataclasses.fields(ServeConfig)}
     out: dict[str, Any] = {}
     for k, v in args.items():
-        if k in ("replicas", "cpus_per_replica"):
+        if k in DEPLOYMENT_ARGS:
             continue
         if k not in fields:
-            raise ValueError(f"unknown argument {k!r} (known: {', '.join([*fields, 'replicas', 'cpus_per_replica'])})")
+            raise ValueError(f"unknown argument {k!r} (known: {', '.join([*fields, *DEPLOYMENT_ARGS])})")
         kind = fields[k].type
         if isinstance(v, str) and "bool" in str(kind):
             v = v.lower() in ("1", "true", "yes", "on")
@@ -73,7 +79,9 @@ def build(args: dict[str, Any]) -> serve.Application:
     options: dict[str, Any] = {"num_gpus": 1 if on_gpu else 0}
     if args.get("cpus_per_replica"):
         options["num_cpus"] = float(args["cpus_per_replica"])
-    return TTSReplica.options(num_replicas=replicas, ray_actor_options=options).bind(config)
+    ongoing = int(args.get("max_ongoing_requests") or DEFAULT_MAX_ONGOING_REQUESTS)
+    return TTSReplica.options(num_replicas=replicas, max_ongoing_requests=ongoing,
+                              ray_actor_options=options).bind(config)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -85,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--replicas", type=int, default=0, help="default: one per GPU in the cluster")
+    p.add_argument("--max-ongoing-requests", type=int, default=DEFAULT_MAX_ONGOING_REQUESTS,
+                   help="streams routed to one replica at once")
     p.add_argument("--device", default=None)
     p.add_argument("--no-batching", action="store_true")
     p.add_argument("--max-wait-ms", type=float, default=2.0)
@@ -94,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
 
     ray.init(address=a.address)
     serve.start(http_options={"host": a.host, "port": a.port})
-    app = build({"artifacts": os.path.abspath(a.artifacts), "replicas": a.replicas, "device": a.device,
+    app = build({"artifacts": os.path.abspath(a.artifacts), "replicas": a.replicas,
+                 "max_ongoing_requests": a.max_ongoing_requests, "device": a.device,
                  "batching": not a.no_batching, "max_wait_ms": a.max_wait_ms})
     serve.run(app, name="ttsaot", route_prefix="/", blocking=True)
 
