@@ -551,6 +551,7 @@ class StreamSession:
             if self.closed:
                 raise InputShapeError(f"{self.batcher.stage.name}: stream is closed"
                                       + (f" after an error ({self.error})" if self.error else ""))
+            before = self.window.history
             try:
                 window, used = self.window.next(codes)
             except InputError as e:
@@ -558,7 +559,11 @@ class StreamSession:
                 raise
             cut = used * self.samples_per_frame
             req = self.batcher._request((window,), {}, post=(lambda wav: wav[..., cut:]) if cut else None)
-            fut = self.batcher._enqueue(req)
+            try:
+                fut = self.batcher._enqueue(req)
+            except OverloadedError:
+                self.window.history = before   # not queued: the stream goes on as if this chunk was never sent
+                raise
             self._pending.add(fut)
         fut.add_done_callback(self._done)
         return fut

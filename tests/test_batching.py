@@ -383,3 +383,19 @@ def test_bad_sampling_parameters_fail_only_their_request(predictor):
         assert torch.equal(good.result(T)[0], want)
         with pytest.raises(InputValueError, match="generators"):
             b.submit_generate(h, c, generator=[torch.Generator()])   # raised in the caller, nothing queued
+
+
+def test_a_refused_chunk_leaves_the_stream_usable(code2wav):
+    """A chunk refused for overload was never queued: the stream continues as if it had not been sent."""
+    codes = _codes(code2wav, 32, seed=8)
+    with Batcher(code2wav, BatcherConfig(max_queue=1)) as b:
+        gate = Gate(b)
+        gate.hold(b, codes[..., :8])
+        blocker = b.submit(codes[..., :8])                 # fills the queue while the worker is held
+        with b.open_stream() as s:
+            with pytest.raises(OverloadedError):
+                s.submit(codes[..., :16])
+            gate.open()
+            blocker.result(T)
+            out = torch.cat([s.push(c, T) for c in codes.split(16, dim=-1)], dim=-1)
+    assert rel_err(out, code2wav(codes)) <= code2wav.entry.tolerance

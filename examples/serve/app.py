@@ -97,8 +97,10 @@ class CodecEndpoint:
 
     def __init__(self, stage, config: ServeConfig, metrics: Metrics) -> None:
         self.stage, self.name = stage, stage.name
+        # A stream has one chunk in flight: with a queue at least as long as the stream slots, an admitted stream
+        # is never refused mid-way (overload is answered at admission, before any audio).
         bc = BatcherConfig(max_wait_s=config.max_wait_ms / 1000 if config.batching else 0.0,
-                           max_queue=config.max_queue, max_streams=config.max_streams,
+                           max_queue=max(config.max_queue, config.max_streams), max_streams=config.max_streams,
                            max_batch=None if config.batching else 1, output_device="cpu")
         self.batcher = Batcher(stage, bc)
         metrics.watch(self.batcher)
