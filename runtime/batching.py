@@ -569,7 +569,13 @@ class StreamSession:
         return fut
 
     def push(self, codes: torch.Tensor | np.ndarray, timeout: float | None = None) -> torch.Tensor:
-        return self.submit(codes).result(timeout)
+        """Decode one chunk and wait for its wave. A refused chunk ends the stream before this raises."""
+        fut = self.submit(codes)
+        try:
+            return fut.result(timeout)
+        except InputError as e:
+            self._end(e)   # (the done-callback does it too, but may run after the caller has woken up)
+            raise
 
     async def apush(self, codes: torch.Tensor | np.ndarray) -> torch.Tensor:
         fut = self.submit(codes)
@@ -577,6 +583,9 @@ class StreamSession:
             return await asyncio.wrap_future(fut)
         except asyncio.CancelledError:
             self.close()   # the caller went away: the stream's slot and queued chunks are freed
+            raise
+        except InputError as e:
+            self._end(e)
             raise
 
     def _done(self, fut: Future) -> None:
