@@ -19,6 +19,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # as the server does (see 
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
+import importlib.util  # noqa: E402
 import json  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
@@ -266,6 +267,8 @@ def run(settings: LoadSettings) -> dict[str, Any]:
                      "samples_per_frame": spf, "chunk_frames": chunk, "left_context_frames": ctx,
                      "utterance_frames": frames, "utterance_s": frames * spf / sr},
         "targets": TARGETS, "modes": {},
+        # uvicorn uses these C parsers/loops when importable (much of a loopback benchmark's CPU is HTTP)
+        "http": {m: importlib.util.find_spec(m) is not None for m in ("httptools", "uvloop")},
     }
     try:
         res["overhead"] = measure_overhead(artifact, settings.stage, settings.device, min(chunk + ctx, max(
