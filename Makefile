@@ -44,9 +44,11 @@ clean:
 	rm -rf $(ART)/*/ .pytest_artifacts demo_out
 
 # Wheels for the GPU machine (Python 3.12, no registry there): the upstream packages the bench compares against and
-# what they import that the machine lacks. Carry .whl/ with the device call; bench/gpu_plan.sh installs them.
+# what they import that the machine lacks, and the streaming service + load test (examples/serve). Carry .whl/ with
+# the device call; bench/gpu_plan.sh installs them.
 GPU_WHEELS = $(ORACLE_WHEELS) einops pydantic==2.14.3 pydantic-core==2.50.4 typing-inspection annotated-types \
-	typing-extensions soundfile soxr cffi pycparser pytest-xdist execnet omegaconf antlr4-python3-runtime
+	typing-extensions soundfile soxr cffi pycparser pytest-xdist execnet omegaconf antlr4-python3-runtime \
+	starlette uvicorn h11 httptools uvloop click httpx httpcore anyio idna certifi prometheus-client
 gpu-wheels:
 	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \

@@ -422,6 +422,93 @@ def _decode_loop_section(res: dict, stages: list[dict] | None = None) -> str:
     return "\n".join(lines)
 
 
+def serve_load_section(res: dict, plot_dir: Path | None, slug: str, output: Path) -> str:
+    """`python -m examples.serve.load` (serve_load.json): the streaming service under c concurrent streams."""
+    a, o, summ = res.get("artifact", {}), res.get("overhead", {}), res.get("summary", {})
+    modes = res.get("modes", {})
+    lines = ["### Streaming service under load", ""]
+    lines += [f"`{a.get('family')}/{a.get('stage')}` ({a.get('dtype')}), {a.get('utterance_s', 0):.1f} s utterances "
+              f"streamed in {a.get('chunk_frames')}-frame chunks (left context {a.get('left_context_frames')}), "
+              f"batch buckets {sorted({b.get('batch') for b in a.get('buckets', [])})}; "
+              f"{res.get('settings', {}).get('seconds')} s per cell over HTTP on 127.0.0.1; batched = max wait "
+              f"{res.get('settings', {}).get('max_wait_ms')} ms, unbatched = the same server with batches of one; "
+              f"commit `{str(res.get('git_commit', '?'))[:12]}`; {res.get('started', '')}", ""]
+    for m, rec in modes.items():
+        if rec.get("status") != "ok":
+            lines += [f"**{m}: {rec.get('status')}** {rec.get('reason', '')}".rstrip(), ""]
+    cells = {m: {c["concurrency"]: c for c in rec.get("cells", []) if "audio_s_per_s" in c}
+             for m, rec in modes.items()}
+    conc = sorted({c for v in cells.values() for c in v})
+
+    def cell(m: str, c: int, what: str) -> str:
+        x = cells.get(m, {}).get(c)
+        if not x:
+            return "—"
+        if what == "tput":
+            return f"{x['audio_s_per_s']:.1f}"
+        if what == "ttfa":
+            return f"{_fmt_ms(x['ttfa_ms']['p50'])} / {_fmt_ms(x['ttfa_ms']['p95'])}"
+        if what == "rtf":
+            return f"{x['rtf']['p50']:.3g} / {x['rtf']['p95']:.3g}"
+        return f"{x['mean_rows_per_call']:.1f}" if x.get("mean_rows_per_call") else "—"
+
+    rows = []
+    for c in conc:
+        sp = summ.get("by_concurrency", {}).get(str(c), {}).get("audio_s_per_s_speedup")
+        rows.append([c, cell("batched", c, "tput"), cell("unbatched", c, "tput"), f"{sp:.2f}×" if sp else "—",
+                     cell("batched", c, "ttfa"), cell("unbatched", c, "ttfa"), cell("batched", c, "rtf"),
+                     cell("batched", c, "rows")])
+    if rows:
+        lines += ["Audio seconds per second, TTFA p50 / p95 (ms), RTF p50 / p95 per request, rows per stage call:",
+                  "", _table(["streams", "batched audio-s/s", "unbatched audio-s/s", "speed-up", "batched TTFA",
+                              "unbatched TTFA", "batched RTF", "rows/call"], rows), ""]
+    if "overhead_pct" in o:
+        lines += [f"Batcher overhead at c=1 ({o['frames']}-frame window, median of {o['reps']} interleaved calls): "
+                  f"{o['batcher_ms']['p50']:.3f} ms through the batcher vs {o['direct_ms']['p50']:.3f} ms direct "
+                  f"= {o['overhead_pct']:+.1f}%.", ""]
+    t, met = res.get("targets", {}), summ.get("targets_met", {})
+
+    def verdict(k: str) -> str:
+        return "—" if met.get(k) is None else ("**met**" if met[k] else "**not met**")
+
+    lines += [f"Targets at c={t.get('concurrency')}: audio-s/s ≥ {t.get('audio_s_per_s_speedup_min')}× unbatched "
+              f"{verdict('audio_s_per_s_speedup')}; TTFA p95 ≤ {t.get('ttfa_p95_ratio_max')}× c=1 "
+              f"{verdict('ttfa_p95_ratio')}; batcher overhead ≤ {t.get('batcher_overhead_pct_max')}% "
+              f"{verdict('batcher_overhead')}.", ""]
+    if plot_dir is not None and rows:
+        try:
+            lines += [f"![serve load]({os.path.relpath(_serve_plot(cells, plot_dir, slug, res), output.parent)})", ""]
+        except Exception as e:  # noqa: BLE001
+            lines += [f"_plot failed: {type(e).__name__}: {e}_", ""]
+    return "\n".join(lines)
+
+
+def _serve_plot(cells: dict, plot_dir: Path, slug: str, res: dict) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for mode, by_c in cells.items():
+        cs = sorted(by_c)
+        ax1.plot(cs, [by_c[c]["audio_s_per_s"] for c in cs], marker="o", label=mode)
+        ax2.plot(cs, [by_c[c]["ttfa_ms"]["p95"] for c in cs], marker="o", label=mode)
+    for ax, label in ((ax1, "audio seconds per second"), (ax2, "TTFA p95, ms")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    a = res.get("artifact", {})
+    fig.suptitle(f"{a.get('family')}/{a.get('stage')} streaming service — {res['device'].get('name')}")
+    fig.tight_layout()
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    path = plot_dir / f"{slug}__serve_load.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _hardware_rows(devices: dict) -> list[list[Any]]:
     rows = []
     for slug, d in devices.items():
@@ -578,6 +665,9 @@ def write_report(
                         plots[k] = os.path.relpath(p, output.parent)
                 except Exception as e:  # noqa: BLE001
                     parts.append(f"_plot failed: {type(e).__name__}: {e}_")
+            if res.get("kind") == "serve_load":
+                parts += [serve_load_section(res, plot_dir if have_mpl else None, slug, output), ""]
+                continue
             section = _decode_loop_section(res, d["stages"]) if res.get("kind") == "decode_loop" else None
             parts += [section or _stage_section(res, plots), ""]
     parts += [HOW_TO_READ]
