@@ -185,8 +185,9 @@ if HAVE_TRITON:
                                        q_norm, k_norm, norm_eps, wrap=torch.library.wrap_triton)
 
 else:
-    # Without Triton (CPU-only installs) a mutating custom op would survive export as auto_functionalized and need
-    # the op at serve time; a CompositeImplicitAutograd kernel is inlined into aten ops by torch.export instead.
+    # Without Triton (CPU-only installs): a CompositeImplicitAutograd op. torch.export still keeps it as one node,
+    # and `run_decompositions` inlines it into aten ops with any table (a plain mutating custom_op would survive
+    # as auto_functionalized, i.e. a proxy-executor call that needs the op at serve time).
     def _checked_reference(qkv, positions, k_cache, v_cache, layer, scale, cos=None, sin=None,
                            rope_interleaved=False, q_norm=None, k_norm=None, norm_eps=1e-6):
         _check(qkv, positions, k_cache, v_cache, layer, cos, sin, rope_interleaved, q_norm, k_norm)

@@ -88,7 +88,7 @@ def decode_attention_kernel(qkv_ptr, pos_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, 
     tl.store(v_base + pos * HEAD_DIM + offs_d[None, :], v_new, mask=writer)
 
     # Cached keys lo ≤ s < min(lo + SPLIT_SIZE, pos): plain loads → dot → online softmax (base 2).
-    m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
+    m_i = tl.full([G_PAD], -1.0e30, dtype=tl.float32)     # finite: an empty split never computes −inf − (−inf)
     l_i = tl.zeros([G_PAD], dtype=tl.float32)
     acc = tl.zeros([G_PAD, HEAD_DIM], dtype=tl.float32)
     hi = tl.minimum(lo + SPLIT_SIZE, pos)
@@ -114,7 +114,7 @@ def decode_attention_kernel(qkv_ptr, pos_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, 
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     # This token's key/value (position pos) from registers, in the split that holds pos. Other splits add
-    # nothing (score −inf); a split past pos is inactive and stores nothing (its NaNs never leave it).
+    # nothing (score −inf); a split past pos is inactive and stores nothing.
     s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), axis=1) * qk_scale          # [G_PAD]
     s_new = tl.where(writer, s_new, float("-inf"))
     m_new = tl.maximum(m_i, s_new)
@@ -122,6 +122,7 @@ def decode_attention_kernel(qkv_ptr, pos_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, 
     p_new = tl.exp2(s_new - m_new)
     l_i = l_i * alpha + p_new
     acc = acc * alpha[:, None] + p_new.to(dt).to(tl.float32)[:, None] * v_new.to(tl.float32)
+    m_i = m_new
 
     heads = h * G + offs_g
     g_mask = (offs_g < G)[:, None]
