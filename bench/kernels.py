@@ -218,7 +218,7 @@ def _plan(M: int, N: int, K: int, spec: dict, device: torch.device) -> dict:
     from ttsaot.builder.kernels.skinny_linear import GEMV_MAX_M, plan_split_k
 
     n_out = N // 2 if spec.get("gated") else N
-    return {"split_k": plan_split_k(M, n_out, K, multiprocessor_count(device)),
+    return {"split_k": plan_split_k(M, n_out, K, multiprocessor_count(device), M > GEMV_MAX_M),
             "form": "dot" if M > GEMV_MAX_M else "gemv"}
 
 
@@ -533,9 +533,9 @@ def run_kernels(device: torch.device, quick: bool = False, budget_s: float = 170
         items = []
         for name in QUICK_SHAPES:
             N, K, spec, _ = SKINNY_SHAPES[name]
-            for M in (1, 16):
-                for form in (("gemv", "dot") if M == 1 else ("dot",)):
-                    for split in (1, 2, 4, 8):
+            for M in (1, 4, 16):
+                for form in (("gemv", "dot") if M < 16 else ("dot",)):
+                    for split in (1, 2, 4):
                         items.append((f"skinny/{name}/M={M}/{form}/split_k={split}",
                                       dict(M=M, N=N, K=K, spec=spec, with_torch=False,
                                            launch_kw={"split_k": split, "use_dot": form == "dot"})))

@@ -134,11 +134,13 @@ def test_kernel_is_deterministic_with_split_k():
 
 
 def test_split_k_plan():
-    for m, n, k in ((1, 2048, 2048), (16, 2048, 6144), (1, 6144, 2048), (176, 6144, 2560)):
-        s = plan_split_k(m, n, k, 132)
+    for m, n, k, dot in ((1, 2048, 2048, False), (16, 1024, 3072, True), (1, 256, 8192, False),
+                         (176, 6144, 2560, True)):
+        s = plan_split_k(m, n, k, 132, dot)
         assert s >= 1 and s & (s - 1) == 0 and (s == 1 or k // s >= MIN_SPLIT_K_CHUNK)
-    assert plan_split_k(1, 2048, 2048, 132) > 1          # o_proj at batch 1 is too narrow for 132 SMs alone
-    assert plan_split_k(176, 19456, 2560, 132) == 1      # Fish gate_up with 176 rows fills the GPU
+    assert plan_split_k(1, 2048, 2048, 132, False) == 1     # VoxCPM2 o_proj: 256 GEMV programs fill the GPU
+    assert plan_split_k(16, 1024, 3072, 132, True) == 2     # Qwen predictor down: 64 tensor-core tiles do not
+    assert plan_split_k(176, 19456, 2560, 132, True) == 1   # Fish gate_up with 176 rows fills the GPU
 
 
 def test_shape_and_dtype_errors():

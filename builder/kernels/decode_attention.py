@@ -148,7 +148,9 @@ def launch_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, k_cache:
         part_o = qkv.new_empty((B * hq * num_splits * hd,), dtype=torch.float32)
         part_ml = qkv.new_empty((B * hq * num_splits * 2,), dtype=torch.float32)
     else:
-        part_o = part_ml = o            # not touched with one split
+        # Never touched with one split. A read-only dummy: an argument aliasing a written one (o) would confuse the
+        # functionalization of the kernel's writes under AOTInductor.
+        part_o = part_ml = qkv
     rope = kernels.ROPE_NONE if cos is None else kernels.ROPE_INTERLEAVED if rope_interleaved else kernels.ROPE_NEOX
     args = (qkv, positions, k_cache, v_cache, cos if cos is not None else qkv, sin if sin is not None else qkv,
             q_norm if q_norm is not None else qkv, k_norm if k_norm is not None else qkv, o, part_o, part_ml,

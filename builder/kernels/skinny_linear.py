@@ -17,7 +17,7 @@ op computes the eager layer's function up to the order of the fp32 accumulation:
    inner rounding is exact, i.e. `residual + branch`).
 
 The Triton kernels (skinny_linear_triton.py) implement this on CUDA; the aten reference below is the same math and
-is what CPU builds and the ONNX exporter use (decompositions.py). One op serves every stage: M ≤ 4 takes the GEMV
+is what CPU builds and the ONNX exporter use (decompositions.py). One op serves every stage: M ≤ 2 takes the GEMV
 (FMA) form, larger M a tensor-core tile of 16/32/64 rows; split-K is used where N alone is too narrow to keep the
 GPU streaming, with a deterministic second pass.
 """
@@ -34,8 +34,10 @@ from .common import HAVE_TRITON, cdiv, multiprocessor_count, next_power_of_2, rm
 from .decompositions import register_cpu_decomposition
 
 OP_NAME = "ttsaot::skinny_linear"
-GEMV_MAX_M = 4            # M up to this takes the FMA (GEMV) form by default, larger M the tensor-core tile
-MIN_SPLIT_K_CHUNK = 512   # split-K never gives a program less than this much of K
+# M up to this takes the FMA (GEMV) form by default, larger M the tensor-core tile: the FMA accumulator holds
+# BLOCK_M·BLOCK_N·BLOCK_K fp32 values (200+ registers per thread at M = 4 with the GEMV configs).
+GEMV_MAX_M = 2
+MIN_SPLIT_K_CHUNK = 1024  # split-K never gives a program less than this much of K
 SPLIT_K_ALIGN = 512       # split boundaries are multiples of the largest BLOCK_K of the autotuned configs
 
 
@@ -79,14 +81,19 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, nor
                  lambda: f"skinny_linear: residual must be {list(out_shape)} in {x.dtype}")
 
 
-def plan_split_k(m: int, n_out: int, k: int, multiprocessors: int) -> int:
-    """How many K ranges: double while the N × M tiles (at a nominal 32 columns, 16 rows) leave fewer than two
-    programs per SM, and each range keeps at least MIN_SPLIT_K_CHUNK of K."""
-    tiles = cdiv(n_out, 32) * cdiv(m, 16)
+def plan_split_k(m: int, n_out: int, k: int, multiprocessors: int, use_dot: bool) -> int:
+    """How many K ranges. Each range costs a second (epilogue) launch, so only when the column tiles (nominal
+    BLOCK_N 8 for the GEMV form, 16 for tensor cores) × row tiles leave more than a quarter of the SMs idle; doubled
+    while that holds and each range keeps at least MIN_SPLIT_K_CHUNK of K."""
+    tiles = cdiv(n_out, 16 if use_dot else 8) * (cdiv(m, _block_m(m, use_dot)))
     split = 1
-    while tiles * split < 2 * multiprocessors and k // (2 * split) >= MIN_SPLIT_K_CHUNK and split < 8:
+    while 4 * tiles * split < 3 * multiprocessors and k // (2 * split) >= MIN_SPLIT_K_CHUNK and split < 8:
         split *= 2
     return split
+
+
+def _block_m(m: int, use_dot: bool) -> int:
+    return (16 if m <= 16 else 32 if m <= 32 else 64) if use_dot else next_power_of_2(m)
 
 
 def _identity(kernel: Any) -> Any:
@@ -111,9 +118,9 @@ def launch_skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     r2 = residual.reshape(-1, n_out).contiguous() if residual is not None else x2
     if use_dot is None:
         use_dot = m > GEMV_MAX_M
-    block_m = (16 if m <= 16 else 32 if m <= 32 else 64) if use_dot else next_power_of_2(m)
+    block_m = _block_m(m, use_dot)
     if split_k is None:
-        split_k = plan_split_k(m, n_out, k, multiprocessor_count(x.device))
+        split_k = plan_split_k(m, n_out, k, multiprocessor_count(x.device), use_dot)
     align = config["BLOCK_K"] if config else SPLIT_K_ALIGN
     k_split = cdiv(cdiv(k, split_k), align) * align
     split_k = cdiv(k, k_split)
@@ -127,7 +134,7 @@ def launch_skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
                 DOT_UPCAST=x.device.type != "cuda")     # off-GPU = Triton's interpreter (see the kernel)
 
     def grid(meta):
-        return (cdiv(n_out, meta["BLOCK_N"]), split_k, cdiv(m, meta["BLOCK_M"]))
+        return (cdiv(m, meta["BLOCK_M"]), cdiv(n_out, meta["BLOCK_N"]), split_k)
 
     if config is None:
         kernel = kernels.skinny_gemm_autotuned if use_dot else kernels.skinny_gemv_autotuned

@@ -128,14 +128,15 @@ def skinny_linear_kernel(x_ptr, w_ptr, b_ptr, g_ptr, r_ptr, y_ptr, part_ptr,
                          HAS_RESIDUAL: tl.constexpr, SPLIT_K: tl.constexpr, USE_DOT: tl.constexpr,
                          DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Grid (cdiv(N_OUT, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M)). USE_DOT: tensor-core `tl.dot` on a BLOCK_M ≥ 16
-    tile (rows past M masked); otherwise the FMA (GEMV) form, for BLOCK_M = M ≤ 4. DOT_UPCAST feeds `tl.dot` fp32
-    copies of 16-bit operands (the same products, exact in fp32): Triton's CPU interpreter multiplies bf16
-    operands as raw integers. With SPLIT_K > 1 the fp32 partial sums go to part_ptr [SPLIT_K, M, N] and
-    `split_k_epilogue_kernel` adds them in a fixed order (deterministic)."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
+    """Grid (cdiv(M, BLOCK_M), cdiv(N_OUT, BLOCK_N), SPLIT_K): the row tiles of one W block are neighbours in
+    launch order, so with several row tiles W is read from HBM once and from L2 after. USE_DOT: tensor-core
+    `tl.dot` on a BLOCK_M ≥ 16 tile (rows past M masked); otherwise the FMA (GEMV) form, for BLOCK_M = M ≤ 2.
+    DOT_UPCAST feeds `tl.dot` fp32 copies of 16-bit operands (the same products, exact in fp32): Triton's CPU
+    interpreter multiplies bf16 operands as raw integers. With SPLIT_K > 1 the fp32 partial sums go to part_ptr
+    [SPLIT_K, M, N] and `split_k_epilogue_kernel` adds them in a fixed order (deterministic)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
@@ -190,18 +191,20 @@ def split_k_epilogue_kernel(part_ptr, b_ptr, r_ptr, y_ptr, M, N_OUT, scale,
 # (`python -m bench kernels`) times them all on the real shapes. BLOCK_M, SPLIT_K and USE_DOT come from the
 # launcher. The FMA accumulator holds BLOCK_M·BLOCK_N·BLOCK_K fp32 values: ≤ 64 registers per thread at M = 1.
 GEMV_CONFIGS = [
-    triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=1),
+    triton.Config({"BLOCK_N": 4, "BLOCK_K": 1024}, num_warps=4, num_stages=1),
     triton.Config({"BLOCK_N": 8, "BLOCK_K": 512}, num_warps=4, num_stages=1),
-    triton.Config({"BLOCK_N": 32, "BLOCK_K": 256}, num_warps=8, num_stages=1),
+    triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=1),
+    triton.Config({"BLOCK_N": 8, "BLOCK_K": 1024}, num_warps=8, num_stages=1),
     triton.Config({"BLOCK_N": 16, "BLOCK_K": 512}, num_warps=8, num_stages=1),
-    triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=3),
 ]
+# Few rows: BLOCK_N 16 with a deep cp.async pipeline keeps ≥ 24 KB of W in flight per SM even at one program per
+# SM; BLOCK_M ≥ 64 (re-prefills) runs on wgmma.
 GEMM_CONFIGS = [
-    triton.Config({"BLOCK_N": 32, "BLOCK_K": 128}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_N": 32, "BLOCK_K": 256}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_N": 64, "BLOCK_K": 64}, num_warps=4, num_stages=5),
+    triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_N": 16, "BLOCK_K": 512}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_N": 32, "BLOCK_K": 256}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_N": 32, "BLOCK_K": 128}, num_warps=4, num_stages=5),
+    triton.Config({"BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4, num_stages=4),
     triton.Config({"BLOCK_N": 128, "BLOCK_K": 64}, num_warps=8, num_stages=4),
 ]
 # The epilogue flags are part of the key: a gated and a plain call of the same size are different kernels.
