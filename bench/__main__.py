@@ -513,8 +513,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("kernels", help="the Triton kernel layer on the stages' shapes vs copy bandwidth and torch")
     p.add_argument("--device", default=None)
     p.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
-    p.add_argument("--budget", type=float, default=170.0, help="seconds; later cases and sections are skipped")
-    p.add_argument("--sections", type=_csv, default=None, help="copy,skinny,attention,layer,aoti,sweep (default all)")
+    p.add_argument("--budget", type=float, default=200.0, help="seconds; later cases and sections are skipped")
+    p.add_argument("--sections", type=_csv, default=None,
+                   help="copy,skinny,attention,aoti,layer,predictors,sweep (default all)")
     p.add_argument("--with-compile", action="store_true", help="layer: also torch.compile max-autotune (minutes)")
     p.add_argument("--result", default=None)
     p.add_argument("--out", default=str(REPO / "bench" / "results"))

@@ -1,32 +1,36 @@
 """The kernel layer (`builder/kernels`) on the GPU: correctness, time, bytes and bandwidth on the stages' real shapes.
 
-    python -m bench kernels [--out bench/results] [--quick] [--budget 170] [--sections copy,skinny,...]
+    python -m bench kernels [--out bench/results] [--quick] [--budget 200] [--sections copy,skinny,...]
                             [--with-compile]
 
-Sections (in this order; each case is recorded, a failing case as an error; a section that would start after the
-time budget is recorded as skipped):
+Sections, in this order (each case is recorded, a failing one as an error; cases and sections that would start
+after the time budget are recorded as skipped):
 - `copy`: device-to-device copy bandwidth (1 GiB, bytes read + written): the roof every figure is compared with.
-- `skinny`: `ttsaot::skinny_linear` (autotuned, as AOTI bakes it) on the VoxCPM2 decode shapes at M = 1..16 and the
-  predictors' shapes at their M. Per case: rel. error vs the aten reference, time per call replaying a CUDA graph
-  of back-to-back calls (weights rotated over > 4× L2 so every call reads HBM, as a step over 28 layers does),
-  time of one eager launch, a D2D copy moving the same bytes in the same kind of graph, the eager torch ops
-  (cuBLAS + elementwise) in the same kind of graph; bytes, GB/s, % of the same-bytes copy and of the 1 GiB copy,
-  speed-up vs torch.
-- `attention`: `ttsaot::decode_attention` for VoxCPM2's base (RoPE) and residual (no RoPE) LMs, B = 1..16, a 4096-
-  position cache at context 512 and 2048; layers rotated like the weights.
+- `skinny`: `ttsaot::skinny_linear` (autotuned, as AOTI bakes it) on the VoxCPM2 decode shapes at M = 1..16. Per
+  case: rel. error vs the aten reference, time per call replaying a CUDA graph of back-to-back calls (weights
+  rotated over > 4× L2 so every call reads HBM, as a step over 28 layers does), time of one eager launch, a D2D
+  copy moving the same bytes in the same kind of graph, the eager torch ops (cuBLAS + elementwise) in the same
+  kind of graph; bytes, GB/s, % of the same-bytes copy (the ≥ 85% target) and of the 1 GiB copy, speed-up vs
+  torch, and the launch plan (form, split-K).
+- `attention`: `ttsaot::decode_attention` for VoxCPM2's base (RoPE) and residual (no RoPE) LMs, B = 1..16, a 4097-
+  position cache at context 512 (and 2048); layers rotated like the weights; time vs the bytes' floor.
+- `aoti`: a 2-layer step AOTInductor-compiled on this GPU: the op's functionalized cache write must be re-inplaced
+  (no cache-sized copy: peak memory during the call, the generated code), results vs eager, time.
 - `layer`: one VoxCPM2 base-LM layer step (norm+qkv → attention → o_proj+residual → norm+gate_up+SiLU·mul →
   down+residual) from the ops vs the eager bf16 module (`MiniCPMLayer.forward_step`), both replayed from CUDA
-  graphs over 4 distinct layers; output and cache checked against eager; time per layer vs the layer's byte
+  graphs over 4 distinct layers; output and caches checked against eager; time per layer vs the layer's byte
   floor. `--with-compile` adds torch.compile(mode="max-autotune-no-cudagraphs") + manual graph (minutes).
-- `aoti`: a 2-layer step AOTInductor-compiled on this GPU: the op's functionalized cache write must be
-  re-inplaced (no cache-sized copy: peak memory during the call, the generated code), results vs eager, time.
-- `sweep`: split-K × GEMV/tensor-core form for the VoxCPM2 shapes, and split size × BLOCK_S for attention: what
+- `predictors`: the re-prefill predictors' shapes (Fish fast_ar, Qwen code_predictor, VoxCPM2 locdit) at their M.
+- `sweep`: split-K × GEMV/tensor-core form for the VoxCPM2 shapes, split size × BLOCK_S for attention: what
   phase 2 tunes the plans from.
-Writes `<out>/<device-slug>/kernels.json`.
+A fresh machine compiles ~50 Triton kernels for the first four sections: ~3-4 minutes with the default budget;
+`--budget 540` also covers `predictors` and `sweep`. Writes `<out>/<device-slug>/kernels.json` (rewritten after
+every case, so a crash keeps what was measured).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import statistics
@@ -43,19 +47,23 @@ from . import RESULTS_SCHEMA
 from .common import device_info, git_commit, now_iso, rel_err, short_error, time_fn
 
 TARGET_RATIO = 0.85
-SECTIONS = ("copy", "skinny", "attention", "layer", "aoti", "sweep")
+SECTIONS = ("copy", "skinny", "attention", "aoti", "layer", "predictors", "sweep")
 _WARMUP = {True: 3, False: 0}    # warm-up calls before eager timings: on the GPU, none in a CPU smoke run
 ROTATE_L2_MULTIPLE = 4          # weights rotated over at least this many times the L2 size
 MIN_GRAPH_CALLS = 16
 
 # name: (N, K, epilogue, M values). VoxCPM2 decode (base LM: 28 layers, residual LM: 8, same dims): fused qkv
-# (RMSNorm prologue), o_proj + residual, gate_up (RMSNorm, SiLU·mul), down + residual. Predictors at their rows.
+# (RMSNorm prologue), o_proj + residual, gate_up (RMSNorm, SiLU·mul), down + residual.
 DECODE_M = (1, 2, 4, 8, 16)
 SKINNY_SHAPES: dict[str, tuple[int, int, dict, tuple[int, ...]]] = {
     "voxcpm2_qkv": (2560, 2048, {"norm": True}, DECODE_M),
     "voxcpm2_o": (2048, 2048, {"residual": True}, DECODE_M),
     "voxcpm2_gate_up": (12288, 2048, {"norm": True, "gated": True}, DECODE_M),
     "voxcpm2_down": (2048, 6144, {"residual": True}, DECODE_M),
+}
+# The re-prefill predictors at their rows (batch × positions): Fish fast_ar (11 positions), Qwen code_predictor
+# (≤ 16), VoxCPM2 locdit / local_encoder (~10 positions × 2B rows).
+PREDICTOR_SHAPES: dict[str, tuple[int, int, dict, tuple[int, ...]]] = {
     "fish_fast_ar_qkv": (6144, 2560, {"norm": True}, (11, 44, 176)),
     "fish_fast_ar_gate_up": (19456, 2560, {"norm": True, "gated": True}, (11, 44, 176)),
     "fish_fast_ar_down": (2560, 9728, {"residual": True}, (11, 44, 176)),
@@ -64,7 +72,6 @@ SKINNY_SHAPES: dict[str, tuple[int, int, dict, tuple[int, ...]]] = {
     "voxcpm2_locdit_qkv": (3072, 1024, {"norm": True}, (20, 80)),
     "voxcpm2_locdit_gate_up": (8192, 1024, {"norm": True, "gated": True}, (20, 80)),
 }
-QUICK_SHAPES = ("voxcpm2_qkv", "voxcpm2_o", "voxcpm2_gate_up", "voxcpm2_down")
 # VoxCPM2's base/residual LM attention (16 q heads, 2 kv heads, hd 128) over a cache of max_len 4096 (+ scratch).
 ATTENTION = {"hq": 16, "hkv": 2, "hd": 128, "cache_positions": 4097, "contexts": (512, 2048)}
 LAYER = {"preset": "full", "cache_positions": 4097, "context": 512, "layers": 4}
@@ -270,6 +277,7 @@ def bench_attention_case(B: int, ctx: int, rope: bool, peak_gbps: float, reps: i
 
 
 # ---------------------------------------------------------------------------------------------- layer
+@functools.lru_cache(maxsize=1)
 def _voxcpm2_layers(n: int, S: int, device: torch.device):
     from ttsaot.builder.families.voxcpm2_lm import PRESETS, MiniCPMLayer, RopeTable
 
@@ -441,7 +449,7 @@ def bench_aoti(reps: int, B: int = 4, S: int = 8193) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- runner
-def run_kernels(device: torch.device, quick: bool = False, budget_s: float = 170.0,
+def run_kernels(device: torch.device, quick: bool = False, budget_s: float = 200.0,
                 sections: tuple[str, ...] = SECTIONS, with_compile: bool = False,
                 progress: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """`progress(result)` is called after every case (the CLI rewrites the JSON, so a crash keeps what was
@@ -505,10 +513,9 @@ def run_kernels(device: torch.device, quick: bool = False, budget_s: float = 170
         res.pop("running", None)
         return out
 
-    def skinny_section() -> dict:
+    def skinny_section(shapes: dict) -> dict:
         items = []
-        for name in (QUICK_SHAPES if quick else tuple(SKINNY_SHAPES)):
-            N, K, spec, ms = SKINNY_SHAPES[name]
+        for name, (N, K, spec, ms) in shapes.items():
             for M in ((ms[0], ms[-1]) if quick else ms):
                 items.append((f"{name}/M={M}", dict(M=M, N=N, K=K, spec=spec)))
         out = cases(bench_skinny_case, items)
@@ -517,22 +524,22 @@ def run_kernels(device: torch.device, quick: bool = False, budget_s: float = 170
                 case["plan"] = _plan(case["M"], case["N"], case["K"], case["epilogue"], device)
         return out
 
-    guarded("skinny", skinny_section)
+    guarded("skinny", lambda: skinny_section(SKINNY_SHAPES))
     contexts = ATTENTION["contexts"][:1] if quick else ATTENTION["contexts"]
     batches = (1, 16) if quick else (1, 2, 4, 8, 16)
     attn_items = [(f"{'base' if rope else 'residual'}/B={B}/ctx={ctx}", dict(B=B, ctx=ctx, rope=rope))
                   for rope in (True, False) for ctx in contexts for B in batches if rope or ctx == contexts[0]]
     guarded("attention", lambda: cases(bench_attention_case, attn_items))
+    if device.type == "cuda":
+        guarded("aoti", lambda: bench_aoti(reps))
     layer_items = [(f"B={B}/ctx={LAYER['context']}", dict(B=B, with_compile=with_compile))
                    for B in ((1, 16) if quick else (1, 4, 16))]
     guarded("layer", lambda: cases(bench_layer, layer_items))
-    if device.type == "cuda":
-        guarded("aoti", lambda: bench_aoti(reps))
+    guarded("predictors", lambda: skinny_section(PREDICTOR_SHAPES))
 
     def sweep_section() -> dict:
         items = []
-        for name in QUICK_SHAPES:
-            N, K, spec, _ = SKINNY_SHAPES[name]
+        for name, (N, K, spec, _) in SKINNY_SHAPES.items():
             for M in (1, 4, 16):
                 for form in (("gemv", "dot") if M < 16 else ("dot",)):
                     for split in (1, 2, 4):
@@ -547,6 +554,7 @@ def run_kernels(device: torch.device, quick: bool = False, budget_s: float = 170
         return out
 
     guarded("sweep", sweep_section)
+    _voxcpm2_layers.cache_clear()
     res["seconds"] = round(time.time() - t_all, 1)
     res["status"] = "ok"
     if progress:
@@ -560,7 +568,7 @@ def summary(res: dict) -> str:
     sec = res.get("sections", {})
     if "copy" in sec:
         lines.append(f"copy 1 GiB: {sec['copy']['gb_per_s']:.0f} GB/s")
-    for key, c in sec.get("skinny", {}).items():
+    for key, c in {**sec.get("skinny", {}), **sec.get("predictors", {})}.items():
         if "kernel" in c:
             k = c["kernel"]
             lines.append(f"skinny {key:<34} {k['graph_ms'] * 1e3:7.1f} us {k['gb_per_s']:6.0f} GB/s "

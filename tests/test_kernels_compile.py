@@ -54,7 +54,7 @@ SCRIPT = textwrap.dedent(r"""
     cases = [("gemv", 1, S.GEMV_CONFIGS[0], "plain", 1), ("gemv", 1, S.GEMV_CONFIGS[1], "norm_gated", 2),
              ("gemv", 2, S.GEMV_CONFIGS[2], "bias_residual", 1), ("dot", 16, S.GEMM_CONFIGS[0], "plain", 2),
              ("dot", 16, S.GEMM_CONFIGS[1], "norm_gated", 1), ("dot", 16, S.GEMM_CONFIGS[2], "bias_residual", 1),
-             ("dot64", 64, S.GEMM_CONFIGS[4], "norm_gated", 1)]
+             ("dot64", 64, S.GEMM_CONFIGS[3], "norm_gated", 1)]
     for form, block_m, c, fname, split in cases:
         cx = dict(flags[fname], SPLIT_K=split, USE_DOT=form != "gemv", DOT_PRECISION="tf32", DOT_UPCAST=False,
                   BLOCK_M=block_m, **c.kwargs)
@@ -67,19 +67,19 @@ SCRIPT = textwrap.dedent(r"""
     da_types = dict(qkv_ptr="*bf16", pos_ptr="*i64", kc_ptr="*bf16", vc_ptr="*bf16", cos_ptr="*fp32",
                     sin_ptr="*fp32", qn_ptr="*bf16", kn_ptr="*bf16", o_ptr="*bf16", part_o_ptr="*fp32",
                     part_ml_ptr="*fp32", layer="i32", S="i32", QKV_ROW="i32", CACHE_LAYER="i32", SPLIT_SIZE="i32",
-                    eps="fp32", qk_scale="fp32")
+                    NUM_SPLITS="i32", eps="fp32", qk_scale="fp32")
     da_aligned = {n for n in da_types if n.endswith("_ptr")} | {"QKV_ROW", "SPLIT_SIZE"}
     for name, (hq, hkv, rope, qkn) in {"voxcpm2": (16, 2, 1, False), "residual": (16, 2, 0, False),
                                        "interleaved_gqa4": (32, 8, 2, False), "qk_norm": (16, 8, 1, True)}.items():
         for ns in ((1, 8) if name == "voxcpm2" else (8,)):
-            cx = dict(HQ=hq, HKV=hkv, HEAD_DIM=128, G_PAD=16, ROPE=rope, QK_NORM=qkn, NUM_SPLITS=ns, BLOCK_S=64,
+            cx = dict(HQ=hq, HKV=hkv, HEAD_DIM=128, G_PAD=16, ROPE=rope, QK_NORM=qkn, SINGLE_SPLIT=ns == 1, BLOCK_S=64,
                       DOT_PRECISION="tf32", DOT_UPCAST=False)
             results[f"attention/{name}/splits{ns}"] = build(A.decode_attention_kernel, da_types, cx, 4, 2,
                                                             da_aligned)
     cb_types = dict(part_o_ptr="*fp32", part_ml_ptr="*fp32", pos_ptr="*i64", o_ptr="*bf16", S="i32",
-                    SPLIT_SIZE="i32")
-    results["attention/combine"] = build(A.combine_splits_kernel, cb_types,
-        dict(HQ=16, HEAD_DIM=128, NUM_SPLITS=65, SPLITS_PAD=128, CHUNK=16), 4, 1, set())
+                    SPLIT_SIZE="i32", NUM_SPLITS="i32")
+    results["attention/combine"] = build(A.combine_splits_kernel, cb_types, dict(HQ=16, HEAD_DIM=128, CHUNK=16),
+                                         4, 1, set())
     print(json.dumps(results))
 """)
 

@@ -154,9 +154,10 @@ def launch_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, k_cache:
     rope = kernels.ROPE_NONE if cos is None else kernels.ROPE_INTERLEAVED if rope_interleaved else kernels.ROPE_NEOX
     args = (qkv, positions, k_cache, v_cache, cos if cos is not None else qkv, sin if sin is not None else qkv,
             q_norm if q_norm is not None else qkv, k_norm if k_norm is not None else qkv, o, part_o, part_ml,
-            layer, S, qkv.stride(0), B * hkv * S, split_size, float(norm_eps), float(scale) * kernels.LOG2E)
+            layer, S, qkv.stride(0), B * hkv * S, split_size, num_splits, float(norm_eps),
+            float(scale) * kernels.LOG2E)
     meta = dict(HQ=hq, HKV=hkv, HEAD_DIM=hd, G_PAD=max(16, next_power_of_2(hq // hkv)), ROPE=rope,
-                QK_NORM=q_norm is not None, NUM_SPLITS=num_splits, BLOCK_S=block_s,
+                QK_NORM=q_norm is not None, SINGLE_SPLIT=num_splits == 1, BLOCK_S=block_s,
                 DOT_PRECISION="ieee" if qkv.dtype == torch.float32 else "tf32",
                 DOT_UPCAST=qkv.device.type != "cuda")   # off-GPU = Triton's interpreter (see skinny_linear)
     grid = (B * hkv, num_splits)
@@ -166,8 +167,7 @@ def launch_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, k_cache:
         wrap(kernels.decode_attention_kernel)[grid](*args, **meta, **config)
     if num_splits > 1:
         wrap(kernels.combine_splits_kernel)[(B * hq,)](
-            part_o, part_ml, positions, o, S, split_size, HQ=hq, HEAD_DIM=hd, NUM_SPLITS=num_splits,
-            SPLITS_PAD=max(COMBINE_CHUNK, next_power_of_2(num_splits)), CHUNK=COMBINE_CHUNK)
+            part_o, part_ml, positions, o, S, split_size, num_splits, HQ=hq, HEAD_DIM=hd, CHUNK=COMBINE_CHUNK)
     return o
 
 

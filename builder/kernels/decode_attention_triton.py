@@ -57,11 +57,12 @@ def _norm_rope(x_ptr, rows, offs_d, row_mask, w_ptr, cos_ptr, sin_ptr, pos, eps,
 @triton.jit(do_not_specialize=["layer"])     # one compiled kernel for every layer index
 def decode_attention_kernel(qkv_ptr, pos_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, o_ptr,
                             part_o_ptr, part_ml_ptr,
-                            layer, S, QKV_ROW, CACHE_LAYER, SPLIT_SIZE, eps, qk_scale,
+                            layer, S, QKV_ROW, CACHE_LAYER, SPLIT_SIZE, NUM_SPLITS, eps, qk_scale,
                             HQ: tl.constexpr, HKV: tl.constexpr, HEAD_DIM: tl.constexpr, G_PAD: tl.constexpr,
-                            ROPE: tl.constexpr, QK_NORM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                            ROPE: tl.constexpr, QK_NORM: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
                             BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):
-    """Grid (B·HKV, NUM_SPLITS). qk_scale = softmax scale · log2(e) (the softmax runs in base 2)."""
+    """Grid (B·HKV, NUM_SPLITS). qk_scale = softmax scale · log2(e) (the softmax runs in base 2). SINGLE_SPLIT
+    (NUM_SPLITS == 1): the output is written directly, no partials."""
     G: tl.constexpr = HQ // HKV
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -126,7 +127,7 @@ def decode_attention_kernel(qkv_ptr, pos_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, 
 
     heads = h * G + offs_g
     g_mask = (offs_g < G)[:, None]
-    if NUM_SPLITS == 1:
+    if SINGLE_SPLIT:
         o = acc / l_i[:, None]
         tl.store(o_ptr + b.to(tl.int64) * (HQ * HEAD_DIM) + heads[:, None] * HEAD_DIM + offs_d[None, :],
                  o.to(dt), mask=g_mask)
@@ -139,34 +140,36 @@ def decode_attention_kernel(qkv_ptr, pos_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, 
 
 
 @triton.jit
-def combine_splits_kernel(part_o_ptr, part_ml_ptr, pos_ptr, o_ptr, S, SPLIT_SIZE,
-                          HQ: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                          SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr):
+def combine_splits_kernel(part_o_ptr, part_ml_ptr, pos_ptr, o_ptr, S, SPLIT_SIZE, NUM_SPLITS,
+                          HQ: tl.constexpr, HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr):
     """One program per (row, query head): merge the row's active splits (those at or before its position) in
-    split order, CHUNK splits at a time."""
+    split order, CHUNK splits at a time (the running max first, then the weighted sums)."""
     pid = tl.program_id(0)
     b = pid // HQ
     pos = tl.load(pos_ptr + b).to(tl.int32)
     pos = tl.minimum(tl.maximum(pos, 0), S - 1)
     last = pos // SPLIT_SIZE
     base = pid.to(tl.int64) * NUM_SPLITS
-    offs_s = tl.arange(0, SPLITS_PAD)
-    active = offs_s <= last
-    m = tl.load(part_ml_ptr + (base + offs_s) * 2, mask=active, other=float("-inf"))
-    ls = tl.load(part_ml_ptr + (base + offs_s) * 2 + 1, mask=active, other=0.0)
-    m_max = tl.max(m, axis=0)
-    denom = tl.sum(tl.where(active, tl.exp2(m - m_max), 0.0) * ls, axis=0)
+    m_max = tl.full([CHUNK], -1.0e30, dtype=tl.float32)
+    for c in range(0, last + 1, CHUNK):
+        offs_c = c + tl.arange(0, CHUNK)
+        m_max = tl.maximum(m_max, tl.load(part_ml_ptr + (base + offs_c) * 2, mask=offs_c <= last, other=-1.0e30))
+    m_all = tl.max(m_max, axis=0)
     offs_d = tl.arange(0, HEAD_DIM)
     acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    denom = tl.zeros([CHUNK], dtype=tl.float32)
     for c in range(0, last + 1, CHUNK):
         offs_c = c + tl.arange(0, CHUNK)
         act = offs_c <= last
-        mc = tl.load(part_ml_ptr + (base + offs_c) * 2, mask=act, other=float("-inf"))
-        w = tl.where(act, tl.exp2(mc - m_max), 0.0)
+        mc = tl.load(part_ml_ptr + (base + offs_c) * 2, mask=act, other=-1.0e30)
+        lc = tl.load(part_ml_ptr + (base + offs_c) * 2 + 1, mask=act, other=0.0)
+        w = tl.where(act, tl.exp2(mc - m_all), 0.0)
+        denom += w * lc
         part = tl.load(part_o_ptr + (base + offs_c)[:, None] * HEAD_DIM + offs_d[None, :], mask=act[:, None],
                        other=0.0)
         acc += tl.sum(part * w[:, None], axis=0)
-    tl.store(o_ptr + pid.to(tl.int64) * HEAD_DIM + offs_d, (acc / denom).to(o_ptr.dtype.element_ty))
+    o = acc / tl.sum(denom, axis=0)
+    tl.store(o_ptr + pid.to(tl.int64) * HEAD_DIM + offs_d, o.to(o_ptr.dtype.element_ty))
 
 
 # BLOCK_S comes from the launcher (it must not exceed the split size); the autotuner picks warps and stages per
@@ -177,5 +180,5 @@ ATTENTION_CONFIGS = [
     triton.Config({}, num_warps=8, num_stages=2),
 ]
 decode_attention_autotuned = triton.autotune(
-    configs=ATTENTION_CONFIGS, key=["S", "SPLIT_SIZE", "HQ", "HKV", "BLOCK_S", "ROPE", "QK_NORM"],
+    configs=ATTENTION_CONFIGS, key=["S", "SPLIT_SIZE", "HQ", "HKV", "BLOCK_S", "ROPE", "QK_NORM", "SINGLE_SPLIT"],
 )(decode_attention_kernel)

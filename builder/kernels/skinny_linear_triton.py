@@ -195,7 +195,6 @@ GEMV_CONFIGS = [
     triton.Config({"BLOCK_N": 8, "BLOCK_K": 512}, num_warps=4, num_stages=1),
     triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=1),
     triton.Config({"BLOCK_N": 8, "BLOCK_K": 1024}, num_warps=8, num_stages=1),
-    triton.Config({"BLOCK_N": 16, "BLOCK_K": 512}, num_warps=8, num_stages=1),
 ]
 # Few rows: BLOCK_N 16 with a deep cp.async pipeline keeps ≥ 24 KB of W in flight per SM even at one program per
 # SM; BLOCK_M ≥ 64 (re-prefills) runs on wgmma.
@@ -203,9 +202,7 @@ GEMM_CONFIGS = [
     triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=4),
     triton.Config({"BLOCK_N": 16, "BLOCK_K": 512}, num_warps=4, num_stages=3),
     triton.Config({"BLOCK_N": 32, "BLOCK_K": 256}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_N": 32, "BLOCK_K": 128}, num_warps=4, num_stages=5),
     triton.Config({"BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_N": 128, "BLOCK_K": 64}, num_warps=8, num_stages=4),
 ]
 # The epilogue flags are part of the key: a gated and a plain call of the same size are different kernels.
 AUTOTUNE_KEY = ["M", "N_OUT", "K", "K_SPLIT", "BLOCK_M", "HAS_NORM", "GATED", "HAS_BIAS", "HAS_RESIDUAL"]
