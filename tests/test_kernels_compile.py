@@ -56,7 +56,7 @@ SCRIPT = textwrap.dedent(r"""
              ("dot", 16, S.GEMM_CONFIGS[1], "norm_gated", 1), ("dot", 16, S.GEMM_CONFIGS[2], "bias_residual", 1),
              ("dot64", 64, S.GEMM_CONFIGS[3], "norm_gated", 1)]
     for form, block_m, c, fname, split in cases:
-        cx = dict(flags[fname], SPLIT_K=split, USE_DOT=form != "gemv", DOT_PRECISION="tf32", DOT_UPCAST=False,
+        cx = dict(flags[fname], SPLIT_K=split, USE_DOT=form != "gemv", FP32_DOT=False,
                   BLOCK_M=block_m, **c.kwargs)
         key = f"skinny/{form}/{fname}/m{block_m}/split{split}/bn{c.kwargs['BLOCK_N']}bk{c.kwargs['BLOCK_K']}"
         results[key] = build(S.skinny_linear_kernel, sl_types, cx, c.num_warps, c.num_stages, sl_aligned)
@@ -73,7 +73,7 @@ SCRIPT = textwrap.dedent(r"""
                                        "interleaved_gqa4": (32, 8, 2, False), "qk_norm": (16, 8, 1, True)}.items():
         for ns in ((1, 8) if name == "voxcpm2" else (8,)):
             cx = dict(HQ=hq, HKV=hkv, HEAD_DIM=128, G_PAD=16, ROPE=rope, QK_NORM=qkn, SINGLE_SPLIT=ns == 1, BLOCK_S=64,
-                      DOT_PRECISION="tf32", DOT_UPCAST=False)
+                      FP32_DOT=False)
             results[f"attention/{name}/splits{ns}"] = build(A.decode_attention_kernel, da_types, cx, 4, 2,
                                                             da_aligned)
     cb_types = dict(part_o_ptr="*fp32", part_ml_ptr="*fp32", pos_ptr="*i64", o_ptr="*bf16", S="i32",

@@ -158,8 +158,7 @@ def launch_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, k_cache:
             float(scale) * kernels.LOG2E)
     meta = dict(HQ=hq, HKV=hkv, HEAD_DIM=hd, G_PAD=max(16, next_power_of_2(hq // hkv)), ROPE=rope,
                 QK_NORM=q_norm is not None, SINGLE_SPLIT=num_splits == 1, BLOCK_S=block_s,
-                DOT_PRECISION="ieee" if qkv.dtype == torch.float32 else "tf32",
-                DOT_UPCAST=qkv.device.type != "cuda")   # off-GPU = Triton's interpreter (see skinny_linear)
+                FP32_DOT=qkv.dtype == torch.float32 or qkv.device.type != "cuda")   # off-GPU = the interpreter
     grid = (B * hkv, num_splits)
     if config is None:
         wrap(kernels.decode_attention_autotuned)[grid](*args, **meta)

@@ -60,9 +60,9 @@ def decode_attention_kernel(qkv_ptr, pos_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, 
                             layer, S, QKV_ROW, CACHE_LAYER, SPLIT_SIZE, NUM_SPLITS, eps, qk_scale,
                             HQ: tl.constexpr, HKV: tl.constexpr, HEAD_DIM: tl.constexpr, G_PAD: tl.constexpr,
                             ROPE: tl.constexpr, QK_NORM: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
-                            BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):
+                            BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr):
     """Grid (B·HKV, NUM_SPLITS). qk_scale = softmax scale · log2(e) (the softmax runs in base 2). SINGLE_SPLIT
-    (NUM_SPLITS == 1): the output is written directly, no partials."""
+    (NUM_SPLITS == 1): the output is written directly, no partials. FP32_DOT: as in skinny_linear_triton."""
     G: tl.constexpr = HQ // HKV
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -99,19 +99,19 @@ def decode_attention_kernel(qkv_ptr, pos_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, 
         kv_off = offs_s[:, None] * HEAD_DIM + offs_d[None, :]
         kt = tl.load(k_base + kv_off, mask=valid[:, None], other=0.0)
         vt = tl.load(v_base + kv_off, mask=valid[:, None], other=0.0)
-        if DOT_UPCAST:
+        if FP32_DOT:
             sc = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
         else:
-            sc = tl.dot(q, tl.trans(kt), input_precision=DOT_PRECISION)        # [G_PAD, BLOCK_S] fp32
+            sc = tl.dot(q, tl.trans(kt))                                        # [G_PAD, BLOCK_S] fp32
         sc = tl.where(valid[None, :], sc * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(sc - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if DOT_UPCAST:
+        if FP32_DOT:
             pv = tl.dot(p.to(dt).to(tl.float32), vt.to(tl.float32), input_precision="ieee")
         else:
-            pv = tl.dot(p.to(dt), vt, input_precision=DOT_PRECISION)
+            pv = tl.dot(p.to(dt), vt)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     # This token's key/value (position pos) from registers, in the split that holds pos. Other splits add

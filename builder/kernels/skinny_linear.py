@@ -130,8 +130,7 @@ def launch_skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     args = (x2, weight, bias if bias is not None else x2, norm_weight if norm_weight is not None else x2, r2, y,
             part, m, n_out, k, k_split, float(norm_eps), float(residual_scale))
     meta = dict(flags, SPLIT_K=split_k, USE_DOT=use_dot, BLOCK_M=block_m,
-                DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                DOT_UPCAST=x.device.type != "cuda")     # off-GPU = Triton's interpreter (see the kernel)
+                FP32_DOT=x.dtype == torch.float32 or x.device.type != "cuda")   # off-GPU = the interpreter
 
     def grid(meta):
         return (cdiv(m, meta["BLOCK_M"]), cdiv(n_out, meta["BLOCK_N"]), split_k)

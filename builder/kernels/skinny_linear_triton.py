@@ -53,7 +53,7 @@ def _epilogue(acc, acc_up, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, y_ptr, 
 
 @triton.jit
 def _dot_loop(x_ptr, w_ptr, g_ptr, rstd, offs_m, offs_n, m_mask, n_mask, N_OUT, K, k_lo, k_hi,
-              HAS_NORM: tl.constexpr, GATED: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+              HAS_NORM: tl.constexpr, GATED: tl.constexpr, FP32_DOT: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Tensor-core form: [BLOCK_M, BLOCK_K] x tile · [BLOCK_N, BLOCK_K]ᵀ W tile per step (cp.async-pipelined)."""
     dt = x_ptr.dtype.element_ty
@@ -72,16 +72,16 @@ def _dot_loop(x_ptr, w_ptr, g_ptr, rstd, offs_m, offs_n, m_mask, n_mask, N_OUT, 
             x = (gw.to(tl.float32)[None, :] * x.to(tl.float32)).to(dt)       # × weight in x's dtype
         w_mask = n_mask[:, None] & k_mask[None, :]
         w = tl.load(w_ptr + w_rows[:, None] + offs_k[None, :], mask=w_mask, other=0.0)
-        if DOT_UPCAST:
+        if FP32_DOT:
             acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
         else:
-            acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
+            acc = tl.dot(x, tl.trans(w), acc)
         if GATED:
             wu = tl.load(w_ptr + w_rows_up[:, None] + offs_k[None, :], mask=w_mask, other=0.0)
-            if DOT_UPCAST:
+            if FP32_DOT:
                 acc_up = tl.dot(x.to(tl.float32), tl.trans(wu.to(tl.float32)), acc_up, input_precision="ieee")
             else:
-                acc_up = tl.dot(x, tl.trans(wu), acc_up, input_precision=DOT_PRECISION)
+                acc_up = tl.dot(x, tl.trans(wu), acc_up)
     return acc, acc_up
 
 
@@ -126,13 +126,14 @@ def skinny_linear_kernel(x_ptr, w_ptr, b_ptr, g_ptr, r_ptr, y_ptr, part_ptr,
                          M, N_OUT, K, K_SPLIT, eps, scale,
                          HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
                          HAS_RESIDUAL: tl.constexpr, SPLIT_K: tl.constexpr, USE_DOT: tl.constexpr,
-                         DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+                         FP32_DOT: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Grid (cdiv(M, BLOCK_M), cdiv(N_OUT, BLOCK_N), SPLIT_K): the row tiles of one W block are neighbours in
     launch order, so with several row tiles W is read from HBM once and from L2 after. USE_DOT: tensor-core
     `tl.dot` on a BLOCK_M ≥ 16 tile (rows past M masked); otherwise the FMA (GEMV) form, for BLOCK_M = M ≤ 2.
-    DOT_UPCAST feeds `tl.dot` fp32 copies of 16-bit operands (the same products, exact in fp32): Triton's CPU
-    interpreter multiplies bf16 operands as raw integers. With SPLIT_K > 1 the fp32 partial sums go to part_ptr
+    FP32_DOT: `tl.dot` in exact fp32 ("ieee", not TF32), on fp32 copies of 16-bit operands if need be (the same
+    products, exact in fp32): fp32 weights, and Triton's CPU interpreter, which multiplies bf16 operands as raw
+    integers. With SPLIT_K > 1 the fp32 partial sums go to part_ptr
     [SPLIT_K, M, N] and `split_k_epilogue_kernel` adds them in a fixed order (deterministic)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -148,7 +149,7 @@ def skinny_linear_kernel(x_ptr, w_ptr, b_ptr, g_ptr, r_ptr, y_ptr, part_ptr,
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     if USE_DOT:
         acc, acc_up = _dot_loop(x_ptr, w_ptr, g_ptr, rstd, offs_m, offs_n, m_mask, n_mask, N_OUT, K, k_lo, k_hi,
-                                HAS_NORM, GATED, DOT_PRECISION, DOT_UPCAST, BLOCK_M, BLOCK_N, BLOCK_K)
+                                HAS_NORM, GATED, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
     else:
         acc, acc_up = _fma_loop(x_ptr, w_ptr, g_ptr, rstd, offs_m, offs_n, M, N_OUT, K, k_lo, k_hi,
                                 HAS_NORM, GATED, BLOCK_M, BLOCK_N, BLOCK_K)
