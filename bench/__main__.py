@@ -1,5 +1,5 @@
 """`python -m bench [run] ...` measure · `python -m bench report` write BENCHMARKS.md ·
-`python -m bench snake` · `python -m bench conv-kernels` ·
+`python -m bench snake` · `python -m bench kernels` · `python -m bench conv-kernels` ·
 `python -m bench list`. Internal: `_stage`, `_coldstart`, `_snake` (the per-process workers)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from .common import REPO, git_commit, now_iso, short_error, write_json
 
-COMMANDS = ("run", "report", "snake", "conv-kernels", "list", "build", "voxcpm-loop", "_stage", "_coldstart",
-            "_snake")
+COMMANDS = ("run", "report", "snake", "kernels", "conv-kernels", "list", "build", "voxcpm-loop", "_stage",
+            "_coldstart", "_snake")
 
 
 def _csv(value: str) -> list[str]:
@@ -511,6 +511,16 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--result", default=None)
         p.add_argument("--out", default=str(REPO / "bench" / "results"))
 
+    p = sub.add_parser("kernels", help="the Triton kernel layer on the stages' shapes vs copy bandwidth and torch")
+    p.add_argument("--device", default=None)
+    p.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
+    p.add_argument("--budget", type=float, default=200.0, help="seconds; later cases and sections are skipped")
+    p.add_argument("--sections", type=_csv, default=None,
+                   help="copy,skinny,attention,aoti,layer,predictors,sweep (default all)")
+    p.add_argument("--with-compile", action="store_true", help="layer: also torch.compile max-autotune (minutes)")
+    p.add_argument("--result", default=None)
+    p.add_argument("--out", default=str(REPO / "bench" / "results"))
+
     p = sub.add_parser("report", help="write BENCHMARKS.md (and plots) from bench/results/*/*.json")
     p.add_argument("--results", default=str(REPO / "bench" / "results"))
     p.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
@@ -558,6 +568,21 @@ def main(argv: list[str] | None = None) -> int:
             print(_snake_summary(r))
             print(f"→ {path}")
         return 0
+    if a.cmd == "kernels":
+        import torch
+
+        from .common import device_info
+        from .kernels import SECTIONS, run_kernels, summary
+
+        dev = torch.device(a.device or _default_device())
+        slug = device_info(dev)["slug"]
+        path = Path(a.result) if a.result else Path(a.out) / slug / "kernels.json"
+        r = run_kernels(dev, a.quick, a.budget, tuple(a.sections or SECTIONS), a.with_compile,
+                        progress=lambda res: write_json(path, res))
+        write_json(path, r)
+        print(summary(r))
+        print(f"→ {path}")
+        return 0 if r.get("status") == "ok" else 1
     if a.cmd == "report":
         from .report import write_report
 

@@ -87,6 +87,8 @@ def load_results(results: Path, include_cpu: bool) -> dict[str, dict[str, Any]]:
                 entry["device"] = dev
             if r.get("kind") == "snake_kernel":
                 entry["snake"] = r
+            elif r.get("kind") == "kernels":
+                entry["kernels"] = r
             else:
                 r["_file"] = str(f)
                 entry["stages"].append(r)
@@ -653,6 +655,11 @@ def write_report(
         parts += [f"## {d['device'].get('name', slug)}", ""]
         if d["snake"]:
             parts += [_snake_section(d["snake"]), ""]
+        if d.get("kernels"):
+            from .kernels import summary
+
+            parts += ["Kernel layer (`python -m bench kernels`; figures in `kernels.json`):", "", "```text",
+                      summary(d["kernels"]), "```", ""]
         for res in sorted(
             d["stages"],
             key=lambda r: (r.get("stage", {}).get("family", ""), r.get("stage", {}).get("stage", "")),

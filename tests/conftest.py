@@ -17,6 +17,12 @@ from hypothesis import HealthCheck, settings
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
+# Without a GPU, Triton kernels can only run under Triton's interpreter (tests/test_kernels_*.py), and Triton reads
+# TRITON_INTERPRET when it decorates its own library functions at `import triton`: set it before anything imports
+# triton. Nothing else on CPU launches a Triton kernel (CPU builds trace the custom ops' aten branches).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # Property tests: CI runs a fixed, reproducible set (derandomized, hypothesis pinned in pyproject's `test` extra);
 # `HYPOTHESIS_PROFILE=explore make test` searches freely with more, random examples on a developer's machine.
 settings.register_profile("ci", max_examples=30, derandomize=True, deadline=None,

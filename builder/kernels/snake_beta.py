@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import torch
 
-OP_NAME = "ttsaot::snake_beta"
+from .common import HAVE_TRITON
+from .decompositions import CPU_DECOMPOSITIONS, register_cpu_decomposition
 
-try:  # Triton is optional: the CPU wheel of torch does not depend on it.
+if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    HAVE_TRITON = True
-except Exception:  # noqa: BLE001 - any import failure means "no Triton"
-    HAVE_TRITON = False
+OP_NAME = "ttsaot::snake_beta"
 
 
 def snake_beta_reference(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor) -> torch.Tensor:
@@ -122,5 +121,7 @@ else:
     launch_snake_beta_kernel = None  # type: ignore[assignment]
 
 
-# Target-specific lowering tables used by export.py (CPU) and the ONNX exporter.
-CPU_DECOMPOSITIONS = {torch.ops.ttsaot.snake_beta.default: snake_beta_reference}
+# CPU builds and the ONNX exporter lower the op to its reference. `CPU_DECOMPOSITIONS` (every kernel's entries, see
+# decompositions.py) stays importable from here for export.py / onnx_export.py.
+register_cpu_decomposition(torch.ops.ttsaot.snake_beta.default, snake_beta_reference)
+__all__ = ["CPU_DECOMPOSITIONS", "HAVE_TRITON", "launch_snake_beta_kernel", "snake_beta", "snake_beta_reference"]

@@ -1,0 +1,179 @@
+"""`ttsaot::skinny_linear`: y = epilogue(prologue(x) @ Wᵀ) for the few-row GEMMs of decode steps and short
+re-prefills (M = batch ≤ 16, or batch × positions ≤ a few hundred), where reading W once is the whole cost.
+
+    skinny_linear(x [..., K], weight [N, K], bias [N]? = None, norm_weight [K]? = None, norm_eps = 1e-6,
+                  gated = False, residual [..., N_out]? = None, residual_scale = 1.0) -> y [..., N_out]
+
+W is in nn.Linear layout (row-major [N, K]) in x's dtype (bf16, fp16 or fp32); products accumulate in fp32; y has
+x's dtype. N_out = N/2 when gated, else N. Each step below rounds to x's dtype exactly where the eager modules
+(layers.norms.RMSNorm, nn.Linear, layers.mlp.SwiGLU, the families' residual adds) round, so a layer built from this
+op computes the eager layer's function up to the order of the fp32 accumulation:
+
+1. prologue, if norm_weight: x̂ = round(norm_weight · round(x · rsqrt(mean(x²) + eps)))   (mean over K in fp32);
+2. z = round(x̂ @ Wᵀ + bias)                        (F.linear: fp32 accumulate, bias added before the rounding);
+3. gated: gate = z[..., :N/2], up = z[..., N/2:] (rows [0, N/2) and [N/2, N) of a fused gate_up weight);
+   z = round(round(silu(gate)) · up)               (F.silu(gate) * up, each eager op rounding once);
+4. residual: y = round(residual + round(z · residual_scale))   (`residual + branch * scale`; with scale 1.0 the
+   inner rounding is exact, i.e. `residual + branch`).
+
+The Triton kernels (skinny_linear_triton.py) implement this on CUDA; the aten reference below is the same math and
+is what CPU builds and the ONNX exporter use (decompositions.py). One op serves every stage: M ≤ 2 takes the GEMV
+(FMA) form, larger M a tensor-core tile of 16/32/64 rows; split-K is used where N alone is too narrow to keep the
+GPU streaming, with a deterministic second pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .common import HAVE_TRITON, cdiv, multiprocessor_count, next_power_of_2, rms_norm
+from .decompositions import register_cpu_decomposition
+
+OP_NAME = "ttsaot::skinny_linear"
+# M up to this takes the FMA (GEMV) form by default, larger M the tensor-core tile: the FMA accumulator holds
+# BLOCK_M·BLOCK_N·BLOCK_K fp32 values (200+ registers per thread at M = 4 with the GEMV configs).
+GEMV_MAX_M = 2
+MIN_SPLIT_K_CHUNK = 1024  # split-K never gives a program less than this much of K
+SPLIT_K_ALIGN = 512       # split boundaries are multiples of the largest BLOCK_K of the autotuned configs
+
+
+def skinny_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                            norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6, gated: bool = False,
+                            residual: torch.Tensor | None = None, residual_scale: float = 1.0) -> torch.Tensor:
+    """The op in aten: the eager modules' own calls, in their order."""
+    if norm_weight is not None:
+        x = rms_norm(x, norm_weight, norm_eps)
+    y = F.linear(x, weight, bias)
+    if gated:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    if residual is not None:
+        y = residual + (y if residual_scale == 1.0 else y * residual_scale)
+    return y
+
+
+def _out_features(weight: torch.Tensor, gated: bool) -> int:
+    return weight.shape[0] // 2 if gated else weight.shape[0]
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
+           gated: bool, residual: torch.Tensor | None) -> None:
+    torch._check(weight.dim() == 2, lambda: f"skinny_linear: weight must be [N, K], got {tuple(weight.shape)}")
+    torch._check(x.dim() >= 1 and x.shape[-1] == weight.shape[1],
+                 lambda: f"skinny_linear: x {tuple(x.shape)} does not end in K = {weight.shape[1]}")
+    torch._check(x.dtype in (torch.float32, torch.bfloat16, torch.float16) and weight.dtype == x.dtype,
+                 lambda: f"skinny_linear: x and weight must share a float dtype, got {x.dtype} / {weight.dtype}")
+    torch._check(weight.stride(1) == 1 and weight.stride(0) == weight.shape[1],
+                 lambda: "skinny_linear: weight must be contiguous (nn.Linear layout)")
+    torch._check(not gated or weight.shape[0] % 2 == 0,
+                 lambda: "skinny_linear: gated needs an even N (gate rows then up rows)")
+    n = weight.shape[0]
+    torch._check(bias is None or (bias.shape == (n,) and bias.dtype == x.dtype),
+                 lambda: f"skinny_linear: bias must be [{n}] in {x.dtype}")
+    torch._check(norm_weight is None or (norm_weight.shape == (x.shape[-1],) and norm_weight.dtype == x.dtype),
+                 lambda: f"skinny_linear: norm_weight must be [{x.shape[-1]}] in {x.dtype}")
+    out_shape = (*x.shape[:-1], _out_features(weight, gated))
+    torch._check(residual is None or (tuple(residual.shape) == out_shape and residual.dtype == x.dtype),
+                 lambda: f"skinny_linear: residual must be {list(out_shape)} in {x.dtype}")
+
+
+def plan_split_k(m: int, n_out: int, k: int, multiprocessors: int, use_dot: bool) -> int:
+    """How many K ranges. Each range costs a second (epilogue) launch, so only when the column tiles (nominal
+    BLOCK_N 8 for the GEMV form, 16 for tensor cores) × row tiles leave more than a quarter of the SMs idle; doubled
+    while that holds and each range keeps at least MIN_SPLIT_K_CHUNK of K."""
+    tiles = cdiv(n_out, 16 if use_dot else 8) * (cdiv(m, _block_m(m, use_dot)))
+    split = 1
+    while 4 * tiles * split < 3 * multiprocessors and k // (2 * split) >= MIN_SPLIT_K_CHUNK and split < 8:
+        split *= 2
+    return split
+
+
+def _block_m(m: int, use_dot: bool) -> int:
+    return (16 if m <= 16 else 32 if m <= 32 else 64) if use_dot else next_power_of_2(m)
+
+
+def _identity(kernel: Any) -> Any:
+    return kernel
+
+
+def launch_skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                         norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6, gated: bool = False,
+                         residual: torch.Tensor | None = None, residual_scale: float = 1.0, *,
+                         wrap: Callable[[Any], Any] = _identity, config: dict | None = None,
+                         split_k: int | None = None, use_dot: bool | None = None) -> torch.Tensor:
+    """Run the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1). `config` ({"BLOCK_N", "BLOCK_K",
+    "num_warps", "num_stages"}) skips autotuning (the interpreter tests and the bench's sweeps use it); `split_k`
+    and `use_dot` override the plan."""
+    from . import skinny_linear_triton as kernels
+
+    k = weight.shape[1]
+    n_out = _out_features(weight, gated)
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    y = x.new_empty((*x.shape[:-1], n_out))
+    r2 = residual.reshape(-1, n_out).contiguous() if residual is not None else x2
+    if use_dot is None:
+        use_dot = m > GEMV_MAX_M
+    block_m = _block_m(m, use_dot)
+    if split_k is None:
+        split_k = plan_split_k(m, n_out, k, multiprocessor_count(x.device), use_dot)
+    align = config["BLOCK_K"] if config else SPLIT_K_ALIGN
+    k_split = cdiv(cdiv(k, split_k), align) * align
+    split_k = cdiv(k, k_split)
+    part = x2.new_empty((split_k, m, weight.shape[0]), dtype=torch.float32) if split_k > 1 else x2
+    flags = dict(HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, GATED=gated,
+                 HAS_RESIDUAL=residual is not None)
+    args = (x2, weight, bias if bias is not None else x2, norm_weight if norm_weight is not None else x2, r2, y,
+            part, m, n_out, k, k_split, float(norm_eps), float(residual_scale))
+    meta = dict(flags, SPLIT_K=split_k, USE_DOT=use_dot, BLOCK_M=block_m,
+                FP32_DOT=x.dtype == torch.float32 or x.device.type != "cuda")   # off-GPU = the interpreter
+
+    def grid(meta):
+        return (cdiv(m, meta["BLOCK_M"]), cdiv(n_out, meta["BLOCK_N"]), split_k)
+
+    if config is None:
+        kernel = kernels.skinny_gemm_autotuned if use_dot else kernels.skinny_gemv_autotuned
+        wrap(kernel)[grid](*args, **meta)
+    else:
+        wrap(kernels.skinny_linear_kernel)[grid](*args, **meta, **config)
+    if split_k > 1:
+        bm = min(16, next_power_of_2(m))
+        wrap(kernels.split_k_epilogue_kernel)[(cdiv(n_out, 128), cdiv(m, bm))](
+            part, args[2], r2, y, m, n_out, float(residual_scale), **flags, SPLIT_K=split_k, BLOCK_M=bm,
+            BLOCK_N=128)
+    return y
+
+
+if HAVE_TRITON:
+
+    @torch.library.triton_op(OP_NAME, mutates_args=())
+    def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                      norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6, gated: bool = False,
+                      residual: torch.Tensor | None = None, residual_scale: float = 1.0) -> torch.Tensor:
+        _check(x, weight, bias, norm_weight, gated, residual)
+        if x.device.type != "cuda":
+            # Also what a CPU compile traces (fake tensors): plain aten ops that Inductor's C++ backend fuses.
+            return skinny_linear_reference(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale)
+        return launch_skinny_linear(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale,
+                                    wrap=torch.library.wrap_triton)
+
+else:
+
+    @torch.library.custom_op(OP_NAME, mutates_args=())
+    def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                      norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6, gated: bool = False,
+                      residual: torch.Tensor | None = None, residual_scale: float = 1.0) -> torch.Tensor:
+        _check(x, weight, bias, norm_weight, gated, residual)
+        return skinny_linear_reference(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale)
+
+    @skinny_linear.register_fake
+    def _(x, weight, bias=None, norm_weight=None, norm_eps=1e-6, gated=False, residual=None, residual_scale=1.0):
+        _check(x, weight, bias, norm_weight, gated, residual)
+        return x.new_empty((*x.shape[:-1], _out_features(weight, gated)))
+
+
+register_cpu_decomposition(torch.ops.ttsaot.skinny_linear.default, skinny_linear_reference)

@@ -1,0 +1,211 @@
+"""Triton kernels of `ttsaot::skinny_linear` (semantics and rounding order: skinny_linear.py).
+
+Imported on the first launch, not with the op: `triton.jit` decides at decoration time whether a kernel runs
+compiled or under the interpreter (TRITON_INTERPRET=1), so the CPU tests can set the variable before this module
+loads whatever else has been imported.
+
+Decode-step GEMMs are bound by reading W once: each program owns BLOCK_N output columns (the matching gate AND
+up rows of a fused gate_up weight, so SiLU·mul happens in registers), streams its W rows along K in BLOCK_K
+chunks (rows are contiguous along K: coalesced, 16-byte loads) and optionally a contiguous K range of SPLIT_K
+(when N alone gives too few programs to keep every SM streaming). x rows are tiny and come from L2.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1/sqrt(mean(x²) + eps) of BLOCK_M rows of x [M, K] in fp32 (every program recomputes its rows')."""
+    ss = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :],
+                    mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0).to(tl.float32)
+        ss += x * x
+    return 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
+
+
+@triton.jit
+def _epilogue(acc, acc_up, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, y_ptr, N_OUT, scale,
+              HAS_BIAS: tl.constexpr, GATED: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """fp32 accumulators [BLOCK_M, BLOCK_N] → y, rounding to y's dtype where eager bf16 ops round."""
+    dt = y_ptr.dtype.element_ty
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            acc_up += tl.load(b_ptr + N_OUT + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    y = acc.to(dt)                                           # F.linear's output
+    if GATED:
+        g = y.to(tl.float32)
+        s = (g / (1.0 + tl.exp(-g))).to(dt)                  # F.silu(gate)
+        y = (s.to(tl.float32) * acc_up.to(dt).to(tl.float32)).to(dt)     # silu(gate) * up
+    offs = offs_m[:, None] * N_OUT + offs_n[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        branch = (y.to(tl.float32) * scale).to(dt)           # branch * scale (exact when scale == 1)
+        y = (r + branch.to(tl.float32)).to(dt)               # residual + branch
+    tl.store(y_ptr + offs, y, mask=mask)
+
+
+@triton.jit
+def _dot_loop(x_ptr, w_ptr, g_ptr, rstd, offs_m, offs_n, m_mask, n_mask, N_OUT, K, k_lo, k_hi,
+              HAS_NORM: tl.constexpr, GATED: tl.constexpr, FP32_DOT: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Tensor-core form: [BLOCK_M, BLOCK_K] x tile · [BLOCK_N, BLOCK_K]ᵀ W tile per step (cp.async-pipelined)."""
+    dt = x_ptr.dtype.element_ty
+    w_rows = offs_n.to(tl.int64) * K
+    w_rows_up = (offs_n + N_OUT).to(tl.int64) * K
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < k_hi
+        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
+                    other=0.0)
+        if HAS_NORM:
+            gw = tl.load(g_ptr + offs_k, mask=k_mask, other=0.0)
+            x = (x.to(tl.float32) * rstd[:, None]).to(dt)                    # normalised, cast back
+            x = (gw.to(tl.float32)[None, :] * x.to(tl.float32)).to(dt)       # × weight in x's dtype
+        w_mask = n_mask[:, None] & k_mask[None, :]
+        w = tl.load(w_ptr + w_rows[:, None] + offs_k[None, :], mask=w_mask, other=0.0)
+        if FP32_DOT:
+            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+        if GATED:
+            wu = tl.load(w_ptr + w_rows_up[:, None] + offs_k[None, :], mask=w_mask, other=0.0)
+            if FP32_DOT:
+                acc_up = tl.dot(x.to(tl.float32), tl.trans(wu.to(tl.float32)), acc_up, input_precision="ieee")
+            else:
+                acc_up = tl.dot(x, tl.trans(wu), acc_up)
+    return acc, acc_up
+
+
+@triton.jit
+def _fma_loop(x_ptr, w_ptr, g_ptr, rstd, offs_m, offs_n, M, N_OUT, K, k_lo, k_hi,
+              HAS_NORM: tl.constexpr, GATED: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """GEMV form: elementwise FMA into a [BLOCK_M, BLOCK_N, BLOCK_K] fp32 accumulator, reduced over K once at the
+    end. x and W are loaded straight in that 3-D layout ([BLOCK_M, 1, BLOCK_K], [1, BLOCK_N, BLOCK_K]) so no tile
+    goes through shared memory on the way to the FMAs."""
+    dt = x_ptr.dtype.element_ty
+    offs_m3 = offs_m[:, None, None]
+    offs_n3 = offs_n[None, :, None]
+    m_mask3 = offs_m3 < M
+    n_mask3 = offs_n3 < N_OUT
+    w_rows = offs_n3.to(tl.int64) * K
+    w_rows_up = (offs_n3 + N_OUT).to(tl.int64) * K
+    if HAS_NORM:
+        rstd3 = rstd[:, None, None]
+    acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc3_up = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k3 = (k0 + tl.arange(0, BLOCK_K))[None, None, :]
+        k_mask3 = offs_k3 < k_hi
+        x = tl.load(x_ptr + offs_m3 * K + offs_k3, mask=m_mask3 & k_mask3, other=0.0)
+        if HAS_NORM:
+            gw = tl.load(g_ptr + offs_k3, mask=k_mask3, other=0.0)
+            x = (x.to(tl.float32) * rstd3).to(dt)
+            x = (gw.to(tl.float32) * x.to(tl.float32)).to(dt)
+        xf = x.to(tl.float32)
+        w_mask = n_mask3 & k_mask3
+        w = tl.load(w_ptr + w_rows + offs_k3, mask=w_mask, other=0.0)
+        acc3 += xf * w.to(tl.float32)
+        if GATED:
+            wu = tl.load(w_ptr + w_rows_up + offs_k3, mask=w_mask, other=0.0)
+            acc3_up += xf * wu.to(tl.float32)
+    return tl.sum(acc3, axis=2), tl.sum(acc3_up, axis=2)
+
+
+@triton.jit
+def skinny_linear_kernel(x_ptr, w_ptr, b_ptr, g_ptr, r_ptr, y_ptr, part_ptr,
+                         M, N_OUT, K, K_SPLIT, eps, scale,
+                         HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+                         HAS_RESIDUAL: tl.constexpr, SPLIT_K: tl.constexpr, USE_DOT: tl.constexpr,
+                         FP32_DOT: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Grid (cdiv(M, BLOCK_M), cdiv(N_OUT, BLOCK_N), SPLIT_K): the row tiles of one W block are neighbours in
+    launch order, so with several row tiles W is read from HBM once and from L2 after. USE_DOT: tensor-core
+    `tl.dot` on a BLOCK_M ≥ 16 tile (rows past M masked); otherwise the FMA (GEMV) form, for BLOCK_M = M ≤ 2.
+    FP32_DOT: `tl.dot` in exact fp32 ("ieee", not TF32), on fp32 copies of 16-bit operands if need be (the same
+    products, exact in fp32): fp32 weights, and Triton's CPU interpreter, which multiplies bf16 operands as raw
+    integers. With SPLIT_K > 1 the fp32 partial sums go to part_ptr
+    [SPLIT_K, M, N] and `split_k_epilogue_kernel` adds them in a fixed order (deterministic)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N_OUT
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_NORM:
+        rstd = _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M, BLOCK_K)
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    if USE_DOT:
+        acc, acc_up = _dot_loop(x_ptr, w_ptr, g_ptr, rstd, offs_m, offs_n, m_mask, n_mask, N_OUT, K, k_lo, k_hi,
+                                HAS_NORM, GATED, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        acc, acc_up = _fma_loop(x_ptr, w_ptr, g_ptr, rstd, offs_m, offs_n, M, N_OUT, K, k_lo, k_hi,
+                                HAS_NORM, GATED, BLOCK_M, BLOCK_N, BLOCK_K)
+    if SPLIT_K == 1:
+        _epilogue(acc, acc_up, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, y_ptr, N_OUT, scale,
+                  HAS_BIAS, GATED, HAS_RESIDUAL)
+    else:
+        n_acc = N_OUT * 2 if GATED else N_OUT
+        base = part_ptr + (pid_k * M + offs_m)[:, None] * n_acc + offs_n[None, :]
+        mask = m_mask[:, None] & n_mask[None, :]
+        tl.store(base, acc, mask=mask)
+        if GATED:
+            tl.store(base + N_OUT, acc_up, mask=mask)
+
+
+@triton.jit
+def split_k_epilogue_kernel(part_ptr, b_ptr, r_ptr, y_ptr, M, N_OUT, scale,
+                            HAS_BIAS: tl.constexpr, GATED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                            SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Sum the SPLIT_K partials in split order, then the same epilogue. Grid (cdiv(N_OUT, BLOCK_N),
+    cdiv(M, BLOCK_M))."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < M
+    n_mask = offs_n < N_OUT
+    mask = m_mask[:, None] & n_mask[None, :]
+    n_acc = N_OUT * 2 if GATED else N_OUT
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        base = part_ptr + (s * M + offs_m)[:, None] * n_acc + offs_n[None, :]
+        acc += tl.load(base, mask=mask, other=0.0)
+        if GATED:
+            acc_up += tl.load(base + N_OUT, mask=mask, other=0.0)
+    _epilogue(acc, acc_up, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, y_ptr, N_OUT, scale,
+              HAS_BIAS, GATED, HAS_RESIDUAL)
+
+
+# Tuned per bucket at AOTI compile time on the build GPU (one config is baked into each package); the bench
+# (`python -m bench kernels`) times them all on the real shapes. BLOCK_M, SPLIT_K and USE_DOT come from the
+# launcher. The FMA accumulator holds BLOCK_M·BLOCK_N·BLOCK_K fp32 values: ≤ 64 registers per thread at M = 1.
+GEMV_CONFIGS = [
+    triton.Config({"BLOCK_N": 4, "BLOCK_K": 1024}, num_warps=4, num_stages=1),
+    triton.Config({"BLOCK_N": 8, "BLOCK_K": 512}, num_warps=4, num_stages=1),
+    triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=1),
+    triton.Config({"BLOCK_N": 8, "BLOCK_K": 1024}, num_warps=8, num_stages=1),
+]
+# Few rows: BLOCK_N 16 with a deep cp.async pipeline keeps ≥ 24 KB of W in flight per SM even at one program per
+# SM; BLOCK_M ≥ 64 (re-prefills) runs on wgmma.
+GEMM_CONFIGS = [
+    triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_N": 16, "BLOCK_K": 512}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_N": 32, "BLOCK_K": 256}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4, num_stages=4),
+]
+# The epilogue flags are part of the key: a gated and a plain call of the same size are different kernels.
+AUTOTUNE_KEY = ["M", "N_OUT", "K", "K_SPLIT", "BLOCK_M", "HAS_NORM", "GATED", "HAS_BIAS", "HAS_RESIDUAL"]
+skinny_gemv_autotuned = triton.autotune(configs=GEMV_CONFIGS, key=AUTOTUNE_KEY)(skinny_linear_kernel)
+skinny_gemm_autotuned = triton.autotune(configs=GEMM_CONFIGS, key=AUTOTUNE_KEY)(skinny_linear_kernel)

@@ -1,0 +1,57 @@
+"""`python -m bench kernels` end to end on CPU (Triton's interpreter, shrunk shape tables): every section's code
+path runs and records figures and checks, so the GPU run spends its time measuring. The GPU run itself is not a
+test (bench/kernels.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bench import kernels as kb
+from bench.report import write_report
+
+from .kernel_fixtures import ON_GPU, require_kernel_runtime
+
+
+@pytest.mark.skipif(ON_GPU, reason="the GPU runs the real bench")
+def test_kernels_bench_smoke_on_cpu(monkeypatch, tmp_path):
+    require_kernel_runtime()
+    monkeypatch.setattr(kb, "SKINNY_SHAPES", {"voxcpm2_qkv": (40, 48, {"norm": True}, (1, 3)),
+                                              "voxcpm2_gate_up": (64, 32, {"norm": True, "gated": True}, (2, 20)),
+                                              "voxcpm2_down": (24, 96, {"residual": True}, (5,))})
+    monkeypatch.setattr(kb, "PREDICTOR_SHAPES", {"fish_fast_ar_down": (24, 40, {"residual": True}, (33,))})
+    monkeypatch.setattr(kb, "ATTENTION", {"hq": 4, "hkv": 2, "hd": 16, "cache_positions": 40, "contexts": (7, 30)})
+    monkeypatch.setattr(kb, "LAYER", {"preset": "tiny", "cache_positions": 40, "context": 9, "layers": 2})
+    seen = []
+    res = kb.run_kernels(torch.device("cpu"), quick=True, budget_s=600,
+                         sections=("copy", "skinny", "attention", "layer", "predictors"),
+                         progress=lambda r: seen.append(1))
+    assert res["status"] == "ok" and seen
+    sec = res["sections"]
+    assert sec["copy"]["gb_per_s"] > 0
+    skinny = sec["skinny"]
+    assert set(skinny) == {"voxcpm2_qkv/M=1", "voxcpm2_qkv/M=3", "voxcpm2_gate_up/M=2", "voxcpm2_gate_up/M=20",
+                           "voxcpm2_down/M=5"}, skinny
+    assert set(sec["predictors"]) == {"fish_fast_ar_down/M=33"}
+    for key, case in {**skinny, **sec["predictors"]}.items():
+        assert "error" not in case, (key, case)
+        assert case["rel_err_vs_reference"] < 5e-2 and case["kernel"]["graph_ms"] > 0
+        assert case["torch_eager_graph"]["ms"] > 0 and case["plan"]["split_k"] >= 1
+    for key, case in sec["attention"].items():
+        assert "error" not in case, (key, case)
+        assert case["rel_err_vs_reference"] < 3e-2 and case["k_cache_rel_err_vs_reference"] < 1e-2
+    for key, case in sec["layer"].items():
+        assert "error" not in case, (key, case)
+        assert case["check"]["rel_err_out_vs_eager"] < 5e-2, case["check"]
+        assert case["kernels_graph"]["ms_per_layer"] > 0 and case["floor_ms_per_layer"] > 0
+    text = kb.summary(res)
+    assert "skinny voxcpm2_gate_up/M=20" in text and "layer B=1" in text
+
+    # The report renders the kernel results (their summary) next to the stages.
+    out = tmp_path / "results" / res["device"]["slug"]
+    out.mkdir(parents=True)
+    (out / "kernels.json").write_text(json.dumps(res))
+    report = write_report(tmp_path / "results", tmp_path / "BENCH.md", tmp_path / "plots", include_cpu=True)
+    assert "Kernel layer" in report.read_text() and "skinny voxcpm2_qkv/M=1" in report.read_text()

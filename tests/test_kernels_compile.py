@@ -1,0 +1,107 @@
+"""The Triton kernels compile for sm_90 (H100/H200) on a machine without a GPU, with the machine code the design
+relies on: 16-byte vector loads of W in the GEMV form, tensor-core instructions in the tile forms, nothing in
+local memory (spills). Triton's compiler and ptxas/cuobjdump ship with the triton wheel; the GPU has its own
+Triton (3.6 there), so this catches what the interpreter cannot (types, layouts, register pressure) early, not
+everything. Runs in a child process: the interpreter (TRITON_INTERPRET, set for CPU test sessions) must be off."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from .kernel_fixtures import ON_GPU
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = textwrap.dedent(r"""
+    import json, os, re, subprocess, sys, tempfile
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from ttsaot.builder.kernels import decode_attention_triton as A, skinny_linear_triton as S
+
+    BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    OPS = ("LDG.E.128", "LDGSTS", "HMMA", "HGMMA", "LDL", "STL")
+
+    def build(fn, types, constexprs, num_warps, num_stages, aligned):
+        sig = {n: ("constexpr" if n in constexprs else types[n]) for n in fn.arg_names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned}
+        src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": num_warps, "num_stages": num_stages})
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(k.asm["cubin"])
+        sass = subprocess.run([f"{BIN}/cuobjdump", "-sass", f.name], capture_output=True, text=True).stdout
+        res = subprocess.run([f"{BIN}/cuobjdump", "-res-usage", f.name], capture_output=True, text=True).stdout
+        os.unlink(f.name)
+        m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", res)
+        out = {op: sass.count(op) for op in OPS}
+        out.update(dict(zip(("regs", "stack", "shared", "local"), map(int, m.groups()))))
+        return out
+
+    bf = "bf16"
+    sl_types = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", g_ptr="*bf16", r_ptr="*bf16", y_ptr="*bf16",
+                    part_ptr="*fp32", M="i32", N_OUT="i32", K="i32", K_SPLIT="i32", eps="fp32", scale="fp32")
+    sl_aligned = {"x_ptr", "w_ptr", "b_ptr", "g_ptr", "r_ptr", "y_ptr", "part_ptr", "N_OUT", "K", "K_SPLIT"}
+    results = {}
+    flags = {"plain": dict(HAS_NORM=False, HAS_BIAS=False, GATED=False, HAS_RESIDUAL=False),
+             "norm_gated": dict(HAS_NORM=True, HAS_BIAS=False, GATED=True, HAS_RESIDUAL=False),
+             "bias_residual": dict(HAS_NORM=False, HAS_BIAS=True, GATED=False, HAS_RESIDUAL=True)}
+    cases = [("gemv", 1, S.GEMV_CONFIGS[0], "plain", 1), ("gemv", 1, S.GEMV_CONFIGS[1], "norm_gated", 2),
+             ("gemv", 2, S.GEMV_CONFIGS[2], "bias_residual", 1), ("dot", 16, S.GEMM_CONFIGS[0], "plain", 2),
+             ("dot", 16, S.GEMM_CONFIGS[1], "norm_gated", 1), ("dot", 16, S.GEMM_CONFIGS[2], "bias_residual", 1),
+             ("dot64", 64, S.GEMM_CONFIGS[3], "norm_gated", 1)]
+    for form, block_m, c, fname, split in cases:
+        cx = dict(flags[fname], SPLIT_K=split, USE_DOT=form != "gemv", FP32_DOT=False,
+                  BLOCK_M=block_m, **c.kwargs)
+        key = f"skinny/{form}/{fname}/m{block_m}/split{split}/bn{c.kwargs['BLOCK_N']}bk{c.kwargs['BLOCK_K']}"
+        results[key] = build(S.skinny_linear_kernel, sl_types, cx, c.num_warps, c.num_stages, sl_aligned)
+    ep_types = dict(part_ptr="*fp32", b_ptr="*bf16", r_ptr="*bf16", y_ptr="*bf16", M="i32", N_OUT="i32",
+                    scale="fp32")
+    results["skinny/split_k_epilogue"] = build(S.split_k_epilogue_kernel, ep_types,
+        dict(HAS_BIAS=True, GATED=True, HAS_RESIDUAL=True, SPLIT_K=4, BLOCK_M=16, BLOCK_N=128), 4, 1, set())
+    da_types = dict(qkv_ptr="*bf16", pos_ptr="*i64", kc_ptr="*bf16", vc_ptr="*bf16", cos_ptr="*fp32",
+                    sin_ptr="*fp32", qn_ptr="*bf16", kn_ptr="*bf16", o_ptr="*bf16", part_o_ptr="*fp32",
+                    part_ml_ptr="*fp32", layer="i32", S="i32", QKV_ROW="i32", CACHE_LAYER="i32", SPLIT_SIZE="i32",
+                    NUM_SPLITS="i32", eps="fp32", qk_scale="fp32")
+    da_aligned = {n for n in da_types if n.endswith("_ptr")} | {"QKV_ROW", "SPLIT_SIZE"}
+    for name, (hq, hkv, rope, qkn) in {"voxcpm2": (16, 2, 1, False), "residual": (16, 2, 0, False),
+                                       "interleaved_gqa4": (32, 8, 2, False), "qk_norm": (16, 8, 1, True)}.items():
+        for ns in ((1, 8) if name == "voxcpm2" else (8,)):
+            cx = dict(HQ=hq, HKV=hkv, HEAD_DIM=128, G_PAD=16, ROPE=rope, QK_NORM=qkn, SINGLE_SPLIT=ns == 1, BLOCK_S=64,
+                      FP32_DOT=False)
+            results[f"attention/{name}/splits{ns}"] = build(A.decode_attention_kernel, da_types, cx, 4, 2,
+                                                            da_aligned)
+    cb_types = dict(part_o_ptr="*fp32", part_ml_ptr="*fp32", pos_ptr="*i64", o_ptr="*bf16", S="i32",
+                    SPLIT_SIZE="i32", NUM_SPLITS="i32")
+    results["attention/combine"] = build(A.combine_splits_kernel, cb_types, dict(HQ=16, HEAD_DIM=128, CHUNK=16),
+                                         4, 1, set())
+    print(json.dumps(results))
+""")
+
+
+@pytest.fixture(scope="module")
+def sm90() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(ON_GPU, reason="the GPU tests compile and run the kernels for real")
+def test_kernels_compile_for_sm90_with_the_intended_machine_code(sm90):
+    for key, r in sm90.items():
+        assert r["local"] == 0 and r["LDL"] == 0 and r["STL"] == 0, (key, r)        # no spills
+        if key.startswith("skinny/gemv"):
+            assert r["LDG.E.128"] > 0, (key, r)                # W streamed with 16-byte loads
+        elif key.startswith("skinny/dot"):
+            assert r["HMMA"] + r["HGMMA"] > 0 and r["LDGSTS"] > 0, (key, r)    # tensor cores, cp.async pipeline
+        elif key.startswith("attention/") and key != "attention/combine":
+            assert r["HMMA"] > 0 and r["LDGSTS"] > 0, (key, r)
+    assert sum(k.startswith("skinny/dot64") and sm90[k]["HGMMA"] > 0 for k in sm90) > 0     # wgmma at 64 rows
