@@ -356,8 +356,9 @@ def _ncl(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2)
 
 
-def _fit_configs(case: Case) -> list:
-    """Every tile that fits the shape, best-estimated first (the autotuner takes the first MAX_TUNED_CONFIGS)."""
+def _fit_configs(case: Case, keep: int | None = None) -> list:
+    """The tiles that fit the shape, best-estimated first: all of them (and the best split-K one), or the `keep`
+    candidates the op's autotuner measures."""
     from ttsaot.builder.kernels import conv1d as K
 
     if case.kind == "dw":
@@ -369,7 +370,7 @@ def _fit_configs(case: Case) -> list:
     return K.prune_gemm_configs(all_cfgs, batch=case.B, tout=tout, n=n, cin=case.cin, ksize=k,
                                 elem=case.dtype.itemsize, precision=_kernel_precision(case.precision),
                                 num_sms=torch.cuda.get_device_properties(0).multi_processor_count
-                                if DEVICE == "cuda" else 132, keep=len(all_cfgs))
+                                if DEVICE == "cuda" else 132, keep=keep or len(all_cfgs))
 
 
 def _picked_config(case: Case) -> str:
@@ -439,7 +440,7 @@ def measure_case(case: Case, reps: int, sweep: bool = False) -> dict:
         row["sweep"] = sw
         if timed:
             best = min(timed, key=timed.get)
-            tuned = [c.name for c in cfgs[:MAX_TUNED_CONFIGS]] if case.kind != "dw" else list(timed)
+            tuned = [c.name for c in _fit_configs(case, MAX_TUNED_CONFIGS)] if case.kind != "dw" else list(timed)
             row["sweep_best"] = {"config": best, "ms": timed[best],
                                  "tuned_candidates_hold_it": min(timed.get(n, math.inf) for n in tuned)
                                  <= 1.03 * timed[best]}
@@ -733,6 +734,7 @@ def _smoke_cases(precision: str, g: torch.Generator) -> dict[str, tuple[Callable
     dt = _dtype(precision)
     prec = _kernel_precision(precision)
     cfg, dcfg = K.ConvKernelConfig(64, 64, 32, 4, 3), K.DW_CONFIGS[1]  # one compile per case (no autotuning)
+    split = K.ConvKernelConfig(64, 64, 32, 4, 3, split_k=4)
 
     def rnd(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g, device=DEVICE) * scale).to(dt)
@@ -752,6 +754,11 @@ def _smoke_cases(precision: str, g: torch.Generator) -> dict[str, tuple[Callable
         "conv1d_res_snake_dual": (
             lambda: K.conv1d_forward(x, w, b, res, None, None, a20, ib20, 1, 3, 18, "snake", None, prec, True,
                                      config=cfg),
+            lambda: K.conv1d_dual_reference(op(x), op(w), b, res, None, None, a20, ib20, 1, 3, 18, "snake", None,
+                                            prec)),
+        "conv1d_split4_res_snake_dual": (
+            lambda: K.conv1d_forward(x, w, b, res, None, None, a20, ib20, 1, 3, 18, "snake", None, prec, True,
+                                     config=split),
             lambda: K.conv1d_dual_reference(op(x), op(w), b, res, None, None, a20, ib20, 1, 3, 18, "snake", None,
                                             prec)),
         "conv1d_clamp_f32": (

@@ -290,8 +290,10 @@ _HARNESS = textwrap.dedent("""
     from ttsaot.builder.layers.conv import CausalConv1d, CausalConvTranspose1d
 
     torch.manual_seed(0)
-    # small tiles (several time and channel tiles, partial program groups) and wider ones (masked channel tails)
-    CFGS = [K.ConvKernelConfig(16, 16, 16, 4, 2, group_t=2), K.ConvKernelConfig(32, 64, 32, 4, 1, group_t=3)]
+    # small tiles (several time and channel tiles, partial program groups), wider ones (masked channel tails), and
+    # split-K over 3 programs per tile (uneven ranges, some empty for short reductions)
+    CFGS = [K.ConvKernelConfig(16, 16, 16, 4, 2, group_t=2), K.ConvKernelConfig(32, 64, 32, 4, 1, group_t=3),
+            K.ConvKernelConfig(16, 32, 16, 4, 2, group_t=2, split_k=3)]
 
     def rel(a, b):
         a, b = a.double(), b.double()
@@ -345,7 +347,8 @@ GROUPS = {
     "conv1d[float32]": ("conv1d", "float32"), "conv1d[bfloat16]": ("conv1d", "bfloat16"),
     "conv1d[float16]": ("conv1d", "float16"),
     "conv_transpose1d[float32]": ("conv_transpose1d", "float32"),
-    "conv_transpose1d[bfloat16]": ("conv_transpose1d", "bfloat16"), "dwconv1d": ("dwconv1d", None),
+    "conv_transpose1d[bfloat16]": ("conv_transpose1d", "bfloat16"), "split_scratch": ("split_scratch", None),
+    "dwconv1d": ("dwconv1d", None),
 }
 
 _CASES = {
@@ -365,7 +368,7 @@ _CASES = {
             ref_pre, ref = K.conv1d_dual_reference(*tf32_operands(args, prec))
             out = poisoned(ref.shape, ref.dtype)
             pre = poisoned(ref_pre.shape, dtype) if dual else None
-            got_pre, got = K.conv1d_forward(*args, dual, config=CFGS[i % 2], out=out, pre=pre)
+            got_pre, got = K.conv1d_forward(*args, dual, config=CFGS[i % 3], out=out, pre=pre)
             what = (cin, cout, k, s, d, T, B, act, prec)
             check(got, ref, dtype, what)
             if dual:
@@ -386,11 +389,28 @@ _CASES = {
             ref_pre, ref = K.conv_transpose1d_dual_reference(*tf32_operands(args, prec))
             out = poisoned(ref.shape, ref.dtype)
             pre = poisoned(ref_pre.shape, dtype) if dual else None
-            got_pre, got = K.conv_transpose1d_forward(*args, dual, config=CFGS[i % 2], out=out, pre=pre)
+            got_pre, got = K.conv_transpose1d_forward(*args, dual, config=CFGS[i % 3], out=out, pre=pre)
             check(got, ref, dtype, (cin, cout, k, s, T, B, act))
             if dual:
                 check(got_pre, ref_pre, dtype, (cin, cout, k, s, T, B, act))
             i += 1
+    """,
+    "split_scratch": """
+    # split-K launches reusing one workspace and counter buffer (the autotuner's repeated launches, graph
+    # replays): the last program of each tile resets its counter, so every launch reduces all its partials
+    cfg = K.ConvKernelConfig(16, 16, 16, 4, 2, group_t=2, split_k=4)
+    w, b, m = K.bake_conv1d(CausalConv1d(40, 24, 7, dilation=3))
+    ws = torch.full((4 * 2 * 50 * 24,), float("nan"))
+    cnt = torch.zeros(2 * 4 * 2, dtype=torch.int32)
+    for rep in range(3):
+        x = torch.randn(2, 50, 40)
+        args = (x, w, b, None, None, None, None, None, 1, 3, 18, "none", None, "ieee")
+        ref = K.conv1d_reference(*args)
+        got, _ = K.launch_conv_gemm(x, w, b, None, None, None, None, None, cout=24, tout=50, stride=1, dilation=3,
+                                    pad=18, act="none", write_pre=False, out_dtype=None, precision="ieee",
+                                    config=cfg, out=poisoned(ref.shape, ref.dtype), scratch=(ws, cnt))
+        check(got, ref, torch.float32, ("split scratch", rep))
+        check(cnt.float(), torch.zeros(cnt.shape), torch.float32, ("counters reset", rep))
     """,
     "dwconv1d": """
     i = 0

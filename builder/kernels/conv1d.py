@@ -39,9 +39,18 @@ through a decoder stack — 1.2e-2 against cuDNN's 1.0e-3 over the Fish decoder 
 products with error compensation, ~fp32 accuracy on tensor cores). The CPU reference is always exact fp32;
 `round_to_tf32` is the operand rounding of "tf32" in aten ops (for tests).
 
+Short inputs (a 50-frame bucket at B=1 gives a few dozen output tiles for 132 SMs) can split the reduction over
+2-8 programs per tile (split-K): each stores an fp32 partial, the last to arrive sums them in a fixed order
+(deterministic) and runs the epilogue. Such launches take a zeroed counter per tile and ≤ SPLIT_WS_BYTES of
+workspace; shapes that may split pay that memset even when the autotuner keeps the unsplit tile.
+
 Autotuning (CUDA; AOTInductor runs it once per bucket at build time and bakes the winner into the package): a short
-list of tiles (`gemm_kernel_configs`), pruned per shape to the `MAX_TUNED_CONFIGS` best by a roofline estimate of
-their waves (`prune_gemm_configs`), so that a stage with ~30 distinct conv shapes benchmarks ≤ 3 candidates each.
+list of tiles (`gemm_kernel_configs`), pruned per shape to `MAX_TUNED_CONFIGS` candidates by a roofline estimate of
+their waves (`prune_gemm_configs`: the best unsplit tiles, and the best split one when it is estimated faster), so
+that a stage with ~30 distinct conv shapes benchmarks ≤ 3 candidates each. Build-time cost: each (epilogue
+variant × chosen tile) compiles once per package (Triton, ~1-5 s on a 16-core host; tf32x3's large tiles the
+slowest), each shape benchmarks its ≤ 3 candidates (~0.1 s each); the bench records a chain's first-call seconds
+(compile + tuning of every layer) as `first_call_s`.
 """
 
 from __future__ import annotations
@@ -233,7 +242,8 @@ def _check_dwconv1d(x, weight, dilation, left_pad) -> int:
 class ConvKernelConfig:
     """One GEMM tile configuration. block_t: output times (MMA M), block_n: output channels (MMA N, phases
     included), block_r: input channels per reduction step; group_t: time tiles that run next to each other
-    (one weight tile, L2-resident, for the group)."""
+    (one weight tile, L2-resident, for the group); split_k: programs per output tile, each reducing one range of
+    the reduction (short inputs)."""
 
     block_t: int = 64
     block_n: int = 64
@@ -241,13 +251,16 @@ class ConvKernelConfig:
     num_warps: int = 4
     num_stages: int = 3
     group_t: int = 8
+    split_k: int = 1
 
     def meta(self) -> dict[str, int]:
-        return {"BLOCK_T": self.block_t, "BLOCK_N": self.block_n, "BLOCK_R": self.block_r, "GROUP_T": self.group_t}
+        return {"BLOCK_T": self.block_t, "BLOCK_N": self.block_n, "BLOCK_R": self.block_r, "GROUP_T": self.group_t,
+                "SPLIT_K": self.split_k}
 
     @property
     def name(self) -> str:
-        return f"t{self.block_t}n{self.block_n}r{self.block_r}w{self.num_warps}s{self.num_stages}"
+        split = f"k{self.split_k}" if self.split_k > 1 else ""
+        return f"t{self.block_t}n{self.block_n}r{self.block_r}w{self.num_warps}s{self.num_stages}{split}"
 
 
 @dataclass(frozen=True)
@@ -279,15 +292,28 @@ GEMM_TILES = (
 FP32_MAX_TILE = 128 * 128
 TF32X3_MAX_SIDE = 128
 MAX_TUNED_CONFIGS = 3
+# Split-K candidates for short inputs, and the most fp32 partial-sum workspace a launch may take for them.
+SPLITS = (2, 4, 8)
+SPLIT_WS_BYTES = 16 * 2**20
 DW_CONFIGS = (DwKernelConfig(32, 256, 4), DwKernelConfig(64, 128, 4), DwKernelConfig(128, 64, 4),
               DwKernelConfig(256, 32, 4))
 _H100_SMS = 132
 
 
 def gemm_kernel_configs(dtype: torch.dtype) -> list[ConvKernelConfig]:
-    """The whole tile list for one operand dtype (pruned per shape by prune_gemm_configs)."""
+    """The whole tile list for one operand dtype, each tile unsplit and split (pruned per shape by
+    prune_gemm_configs)."""
     wide = dtype != torch.float32
-    return [ConvKernelConfig(t, n, 64 if wide else 32, w, s16 if wide else s32) for t, n, w, s16, s32 in GEMM_TILES]
+    return [ConvKernelConfig(t, n, 64 if wide else 32, w, s16 if wide else s32, split_k=k)
+            for k in (1, *SPLITS) for t, n, w, s16, s32 in GEMM_TILES]
+
+
+def max_split(*, batch: int, tout: int, n: int, cin: int, ksize: int, block_r: int) -> int:
+    """The largest split-K a launch of this shape may use: its fp32 partials fit SPLIT_WS_BYTES and every split
+    keeps ≥ 4 reduction steps; 1 when none does."""
+    steps = ksize * math.ceil(cin / block_r)
+    ok = [k for k in SPLITS if k * batch * tout * n * 4 <= SPLIT_WS_BYTES and steps // k >= 4]
+    return max(ok, default=1)
 
 
 def _pow2(n: int) -> int:
@@ -297,17 +323,23 @@ def _pow2(n: int) -> int:
 def estimate_us(c: ConvKernelConfig, *, batch: int, tout: int, n: int, cin: int, ksize: int, elem: int,
                 num_sms: int = _H100_SMS, precision: str = "ieee") -> float:
     """Roofline estimate of one launch on an H100-class part: waves of programs × the slower of a tile's MMA work
-    and its operand traffic from L2 (each reduction step loads (block_t + block_n) × block_r operands). It only
-    ranks candidates: the autotuner measures the survivors."""
-    programs = batch * math.ceil(tout / c.block_t) * math.ceil(n / c.block_n)
-    steps = ksize * math.ceil(cin / c.block_r)
+    and its operand traffic from L2 (each reduction step loads (block_t + block_n) × block_r operands); split-K
+    adds the fp32 partials' round trip and the counters' reset. It only ranks candidates: the autotuner measures
+    the survivors."""
+    tiles = math.ceil(tout / c.block_t) * math.ceil(n / c.block_n)
+    programs = batch * tiles * c.split_k
+    steps = math.ceil(ksize * math.ceil(cin / c.block_r) / c.split_k)
     # per-SM rates in FLOP/µs: dense MMA (bf16 989, TF32 495 TFLOP/s over 132 SMs; tf32x3 makes three products),
     # FMA for exact fp32 (67 TFLOP/s); L2 → SM ~80 GB/s (bytes/µs)
     rate = {"ieee": 0.5e6, "tf32": 3.75e6, "tf32x3": 1.25e6}[precision] if elem == 4 else 7.5e6
     mma = 2.0 * c.block_t * c.block_n * c.block_r / rate
     load = (c.block_t + c.block_n) * c.block_r * elem / 8.0e4
     waves = math.ceil(programs / num_sms)
-    return waves * steps * max(mma, load) + 2.0
+    est = waves * steps * max(mma, load) + 2.0
+    if c.split_k > 1:
+        partial = c.block_t * c.block_n * 4 / 8.0e4
+        est += waves * partial + c.split_k * partial + 2.0
+    return est
 
 
 def _fits_registers(c: ConvKernelConfig, elem: int, precision: str) -> bool:
@@ -326,10 +358,21 @@ def prune_gemm_configs(configs: list[ConvKernelConfig], *, batch: int, tout: int
     fit = [c for c in configs
            if c.block_n <= max(16, _pow2(n)) and c.block_t <= max(64, _pow2(tout))
            and (c.block_n >= 32 or n <= 16) and _fits_registers(c, elem, precision)]
-    fit = fit or [min(configs, key=lambda c: c.block_t * c.block_n)]
-    ranked = sorted(fit, key=lambda c: estimate_us(c, batch=batch, tout=tout, n=n, cin=cin, ksize=ksize, elem=elem,
-                                                   num_sms=num_sms, precision=precision))
-    return ranked[:keep]
+    whole = [c for c in fit if c.split_k == 1] or [min((c for c in configs if c.split_k == 1),
+                                                       key=lambda c: c.block_t * c.block_n)]
+    split_max = max_split(batch=batch, tout=tout, n=n, cin=cin, ksize=ksize, block_r=whole[0].block_r)
+    split = [c for c in fit if 1 < c.split_k <= split_max]
+
+    def est(c: ConvKernelConfig) -> float:
+        return estimate_us(c, batch=batch, tout=tout, n=n, cin=cin, ksize=ksize, elem=elem, num_sms=num_sms,
+                           precision=precision)
+
+    whole.sort(key=est)
+    split.sort(key=est)
+    if split and keep > 1 and est(split[0]) < est(whole[0]):
+        # a short input: the best split next to the best unsplit tiles, the measurement decides
+        return whole[: keep - 1] + split[:1]
+    return whole[:keep]
 
 
 def prune_dw_configs(configs: list[DwKernelConfig], channels: int) -> list[DwKernelConfig]:
@@ -397,42 +440,74 @@ if HAVE_TRITON:
         tl.store(out_ptr + off, v.to(out_ptr.dtype.element_ty), mask=omask)
 
     @triton.jit
+    def _gemm_epilogue(acc, b, t, n, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr, pre_ptr,
+                       TOUT, N, COUT, CDT: tl.constexpr, HAS_PHASES: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       HAS_RES: tl.constexpr, HAS_AFFINE: tl.constexpr, ACT: tl.constexpr, WRITE_PRE: tl.constexpr,
+                       FAST_SIN: tl.constexpr, GPU_MATH: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        n_ok = n < N
+        if HAS_PHASES:   # transposed conv: column n = p·COUT + co
+            ch = n % COUT
+        else:
+            ch = n
+        v = acc
+        if HAS_BIAS:
+            v = v + tl.load(bias_ptr + ch, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        v = _round(v, CDT, EMULATE_RNE)
+        base = b * TOUT * N
+        off = t[:, None] * N + n[None, :]
+        omask = (t < TOUT)[:, None] & n_ok[None, :]
+        _epilogue_store(v, ch, n_ok, off, omask, res_ptr + base, scale_ptr, shift_ptr, alpha_ptr, ib_ptr,
+                        out_ptr + base, pre_ptr + base, CDT, HAS_RES, HAS_AFFINE, ACT, WRITE_PRE, FAST_SIN,
+                        GPU_MATH, EMULATE_RNE)
+
+    @triton.jit
     def _conv_gemm_jit(x_ptr, w_ptr, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr, pre_ptr,
-                       B, T, CIN, TOUT, N, COUT, KSIZE, DIL, STRIDE, PAD,
+                       ws_ptr, cnt_ptr, B, T, CIN, TOUT, N, COUT, KSIZE, DIL, STRIDE, PAD,
                        HAS_PHASES: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                        HAS_AFFINE: tl.constexpr, ACT: tl.constexpr, WRITE_PRE: tl.constexpr,
                        PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, FAST_SIN: tl.constexpr,
                        GPU_MATH: tl.constexpr, EMULATE_RNE: tl.constexpr, BLOCK_T: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_T: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_T: tl.constexpr,
+                       SPLIT_K: tl.constexpr):
         # out[t, n] = X[t, (j, ci)] @ W[n, (j, ci)]ᵀ, X gathered straight from the [T, CIN] rows of x: for one
         # reduction step (tap j, channels c0 .. c0 + BLOCK_R) every row of the X tile is one contiguous run of
         # x, shifted by whole rows, and the W tile is read along the reduction (K-major for the MMA).
+        # SPLIT_K > 1 (short inputs: too few output tiles to fill the GPU): the reduction is cut into SPLIT_K
+        # ranges, one program each; every program stores its fp32 partial in ws [SPLIT_K, B, TOUT, N], and the
+        # last of a tile to arrive (counted in cnt, which it resets) sums the partials in split order —
+        # deterministic whatever the arrival order — and runs the epilogue.
         pid = tl.program_id(0)
         b = tl.program_id(1).to(tl.int64)
         CDT: tl.constexpr = x_ptr.dtype.element_ty
-        # grouped order: GROUP_T time tiles × every channel tile, time fastest, so programs in flight together
-        # share their weight tiles and input rows in L2
         num_t = tl.cdiv(TOUT, BLOCK_T)
         num_n = tl.cdiv(N, BLOCK_N)
+        tiles = num_t * num_n
+        split = pid // tiles            # split outermost: programs in flight together share one reduction range
+        tile = pid - split * tiles
+        # grouped order: GROUP_T time tiles × every channel tile, time fastest, so programs in flight together
+        # share their weight tiles and input rows in L2
         per_group = GROUP_T * num_n
-        first_t = (pid // per_group) * GROUP_T
+        first_t = (tile // per_group) * GROUP_T
         group_len = tl.minimum(num_t - first_t, GROUP_T)
-        pid_t = first_t + (pid % per_group) % group_len
-        pid_n = (pid % per_group) // group_len
+        pid_t = first_t + (tile % per_group) % group_len
+        pid_n = (tile % per_group) // group_len
 
         t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n = tl.max_contiguous(tl.multiple_of(n, BLOCK_N), BLOCK_N)
-        t_ok = t < TOUT
         n_ok = n < N
         rr = tl.arange(0, BLOCK_R)
         x_b = x_ptr + b * T * CIN
         R = KSIZE * CIN
         ncb = tl.cdiv(CIN, BLOCK_R)
+        steps = KSIZE * ncb
+        per_split = tl.cdiv(steps, SPLIT_K)
+        k_lo = split * per_split
+        k_hi = tl.minimum(steps, k_lo + per_split)
         t_first = t * STRIDE - PAD
         w_rows = w_ptr + n[:, None] * R
         acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-        for kk in tl.range(0, KSIZE * ncb):
+        for kk in tl.range(k_lo, k_hi):
             j = kk // ncb
             ci = (kk - j * ncb) * BLOCK_R + rr
             ci_ok = ci < CIN
@@ -448,20 +523,26 @@ if HAVE_TRITON:
                 wv = wv.to(tl.float32)
             acc = tl.dot(xv, tl.trans(wv), acc, input_precision=PRECISION)
 
-        if HAS_PHASES:   # transposed conv: column n = p·COUT + co
-            ch = n % COUT
+        if SPLIT_K == 1:
+            _gemm_epilogue(acc, b, t, n, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr,
+                           pre_ptr, TOUT, N, COUT, CDT, HAS_PHASES, HAS_BIAS, HAS_RES, HAS_AFFINE, ACT, WRITE_PRE,
+                           FAST_SIN, GPU_MATH, EMULATE_RNE)
         else:
-            ch = n
-        v = acc
-        if HAS_BIAS:
-            v = v + tl.load(bias_ptr + ch, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        v = _round(v, CDT, EMULATE_RNE)
-        base = b * TOUT * N
-        off = t[:, None] * N + n[None, :]
-        omask = t_ok[:, None] & n_ok[None, :]
-        _epilogue_store(v, ch, n_ok, off, omask, res_ptr + base, scale_ptr, shift_ptr, alpha_ptr, ib_ptr,
-                        out_ptr + base, pre_ptr + base, CDT, HAS_RES, HAS_AFFINE, ACT, WRITE_PRE, FAST_SIN,
-                        GPU_MATH, EMULATE_RNE)
+            ws_off = t[:, None] * N + n[None, :]
+            wmask = (t < TOUT)[:, None] & n_ok[None, :]
+            tl.store(ws_ptr + (split * B + b) * TOUT * N + ws_off, acc, mask=wmask)
+            tl.debug_barrier()          # every thread's partial is written before the (single-thread) release
+            counter = cnt_ptr + b * tiles + tile
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                total = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+                for s in tl.static_range(SPLIT_K):      # L2 reads (.cg): other SMs wrote them
+                    total += tl.load(ws_ptr + (s * B + b) * TOUT * N + ws_off, mask=wmask, other=0.0,
+                                     cache_modifier=".cg")
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")   # ready for the next launch / replay
+                _gemm_epilogue(total, b, t, n, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr,
+                               pre_ptr, TOUT, N, COUT, CDT, HAS_PHASES, HAS_BIAS, HAS_RES, HAS_AFFINE, ACT,
+                               WRITE_PRE, FAST_SIN, GPU_MATH, EMULATE_RNE)
 
     @triton.jit
     def _dwconv_jit(x_ptr, w_ptr, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr, pre_ptr,
@@ -504,7 +585,7 @@ if HAVE_TRITON:
 
     def _prune_autotune(configs, named_args, **kwargs):
         by_cfg = {ConvKernelConfig(c.kwargs["BLOCK_T"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_R"], c.num_warps,
-                                   c.num_stages, c.kwargs["GROUP_T"]): c for c in configs}
+                                   c.num_stages, c.kwargs["GROUP_T"], c.kwargs["SPLIT_K"]): c for c in configs}
         x = named_args["x_ptr"]
         prec = kwargs.get("PRECISION", named_args.get("PRECISION", "ieee"))
         kept = prune_gemm_configs(list(by_cfg), batch=named_args["B"], tout=named_args["TOUT"], n=named_args["N"],
@@ -548,11 +629,13 @@ def _contiguous(*ts):
 def launch_conv_gemm(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, shift, alpha, inv_beta, *,
                      cout: int, tout: int, stride: int, dilation: int, pad: int, act: str, write_pre: bool,
                      out_dtype, precision: str, wrap=lambda k: k, config: ConvKernelConfig | None = None,
-                     out: torch.Tensor | None = None, pre: torch.Tensor | None = None):
+                     out: torch.Tensor | None = None, pre: torch.Tensor | None = None,
+                     scratch: tuple[torch.Tensor, torch.Tensor] | None = None):
     """Launch the implicit-GEMM kernel on x [B, T, Cin] with a baked weight viewed as [N, K, Cin] (N = phases ·
     cout); returns (out, pre or None), both [B, tout · phases, cout]. `config` skips autotuning (the interpreter
     tests use it: the autotuner's benchmark needs a GPU); `out`/`pre` are preallocated outputs (tests poison them
-    to see that every element is written)."""
+    to see that every element is written); `scratch` = (workspace, counters) of split-K launches given by the
+    caller (tests: the counters must come back zeroed)."""
     x, w, bias, residual, scale, shift, alpha, inv_beta = _contiguous(x, w, bias, residual, scale, shift, alpha,
                                                                       inv_beta)
     B, T, Cin = x.shape
@@ -564,16 +647,28 @@ def launch_conv_gemm(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, sh
         pre = torch.empty((B, tout * phases, cout), dtype=x.dtype, device=x.device)
     torch._check(Cin * T < 2**31 and N * tout < 2**31 and N * ksize * Cin < 2**31,
                  lambda: "per-sample tensor too large")
+    # split-K scratch: fp32 partials for the largest split this shape may be tuned to, and one arrival counter per
+    # output tile (an upper bound for every tile size; zeroed here, reset by the kernel after use)
+    block_r = config.block_r if config is not None else gemm_kernel_configs(x.dtype)[0].block_r
+    splits = config.split_k if config is not None else max_split(batch=B, tout=tout, n=N, cin=Cin, ksize=ksize,
+                                                                  block_r=block_r)
+    if scratch is not None:
+        ws, cnt = scratch
+    elif splits > 1:
+        ws = torch.empty((splits * B * tout * N,), dtype=torch.float32, device=x.device)
+        cnt = torch.zeros((B * triton.cdiv(tout, 16) * triton.cdiv(N, 16),), dtype=torch.int32, device=x.device)
+    else:
+        ws, cnt = out, out
     meta = dict(HAS_PHASES=phases > 1, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
                 HAS_AFFINE=scale is not None, WRITE_PRE=write_pre,
                 PRECISION=precision if x.dtype == torch.float32 else "ieee", UPCAST_DOT=x.device.type != "cuda",
                 **_flags(x, act))
     args = (x, w, x if bias is None else bias, x if residual is None else residual, x if scale is None else scale,
             x if shift is None else shift, x if alpha is None else alpha, x if inv_beta is None else inv_beta,
-            out, out if pre is None else pre, B, T, Cin, tout, N, cout, ksize, dilation, stride, pad)
+            out, out if pre is None else pre, ws, cnt, B, T, Cin, tout, N, cout, ksize, dilation, stride, pad)
 
     def grid(m):
-        return (triton.cdiv(tout, m["BLOCK_T"]) * triton.cdiv(N, m["BLOCK_N"]), B)
+        return (triton.cdiv(tout, m["BLOCK_T"]) * triton.cdiv(N, m["BLOCK_N"]) * m["SPLIT_K"], B)
 
     if config is None:
         kernel = _conv_gemm_32 if x.dtype == torch.float32 else _conv_gemm_16
@@ -813,10 +908,11 @@ def bake_dwconv1d(conv) -> tuple[torch.Tensor, torch.Tensor | None, int, int]:
 
 __all__ = [
     "ACTS", "CPU_DECOMPOSITIONS", "DW_CONFIGS", "FP32_MAX_TILE", "GEMM_TILES", "LAYOUT", "MAX_TUNED_CONFIGS",
-    "OPS", "PRECISIONS", "TF32X3_MAX_SIDE", "ConvBakeError", "ConvKernelConfig", "ConvMeta", "DwKernelConfig",
-    "bake_conv1d", "bake_conv_transpose1d", "bake_dwconv1d", "causal_out_len", "conv1d", "conv1d_dual",
-    "conv1d_dual_reference", "conv1d_forward", "conv1d_reference", "conv_transpose1d", "conv_transpose1d_dual",
-    "conv_transpose1d_dual_reference", "conv_transpose1d_forward", "conv_transpose1d_reference", "dwconv1d",
-    "dwconv1d_forward", "dwconv1d_reference", "estimate_us", "gemm_kernel_configs", "launch_conv_gemm",
-    "launch_dwconv", "prune_dw_configs", "prune_gemm_configs", "round_to_tf32", "unbake_conv_transpose1d",
+    "OPS", "PRECISIONS", "SPLITS", "SPLIT_WS_BYTES", "TF32X3_MAX_SIDE", "ConvBakeError", "ConvKernelConfig",
+    "ConvMeta", "DwKernelConfig", "bake_conv1d", "bake_conv_transpose1d", "bake_dwconv1d", "causal_out_len",
+    "conv1d", "conv1d_dual", "conv1d_dual_reference", "conv1d_forward", "conv1d_reference", "conv_transpose1d",
+    "conv_transpose1d_dual", "conv_transpose1d_dual_reference", "conv_transpose1d_forward",
+    "conv_transpose1d_reference", "dwconv1d", "dwconv1d_forward", "dwconv1d_reference", "estimate_us",
+    "gemm_kernel_configs", "launch_conv_gemm", "launch_dwconv", "max_split", "prune_dw_configs",
+    "prune_gemm_configs", "round_to_tf32", "unbake_conv_transpose1d",
 ]

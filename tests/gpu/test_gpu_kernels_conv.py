@@ -188,3 +188,38 @@ def test_snake_beta_nlc_on_cuda(dtype):
     a, ib = torch.rand(96, device="cuda") + 0.5, torch.rand(96, device="cuda")
     y = torch.ops.ttsaot.snake_beta_nlc(x, a, ib)
     assert _rel(y, snake_beta_nlc_reference(x, a, ib)) < (1e-6 if dtype == torch.float32 else 4e-3)
+
+
+@pytest.mark.parametrize("split,prec", [(2, "bf16"), (4, "tf32x3"), (8, "tf32")])
+def test_split_k_is_exact_and_replays_in_a_graph(split, prec):
+    """Split-K on a short, wide layer (code2wav's first conv at B=1): the reference's numerics, bit-identical
+    results across launches (partials summed in split order), and counters that reset themselves across CUDA-graph
+    replays."""
+    dtype = torch.bfloat16 if prec == "bf16" else torch.float32
+    g = torch.Generator(device="cuda").manual_seed(5)
+    with torch.device("cuda"):
+        conv = CausalConv1d(1024, 1536, 7)
+    w, b, m = K.bake_conv1d(conv)
+    w, b = w.to(dtype), b.to(dtype)
+    x, a, ib = _inputs(1024, 1536, 200, 1, dtype, g)
+    kp = "ieee" if prec == "bf16" else prec
+    cfg = K.ConvKernelConfig(64, 128, 64 if dtype == torch.bfloat16 else 32, 4, 3, split_k=split)
+    args = (x, w, b, None, None, None, a, ib, 1, 1, m.left_pad, "snake", None, kp)
+    ref = K.conv1d_reference(*((K.round_to_tf32(x), K.round_to_tf32(w), *args[2:]) if prec == "tf32" else args))
+    first = K.conv1d_forward(*args, False, config=cfg)[1]
+    assert _rel(first, ref) < TOL[prec] * 2
+    assert torch.equal(K.conv1d_forward(*args, False, config=cfg)[1], first)
+    out = torch.empty_like(first)
+    ws = torch.empty(split * 200 * 1536, dtype=torch.float32, device="cuda")
+    cnt = torch.zeros(13 * 96, dtype=torch.int32, device="cuda")
+    launch = dict(cout=1536, tout=200, stride=1, dilation=1, pad=m.left_pad, act="snake", write_pre=False,
+                  out_dtype=None, precision=kp, config=cfg, out=out, scratch=(ws, cnt))
+    K.launch_conv_gemm(x, w, b, None, None, None, a, ib, **launch)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        K.launch_conv_gemm(x, w, b, None, None, None, a, ib, **launch)
+    for _ in range(3):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, first) and not cnt.any()
