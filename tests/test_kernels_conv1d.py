@@ -456,3 +456,50 @@ def interpreted() -> dict:
 def test_kernel_under_interpreter(interpreted, group):
     assert group in interpreted, f"the interpreter run stopped before {group}: {interpreted['_stderr']}"
     assert interpreted[group] == [], interpreted[group]
+
+
+def _sm90_ptx(dtype: str, precision: str, tile: tuple[int, int, int, int, int]) -> str:
+    """The GEMM kernel compiled for sm_90 without a GPU (Triton's own ptxas), with a fused snake + residual +
+    `pre` epilogue and 16-divisible channel counts, as the codec layers are specialised."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ttsaot.builder.kernels import conv1d as K
+
+    bt, bn, br, warps, stages = tile
+    names = ["x_ptr", "w_ptr", "bias_ptr", "res_ptr", "scale_ptr", "shift_ptr", "alpha_ptr", "ib_ptr", "out_ptr",
+             "pre_ptr", "ws_ptr", "cnt_ptr", "B", "T", "CIN", "TOUT", "N", "COUT", "KSIZE", "DIL", "STRIDE", "PAD"]
+    sig = {n: ("i32" if n.isupper() else f"*{dtype}") for n in names}
+    sig.update(alpha_ptr="*fp32", ib_ptr="*fp32", ws_ptr="*fp32", cnt_ptr="*i32")
+    cons = dict(HAS_PHASES=False, HAS_BIAS=True, HAS_RES=True, HAS_AFFINE=False, ACT=1, WRITE_PRE=True,
+                PRECISION=precision, UPCAST_DOT=False, FAST_SIN=dtype != "fp32", GPU_MATH=True, EMULATE_RNE=False,
+                BLOCK_T=bt, BLOCK_N=bn, BLOCK_R=br, GROUP_T=8, SPLIT_K=1)
+    sig.update({k: "constexpr" for k in cons})
+    div16 = [names.index(n) for n in names if n.endswith("_ptr") or n in ("CIN", "N", "COUT")]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in div16}
+    src = ASTSource(fn=K._conv_gemm_jit, signature=sig, constexprs=cons, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "num_stages": stages}).asm["ptx"]
+
+
+def _nvidia_backend() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return HAVE_TRITON and not os.environ.get("TRITON_INTERPRET")
+
+
+@pytest.mark.skipif(not _nvidia_backend(), reason="needs Triton's NVIDIA backend (no GPU needed)")
+@pytest.mark.parametrize("dtype,precision,tile,mma", [
+    ("bf16", "ieee", (128, 128, 64, 8, 4), "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"),
+    ("fp32", "tf32", (128, 128, 32, 8, 3), "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
+    ("fp32", "tf32x3", (64, 64, 32, 4, 4), "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32")])
+def test_channels_last_gemm_gets_hopper_tensor_cores(dtype, precision, tile, mma):
+    """On sm_90 the NLC kernel's dot is a wgmma (TF32 for fp32's "tf32"/"tf32x3") fed by 16-byte cp.async loads
+    of the time-shifted input rows, and its output tile leaves in 16-byte stores."""
+    ptx = _sm90_ptx(dtype, precision, tile)
+    assert mma in ptx
+    assert "cp.async.cg.shared.global" in ptx and ", 0x10," in ptx
+    assert "st.global.v4.b32" in ptx
