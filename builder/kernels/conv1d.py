@@ -460,7 +460,12 @@ if HAVE_TRITON:
                         out_ptr + base, pre_ptr + base, CDT, HAS_RES, HAS_AFFINE, ACT, WRITE_PRE, FAST_SIN,
                         GPU_MATH, EMULATE_RNE)
 
-    @triton.jit
+    # Shape arguments whose value (== 1) or divisibility (by 16) Triton would otherwise specialise on: one compiled
+    # kernel per combination of B, T, dilations, strides... multiplies the compile time of a stage for nothing
+    # (the channel counts CIN, N, COUT keep theirs: they decide the 16-byte accesses).
+    _SHAPE_ARGS = ["B", "T", "TOUT", "KSIZE", "DIL", "STRIDE", "PAD"]
+
+    @triton.jit(do_not_specialize=_SHAPE_ARGS)
     def _conv_gemm_jit(x_ptr, w_ptr, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr, pre_ptr,
                        ws_ptr, cnt_ptr, B, T, CIN, TOUT, N, COUT, KSIZE, DIL, STRIDE, PAD,
                        HAS_PHASES: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
@@ -544,7 +549,7 @@ if HAVE_TRITON:
                                pre_ptr, TOUT, N, COUT, CDT, HAS_PHASES, HAS_BIAS, HAS_RES, HAS_AFFINE, ACT,
                                WRITE_PRE, FAST_SIN, GPU_MATH, EMULATE_RNE)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["B", "T", "TOUT", "KSIZE", "DIL", "PAD"])
     def _dwconv_jit(x_ptr, w_ptr, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr, pre_ptr,
                     B, T, C, TOUT, KSIZE, DIL, PAD,
                     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, HAS_AFFINE: tl.constexpr, ACT: tl.constexpr,

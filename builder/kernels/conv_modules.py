@@ -10,8 +10,9 @@
   add that closes its branch, and the second output that the next branch needs as its skip, all in the conv's
   epilogue: Snake → conv(k, d) → Snake → conv(1) → +skip → next Snake costs 2 launches per residual unit instead
   of ~6 passes. Inside the chain everything is channels-last; the declared input/output layouts add at most one
-  layout change at each end ("to_nlc" / "to_ncl" in the plan; none for a 1-channel output, whose [B, T, 1] is
-  already the [B, 1, T] wave), and an `Opaque` module declared "NCL" is the only other place one appears.
+  layout change at each end ("to_nlc", a copy, free for a 1-channel input; "to_ncl", a view, free for a
+  1-channel output, whose [B, T, 1] is already the contiguous [B, 1, T] wave), and an `Opaque` module declared
+  "NCL" is the only other place one appears (`ChainPlan.layout_changes`).
 
 Mapping the three codecs (phase 2 builds the item lists from the family modules):
 - Qwen3-TTS ResidualUnit and Fish DAC ResidualUnit: `Residual([snake1, conv1(k7, d), snake2, conv2(k1)])`

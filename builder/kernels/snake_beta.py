@@ -85,7 +85,7 @@ if HAVE_TRITON:
         y = xf + ib * s * s
         tl.store(y_ptr + base + offs, y.to(x.dtype), mask=mask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["ROWS"])
     def _snake_beta_nlc_jit(x_ptr, a_ptr, ib_ptr, y_ptr, ROWS, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
                             FAST_SIN: tl.constexpr):
         # [rows = B·T, C] tiles: the per-channel scalars are one vector per program, rows stream contiguously.
