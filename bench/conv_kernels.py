@@ -1,27 +1,30 @@
-"""`python -m bench conv-kernels --out DIR`: the codec conv kernels (builder/kernels/conv1d.py) against cuDNN, per
-layer and per fused chain, on the GPU (issue 15).
+"""`python -m bench conv-kernels --out DIR`: the channels-last codec conv kernels (builder/kernels/conv1d.py) against
+cuDNN, per fused chain and per layer, on the GPU (issue 15).
 
-Layers: every dense/depthwise conv of the H100 survey (bench/results/nvidia-h100/probes/codec_conv_survey.json:
-code2wav bf16 B=1/4 50 frames, Fish dac_decoder fp32 (as TF32 and as tf32x3) and bf16 at 29 frames, the VoxCPM2
-VAE decoder 36 frames, the Fish DAC encoder 10 s), identical shapes timed once. Per shape:
-- `cudnn_ms`: F.conv1d / conv_transpose1d on the pre-padded NCL input in the stage's precision (TF32 on for the
-  "tf32" rows, off for "tf32x3"/"ieee", which are compared with exact fp32);
-- `kernel_ms`: the Triton kernel without epilogue, best of the autotuning space (each config's time recorded);
-- `kernel_nlc_input`: the same kernel and config reading a channels-last copy of x (an experiment: are the
-  time-shifted, unaligned NCL loads what limits it?);
-- `fused_ms`: the kernel with the layer's epilogue (bias + snake, + residual and the second output inside residual
-  units, tanh/clamp on the head) vs `unfused_ms`: pad + cuDNN conv + add + `ttsaot::snake_beta` (the eager chain);
+Chains (first, the judge): the whole code2wav (Qwen) and Fish DAC decoder conv stacks at B=1 and B=4, the Fish DAC
+encoder conv stack (10 s, fp32: tf32x3 and exact), the VoxCPM2 VAE decoder (tf32, tf32x3), fused by
+`fuse_conv_chain` into channels-last launches (the ops' autotuner picks each layer's tile, as AOTInductor does at
+build time) with NCL in and out like the eager modules (one transpose in, a view out), against the eager modules
+(cuDNN + `ttsaot::snake_beta`), both in CUDA graphs; fp32 chains also against eager with TF32 on (what users run).
+The encoder rows add `code_match`: the codes of a random factorised VQ (1024 → 8, cosine, 1024 entries) on the
+fused and the eager-TF32 latents against those of exact fp32 (the stage must stay code-exact).
+
+Layers: every dense/depthwise conv of the H100 survey (bench/results/nvidia-h100/probes/codec_conv_survey.json),
+identical shapes timed once. Per shape:
+- `cudnn`: F.conv1d / conv_transpose1d on the pre-padded NCL input (the eager stage); `cudnn_nlc`: the same conv as
+  a channels-last conv2d on the [B, T, C] tensor (cuDNN's NHWC kernels, no transposes): the baseline in the layout;
+- `kernel`: the Triton kernel, bias only, autotuned (its pick in `config`); `fused`: the layer's epilogue (bias +
+  snake, + residual and the second output inside residual units, tanh/clamp on the head); `unfused`: the eager
+  chain of the layer (pad + cuDNN conv + add + `ttsaot::snake_beta`);
 - TFLOP/s, % of the dense tensor-core peak (H100 SXM: 989 bf16, 495 TF32; tf32x3 does 3 TF32 products per useful
-  one), errors against an fp64 reference of the same inputs, and for tf32x3 against cuDNN exact fp32.
+  one), errors against an fp64 reference of the same inputs, and for tf32x3/ieee against cuDNN exact fp32.
+- `--sweep`: also every tile that fits the shape at an explicit config (`sweep`), and whether the autotuner's
+  pruned candidates held the best (the pruning costs nothing if they do).
 Every time is the median per call of CUDA-graph replays (launch gaps removed) cycling over enough distinct input /
 weight sets that they do not fit in the 50 MB L2 (`rotation`; `l2_resident` when they still do).
 
-Chains: Qwen's 192-channel DecoderBlock and one ResidualUnit, the whole code2wav / Fish / VAE decoder conv stacks
-and the Fish encoder conv stack, fused (`fuse_conv_chain`, op autotuner as AOTI uses it) vs the eager modules
-(cuDNN + `ttsaot::snake_beta`), both in CUDA graphs.
-
-Work runs as prioritised tasks under a time budget (`--budget`, default 200 s); a task that fails or does not fit
-is recorded, never fatal."""
+Work runs as prioritised tasks under a time budget (`--budget`, default 300 s); a task that fails or does not fit
+is recorded, never fatal. The summary printed last fits in 40 lines."""
 
 from __future__ import annotations
 
@@ -49,17 +52,19 @@ SURVEY = REPO / "bench" / "results" / "nvidia-h100" / "probes" / "codec_conv_sur
 PEAK_TFLOPS = {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "tf32x3": 494.7, "ieee": 66.9}   # H100 SXM, dense
 L2_BYTES = 50 * 2**20
 ROTATE_BYTES = 160 * 2**20
+ENCODER_SAMPLES = 442368           # 10 s at 44.1 kHz, padded to whole 2048-sample frames (the survey's clip)
 # (survey stage, survey dtype, batch, precisions to measure); the order is the priority under the budget.
 LAYER_PLAN = [
     ("code2wav", "torch.bfloat16", 1, ("bf16",)),
     ("dac_decoder", "torch.float32", 1, ("tf32",)),
-    ("vae_decoder", "torch.float32", 1, ("tf32", "tf32x3")),
     ("dac_encoder", "torch.float32", 1, ("tf32x3",)),
+    ("vae_decoder", "torch.float32", 1, ("tf32",)),
     ("code2wav", "torch.bfloat16", 4, ("bf16",)),
     ("dac_decoder", "torch.float32", 4, ("tf32",)),
     ("dac_decoder", "torch.bfloat16", 4, ("bf16",)),
+    ("vae_decoder", "torch.float32", 1, ("tf32x3",)),
     ("dac_decoder", "torch.float32", 1, ("tf32x3",)),
-    ("dac_decoder", "torch.float32", 4, ("tf32x3",)),
+    ("dac_encoder", "torch.float32", 1, ("ieee",)),
 ]
 ROLES = {  # epilogue of the layer in a fused stage: act, residual input, second output, output dtype
     "bias": ("none", False, False, None),
@@ -73,6 +78,10 @@ ROLES = {  # epilogue of the layer in a fused stage: act, residual input, second
 
 def _dtype(precision: str) -> torch.dtype:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+
+
+def _kernel_precision(precision: str) -> str:
+    return "ieee" if precision in ("bf16", "fp16") else precision
 
 
 def _set_tf32(precision: str) -> None:
@@ -201,22 +210,26 @@ def survey_cases(survey: dict, stage: str, dtype: str, batch: int, precision: st
 
 
 class _Set:
-    """One rotation set of a case's tensors (baked for the kernel, plain for cuDNN)."""
+    """One rotation set of a case's tensors: NCL for cuDNN and the eager chain, channels-last for the kernels and
+    for cuDNN's NHWC path."""
 
     def __init__(self, case: Case, gen: torch.Generator, proto: dict) -> None:
+        from ttsaot.builder.kernels.conv1d import _right_pad
+
         dev, dt = DEVICE, case.dtype
         self.x = (torch.randn(case.B, case.cin, case.T, generator=gen, device=dev)).to(dt)
-        self.w = proto["w"].clone()
-        self.wb = proto["wb"].clone()
-        self.b = proto["b"].clone()
+        self.x_nlc = self.x.transpose(1, 2).contiguous()
+        self.w, self.w4, self.wb, self.b = (proto[k].clone() for k in ("w", "w4", "wb", "b"))
         act, use_res, _, _ = ROLES[case.role]
         self.res = torch.randn(case.B, case.cout, case.tout, generator=gen, device=dev).to(dt) if use_res else None
+        self.res_nlc = None if self.res is None else self.res.transpose(1, 2).contiguous()
         self.alpha, self.inv_beta = proto["alpha"], proto["inv_beta"]
-        self.x_nlc = self.x.transpose(1, 2).contiguous() if case.kind == "conv" else None
-        if case.kind != "convT":
-            from ttsaot.builder.kernels.conv1d import _right_pad
-
-            self.xpad = F.pad(self.x, (case.left, _right_pad(case.T, case.k, case.stride, case.dil, case.left)))
+        if case.kind == "convT":
+            self.x4 = self.x_nlc.unsqueeze(1).permute(0, 3, 1, 2)           # [B, C, 1, T], channels-last strides
+        else:
+            pad = (case.left, _right_pad(case.T, case.k, case.stride, case.dil, case.left))
+            self.xpad = F.pad(self.x, pad)
+            self.x4 = F.pad(self.x_nlc, (0, 0, *pad)).unsqueeze(1).permute(0, 3, 1, 2)
 
     def nbytes(self) -> int:
         ts = [self.x, self.w, self.b] + ([self.res] if self.res is not None else [])
@@ -240,17 +253,17 @@ def _prototype(case: Case, gen: torch.Generator) -> dict:
     with torch.no_grad():
         m.conv.weight.copy_(torch.randn(m.conv.weight.shape, generator=gen, device=dev) / math.sqrt(fan))
         m.conv.bias.copy_(0.1 * torch.randn(m.conv.bias.shape, generator=gen, device=dev))
-    tap_major = True
     if case.kind == "convT":
         wb, b, _ = bake_conv_transpose1d(m)
     elif case.kind == "dw":
         wb, b, _, _ = bake_dwconv1d(m)
     else:
-        wb, b, meta = bake_conv1d(m)
-        tap_major = meta.tap_major
-    return {"w": m.conv.weight.detach().to(dt).contiguous(), "wb": wb.to(dt).contiguous(), "b": b.to(dt),
+        wb, b, _ = bake_conv1d(m)
+    w = m.conv.weight.detach().to(dt).contiguous()
+    return {"w": w, "w4": w.unsqueeze(2).contiguous(memory_format=torch.channels_last),
+            "wb": wb.to(dt).contiguous(), "b": b.to(dt),
             "alpha": torch.rand(case.cout, generator=gen, device=dev) + 0.5,
-            "inv_beta": torch.rand(case.cout, generator=gen, device=dev), "tap_major": tap_major}
+            "inv_beta": torch.rand(case.cout, generator=gen, device=dev)}
 
 
 def _cudnn(case: Case, s: _Set) -> Callable[[], torch.Tensor]:
@@ -260,42 +273,40 @@ def _cudnn(case: Case, s: _Set) -> Callable[[], torch.Tensor]:
     return lambda: F.conv1d(s.xpad, s.w, s.b, stride=case.stride, dilation=case.dil, groups=groups)
 
 
-def _kernel(case: Case, s: _Set, cfg, role: str, tap_major: bool) -> Callable[[], Any]:
+def _cudnn_nlc(case: Case, s: _Set) -> Callable[[], torch.Tensor]:
+    """The conv as a channels-last conv2d (H = 1): cuDNN's NHWC kernels on the [B, T, C] tensor, no transposes.
+    Returns [B, Cout, 1, T_out] (channels-last memory, i.e. [B, T_out, Cout])."""
+    if case.kind == "convT":
+        return lambda: F.conv_transpose2d(s.x4, s.w4, s.b, stride=(1, case.stride))
+    groups = case.cin if case.kind == "dw" else 1
+    return lambda: F.conv2d(s.x4, s.w4, s.b, stride=(1, case.stride), dilation=(1, case.dil), groups=groups)
+
+
+def _kernel(case: Case, s: _Set, cfg, role: str) -> Callable[[], Any]:
+    """The channels-last op body on [B, T, C] (cfg None: the op's autotuner, as the exported ops run)."""
     from ttsaot.builder.kernels import conv1d as K
 
     act, use_res, dual, odt = ROLES[role]
-    res = s.res if use_res else None
+    res = s.res_nlc if use_res else None
     a, ib = (s.alpha, s.inv_beta) if act == "snake" else (None, None)
-    prec = "ieee" if case.precision in ("bf16", "fp16") else case.precision
+    prec = _kernel_precision(case.precision)
     if case.kind == "dw":
-        return lambda: K.dwconv1d_forward(s.x, s.wb, s.b, res, None, None, a, ib, case.dil, case.left, act, odt,
-                                          config=cfg)
+        return lambda: K.dwconv1d_forward(s.x_nlc, s.wb, s.b, res, None, None, a, ib, case.dil, case.left, act,
+                                          odt, config=cfg)
     if case.kind == "convT":
         def run():
-            return K.conv_transpose1d_forward(s.x, s.wb, s.b, res, None, None, a, ib, act, odt, prec, dual,
+            return K.conv_transpose1d_forward(s.x_nlc, s.wb, s.b, res, None, None, a, ib, act, odt, prec, dual,
                                               config=cfg)
     else:
         def run():
-            return K.conv1d_forward(s.x, s.wb, s.b, res, None, None, a, ib, case.k, case.stride, case.dil,
-                                    case.left, tap_major, act, odt, prec, dual, config=cfg)
+            return K.conv1d_forward(s.x_nlc, s.wb, s.b, res, None, None, a, ib, case.stride, case.dil, case.left,
+                                    act, odt, prec, dual, config=cfg)
     # (pre, out) for a dual epilogue, else out
     return run if dual else (lambda: run()[1])
 
 
-def _kernel_nlc(case: Case, s: _Set, cfg, tap_major: bool) -> Callable[[], Any]:
-    """The same kernel reading a [B, T, Cin] copy of x (channel-contiguous, always aligned loads): how much the
-    time-shifted NCL loads cost."""
-    from ttsaot.builder.kernels import conv1d as K
-
-    prec = "ieee" if case.precision in ("bf16", "fp16") else case.precision
-    return lambda: K.launch_conv_gemm(s.x_nlc, s.wb, s.b, None, None, None, None, None, rows=case.cout,
-                                      tout=case.tout, ksize=case.k, dilation=case.dil, stride=case.stride,
-                                      pad=case.left, phases=1, tap_major=tap_major, act="none", write_pre=False,
-                                      out_dtype=None, precision=prec, config=cfg, x_nlc=True)[0]
-
-
 def _unfused(case: Case, s: _Set, role: str) -> Callable[[], Any]:
-    """The eager chain of the layer: (pad +) cuDNN conv (+ trim view) (+ residual add) + activation."""
+    """The eager chain of the layer: (pad +) cuDNN conv (+ trim view) (+ residual add) + activation, NCL."""
     act, use_res, dual, odt = ROLES[role]
     groups = case.cin if case.kind == "dw" else 1
 
@@ -320,7 +331,7 @@ def _unfused(case: Case, s: _Set, role: str) -> Callable[[], Any]:
 
 
 def _ref64(case: Case, s: _Set, role: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(conv, pre, act) in fp64 from the same (rounded) inputs, no intermediate rounding."""
+    """(conv, pre, act) in fp64, NCL, from the same (rounded) inputs, no intermediate rounding."""
     act, use_res, _, _ = ROLES[role]
     if case.kind == "convT":
         conv = F.conv_transpose1d(s.x.double(), s.w.double(), s.b.double(), stride=case.stride)[..., : case.tout]
@@ -341,40 +352,60 @@ def _ref64(case: Case, s: _Set, role: str) -> tuple[torch.Tensor, torch.Tensor, 
     return conv, pre, out
 
 
-def _configs(case: Case) -> list:
+def _ncl(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(1, 2)
+
+
+def _fit_configs(case: Case, keep: int | None = None) -> list:
+    """The tiles that fit the shape, best-estimated first: all of them (and the best split-K one), or the `keep`
+    candidates the op's autotuner measures."""
     from ttsaot.builder.kernels import conv1d as K
 
     if case.kind == "dw":
         return list(K.DW_CONFIGS)
-    rows = case.cout * (case.stride if case.kind == "convT" else 1)
+    all_cfgs = K.gemm_kernel_configs(case.dtype)
+    n = case.cout * (case.stride if case.kind == "convT" else 1)
     tout = case.T if case.kind == "convT" else case.tout
-    return K.prune_gemm_configs(K.gemm_kernel_configs(case.dtype), rows, tout)
+    k = -(-case.k // case.stride) if case.kind == "convT" else case.k
+    return K.prune_gemm_configs(all_cfgs, batch=case.B, tout=tout, n=n, cin=case.cin, ksize=k,
+                                elem=case.dtype.itemsize, precision=_kernel_precision(case.precision),
+                                num_sms=torch.cuda.get_device_properties(0).multi_processor_count
+                                if DEVICE == "cuda" else 132, keep=keep or len(all_cfgs))
 
 
-def _cfg_name(c) -> str:
-    if hasattr(c, "block_m"):
-        return f"m{c.block_m}n{c.block_n}r{c.block_r}w{c.num_warps}s{c.num_stages}"
-    return f"c{c.block_c}t{c.block_t}w{c.num_warps}"
+def _picked_config(case: Case) -> str:
+    """The tile the op's autotuner chose for the last launch of this case's kernel."""
+    from ttsaot.builder.kernels import conv1d as K
+
+    tuner = K._dwconv_tuned if case.kind == "dw" else (K._conv_gemm_32 if case.dtype == torch.float32
+                                                        else K._conv_gemm_16)
+    c = getattr(tuner, "best_config", None)
+    if c is None:
+        return "unknown"
+    kw = c.kwargs
+    if case.kind == "dw":
+        return K.DwKernelConfig(kw["BLOCK_T"], kw["BLOCK_C"], c.num_warps).name
+    return K.ConvKernelConfig(kw["BLOCK_T"], kw["BLOCK_N"], kw["BLOCK_R"], c.num_warps, c.num_stages).name
 
 
-def measure_case(case: Case, reps: int) -> dict:
+def measure_case(case: Case, reps: int, sweep: bool = False) -> dict:
+    from ttsaot.builder.kernels.conv1d import MAX_TUNED_CONFIGS
+
     gen = torch.Generator(device=DEVICE).manual_seed(zlib.crc32(repr(case.key()).encode()))
     _set_tf32(case.precision)
     proto = _prototype(case, gen)
     first = _Set(case, gen, proto)
     n_rot = max(1, min(16, math.ceil(ROTATE_BYTES / max(1, first.nbytes()))))
     sets = [first] + [_Set(case, gen, proto) for _ in range(n_rot - 1)]
-    tap_major = proto["tap_major"]
     row: dict[str, Any] = {
         "stage": case.stage, "precision": case.precision, "kind": case.kind, "layers": case.layers,
-        "count": len(case.layers), "B": case.B, "cin": case.cin, "cout": case.cout, "kernel": case.k,
+        "count": len(case.layers), "B": case.B, "cin": case.cin, "cout": case.cout, "kernel_size": case.k,
         "stride": case.stride, "dilation": case.dil, "T": case.T, "T_out": case.tout, "left_pad": case.left,
         "role": case.role, "gflop": case.flops / 1e9, "rotation": n_rot,
         "footprint_mb": round(first.nbytes() / 2**20, 2), "l2_resident": n_rot * first.nbytes() < L2_BYTES,
         "survey_cudnn_ms": case.survey_ms[0],
     }
     peak = PEAK_TFLOPS.get(case.precision)
-
     io_bytes = 2 * first.x.numel() * first.x.element_size()
 
     def perf(ms: float) -> dict:
@@ -386,41 +417,48 @@ def measure_case(case: Case, reps: int) -> dict:
         return d
 
     row["cudnn"] = perf(graph_ms([_cudnn(case, s) for s in sets], reps))
-    cfg_ms: dict[str, Any] = {}
-    best, best_ms = None, float("inf")
-    for cfg in _configs(case):
-        try:
-            ms = graph_ms([_kernel(case, s, cfg, "bias", tap_major) for s in sets], reps)
-            cfg_ms[_cfg_name(cfg)] = round(ms, 5)
-            if ms < best_ms:
-                best, best_ms = cfg, ms
-        except Exception as e:  # noqa: BLE001 - a config that does not compile/fit is data
-            cfg_ms[_cfg_name(cfg)] = f"error: {short_error(e)}"
-    row["configs_ms"] = cfg_ms
-    if best is None:
-        raise RuntimeError(f"no kernel config ran: {cfg_ms}")
-    row["kernel"] = {**perf(best_ms), "config": _cfg_name(best)}
-    row["fused"] = perf(graph_ms([_kernel(case, s, best, case.role, tap_major) for s in sets], reps))
-    if case.kind == "conv":
-        row["kernel_nlc_input"] = perf(graph_ms([_kernel_nlc(case, s, best, tap_major) for s in sets], reps))
+    try:
+        row["cudnn_nlc"] = perf(graph_ms([_cudnn_nlc(case, s) for s in sets], reps))
+    except Exception as e:  # noqa: BLE001 - cuDNN may have no NHWC kernel for a shape: that is data
+        row["cudnn_nlc"] = {"error": short_error(e)}
+    row["kernel"] = perf(graph_ms([_kernel(case, s, None, "bias") for s in sets], reps))
+    row["kernel"]["config"] = _picked_config(case)
+    row["fused"] = perf(graph_ms([_kernel(case, s, None, case.role) for s in sets], reps))
     row["unfused"] = perf(graph_ms([_unfused(case, s, case.role) for s in sets], reps))
-    row["speedup_kernel_vs_cudnn"] = round(row["cudnn"]["ms"] / row["kernel"]["ms"], 2)
+    best_cudnn = min(row["cudnn"]["ms"], row["cudnn_nlc"].get("ms", math.inf))
+    row["speedup_kernel_vs_best_cudnn"] = round(best_cudnn / row["kernel"]["ms"], 2)
     row["speedup_fused_vs_unfused"] = round(row["unfused"]["ms"] / row["fused"]["ms"], 2)
+    if sweep:
+        cfgs = _fit_configs(case)
+        sw: dict[str, Any] = {}
+        for cfg in cfgs:
+            try:
+                sw[cfg.name] = round(graph_ms([_kernel(case, s, cfg, "bias") for s in sets], reps), 5)
+            except Exception as e:  # noqa: BLE001 - a tile that does not compile/fit is data
+                sw[cfg.name] = f"error: {short_error(e)}"
+        timed = {k: v for k, v in sw.items() if isinstance(v, float)}
+        row["sweep"] = sw
+        if timed:
+            best = min(timed, key=timed.get)
+            tuned = [c.name for c in _fit_configs(case, MAX_TUNED_CONFIGS)] if case.kind != "dw" else list(timed)
+            row["sweep_best"] = {"config": best, "ms": timed[best],
+                                 "tuned_candidates_hold_it": min(timed.get(n, math.inf) for n in tuned)
+                                 <= 1.03 * timed[best]}
 
     # numerics on the first set
     conv64, pre64, out64 = _ref64(case, first, case.role)
     cud = _cudnn(case, first)()
     cud = cud[..., : case.tout] if case.kind == "convT" else cud
-    plain = _kernel(case, first, best, "bias", tap_major)()
-    fused = _kernel(case, first, best, case.role, tap_major)()
+    plain = _ncl(_kernel(case, first, None, "bias")())
+    fused = _kernel(case, first, None, case.role)()
     unf = _unfused(case, first, case.role)()
     err = {"cudnn": rel_err(cud, conv64), "kernel": rel_err(plain, conv64)}
-    if case.kind == "conv":
-        err["kernel_nlc_input"] = rel_err(_kernel_nlc(case, first, best, tap_major)(), conv64)
+    if "ms" in row["cudnn_nlc"]:
+        err["cudnn_nlc"] = rel_err(_cudnn_nlc(case, first)()[:, :, 0, : case.tout], conv64)
     if isinstance(fused, tuple):
-        err["fused_pre"], err["fused"] = rel_err(fused[0], pre64), rel_err(fused[1], out64)
+        err["fused_pre"], err["fused"] = rel_err(_ncl(fused[0]), pre64), rel_err(_ncl(fused[1]), out64)
     else:
-        err["fused"] = rel_err(fused, out64)
+        err["fused"] = rel_err(_ncl(fused), out64)
     err["unfused"] = rel_err(unf[1] if isinstance(unf, tuple) else unf, out64)
     if case.precision in ("tf32x3", "ieee"):
         err["kernel_vs_cudnn_fp32"] = rel_err(plain, cud)
@@ -573,9 +611,20 @@ def _randomize(m: nn.Module, seed: int = 0) -> None:
                 p.copy_(0.02 * torch.randn(p.shape, generator=g))
 
 
+def _vq_codes(z: torch.Tensor, seed: int = 7) -> torch.Tensor:
+    """Codes of a random factorised VQ (Fish's form: project to 8 dims, L2-normalise, nearest codebook entry by
+    cosine) on a latent z [B, C, T], in fp64 so that only z's differences move a code."""
+    g = torch.Generator(device=z.device).manual_seed(seed)
+    proj = torch.randn(8, z.shape[1], generator=g, device=z.device, dtype=torch.float64)
+    cb = F.normalize(torch.randn(1024, 8, generator=g, device=z.device, dtype=torch.float64), dim=-1)
+    e = F.normalize(torch.einsum("bct,dc->btd", z.double(), proj), dim=-1)
+    return (e @ cb.t()).argmax(-1)
+
+
 def measure_chain(name: str, family: str, B: int, T: int, precision: str, reps: int,
-                  blocks: int | None = None, units_only: int | None = None) -> dict:
-    """Fused chain vs the eager modules (cuDNN convs, ttsaot::snake_beta) of one conv stack, both in CUDA graphs."""
+                  blocks: int | None = None, units_only: tuple[int, int] | None = None) -> dict:
+    """Fused channels-last chain (NCL in and out) vs the eager modules (cuDNN convs, ttsaot::snake_beta) of one
+    conv stack, both in CUDA graphs."""
     from ttsaot.builder.kernels.conv_modules import fuse_conv_chain
     from ttsaot.builder.passes import bake_snake, cast_to_compute_dtype
 
@@ -588,15 +637,17 @@ def measure_chain(name: str, family: str, B: int, T: int, precision: str, reps: 
         cin = first.in_channels
     _randomize(eager)
     out_dtype = torch.float32 if family in ("qwen", "fish") and units_only is None else None
-    chain = fuse_conv_chain(items, out_dtype=out_dtype if dt != torch.float32 else None,
-                            precision=precision if dt == torch.float32 else "ieee")
+    chain = fuse_conv_chain(items, input_layout="NCL", output_layout="NCL",
+                            out_dtype=out_dtype if dt != torch.float32 else None,
+                            precision=_kernel_precision(precision))
     bake_snake(eager)
     eager = cast_to_compute_dtype(eager, dt).to(DEVICE).eval()
     chain = cast_to_compute_dtype(chain, dt).to(DEVICE).eval()
     g = torch.Generator(device=DEVICE).manual_seed(1)
     x = torch.randn(B, cin, T, generator=g, device=DEVICE).to(dt)
     row: dict[str, Any] = {"name": name, "family": family, "precision": precision, "B": B, "input": [B, cin, T],
-                           "plan": chain.plan.steps, "fused_launches": chain.plan.launches}
+                           "plan": chain.plan.steps, "fused_launches": chain.plan.launches,
+                           "layout_changes": [chain.plan.steps[i] for i in chain.plan.layout_changes]}
     with torch.no_grad():
         _set_tf32("ieee")
         flops = [0.0]
@@ -606,12 +657,26 @@ def measure_chain(name: str, family: str, B: int, T: int, precision: str, reps: 
         eager = cast_to_compute_dtype(eager, dt)
         _set_tf32(precision)
         y_eager = eager(x)
+        t0 = time.time()
         y = chain(x)                                        # autotunes every layer shape (as AOTI does)
+        torch.cuda.synchronize()
+        row["first_call_s"] = round(time.time() - t0, 1)    # compiles + autotuning (build-time cost in AOTI)
         row["rel_err_fused_vs_eager"] = float(f"{rel_err(y, y_eager):.3g}")
         row["rel_err_fused_vs_fp32"] = float(f"{rel_err(y, ref):.3g}")
         row["rel_err_eager_vs_fp32"] = float(f"{rel_err(y_eager, ref):.3g}")
         row["eager_ms"] = round(graph_ms([lambda: eager(x)], reps), 4)
         row["fused_ms"] = round(graph_ms([lambda: chain(x)], reps), 4)
+        if dt == torch.float32 and precision != "tf32":    # what users run today: eager with TF32 convolutions
+            _set_tf32("tf32")
+            y_tf32 = eager(x)
+            row["eager_tf32_ms"] = round(graph_ms([lambda: eager(x)], reps), 4)
+            row["rel_err_eager_tf32_vs_fp32"] = float(f"{rel_err(y_tf32, ref):.3g}")
+            _set_tf32(precision)
+        if family == "enc":
+            codes = _vq_codes(ref)
+            row["code_match"] = {"fused": round((_vq_codes(y) == codes).double().mean().item(), 6)}
+            if "eager_tf32_ms" in row:
+                row["code_match"]["eager_tf32"] = round((_vq_codes(y_tf32) == codes).double().mean().item(), 6)
     row["speedup"] = round(row["eager_ms"] / row["fused_ms"], 2)
     row["gflop"] = round(flops[0] / 1e9, 2)
     row["fused_tflops"] = round(flops[0] / row["fused_ms"] / 1e9, 1)
@@ -629,77 +694,109 @@ def _count_flops(m: nn.Module, acc: list[float]) -> Callable[[], None]:
     return lambda: [h.remove() for h in hs]
 
 
-CHAIN_PLAN = [  # (name, family, B, T at the stack input, precision, blocks, slice of the eager list)
-    ("qwen_ru_d9_192", "qwen", 1, 32000, "bf16", None, (15, 16)),
-    ("qwen_decoder_block_192", "qwen", 1, 8000, "bf16", None, (11, 16)),
-    ("qwen_decoder_stack_b1", "qwen", 1, 200, "bf16", None, None),
-    ("fish_decoder_stack_b1_tf32", "fish", 1, 116, "tf32", None, None),
-    ("vae_decoder_stack_b1_tf32", "vox", 1, 36, "tf32", None, None),
-    ("fish_encoder_convs_tf32x3", "enc", 1, 442368, "tf32x3", None, None),
-    ("qwen_decoder_stack_b4", "qwen", 4, 200, "bf16", None, None),
-    ("fish_decoder_stack_b4_tf32", "fish", 4, 116, "tf32", None, None),
-    ("fish_decoder_stack_b4_bf16", "fish", 4, 116, "bf16", None, None),
-    ("fish_decoder_stack_b4_tf32x3", "fish", 4, 116, "tf32x3", None, None),
-    ("vae_decoder_stack_b1_tf32x3", "vox", 1, 36, "tf32x3", None, None),
+@dataclass(frozen=True)
+class ChainSpec:
+    name: str
+    family: str                  # qwen | fish | vox | enc (decoder_stack)
+    B: int
+    T: int                       # length at the stack input
+    precision: str
+    units_only: tuple[int, int] | None = None     # a slice of the eager module list (one decoder block)
+
+
+# The order is the priority under the budget: the stacks the issue's targets name first (B=1 and B=4), the numerics
+# alternatives next, block-level slices last.
+CHAIN_PLAN = [
+    ChainSpec("qwen_decoder_stack_b1", "qwen", 1, 200, "bf16"),
+    ChainSpec("qwen_decoder_stack_b4", "qwen", 4, 200, "bf16"),
+    ChainSpec("fish_decoder_stack_b1_tf32", "fish", 1, 116, "tf32"),
+    ChainSpec("fish_decoder_stack_b4_tf32", "fish", 4, 116, "tf32"),
+    ChainSpec("fish_encoder_convs_tf32x3", "enc", 1, ENCODER_SAMPLES, "tf32x3"),
+    ChainSpec("vae_decoder_stack_b1_tf32", "vox", 1, 36, "tf32"),
+    ChainSpec("fish_decoder_stack_b1_bf16", "fish", 1, 116, "bf16"),
+    ChainSpec("fish_decoder_stack_b4_bf16", "fish", 4, 116, "bf16"),
+    ChainSpec("fish_encoder_convs_ieee", "enc", 1, ENCODER_SAMPLES, "ieee"),
+    ChainSpec("vae_decoder_stack_b1_tf32x3", "vox", 1, 36, "tf32x3"),
+    ChainSpec("fish_decoder_stack_b4_tf32x3", "fish", 4, 116, "tf32x3"),
+    ChainSpec("qwen_ru_d9_192", "qwen", 1, 32000, "bf16", (15, 16)),
+    ChainSpec("qwen_decoder_block_192", "qwen", 1, 8000, "bf16", (11, 16)),
 ]
+CORE_CHAINS = 6          # the first CORE_CHAINS run before the layer tables, the rest after
 
 
 # ------------------------------------------------------------------------------------------ smoke
 def _smoke_cases(precision: str, g: torch.Generator) -> dict[str, tuple[Callable, Callable]]:
-    """name → (kernel run, aten reference), each returning (pre or None, out)."""
+    """name → (kernel run, reference), each returning (pre or None, out). The reference of "tf32" rounds both GEMM
+    operands to the nearest TF32 value first (what the kernel does), so every precision is held to ~fp32 rounding."""
     from ttsaot.builder.kernels import conv1d as K
+    from ttsaot.builder.kernels.snake_beta import launch_snake_beta_nlc_kernel, snake_beta_nlc_reference
 
     dt = _dtype(precision)
-    prec = precision if dt == torch.float32 else "ieee"
-    cfg, dcfg = K.ConvKernelConfig(64, 64, 32), K.DW_CONFIGS[1]          # one compile per case (no autotuning)
+    prec = _kernel_precision(precision)
+    cfg, dcfg = K.ConvKernelConfig(64, 64, 32, 4, 3), K.DW_CONFIGS[1]  # one compile per case (no autotuning)
+    split = K.ConvKernelConfig(64, 64, 32, 4, 3, split_k=4)
 
     def rnd(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g, device=DEVICE) * scale).to(dt)
 
-    x, res = rnd(2, 24, 301), rnd(2, 20, 301)
-    w, wt, wd, b = rnd(20, 7, 24, scale=1 / 13), rnd(20, 4, 2, 24, scale=1 / 7), rnd(24, 7), rnd(20)
-    wc = w.permute(0, 2, 1).contiguous()                       # channel-major for the strided conv
+    def op(t):               # the operands as the kernel multiplies them
+        return K.round_to_tf32(t) if prec == "tf32" else t
+
+    x, res = rnd(2, 301, 24), rnd(2, 301, 20)
+    w, wt, wd, b = rnd(20, 7, 24, scale=1 / 13), rnd(4, 20, 2, 24, scale=1 / 7), rnd(7, 24), rnd(20)
     a, ib = torch.rand(24, device=DEVICE) + 0.5, torch.rand(24, device=DEVICE)
     a20, ib20, sc, sh = a[:20], ib[:20], b.float().abs() + 0.5, b.float()
 
     def single(fn):
         return lambda: (None, fn())
 
-    return {
+    cases = {
         "conv1d_res_snake_dual": (
-            lambda: K.conv1d_forward(x, w, b, res, None, None, a20, ib20, 7, 1, 3, 18, True, "snake", None, prec,
-                                     True, config=cfg),
-            lambda: K.conv1d_dual_reference(x, w, b, res, None, None, a20, ib20, 7, 1, 3, 18, True, "snake", None,
+            lambda: K.conv1d_forward(x, w, b, res, None, None, a20, ib20, 1, 3, 18, "snake", None, prec, True,
+                                     config=cfg),
+            lambda: K.conv1d_dual_reference(op(x), op(w), b, res, None, None, a20, ib20, 1, 3, 18, "snake", None,
+                                            prec)),
+        "conv1d_split4_res_snake_dual": (
+            lambda: K.conv1d_forward(x, w, b, res, None, None, a20, ib20, 1, 3, 18, "snake", None, prec, True,
+                                     config=split),
+            lambda: K.conv1d_dual_reference(op(x), op(w), b, res, None, None, a20, ib20, 1, 3, 18, "snake", None,
                                             prec)),
         "conv1d_clamp_f32": (
-            lambda: K.conv1d_forward(x, w, b, None, None, None, None, None, 7, 1, 1, 6, True, "clamp",
-                                     torch.float32, prec, False, config=cfg),
-            single(lambda: K.conv1d_reference(x, w, b, None, None, None, None, None, 7, 1, 1, 6, True, "clamp",
+            lambda: K.conv1d_forward(x, w, b, None, None, None, None, None, 1, 1, 6, "clamp", torch.float32, prec,
+                                     False, config=cfg),
+            single(lambda: K.conv1d_reference(op(x), op(w), b, None, None, None, None, None, 1, 1, 6, "clamp",
                                               torch.float32, prec))),
         "conv1d_strided_tanh": (
-            lambda: K.conv1d_forward(x, wc, b, None, None, None, None, None, 7, 4, 1, 3, False, "tanh", None, prec,
-                                     False, config=cfg),
-            single(lambda: K.conv1d_reference(x, wc, b, None, None, None, None, None, 7, 4, 1, 3, False, "tanh",
-                                              None, prec))),
+            lambda: K.conv1d_forward(x, w, b, None, None, None, None, None, 4, 1, 3, "tanh", None, prec, False,
+                                     config=cfg),
+            single(lambda: K.conv1d_reference(op(x), op(w), b, None, None, None, None, None, 4, 1, 3, "tanh", None,
+                                              prec))),
         "conv_transpose1d_affine_snake_dual": (
             lambda: K.conv_transpose1d_forward(x, wt, b, None, sc, sh, a20, ib20, "snake", None, prec, True,
                                                config=cfg),
-            lambda: K.conv_transpose1d_dual_reference(x, wt, b, None, sc, sh, a20, ib20, "snake", None, prec)),
-        "dwconv1d_snake": (
+            lambda: K.conv_transpose1d_dual_reference(op(x), op(wt), b, None, sc, sh, a20, ib20, "snake", None,
+                                                      prec)),
+    }
+    if precision in ("bf16", "ieee"):       # no precision option: once per operand width
+        cases["dwconv1d_snake"] = (
             single(lambda: K.dwconv1d_forward(x, wd, None, None, None, None, a, ib, 9, 54, "snake", None,
                                               config=dcfg)),
-            single(lambda: K.dwconv1d_reference(x, wd, None, None, None, None, a, ib, 9, 54, "snake", None))),
-    }
+            single(lambda: K.dwconv1d_reference(x, wd, None, None, None, None, a, ib, 9, 54, "snake", None)))
+        cases["snake_beta_nlc"] = (single(lambda: launch_snake_beta_nlc_kernel(x, a, ib, block=(64, 64))),
+                                   single(lambda: snake_beta_nlc_reference(x, a, ib)))
+    if precision == "fp16":
+        cases = {k: v for k, v in cases.items() if k == "conv1d_res_snake_dual"}
+    return cases
 
 
 def smoke() -> dict:
-    """Each op × dtype × precision once at a small odd shape against its aten reference (exact fp32): a compile
-    error shows here once, with its traceback, instead of in every layer."""
+    """Each op × dtype × precision once at a small odd shape against its aten reference: a compile error shows
+    here once, with its traceback, instead of in every layer."""
     out: dict[str, Any] = {}
     g = torch.Generator(device=DEVICE).manual_seed(0)
     _set_tf32("ieee")
     for precision in ("bf16", "fp16", "ieee", "tf32", "tf32x3"):
-        tol = 1e-5 if precision in ("ieee", "tf32x3") else 5e-3
+        tol = 1e-5 if _dtype(precision) == torch.float32 else 5e-3
         for name, (run_fn, ref_fn) in _smoke_cases(precision, g).items():
             key = f"{name}[{precision}]"
             try:
@@ -716,13 +813,14 @@ def smoke() -> dict:
 
 
 # ------------------------------------------------------------------------------------------ driver
-def run(out_dir: Path, survey_path: Path, budget: float, reps: int, only: set[str] | None) -> dict:
+def run(out_dir: Path, survey_path: Path, budget: float, reps: int, only: set[str] | None,
+        sweep: bool = False) -> dict:
     torch.set_grad_enabled(False)
     dev = torch.device(DEVICE)
     t0 = time.time()
-    res: dict[str, Any] = {"schema": RESULTS_SCHEMA, "kind": "conv_kernels", "started": now_iso(),
+    res: dict[str, Any] = {"schema": RESULTS_SCHEMA, "kind": "conv_kernels", "layout": "NLC", "started": now_iso(),
                            "git_commit": git_commit(), "device": device_info(dev), "peak_tflops_h100_sxm": PEAK_TFLOPS,
-                           "budget_s": budget, "survey": str(survey_path.relative_to(REPO))
+                           "budget_s": budget, "sweep": sweep, "survey": str(survey_path.relative_to(REPO))
                            if survey_path.is_relative_to(REPO) else str(survey_path),
                            "tasks": [], "layers": [], "chains": []}
     path = out_dir / res["device"]["slug"] / "conv_kernels.json"
@@ -734,8 +832,7 @@ def run(out_dir: Path, survey_path: Path, budget: float, reps: int, only: set[st
     def task(name: str, fn: Callable[[], Any], sink: list | dict | None) -> None:
         if only and not any(name.startswith(o) for o in only):
             return
-        left = budget - (time.time() - t0)
-        if left <= 0:
+        if time.time() - t0 >= budget:
             res["tasks"].append({"name": name, "status": "skipped: budget"})
             return
         t = time.time()
@@ -761,11 +858,11 @@ def run(out_dir: Path, survey_path: Path, budget: float, reps: int, only: set[st
             rows = []
             for case in survey_cases(survey, stage, dtype, batch, precision):
                 if time.time() - t0 > budget:
-                    rows.append({"stage": stage, "precision": precision, "layers": case.layers,
+                    rows.append({"stage": stage, "precision": precision, "B": case.B, "layers": case.layers,
                                  "status": "skipped: budget"})
                     continue
                 try:
-                    rows.append(measure_case(case, reps))
+                    rows.append(measure_case(case, reps, sweep))
                 except Exception as e:  # noqa: BLE001
                     rows.append({"stage": stage, "precision": precision, "layers": case.layers, "B": case.B,
                                  "error": short_error(e)})
@@ -773,27 +870,16 @@ def run(out_dir: Path, survey_path: Path, budget: float, reps: int, only: set[st
             return rows
         return fn
 
-    chains = {c[0]: c for c in CHAIN_PLAN}
-    order: list[tuple[str, Callable[[], Any], list]] = []
-    for name in ("qwen_ru_d9_192", "qwen_decoder_block_192", "qwen_decoder_stack_b1"):
-        order.append((f"chain:{name}", _chain_fn(chains[name], reps), res["chains"]))
-    for stage, dtype, batch, precisions in LAYER_PLAN:
-        for p in precisions:
-            order.append((f"layers:{stage}:b{batch}:{p}", layer_task(stage, dtype, batch, p), res["layers"]))
-            if stage == "dac_decoder" and batch == 1 and p == "tf32":
-                order.append(("chain:fish_decoder_stack_b1_tf32",
-                              _chain_fn(chains["fish_decoder_stack_b1_tf32"], reps), res["chains"]))
-            if stage == "vae_decoder" and p == "tf32x3":
-                for n in ("vae_decoder_stack_b1_tf32", "vae_decoder_stack_b1_tf32x3"):
-                    order.append((f"chain:{n}", _chain_fn(chains[n], reps), res["chains"]))
-            if stage == "dac_encoder":
-                order.append(("chain:fish_encoder_convs_tf32x3",
-                              _chain_fn(chains["fish_encoder_convs_tf32x3"], reps), res["chains"]))
-            if stage == "code2wav" and batch == 4:
-                order.append(("chain:qwen_decoder_stack_b4", _chain_fn(chains["qwen_decoder_stack_b4"], reps),
-                              res["chains"]))
-    for name in ("fish_decoder_stack_b4_tf32", "fish_decoder_stack_b4_bf16", "fish_decoder_stack_b4_tf32x3"):
-        order.append((f"chain:{name}", _chain_fn(chains[name], reps), res["chains"]))
+    def chain_fn(spec: ChainSpec) -> Callable[[], dict]:
+        return lambda: measure_chain(spec.name, spec.family, spec.B, spec.T, spec.precision, reps,
+                                     units_only=spec.units_only)
+
+    layer_tasks = [(f"layers:{stage}:b{batch}:{p}", layer_task(stage, dtype, batch, p))
+                   for stage, dtype, batch, precisions in LAYER_PLAN for p in precisions]
+    order = [(f"chain:{c.name}", chain_fn(c), res["chains"]) for c in CHAIN_PLAN[:CORE_CHAINS]]
+    order += [(n, fn, res["layers"]) for n, fn in layer_tasks[:4]]
+    order += [(f"chain:{c.name}", chain_fn(c), res["chains"]) for c in CHAIN_PLAN[CORE_CHAINS:]]
+    order += [(n, fn, res["layers"]) for n, fn in layer_tasks[4:]]
     for name, fn, sink in order:
         task(name, fn, sink)
     res["summary"] = summarize(res)
@@ -803,25 +889,24 @@ def run(out_dir: Path, survey_path: Path, budget: float, reps: int, only: set[st
     return res
 
 
-def _chain_fn(spec: tuple, reps: int) -> Callable[[], dict]:
-    name, family, B, T, precision, blocks, sl = spec
-    return lambda: measure_chain(name, family, B, T, precision, reps, blocks=blocks, units_only=sl)
-
-
 def summarize(res: dict) -> dict:
-    """Per (stage, B, precision): layer times summed over every layer of the decode (count-weighted)."""
+    """Per (stage, B, precision): layer times summed over every layer of the decode (count-weighted), and the
+    layers where the best cuDNN form beats the kernel."""
     out: dict[str, dict] = {}
     for r in res["layers"]:
         if "kernel" not in r:
             continue
         key = f"{r['stage']}:b{r['B']}:{r['precision']}"
-        s = out.setdefault(key, {"layers": 0, "cudnn_ms": 0.0, "kernel_ms": 0.0, "fused_ms": 0.0,
-                                 "unfused_ms": 0.0, "gflop": 0.0})
+        s = out.setdefault(key, {"layers": 0, "cudnn_ms": 0.0, "cudnn_nlc_ms": 0.0, "kernel_ms": 0.0,
+                                 "fused_ms": 0.0, "unfused_ms": 0.0, "gflop": 0.0, "cudnn_wins": []})
         n = r["count"]
         s["layers"] += n
         s["gflop"] += n * r["gflop"]
-        for k in ("cudnn", "kernel", "fused", "unfused"):
-            s[f"{k}_ms"] += n * r[k]["ms"]
+        for k in ("cudnn", "cudnn_nlc", "kernel", "fused", "unfused"):
+            s[f"{k}_ms"] += n * r[k].get("ms", r["cudnn"]["ms"])        # no NHWC kernel: count the NCL one
+        if r["speedup_kernel_vs_best_cudnn"] < 1.0:
+            s["cudnn_wins"].append(f"{r['kind']} {r['cin']}→{r['cout']} k{r['kernel_size']} d{r['dilation']} "
+                                   f"T{r['T_out']}: {r['speedup_kernel_vs_best_cudnn']}×")
     for s in out.values():
         for k in list(s):
             if k.endswith("_ms") or k == "gflop":
@@ -830,36 +915,52 @@ def summarize(res: dict) -> dict:
 
 
 def print_summary(res: dict) -> None:
+    """At most ~40 lines: what the coordinator reads first."""
+    dev = res.get("device", {})
+    print(f"conv-kernels (NLC) on {dev.get('name')} torch {dev.get('torch')} triton {dev.get('triton')}, "
+          f"commit {str(res.get('git_commit'))[:10]}, {res.get('seconds')} s")
     bad = [k for k, v in res.get("smoke", {}).items() if not v.get("ok")]
     print(f"smoke: {len(res.get('smoke', {})) - len(bad)} ok, failed: {bad}")
-    print(f"{'stage':28s} {'layers':>6s} {'cudnn':>8s} {'kernel':>8s} {'unfused':>8s} {'fused':>8s}  (ms, summed)")
-    for k, s in res.get("summary", {}).items():
-        print(f"{k:28s} {s['layers']:6d} {s['cudnn_ms']:8.3f} {s['kernel_ms']:8.3f} {s['unfused_ms']:8.3f} "
-              f"{s['fused_ms']:8.3f}")
+    print(f"{'chain':30s} {'eager':>8s} {'fused':>8s} {'×':>5s} {'tf32 eager':>10s}  err fused/eager vs fp32, notes")
     for c in res.get("chains", []):
-        print(f"chain {c['name']:34s} eager {c['eager_ms']:8.3f} fused {c['fused_ms']:8.3f} ms  ×{c['speedup']:.2f}"
-              f"  err vs eager {c['rel_err_fused_vs_eager']:.2e} vs fp32 {c['rel_err_fused_vs_fp32']:.2e}")
-    for t in res.get("tasks", []):
-        if t["status"] != "ok":
-            print(f"task {t['name']}: {t['status']} {t.get('error', '')}")
+        extra = f"{c['eager_tf32_ms']:10.3f}" if "eager_tf32_ms" in c else f"{'':10s}"
+        notes = f" codes {c['code_match']}" if "code_match" in c else ""
+        notes += f" first call {c.get('first_call_s')} s"
+        print(f"{c['name']:30s} {c['eager_ms']:8.3f} {c['fused_ms']:8.3f} {c['speedup']:5.2f} {extra}  "
+              f"{c['rel_err_fused_vs_fp32']:.2e}/{c['rel_err_eager_vs_fp32']:.2e}{notes}")
+    print(f"{'layers (ms, summed)':24s} {'n':>3s} {'cudnn':>7s} {'nhwc':>7s} {'kernel':>7s} {'unfused':>7s} "
+          f"{'fused':>7s}")
+    for k, s in res.get("summary", {}).items():
+        print(f"{k:24s} {s['layers']:3d} {s['cudnn_ms']:7.3f} {s['cudnn_nlc_ms']:7.3f} {s['kernel_ms']:7.3f} "
+              f"{s['unfused_ms']:7.3f} {s['fused_ms']:7.3f}")
+    for k, s in res.get("summary", {}).items():
+        if s["cudnn_wins"]:
+            print(f"  cuDNN faster {k}: {'; '.join(s['cudnn_wins'][:4])}{' …' if len(s['cudnn_wins']) > 4 else ''}")
+    issues = [f"{t['name']}: {t['status']}{' ' + t['error'] if 'error' in t else ''}"
+              for t in res.get("tasks", []) if t["status"] != "ok"]
+    if issues:
+        print("not done: " + " | ".join(issues)[:600])
     print(f"total {res.get('seconds')} s")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("conv-kernels", help="codec conv kernels vs cuDNN, per layer and per fused chain (GPU)")
+    p = sub.add_parser("conv-kernels", help="channels-last codec conv kernels vs cuDNN, per fused chain and per "
+                                            "layer (GPU)")
     p.add_argument("--out", default=str(REPO / "bench" / "results"), help="results root (<out>/<device>/...)")
     p.add_argument("--survey", default=str(SURVEY), help="per-layer cuDNN survey JSON whose shapes are measured")
-    p.add_argument("--budget", type=float, default=200.0, help="seconds after which remaining tasks are skipped")
+    p.add_argument("--budget", type=float, default=300.0, help="seconds after which remaining tasks are skipped")
     p.add_argument("--reps", type=int, default=10, help="timed graph replays per measurement")
     p.add_argument("--only", type=lambda v: {s.strip() for s in v.split(",") if s.strip()}, default=None,
                    help="task name prefixes, e.g. smoke,chain:qwen,layers:code2wav")
+    p.add_argument("--sweep", action="store_true",
+                   help="also time every fitting tile per layer at an explicit config (slow: one compile each)")
 
 
 def main(a: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("conv-kernels needs a CUDA GPU")
         return 2
-    res = run(Path(a.out), Path(a.survey), a.budget, a.reps, a.only)
-    print_summary(res)
+    res = run(Path(a.out), Path(a.survey), a.budget, a.reps, a.only, a.sweep)
     print(f"→ {res['path']}")
+    print_summary(res)
     return 0

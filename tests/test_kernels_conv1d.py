@@ -1,6 +1,7 @@
-"""`ttsaot::conv1d`, `conv_transpose1d`, `dwconv1d` (+ `_dual`): aten references against the eager causal conv
-modules, epilogue rounding order, input checks, export (one node per op) and CPU decomposition; the Triton kernels
-under TRITON_INTERPRET=1 in a child process (the flag must be set before triton is imported)."""
+"""`ttsaot::conv1d`, `conv_transpose1d`, `dwconv1d` (+ `_dual`) on channels-last activations: aten references against
+the eager (NCL) causal conv modules, the polyphase identity, epilogue rounding order, input checks, tile pruning,
+export (one node per op) and CPU decomposition; the Triton kernels under TRITON_INTERPRET=1 in a child process (the
+flag must be set before triton is imported)."""
 
 import json
 import os
@@ -14,7 +15,9 @@ from torch import nn
 
 from ttsaot.builder.kernels.conv1d import (
     CPU_DECOMPOSITIONS,
+    MAX_TUNED_CONFIGS,
     ConvBakeError,
+    ConvKernelConfig,
     bake_conv1d,
     bake_conv_transpose1d,
     bake_dwconv1d,
@@ -22,6 +25,10 @@ from ttsaot.builder.kernels.conv1d import (
     conv1d_reference,
     conv_transpose1d_reference,
     dwconv1d_reference,
+    estimate_us,
+    gemm_kernel_configs,
+    prune_gemm_configs,
+    round_to_tf32,
     unbake_conv_transpose1d,
 )
 from ttsaot.builder.kernels.snake_beta import CPU_DECOMPOSITIONS as SNAKE_DECOMPOSITIONS
@@ -55,11 +62,16 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
+def _nlc(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(1, 2).contiguous()
+
+
 # (Cin, Cout, K, stride, dilation, T): odd channels, Cin = 1, Cout = 1, dilations 1/3/9, strides with K = 2s and
-# K = s, odd lengths, lengths far below the receptive field (55 samples for k7 d9).
+# K = s, odd lengths, lengths far below the receptive field (55 samples for k7 d9), channel counts that are and are
+# not multiples of the reduction block (a tap's channels in one or several steps, with a masked tail).
 GEOMETRIES = [(5, 7, 7, 1, 1, 40), (1, 9, 7, 1, 1, 33), (6, 1, 7, 1, 9, 20), (5, 6, 7, 1, 3, 3), (8, 12, 4, 2, 1, 31),
               (3, 5, 8, 4, 1, 37), (4, 4, 2, 2, 1, 9), (20, 40, 1, 1, 1, 50), (7, 3, 16, 8, 1, 5), (18, 10, 3, 1, 1, 1),
-              (32, 24, 7, 1, 3, 45), (32, 20, 7, 1, 9, 70)]
+              (32, 24, 7, 1, 3, 45), (32, 20, 7, 1, 9, 70), (48, 16, 8, 4, 1, 29)]
 
 
 @pytest.mark.parametrize("cin,cout,k,s,d,T", GEOMETRIES)
@@ -67,26 +79,28 @@ GEOMETRIES = [(5, 7, 7, 1, 1, 40), (1, 9, 7, 1, 1, 33), (6, 1, 7, 1, 9, 20), (5,
 def test_conv1d_reference_is_the_causal_conv(cin, cout, k, s, d, T, B):
     conv = _randomize(CausalConv1d(cin, cout, k, stride=s, dilation=d))
     x = torch.randn(B, cin, T)
-    for tap_major in (True, False):
-        w, b, m = bake_conv1d(conv, tap_major=tap_major)
-        assert m.out_len(T) == conv(x).shape[-1]
-        y = conv1d_reference(x, w, b, None, None, None, None, None, k, s, d, m.left_pad, tap_major, "none", None,
-                             "ieee")
-        # fp32 sums in another order (the tap-major weight reaches F.conv1d as a permuted view): ≲ 1e-6 relative
-        assert _rel(y, conv(x)) < 1e-6
-        torch.testing.assert_close(y, conv(x), rtol=1e-5, atol=1e-5)
+    w, b, m = bake_conv1d(conv)
+    assert w.shape == (cout, k, cin) and w.is_contiguous()
+    eager = conv(x)
+    assert m.out_len(T) == eager.shape[-1]
+    y = conv1d_reference(_nlc(x), w, b, None, None, None, None, None, s, d, m.left_pad, "none", None, "ieee")
+    # channels-last in and out; fp32 sums in another order (permuted weight views): ≲ 1e-6 relative
+    assert y.shape == (B, m.out_len(T), cout) and y.is_contiguous()
+    assert _rel(y, eager.transpose(1, 2)) < 1e-6
+    torch.testing.assert_close(y, eager.transpose(1, 2), rtol=1e-5, atol=1e-5)
 
 
-def test_conv1d_bake_layouts_and_vox_style_conv():
+def test_conv1d_bake_layout_and_vox_style_conv():
     conv = _randomize(LeftPadConv1d(6, 4, 7, dilation=3, left_pad=18))
     w, b, m = bake_conv1d(conv)
-    assert m.tap_major and w.shape == (4, 7, 6) and m.left_pad == 18
+    assert w.shape == (4, 7, 6) and m.left_pad == 18 and m.stride == 1
+    assert torch.equal(w, conv.weight.permute(0, 2, 1))
     x = torch.randn(2, 6, 25)
-    y = conv1d_reference(x, w, b, None, None, None, None, None, 7, 1, 3, 18, True, "none", None, "ieee")
-    torch.testing.assert_close(y, conv(x), rtol=1e-5, atol=1e-6)
+    y = conv1d_reference(_nlc(x), w, b, None, None, None, None, None, 1, 3, 18, "none", None, "ieee")
+    torch.testing.assert_close(y, conv(x).transpose(1, 2), rtol=1e-5, atol=1e-6)
     strided = _randomize(CausalConv1d(3, 5, 8, stride=4))
     w, _, m = bake_conv1d(strided)
-    assert not m.tap_major and w.shape == (5, 3, 8) and torch.equal(w, strided.conv.weight)
+    assert w.shape == (5, 8, 3) and m.stride == 4 and torch.equal(w, strided.conv.weight.permute(0, 2, 1))
 
 
 @pytest.mark.parametrize("cin,cout,k,s,T", [(5, 7, 4, 2, 9), (3, 6, 2, 2, 7), (6, 5, 10, 5, 11), (4, 3, 6, 3, 1),
@@ -95,13 +109,18 @@ def test_conv_transpose1d_reference_and_bake(cin, cout, k, s, T):
     m = _randomize(CausalConvTranspose1d(cin, cout, k, s))
     w, b, stride = bake_conv_transpose1d(m)
     M = -(-k // s)
-    assert stride == s and w.shape == (cout, s, M, cin)
+    assert stride == s and w.shape == (s, cout, M, cin)
     padded = nn.functional.pad(m.conv.weight, (0, M * s - k))
     assert torch.equal(unbake_conv_transpose1d(w), padded)
     x = torch.randn(2, cin, T)
-    y = conv_transpose1d_reference(x, w, b, None, None, None, None, None, "none", None, "ieee")
-    assert y.shape == (2, cout, T * s)
-    torch.testing.assert_close(y, m(x), rtol=1e-5, atol=1e-6)
+    y = conv_transpose1d_reference(_nlc(x), w, b, None, None, None, None, None, "none", None, "ieee")
+    assert y.shape == (2, T * s, cout)
+    torch.testing.assert_close(y, m(x).transpose(1, 2), rtol=1e-5, atol=1e-6)
+    # the polyphase GEMM's claim: row t of the stride-1 conv with s·Cout channels (n = p·Cout + co) is output
+    # rows t·s .. t·s + s − 1, i.e. the [B, T, s·Cout] result IS [B, T·s, Cout]
+    poly = conv1d_reference(_nlc(x), w.reshape(s * cout, M, cin), None if b is None else b.repeat(s), None, None,
+                            None, None, None, 1, 1, M - 1, "none", None, "ieee")
+    torch.testing.assert_close(poly.reshape(2, T * s, cout), y, rtol=1e-5, atol=1e-6)
 
 
 def test_dwconv1d_reference_and_bake():
@@ -110,9 +129,9 @@ def test_dwconv1d_reference_and_bake():
         conv = _randomize(CausalConv1d(6, 6, 7, dilation=d, groups=6), seed=d)
         for m in (conv, ShiftDepthwiseConv1d(conv)):
             w, b, dil, left = bake_dwconv1d(m)
-            assert w.shape == (6, 7) and dil == d and left == 6 * d
-            y = dwconv1d_reference(x, w, b, None, None, None, None, None, dil, left, "none", None)
-            torch.testing.assert_close(y, conv(x), rtol=1e-5, atol=1e-6)
+            assert w.shape == (7, 6) and dil == d and left == 6 * d
+            y = dwconv1d_reference(_nlc(x), w, b, None, None, None, None, None, dil, left, "none", None)
+            torch.testing.assert_close(y, conv(x).transpose(1, 2), rtol=1e-5, atol=1e-6)
 
 
 def test_epilogue_follows_the_eager_chain_in_bf16():
@@ -122,34 +141,36 @@ def test_epilogue_follows_the_eager_chain_in_bf16():
     x, res = torch.randn(2, 16, 64), torch.randn(2, 12, 64)
     w, b, m = bake_conv1d(conv)
     xb, wb, bb, rb = x.bfloat16(), w.bfloat16(), b.bfloat16(), res.bfloat16()
-    pre, out = conv1d_dual_reference(xb, wb, bb, rb, None, None, snake.alpha, snake.inv_beta, 7, 1, 3, 18, True,
+    pre, out = conv1d_dual_reference(_nlc(xb), wb, bb, _nlc(rb), None, None, snake.alpha, snake.inv_beta, 1, 3, 18,
                                      "snake", None, "ieee")
     with torch.no_grad():
         conv_b = conv.to(torch.bfloat16)
         eager_pre = rb + conv_b(xb)
         eager = snake(eager_pre)
+    eager_pre, eager = eager_pre.transpose(1, 2), eager.transpose(1, 2)
     assert pre.dtype == out.dtype == torch.bfloat16
     # the eager bf16 conv sums in another order: equal almost everywhere, one bf16 step at most elsewhere
     assert (pre == eager_pre).float().mean() > 0.98 and _rel(pre, eager_pre) < 4e-3
     assert (out == eager).float().mean() > 0.98 and _rel(out, eager) < 4e-3
-    clamp = conv1d_reference(xb, wb, bb, rb, None, None, None, None, 7, 1, 3, 18, True, "clamp", torch.float32,
+    clamp = conv1d_reference(_nlc(xb), wb, bb, _nlc(rb), None, None, None, None, 1, 3, 18, "clamp", torch.float32,
                              "ieee")
     assert clamp.dtype == torch.float32 and torch.equal(clamp, pre.clamp(-1, 1).float())
     sc, sh = torch.rand(12) + 0.5, torch.randn(12)
-    aff = conv1d_reference(xb, wb, bb, None, sc, sh, None, None, 7, 1, 3, 18, True, "tanh", None, "ieee")
-    conv_only = conv1d_reference(xb, wb, bb, None, None, None, None, None, 7, 1, 3, 18, True, "none", None, "ieee")
-    expect = torch.tanh(((conv_only.float() * sc.view(1, -1, 1)).bfloat16().float()
-                         + sh.view(1, -1, 1)).bfloat16().float()).bfloat16()
+    aff = conv1d_reference(_nlc(xb), wb, bb, None, sc, sh, None, None, 1, 3, 18, "tanh", None, "ieee")
+    conv_only = conv1d_reference(_nlc(xb), wb, bb, None, None, None, None, None, 1, 3, 18, "none", None, "ieee")
+    expect = torch.tanh(((conv_only.float() * sc).bfloat16().float() + sh).bfloat16().float()).bfloat16()
     assert torch.equal(aff, expect)
 
 
 def test_op_input_checks():
     w = torch.randn(4, 7, 6)
-    x = torch.randn(1, 6, 20)
+    x = torch.randn(1, 20, 6)
     ops = torch.ops.ttsaot
-    args = (None, None, None, None, None, None, 7, 1, 1, 6, True)
+    args = (None, None, None, None, None, None, 1, 1, 6)
     with pytest.raises(RuntimeError, match="input channels"):
-        ops.conv1d(torch.randn(1, 5, 20), w, *args, "none", None, "ieee")
+        ops.conv1d(torch.randn(1, 20, 5), w, *args, "none", None, "ieee")
+    with pytest.raises(RuntimeError, match="input channels"):         # an NCL tensor given where [B,T,C] is due
+        ops.conv1d(x.transpose(1, 2), w, *args, "none", None, "ieee")
     with pytest.raises(RuntimeError, match="weight dtype"):
         ops.conv1d(x.bfloat16(), w, *args, "none", None, "ieee")
     with pytest.raises(RuntimeError, match="act must be"):
@@ -159,12 +180,13 @@ def test_op_input_checks():
     with pytest.raises(RuntimeError, match="needs alpha and inv_beta"):
         ops.conv1d(x, w, *args, "snake", None, "ieee")
     with pytest.raises(RuntimeError, match="residual must have the output shape"):
-        ops.conv1d(x, w, None, torch.randn(1, 4, 19), None, None, None, None, 7, 1, 1, 6, True, "none", None,
-                   "ieee")
-    with pytest.raises(RuntimeError, match="kernel_size"):
-        ops.conv1d(x, w, *args[:6], 5, 1, 1, 6, True, "none", None, "ieee")
+        ops.conv1d(x, w, None, torch.randn(1, 4, 20), None, None, None, None, 1, 1, 6, "none", None, "ieee")
+    with pytest.raises(RuntimeError, match="stride, dilation"):
+        ops.conv1d(x, w, *args[:6], 0, 1, 6, "none", None, "ieee")
     with pytest.raises(RuntimeError, match="baked weight"):
         ops.conv_transpose1d(x, w, None, None, None, None, None, None, "none", None, "ieee")
+    with pytest.raises(RuntimeError, match="weight \\[K,C\\]"):
+        ops.dwconv1d(x, torch.randn(6, 7), None, None, None, None, None, None, 1, 6, "none", None)
 
 
 def test_bake_rejects_what_the_kernels_do_not_compute():
@@ -180,6 +202,46 @@ def test_bake_rejects_what_the_kernels_do_not_compute():
         bake_dwconv1d(CausalConv1d(4, 8, 3, groups=4))
 
 
+def test_round_to_tf32_is_round_to_nearest_even():
+    one_ulp = 2.0 ** -10
+    x = torch.tensor([1.0, 1.0 + one_ulp * 0.49, 1.0 + one_ulp * 0.51, 1.0 + one_ulp * 0.5, 1.0 + one_ulp * 1.5,
+                      -3.0 - 3 * one_ulp * 0.51, 0.0, float("inf")])
+    want = torch.tensor([1.0, 1.0, 1.0 + one_ulp, 1.0, 1.0 + 2 * one_ulp, -3.0 - 2 * one_ulp, 0.0, float("inf")])
+    assert torch.equal(round_to_tf32(x), want)
+    r = torch.randn(10000) * 100
+    t = round_to_tf32(r)
+    assert torch.equal(round_to_tf32(t), t)                           # TF32 values are fixed points
+    rel = ((t - r).abs() / r.abs()).max().item()
+    assert 2.0 ** -13 < rel <= 2.0 ** -11                             # half a TF32 ulp at most, and it rounds
+    assert abs(((t - r) / r).mean().item()) < 2e-5                    # unbiased (truncation: −2.4e-4)
+
+
+def test_tile_pruning_keeps_few_fitting_configs():
+    """The autotuning space per shape: ≤ MAX_TUNED_CONFIGS tiles, none much larger than the problem, narrow
+    tiles only for a narrow output, no fp32 tile beyond the register budget; wide tiles for the long layers."""
+    for dtype, elem in ((torch.bfloat16, 2), (torch.float32, 4)):
+        cfgs = gemm_kernel_configs(dtype)
+        assert {c.block_r * elem for c in cfgs} == {128}                  # 128-byte rows per reduction step
+        for B, tout, n, cin, k in [(1, 96000, 1, 96, 7), (1, 200, 1536, 1024, 7), (4, 32000, 192, 192, 7),
+                                   (1, 29, 1024, 8, 1), (1, 1600, 6144, 1536, 2), (1, 442368, 64, 1, 7)]:
+            for prec in (("ieee",) if elem == 2 else ("ieee", "tf32", "tf32x3")):
+                kept = prune_gemm_configs(cfgs, batch=B, tout=tout, n=n, cin=cin, ksize=k, elem=elem,
+                                          precision=prec)
+                assert 1 <= len(kept) <= MAX_TUNED_CONFIGS, (tout, n, kept)
+                for c in kept:
+                    assert c.block_n <= max(16, 1 << (n - 1).bit_length()) and c.block_t <= max(64, 2 * tout)
+                    assert (c.block_n == 16) == (n <= 16)
+                    if elem == 4:
+                        assert c.block_t * c.block_n <= 128 * 128
+                    if prec == "tf32x3":
+                        assert max(c.block_t, c.block_n) <= 128
+    long = prune_gemm_configs(gemm_kernel_configs(torch.bfloat16), batch=1, tout=32000, n=192, cin=192, ksize=7,
+                              elem=2)
+    assert max(c.block_t * c.block_n for c in long) >= 128 * 128
+    assert estimate_us(ConvKernelConfig(128, 128, 64), batch=1, tout=32000, n=192, cin=192, ksize=7, elem=2) < \
+        estimate_us(ConvKernelConfig(64, 64, 64), batch=1, tout=32000, n=192, cin=192, ksize=7, elem=2)
+
+
 class _AllOps(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -191,10 +253,9 @@ class _AllOps(nn.Module):
 
     def forward(self, x):
         ops = torch.ops.ttsaot
-        pre, h = ops.conv1d_dual(x, self.w1, self.b1, None, None, None, self.a, self.ib, 7, 1, 3, 18, True, "snake",
-                                 None, "ieee")
-        h = ops.conv1d(h, self.w2, None, pre, None, None, None, None, 1, 1, 1, 0, True, "none",
-                       None, "ieee")
+        pre, h = ops.conv1d_dual(x, self.w1, self.b1, None, None, None, self.a, self.ib, 1, 3, 18, "snake", None,
+                                 "ieee")
+        h = ops.conv1d(h, self.w2, None, pre, None, None, None, None, 1, 1, 0, "none", None, "ieee")
         u = ops.conv_transpose1d(h, self.wt, self.bt, None, None, None, None, None, "none", None, "ieee")
         pre_t, u2 = ops.conv_transpose1d_dual(h, self.wt, self.bt, None, None, None, None, None, "tanh", None,
                                               "ieee")
@@ -205,9 +266,9 @@ class _AllOps(nn.Module):
 
 def test_export_keeps_one_node_per_op_and_cpu_decomposes_to_aten():
     m = _AllOps()
-    x = torch.randn(2, 6, 24)
+    x = torch.randn(2, 24, 6)
     eager = m(x)
-    assert eager.shape == (2, 4, 48) and eager.dtype == torch.float32
+    assert eager.shape == (2, 48, 4) and eager.dtype == torch.float32
     ep = torch.export.export(m, (x,), strict=False)
     targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
     for name in ("conv1d", "conv1d_dual", "conv_transpose1d", "conv_transpose1d_dual", "dwconv1d"):
@@ -229,7 +290,10 @@ _HARNESS = textwrap.dedent("""
     from ttsaot.builder.layers.conv import CausalConv1d, CausalConvTranspose1d
 
     torch.manual_seed(0)
-    CFGS = [K.ConvKernelConfig(32, 32, 16, 4, 2), K.ConvKernelConfig(16, 64, 32, 4, 1)]
+    # small tiles (several time and channel tiles, partial program groups), wider ones (masked channel tails), and
+    # split-K over 3 programs per tile (uneven ranges, some empty for short reductions)
+    CFGS = [K.ConvKernelConfig(16, 16, 16, 4, 2, group_t=2), K.ConvKernelConfig(32, 64, 32, 4, 1, group_t=3),
+            K.ConvKernelConfig(16, 32, 16, 4, 2, group_t=2, split_k=3)]
 
     def rel(a, b):
         a, b = a.double(), b.double()
@@ -256,6 +320,14 @@ _HARNESS = textwrap.dedent("""
             same = (got == ref).float().mean().item()
             assert same > 0.97 and e < 4e-3, (what, e, same)
 
+    def tf32_operands(args, prec):
+        # The reference's inputs for the kernel's "tf32": both GEMM operands rounded to the nearest TF32 value
+        # (the interpreter multiplies them exactly, as the tensor cores multiply TF32 values); the other
+        # precisions see exact fp32 here (the interpreter ignores input_precision: tf32x3 is measured on the GPU).
+        if prec != "tf32" or args[0].dtype != torch.float32:
+            return args
+        return (K.round_to_tf32(args[0]), K.round_to_tf32(args[1]), *args[2:])
+
     EPILOGUES = [  # (use bias, residual, affine, act, dual, out_dtype)
         (True, False, False, "none", False, None), (True, True, False, "snake", True, None),
         (False, False, True, "tanh", False, None), (True, True, False, "clamp", False, torch.float32),
@@ -263,8 +335,8 @@ _HARNESS = textwrap.dedent("""
 
     def epilogue(i, cout, T_out, B, dtype):
         use_b, use_r, use_aff, act, dual, odt = EPILOGUES[i % len(EPILOGUES)]
-        # a non-contiguous residual (the launch makes every operand contiguous)
-        res = torch.randn(B, T_out, cout).to(dtype).transpose(1, 2) if use_r else None
+        # a non-contiguous [B, T, C] residual (the launch makes every operand contiguous)
+        res = torch.randn(B, cout, T_out).to(dtype).transpose(1, 2) if use_r else None
         sc, sh = (torch.rand(cout) + 0.5, torch.randn(cout)) if use_aff else (None, None)
         a, ib = (torch.rand(cout) + 0.5, torch.rand(cout)) if act == "snake" else (None, None)
         return use_b, res, sc, sh, a, ib, act, dual, odt
@@ -273,53 +345,35 @@ _HARNESS = textwrap.dedent("""
 
 GROUPS = {
     "conv1d[float32]": ("conv1d", "float32"), "conv1d[bfloat16]": ("conv1d", "bfloat16"),
-    "conv1d[float16]": ("conv1d", "float16"), "conv1d_nlc[bfloat16]": ("conv1d_nlc", "bfloat16"),
+    "conv1d[float16]": ("conv1d", "float16"),
     "conv_transpose1d[float32]": ("conv_transpose1d", "float32"),
-    "conv_transpose1d[bfloat16]": ("conv_transpose1d", "bfloat16"), "dwconv1d": ("dwconv1d", None),
+    "conv_transpose1d[bfloat16]": ("conv_transpose1d", "bfloat16"), "split_scratch": ("split_scratch", None),
+    "dwconv1d": ("dwconv1d", None),
 }
 
 _CASES = {
-    # The interpreter multiplies fp32 dot operands exactly whatever input_precision says: tf32/tf32x3 run here
-    # with ieee numerics (their rounding is measured on the GPU); the flags still have to compile and dispatch.
+    # The interpreter multiplies fp32 dot operands exactly whatever input_precision says: "tf32" is checked here
+    # for its in-kernel operand rounding, tf32x3 for compiling and dispatching (its error is measured on the GPU).
     "conv1d": f"""
     geoms = {GEOMETRIES!r}
     i = 0
     for gi, (cin, cout, k, s, d, T) in enumerate(geoms if dtype != torch.float16 else geoms[:4]):
         for B in ((1, 3)[gi % 2],):
-            conv = CausalConv1d(cin, cout, k, stride=s, dilation=d)
-            for tap_major in ((True, False) if s == 1 and k > 1 and B == 1 else (None,)):
-                w, b, m = K.bake_conv1d(conv, tap_major=tap_major)
-                x, w, b = torch.randn(B, cin, T).to(dtype), w.to(dtype), b.to(dtype)
-                Tout = m.out_len(T)
-                use_b, res, sc, sh, a, ib, act, dual, odt = epilogue(i, cout, Tout, B, dtype)
-                prec = ("ieee", "tf32", "tf32x3")[i % 3]
-                args = (x, w, b if use_b else None, res, sc, sh, a, ib, k, s, d, m.left_pad, m.tap_major, act,
-                        odt, prec)
-                ref_pre, ref = K.conv1d_dual_reference(*args)
-                out = poisoned(ref.shape, ref.dtype)
-                pre = poisoned(ref_pre.shape, dtype) if dual else None
-                got_pre, got = K.conv1d_forward(*args, dual, config=CFGS[i % 2], out=out, pre=pre)
-                what = (cin, cout, k, s, d, T, B, m.tap_major, act, prec)
-                check(got, ref, dtype, what)
-                if dual:
-                    check(got_pre, ref_pre, dtype, what)
-                i += 1
-    """,
-    "conv1d_nlc": """
-    i = 0
-    for cin, cout, k, s, d, T in [(5, 7, 7, 1, 3, 40), (32, 24, 7, 1, 9, 45), (20, 40, 1, 1, 1, 50),
-                                  (8, 12, 4, 2, 1, 31)]:
-        w, b, m = K.bake_conv1d(CausalConv1d(cin, cout, k, stride=s, dilation=d))
-        x, w, b = torch.randn(2, cin, T).to(dtype), w.to(dtype), b.to(dtype)
-        ref = K.conv1d_reference(x, w, b, None, None, None, None, None, k, s, d, m.left_pad, m.tap_major, "none",
-                                 None, "ieee")
-        got, _ = K.launch_conv_gemm(x.transpose(1, 2).contiguous(), w, b, None, None, None, None, None, rows=cout,
-                                    tout=m.out_len(T), ksize=k, dilation=d, stride=s, pad=m.left_pad, phases=1,
-                                    tap_major=m.tap_major, act="none", write_pre=False, out_dtype=None,
-                                    precision="ieee", config=CFGS[i % 2], out=poisoned(ref.shape, dtype),
-                                    x_nlc=True)
-        check(got, ref, dtype, ("nlc", cin, cout, k, s, d, T))
-        i += 1
+            w, b, m = K.bake_conv1d(CausalConv1d(cin, cout, k, stride=s, dilation=d))
+            x, w, b = torch.randn(B, T, cin).to(dtype), w.to(dtype), b.to(dtype)
+            Tout = m.out_len(T)
+            use_b, res, sc, sh, a, ib, act, dual, odt = epilogue(i, cout, Tout, B, dtype)
+            prec = ("ieee", "tf32", "tf32x3")[i % 3]
+            args = (x, w, b if use_b else None, res, sc, sh, a, ib, s, d, m.left_pad, act, odt, prec)
+            ref_pre, ref = K.conv1d_dual_reference(*tf32_operands(args, prec))
+            out = poisoned(ref.shape, ref.dtype)
+            pre = poisoned(ref_pre.shape, dtype) if dual else None
+            got_pre, got = K.conv1d_forward(*args, dual, config=CFGS[i % 3], out=out, pre=pre)
+            what = (cin, cout, k, s, d, T, B, act, prec)
+            check(got, ref, dtype, what)
+            if dual:
+                check(got_pre, ref_pre, dtype, what)
+            i += 1
     """,
     "conv_transpose1d": """
     i = 0
@@ -328,28 +382,46 @@ _CASES = {
                                                (32, 16, 4, 2, 9), (64, 20, 10, 5, 6)]):
         for B in ((1, 3)[gi % 2],):
             w, b, _ = K.bake_conv_transpose1d(CausalConvTranspose1d(cin, cout, k, s))
-            x, w, b = torch.randn(B, cin, T).to(dtype), w.to(dtype), b.to(dtype)
+            x, w, b = torch.randn(B, T, cin).to(dtype), w.to(dtype), b.to(dtype)
             use_b, res, sc, sh, a, ib, act, dual, odt = epilogue(i, cout, T * s, B, dtype)
-            args = (x, w, b if use_b else None, res, sc, sh, a, ib, act, odt, "tf32x3")
-            ref_pre, ref = K.conv_transpose1d_dual_reference(*args)
+            prec = ("tf32x3", "tf32", "ieee")[i % 3]
+            args = (x, w, b if use_b else None, res, sc, sh, a, ib, act, odt, prec)
+            ref_pre, ref = K.conv_transpose1d_dual_reference(*tf32_operands(args, prec))
             out = poisoned(ref.shape, ref.dtype)
             pre = poisoned(ref_pre.shape, dtype) if dual else None
-            got_pre, got = K.conv_transpose1d_forward(*args, dual, config=CFGS[i % 2], out=out, pre=pre)
+            got_pre, got = K.conv_transpose1d_forward(*args, dual, config=CFGS[i % 3], out=out, pre=pre)
             check(got, ref, dtype, (cin, cout, k, s, T, B, act))
             if dual:
                 check(got_pre, ref_pre, dtype, (cin, cout, k, s, T, B, act))
             i += 1
+    """,
+    "split_scratch": """
+    # split-K launches reusing one workspace and counter buffer (the autotuner's repeated launches, graph
+    # replays): the last program of each tile resets its counter, so every launch reduces all its partials
+    cfg = K.ConvKernelConfig(16, 16, 16, 4, 2, group_t=2, split_k=4)
+    w, b, m = K.bake_conv1d(CausalConv1d(40, 24, 7, dilation=3))
+    ws = torch.full((4 * 2 * 50 * 24,), float("nan"))
+    cnt = torch.zeros(2 * 4 * 2, dtype=torch.int32)
+    for rep in range(3):
+        x = torch.randn(2, 50, 40)
+        args = (x, w, b, None, None, None, None, None, 1, 3, 18, "none", None, "ieee")
+        ref = K.conv1d_reference(*args)
+        got, _ = K.launch_conv_gemm(x, w, b, None, None, None, None, None, cout=24, tout=50, stride=1, dilation=3,
+                                    pad=18, act="none", write_pre=False, out_dtype=None, precision="ieee",
+                                    config=cfg, out=poisoned(ref.shape, ref.dtype), scratch=(ws, cnt))
+        check(got, ref, torch.float32, ("split scratch", rep))
+        check(cnt.float(), torch.zeros(cnt.shape), torch.float32, ("counters reset", rep))
     """,
     "dwconv1d": """
     i = 0
     for dtype in (torch.float32, torch.bfloat16):
         for C, d, T, B in [(5, 1, 20, 1), (3, 9, 30, 2), (17, 3, 300, 1), (4, 9, 3, 3)]:
             w, b, dil, left = K.bake_dwconv1d(CausalConv1d(C, C, 7, dilation=d, groups=C))
-            x, w, b = torch.randn(B, C, T).to(dtype), w.to(dtype), b.to(dtype)
+            x, w, b = torch.randn(B, T, C).to(dtype), w.to(dtype), b.to(dtype)
             use_b, res, sc, sh, a, ib, act, _, odt = epilogue(i, C, T, B, dtype)
             args = (x, w, b if use_b else None, res, sc, sh, a, ib, dil, left, act, odt)
             ref = K.dwconv1d_reference(*args)
-            got = K.dwconv1d_forward(*args, config=K.DwKernelConfig(8, 64, 4), out=poisoned(ref.shape, ref.dtype))
+            got = K.dwconv1d_forward(*args, config=K.DwKernelConfig(64, 8, 4), out=poisoned(ref.shape, ref.dtype))
             check(got, ref, dtype, (C, d, T, B, act))
             i += 1
     """,
@@ -384,3 +456,50 @@ def interpreted() -> dict:
 def test_kernel_under_interpreter(interpreted, group):
     assert group in interpreted, f"the interpreter run stopped before {group}: {interpreted['_stderr']}"
     assert interpreted[group] == [], interpreted[group]
+
+
+def _sm90_ptx(dtype: str, precision: str, tile: tuple[int, int, int, int, int]) -> str:
+    """The GEMM kernel compiled for sm_90 without a GPU (Triton's own ptxas), with a fused snake + residual +
+    `pre` epilogue and 16-divisible channel counts, as the codec layers are specialised."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ttsaot.builder.kernels import conv1d as K
+
+    bt, bn, br, warps, stages = tile
+    names = ["x_ptr", "w_ptr", "bias_ptr", "res_ptr", "scale_ptr", "shift_ptr", "alpha_ptr", "ib_ptr", "out_ptr",
+             "pre_ptr", "ws_ptr", "cnt_ptr", "B", "T", "CIN", "TOUT", "N", "COUT", "KSIZE", "DIL", "STRIDE", "PAD"]
+    sig = {n: ("i32" if n.isupper() else f"*{dtype}") for n in names}
+    sig.update(alpha_ptr="*fp32", ib_ptr="*fp32", ws_ptr="*fp32", cnt_ptr="*i32")
+    cons = dict(HAS_PHASES=False, HAS_BIAS=True, HAS_RES=True, HAS_AFFINE=False, ACT=1, WRITE_PRE=True,
+                PRECISION=precision, UPCAST_DOT=False, FAST_SIN=dtype != "fp32", GPU_MATH=True, EMULATE_RNE=False,
+                BLOCK_T=bt, BLOCK_N=bn, BLOCK_R=br, GROUP_T=8, SPLIT_K=1)
+    sig.update({k: "constexpr" for k in cons})
+    div16 = [names.index(n) for n in names if n.endswith("_ptr") or n in ("CIN", "N", "COUT")]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in div16}
+    src = ASTSource(fn=K._conv_gemm_jit, signature=sig, constexprs=cons, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "num_stages": stages}).asm["ptx"]
+
+
+def _nvidia_backend() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return HAVE_TRITON and not os.environ.get("TRITON_INTERPRET")
+
+
+@pytest.mark.skipif(not _nvidia_backend(), reason="needs Triton's NVIDIA backend (no GPU needed)")
+@pytest.mark.parametrize("dtype,precision,tile,mma", [
+    ("bf16", "ieee", (128, 128, 64, 8, 4), "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"),
+    ("fp32", "tf32", (128, 128, 32, 8, 3), "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
+    ("fp32", "tf32x3", (64, 64, 32, 4, 4), "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32")])
+def test_channels_last_gemm_gets_hopper_tensor_cores(dtype, precision, tile, mma):
+    """On sm_90 the NLC kernel's dot is a wgmma (TF32 for fp32's "tf32"/"tf32x3") fed by 16-byte cp.async loads
+    of the time-shifted input rows, and its output tile leaves in 16-byte stores."""
+    ptx = _sm90_ptx(dtype, precision, tile)
+    assert mma in ptx
+    assert "cp.async.cg.shared.global" in ptx and ", 0x10," in ptx
+    assert "st.global.v4.b32" in ptx

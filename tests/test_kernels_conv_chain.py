@@ -1,6 +1,7 @@
-"""Kernel conv modules and `fuse_conv_chain`: the fused chains of the three codec layouts (Qwen/Fish residual units,
-VoxCPM2's depthwise units with the sample-rate affine, an encoder with strided convs and an opaque module) against
-the eager module sequences, their launch plans, casting, export (one node per fused conv) and an AOTI CPU build."""
+"""Kernel conv modules and `fuse_conv_chain`: the fused channels-last chains of the three codec layouts (Qwen/Fish
+residual units, VoxCPM2's depthwise units with the sample-rate affine, an encoder with strided convs and opaque
+modules in either layout) against the eager (NCL) module sequences, their launch plans and declared layouts,
+casting, export (one node per fused conv, no layout conversion between conv layers) and an AOTI CPU build."""
 
 import pytest
 import torch
@@ -11,7 +12,9 @@ from ttsaot.builder.kernels.conv_modules import (
     Affine,
     KernelConv1d,
     KernelConvTranspose1d,
+    Opaque,
     Residual,
+    SnakeNLC,
     fuse_conv_chain,
 )
 from ttsaot.builder.kernels.snake_beta import CPU_DECOMPOSITIONS as SNAKE_DECOMPOSITIONS
@@ -65,7 +68,7 @@ class ChannelAffine(nn.Module):
 
 
 class Mixer(nn.Module):
-    """An opaque non-conv module (stands for the encoder transformer)."""
+    """An opaque non-conv module on [B, C, T] (stands for a channels-first encoder transformer)."""
 
     def __init__(self, c: int) -> None:
         super().__init__()
@@ -73,6 +76,17 @@ class Mixer(nn.Module):
 
     def forward(self, x):
         return x + self.lin(x.transpose(1, 2)).transpose(1, 2)
+
+
+class MixerNLC(nn.Module):
+    """The same on [B, T, C] (a transformer as it is written: no transposes)."""
+
+    def __init__(self, mixer: Mixer) -> None:
+        super().__init__()
+        self.lin = mixer.lin
+
+    def forward(self, x):
+        return x + self.lin(x)
 
 
 def _randomize(m: nn.Module, seed: int = 0) -> nn.Module:
@@ -122,30 +136,42 @@ def vox_like():
     return items, _randomize(nn.Sequential(*mods))
 
 
-def encoder_like():
+def encoder_like(mixer_layout: str = "NCL"):
     """conv(1→4) → unit × 3 → snake → strided conv(k=2s) → mixer → snake → conv(k3)."""
     mods: list[nn.Module] = [CausalConv1d(1, 4, 7)]
     units = [Unit([Snake1d(4), CausalConv1d(4, 4, 7, dilation=d), Snake1d(4), CausalConv1d(4, 4, 1)])
              for d in (1, 3, 9)]
-    mods += [*units, Snake1d(4), CausalConv1d(4, 8, 8, stride=4), Mixer(8), Snake1d(8), CausalConv1d(8, 6, 3)]
-    items = [mods[0], *[u.item() for u in units], *mods[4:]]
-    return items, _randomize(nn.Sequential(*mods))
+    mixer = Mixer(8)
+    mods += [*units, Snake1d(4), CausalConv1d(4, 8, 8, stride=4), mixer, Snake1d(8), CausalConv1d(8, 6, 3)]
+    eager = _randomize(nn.Sequential(*mods))
+    opaque = Opaque(mixer, "NCL") if mixer_layout == "NCL" else Opaque(MixerNLC(mixer), "NLC")
+    items = [mods[0], *[u.item() for u in units], mods[4], mods[5], opaque, *mods[7:]]
+    return items, eager
 
 
 def test_qwen_like_chain_plan_and_fp32_numerics():
     items, eager = qwen_like()
-    chain = fuse_conv_chain(items, out_dtype=torch.float32)
+    chain = fuse_conv_chain(items, out_dtype=torch.float32)          # NCL in and out, like the eager modules
     unit = ["conv(+snake)", "conv(+skip+snake, pre→skip)"] * 2 + ["conv(+snake)", "conv(+skip+snake)"]
-    assert chain.plan.steps == ["conv(+snake)", "convT(+snake, pre→skip)", *unit,
-                                "convT(+snake, pre→skip)", *unit, "conv(+clamp)"]
-    assert chain.plan.launches == 16            # eager: 31 convs + pads, 15 snakes, 6 adds, clamp, cast
+    assert chain.plan.steps == ["to_nlc", "conv(+snake)", "convT(+snake, pre→skip)", *unit,
+                                "convT(+snake, pre→skip)", *unit, "conv(+clamp)", "to_ncl"]
+    assert chain.plan.launches == 17            # eager: 31 convs + pads, 15 snakes, 6 adds, clamp, cast
+    assert chain.plan.layout_changes == [0, 17]
     x = torch.randn(2, 8, 10)
     with torch.no_grad():
         ref = eager(x).clamp(-1, 1)
         y = chain(x)
     assert y.shape == (2, 1, 60) and y.dtype == torch.float32
+    assert y.is_contiguous()                    # the 1-channel [B, T, 1] result is the [B, 1, T] wave as it is
     assert (ref.abs() < 1).float().mean() > 0.8 and ref.std() > 0.05   # the clamp must not hide the comparison
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5)
+    # the same chain between channels-last neighbours (a transformer before it): no layout change at all
+    nlc = fuse_conv_chain(items, input_layout="NLC", output_layout="NLC", out_dtype=torch.float32)
+    assert nlc.plan.launches == 16 and nlc.plan.layout_changes == []
+    with torch.no_grad():
+        y2 = nlc(x.transpose(1, 2).contiguous())
+    assert y2.shape == (2, 60, 1)
+    torch.testing.assert_close(y2, ref.transpose(1, 2), rtol=1e-4, atol=1e-5)
 
 
 def test_residual_chain_bf16_follows_the_eager_bf16_modules():
@@ -163,7 +189,7 @@ def test_residual_chain_bf16_follows_the_eager_bf16_modules():
         bake_snake(eager)
         e16 = cast_to_compute_dtype(eager, torch.bfloat16)(x.bfloat16()).clamp(-1, 1).float()
         y = chain(x.bfloat16())
-    assert chain.plan.launches == 8 and y.dtype == torch.float32
+    assert chain.plan.launches == 9 and y.dtype == torch.float32          # 8 + the copy to channels-last
     snakes = [m for m in chain.modules() if hasattr(m, "alpha") and m.alpha is not None]
     assert snakes and all(m.alpha.dtype == torch.float32 and m.inv_beta.dtype == torch.float32 for m in snakes)
     convs = [m for m in chain.modules() if isinstance(m, (KernelConv1d, KernelConvTranspose1d))]
@@ -177,20 +203,23 @@ def test_residual_chain_bf16_follows_the_eager_bf16_modules():
 def test_vox_like_chain_depthwise_affine_tanh():
     items, eager = vox_like()
     chain = fuse_conv_chain(items)
-    assert chain.plan.steps[:4] == ["dw", "conv(+affine+snake)", "convT(+snake, pre→skip)", "dw(+snake)"]
-    assert chain.plan.steps[-2:] == ["conv(+skip+snake)", "conv(+tanh)"]
+    assert chain.plan.steps[:5] == ["to_nlc", "dw", "conv(+affine+snake)", "convT(+snake, pre→skip)", "dw(+snake)"]
+    assert chain.plan.steps[-3:] == ["conv(+skip+snake)", "conv(+tanh)", "to_ncl"]
     x = torch.randn(3, 4, 7)
     with torch.no_grad():
         torch.testing.assert_close(chain(x), eager(x), rtol=1e-4, atol=1e-5)
 
 
-def test_encoder_like_chain_strided_and_opaque():
-    items, eager = encoder_like()
+@pytest.mark.parametrize("mixer_layout", ["NCL", "NLC"])
+def test_encoder_like_chain_strided_and_opaque(mixer_layout):
+    items, eager = encoder_like(mixer_layout)
     chain = fuse_conv_chain(items, precision="tf32x3")
-    assert chain.plan.steps[0] == "conv(+snake, pre→skip)"
-    assert "conv(+skip+snake)" in chain.plan.steps and "opaque" in chain.plan.steps
+    assert chain.plan.steps[:2] == ["to_nlc", "conv(+snake, pre→skip)"]
+    assert "conv(+skip+snake)" in chain.plan.steps and f"opaque({mixer_layout})" in chain.plan.steps
+    # the 1-channel input and output ends are free; only an NCL opaque module converts, around itself
+    assert len(chain.plan.layout_changes) == (3 if mixer_layout == "NCL" else 2)
     strided = [m for m in chain.modules() if isinstance(m, KernelConv1d) and m.meta.stride == 4]
-    assert len(strided) == 1 and not strided[0].meta.tap_major and strided[0].precision == "tf32x3"
+    assert len(strided) == 1 and strided[0].weight.shape == (8, 8, 4) and strided[0].precision == "tf32x3"
     for T in (64, 61, 3):                                   # whole strides, a ragged tail, shorter than one window
         x = torch.randn(1, 1, T)
         with torch.no_grad():
@@ -202,12 +231,19 @@ def test_chain_edges_unabsorbed_steps():
     s1, c1, s2 = SnakeBeta(4), CausalConv1d(4, 4, 3), SnakeBeta(4)
     ends_in_snake = Residual([s1, c1, s2])             # branch ends in a snake: the add cannot be fused
     chain = fuse_conv_chain([ends_in_snake, nn.Tanh()])
-    assert chain.plan.steps == ["set_skip", "snake", "conv(+snake)", "add_skip", "act(tanh)"]
+    assert chain.plan.steps == ["to_nlc", "set_skip", "snake", "conv(+snake)", "add_skip", "act(tanh)", "to_ncl"]
     eager = _randomize(nn.Sequential(s1, c1, s2))
     chain = fuse_conv_chain([ends_in_snake, nn.Tanh()])
+    assert isinstance(chain.steps[2].mod, SnakeNLC)                 # the standalone snake is channels-last
     x = torch.randn(2, 4, 9)
     with torch.no_grad():
         torch.testing.assert_close(chain(x), torch.tanh(x + eager(x)), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ConvBakeError, match="Opaque"):
+        fuse_conv_chain([c1, Mixer(4)])                              # a bare module: which layout does it take?
+    with pytest.raises(ConvBakeError, match="layout"):
+        fuse_conv_chain([c1], input_layout="NTC")
+    with pytest.raises(ConvBakeError, match="layout"):
+        Opaque(Mixer(4), "CL")
     with pytest.raises(ConvBakeError, match="nested"):
         fuse_conv_chain([Residual([Residual([c1])])])
     with pytest.raises(ConvBakeError, match="unknown chain item"):
@@ -234,6 +270,45 @@ def test_chain_exports_one_node_per_launch():
     ep = torch.export.export(chain, (torch.randn(1, 8, 10),), strict=False)
     assert _ops_in(ep) == {"ttsaot.conv1d.default": 10, "ttsaot.conv1d_dual.default": 4,
                            "ttsaot.conv_transpose1d_dual.default": 2}
+
+
+# aten ops that change or copy a layout (views included: a strided view handed to a kernel becomes a copy)
+_LAYOUT_OPS = ("permute", "transpose", "clone", "contiguous", "copy", "view", "reshape", "_to_copy", "as_strided",
+               "expand", "t.default", "unsqueeze", "squeeze")
+
+
+def _layout_ops_between_convs(ep) -> tuple[list[str], list[str], list[str]]:
+    """(before the first conv, between the first and the last conv, after the last conv): the layout ops."""
+    nodes = [n for n in ep.graph.nodes if n.op == "call_function"]
+    conv_at = [i for i, n in enumerate(nodes) if "ttsaot" in str(n.target) and "conv" in str(n.target)]
+    names = [str(n.target) for n in nodes]
+
+    def layout(sl):
+        return [t for t in sl if t.startswith("aten.") and any(k in t for k in _LAYOUT_OPS)]
+    return (layout(names[: conv_at[0]]), layout(names[conv_at[0]: conv_at[-1] + 1]),
+            layout(names[conv_at[-1] + 1:]))
+
+
+@pytest.mark.parametrize("family", ["qwen", "vox", "encoder"])
+def test_exported_chain_has_no_layout_conversion_between_conv_layers(family):
+    """Issue 15: the chosen layout leaves no layout-conversion ops between conv layers in the exported graph; the
+    declared NCL ends cost one transpose in (none for a 1-channel input) and a view out."""
+    items, _ = {"qwen": qwen_like, "vox": vox_like, "encoder": lambda: encoder_like("NLC")}[family]()
+    cin = {"qwen": 8, "vox": 4, "encoder": 1}[family]
+    chain = fuse_conv_chain(items, out_dtype=torch.float32 if family == "qwen" else None)
+    x = torch.randn(2, cin, 12)
+    ep = torch.export.export(chain, (x,), strict=False)
+    before, between, after = _layout_ops_between_convs(ep)
+    assert between == [], between
+    assert len(before) <= 2 and all("transpose" in t or "clone" in t or "contiguous" in t for t in before), before
+    assert len(after) <= 1 and all("transpose" in t for t in after), after
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(x), chain(x))
+    # channels-last neighbours on both sides: no layout op anywhere
+    nlc = fuse_conv_chain(items, input_layout="NLC", output_layout="NLC",
+                          out_dtype=torch.float32 if family == "qwen" else None)
+    ep = torch.export.export(nlc, (x.transpose(1, 2).contiguous(),), strict=False)
+    assert _layout_ops_between_convs(ep) == ([], [], [])
 
 
 @pytest.mark.slow

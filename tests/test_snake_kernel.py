@@ -1,4 +1,5 @@
-"""`ttsaot::snake_beta`: numerics, one node under torch.export, CPU decomposition, Triton kernel (interpreter)."""
+"""`ttsaot::snake_beta` and its channels-last form `ttsaot::snake_beta_nlc`: numerics, one node under torch.export,
+CPU decomposition, Triton kernels (interpreter)."""
 
 import os
 import subprocess
@@ -8,7 +9,12 @@ import textwrap
 import pytest
 import torch
 
-from ttsaot.builder.kernels.snake_beta import CPU_DECOMPOSITIONS, HAVE_TRITON, snake_beta_reference
+from ttsaot.builder.kernels.snake_beta import (
+    CPU_DECOMPOSITIONS,
+    HAVE_TRITON,
+    snake_beta_nlc_reference,
+    snake_beta_reference,
+)
 from ttsaot.builder.layers import BakedSnakeBeta, SnakeBeta
 
 
@@ -51,6 +57,32 @@ def test_export_keeps_one_node_and_cpu_decomposes_to_aten():
     torch.testing.assert_close(dec.module()(x), baked(x))
 
 
+def test_nlc_op_is_the_transposed_snake_and_exports_as_one_node():
+    _, baked = _module_pair()
+    x = torch.randn(2, 6, 40) * 3
+    xn = x.transpose(1, 2).contiguous()
+    y = torch.ops.ttsaot.snake_beta_nlc(xn, baked.alpha, baked.inv_beta)
+    assert y.shape == (2, 40, 6) and torch.equal(y, snake_beta_nlc_reference(xn, baked.alpha, baked.inv_beta))
+    torch.testing.assert_close(y, baked(x).transpose(1, 2), rtol=0, atol=0)
+    yb = torch.ops.ttsaot.snake_beta_nlc(xn.bfloat16(), baked.alpha, baked.inv_beta)
+    assert yb.dtype == torch.bfloat16 and torch.equal(yb, baked(x.bfloat16()).transpose(1, 2))
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.ttsaot.snake_beta_nlc(x, baked.alpha, baked.inv_beta)
+
+    ep = torch.export.export(M(), (xn,), strict=False)
+    ops = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    assert ops.count(torch.ops.ttsaot.snake_beta_nlc.default) == 1
+    table = torch.export.default_decompositions()
+    table.update(CPU_DECOMPOSITIONS)
+    dec = ep.run_decompositions(table)
+    assert not any("ttsaot" in str(n.target) for n in dec.graph.nodes if n.op == "call_function")
+    torch.testing.assert_close(dec.module()(xn), y)
+    with pytest.raises(RuntimeError, match="alpha must be"):
+        torch.ops.ttsaot.snake_beta_nlc(x, baked.alpha, baked.inv_beta)      # NCL given: C is the last dim
+
+
 def test_shape_errors():
     _, baked = _module_pair()
     with pytest.raises(RuntimeError, match="x \\[B,C,T\\]"):
@@ -64,7 +96,8 @@ def test_triton_kernel_under_interpreter():
     # TRITON_INTERPRET must be set before triton is imported: run in a child process.
     code = textwrap.dedent("""
         import torch
-        from ttsaot.builder.kernels.snake_beta import launch_snake_beta_kernel, snake_beta_reference
+        from ttsaot.builder.kernels.snake_beta import (launch_snake_beta_kernel, launch_snake_beta_nlc_kernel,
+                                                       snake_beta_nlc_reference, snake_beta_reference)
         torch.manual_seed(0)
         for dtype, tol in ((torch.float32, 2e-6), (torch.bfloat16, 1e-2)):
             for T in (1, 1000, 2500):          # tails shorter than, equal-ish to, and beyond one block
@@ -75,6 +108,14 @@ def test_triton_kernel_under_interpreter():
                 assert y.dtype == dtype and y.shape == x.shape
                 err = ((y.double() - r.double()).norm() / r.double().norm()).item()
                 assert err < tol, (dtype, T, err)
+                # channels-last: row and channel tails (C = 19 over 8-channel tiles)
+                xn = (torch.randn(2, T, 19) * 3).to(dtype)
+                a, ib = torch.rand(19) + 0.5, torch.rand(19)
+                y = launch_snake_beta_nlc_kernel(xn, a, ib, block=(64, 8))
+                r = snake_beta_nlc_reference(xn, a, ib)
+                assert y.dtype == dtype and y.shape == xn.shape
+                err = ((y.double() - r.double()).norm() / r.double().norm()).item()
+                assert err < tol, ("nlc", dtype, T, err)
         print("ok")
     """)
     env = {**os.environ, "TRITON_INTERPRET": "1"}

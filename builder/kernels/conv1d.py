@@ -1,51 +1,74 @@
-"""Codec convolutions as Triton implicit GEMMs in NCL layout, with the bias/residual/affine/activation epilogue
-fused into the single pass over each output tile.
+"""Codec convolutions as Triton implicit GEMMs on channels-last activations, with the bias/residual/affine/activation
+epilogue fused into the single pass over each output tile.
 
 Ops (each one node under torch.export, embedded in the AOTI package on CUDA, an exact aten reference on CPU):
 
 - `ttsaot::conv1d`            causal (or any left-padded) Conv1d, groups = 1, any kernel/stride/dilation;
 - `ttsaot::conv1d_dual`       the same, returning (pre, act): the residual stream and the next conv's input;
-- `ttsaot::conv_transpose1d`  CausalConvTranspose1d (K a multiple of the stride after zero-padding, tail trimmed:
+- `ttsaot::conv_transpose1d`  CausalConvTranspose1d (K zero-padded to a multiple of the stride, tail trimmed:
                               exactly T·stride outputs) as a polyphase GEMM;
 - `ttsaot::conv_transpose1d_dual`;
 - `ttsaot::dwconv1d`          depthwise causal conv (stride 1) with the same epilogue (VoxCPM2's residual units).
 
-Layouts. Activations are [B, C, T] contiguous everywhere (no layout conversion). Weights are baked once at build
-time into the GEMM's A operand [rows, R] (`bake_*`):
-- conv1d, tap-major:     [Cout, K, Cin]  (reduction index r = j·Cin + ci; chosen for stride 1: a block of rows is
-                          one tap over consecutive channels, so each row of the X tile is one contiguous run of x);
-- conv1d, channel-major: [Cout, Cin, K]  (PyTorch's own layout, r = ci·K + j; chosen for stride > 1: the rows of a
-                          block tile x densely, where tap-major rows would each read every stride-th sample);
-- conv_transpose1d:      [Cout, s, M, Cin] with M = ceil(K/s): out[b, co, t·s + p] = Σ_j Σ_ci Wb[co, p, j, ci] ·
-                          x[b, ci, t + j − (M − 1)], i.e. the transposed conv is a causal stride-1 conv with M taps and
-                          Cout·s output rows whose row (co, p) is written at time t·s + p;
-- dwconv1d:              [C, K].
+Layout. Every activation is channels-last, [B, T, C] contiguous ("NLC"): the input, the residual, both outputs.
+A tap's time shift then moves whole rows, so each row of an input tile is one aligned run of channels whatever the
+shift (the NCL form read time-shifted, unaligned runs: 35-45 % slower on an H100), the output tile [t, c] is stored
+along channels, and a codec's conv stack needs no layout change between layers; its transformers and ConvNeXt
+blocks are [B, T, C] already, and a 1-channel output [B, T, 1] is the [B, 1, T] wave as it is.
+
+GEMM. out[b, t, n] = Σ_j Σ_ci x[b, t·stride + j·dilation − left_pad, ci] · W[n, j, ci] (zero outside [0, T)):
+rows are output times, columns output channels, the reduction runs tap by tap over blocks of input channels.
+Weights are baked once at build time (`bake_*`):
+- conv1d:            [Cout, K, Cin]    (reduction-contiguous: the K-major B operand tensor-core MMA wants for fp32);
+- conv_transpose1d:  [s, Cout, M, Cin] with M = ceil(K/s): out[b, t·s + p, co] = Σ_j Σ_ci W[p, co, j, ci] ·
+                     x[b, t + j − (M − 1), ci], i.e. a causal stride-1 conv with M taps and s·Cout output channels
+                     n = p·Cout + co whose row t is exactly the s output rows t·s .. t·s + s − 1 of [B, T·s, Cout];
+- dwconv1d:          [K, C].
 
 Epilogue, in this order, everything in fp32 registers, rounded to the compute dtype c (= x.dtype) exactly where
 the eager module chain rounds, so a bf16 stage keeps its eager numerics up to the accumulation order:
   v = c(acc + bias) → v = c(v + residual) → v = c(c(v · scale) + shift) → pre = v
   → act: snake v + inv_beta·sin²(alpha·v) | tanh | clamp to [−1, 1] | none → c(·) → cast to out_dtype.
-SnakeBeta uses the same math as `ttsaot::snake_beta` (fast sin.approx for 16-bit outputs on CUDA). `_dual` ops
-also return `pre` (dtype c).
+Per-channel vectors (bias, scale, shift, alpha, inv_beta) are [Cout]. SnakeBeta uses the math of
+`ttsaot::snake_beta` (fast sin.approx for 16-bit outputs on CUDA). `_dual` ops also return `pre` (dtype c).
 
 Precision (fp32 inputs only; 16-bit inputs always multiply on the tensor cores with fp32 accumulation):
-`precision` = "ieee" (FMA, exact fp32 products), "tf32" (tensor cores, ~1e-3 relative), "tf32x3" (three TF32
-products with error compensation, ~fp32 accuracy on tensor cores). The CPU reference is always exact fp32.
+`precision` = "ieee" (FMA, exact fp32 products), "tf32" (tensor cores, both operands rounded to the nearest TF32
+value in the kernel, as cuDNN does: fed as they are, the tensor cores would truncate them, a bias that builds up
+through a decoder stack — 1.2e-2 against cuDNN's 1.0e-3 over the Fish decoder on an H100), "tf32x3" (three TF32
+products with error compensation, ~fp32 accuracy on tensor cores). The CPU reference is always exact fp32;
+`round_to_tf32` is the operand rounding of "tf32" in aten ops (for tests).
+
+Short inputs (a 50-frame bucket at B=1 gives a few dozen output tiles for 132 SMs) can split the reduction over
+2-8 programs per tile (split-K): each stores an fp32 partial, the last to arrive sums them in a fixed order
+(deterministic) and runs the epilogue. Such launches take a zeroed counter per tile and ≤ SPLIT_WS_BYTES of
+workspace; shapes that may split pay that memset even when the autotuner keeps the unsplit tile.
+
+Autotuning (CUDA; AOTInductor runs it once per bucket at build time and bakes the winner into the package): a short
+list of tiles (`gemm_kernel_configs`), pruned per shape to `MAX_TUNED_CONFIGS` candidates by a roofline estimate of
+their waves (`prune_gemm_configs`: the best unsplit tiles, and the best split one when it is estimated faster), so
+that a stage with ~30 distinct conv shapes benchmarks ≤ 3 candidates each. Build-time cost: each (epilogue
+variant × chosen tile) compiles once per package (Triton, ~1-5 s on a 16-core host; tf32x3's large tiles the
+slowest), each shape benchmarks its ≤ 3 candidates (~0.1 s each); the bench records a chain's first-call seconds
+(compile + tuning of every layer) as `first_call_s`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .snake_beta import HAVE_TRITON, snake_beta_reference
+from .decompositions import CPU_DECOMPOSITIONS, register_cpu_decomposition
+from .snake_beta import HAVE_TRITON, snake_beta_nlc_reference
 
 OPS = ("conv1d", "conv1d_dual", "conv_transpose1d", "conv_transpose1d_dual", "dwconv1d")
 ACTS = ("none", "snake", "tanh", "clamp")
 PRECISIONS = ("ieee", "tf32", "tf32x3")
+LAYOUT = "NLC"
 _ACT_CODE = {a: i for i, a in enumerate(ACTS)}
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -74,61 +97,70 @@ def _right_pad(T: int, kernel_size: int, stride: int, dilation: int, left_pad: i
 
 
 # ------------------------------------------------------------------------------------------ references
-def _finish_c(acc: torch.Tensor, residual, scale, shift, alpha, inv_beta, act: str, out_dtype, c) -> tuple:
-    """The epilogue in aten ops on the fp32 conv result (bias included), rounding to the compute dtype `c` where
-    the kernel does; returns (pre, out)."""
+def round_to_tf32(t: torch.Tensor) -> torch.Tensor:
+    """fp32 → the nearest TF32 value (10-bit mantissa, ties to even), as fp32: the "tf32" operand rounding."""
+    bits = t.float().contiguous().view(torch.int32)
+    bits = (bits + 0xFFF + ((bits >> 13) & 1)) & -8192
+    return bits.view(torch.float32)
+
+
+def _finish(acc: torch.Tensor, residual, scale, shift, alpha, inv_beta, act: str, out_dtype, c) -> tuple:
+    """The epilogue in aten ops on the fp32 conv result [B, T, C] (bias included), rounding to the compute dtype
+    `c` where the kernel does; returns (pre, out), both contiguous."""
     v = acc.to(c)
     if residual is not None:
         v = (v.float() + residual.float()).to(c)
     if scale is not None:
-        v = (v.float() * scale.float().view(1, -1, 1)).to(c)
-        v = (v.float() + shift.float().view(1, -1, 1)).to(c)
-    pre = v
+        v = (v.float() * scale.float()).to(c)
+        v = (v.float() + shift.float()).to(c)
+    pre = v.contiguous()
     if act == "snake":
-        y = snake_beta_reference(v, alpha, inv_beta)
+        y = snake_beta_nlc_reference(pre, alpha, inv_beta)
     elif act == "tanh":
-        y = torch.tanh(v.float()).to(c)
+        y = torch.tanh(pre.float()).to(c)
     elif act == "clamp":
-        y = v.clamp(-1.0, 1.0)
+        y = pre.clamp(-1.0, 1.0)
     else:
-        y = v
-    return pre, y.to(out_dtype if out_dtype is not None else c)
+        y = pre
+    return pre, y.to(out_dtype if out_dtype is not None else c).contiguous()
 
 
-def _conv1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, kernel_size, stride, dilation,
-                     left_pad, tap_major, act, out_dtype):
-    w = weight.permute(0, 2, 1) if tap_major else weight              # → [Cout, Cin, K]
-    T = x.shape[-1]
-    xp = F.pad(x.float(), (left_pad, _right_pad(T, kernel_size, stride, dilation, left_pad)))
-    acc = F.conv1d(xp, w.float(), None if bias is None else bias.float(), stride=stride, dilation=dilation)
-    return _finish_c(acc, residual, scale, shift, alpha, inv_beta, act, out_dtype, x.dtype)
+def _conv1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, stride, dilation, left_pad, act,
+                     out_dtype):
+    K = weight.shape[1]
+    T = x.shape[1]
+    xp = F.pad(x.float().transpose(1, 2), (left_pad, _right_pad(T, K, stride, dilation, left_pad)))
+    acc = F.conv1d(xp, weight.float().permute(0, 2, 1), None if bias is None else bias.float(), stride=stride,
+                   dilation=dilation)
+    return _finish(acc.transpose(1, 2), residual, scale, shift, alpha, inv_beta, act, out_dtype, x.dtype)
 
 
-def conv1d_reference(x, weight, bias, residual, scale, shift, alpha, inv_beta, kernel_size: int, stride: int,
-                     dilation: int, left_pad: int, tap_major: bool, act: str, out_dtype, precision: str):
+def conv1d_reference(x, weight, bias, residual, scale, shift, alpha, inv_beta, stride: int, dilation: int,
+                     left_pad: int, act: str, out_dtype, precision: str):
     """Exact fp32 (products and sums) aten form of `ttsaot::conv1d`; also its CPU/ONNX decomposition."""
-    return _conv1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, kernel_size, stride,
-                            dilation, left_pad, tap_major, act, out_dtype)[1]
+    return _conv1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, stride, dilation, left_pad,
+                            act, out_dtype)[1]
 
 
-def conv1d_dual_reference(x, weight, bias, residual, scale, shift, alpha, inv_beta, kernel_size: int, stride: int,
-                          dilation: int, left_pad: int, tap_major: bool, act: str, out_dtype, precision: str):
-    return _conv1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, kernel_size, stride,
-                            dilation, left_pad, tap_major, act, out_dtype)
+def conv1d_dual_reference(x, weight, bias, residual, scale, shift, alpha, inv_beta, stride: int, dilation: int,
+                          left_pad: int, act: str, out_dtype, precision: str):
+    return _conv1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, stride, dilation, left_pad,
+                            act, out_dtype)
 
 
 def unbake_conv_transpose1d(weight: torch.Tensor) -> torch.Tensor:
-    """[Cout, s, M, Cin] → the ConvTranspose1d weight [Cin, Cout, M·s] (zero-padded taps included)."""
-    Cout, s, M, Cin = weight.shape
-    return weight.flip(2).permute(3, 0, 2, 1).reshape(Cin, Cout, M * s)
+    """[s, Cout, M, Cin] → the ConvTranspose1d weight [Cin, Cout, M·s] (zero-padded taps included)."""
+    s, Cout, M, Cin = weight.shape
+    return weight.permute(3, 1, 2, 0).flip(2).reshape(Cin, Cout, M * s)
 
 
 def _conv_transpose1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, act, out_dtype):
-    s = weight.shape[1]
-    T = x.shape[-1]
-    acc = F.conv_transpose1d(x.float(), unbake_conv_transpose1d(weight).float(),
+    s = weight.shape[0]
+    T = x.shape[1]
+    acc = F.conv_transpose1d(x.float().transpose(1, 2), unbake_conv_transpose1d(weight).float(),
                              None if bias is None else bias.float(), stride=s)
-    return _finish_c(acc[..., : T * s], residual, scale, shift, alpha, inv_beta, act, out_dtype, x.dtype)
+    return _finish(acc[..., : T * s].transpose(1, 2), residual, scale, shift, alpha, inv_beta, act, out_dtype,
+                   x.dtype)
 
 
 def conv_transpose1d_reference(x, weight, bias, residual, scale, shift, alpha, inv_beta, act: str, out_dtype,
@@ -143,12 +175,12 @@ def conv_transpose1d_dual_reference(x, weight, bias, residual, scale, shift, alp
 
 def dwconv1d_reference(x, weight, bias, residual, scale, shift, alpha, inv_beta, dilation: int, left_pad: int,
                        act: str, out_dtype):
-    C, K = weight.shape
-    T = x.shape[-1]
-    xp = F.pad(x.float(), (left_pad, _right_pad(T, K, 1, dilation, left_pad)))
-    acc = F.conv1d(xp, weight.float().unsqueeze(1), None if bias is None else bias.float(), dilation=dilation,
+    K, C = weight.shape
+    T = x.shape[1]
+    xp = F.pad(x.float().transpose(1, 2), (left_pad, _right_pad(T, K, 1, dilation, left_pad)))
+    acc = F.conv1d(xp, weight.float().t().unsqueeze(1), None if bias is None else bias.float(), dilation=dilation,
                    groups=C)
-    return _finish_c(acc, residual, scale, shift, alpha, inv_beta, act, out_dtype, x.dtype)[1]
+    return _finish(acc.transpose(1, 2), residual, scale, shift, alpha, inv_beta, act, out_dtype, x.dtype)[1]
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -162,7 +194,8 @@ def _check_epilogue(x, cout: int, out_shape, bias, residual, scale, shift, alpha
         torch._check(tuple(bias.shape) == (cout,), lambda: f"bias must be [{cout}], got {tuple(bias.shape)}")
     if residual is not None:
         torch._check(tuple(residual.shape) == tuple(out_shape),
-                     lambda: f"residual must have the output shape {tuple(out_shape)}, got {tuple(residual.shape)}")
+                     lambda: f"residual must have the output shape {tuple(out_shape)} [B,T,C], got "
+                             f"{tuple(residual.shape)}")
         torch._check(residual.dtype == x.dtype, lambda: "residual must have the input's dtype")
     torch._check((scale is None) == (shift is None), lambda: "scale and shift come together")
     if scale is not None:
@@ -174,89 +207,181 @@ def _check_epilogue(x, cout: int, out_shape, bias, residual, scale, shift, alpha
                      lambda: f"alpha and inv_beta must be [{cout}]")
 
 
-def _check_conv1d(x, weight, kernel_size, stride, dilation, left_pad, tap_major) -> tuple[int, int, int]:
-    torch._check(x.dim() == 3, lambda: f"conv1d expects x [B,Cin,T], got {tuple(x.shape)}")
-    torch._check(weight.dim() == 3, lambda: "conv1d expects a baked weight [Cout,K,Cin] or [Cout,Cin,K]")
+def _check_conv1d(x, weight, stride, dilation, left_pad) -> tuple[int, int, int]:
+    torch._check(x.dim() == 3, lambda: f"conv1d expects channels-last x [B,T,Cin], got {tuple(x.shape)}")
+    torch._check(weight.dim() == 3, lambda: "conv1d expects a baked weight [Cout,K,Cin]")
     torch._check(weight.dtype == x.dtype, lambda: f"weight dtype {weight.dtype} != input dtype {x.dtype}")
-    torch._check(kernel_size >= 1 and stride >= 1 and dilation >= 1 and left_pad >= 0,
-                 lambda: "kernel_size, stride, dilation ≥ 1 and left_pad ≥ 0")
-    Cout = weight.shape[0]
-    Cin, K = (weight.shape[2], weight.shape[1]) if tap_major else (weight.shape[1], weight.shape[2])
-    torch._check(K == kernel_size, lambda: f"weight has {K} taps, kernel_size is {kernel_size}")
-    torch._check(Cin == x.shape[1], lambda: f"weight expects {Cin} input channels, x has {x.shape[1]}")
-    tout = causal_out_len(x.shape[2], kernel_size, stride, dilation, left_pad)
+    torch._check(stride >= 1 and dilation >= 1 and left_pad >= 0, lambda: "stride, dilation ≥ 1 and left_pad ≥ 0")
+    Cout, K, Cin = weight.shape
+    torch._check(Cin == x.shape[2], lambda: f"weight expects {Cin} input channels, x [B,T,C] has {x.shape[2]}")
+    tout = causal_out_len(x.shape[1], K, stride, dilation, left_pad)
     torch._check(tout >= 1, lambda: "input shorter than one output window")
-    return Cout, Cin, tout
+    return Cout, K, tout
 
 
 def _check_conv_transpose1d(x, weight) -> tuple[int, int, int, int]:
-    torch._check(x.dim() == 3, lambda: f"conv_transpose1d expects x [B,Cin,T], got {tuple(x.shape)}")
-    torch._check(weight.dim() == 4, lambda: "conv_transpose1d expects a baked weight [Cout,stride,M,Cin]")
+    torch._check(x.dim() == 3, lambda: f"conv_transpose1d expects channels-last x [B,T,Cin], got {tuple(x.shape)}")
+    torch._check(weight.dim() == 4, lambda: "conv_transpose1d expects a baked weight [stride,Cout,M,Cin]")
     torch._check(weight.dtype == x.dtype, lambda: f"weight dtype {weight.dtype} != input dtype {x.dtype}")
-    Cout, s, M, Cin = weight.shape
-    torch._check(Cin == x.shape[1], lambda: f"weight expects {Cin} input channels, x has {x.shape[1]}")
-    return Cout, s, M, Cin
+    s, Cout, M, Cin = weight.shape
+    torch._check(Cin == x.shape[2], lambda: f"weight expects {Cin} input channels, x [B,T,C] has {x.shape[2]}")
+    return s, Cout, M, Cin
 
 
 def _check_dwconv1d(x, weight, dilation, left_pad) -> int:
-    torch._check(x.dim() == 3, lambda: f"dwconv1d expects x [B,C,T], got {tuple(x.shape)}")
-    torch._check(weight.dim() == 2 and weight.shape[0] == x.shape[1], lambda: "dwconv1d expects a weight [C,K]")
+    torch._check(x.dim() == 3, lambda: f"dwconv1d expects channels-last x [B,T,C], got {tuple(x.shape)}")
+    torch._check(weight.dim() == 2 and weight.shape[1] == x.shape[2], lambda: "dwconv1d expects a weight [K,C]")
     torch._check(weight.dtype == x.dtype, lambda: f"weight dtype {weight.dtype} != input dtype {x.dtype}")
     torch._check(dilation >= 1 and left_pad >= 0, lambda: "dilation ≥ 1 and left_pad ≥ 0")
-    tout = causal_out_len(x.shape[2], weight.shape[1], 1, dilation, left_pad)
+    tout = causal_out_len(x.shape[1], weight.shape[0], 1, dilation, left_pad)
     torch._check(tout >= 1, lambda: "input shorter than one output window")
     return tout
 
 
-# ------------------------------------------------------------------------------------------ kernels
+# ------------------------------------------------------------------------------------------ tile configs
 @dataclass(frozen=True)
 class ConvKernelConfig:
-    """One tile configuration: skips autotuning (TRITON_INTERPRET tests, benchmarks of a given config).
-    block_m: output rows (channels·phases), block_n: output times, block_r: reduction (taps·channels)."""
+    """One GEMM tile configuration. block_t: output times (MMA M), block_n: output channels (MMA N, phases
+    included), block_r: input channels per reduction step; group_t: time tiles that run next to each other
+    (one weight tile, L2-resident, for the group); split_k: programs per output tile, each reducing one range of
+    the reduction (short inputs)."""
 
-    block_m: int = 64
+    block_t: int = 64
     block_n: int = 64
     block_r: int = 32
     num_warps: int = 4
     num_stages: int = 3
+    group_t: int = 8
+    split_k: int = 1
 
     def meta(self) -> dict[str, int]:
-        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_R": self.block_r}
+        return {"BLOCK_T": self.block_t, "BLOCK_N": self.block_n, "BLOCK_R": self.block_r, "GROUP_T": self.group_t,
+                "SPLIT_K": self.split_k}
+
+    @property
+    def name(self) -> str:
+        split = f"k{self.split_k}" if self.split_k > 1 else ""
+        return f"t{self.block_t}n{self.block_n}r{self.block_r}w{self.num_warps}s{self.num_stages}{split}"
 
 
 @dataclass(frozen=True)
 class DwKernelConfig:
-    block_c: int = 16
-    block_t: int = 256
+    block_t: int = 64
+    block_c: int = 128
     num_warps: int = 4
 
+    def meta(self) -> dict[str, int]:
+        return {"BLOCK_T": self.block_t, "BLOCK_C": self.block_c}
 
-DW_CONFIGS = (DwKernelConfig(8, 512, 4), DwKernelConfig(16, 256, 4), DwKernelConfig(32, 256, 8))
+    @property
+    def name(self) -> str:
+        return f"t{self.block_t}c{self.block_c}w{self.num_warps}"
 
 
-# (BLOCK_M, BLOCK_N, warps): wgmma-sized tiles for wide layers, smaller ones for short inputs (50-frame buckets
-# at B=1 give few time tiles), 16-row tiles for the single-channel output conv.
-GEMM_TILES = ((128, 128, 8), (128, 64, 4), (64, 128, 4), (64, 64, 4), (16, 256, 4))
+# (BLOCK_T, BLOCK_N, warps, stages for 16-bit, stages for fp32). wgmma-sized tiles up to 256 wide for the long
+# codec layers (256×64: 96/192-channel layers without a quarter-empty channel tile), 64-row tiles for 50-frame
+# buckets (few time tiles), 16/32-column tiles for the 1-channel head and the 32-64-channel VAE/encoder layers.
+# The reduction block is 64 channels (128 B rows) for 16-bit operands, 32 (also 128 B) for fp32, whose stages
+# take twice the shared memory.
+GEMM_TILES = (
+    (128, 128, 8, 4, 3), (128, 256, 8, 3, 3), (256, 128, 8, 3, 3), (64, 256, 8, 4, 3), (256, 64, 8, 3, 3),
+    (128, 64, 4, 4, 4), (64, 128, 4, 4, 4), (64, 64, 4, 5, 4), (256, 32, 4, 4, 3), (256, 16, 4, 4, 3),
+    (128, 16, 4, 4, 4),
+)
+# fp32 tiles that compile without register spills on sm_90 (ptxas -v, epilogue with snake, residual and `pre`):
+# none beyond 128×128 outputs, and no side beyond 128 for tf32x3 (its split operands hold more registers)
+FP32_MAX_TILE = 128 * 128
+TF32X3_MAX_SIDE = 128
+MAX_TUNED_CONFIGS = 3
+# Split-K candidates for short inputs, and the most fp32 partial-sum workspace a launch may take for them.
+SPLITS = (2, 4, 8)
+SPLIT_WS_BYTES = 16 * 2**20
+DW_CONFIGS = (DwKernelConfig(32, 256, 4), DwKernelConfig(64, 128, 4), DwKernelConfig(128, 64, 4),
+              DwKernelConfig(256, 32, 4))
+_H100_SMS = 132
 
 
 def gemm_kernel_configs(dtype: torch.dtype) -> list[ConvKernelConfig]:
-    """The autotuning space. fp32 tiles take twice the shared memory per pipeline stage: shorter reduction
-    block, one stage fewer."""
-    block_r, stages = (32, 3) if dtype == torch.float32 else (64, 4)
-    return [ConvKernelConfig(m, n, block_r, w, stages) for m, n, w in GEMM_TILES]
+    """The whole tile list for one operand dtype, each tile unsplit and split (pruned per shape by
+    prune_gemm_configs)."""
+    wide = dtype != torch.float32
+    return [ConvKernelConfig(t, n, 64 if wide else 32, w, s16 if wide else s32, split_k=k)
+            for k in (1, *SPLITS) for t, n, w, s16, s32 in GEMM_TILES]
 
 
-def prune_gemm_configs(configs: list[ConvKernelConfig], rows: int, tout: int) -> list[ConvKernelConfig]:
-    """Drop tiles much larger than the problem (a 1-channel output, a 50-frame input); keep at least one."""
-    def pow2(n: int) -> int:
-        return 1 << max(0, (n - 1).bit_length())
-
-    keep = [c for c in configs
-            if (c.block_m == 16) == (rows <= 16)
-            and c.block_m <= max(16, pow2(rows)) and c.block_n <= max(64, pow2(tout))]
-    return keep or [min(configs, key=lambda c: c.block_m * c.block_n)]
+def max_split(*, batch: int, tout: int, n: int, cin: int, ksize: int, block_r: int) -> int:
+    """The largest split-K a launch of this shape may use: its fp32 partials fit SPLIT_WS_BYTES and every split
+    keeps ≥ 4 reduction steps; 1 when none does."""
+    steps = ksize * math.ceil(cin / block_r)
+    ok = [k for k in SPLITS if k * batch * tout * n * 4 <= SPLIT_WS_BYTES and steps // k >= 4]
+    return max(ok, default=1)
 
 
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def estimate_us(c: ConvKernelConfig, *, batch: int, tout: int, n: int, cin: int, ksize: int, elem: int,
+                num_sms: int = _H100_SMS, precision: str = "ieee") -> float:
+    """Roofline estimate of one launch on an H100-class part: waves of programs × the slower of a tile's MMA work
+    and its operand traffic from L2 (each reduction step loads (block_t + block_n) × block_r operands); split-K
+    adds the fp32 partials' round trip and the counters' reset. It only ranks candidates: the autotuner measures
+    the survivors."""
+    tiles = math.ceil(tout / c.block_t) * math.ceil(n / c.block_n)
+    programs = batch * tiles * c.split_k
+    steps = math.ceil(ksize * math.ceil(cin / c.block_r) / c.split_k)
+    # per-SM rates in FLOP/µs: dense MMA (bf16 989, TF32 495 TFLOP/s over 132 SMs; tf32x3 makes three products),
+    # FMA for exact fp32 (67 TFLOP/s); L2 → SM ~80 GB/s (bytes/µs)
+    rate = {"ieee": 0.5e6, "tf32": 3.75e6, "tf32x3": 1.25e6}[precision] if elem == 4 else 7.5e6
+    mma = 2.0 * c.block_t * c.block_n * c.block_r / rate
+    load = (c.block_t + c.block_n) * c.block_r * elem / 8.0e4
+    waves = math.ceil(programs / num_sms)
+    est = waves * steps * max(mma, load) + 2.0
+    if c.split_k > 1:
+        partial = c.block_t * c.block_n * 4 / 8.0e4
+        est += waves * partial + c.split_k * partial + 2.0
+    return est
+
+
+def _fits_registers(c: ConvKernelConfig, elem: int, precision: str) -> bool:
+    if elem == 2:
+        return True
+    if precision == "tf32x3" and max(c.block_t, c.block_n) > TF32X3_MAX_SIDE:
+        return False
+    return c.block_t * c.block_n <= FP32_MAX_TILE
+
+
+def prune_gemm_configs(configs: list[ConvKernelConfig], *, batch: int, tout: int, n: int, cin: int, ksize: int,
+                       elem: int, precision: str = "ieee", num_sms: int = _H100_SMS,
+                       keep: int = MAX_TUNED_CONFIGS) -> list[ConvKernelConfig]:
+    """The `keep` most promising tiles for one shape: none much larger than the problem (a 1-channel output, a
+    50-frame input), none that spills registers for fp32, ranked by `estimate_us`."""
+    fit = [c for c in configs
+           if c.block_n <= max(16, _pow2(n)) and c.block_t <= max(64, _pow2(tout))
+           and (c.block_n >= 32 or n <= 16) and _fits_registers(c, elem, precision)]
+    whole = [c for c in fit if c.split_k == 1] or [min((c for c in configs if c.split_k == 1),
+                                                       key=lambda c: c.block_t * c.block_n)]
+    split_max = max_split(batch=batch, tout=tout, n=n, cin=cin, ksize=ksize, block_r=whole[0].block_r)
+    split = [c for c in fit if 1 < c.split_k <= split_max]
+
+    def est(c: ConvKernelConfig) -> float:
+        return estimate_us(c, batch=batch, tout=tout, n=n, cin=cin, ksize=ksize, elem=elem, num_sms=num_sms,
+                           precision=precision)
+
+    whole.sort(key=est)
+    split.sort(key=est)
+    if split and keep > 1 and est(split[0]) < est(whole[0]):
+        # a short input: the best split next to the best unsplit tiles, the measurement decides
+        return whole[: keep - 1] + split[:1]
+    return whole[:keep]
+
+
+def prune_dw_configs(configs: list[DwKernelConfig], channels: int) -> list[DwKernelConfig]:
+    keep = [c for c in configs if c.block_c <= max(32, _pow2(channels))]
+    return keep[-3:] if len(keep) > 3 else keep
+
+
+# ------------------------------------------------------------------------------------------ kernels
 if HAVE_TRITON:
 
     @triton.jit
@@ -271,29 +396,37 @@ if HAVE_TRITON:
             return v.to(CDT).to(tl.float32)
 
     @triton.jit
+    def _rn_tf32(v):
+        """fp32 → the nearest TF32 value, kept in fp32 (integer ops: the same code under the interpreter)."""
+        bits = v.to(tl.int32, bitcast=True)
+        bits = (bits + 0xFFF + ((bits >> 13) & 1)) & -8192
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
     def _epilogue_store(v, ch, ch_ok, off, omask, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr,
                         pre_ptr, CDT: tl.constexpr, HAS_RES: tl.constexpr, HAS_AFFINE: tl.constexpr,
                         ACT: tl.constexpr, WRITE_PRE: tl.constexpr, FAST_SIN: tl.constexpr,
                         GPU_MATH: tl.constexpr, EMULATE_RNE: tl.constexpr):
-        # v: fp32 conv result (bias added, already rounded to CDT); ch: per-row channel; off: output offsets.
+        # v: fp32 tile [times, channels] (bias added, rounded to CDT); ch: per-column channel; off: offsets of
+        # the tile in the [T, C] rows of this sample (the pointers already point at the sample).
         if HAS_RES:
             r = tl.load(res_ptr + off, mask=omask, other=0.0).to(tl.float32)
             v = _round(v + r, CDT, EMULATE_RNE)
         if HAS_AFFINE:
             sc = tl.load(scale_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)
             sh = tl.load(shift_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)
-            v = _round(v * sc[:, None], CDT, EMULATE_RNE)
-            v = _round(v + sh[:, None], CDT, EMULATE_RNE)
+            v = _round(v * sc[None, :], CDT, EMULATE_RNE)
+            v = _round(v + sh[None, :], CDT, EMULATE_RNE)
         if WRITE_PRE:
             tl.store(pre_ptr + off, v.to(CDT), mask=omask)
         if ACT == 1:  # SnakeBeta, the math of ttsaot::snake_beta
             a = tl.load(alpha_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)
             ib = tl.load(ib_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)
             if FAST_SIN:
-                s = _fast_sin(v * a[:, None])
+                s = _fast_sin(v * a[None, :])
             else:
-                s = tl.sin(v * a[:, None])
-            v = v + ib[:, None] * s * s
+                s = tl.sin(v * a[None, :])
+            v = v + ib[None, :] * s * s
         elif ACT == 2:  # tanh
             if GPU_MATH:
                 v = tl.extra.cuda.libdevice.tanh(v)
@@ -308,131 +441,182 @@ if HAVE_TRITON:
         tl.store(out_ptr + off, v.to(out_ptr.dtype.element_ty), mask=omask)
 
     @triton.jit
-    def _conv_gemm_jit(x_ptr, w_ptr, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr, pre_ptr,
-                       B, Cin, T, ROWS, TOUT, R, KSIZE, DIL, STRIDE, PAD, PHASES,
-                       TAP_MAJOR: tl.constexpr, POINTWISE: tl.constexpr, TAP_BLOCKED: tl.constexpr,
-                       X_NLC: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       HAS_RES: tl.constexpr, HAS_AFFINE: tl.constexpr, ACT: tl.constexpr,
-                       WRITE_PRE: tl.constexpr, PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
-                       FAST_SIN: tl.constexpr, GPU_MATH: tl.constexpr, EMULATE_RNE: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
-        # out[rows, cols] = W[rows, R] @ X[R, cols] with X[(j, ci), t] = x[ci, t·STRIDE + j·DIL − PAD] (zero
-        # outside [0, T)): an implicit GEMM whose B tile is gathered straight from the NCL input, each of its
-        # rows a contiguous run of x along time. Time tiles are the fastest grid axis so that programs running
-        # together share their weight tile in L2.
-        pid_n = tl.program_id(0)
-        pid_m = tl.program_id(1)
-        b = tl.program_id(2).to(tl.int64)
-        CDT: tl.constexpr = x_ptr.dtype.element_ty
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        cols = tl.max_contiguous(tl.multiple_of(cols, BLOCK_N), BLOCK_N)
-        row_ok = rows < ROWS
-        x_b = x_ptr + b * Cin * T
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for r0 in tl.range(0, R, BLOCK_R):
-            rr = r0 + tl.arange(0, BLOCK_R)
-            r_ok = rr < R
-            w = tl.load(w_ptr + rows[:, None] * R + rr[None, :], mask=row_ok[:, None] & r_ok[None, :], other=0.0)
-            if POINTWISE:
-                xm = r_ok[:, None] & (cols < T)[None, :]
-                if X_NLC:
-                    xv = tl.load(x_b + rr[:, None] + cols[None, :] * Cin, mask=xm, other=0.0)
-                else:
-                    xv = tl.load(x_b + rr[:, None] * T + cols[None, :], mask=xm, other=0.0)
-            elif TAP_BLOCKED:
-                # Cin is a multiple of BLOCK_R: the block is one tap over consecutive channels, so the shift and
-                # the padding mask are per column only.
-                j = r0 // Cin
-                ci = r0 - j * Cin + tl.arange(0, BLOCK_R)
-                tin = cols * STRIDE + (j * DIL - PAD)
-                xm = ((tin >= 0) & (tin < T))[None, :]
-                if X_NLC:
-                    xv = tl.load(x_b + ci[:, None] + tin[None, :] * Cin, mask=xm, other=0.0)
-                else:
-                    xv = tl.load(x_b + ci[:, None] * T + tin[None, :], mask=xm, other=0.0)
-            else:
-                if TAP_MAJOR:
-                    j = rr // Cin
-                    ci = rr - j * Cin
-                else:
-                    ci = rr // KSIZE
-                    j = rr - ci * KSIZE
-                tin = cols[None, :] * STRIDE + (j * DIL - PAD)[:, None]
-                xm = r_ok[:, None] & (tin >= 0) & (tin < T)
-                if X_NLC:
-                    xv = tl.load(x_b + ci[:, None] + tin * Cin, mask=xm, other=0.0)
-                else:
-                    xv = tl.load(x_b + ci[:, None] * T + tin, mask=xm, other=0.0)
-            if UPCAST_DOT:  # the interpreter multiplies 16-bit dot operands wrongly; upcasting is exact
-                w = w.to(tl.float32)
-                xv = xv.to(tl.float32)
-            acc = tl.dot(w, xv, acc, input_precision=PRECISION)
-
-        co = rows // PHASES
-        ph = rows - co * PHASES
+    def _gemm_epilogue(acc, b, t, n, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr, pre_ptr,
+                       TOUT, N, COUT, CDT: tl.constexpr, HAS_PHASES: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       HAS_RES: tl.constexpr, HAS_AFFINE: tl.constexpr, ACT: tl.constexpr, WRITE_PRE: tl.constexpr,
+                       FAST_SIN: tl.constexpr, GPU_MATH: tl.constexpr, EMULATE_RNE: tl.constexpr):
+        n_ok = n < N
+        if HAS_PHASES:   # transposed conv: column n = p·COUT + co
+            ch = n % COUT
+        else:
+            ch = n
         v = acc
         if HAS_BIAS:
-            v = v + tl.load(bias_ptr + co, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+            v = v + tl.load(bias_ptr + ch, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         v = _round(v, CDT, EMULATE_RNE)
-        cout = ROWS // PHASES
-        tlen = TOUT * PHASES
-        off = b * cout * tlen + (co * tlen + ph)[:, None] + cols[None, :] * PHASES
-        omask = row_ok[:, None] & (cols < TOUT)[None, :]
-        _epilogue_store(v, co, row_ok, off, omask, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr,
-                        pre_ptr, CDT, HAS_RES, HAS_AFFINE, ACT, WRITE_PRE, FAST_SIN, GPU_MATH, EMULATE_RNE)
+        base = b * TOUT * N
+        off = t[:, None] * N + n[None, :]
+        omask = (t < TOUT)[:, None] & n_ok[None, :]
+        _epilogue_store(v, ch, n_ok, off, omask, res_ptr + base, scale_ptr, shift_ptr, alpha_ptr, ib_ptr,
+                        out_ptr + base, pre_ptr + base, CDT, HAS_RES, HAS_AFFINE, ACT, WRITE_PRE, FAST_SIN,
+                        GPU_MATH, EMULATE_RNE)
 
-    @triton.jit
+    # Shape arguments whose value (== 1) or divisibility (by 16) Triton would otherwise specialise on: one compiled
+    # kernel per combination of B, T, dilations, strides... multiplies the compile time of a stage for nothing
+    # (the channel counts CIN, N, COUT keep theirs: they decide the 16-byte accesses).
+    _SHAPE_ARGS = ["B", "T", "TOUT", "KSIZE", "DIL", "STRIDE", "PAD"]
+
+    @triton.jit(do_not_specialize=_SHAPE_ARGS)
+    def _conv_gemm_jit(x_ptr, w_ptr, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr, pre_ptr,
+                       ws_ptr, cnt_ptr, B, T, CIN, TOUT, N, COUT, KSIZE, DIL, STRIDE, PAD,
+                       HAS_PHASES: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                       HAS_AFFINE: tl.constexpr, ACT: tl.constexpr, WRITE_PRE: tl.constexpr,
+                       PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, FAST_SIN: tl.constexpr,
+                       GPU_MATH: tl.constexpr, EMULATE_RNE: tl.constexpr, BLOCK_T: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_T: tl.constexpr,
+                       SPLIT_K: tl.constexpr):
+        # out[t, n] = X[t, (j, ci)] @ W[n, (j, ci)]ᵀ, X gathered straight from the [T, CIN] rows of x: for one
+        # reduction step (tap j, channels c0 .. c0 + BLOCK_R) every row of the X tile is one contiguous run of
+        # x, shifted by whole rows, and the W tile is read along the reduction (K-major for the MMA).
+        # SPLIT_K > 1 (short inputs: too few output tiles to fill the GPU): the reduction is cut into SPLIT_K
+        # ranges, one program each; every program stores its fp32 partial in ws [SPLIT_K, B, TOUT, N], and the
+        # last of a tile to arrive (counted in cnt, which it resets) sums the partials in split order —
+        # deterministic whatever the arrival order — and runs the epilogue.
+        pid = tl.program_id(0)
+        b = tl.program_id(1).to(tl.int64)
+        CDT: tl.constexpr = x_ptr.dtype.element_ty
+        num_t = tl.cdiv(TOUT, BLOCK_T)
+        num_n = tl.cdiv(N, BLOCK_N)
+        tiles = num_t * num_n
+        split = pid // tiles            # split outermost: programs in flight together share one reduction range
+        tile = pid - split * tiles
+        # grouped order: GROUP_T time tiles × every channel tile, time fastest, so programs in flight together
+        # share their weight tiles and input rows in L2
+        per_group = GROUP_T * num_n
+        first_t = (tile // per_group) * GROUP_T
+        group_len = tl.minimum(num_t - first_t, GROUP_T)
+        pid_t = first_t + (tile % per_group) % group_len
+        pid_n = (tile % per_group) // group_len
+
+        t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n = tl.max_contiguous(tl.multiple_of(n, BLOCK_N), BLOCK_N)
+        n_ok = n < N
+        rr = tl.arange(0, BLOCK_R)
+        x_b = x_ptr + b * T * CIN
+        R = KSIZE * CIN
+        ncb = tl.cdiv(CIN, BLOCK_R)
+        steps = KSIZE * ncb
+        per_split = tl.cdiv(steps, SPLIT_K)
+        k_lo = split * per_split
+        k_hi = tl.minimum(steps, k_lo + per_split)
+        t_first = t * STRIDE - PAD
+        w_rows = w_ptr + n[:, None] * R
+        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+        for kk in tl.range(k_lo, k_hi):
+            j = kk // ncb
+            ci = (kk - j * ncb) * BLOCK_R + rr
+            ci_ok = ci < CIN
+            tin = t_first + j * DIL
+            xm = ((tin >= 0) & (tin < T))[:, None] & ci_ok[None, :]
+            xv = tl.load(x_b + tin[:, None] * CIN + ci[None, :], mask=xm, other=0.0)
+            wv = tl.load(w_rows + (j * CIN + ci)[None, :], mask=n_ok[:, None] & ci_ok[None, :], other=0.0)
+            if PRECISION == "tf32":
+                xv = _rn_tf32(xv)
+                wv = _rn_tf32(wv)
+            if UPCAST_DOT:  # the interpreter multiplies 16-bit dot operands wrongly; upcasting is exact
+                xv = xv.to(tl.float32)
+                wv = wv.to(tl.float32)
+            acc = tl.dot(xv, tl.trans(wv), acc, input_precision=PRECISION)
+
+        if SPLIT_K == 1:
+            _gemm_epilogue(acc, b, t, n, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr,
+                           pre_ptr, TOUT, N, COUT, CDT, HAS_PHASES, HAS_BIAS, HAS_RES, HAS_AFFINE, ACT, WRITE_PRE,
+                           FAST_SIN, GPU_MATH, EMULATE_RNE)
+        else:
+            ws_off = t[:, None] * N + n[None, :]
+            wmask = (t < TOUT)[:, None] & n_ok[None, :]
+            tl.store(ws_ptr + (split * B + b) * TOUT * N + ws_off, acc, mask=wmask)
+            tl.debug_barrier()          # every thread's partial is written before the (single-thread) release
+            counter = cnt_ptr + b * tiles + tile
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                total = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+                for s in tl.static_range(SPLIT_K):      # L2 reads (.cg): other SMs wrote them
+                    total += tl.load(ws_ptr + (s * B + b) * TOUT * N + ws_off, mask=wmask, other=0.0,
+                                     cache_modifier=".cg")
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")   # ready for the next launch / replay
+                _gemm_epilogue(total, b, t, n, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr,
+                               pre_ptr, TOUT, N, COUT, CDT, HAS_PHASES, HAS_BIAS, HAS_RES, HAS_AFFINE, ACT,
+                               WRITE_PRE, FAST_SIN, GPU_MATH, EMULATE_RNE)
+
+    @triton.jit(do_not_specialize=["B", "T", "TOUT", "KSIZE", "DIL", "PAD"])
     def _dwconv_jit(x_ptr, w_ptr, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr, pre_ptr,
-                    C, T, TOUT, KSIZE, DIL, PAD,
+                    B, T, C, TOUT, KSIZE, DIL, PAD,
                     HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, HAS_AFFINE: tl.constexpr, ACT: tl.constexpr,
                     WRITE_PRE: tl.constexpr, FAST_SIN: tl.constexpr, GPU_MATH: tl.constexpr,
-                    EMULATE_RNE: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_T: tl.constexpr):
-        # Bandwidth-bound: each tap re-reads the (L1-resident) shifted input tile; fp32 accumulation.
+                    EMULATE_RNE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+        # Bandwidth-bound: each tap re-reads the (L1-resident) row-shifted input tile; fp32 accumulation.
         pid_t = tl.program_id(0)
         pid_c = tl.program_id(1)
         b = tl.program_id(2).to(tl.int64)
         CDT: tl.constexpr = x_ptr.dtype.element_ty
-        ch = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-        cols = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-        ch_ok = ch < C
-        x_b = x_ptr + b * C * T
-        acc = tl.zeros((BLOCK_C, BLOCK_T), dtype=tl.float32)
+        t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+        c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+        c = tl.max_contiguous(tl.multiple_of(c, BLOCK_C), BLOCK_C)
+        c_ok = c < C
+        x_b = x_ptr + b * T * C
+        acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
         for j in range(KSIZE):
-            tin = cols + (j * DIL - PAD)
-            xm = ch_ok[:, None] & ((tin >= 0) & (tin < T))[None, :]
-            xv = tl.load(x_b + ch[:, None] * T + tin[None, :], mask=xm, other=0.0).to(tl.float32)
-            wj = tl.load(w_ptr + ch * KSIZE + j, mask=ch_ok, other=0.0).to(tl.float32)
-            acc += wj[:, None] * xv
+            tin = t + (j * DIL - PAD)
+            xm = ((tin >= 0) & (tin < T))[:, None] & c_ok[None, :]
+            xv = tl.load(x_b + tin[:, None] * C + c[None, :], mask=xm, other=0.0).to(tl.float32)
+            wj = tl.load(w_ptr + j * C + c, mask=c_ok, other=0.0).to(tl.float32)
+            acc += xv * wj[None, :]
         v = acc
         if HAS_BIAS:
-            v = v + tl.load(bias_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32)[:, None]
+            v = v + tl.load(bias_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
         v = _round(v, CDT, EMULATE_RNE)
-        off = b * C * TOUT + ch[:, None] * TOUT + cols[None, :]
-        omask = ch_ok[:, None] & (cols < TOUT)[None, :]
-        _epilogue_store(v, ch, ch_ok, off, omask, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr,
-                        pre_ptr, CDT, HAS_RES, HAS_AFFINE, ACT, WRITE_PRE, FAST_SIN, GPU_MATH, EMULATE_RNE)
+        base = b * TOUT * C
+        off = t[:, None] * C + c[None, :]
+        omask = (t < TOUT)[:, None] & c_ok[None, :]
+        _epilogue_store(v, c, c_ok, off, omask, res_ptr + base, scale_ptr, shift_ptr, alpha_ptr, ib_ptr,
+                        out_ptr + base, pre_ptr + base, CDT, HAS_RES, HAS_AFFINE, ACT, WRITE_PRE, FAST_SIN,
+                        GPU_MATH, EMULATE_RNE)
+
+    def _num_sms() -> int:
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        return _H100_SMS
 
     def _prune_autotune(configs, named_args, **kwargs):
-        by_meta = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]): c for c in configs}
-        kept = prune_gemm_configs([ConvKernelConfig(m, n) for m, n in by_meta], named_args["ROWS"],
-                                  named_args["TOUT"])
-        return [by_meta[(c.block_m, c.block_n)] for c in kept]
+        by_cfg = {ConvKernelConfig(c.kwargs["BLOCK_T"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_R"], c.num_warps,
+                                   c.num_stages, c.kwargs["GROUP_T"], c.kwargs["SPLIT_K"]): c for c in configs}
+        x = named_args["x_ptr"]
+        prec = kwargs.get("PRECISION", named_args.get("PRECISION", "ieee"))
+        kept = prune_gemm_configs(list(by_cfg), batch=named_args["B"], tout=named_args["TOUT"], n=named_args["N"],
+                                  cin=named_args["CIN"], ksize=named_args["KSIZE"], elem=x.element_size(),
+                                  precision=prec, num_sms=_num_sms())
+        return [by_cfg[c] for c in kept]
+
+    def _prune_dw_autotune(configs, named_args, **kwargs):
+        by_cfg = {DwKernelConfig(c.kwargs["BLOCK_T"], c.kwargs["BLOCK_C"], c.num_warps): c for c in configs}
+        return [by_cfg[c] for c in prune_dw_configs(list(by_cfg), named_args["C"])]
 
     def _triton_configs(dtype: torch.dtype) -> list:
         return [triton.Config(c.meta(), num_warps=c.num_warps, num_stages=c.num_stages)
                 for c in gemm_kernel_configs(dtype)]
 
-    _AUTOTUNE_KEY = ["B", "Cin", "T", "ROWS", "TOUT", "R", "KSIZE", "DIL", "STRIDE", "PHASES", "PRECISION"]
+    # B only sizes the grid (a row of programs per sample) but changes the best tile: it is part of the key.
+    _AUTOTUNE_KEY = ["B", "T", "CIN", "TOUT", "N", "KSIZE", "DIL", "STRIDE", "PRECISION"]
     # Tuned per bucket at AOTI compile time on the compile GPU (one config baked into each package).
     _conv_gemm_16 = triton.autotune(configs=_triton_configs(torch.bfloat16), key=_AUTOTUNE_KEY,
                                     prune_configs_by={"early_config_prune": _prune_autotune})(_conv_gemm_jit)
     _conv_gemm_32 = triton.autotune(configs=_triton_configs(torch.float32), key=_AUTOTUNE_KEY,
                                     prune_configs_by={"early_config_prune": _prune_autotune})(_conv_gemm_jit)
     _dwconv_tuned = triton.autotune(
-        configs=[triton.Config({"BLOCK_C": c.block_c, "BLOCK_T": c.block_t}, num_warps=c.num_warps)
-                 for c in DW_CONFIGS],
-        key=["C", "T", "KSIZE", "DIL"])(_dwconv_jit)
+        configs=[triton.Config(c.meta(), num_warps=c.num_warps) for c in DW_CONFIGS],
+        key=["B", "T", "C", "KSIZE", "DIL"], prune_configs_by={"early_config_prune": _prune_dw_autotune})(_dwconv_jit)
 
 
 def _flags(x: torch.Tensor, act: str) -> dict[str, Any]:
@@ -443,42 +627,54 @@ def _flags(x: torch.Tensor, act: str) -> dict[str, Any]:
             "GPU_MATH": cuda, "EMULATE_RNE": not cuda}
 
 
+def _contiguous(*ts):
+    # the kernels index every tensor as contiguous (no-ops under export for the tensors the chains pass)
+    return tuple(None if t is None else t.contiguous() for t in ts)
+
+
 def launch_conv_gemm(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, shift, alpha, inv_beta, *,
-                     rows: int, tout: int, ksize: int, dilation: int, stride: int, pad: int, phases: int,
-                     tap_major: bool, act: str, write_pre: bool, out_dtype, precision: str,
-                     wrap=lambda k: k, config: ConvKernelConfig | None = None, out: torch.Tensor | None = None,
-                     pre: torch.Tensor | None = None, x_nlc: bool = False):
-    """Launch the implicit-GEMM kernel; returns (out, pre or None), out [B, rows/phases, tout·phases].
-    `config` skips autotuning (the interpreter tests use it: the autotuner's benchmark needs a GPU); `out`/`pre`
-    are preallocated outputs (tests poison them to see that every element is written). `x_nlc`: x is given as
-    [B, T, Cin] (an experiment of the benchmark: channel-contiguous loads are aligned whatever the tap shift;
-    the ops are NCL)."""
-    # the kernel indexes every tensor as contiguous (no-ops under export for the tensors the chains pass)
-    x, w = x.contiguous(), w.contiguous()
-    bias, residual, scale, shift, alpha, inv_beta = (
-        None if t is None else t.contiguous() for t in (bias, residual, scale, shift, alpha, inv_beta))
-    B, T, Cin = x.shape if x_nlc else (x.shape[0], x.shape[2], x.shape[1])
-    R = w.numel() // rows
-    cout = rows // phases
+                     cout: int, tout: int, stride: int, dilation: int, pad: int, act: str, write_pre: bool,
+                     out_dtype, precision: str, wrap=lambda k: k, config: ConvKernelConfig | None = None,
+                     out: torch.Tensor | None = None, pre: torch.Tensor | None = None,
+                     scratch: tuple[torch.Tensor, torch.Tensor] | None = None):
+    """Launch the implicit-GEMM kernel on x [B, T, Cin] with a baked weight viewed as [N, K, Cin] (N = phases ·
+    cout); returns (out, pre or None), both [B, tout · phases, cout]. `config` skips autotuning (the interpreter
+    tests use it: the autotuner's benchmark needs a GPU); `out`/`pre` are preallocated outputs (tests poison them
+    to see that every element is written); `scratch` = (workspace, counters) of split-K launches given by the
+    caller (tests: the counters must come back zeroed)."""
+    x, w, bias, residual, scale, shift, alpha, inv_beta = _contiguous(x, w, bias, residual, scale, shift, alpha,
+                                                                      inv_beta)
+    B, T, Cin = x.shape
+    N, ksize = w.shape[0], w.shape[1]
+    phases = N // cout
     if out is None:
-        out = torch.empty((B, cout, tout * phases), dtype=out_dtype or x.dtype, device=x.device)
+        out = torch.empty((B, tout * phases, cout), dtype=out_dtype or x.dtype, device=x.device)
     if pre is None and write_pre:
-        pre = torch.empty((B, cout, tout * phases), dtype=x.dtype, device=x.device)
-    torch._check(Cin * T < 2**31 and cout * tout * phases < 2**31, lambda: "per-sample tensor too large")
-    cuda = x.device.type == "cuda"
-    pointwise = ksize == 1 and stride == 1 and pad == 0
+        pre = torch.empty((B, tout * phases, cout), dtype=x.dtype, device=x.device)
+    torch._check(Cin * T < 2**31 and N * tout < 2**31 and N * ksize * Cin < 2**31,
+                 lambda: "per-sample tensor too large")
+    # split-K scratch: fp32 partials for the largest split this shape may be tuned to, and one arrival counter per
+    # output tile (an upper bound for every tile size; zeroed here, reset by the kernel after use)
     block_r = config.block_r if config is not None else gemm_kernel_configs(x.dtype)[0].block_r
-    meta = dict(TAP_MAJOR=tap_major, POINTWISE=pointwise,
-                TAP_BLOCKED=tap_major and not pointwise and Cin % block_r == 0, X_NLC=x_nlc,
-                HAS_BIAS=bias is not None, HAS_RES=residual is not None, HAS_AFFINE=scale is not None,
-                WRITE_PRE=write_pre, PRECISION=precision if x.dtype == torch.float32 else "ieee",
-                UPCAST_DOT=not cuda, **_flags(x, act))
+    splits = config.split_k if config is not None else max_split(batch=B, tout=tout, n=N, cin=Cin, ksize=ksize,
+                                                                  block_r=block_r)
+    if scratch is not None:
+        ws, cnt = scratch
+    elif splits > 1:
+        ws = torch.empty((splits * B * tout * N,), dtype=torch.float32, device=x.device)
+        cnt = torch.zeros((B * triton.cdiv(tout, 16) * triton.cdiv(N, 16),), dtype=torch.int32, device=x.device)
+    else:
+        ws, cnt = out, out
+    meta = dict(HAS_PHASES=phases > 1, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+                HAS_AFFINE=scale is not None, WRITE_PRE=write_pre,
+                PRECISION=precision if x.dtype == torch.float32 else "ieee", UPCAST_DOT=x.device.type != "cuda",
+                **_flags(x, act))
     args = (x, w, x if bias is None else bias, x if residual is None else residual, x if scale is None else scale,
             x if shift is None else shift, x if alpha is None else alpha, x if inv_beta is None else inv_beta,
-            out, out if pre is None else pre, B, Cin, T, rows, tout, R, ksize, dilation, stride, pad, phases)
+            out, out if pre is None else pre, ws, cnt, B, T, Cin, tout, N, cout, ksize, dilation, stride, pad)
 
     def grid(m):
-        return (triton.cdiv(tout, m["BLOCK_N"]), triton.cdiv(rows, m["BLOCK_M"]), B)
+        return (triton.cdiv(tout, m["BLOCK_T"]) * triton.cdiv(N, m["BLOCK_N"]) * m["SPLIT_K"], B)
 
     if config is None:
         kernel = _conv_gemm_32 if x.dtype == torch.float32 else _conv_gemm_16
@@ -492,18 +688,18 @@ def launch_conv_gemm(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, sh
 def launch_dwconv(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, shift, alpha, inv_beta, *,
                   tout: int, dilation: int, pad: int, act: str, out_dtype, wrap=lambda k: k,
                   config: DwKernelConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    x, w = x.contiguous(), w.contiguous()
-    bias, residual, scale, shift, alpha, inv_beta = (
-        None if t is None else t.contiguous() for t in (bias, residual, scale, shift, alpha, inv_beta))
-    B, C, T = x.shape
+    """x [B, T, C], w [K, C] → [B, tout, C]."""
+    x, w, bias, residual, scale, shift, alpha, inv_beta = _contiguous(x, w, bias, residual, scale, shift, alpha,
+                                                                      inv_beta)
+    B, T, C = x.shape
     if out is None:
-        out = torch.empty((B, C, tout), dtype=out_dtype or x.dtype, device=x.device)
+        out = torch.empty((B, tout, C), dtype=out_dtype or x.dtype, device=x.device)
     torch._check(C * max(T, tout) < 2**31, lambda: "per-sample tensor too large")
     meta = dict(HAS_BIAS=bias is not None, HAS_RES=residual is not None, HAS_AFFINE=scale is not None,
                 WRITE_PRE=False, **_flags(x, act))
     args = (x, w, x if bias is None else bias, x if residual is None else residual, x if scale is None else scale,
             x if shift is None else shift, x if alpha is None else alpha, x if inv_beta is None else inv_beta,
-            out, out, C, T, tout, w.shape[1], dilation, pad)
+            out, out, B, T, C, tout, w.shape[0], dilation, pad)
 
     def grid(m):
         return (triton.cdiv(tout, m["BLOCK_T"]), triton.cdiv(C, m["BLOCK_C"]), B)
@@ -511,54 +707,54 @@ def launch_dwconv(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, shift
     if config is None:
         wrap(_dwconv_tuned)[grid](*args, **meta)
     else:
-        m = {"BLOCK_C": config.block_c, "BLOCK_T": config.block_t}
-        _dwconv_jit[grid(m)](*args, **meta, **m, num_warps=config.num_warps)
+        _dwconv_jit[grid(config.meta())](*args, **meta, **config.meta(), num_warps=config.num_warps)
     return out
 
 
 # ------------------------------------------------------------------------------------------ op bodies
-def conv1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, kernel_size: int, stride: int,
-                   dilation: int, left_pad: int, tap_major: bool, act: str, out_dtype, precision: str,
-                   write_pre: bool, wrap=lambda k: k, config: ConvKernelConfig | None = None, out=None, pre=None):
+def conv1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, stride: int, dilation: int,
+                   left_pad: int, act: str, out_dtype, precision: str, write_pre: bool, wrap=lambda k: k,
+                   config: ConvKernelConfig | None = None, out=None, pre=None):
     """Shared body of ttsaot::conv1d(_dual): (pre, out) with pre None unless write_pre. With `config` the kernel
     runs on any device (CPU: TRITON_INTERPRET=1) into the optional preallocated `out`/`pre`."""
-    Cout, Cin, tout = _check_conv1d(x, weight, kernel_size, stride, dilation, left_pad, tap_major)
-    _check_epilogue(x, Cout, (x.shape[0], Cout, tout), bias, residual, scale, shift, alpha, inv_beta, act,
+    Cout, K, tout = _check_conv1d(x, weight, stride, dilation, left_pad)
+    _check_epilogue(x, Cout, (x.shape[0], tout, Cout), bias, residual, scale, shift, alpha, inv_beta, act,
                     out_dtype, precision)
     if x.device.type != "cuda" and config is None:
-        pre, out = _conv1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, kernel_size, stride,
-                                    dilation, left_pad, tap_major, act, out_dtype)
+        pre, out = _conv1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, stride, dilation,
+                                    left_pad, act, out_dtype)
         return (pre if write_pre else None), out
-    out, pre = launch_conv_gemm(x, weight, bias, residual, scale, shift, alpha, inv_beta, rows=Cout, tout=tout,
-                                ksize=kernel_size, dilation=dilation, stride=stride, pad=left_pad, phases=1,
-                                tap_major=tap_major, act=act, write_pre=write_pre, out_dtype=out_dtype,
-                                precision=precision, wrap=wrap, config=config, out=out, pre=pre)
+    out, pre = launch_conv_gemm(x, weight, bias, residual, scale, shift, alpha, inv_beta, cout=Cout, tout=tout,
+                                stride=stride, dilation=dilation, pad=left_pad, act=act, write_pre=write_pre,
+                                out_dtype=out_dtype, precision=precision, wrap=wrap, config=config, out=out,
+                                pre=pre)
     return pre, out
 
 
 def conv_transpose1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, act: str, out_dtype,
                              precision: str, write_pre: bool, wrap=lambda k: k,
                              config: ConvKernelConfig | None = None, out=None, pre=None):
-    Cout, s, M, Cin = _check_conv_transpose1d(x, weight)
-    T = x.shape[2]
-    _check_epilogue(x, Cout, (x.shape[0], Cout, T * s), bias, residual, scale, shift, alpha, inv_beta, act,
+    s, Cout, M, Cin = _check_conv_transpose1d(x, weight)
+    T = x.shape[1]
+    _check_epilogue(x, Cout, (x.shape[0], T * s, Cout), bias, residual, scale, shift, alpha, inv_beta, act,
                     out_dtype, precision)
     if x.device.type != "cuda" and config is None:
         pre, out = _conv_transpose1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, act,
                                               out_dtype)
         return (pre if write_pre else None), out
-    out, pre = launch_conv_gemm(x, weight, bias, residual, scale, shift, alpha, inv_beta, rows=Cout * s, tout=T,
-                                ksize=M, dilation=1, stride=1, pad=M - 1, phases=s, tap_major=True, act=act,
-                                write_pre=write_pre, out_dtype=out_dtype, precision=precision, wrap=wrap,
-                                config=config, out=out, pre=pre)
+    out, pre = launch_conv_gemm(x, weight.reshape(s * Cout, M, Cin), bias, residual, scale, shift, alpha, inv_beta,
+                                cout=Cout, tout=T, stride=1, dilation=1, pad=M - 1, act=act, write_pre=write_pre,
+                                out_dtype=out_dtype, precision=precision, wrap=wrap, config=config, out=out,
+                                pre=pre)
     return pre, out
 
 
 def dwconv1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, dilation: int, left_pad: int,
                      act: str, out_dtype, wrap=lambda k: k, config: DwKernelConfig | None = None, out=None):
     tout = _check_dwconv1d(x, weight, dilation, left_pad)
-    _check_epilogue(x, x.shape[1], (x.shape[0], x.shape[1], tout), bias, residual, scale, shift, alpha, inv_beta,
-                    act, out_dtype, "ieee")
+    C = x.shape[2]
+    _check_epilogue(x, C, (x.shape[0], tout, C), bias, residual, scale, shift, alpha, inv_beta, act, out_dtype,
+                    "ieee")
     if x.device.type != "cuda" and config is None:
         return dwconv1d_reference(x, weight, bias, residual, scale, shift, alpha, inv_beta, dilation, left_pad, act,
                                   out_dtype)
@@ -589,19 +785,18 @@ else:  # CPU-only installs: the same names and schemas as plain custom ops (thei
 
 @_op("conv1d")
 def conv1d(x: Tensor, weight: Tensor, bias: OptTensor, residual: OptTensor, scale: OptTensor, shift: OptTensor,
-           alpha: OptTensor, inv_beta: OptTensor, kernel_size: int, stride: int, dilation: int, left_pad: int,
-           tap_major: bool, act: str, out_dtype: torch.dtype | None, precision: str) -> Tensor:
-    return conv1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, kernel_size, stride, dilation,
-                          left_pad, tap_major, act, out_dtype, precision, False, wrap=_wrap)[1]
+           alpha: OptTensor, inv_beta: OptTensor, stride: int, dilation: int, left_pad: int, act: str,
+           out_dtype: torch.dtype | None, precision: str) -> Tensor:
+    return conv1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, stride, dilation, left_pad, act,
+                          out_dtype, precision, False, wrap=_wrap)[1]
 
 
 @_op("conv1d_dual")
 def conv1d_dual(x: Tensor, weight: Tensor, bias: OptTensor, residual: OptTensor, scale: OptTensor,
-                shift: OptTensor, alpha: OptTensor, inv_beta: OptTensor, kernel_size: int, stride: int,
-                dilation: int, left_pad: int, tap_major: bool, act: str, out_dtype: torch.dtype | None,
-                precision: str) -> tuple[Tensor, Tensor]:
-    return conv1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, kernel_size, stride, dilation,
-                          left_pad, tap_major, act, out_dtype, precision, True, wrap=_wrap)
+                shift: OptTensor, alpha: OptTensor, inv_beta: OptTensor, stride: int, dilation: int, left_pad: int,
+                act: str, out_dtype: torch.dtype | None, precision: str) -> tuple[Tensor, Tensor]:
+    return conv1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, stride, dilation, left_pad, act,
+                          out_dtype, precision, True, wrap=_wrap)
 
 
 @_op("conv_transpose1d")
@@ -628,14 +823,14 @@ def dwconv1d(x: Tensor, weight: Tensor, bias: OptTensor, residual: OptTensor, sc
                             out_dtype, wrap=_wrap)
 
 
-# Target-specific lowering (export.py for CPU builds, onnx_export.py as ONNX decompositions): exact aten forms.
-CPU_DECOMPOSITIONS = {
-    torch.ops.ttsaot.conv1d.default: conv1d_reference,
-    torch.ops.ttsaot.conv1d_dual.default: conv1d_dual_reference,
-    torch.ops.ttsaot.conv_transpose1d.default: conv_transpose1d_reference,
-    torch.ops.ttsaot.conv_transpose1d_dual.default: conv_transpose1d_dual_reference,
-    torch.ops.ttsaot.dwconv1d.default: dwconv1d_reference,
-}
+# Target-specific lowering (export.py for CPU builds, onnx_export.py as ONNX decompositions): exact aten forms, in
+# the one table every kernel module registers into (decompositions.py).
+for _op, _ref in ((torch.ops.ttsaot.conv1d.default, conv1d_reference),
+                  (torch.ops.ttsaot.conv1d_dual.default, conv1d_dual_reference),
+                  (torch.ops.ttsaot.conv_transpose1d.default, conv_transpose1d_reference),
+                  (torch.ops.ttsaot.conv_transpose1d_dual.default, conv_transpose1d_dual_reference),
+                  (torch.ops.ttsaot.dwconv1d.default, dwconv1d_reference)):
+    register_cpu_decomposition(_op, _ref)
 
 
 # ------------------------------------------------------------------------------------------ bake (build time)
@@ -649,7 +844,6 @@ class ConvMeta:
     stride: int
     dilation: int
     left_pad: int
-    tap_major: bool
 
     def out_len(self, T: int) -> int:
         return causal_out_len(T, self.kernel_size, self.stride, self.dilation, self.left_pad)
@@ -671,23 +865,20 @@ def _conv_parts(conv) -> tuple[torch.nn.Conv1d, int]:
     return inner, int(conv.left_pad)
 
 
-def bake_conv1d(conv, tap_major: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None, ConvMeta]:
-    """(weight_baked, bias, meta) for `ttsaot::conv1d`. Tap-major [Cout,K,Cin] for stride 1, channel-major
-    [Cout,Cin,K] (PyTorch's layout) for strided convs, unless `tap_major` says otherwise."""
+def bake_conv1d(conv) -> tuple[torch.Tensor, torch.Tensor | None, ConvMeta]:
+    """(weight [Cout, K, Cin], bias, meta) for `ttsaot::conv1d`."""
     inner, left = _conv_parts(conv)
     if inner.groups != 1:
         raise ConvBakeError(f"groups={inner.groups}: use bake_dwconv1d for depthwise convs")
     w = inner.weight.detach()
     cout, cin, k = w.shape
-    stride = inner.stride[0]
-    tm = (stride == 1) if tap_major is None else tap_major
-    wb = (w.permute(0, 2, 1) if tm else w).contiguous()
     bias = None if inner.bias is None else inner.bias.detach().clone()
-    return wb, bias, ConvMeta(cin, cout, k, stride, inner.dilation[0], left, tm)
+    return (w.permute(0, 2, 1).contiguous(), bias,
+            ConvMeta(cin, cout, k, inner.stride[0], inner.dilation[0], left))
 
 
 def bake_conv_transpose1d(conv) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    """(weight_baked [Cout, s, M, Cin], bias, stride) of layers.conv.CausalConvTranspose1d or a ConvTranspose1d
+    """(weight [s, Cout, M, Cin], bias, stride) of layers.conv.CausalConvTranspose1d or a ConvTranspose1d
     subclass carrying `trim`; the trim must be K − s (exactly T·s outputs). K is zero-padded to M·s."""
     inner = getattr(conv, "conv", conv)
     if not isinstance(inner, torch.nn.ConvTranspose1d):
@@ -702,13 +893,13 @@ def bake_conv_transpose1d(conv) -> tuple[torch.Tensor, torch.Tensor | None, int]
     cin, cout, _ = w.shape
     m = -(-k // s)
     w = F.pad(w, (0, m * s - k))
-    wb = w.view(cin, cout, m, s).flip(2).permute(1, 3, 2, 0).contiguous()
+    wb = w.view(cin, cout, m, s).flip(2).permute(3, 1, 2, 0).contiguous()
     bias = None if inner.bias is None else inner.bias.detach().clone()
     return wb, bias, s
 
 
 def bake_dwconv1d(conv) -> tuple[torch.Tensor, torch.Tensor | None, int, int]:
-    """(weight [C,K], bias, dilation, left_pad) of a causal depthwise conv: a CausalConv1d / Conv1d-with-left_pad
+    """(weight [K, C], bias, dilation, left_pad) of a causal depthwise conv: a CausalConv1d / Conv1d-with-left_pad
     with groups = channels, or passes.conv.ShiftDepthwiseConv1d."""
     if hasattr(conv, "weight") and hasattr(conv, "kernel") and hasattr(conv, "dilation") and \
             not isinstance(conv, torch.nn.Conv1d):                       # ShiftDepthwiseConv1d
@@ -718,14 +909,16 @@ def bake_dwconv1d(conv) -> tuple[torch.Tensor, torch.Tensor | None, int, int]:
         if not (inner.groups == inner.in_channels == inner.out_channels) or inner.stride[0] != 1:
             raise ConvBakeError("dwconv1d: groups must equal the channel count, stride 1")
         w, b, dil = inner.weight, inner.bias, inner.dilation[0]
-    return (w.detach()[:, 0, :].contiguous(), None if b is None else b.detach().clone(), int(dil), int(left))
+    return (w.detach()[:, 0, :].t().contiguous(), None if b is None else b.detach().clone(), int(dil), int(left))
 
 
 __all__ = [
-    "ACTS", "CPU_DECOMPOSITIONS", "DW_CONFIGS", "GEMM_TILES", "OPS", "PRECISIONS", "ConvBakeError", "ConvKernelConfig",
+    "ACTS", "CPU_DECOMPOSITIONS", "DW_CONFIGS", "FP32_MAX_TILE", "GEMM_TILES", "LAYOUT", "MAX_TUNED_CONFIGS",
+    "OPS", "PRECISIONS", "SPLITS", "SPLIT_WS_BYTES", "TF32X3_MAX_SIDE", "ConvBakeError", "ConvKernelConfig",
     "ConvMeta", "DwKernelConfig", "bake_conv1d", "bake_conv_transpose1d", "bake_dwconv1d", "causal_out_len",
     "conv1d", "conv1d_dual", "conv1d_dual_reference", "conv1d_forward", "conv1d_reference", "conv_transpose1d",
     "conv_transpose1d_dual", "conv_transpose1d_dual_reference", "conv_transpose1d_forward",
-    "conv_transpose1d_reference", "dwconv1d", "dwconv1d_forward", "dwconv1d_reference", "gemm_kernel_configs",
-    "launch_conv_gemm", "launch_dwconv", "prune_gemm_configs", "unbake_conv_transpose1d",
+    "conv_transpose1d_reference", "dwconv1d", "dwconv1d_forward", "dwconv1d_reference", "estimate_us",
+    "gemm_kernel_configs", "launch_conv_gemm", "launch_dwconv", "max_split", "prune_dw_configs",
+    "prune_gemm_configs", "round_to_tf32", "unbake_conv_transpose1d",
 ]

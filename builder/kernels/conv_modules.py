@@ -1,13 +1,18 @@
 """Build-time modules over the conv kernels (builder/kernels/conv1d.py), free of family code.
 
-- `KernelConv1d`, `KernelConvTranspose1d`, `KernelDwConv1d`: drop-ins for CausalConv1d / CausalConvTranspose1d /
-  a causal depthwise conv (weights baked once by `from_conv`), each with an optional fused epilogue
-  (residual input, per-channel affine, SnakeBeta / tanh / clamp, second `pre` output, output dtype).
-- `fuse_conv_chain(items)`: turns a codec decoder/encoder written as a flat list of generic items
-  (snakes, convs, `Residual([...])` branches, `Affine`, "tanh"/"clamp", any other module as an opaque step) into
-  a `FusedConvChain` that runs every conv with the activation that FOLLOWS it, the residual add that closes its
-  branch, and the second output that the next branch needs as its skip, all in the conv's epilogue:
-  Snake → conv(k, d) → Snake → conv(1) → +skip → next Snake costs 2 launches per residual unit instead of ~6 passes.
+- `KernelConv1d`, `KernelConvTranspose1d`, `KernelDwConv1d`: the channels-last ([B, T, C]) counterparts of
+  CausalConv1d / CausalConvTranspose1d / a causal depthwise conv (weights baked once by `from_conv`), each with an
+  optional fused epilogue (residual input, per-channel affine, SnakeBeta / tanh / clamp, second `pre` output,
+  output dtype); `SnakeNLC`, a standalone channels-last SnakeBeta.
+- `fuse_conv_chain(items, input_layout=..., output_layout=...)`: turns a codec decoder/encoder written as a flat
+  list of generic items (snakes, convs, `Residual([...])` branches, `Affine`, "tanh"/"clamp", `Opaque(module,
+  layout)` steps) into a `FusedConvChain` that runs every conv with the activation that FOLLOWS it, the residual
+  add that closes its branch, and the second output that the next branch needs as its skip, all in the conv's
+  epilogue: Snake → conv(k, d) → Snake → conv(1) → +skip → next Snake costs 2 launches per residual unit instead
+  of ~6 passes. Inside the chain everything is channels-last; the declared input/output layouts add at most one
+  layout change at each end ("to_nlc", a copy, free for a 1-channel input; "to_ncl", a view, free for a
+  1-channel output, whose [B, T, 1] is already the contiguous [B, 1, T] wave), and an `Opaque` module declared
+  "NCL" is the only other place one appears (`ChainPlan.layout_changes`).
 
 Mapping the three codecs (phase 2 builds the item lists from the family modules):
 - Qwen3-TTS ResidualUnit and Fish DAC ResidualUnit: `Residual([snake1, conv1(k7, d), snake2, conv2(k1)])`
@@ -16,7 +21,9 @@ Mapping the three codecs (phase 2 builds the item lists from the family modules)
 - VoxCPM2 CausalResidualUnit: the same with a DEPTHWISE conv1 (groups = channels, `KernelDwConv1d`), and the
   baked sample-rate conditioning before each decoder block as `Affine(scale, shift)`;
 - decoder blocks: `snake, conv_transpose, Residual(...)×3`; heads: `snake, conv(k7), "tanh"` (Fish, VoxCPM2) or
-  `"clamp"` with `out_dtype=torch.float32` (Qwen's clamp(−1, 1).float()).
+  `"clamp"` with `out_dtype=torch.float32` (Qwen's clamp(−1, 1).float());
+- encoder blocks (Fish DAC): `Residual(...)×3, snake, strided conv(2s, s)`, then the block's transformer as
+  `Opaque(transformer, "NLC")` when it takes [B, T, C] (its own layout changes then disappear as well).
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from ..layers.snake import BakedSnakeBeta, Snake1d, SnakeBeta
 from . import conv1d as _ops  # noqa: F401  (registers torch.ops.ttsaot.conv*)
 from .conv1d import ACTS, PRECISIONS, ConvBakeError, ConvMeta, bake_conv1d, bake_conv_transpose1d, bake_dwconv1d
 
+LAYOUTS = ("NCL", "NLC")
+
 
 def _param(t: torch.Tensor | None) -> nn.Parameter | None:
     return None if t is None else nn.Parameter(t.detach().clone().contiguous(), requires_grad=False)
@@ -46,6 +55,24 @@ def _snake_params(snake: Any) -> tuple[torch.Tensor, torch.Tensor]:
     if not (hasattr(snake, "alpha") and hasattr(snake, "inv_beta")):
         raise ConvBakeError(f"{type(snake).__name__}: not a snake (needs alpha and inv_beta)")
     return snake.alpha.detach().float().flatten(), snake.inv_beta.detach().float().flatten()
+
+
+class SnakeNLC(nn.Module):
+    """`ttsaot::snake_beta_nlc` on x [B, T, C]: a snake the chain could not fuse into a conv epilogue."""
+
+    keep_fp32 = True
+
+    def __init__(self, alpha: torch.Tensor, inv_beta: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("alpha", alpha.detach().float().flatten().contiguous())
+        self.register_buffer("inv_beta", inv_beta.detach().float().flatten().contiguous())
+
+    @classmethod
+    def from_snake(cls, snake: Any) -> SnakeNLC:
+        return cls(*_snake_params(snake))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.ttsaot.snake_beta_nlc(x, self.alpha, self.inv_beta)
 
 
 class _KernelConvBase(nn.Module):
@@ -82,7 +109,8 @@ class _KernelConvBase(nn.Module):
 
 
 class KernelConv1d(_KernelConvBase):
-    """`ttsaot::conv1d` (or `conv1d_dual` with write_pre): forward(x, residual=None) → out, or (pre, out)."""
+    """`ttsaot::conv1d` (or `conv1d_dual` with write_pre) on x [B, T, Cin]: forward(x, residual=None) → out
+    [B, T_out, Cout], or (pre, out)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, meta: ConvMeta, *, act: str = "none",
                  snake: Any = None, affine: tuple | None = None, write_pre: bool = False,
@@ -101,12 +129,13 @@ class KernelConv1d(_KernelConvBase):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         m = self.meta
         op = torch.ops.ttsaot.conv1d_dual if self.write_pre else torch.ops.ttsaot.conv1d
-        return op(x, self.weight, self.bias, residual, *self._epilogue_args(), m.kernel_size, m.stride, m.dilation,
-                  m.left_pad, m.tap_major, self.act, self.out_dtype, self.precision)
+        return op(x, self.weight, self.bias, residual, *self._epilogue_args(), m.stride, m.dilation, m.left_pad,
+                  self.act, self.out_dtype, self.precision)
 
 
 class KernelConvTranspose1d(_KernelConvBase):
-    """`ttsaot::conv_transpose1d(_dual)`: exactly T·stride outputs (CausalConvTranspose1d's trimmed form)."""
+    """`ttsaot::conv_transpose1d(_dual)` on x [B, T, Cin] → [B, T·stride, Cout] (CausalConvTranspose1d's trimmed
+    form)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, act: str = "none", snake: Any = None,
                  affine: tuple | None = None, write_pre: bool = False, out_dtype: torch.dtype | None = None,
@@ -115,8 +144,8 @@ class KernelConvTranspose1d(_KernelConvBase):
         if precision not in PRECISIONS:
             raise ConvBakeError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         self.weight, self.bias, self.precision = _param(weight), _param(bias), precision
-        self.stride = weight.shape[1]
-        self._init_epilogue(weight.shape[0], act, snake, affine, write_pre, out_dtype)
+        self.stride = weight.shape[0]
+        self._init_epilogue(weight.shape[1], act, snake, affine, write_pre, out_dtype)
 
     @classmethod
     def from_conv(cls, conv: nn.Module, **epilogue) -> KernelConvTranspose1d:
@@ -130,15 +159,15 @@ class KernelConvTranspose1d(_KernelConvBase):
 
 
 class KernelDwConv1d(_KernelConvBase):
-    """`ttsaot::dwconv1d`: causal depthwise conv (stride 1). No second output: where a skip must be kept, the
-    chain writes the plain conv output and runs the snake separately."""
+    """`ttsaot::dwconv1d` on x [B, T, C]: causal depthwise conv (stride 1). No second output: where a skip must
+    be kept, the chain writes the plain conv output and runs the snake separately."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dilation: int, left_pad: int, *,
                  act: str = "none", snake: Any = None, affine: tuple | None = None,
                  out_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.weight, self.bias, self.dilation, self.left_pad = _param(weight), _param(bias), dilation, left_pad
-        self._init_epilogue(weight.shape[0], act, snake, affine, False, out_dtype)
+        self._init_epilogue(weight.shape[1], act, snake, affine, False, out_dtype)
 
     @classmethod
     def from_conv(cls, conv: nn.Module, **epilogue) -> KernelDwConv1d:
@@ -167,6 +196,19 @@ class Affine:
 
 
 @dataclass
+class Opaque:
+    """A module the chain runs as it is (a transformer, a ConvNeXt block), on activations in `layout`:
+    "NLC" ([B, T, C], the chain's own: no conversion) or "NCL" ([B, C, T]: the chain converts around it)."""
+
+    module: nn.Module
+    layout: str = "NLC"
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ConvBakeError(f"Opaque layout must be one of {LAYOUTS}, got {self.layout!r}")
+
+
+@dataclass
 class _Tok:
     kind: str            # conv | convT | dw | snake | res_begin | res_end | affine | act | opaque
     obj: Any = None
@@ -188,7 +230,9 @@ def _classify(item: Any) -> _Tok:
         return _Tok("act", "tanh")
     if isinstance(item, Affine):
         return _Tok("affine", item)
-    if isinstance(item, (SnakeBeta, Snake1d, BakedSnakeBeta)):
+    if isinstance(item, Opaque):
+        return _Tok("opaque", item)
+    if isinstance(item, (SnakeBeta, Snake1d, BakedSnakeBeta, SnakeNLC)):
         return _Tok("snake", item)
     inner = getattr(item, "conv", item)
     if isinstance(inner, nn.ConvTranspose1d):
@@ -198,7 +242,8 @@ def _classify(item: Any) -> _Tok:
     if isinstance(inner, nn.Conv1d) and hasattr(item, "left_pad"):
         return _Tok("conv", item)
     if isinstance(item, nn.Module):
-        return _Tok("opaque", item)
+        raise ConvBakeError(f"{type(item).__name__}: wrap modules the chain does not fuse in Opaque(module, layout) "
+                            "to say which layout they take")
     raise ConvBakeError(f"unsupported chain item {type(item).__name__}")
 
 
@@ -215,7 +260,7 @@ def _tokens(items: Sequence[Any], nested: bool = False) -> list[_Tok]:
 
 
 class _Step(nn.Module):
-    """One launch (or an opaque module) of a chain: (cur, skip) → (cur, skip)."""
+    """One launch (or an opaque module, or a layout change) of a chain: (cur, skip) → (cur, skip)."""
 
     def __init__(self, mod: nn.Module, kind: str, use_skip: bool = False, set_skip: str | None = None) -> None:
         super().__init__()
@@ -231,17 +276,39 @@ class _Step(nn.Module):
             return cur, cur
         if self.kind == "add_skip":
             return cur + skip, skip
-        return self.mod(cur), skip                         # snake / affine / act / opaque / cast
+        return self.mod(cur), skip                         # snake / affine / act / opaque / cast / layout
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}, use_skip={self.use_skip}, set_skip={self.set_skip}"
 
 
+class _Transpose(nn.Module):
+    """[B, X, Y] → [B, Y, X]. To the chain's layout: a contiguous copy (the kernels read rows). Out of it: a view
+    (free for a 1-channel output; a consumer that needs other strides copies once, where it reads)."""
+
+    def __init__(self, copy: bool) -> None:
+        super().__init__()
+        self.copy = copy
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.transpose(1, 2)
+        return y.contiguous() if self.copy else y
+
+
+class _OpaqueNCL(nn.Module):
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x.transpose(1, 2)).transpose(1, 2).contiguous()
+
+
 class _AffineMod(nn.Module):
     def __init__(self, a: Affine) -> None:
         super().__init__()
-        self.register_buffer("scale", a.scale.detach().reshape(1, -1, 1).clone().contiguous())
-        self.register_buffer("shift", a.shift.detach().reshape(1, -1, 1).clone().contiguous())
+        self.register_buffer("scale", a.scale.detach().flatten().clone().contiguous())
+        self.register_buffer("shift", a.shift.detach().flatten().clone().contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.scale + self.shift
@@ -260,6 +327,9 @@ class _ActMod(nn.Module):
         return x if self.out_dtype is None else x.to(self.out_dtype)
 
 
+LAYOUT_STEPS = ("to_nlc", "to_ncl")
+
+
 @dataclass
 class ChainPlan:
     """What fuse_conv_chain made of the items: one line per step (for the manifest/inspect and tests)."""
@@ -268,16 +338,22 @@ class ChainPlan:
 
     @property
     def launches(self) -> int:
-        return sum(1 for s in self.steps if not s.startswith(("set_skip", "opaque")))
+        return sum(1 for s in self.steps if not s.startswith(("set_skip", "opaque", "to_ncl")))   # to_ncl: a view
+
+    @property
+    def layout_changes(self) -> list[int]:
+        """Indices of the steps that change the activation layout (copies or views)."""
+        return [i for i, s in enumerate(self.steps) if s.startswith(LAYOUT_STEPS) or s == "opaque(NCL)"]
 
 
 class FusedConvChain(nn.Module):
-    """forward(x) runs the fused steps; `plan` describes them."""
+    """forward(x) runs the fused steps on x in `input_layout` and returns `output_layout`; `plan` describes them."""
 
-    def __init__(self, steps: list[_Step], plan: ChainPlan) -> None:
+    def __init__(self, steps: list[_Step], plan: ChainPlan, input_layout: str, output_layout: str) -> None:
         super().__init__()
         self.steps = nn.ModuleList(steps)
         self.plan = plan
+        self.input_layout, self.output_layout = input_layout, output_layout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cur, skip = x, None
@@ -285,14 +361,24 @@ class FusedConvChain(nn.Module):
             cur, skip = step(cur, skip)
         return cur
 
+    def extra_repr(self) -> str:
+        return f"input_layout={self.input_layout}, output_layout={self.output_layout}"
 
-def fuse_conv_chain(items: Sequence[Any], *, out_dtype: torch.dtype | None = None,
-                    precision: str = "ieee") -> FusedConvChain:
-    """Compile a flat item list into fused kernel launches (see the module docstring). `out_dtype` is the dtype
-    of the chain's result (Qwen: fp32 after the clamp); `precision` is used by every fp32 GEMM conv."""
+
+def fuse_conv_chain(items: Sequence[Any], *, input_layout: str = "NCL", output_layout: str = "NCL",
+                    out_dtype: torch.dtype | None = None, precision: str = "ieee") -> FusedConvChain:
+    """Compile a flat item list into fused channels-last kernel launches (see the module docstring). The chain
+    takes x in `input_layout` and returns `output_layout` ("NCL" [B, C, T] or "NLC" [B, T, C]); `out_dtype` is the
+    dtype of the chain's result (Qwen: fp32 after the clamp); `precision` is used by every fp32 GEMM conv."""
+    for name, lay in (("input_layout", input_layout), ("output_layout", output_layout)):
+        if lay not in LAYOUTS:
+            raise ConvBakeError(f"{name} must be one of {LAYOUTS}, got {lay!r}")
     toks = _tokens(items)
     steps: list[_Step] = []
     plan = ChainPlan()
+    if input_layout == "NCL":
+        steps.append(_Step(_Transpose(copy=True), "layout"))
+        plan.steps.append("to_nlc")
     i = 0
     while i < len(toks):
         t = toks[i]
@@ -332,27 +418,35 @@ def fuse_conv_chain(items: Sequence[Any], *, out_dtype: torch.dtype | None = Non
             i = j
             continue
         if t.kind == "snake":
-            a, ib = _snake_params(t.obj)
-            steps.append(_Step(BakedSnakeBeta(a, ib), "snake"))
+            steps.append(_Step(SnakeNLC.from_snake(t.obj), "snake"))
+            plan.steps.append("snake")
         elif t.kind == "res_begin":
             steps.append(_Step(nn.Identity(), "set_skip"))
+            plan.steps.append("set_skip")
         elif t.kind == "res_end":
             steps.append(_Step(nn.Identity(), "add_skip"))
+            plan.steps.append("add_skip")
         elif t.kind == "affine":
             steps.append(_Step(_AffineMod(t.obj), "affine"))
+            plan.steps.append("affine")
         elif t.kind == "act":
             steps.append(_Step(_ActMod(t.obj), "act"))
+            plan.steps.append(f"act({t.obj})")
         else:
-            steps.append(_Step(t.obj, "opaque"))
-        plan.steps.append({"res_begin": "set_skip", "res_end": "add_skip", "act": f"act({t.obj})"}.get(t.kind, t.kind))
+            op = t.obj
+            steps.append(_Step(op.module if op.layout == "NLC" else _OpaqueNCL(op.module), "opaque"))
+            plan.steps.append(f"opaque({op.layout})")
         i += 1
     if out_dtype is not None and not (steps and steps[-1].kind == "kernel"):
         steps.append(_Step(_ActMod("none", out_dtype), "cast"))
         plan.steps.append(f"cast({out_dtype})")
-    return FusedConvChain(steps, plan)
+    if output_layout == "NCL":
+        steps.append(_Step(_Transpose(copy=False), "layout"))
+        plan.steps.append("to_ncl")
+    return FusedConvChain(steps, plan, input_layout, output_layout)
 
 
 __all__ = [
-    "Affine", "ChainPlan", "FusedConvChain", "KernelConv1d", "KernelConvTranspose1d", "KernelDwConv1d", "Residual",
-    "fuse_conv_chain",
+    "LAYOUTS", "Affine", "ChainPlan", "FusedConvChain", "KernelConv1d", "KernelConvTranspose1d", "KernelDwConv1d",
+    "Opaque", "Residual", "SnakeNLC", "fuse_conv_chain",
 ]

@@ -1,4 +1,5 @@
-"""`ttsaot::snake_beta(x, alpha, inv_beta)`: y = x + inv_beta * sin(alpha * x)^2.
+"""`ttsaot::snake_beta(x, alpha, inv_beta)`: y = x + inv_beta * sin(alpha * x)^2 on x [B, C, T], and
+`ttsaot::snake_beta_nlc`, the same on channels-last x [B, T, C] (the layout of the conv kernels' chains).
 
 `alpha` = exp(log_alpha) and `inv_beta` = 1 / (exp(log_beta) + eps) are baked at build time (passes.bake), so
 the kernel reads two per-channel scalars and streams x once: it is a pure bandwidth kernel.
@@ -31,6 +32,19 @@ def snake_beta_reference(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.T
     ib = inv_beta.float().view(1, -1, 1)
     s = torch.sin(xf * a)
     return (xf + ib * (s * s)).to(x.dtype)
+
+
+def snake_beta_nlc_reference(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor) -> torch.Tensor:
+    """The channels-last form: per-channel scalars along the last dimension."""
+    xf = x.float()
+    s = torch.sin(xf * alpha.float())
+    return (xf + inv_beta.float() * (s * s)).to(x.dtype)
+
+
+def _check_nlc(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor) -> None:
+    torch._check(x.dim() == 3, lambda: f"snake_beta_nlc expects channels-last x [B,T,C], got {tuple(x.shape)}")
+    torch._check(alpha.shape == (x.shape[2],), lambda: "alpha must be [C]")
+    torch._check(inv_beta.shape == (x.shape[2],), lambda: "inv_beta must be [C]")
 
 
 def _check(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor) -> None:
@@ -70,6 +84,50 @@ if HAVE_TRITON:
         y = xf + ib * s * s
         tl.store(y_ptr + base + offs, y.to(x.dtype), mask=mask)
 
+    @triton.jit(do_not_specialize=["ROWS"])
+    def _snake_beta_nlc_jit(x_ptr, a_ptr, ib_ptr, y_ptr, ROWS, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                            FAST_SIN: tl.constexpr):
+        # [rows = B·T, C] tiles: the per-channel scalars are one vector per program, rows stream contiguously.
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        c_ok = c < C
+        a = tl.load(a_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+        ib = tl.load(ib_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+        off = rows.to(tl.int64)[:, None] * C + c[None, :]
+        mask = (rows < ROWS)[:, None] & c_ok[None, :]
+        x = tl.load(x_ptr + off, mask=mask, other=0.0)
+        xf = x.to(tl.float32)
+        if FAST_SIN:
+            s = _fast_sin(xf * a[None, :])
+        else:
+            s = tl.sin(xf * a[None, :])
+        tl.store(y_ptr + off, (xf + ib[None, :] * s * s).to(x.dtype), mask=mask)
+
+    _snake_beta_nlc_kernel = triton.autotune(
+        configs=[triton.Config({"BLOCK_R": 32, "BLOCK_C": 128}, num_warps=4),
+                 triton.Config({"BLOCK_R": 64, "BLOCK_C": 64}, num_warps=4),
+                 triton.Config({"BLOCK_R": 128, "BLOCK_C": 32}, num_warps=4)],
+        key=["ROWS", "C"],
+    )(_snake_beta_nlc_jit)
+
+    def launch_snake_beta_nlc_kernel(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor,
+                                     wrap=lambda k: k, block: tuple[int, int] | None = None) -> torch.Tensor:
+        """x [B, T, C]; `block` = (rows, channels) skips autotuning (interpreter tests)."""
+        x = x.contiguous()
+        B, T, C = x.shape
+        y = torch.empty_like(x)
+
+        def grid(meta):
+            return (triton.cdiv(B * T, meta["BLOCK_R"]), triton.cdiv(C, meta["BLOCK_C"]))
+
+        fast_sin = x.dtype != torch.float32 and x.device.type == "cuda"
+        if block is None:
+            wrap(_snake_beta_nlc_kernel)[grid](x, alpha, inv_beta, y, B * T, C, FAST_SIN=fast_sin)
+        else:
+            _snake_beta_nlc_jit[grid({"BLOCK_R": block[0], "BLOCK_C": block[1]})](
+                x, alpha, inv_beta, y, B * T, C, BLOCK_R=block[0], BLOCK_C=block[1], FAST_SIN=fast_sin)
+        return y
+
     # Tuned per bucket at AOTI compile time on the compile GPU (one config is baked into each package).
     _snake_beta_kernel = triton.autotune(
         configs=[
@@ -106,6 +164,13 @@ if HAVE_TRITON:
             return snake_beta_reference(x, alpha, inv_beta)
         return launch_snake_beta_kernel(x, alpha, inv_beta, wrap=torch.library.wrap_triton)
 
+    @torch.library.triton_op(OP_NAME + "_nlc", mutates_args=())
+    def snake_beta_nlc(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor) -> torch.Tensor:
+        _check_nlc(x, alpha, inv_beta)
+        if x.device.type != "cuda":
+            return snake_beta_nlc_reference(x, alpha, inv_beta)
+        return launch_snake_beta_nlc_kernel(x, alpha, inv_beta, wrap=torch.library.wrap_triton)
+
 else:
 
     @torch.library.custom_op(OP_NAME, mutates_args=())
@@ -118,10 +183,23 @@ else:
         _check(x, alpha, inv_beta)
         return torch.empty_like(x)
 
+    @torch.library.custom_op(OP_NAME + "_nlc", mutates_args=())
+    def snake_beta_nlc(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor) -> torch.Tensor:
+        _check_nlc(x, alpha, inv_beta)
+        return snake_beta_nlc_reference(x, alpha, inv_beta)
+
+    @snake_beta_nlc.register_fake
+    def _(x, alpha, inv_beta):
+        _check_nlc(x, alpha, inv_beta)
+        return torch.empty_like(x)
+
     launch_snake_beta_kernel = None  # type: ignore[assignment]
+    launch_snake_beta_nlc_kernel = None  # type: ignore[assignment]
 
 
-# CPU builds and the ONNX exporter lower the op to its reference. `CPU_DECOMPOSITIONS` (every kernel's entries, see
-# decompositions.py) stays importable from here for export.py / onnx_export.py.
+# CPU builds and the ONNX exporter lower the ops to their references. `CPU_DECOMPOSITIONS` (every kernel's entries,
+# see decompositions.py) stays importable from here for export.py / onnx_export.py.
 register_cpu_decomposition(torch.ops.ttsaot.snake_beta.default, snake_beta_reference)
-__all__ = ["CPU_DECOMPOSITIONS", "HAVE_TRITON", "launch_snake_beta_kernel", "snake_beta", "snake_beta_reference"]
+register_cpu_decomposition(torch.ops.ttsaot.snake_beta_nlc.default, snake_beta_nlc_reference)
+__all__ = ["CPU_DECOMPOSITIONS", "HAVE_TRITON", "launch_snake_beta_kernel", "launch_snake_beta_nlc_kernel",
+           "snake_beta", "snake_beta_nlc", "snake_beta_nlc_reference", "snake_beta_reference"]

@@ -1,5 +1,6 @@
-"""The conv kernels compiled by Triton on CUDA (autotuned, through torch.ops) against their exact references at real
-codec layer shapes; fused chains against the eager modules; an AOTI CUDA build of a fused chain."""
+"""The channels-last conv kernels compiled by Triton on CUDA (autotuned, through torch.ops) against their exact
+references at real codec layer shapes; fused chains against the eager modules; an AOTI CUDA build of a fused chain
+with no layout conversion between its conv layers."""
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ def _rel(a, b):
 
 
 def _inputs(cin, cout, T, B, dtype, g):
-    x = torch.randn(B, cin, T, generator=g, device="cuda").to(dtype)
+    x = torch.randn(B, T, cin, generator=g, device="cuda").to(dtype)
     a, ib = torch.rand(cout, device="cuda") + 0.5, torch.rand(cout, device="cuda")
     return x, a, ib
 
@@ -55,18 +56,17 @@ def test_conv1d_op_on_cuda(case):
     w, b = w.to(dtype), b.to(dtype)
     x, a, ib = _inputs(cin, cout, T, B, dtype, g)
     tout = m.out_len(T)
-    res = torch.randn(B, cout, tout, generator=g, device="cuda").to(dtype)
-    args = (x, w, b, res, None, None, a, ib, k, s, d, m.left_pad, m.tap_major, "snake", None,
-            "ieee" if prec == "bf16" else prec)
+    res = torch.randn(B, tout, cout, generator=g, device="cuda").to(dtype)
+    args = (x, w, b, res, None, None, a, ib, s, d, m.left_pad, "snake", None, "ieee" if prec == "bf16" else prec)
     pre, out = torch.ops.ttsaot.conv1d_dual(*args)
     ref_pre, ref = K.conv1d_dual_reference(*args)
-    assert not out.isnan().any() and out.shape == ref.shape
+    assert not out.isnan().any() and out.shape == ref.shape == (B, tout, cout)
     assert _rel(pre, ref_pre) < TOL[prec] and _rel(out, ref) < TOL[prec] * 2
-    plain = torch.ops.ttsaot.conv1d(*args[:3], None, None, None, None, None, *args[8:13], "clamp", torch.float32,
-                                    args[15])
+    plain = torch.ops.ttsaot.conv1d(*args[:3], None, None, None, None, None, *args[8:11], "clamp", torch.float32,
+                                    args[13])
     assert plain.dtype == torch.float32
-    assert _rel(plain, K.conv1d_reference(*args[:3], None, None, None, None, None, *args[8:13], "clamp",
-                                          torch.float32, args[15])) < TOL[prec]
+    assert _rel(plain, K.conv1d_reference(*args[:3], None, None, None, None, None, *args[8:11], "clamp",
+                                          torch.float32, args[13])) < TOL[prec]
 
 
 @pytest.mark.parametrize("case", [(1, 384, 192, 8, 4, 8000, "bf16"), (4, 1536, 768, 16, 8, 200, "bf16"),
@@ -83,7 +83,7 @@ def test_conv_transpose1d_op_on_cuda(case):
     args = (x, w.to(dtype), b.to(dtype), None, None, None, a, ib, "snake", None, "ieee" if prec == "bf16" else prec)
     pre, out = torch.ops.ttsaot.conv_transpose1d_dual(*args)
     ref_pre, ref = K.conv_transpose1d_dual_reference(*args)
-    assert out.shape == (B, cout, T * s)
+    assert out.shape == (B, T * s, cout)
     assert _rel(pre, ref_pre) < TOL[prec] and _rel(out, ref) < TOL[prec] * 2
 
 
@@ -91,7 +91,7 @@ def test_conv_transpose1d_op_on_cuda(case):
                                          (32, 1, 69120, torch.bfloat16)])
 def test_dwconv1d_op_on_cuda(C, d, T, dtype):
     g = torch.Generator(device="cuda").manual_seed(2)
-    w = torch.randn(C, 7, generator=g, device="cuda").to(dtype)
+    w = torch.randn(7, C, generator=g, device="cuda").to(dtype)
     b = torch.randn(C, generator=g, device="cuda").to(dtype)
     x, a, ib = _inputs(C, C, T, 1, dtype, g)
     args = (x, w, b, None, None, None, a, ib, d, 6 * d, "snake", None)
@@ -125,7 +125,7 @@ def _qwen_block(dtype):
     with torch.no_grad():
         for n, p in eager.named_parameters():
             p.copy_(torch.rand_like(p) * 0.5 if n.endswith(("alpha", "beta")) else torch.randn_like(p) * 0.1)
-    chain = cast_to_compute_dtype(fuse_conv_chain(items), dtype).cuda()
+    chain = cast_to_compute_dtype(fuse_conv_chain(items, input_layout="NCL", output_layout="NLC"), dtype).cuda()
     bake_snake(eager)
     return cast_to_compute_dtype(eager, dtype).cuda().eval(), chain
 
@@ -136,7 +136,8 @@ def test_fused_chain_matches_eager_on_cuda(dtype):
     x = torch.randn(2, 64, 500, device="cuda").to(dtype)
     with torch.no_grad():
         y, ref = chain(x), eager(x)
-    assert _rel(y, ref) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
+    assert y.shape == (2, 2000, 32)
+    assert _rel(y, ref.transpose(1, 2)) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
 
 
 def test_fused_chain_aoti_cuda_package(tmp_path):
@@ -146,8 +147,79 @@ def test_fused_chain_aoti_cuda_package(tmp_path):
     with torch.no_grad():
         ref = chain(x)
         ep = torch.export.export(chain, (x,), strict=False)
-    names = [str(n.target) for n in ep.graph.nodes if n.op == "call_function" and "ttsaot" in str(n.target)]
+    names = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
     assert names.count("ttsaot.conv1d_dual.default") == 2 and names.count("ttsaot.conv_transpose1d_dual.default") == 1
+    first = min(i for i, n in enumerate(names) if n.startswith("ttsaot.conv"))
+    assert not any(n.startswith(("aten.transpose", "aten.permute", "aten.clone", "aten.contiguous"))
+                   for n in names[first:])                      # NCL in, NLC out: the one conversion is at the start
     path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "chain.pt2"))
     got = torch._inductor.aoti_load_package(path)(x)
     assert _rel(got, ref) < 1e-2
+
+
+@pytest.mark.parametrize("cin,cout,k,d,T", [(768, 768, 7, 3, 928), (192, 192, 7, 9, 7424), (1536, 768, 1, 1, 116)])
+def test_tf32_rounds_like_cudnn(cin, cout, k, d, T):
+    """"tf32" rounds both operands to the nearest TF32 value: its error matches cuDNN's TF32 convolution (fed
+    unrounded, the tensor cores truncate: about twice the error, and biased)."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    with torch.device("cuda"):
+        conv = CausalConv1d(cin, cout, k, dilation=d)
+    w, b, m = K.bake_conv1d(conv)
+    x = torch.randn(1, T, cin, generator=g, device="cuda")
+    args = (x, w, b, None, None, None, None, None, 1, d, m.left_pad, "none", None)
+    exact = K.conv1d_reference(*args, "ieee").double()
+    ours = torch.ops.ttsaot.conv1d(*args, "tf32")
+    torch.backends.cudnn.allow_tf32 = True
+    with torch.no_grad():
+        cudnn = conv(x.transpose(1, 2)).transpose(1, 2)
+    torch.backends.cudnn.allow_tf32 = False
+    e_ours, e_cudnn = _rel(ours, exact), _rel(cudnn, exact)
+    assert e_cudnn > 1e-5                    # cuDNN did run in TF32
+    assert e_ours < 1.3 * e_cudnn, (e_ours, e_cudnn)
+    assert abs(((ours.double() - exact) * exact.sign()).mean() / exact.abs().mean()) < 1e-4   # no shrinking bias
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_snake_beta_nlc_on_cuda(dtype):
+    from ttsaot.builder.kernels.snake_beta import snake_beta_nlc_reference
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+    x = (torch.randn(2, 3001, 96, generator=g, device="cuda") * 3).to(dtype)
+    a, ib = torch.rand(96, device="cuda") + 0.5, torch.rand(96, device="cuda")
+    y = torch.ops.ttsaot.snake_beta_nlc(x, a, ib)
+    assert _rel(y, snake_beta_nlc_reference(x, a, ib)) < (1e-6 if dtype == torch.float32 else 4e-3)
+
+
+@pytest.mark.parametrize("split,prec", [(2, "bf16"), (4, "tf32x3"), (8, "tf32")])
+def test_split_k_is_exact_and_replays_in_a_graph(split, prec):
+    """Split-K on a short, wide layer (code2wav's first conv at B=1): the reference's numerics, bit-identical
+    results across launches (partials summed in split order), and counters that reset themselves across CUDA-graph
+    replays."""
+    dtype = torch.bfloat16 if prec == "bf16" else torch.float32
+    g = torch.Generator(device="cuda").manual_seed(5)
+    with torch.device("cuda"):
+        conv = CausalConv1d(1024, 1536, 7)
+    w, b, m = K.bake_conv1d(conv)
+    w, b = w.to(dtype), b.to(dtype)
+    x, a, ib = _inputs(1024, 1536, 200, 1, dtype, g)
+    kp = "ieee" if prec == "bf16" else prec
+    cfg = K.ConvKernelConfig(64, 128, 64 if dtype == torch.bfloat16 else 32, 4, 3, split_k=split)
+    args = (x, w, b, None, None, None, a, ib, 1, 1, m.left_pad, "snake", None, kp)
+    ref = K.conv1d_reference(*((K.round_to_tf32(x), K.round_to_tf32(w), *args[2:]) if prec == "tf32" else args))
+    first = K.conv1d_forward(*args, False, config=cfg)[1]
+    assert _rel(first, ref) < TOL[prec] * 2
+    assert torch.equal(K.conv1d_forward(*args, False, config=cfg)[1], first)
+    out = torch.empty_like(first)
+    ws = torch.empty(split * 200 * 1536, dtype=torch.float32, device="cuda")
+    cnt = torch.zeros(13 * 96, dtype=torch.int32, device="cuda")
+    launch = dict(cout=1536, tout=200, stride=1, dilation=1, pad=m.left_pad, act="snake", write_pre=False,
+                  out_dtype=None, precision=kp, config=cfg, out=out, scratch=(ws, cnt))
+    K.launch_conv_gemm(x, w, b, None, None, None, a, ib, **launch)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        K.launch_conv_gemm(x, w, b, None, None, None, a, ib, **launch)
+    for _ in range(3):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, first) and not cnt.any()
