@@ -103,7 +103,6 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-@cache
 def _family_flags() -> dict[str, list[tuple[Family, Flag]]]:
     """flag name → the families declaring it (one CLI option per name, whatever family declares it)."""
     out: dict[str, list[tuple[Family, Flag]]] = {}
@@ -121,16 +120,21 @@ def _family_params() -> list[click.Option]:
     params = []
     for name, owners in _family_flags().items():
         fl = owners[0][1]
-        defaults = "; ".join(f"{fam.name}: {_show(_default_at(fam.Options(), f.path))}" for fam, f in owners)
-        what = f"[{', '.join(fam.name for fam, _ in owners)}]" if fl.is_switch else f"[default {defaults}]"
+        helps = dict.fromkeys(f.help for _, f in owners)
+        text = fl.help if len(helps) == 1 else " ".join(f"{fam.name}: {f.help}" for fam, f in owners)
+        defaults = {fam.name: _default_at(fam.Options(), f.path) for fam, f in owners}
+        if fl.is_switch or all(v is None for v in defaults.values()):
+            what = f"[{', '.join(defaults)}]"
+        else:
+            what = "[default " + "; ".join(f"{fam}: {_show(v)}" for fam, v in defaults.items()) + "]"
         choices = getattr(fl.parse, "choices", None)
         metavar = fl.metavar or ("|".join(choices) if choices else "N")
         if fl.is_switch:
             params.append(click.Option([name, _param_name(name)], is_flag=True, default=False,
-                                       help=f"{fl.help} {what}"))
+                                       help=f"{text} {what}"))
         else:
             params.append(click.Option([name, _param_name(name)], default=None, metavar=metavar,
-                                       help=f"{fl.help} {what}"))
+                                       help=f"{text} {what}"))
     return params
 
 

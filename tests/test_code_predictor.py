@@ -197,3 +197,16 @@ def test_generate_and_golden(stage, model, code_predictor_fp32):
     results = verify_bundle(load(code_predictor_fp32))
     assert results and all(r.ok for r in results), [r for r in results if not r.ok]
     assert {r.case for r in results} == {"b4", "b1"}
+
+
+@pytest.mark.parametrize("code0", [-1, 100_000])
+def test_out_of_range_code0_is_refused(stage, code0):
+    """Issue 19: code0 = -1 or 1e5 silently returned an all-zero row. Special talker tokens (≥ the predictor's
+    vocabulary, < the talker's) keep upstream's zero row; anything outside the talker vocabulary is an error."""
+    from ttsaot.runtime.errors import InputRangeError
+
+    hidden = torch.randn(2, CFG.talker_hidden_size)
+    with pytest.raises(InputRangeError, match="code0"):
+        stage.generate(hidden, torch.tensor([3, code0]))
+    codes, _ = stage.generate(hidden, torch.tensor([3, CFG.talker_vocab_size - 1]))
+    assert (codes[1] == 0).all() and codes[0, 0] == 3

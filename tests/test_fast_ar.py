@@ -277,3 +277,16 @@ def test_artifact_golden_and_manifest(stage, fast_ar_fp32):
     packed = CFG.codebook_size + (CFG.num_codebooks - 1) * CFG.residual_codebook_size
     assert (packed, CFG.dim) in shapes                                          # the pruned codebook table
     assert (CFG.num_codebooks * CFG.codebook_size, CFG.dim) not in shapes
+
+
+@pytest.mark.parametrize("token", [-1, 10**9])
+def test_tokens_outside_the_text_vocabulary_are_refused(stage, token):
+    """Non-semantic slow-AR tokens keep upstream's clamp (code 0 = the nearest semantic code); ids that are no
+    token at all are an InputRangeError instead of a silent clamp."""
+    from ttsaot.runtime.errors import InputRangeError
+
+    hidden, te = torch.randn(2, CFG.dim), torch.randn(2, CFG.dim)
+    with pytest.raises(InputRangeError, match="token"):
+        stage.generate(hidden, torch.tensor([START, token]), token_embed=te)
+    codes, _ = stage.generate(hidden, torch.tensor([START, 151645]), token_embed=te)     # <|im_end|>: clamped
+    assert codes[1, 0] == 0

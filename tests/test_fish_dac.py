@@ -168,10 +168,11 @@ def test_preset_is_detected_from_the_checkpoint(tiny, tmp_path):
 
 # Sizes no preset has: every inferable field differs from both presets (other codebooks, strides, transformer depths
 # and widths); what the tensors cannot tell (windows, RoPE base, eps, rate) at the upstream defaults.
-ODD = replace(fcfg.DACConfig(), encoder_block_size=TINY.encoder_block_size, quantizer_block_size=512, encoder_dim=8, encoder_rates=(2, 4, 4), latent_dim=64, decoder_dim=48, decoder_rates=(4, 4, 2),
-              encoder_transformer_layers=(0, 0, 2), transformer_head_dim=32, n_codebooks=5, codebook_size=64, semantic_codebook_size=128,
-              codebook_dim=4, downsample_factor=(2,), quantizer_layers=2, quantizer_heads=4, quantizer_head_dim=16,
-              quantizer_intermediate=96)
+ODD = replace(fcfg.DACConfig(), encoder_block_size=TINY.encoder_block_size, quantizer_block_size=512,
+              encoder_dim=8, encoder_rates=(2, 4, 4), latent_dim=64, decoder_dim=48, decoder_rates=(4, 4, 2),
+              encoder_transformer_layers=(0, 0, 2), transformer_head_dim=32, n_codebooks=5, codebook_size=64,
+              semantic_codebook_size=128, codebook_dim=4, downsample_factor=(2,), quantizer_layers=2,
+              quantizer_heads=4, quantizer_head_dim=16, quantizer_intermediate=96)
 
 
 @pytest.mark.parametrize("with_buffers", [True, False])

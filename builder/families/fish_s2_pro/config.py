@@ -149,8 +149,6 @@ def codec_path(path: str | Path) -> Path:
     return p / CODEC_FILE if p.is_dir() else p
 
 
-# Fields the tensors cannot tell; the rest are inferred from shapes.
-DAC_UNSHAPED_FIELDS = ("sample_rate", "encoder_window", "quantizer_window", "rope_base", "norm_eps")
 WN_V = "parametrizations.weight.original1"      # a weight-normed conv's direction: the weight's shape
 
 

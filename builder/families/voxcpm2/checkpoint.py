@@ -157,7 +157,7 @@ def write_audio_checkpoint(out_dir: str | Path, cfg: AudioConfig, locdit: LocDiT
 VAE_RULES = KeyRules(prefix="", ignore_prefixes=("encoder.",))
 
 
-def _classify(state: dict[str, torch.Tensor], source: str) -> tuple[dict[str, torch.Tensor], dict]:
+def _classify(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict]:
     loaded, report = {}, {"ignored": {"tensors": 0, "params": 0}, "dropped": {}, "unknown": []}
     for k, v in state.items():
         kind = VAE_RULES.classify(k)
@@ -182,7 +182,7 @@ def read_vae_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict]
         path, state = pth, obj.get("state_dict", obj)
     else:
         raise FileNotFoundError(f"{d}: neither audiovae.safetensors nor audiovae.pth found")
-    loaded, report = _classify(state, str(path))
+    loaded, report = _classify(state)
     report["path"], report["sha256"] = str(path), sha256_of(path)
     return legacy_weight_norm_to_new(loaded), report
 

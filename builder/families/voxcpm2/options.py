@@ -22,7 +22,7 @@ class VoxCPM2Options(StreamingCodecOptions):
     max_len: int = flag(4096, parse=positive_int, help="LM stages: static KV cache length (tokens).")
     prefill_buckets: tuple[int, ...] = flag((64, 128, 256, 512), parse=positive_ints, metavar="N,N",
                                             help="LM prefill prompt-length buckets.")
-    cfg_rate: float | None = flag(None, parse=positive_float,
+    cfg_rate: float | None = flag(None, parse=positive_float, metavar="X",
                                   help="locdit classifier-free guidance scale (default: config.json's, 2.0).")
     n_timesteps: int | None = flag(None, parse=positive_int,
                                    help="locdit Euler steps, unrolled in the graph (default: 10).")
