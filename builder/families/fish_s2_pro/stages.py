@@ -17,6 +17,7 @@ from ...options import OptionsError
 from ...passes import bake_snake, bake_weight_norm, count_parameters, fuse_projections, prune_submodules
 from ...predictor import off_bucket_batch, random_sampling_inputs, reference_margins, sampling_inputs
 from ...stage_spec import StageSpec
+from . import FAMILY
 from .checkpoint import init_random_dac, init_random_fast_ar, load_codec, load_fast_ar
 from .config import (
     DAC_PRESETS,
@@ -30,7 +31,6 @@ from .dac import DAC, DACDecoder, DACEncoder
 from .fast_ar import FastAR, prune_fast_ar
 from .options import FishS2Options
 
-FAMILY = "fish-s2-pro"
 # The encoder's off-bucket golden case: this many samples short of the smallest length bucket (padding).
 OFF_BUCKET_SAMPLES = 3000
 # Golden fast_ar inputs: this fraction of rows carry <|im_end|>, a non-semantic slow-AR token.
@@ -117,7 +117,7 @@ def dac_decoder_stage(opts: FishS2Options) -> StageSpec:
         return {"codes": random_codes(cfg, sizes["batch"], sizes["frames"], g)}
 
     return StageSpec(
-        family=FAMILY, name="dac_decoder", kind="codec_decoder",
+        family=FAMILY.name, name="dac_decoder", kind="codec_decoder",
         make_module=_module_factory(opts, cfg, DACDecoder, report),
         passes=[_prune(decoder_unused(cfg)), bake_weight_norm, bake_snake, fuse_projections],
         plan=plan, make_inputs=make_inputs, inputs=[codes_input(cfg)],
@@ -159,7 +159,7 @@ def dac_encoder_stage(opts: FishS2Options) -> StageSpec:
         return {"audio": (tone + noise).view(1, 1, n)}
 
     return StageSpec(
-        family=FAMILY, name="dac_encoder", kind="codec_encoder",
+        family=FAMILY.name, name="dac_encoder", kind="codec_encoder",
         make_module=_module_factory(opts, cfg, DACEncoder, report),
         passes=[_prune(encoder_unused(cfg)), bake_weight_norm, bake_snake, fuse_projections],
         plan=plan, make_inputs=make_inputs,
@@ -216,7 +216,7 @@ def fast_ar_stage(opts: FishS2Options) -> StageSpec:
         inputs.append({"name": "token_embed", "dtype": "float32", "shape": ["batch", cfg.dim]})
         outputs.append({"name": "next_embed", "dtype": "float32", "shape": ["batch", cfg.dim]})
     return StageSpec(
-        family=FAMILY, name="fast_ar", kind="codebook_predictor", make_module=make_module,
+        family=FAMILY.name, name="fast_ar", kind="codebook_predictor", make_module=make_module,
         passes=[prune_fast_ar, fuse_projections],
         plan=BucketPlan({"batch": batches}),
         make_inputs=make_inputs, inputs=inputs, outputs=outputs, dtype=dtype,

@@ -13,6 +13,7 @@ from ...options import OptionsError
 from ...passes import bake_snake, depthwise_conv_as_shifts, fuse_projections
 from ...predictor import off_bucket_batch, random_sampling_inputs, reference_margins, sampling_inputs
 from ...stage_spec import StageSpec
+from . import FAMILY
 from .checkpoint import init_random_code2wav, init_random_code_predictor, load_code2wav, load_code_predictor
 from .code2wav import Code2Wav
 from .code_predictor import CodePredictor, prune_code_predictor
@@ -28,7 +29,6 @@ from .config import (
 )
 from .options import Qwen3TTSOptions
 
-FAMILY = "qwen3-tts-12hz"
 # Golden inputs: this fraction of code_predictor rows get a special talker token as code0 (EOS-like: zero row).
 SPECIAL_CODE0_FRACTION = 0.15
 EOS_OFFSET = 102        # an EOS-like talker token: vocab_size + 102 (clipped to the talker vocabulary)
@@ -70,7 +70,7 @@ def code2wav_stage(opts: Qwen3TTSOptions) -> StageSpec:
     dtype = opts.dtype or torch.bfloat16
     cfg_json = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
     return StageSpec(
-        family=FAMILY, name="code2wav", kind="codec_decoder", make_module=make_module,
+        family=FAMILY.name, name="code2wav", kind="codec_decoder", make_module=make_module,
         passes=[bake_codebooks, bake_snake, fuse_projections, depthwise_conv_as_shifts],
         plan=plan, make_inputs=make_inputs,
         inputs=[_codes_input(cfg)],
@@ -120,7 +120,7 @@ def code_predictor_stage(opts: Qwen3TTSOptions) -> StageSpec:
     if with_emb:
         outputs.append({"name": "next_embed", "dtype": "float32", "shape": ["batch", cfg.talker_hidden_size]})
     return StageSpec(
-        family=FAMILY, name="code_predictor", kind="codebook_predictor", make_module=make_module,
+        family=FAMILY.name, name="code_predictor", kind="codebook_predictor", make_module=make_module,
         passes=[prune_code_predictor, fuse_projections],
         plan=BucketPlan({"batch": batches}), make_inputs=make_inputs,
         inputs=[{"name": "hidden", "dtype": "float32", "shape": ["batch", cfg.talker_hidden_size]},

@@ -13,6 +13,7 @@ from ...buckets import BucketPlan, batch_sizes, frame_sizes, off_bucket_frames
 from ...options import OptionsError
 from ...passes import bake_snake, bake_weight_norm, fuse_projections
 from ...stage_spec import StageSpec
+from . import FAMILY
 from .audio import LocalEncoderStage, LocDiTStage, euler_schedule
 from .checkpoint import (
     init_random_audio,
@@ -35,7 +36,6 @@ from .lm import STAGE_MODULES
 from .options import VoxCPM2Options
 from .vae import AudioVAEDecoder, bake_sample_rate, receptive_field_frames
 
-FAMILY = "voxcpm2"
 LM_STAGES = ("base_lm_prefill", "base_lm_step", "residual_lm_prefill", "residual_lm_step")
 AUDIO_STAGES = ("locdit", "local_encoder", "vae_decoder")
 # Random weights: each audio stage draws from its own stream (seed + offset), so stages are independent.
@@ -134,7 +134,7 @@ def lm_stage(name: str, opts: VoxCPM2Options) -> StageSpec:
 
     golden = [{"batch": batches[0]}] if is_step else [{"batch": batches[0], "tokens": tokens[0]}]
     return StageSpec(
-        family=FAMILY, name=name, kind="lm_step" if is_step else "lm_prefill", make_module=make_module,
+        family=FAMILY.name, name=name, kind="lm_step" if is_step else "lm_prefill", make_module=make_module,
         passes=[fuse_projections], plan=plan, make_inputs=make_inputs, inputs=inputs, outputs=outputs,
         dtype=dtype,
         tolerance=1e-4 if dtype == torch.float32 else BF16_TOLERANCE[name],
@@ -182,7 +182,7 @@ def locdit_stage(opts: VoxCPM2Options) -> StageSpec:
     plan = BucketPlan({"batch": batch_sizes(opts.max_batch, opts.batch_buckets)})
     estimator_calls = sum(1 for *_, z in euler_schedule(n_steps, dtype) if not z)
     return StageSpec(
-        family=FAMILY, name="locdit", kind="generic", make_module=make_module, passes=[fuse_projections],
+        family=FAMILY.name, name="locdit", kind="generic", make_module=make_module, passes=[fuse_projections],
         plan=plan, make_inputs=make_inputs,
         inputs=[{"name": "lm_hidden", "dtype": "float32", "shape": ["batch", H]},
                 {"name": "residual_hidden", "dtype": "float32", "shape": ["batch", H]},
@@ -220,7 +220,7 @@ def local_encoder_stage(opts: VoxCPM2Options) -> StageSpec:
 
     dtype = opts.dtype or torch.bfloat16
     return StageSpec(
-        family=FAMILY, name="local_encoder", kind="generic", make_module=make_module,
+        family=FAMILY.name, name="local_encoder", kind="generic", make_module=make_module,
         passes=[fuse_projections],
         plan=BucketPlan({"batch": batch_sizes(opts.max_batch, opts.batch_buckets)}), make_inputs=make_inputs,
         inputs=[{"name": "patch", "dtype": "float32", "shape": ["batch", 1, P, C]}],
@@ -251,7 +251,7 @@ def vae_decoder_stage(opts: VoxCPM2Options) -> StageSpec:
     plan = BucketPlan({"batch": batch_sizes(opts.max_batch, opts.batch_buckets), "frames": frames})
     spf = cfg.samples_per_frame
     return StageSpec(
-        family=FAMILY, name="vae_decoder", kind="codec_decoder", make_module=make_module,
+        family=FAMILY.name, name="vae_decoder", kind="codec_decoder", make_module=make_module,
         passes=[bake_weight_norm, bake_snake, bake_sample_rate],
         plan=plan, make_inputs=make_inputs,
         inputs=[{"name": "latents", "dtype": "float32", "shape": ["batch", cfg.latent_dim, "frames"],
