@@ -10,7 +10,7 @@ timed next to the ttsaot artifact, which runs a whole frame (every codebook step
   sampling runs eagerly between the replays, with no host sync.
 
 Both loops run the stage module's own submodules (the decoder blocks, embeddings, heads of `FastAR` /
-`CodePredictor`, after the stage's passes, in the stage dtype) and `runtime/sampling.py` on the stage's explicit
+`CodePredictor`, after the stage's passes, in the stage dtype) and `builder/predictor.py` on the stage's explicit
 noise, so their codes are the stage's codes (bitwise in fp32 up to attention rounding; bf16 may differ a little).
 
 Step 1 decodes positions 0 and 1 with `DecoderBlock.forward` (causal, no past), exactly as `decode()`; every later
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ttsaot.runtime.sampling import sample
+from ttsaot.builder.predictor import sample
 
 from .common import Skipped
 from .variants import PREDICTOR_LOOPS, Variant, VariantContext, capture_graph, cast_module
@@ -164,8 +164,8 @@ class _QwenCodePredictor(_Adapter):
 
 
 def adapter_for(module: nn.Module) -> _Adapter:
-    from ttsaot.builder.families.fish_fast_ar import FastAR
-    from ttsaot.builder.families.qwen3_tts_predictor import CodePredictor
+    from ttsaot.builder.families.fish_s2_pro.fast_ar import FastAR
+    from ttsaot.builder.families.qwen3_tts_12hz.code_predictor import CodePredictor
 
     if isinstance(module, FastAR):
         return _FishFastAR(module)

@@ -61,11 +61,7 @@ def family_names() -> list[str]:
 
 
 def stage_names(family: str, preset: str) -> list[str]:
-    fam = family_module(family)
-    try:
-        return list(fam.STAGE_NAMES)
-    except Exception:  # noqa: BLE001 - a family still being written: ask its stage list
-        return [s.name for s in fam.stages(fam.options_from_cli(preset=preset))]
+    return list(family_module(family).stages)
 
 
 def parse_axes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
@@ -102,13 +98,11 @@ def make_spec(
         kw["frame_buckets"] = want_axes["frames"]
     kw.update(defaults.get("options", {}))
     stream_over = defaults.get("streaming")
-    if stream_over and getattr(fam, "STREAMING_DEFAULTS", None) is not None:
-        kw["streaming"] = replace(fam.STREAMING_DEFAULTS, **stream_over)
-    opts = fam.options_from_cli(**kw)
-    specs = {s.name: s for s in fam.stages(opts)}
-    if stage not in specs:
-        raise KeyError(f"{family} has no stage {stage!r} (have: {', '.join(specs)})")
-    spec = specs[stage]
+    if stream_over:
+        kw["streaming"] = replace(fam.Options().streaming, **stream_over)
+    if stage not in fam.stages:
+        raise KeyError(f"{family} has no stage {stage!r} (have: {', '.join(fam.stages)})")
+    spec = fam.specs(fam.options(**kw), [stage])[0]
     per_axis = 2 if preset != "tiny" else 1
     plan_axes = {}
     for axis, sizes in spec.plan.axes.items():

@@ -389,9 +389,9 @@ class VoxCPMResidualLMStep(VoxCPMLMStep):
 
 
 def _voxcpm_audio_conf(ours: nn.Module) -> dict:
-    from ttsaot.builder.families import voxcpm2_audio
+    from ttsaot.builder.families.voxcpm2.config import preset_config_json
 
-    return voxcpm2_audio.preset_config_json(ours.cfg)
+    return preset_config_json(ours.cfg)
 
 
 def _voxcpm_locdit(ours: nn.Module) -> nn.Module:

@@ -155,14 +155,14 @@ def loop_spec(stage: str, s: LoopSettings):
     kw.update(BENCH_DEFAULTS.get((FAMILY, stage), {}).get(s.preset, {}).get("options", {}))
     kw.update(over)
     fam = family_module(FAMILY)
-    rebuilt = next(x for x in fam.stages(fam.options_from_cli(**kw)) if x.name == stage)
+    rebuilt = fam.specs(fam.options(**kw), [stage])[0]
     desc = {**desc, "options": {k: repr(v) for k, v in kw.items()}, "loop_overrides": over}
     return replace(rebuilt, plan=spec.plan), desc
 
 
 def vae_window() -> int:
     """New frames per VAE call (3 steps × 4 frames) + left context: the family's streaming defaults."""
-    from ttsaot.builder.families.voxcpm2 import STREAMING_DEFAULTS as S
+    from ttsaot.builder.families.voxcpm2.options import STREAMING_DEFAULTS as S
 
     return S.chunk_frames + S.left_context_frames
 
@@ -423,7 +423,7 @@ def import_upstream():
 
 def upstream_config(s: LoopSettings, dtype: torch.dtype) -> dict:
     """config.json of the preset in the real VoxCPMConfig layout, with the loop's cache length and dtype."""
-    from ttsaot.builder.families.voxcpm2_audio import preset_config_dict
+    from ttsaot.builder.families.voxcpm2.config import preset_config_dict
 
     cfg = preset_config_dict(s.preset)
     cfg.update(max_length=s.max_len, dtype=_DTYPE_NAMES[dtype])

@@ -1,9 +1,16 @@
-"""Bucket planning: computed from the streaming configuration and --max-batch, never hard-coded lists."""
+"""Bucket planning: computed from the streaming configuration and --max-batch, never hard-coded lists.
+
+Torch-free: the streaming plan's fields are CLI flags (builder/options.py), declared here once for every family
+with a streaming codec stage."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .options import BuildOptions, flag, flag_group, non_negative_int, positive_int, positive_ints, switch
+
+# Frame buckets below this are not worth a package: shorter windows pad to it.
+POW2_MIN_FRAMES = 8
 
 @dataclass(frozen=True)
 class StreamingConfig:
@@ -14,10 +21,11 @@ class StreamingConfig:
     previous frames as context, the Fish/vLLM-Omni pattern; 0 = first chunk is a normal chunk);
     nonstreaming_chunk_frames: chunk length used to decode long requests in one go (0 = off)."""
 
-    chunk_frames: int = 25
-    left_context_frames: int = 25
-    first_chunk_frames: int = 0
-    nonstreaming_chunk_frames: int = 300
+    chunk_frames: int = flag(25, parse=positive_int, help="Streaming: new frames per chunk.")
+    left_context_frames: int = flag(25, parse=non_negative_int, help="Streaming: frames of left context.")
+    first_chunk_frames: int = flag(0, parse=non_negative_int, help="Streaming: initial chunk size (0 = off).")
+    nonstreaming_chunk_frames: int = flag(300, parse=non_negative_int,
+                                          help="Chunk for one-shot long decode (0 = off).")
 
     def __post_init__(self) -> None:
         if self.chunk_frames <= 0:
@@ -75,7 +83,7 @@ def batch_sizes(max_batch: int, explicit: tuple[int, ...] | None = None) -> tupl
     return tuple(sizes)
 
 
-def frame_sizes(streaming: StreamingConfig, pow2: bool = True, pow2_min: int = 8,
+def frame_sizes(streaming: StreamingConfig, pow2: bool = True, pow2_min: int = POW2_MIN_FRAMES,
                 explicit: tuple[int, ...] | None = None) -> tuple[int, ...]:
     """Streaming windows plus powers of two from pow2_min up to the largest window (padding targets for
     tails and odd request lengths)."""
@@ -85,3 +93,23 @@ def frame_sizes(streaming: StreamingConfig, pow2: bool = True, pow2_min: int = 8
     if pow2:
         sizes.update(powers_of_two(max(sizes), start=pow2_min))
     return tuple(sorted(sizes))
+
+
+@dataclass
+class StreamingCodecOptions(BuildOptions):
+    """Options of a family with a streaming codec stage: its frame buckets come from the streaming plan (plus
+    powers of two) unless given. A family sets its own `streaming` default by redeclaring the field."""
+
+    frame_buckets: tuple[int, ...] | None = flag(None, parse=positive_ints, metavar="N,N",
+                                                 help="Explicit frame buckets instead of the streaming plan.")
+    pow2_frames: bool = switch(True, name="--no-pow2", help="Do not add power-of-two frame buckets.")
+    streaming: StreamingConfig = flag_group(StreamingConfig)
+
+
+# A golden case this many frames short of the smallest frame bucket exercises padding and trimming.
+OFF_BUCKET_FRAMES = 3
+
+
+def off_bucket_frames(frames: tuple[int, ...]) -> dict[str, int]:
+    """The off-bucket golden case of a batch × frames stage: one row, a few frames below the smallest bucket."""
+    return {"batch": 1, "frames": max(1, frames[0] - OFF_BUCKET_FRAMES)}

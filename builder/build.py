@@ -198,6 +198,10 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
                 raise BuildError(f"{spec.name}: passes changed output {o_desc['name']!r} on case {case} "
                                  f"(rel error {err:.3g} > {PASS_PARITY_LIMIT}); a rewrite is wrong")
             golden[f"{case}/out/{o_desc['name']}"] = r.detach().contiguous()
+        if spec.reference_margins is not None:
+            # how decided each sampled code of the reference is: verify allows a different code only at a near-tie
+            for name, margin in spec.reference_margins(original, inputs).items():
+                golden[f"{case}/margin/{name}"] = margin.float().contiguous()
         for n in spec.input_names:
             golden[f"{case}/in/{n}"] = inputs[n].contiguous()
         cases.append(case)

@@ -11,9 +11,14 @@ from torch import nn
 
 from .buckets import BucketPlan
 
-# A module → module rewrite returning a report dict for the manifest/inspect (what it changed, sizes).
+# A module → module rewrite, applied in place, returning its report for the manifest (`build-artifacts inspect`):
+# {"pass": name, ...facts} and, where it removes parameters, "dropped": {what: params} (pruned: never read by
+# the stage) or "folded": {what: params} (baked into other tensors, e.g. usage counts into a codebook table), so
+# that kept + dropped + folded = the parameters the faithful module loaded.
 Pass = Callable[[nn.Module], dict[str, Any]]
-
+# For sampling stages: the eager reference's near-tie margins per sampled output, {output name: [B, codes] fp32}
+# (builder/predictor.py `draw_margin`), given the original module and a golden case's inputs.
+Margins = Callable[[nn.Module, dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 
 
 @dataclass
@@ -36,6 +41,7 @@ class StageSpec:
     fp32_only: bool = False                     # refuse any other dtype (DAC encoder)
     golden_sizes: list[dict[str, int]] = field(default_factory=list)  # extra off-bucket golden cases
     golden_buckets: bool = True                 # False: golden cases are golden_sizes only (big state inputs)
+    reference_margins: Margins | None = None    # sampling stages: stored as golden `<case>/margin/<output>`
 
     @property
     def input_names(self) -> list[str]:

@@ -2,7 +2,7 @@
 
 The compiled program takes the backbone hidden state, the first code (or the token it comes from), uniform
 noise for every sampled codebook and per-row sampling parameters, and returns all codes of the frame (plus,
-optionally, the next backbone input embedding). Sampling happens inside the graph (runtime/sampling.py
+optionally, the next backbone input embedding). Sampling happens inside the graph (builder/predictor.py
 semantics); this class only draws the noise with the caller's generator, so a request seeded once is
 reproducible whatever else shares its batch."""
 

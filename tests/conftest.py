@@ -69,12 +69,12 @@ def qwen_tiny_fp32() -> Path:
     tiny receptive field of 28 frames, so streamed audio must equal one-shot audio)."""
     from ttsaot.builder.buckets import StreamingConfig
     from ttsaot.builder.build import build_family
-    from ttsaot.builder.families import qwen3_tts as q
+    from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
 
     def build(root: Path) -> Path:
-        opts = q.Qwen3TTSOptions(dtype=torch.float32, batch_buckets=(1, 2), frame_buckets=(8, 16, 48),
-                                 streaming=StreamingConfig(16, 32, 0, 0))
-        return build_family(q.FAMILY, [q.code2wav_stage(opts)], root, "cpu").path
+        opts = QWEN.options(dtype=torch.float32, batch_buckets=(1, 2), frame_buckets=(8, 16, 48),
+                            streaming=StreamingConfig(16, 32, 0, 0))
+        return build_family(QWEN.name, QWEN.specs(opts, ["code2wav"]), root, "cpu").path
 
     return built_artifact("qwen-tiny-fp32", build)
 
@@ -83,12 +83,12 @@ def qwen_tiny_fp32() -> Path:
 def qwen_tiny_bf16() -> Path:
     from ttsaot.builder.buckets import StreamingConfig
     from ttsaot.builder.build import build_family
-    from ttsaot.builder.families import qwen3_tts as q
+    from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
 
     def build(root: Path) -> Path:
-        opts = q.Qwen3TTSOptions(dtype=torch.bfloat16, batch_buckets=(1,), frame_buckets=(16,),
-                                 streaming=StreamingConfig(16, 0, 0, 0))
-        return build_family(q.FAMILY, [q.code2wav_stage(opts)], root, "cpu").path
+        opts = QWEN.options(dtype=torch.bfloat16, batch_buckets=(1,), frame_buckets=(16,),
+                            streaming=StreamingConfig(16, 0, 0, 0))
+        return build_family(QWEN.name, QWEN.specs(opts, ["code2wav"]), root, "cpu").path
 
     return built_artifact("qwen-tiny-bf16", build)
 

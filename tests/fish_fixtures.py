@@ -25,16 +25,19 @@ def _streaming():
 
 
 def tiny_codec():
-    from ttsaot.builder.families import fish_dac as fd
+    from ttsaot.builder.families.fish_s2_pro.checkpoint import init_random_dac
+    from ttsaot.builder.families.fish_s2_pro.config import DAC_PRESETS
+    from ttsaot.builder.families.fish_s2_pro.dac import DAC
 
-    return fd.init_random(fd.DAC(fd.PRESETS["tiny"]), seed=SEED)
+    return init_random_dac(DAC(DAC_PRESETS["tiny"]), seed=SEED)
 
 
 def _write_ckpt(root: Path) -> Path:
-    from ttsaot.builder.families import fish_dac as fd
+    """The real layout of the codec alone: a folder holding only codec.pth (no config.json, no LLM weights)."""
+    from ttsaot.builder.families.fish_s2_pro.checkpoint import write_codec_pth
 
     ckpt = root / "s2-pro-tiny"
-    fd.write_codec_pth(tiny_codec(), ckpt / "codec.pth")
+    write_codec_pth(tiny_codec(), ckpt / "codec.pth")
     return ckpt
 
 
@@ -45,20 +48,20 @@ def fish_dac_ckpt() -> Path:
 
 @pytest.fixture(scope="session")
 def fish_dac_tiny(fish_dac_ckpt) -> Path:
-    """Both stages built from the tiny codec.pth: checkpoint loading and preset detection are on the path."""
-    from dataclasses import replace
-
+    """Both stages built from the tiny codec.pth, the way the CLI sets them up (`FAMILY.specs` without --stages: the
+    folder holds only the codec, so only the DAC stages are set up; config inference from the tensors is on the
+    path)."""
     import torch
 
     from ttsaot.builder.build import build_family
-    from ttsaot.builder.families import fish_dac as fd
-    from ttsaot.builder.families.fish_s2 import FishS2Options
+    from ttsaot.builder.families.fish_s2_pro import FAMILY as FISH
 
     def build(root: Path) -> Path:
-        opts = FishS2Options(preset="tiny", checkpoint=str(fish_dac_ckpt), dtype=torch.float32,
-                             batch_buckets=DECODER_BATCH, frame_buckets=DECODER_FRAMES,
-                             streaming=_streaming(), encoder_seconds=ENCODER_SECONDS)
-        specs = [fd.dac_decoder_stage(opts), fd.dac_encoder_stage(replace(opts, dtype=None))]
-        return build_family(fd.FAMILY, specs, root, "cpu").path
+        opts = FISH.options(preset="tiny", checkpoint=str(fish_dac_ckpt), batch_buckets=DECODER_BATCH,
+                            frame_buckets=DECODER_FRAMES, streaming=_streaming(), encoder_seconds=ENCODER_SECONDS)
+        specs = FISH.specs(opts)
+        assert [s.name for s in specs] == ["dac_decoder", "dac_encoder"]
+        assert specs[0].dtype == specs[1].dtype == torch.float32          # the stages' own defaults
+        return build_family(FISH.name, specs, root, "cpu").path
 
     return built_artifact("fish-dac-tiny", build)

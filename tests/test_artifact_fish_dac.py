@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from ttsaot.builder.families import fish_dac as fd
+from ttsaot.builder.families.fish_s2_pro import config as fcfg
+from ttsaot.builder.families.fish_s2_pro import dac as fdac
+from ttsaot.builder.families.fish_s2_pro import stages as fst
 from ttsaot.runtime import InputDTypeError, InputRangeError, InputShapeError, InputValueError, load
 from ttsaot.runtime.audio import AudioReadError
 from ttsaot.runtime.verify import verify_bundle
@@ -19,7 +21,7 @@ from .fish_fixtures import tiny_codec
 fish_dac_ckpt = fish_fixtures.fish_dac_ckpt      # session fixtures shared with the oracle tests
 fish_dac_tiny = fish_fixtures.fish_dac_tiny
 
-CFG = fd.PRESETS["tiny"]
+CFG = fcfg.DAC_PRESETS["tiny"]
 SPF = CFG.samples_per_frame
 SR = CFG.sample_rate
 
@@ -31,20 +33,20 @@ def bundle(fish_dac_tiny):
 
 @pytest.fixture(scope="module")
 def eager_dec():
-    m = fd.DACDecoder(CFG)
+    m = fdac.DACDecoder(CFG)
     m.load_state_dict(tiny_codec().state_dict())
     return m.eval()
 
 
 @pytest.fixture(scope="module")
 def eager_enc():
-    m = fd.DACEncoder(CFG)
+    m = fdac.DACEncoder(CFG)
     m.load_state_dict(tiny_codec().state_dict())
     return m.eval()
 
 
 def _codes(B, F, seed=0):
-    return fd.random_codes(CFG, B, F, torch.Generator().manual_seed(seed))
+    return fst.random_codes(CFG, B, F, torch.Generator().manual_seed(seed))
 
 
 def _audio(n, seed=0):

@@ -7,7 +7,9 @@ import threading
 import pytest
 import torch
 
-from ttsaot.builder.families import qwen3_tts as q
+from ttsaot.builder.families.qwen3_tts_12hz import checkpoint as qck
+from ttsaot.builder.families.qwen3_tts_12hz import code2wav as qm
+from ttsaot.builder.families.qwen3_tts_12hz import config as qcfg
 from ttsaot.runtime import (
     InputDTypeError,
     InputRangeError,
@@ -20,7 +22,7 @@ from ttsaot.runtime.verify import verify_bundle
 
 from .conftest import rel_err
 
-CFG = q.PRESETS["tiny"]
+CFG = qcfg.CODE2WAV_PRESETS["tiny"]
 SPF = CFG.samples_per_frame
 
 
@@ -31,7 +33,7 @@ def bundle(qwen_tiny_fp32):
 
 @pytest.fixture(scope="module")
 def eager():
-    return q.init_random(q.Code2Wav(CFG), seed=0)   # the same weights the artifact was built from (seed 0)
+    return qck.init_random_code2wav(qm.Code2Wav(CFG), seed=0)   # the same weights the artifact was built from (seed 0)
 
 
 def _codes(B, F, seed=0):

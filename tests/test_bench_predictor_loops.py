@@ -25,8 +25,8 @@ def _context(family: str, stage: str, emb_option: str, with_embedding: bool) -> 
     from ttsaot.builder.families import get_family
 
     fam = get_family(family)
-    opts = fam.options_from_cli(preset="tiny", dtype=torch.float32, seed=3, **{emb_option: with_embedding})
-    spec = {s.name: s for s in fam.stages(opts)}[stage]
+    opts = fam.options(preset="tiny", dtype=torch.float32, seed=3, **{emb_option: with_embedding})
+    spec = fam.specs(opts, [stage])[0]
     original = spec.make_module().eval()
     rewritten = copy.deepcopy(original)
     for p in spec.passes:

@@ -12,13 +12,15 @@ import torch
 from ttsaot.builder import build as build_mod
 from ttsaot.builder.buckets import StreamingConfig
 from ttsaot.builder.build import BuildError, _BuildLock, build_family
-from ttsaot.builder.families import qwen3_tts as q
+from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
+from ttsaot.builder.families.qwen3_tts_12hz import stages as qst
+from ttsaot.builder.families.qwen3_tts_12hz.options import Qwen3TTSOptions
 
 
 def _specs(**kw):
-    opts = q.Qwen3TTSOptions(dtype=torch.float32, batch_buckets=(1,), frame_buckets=(8,),
+    opts = Qwen3TTSOptions(dtype=torch.float32, batch_buckets=(1,), frame_buckets=(8,),
                              streaming=StreamingConfig(8, 0, 0, 0), **kw)
-    return [q.code2wav_stage(opts)]
+    return [qst.code2wav_stage(opts)]
 
 
 @pytest.fixture
@@ -40,7 +42,7 @@ def test_interrupt_leaves_previous_artifact(previous, monkeypatch):
 
     monkeypatch.setattr(build_mod, "compile_bucket", boom)
     with pytest.raises(KeyboardInterrupt):
-        build_family(q.FAMILY, _specs(), out, "cpu")
+        build_family(QWEN.name, _specs(), out, "cpu")
     assert (out / "qwen3-tts-12hz" / "manifest.json").read_text() == before
     assert _no_temp(out)
 
@@ -53,7 +55,7 @@ def test_compile_failure_is_reported_per_bucket(previous, monkeypatch):
 
     monkeypatch.setattr(build_mod, "compile_bucket", fail)
     with pytest.raises(BuildError, match="code2wav/b1_f8: AOTInductor compile failed: no space"):
-        build_family(q.FAMILY, _specs(), out, "cpu")
+        build_family(QWEN.name, _specs(), out, "cpu")
     assert (out / "qwen3-tts-12hz" / "manifest.json").read_text() == before
     assert _no_temp(out)
 
@@ -62,7 +64,7 @@ def test_lock_prevents_interleaved_builds(previous):
     out, _ = previous
     with _BuildLock(out / ".qwen3-tts-12hz.lock"):
         with pytest.raises(BuildError, match="another build is writing"):
-            build_family(q.FAMILY, _specs(), out, "cpu")
+            build_family(QWEN.name, _specs(), out, "cpu")
 
 
 def test_package_crash_on_load_fails_the_build(previous, monkeypatch, tmp_path):
@@ -72,7 +74,7 @@ def test_package_crash_on_load_fails_the_build(previous, monkeypatch, tmp_path):
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setattr(build_mod.sys, "executable", str(fake))
     with pytest.raises(BuildError, match="signal 11"):
-        build_family(q.FAMILY, _specs(), out, "cpu")
+        build_family(QWEN.name, _specs(), out, "cpu")
     assert (out / "qwen3-tts-12hz" / "manifest.json").read_text() == before
     assert _no_temp(out)
 
@@ -83,13 +85,13 @@ def test_verification_really_compares(previous):
     specs = _specs()
     specs[0].tolerance = 0.0
     with pytest.raises(BuildError, match="differs from eager"):
-        build_family(q.FAMILY, specs, out, "cpu")
+        build_family(QWEN.name, specs, out, "cpu")
     assert (out / "qwen3-tts-12hz" / "manifest.json").read_text() == before
 
 
 def test_rebuild_replaces_and_keeps_permissions(previous):
     out, before = previous
-    res = build_family(q.FAMILY, _specs(), out, "cpu")
+    res = build_family(QWEN.name, _specs(), out, "cpu")
     m = json.loads((res.path / "manifest.json").read_text())
     assert [b["key"] for b in m["stages"]["code2wav"]["buckets"]] == ["b1_f8"]
     assert (res.path / "manifest.json").read_text() != before

@@ -89,3 +89,115 @@ def test_corrupt_artifact_one_line_error(cli_artifact, tmp_path):
     (art / "code2wav.safetensors").write_bytes(b"garbage")
     r = CliRunner().invoke(main, ["verify", str(art)])
     assert r.exit_code == 1 and "error:" in r.output and "Traceback" not in r.output
+
+
+# --------------------------------------------------------------------------- answers at once, exit codes
+# Runs the CLI in a fresh interpreter and reports its exit code and whether torch (seconds to import) was loaded.
+_PROBE = """
+import sys
+from ttsaot.builder.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as e:
+    code = e.code
+else:
+    code = 0
+family_parts = sorted({m.rsplit(".", 1)[1] for m in sys.modules if m.startswith("ttsaot.builder.families.")
+                       and m.count(".") == 4})
+print("PROBE", code, "torch" in sys.modules, ",".join(family_parts))
+"""
+
+
+def _probe(*args: str) -> tuple[int, bool, str, str]:
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, timeout=120)
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("PROBE"))
+    _, code, torch_loaded, parts = (line.split(" ") + [""])[:4]
+    return int(code), torch_loaded == "True", parts, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("args, code", [
+    (["--help"], 0),
+    (["build", "--help"], 0),
+    (["list"], 0),
+    (["--debug", "list"], 0),
+    (["list", "--debug"], 0),
+    (["build", "qwen3-tts-12hz", "--random-weights", "--max-batch", "0"], 2),
+    (["build", "qwen3-tts-12hz", "--random-weights", "--batch-buckets", "0,4"], 2),
+    (["build", "fish-s2-pro", "--random-weights", "--max-len", "64"], 2),
+    (["build", "voxcpm2", "--random-weights", "--n-timesteps", "1", "--debug"], 2),
+    (["--debug", "build", "voxcpm2", "--random-weights", "--chunk-frames", "0"], 2),
+    (["build", "no-such-family", "--random-weights"], 2),
+    (["build", "qwen3-tts-12hz"], 2),
+    (["build", "qwen3-tts-12hz", "--random-weights", "--stages", "vocoder"], 2),
+    (["build", "qwen3-tts-12hz", "--random-weights", "--preset", "huge"], 2),
+    (["build", "qwen3-tts-12hz", "--random-weights", "--talker-size", "3B"], 2),
+    (["build", "qwen3-tts-12hz", "--random-weights", "--format", "tflite"], 2),
+    (["build", "qwen3-tts-12hz", "--random-weights", "--dtype", "int8"], 2),
+    (["build", "qwen3-tts-12hz", "--random-weights", "--no-such-flag"], 2),
+])
+def test_help_list_and_usage_errors_answer_before_torch_is_imported(args, code):
+    """Issue 19: --help, list and every usage error answer at once (torch and the family modules are imported only
+    once the arguments are valid); usage errors exit 2."""
+    got, torch_loaded, parts, out = _probe(*args)
+    assert got == code, out
+    assert not torch_loaded, out
+    assert set(filter(None, parts.split(","))) <= {"options"}, parts     # the families' options, nothing else
+
+
+def test_failures_exit_1_and_say_what_to_do():
+    from ttsaot.builder import cli
+
+    hint = cli._hint("code_predictor/b3: artifact output 'codes' differs from eager (mismatches 1 > 0)")
+    assert "--dtype fp32" in hint and "--no-verify" in hint
+    r = CliRunner().invoke(main, ["inspect", "."])       # a folder without a manifest
+    assert r.exit_code == 1 and "error:" in r.output and "Traceback" not in r.output
+
+
+def test_names_the_cli_checks_before_torch_match_the_builders():
+    import torch
+
+    from ttsaot.builder import cli
+    from ttsaot.builder.build import FORMATS
+
+    assert cli.ARTIFACT_FORMATS == FORMATS
+    assert all(isinstance(getattr(torch, v), torch.dtype) for v in cli.DTYPE_NAMES.values())
+
+
+def test_verify_on_a_folder_of_artifacts_names_them(cli_artifact):
+    r = CliRunner().invoke(main, ["verify", str(cli_artifact.parent)])
+    assert r.exit_code == 2 and str(cli_artifact) in r.output
+
+
+def test_inspect_accounts_for_every_parameter(cli_artifact):
+    """Issue 19: 'kept 124297 / dropped 0 (of 125321 loaded)' left 1,024 parameters unexplained: the codebook usage
+    counts folded into the baked table."""
+    r = CliRunner().invoke(main, ["inspect", str(cli_artifact), "--json"])
+    p = json.loads(r.output)["stages"][0]["params"]
+    assert p["loaded"] == p["kept"] + p["pruned"] + p["folded"] and p["unaccounted"] == 0
+    assert p["folded"] == 16 * 64                         # 16 books × 64 codes of cluster_usage (tiny preset)
+    r = CliRunner().invoke(main, ["inspect", str(cli_artifact)])
+    assert "None" not in r.output and "folded" in r.output and "1024" in r.output
+
+
+def test_readme_lists_every_build_option_and_every_error():
+    """The README's CLI reference cannot drift from the CLI: every `build` flag (generic or a family's) and every
+    typed error appears in it."""
+    import inspect as pyinspect
+    from pathlib import Path
+
+    import click
+
+    from ttsaot.builder import cli
+    from ttsaot.runtime import audio, errors
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    flags = {o for p in cli.build.get_params(click.Context(cli.build)) if isinstance(p, click.Option)
+             for o in p.opts if o.startswith("--") and o != "--help"}
+    assert flags and not [f for f in sorted(flags) if f"`{f}" not in readme]
+    typed = [c.__name__ for mod in (errors, audio) for _, c in pyinspect.getmembers(mod, pyinspect.isclass)
+             if issubclass(c, errors.TTSAOTError) and c.__module__ == mod.__name__]
+    typed += ["OptionsError", "CheckpointError", "BuildError", "CompileError", "OnnxExportError"]
+    assert not [e for e in typed if f"`{e}`" not in readme and f"`{e}`," not in readme]

@@ -9,23 +9,28 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ttsaot.builder.checkpoint import CheckpointError
-from ttsaot.builder.families import qwen3_tts as q
-from ttsaot.builder.families import qwen3_tts_predictor as qp
-from ttsaot.builder.families.fish_fast_ar import random_sampling_inputs
+from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
+from ttsaot.builder.families.qwen3_tts_12hz import checkpoint as qck
+from ttsaot.builder.families.qwen3_tts_12hz import code_predictor as qpm
+from ttsaot.builder.families.qwen3_tts_12hz import config as qcfg
+from ttsaot.builder.families.qwen3_tts_12hz import stages as qst
+from ttsaot.builder.families.qwen3_tts_12hz.options import Qwen3TTSOptions
 from ttsaot.builder.passes import fuse_projections
+from ttsaot.builder.predictor import random_sampling_inputs
 from ttsaot.runtime import load
 from ttsaot.runtime.verify import verify_bundle
 
 from .conftest import built_artifact, rel_err
 from .test_sampling import reference_draw
 
-CFG = qp.PRESETS["tiny"]
+CFG = qcfg.CODE_PREDICTOR_PRESETS["tiny"]
 NG = CFG.num_code_groups
 
 
 @pytest.fixture(scope="module")
 def model():
-    return qp.init_random(qp.CodePredictor(CFG, with_embedding=True), seed=0)   # = the artifact's weights
+    # = the artifact's weights
+    return qck.init_random_code_predictor(qpm.CodePredictor(CFG, with_embedding=True), seed=0)
 
 
 @pytest.fixture(scope="session")
@@ -33,8 +38,8 @@ def code_predictor_fp32():
     from ttsaot.builder.build import build_family
 
     def build(root):
-        opts = q.Qwen3TTSOptions(dtype=torch.float32, batch_buckets=(4,), code_predictor_with_embedding=True)
-        return build_family(q.FAMILY, [qp.code_predictor_stage(opts)], root, "cpu").path
+        opts = Qwen3TTSOptions(dtype=torch.float32, batch_buckets=(4,), code_predictor_with_embedding=True)
+        return build_family(QWEN.name, [qst.code_predictor_stage(opts)], root, "cpu").path
 
     return built_artifact("qwen-code-predictor-fp32", build)
 
@@ -84,11 +89,11 @@ def test_invalid_code0_rows_are_zeroed(model):
 
 
 def test_projection_only_when_talker_is_wider():
-    assert isinstance(qp.CodePredictor(CFG).small_to_mtp_projection, torch.nn.Linear)
-    same = qp.CodePredictorConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+    assert isinstance(qpm.CodePredictor(CFG).small_to_mtp_projection, torch.nn.Linear)
+    same = qcfg.CodePredictorConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
                                   num_key_value_heads=2, head_dim=8, vocab_size=64, talker_hidden_size=32,
                                   talker_vocab_size=96)
-    m = qp.init_random(qp.CodePredictor(same), 1)
+    m = qck.init_random_code_predictor(qpm.CodePredictor(same), 1)
     assert isinstance(m.small_to_mtp_projection, torch.nn.Identity)
     g = torch.Generator().manual_seed(0)
     x = {"hidden": torch.randn(2, 32, generator=g), "code0": torch.tensor([1, 2]),
@@ -98,11 +103,11 @@ def test_projection_only_when_talker_is_wider():
 
 
 def test_checkpoint_roundtrip_is_strict(model, tmp_path):
-    ck = qp.write_checkpoint(model, tmp_path / "Qwen3-TTS-tiny")
-    assert qp.has_code_predictor(ck) and not qp.has_code_predictor(tmp_path)
-    cfg = qp.config_from_checkpoint(ck)
+    ck = qck.write_code_predictor_checkpoint(model, tmp_path / "Qwen3-TTS-tiny")
+    assert qcfg.has_code_predictor(ck) and not qcfg.has_code_predictor(tmp_path)
+    cfg = qcfg.code_predictor_config_from_checkpoint(ck)
     assert cfg == CFG
-    loaded, report = qp.load_code_predictor(ck, cfg, with_embedding=True)
+    loaded, report = qck.load_code_predictor(ck, cfg, with_embedding=True)
     for k, v in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v), k
     assert report["ignored"]["tensors"] == 2                      # talker.model.norm, speaker_encoder
@@ -112,24 +117,24 @@ def test_checkpoint_roundtrip_is_strict(model, tmp_path):
     save_file({**W, "talker.code_predictor.model.layers.0.self_attn.rotary.weight": torch.ones(2)},
               str(ck / "model.safetensors"))
     with pytest.raises(CheckpointError, match="rotary"):
-        qp.load_code_predictor(ck, cfg, with_embedding=True)
+        qck.load_code_predictor(ck, cfg, with_embedding=True)
     W.pop("talker.model.codec_embedding.weight")
     save_file(W, str(ck / "model.safetensors"))
     with pytest.raises(CheckpointError, match="talker_codec_embedding"):
-        qp.load_code_predictor(ck, cfg, with_embedding=True)
+        qck.load_code_predictor(ck, cfg, with_embedding=True)
 
 
 @pytest.mark.parametrize("with_embedding", [False, True])
 def test_passes_prune_and_fuse_without_changing_codes(with_embedding):
-    m0 = qp.init_random(qp.CodePredictor(CFG, with_embedding), seed=3)
+    m0 = qck.init_random_code_predictor(qpm.CodePredictor(CFG, with_embedding), seed=3)
     m = copy.deepcopy(m0)
-    rep = qp.prune_code_predictor(m)
+    rep = qpm.prune_code_predictor(m)
     fuse_projections(m)
     Ht = CFG.talker_hidden_size
     want = {"talker_codec_embedding": (CFG.talker_vocab_size - CFG.vocab_size) * Ht}
     if not with_embedding:
         want["model.codec_embedding.14"] = CFG.vocab_size * Ht
-    assert rep["dropped_params"] == want
+    assert rep["dropped"] == want
     names = set(m.state_dict())
     assert "model.layers.0.self_attn.qkv_proj.weight" in names and "model.layers.0.self_attn.k_proj.weight" not in names
     assert "model.layers.0.mlp.gate_up_proj.weight" in names and "model.layers.0.mlp.up_proj.weight" not in names
@@ -147,17 +152,17 @@ def test_full_config_parameter_counts():
     """STAGES.md §2.3: 141 570 304 (0.6B) and 175 125 760 (1.7B) predictor params; + the talker codec table."""
     for size, n_cp in (("0.6B", 141_570_304), ("1.7B", 175_125_760)):
         with torch.device("meta"):
-            m = qp.CodePredictor(qp.PRESETS[size], with_embedding=True)
+            m = qpm.CodePredictor(qcfg.CODE_PREDICTOR_PRESETS[size], with_embedding=True)
         n = {k: v.numel() for k, v in m.state_dict().items()}
         assert sum(v for k, v in n.items() if not k.startswith("talker_")) == n_cp, size
-        assert n["talker_codec_embedding.weight"] == 3072 * qp.PRESETS[size].talker_hidden_size
+        assert n["talker_codec_embedding.weight"] == 3072 * qcfg.CODE_PREDICTOR_PRESETS[size].talker_hidden_size
 
 
 def test_family_lists_the_stage():
-    assert "code_predictor" in q.STAGE_NAMES
-    names = [s.name for s in q.stages(q.Qwen3TTSOptions(dtype=torch.float32))]
+    assert "code_predictor" in QWEN.stages
+    names = [s.name for s in QWEN.specs(Qwen3TTSOptions(dtype=torch.float32))]
     assert names == ["code2wav", "code_predictor"]
-    full = qp.code_predictor_stage(q.Qwen3TTSOptions(preset="full", talker_size="1.7B"))
+    full = qst.code_predictor_stage(Qwen3TTSOptions(preset="full", talker_size="1.7B"))
     assert full.config["talker_hidden_size"] == 2048 and full.dtype == torch.bfloat16
 
 
@@ -192,3 +197,16 @@ def test_generate_and_golden(stage, model, code_predictor_fp32):
     results = verify_bundle(load(code_predictor_fp32))
     assert results and all(r.ok for r in results), [r for r in results if not r.ok]
     assert {r.case for r in results} == {"b4", "b1"}
+
+
+@pytest.mark.parametrize("code0", [-1, 100_000])
+def test_out_of_range_code0_is_refused(stage, code0):
+    """Issue 19: code0 = -1 or 1e5 silently returned an all-zero row. Special talker tokens (≥ the predictor's
+    vocabulary, < the talker's) keep upstream's zero row; anything outside the talker vocabulary is an error."""
+    from ttsaot.runtime.errors import InputRangeError
+
+    hidden = torch.randn(2, CFG.talker_hidden_size)
+    with pytest.raises(InputRangeError, match="code0"):
+        stage.generate(hidden, torch.tensor([3, code0]))
+    codes, _ = stage.generate(hidden, torch.tensor([3, CFG.talker_vocab_size - 1]))
+    assert (codes[1] == 0).all() and codes[0, 0] == 3

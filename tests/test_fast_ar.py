@@ -10,26 +10,33 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from ttsaot.builder.checkpoint import CheckpointError
-from ttsaot.builder.families import fish_fast_ar as fa
-from ttsaot.builder.families.fish_s2 import FAMILY, FishS2Options
+from ttsaot.builder.families.fish_s2_pro import FAMILY as FISH
+from ttsaot.builder.families.fish_s2_pro import checkpoint as fck
+from ttsaot.builder.families.fish_s2_pro import config as fcfg
+from ttsaot.builder.families.fish_s2_pro import fast_ar as far
+from ttsaot.builder.families.fish_s2_pro import stages as fst
+from ttsaot.builder.families.fish_s2_pro.options import FishS2Options
+from ttsaot.builder.predictor import random_sampling_inputs
 from ttsaot.runtime import load
 from ttsaot.runtime.verify import verify_bundle
 
 from .conftest import built_artifact, rel_err
 from .test_sampling import reference_draw
 
-CFG = fa.PRESETS["tiny"]
+FAMILY = FISH.name
+
+CFG = fcfg.FAST_AR_PRESETS["tiny"]
 START = CFG.semantic_start_token_id
 
 
 @pytest.fixture(scope="module")
 def model():
-    return fa.init_random(fa.FastAR(CFG, with_embedding=True), seed=0)   # = the artifact's weights (seed 0)
+    return fck.init_random_fast_ar(far.FastAR(CFG, with_embedding=True), seed=0)   # = the artifact's weights (seed 0)
 
 
 @pytest.fixture(scope="module")
 def ckpt(model, tmp_path_factory):
-    return fa.write_checkpoint(model, tmp_path_factory.mktemp("s2pro-tiny"))
+    return fck.write_fast_ar_checkpoint(model, tmp_path_factory.mktemp("s2pro-tiny"))
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +45,7 @@ def fast_ar_fp32():
 
     def build(root):
         opts = FishS2Options(dtype=torch.float32, batch_buckets=(4,), fast_ar_with_embedding=True)
-        return build_family(FAMILY, [fa.fast_ar_stage(opts)], root, "cpu").path
+        return build_family(FAMILY, [fst.fast_ar_stage(opts)], root, "cpu").path
 
     return built_artifact("fish-fast-ar-fp32", build)
 
@@ -47,7 +54,7 @@ def _inputs(B, seed, T=None, k=None, p=None):
     g = torch.Generator().manual_seed(seed)
     token = torch.randint(START, START + CFG.vocab_size, (B,), generator=g)
     token[torch.rand(B, generator=g) < 0.25] = 151645                    # non-semantic rows
-    samp = fa.random_sampling_inputs(B, CFG.num_codebooks - 1, CFG.residual_codebook_size, g)
+    samp = random_sampling_inputs(B, CFG.num_codebooks - 1, CFG.residual_codebook_size, g)
     if T is not None:
         samp["temperature"] = torch.full((B,), float(T))
     if k is not None:
@@ -148,11 +155,11 @@ def test_code0_and_plain_embedding_for_non_semantic_tokens(model):
 
 
 def test_checkpoint_roundtrip_is_strict(model, ckpt, tmp_path):
-    loaded, report = fa.load_fast_ar(ckpt, fa.config_from_checkpoint(ckpt), with_embedding=True)
+    loaded, report = fck.load_fast_ar(ckpt, fcfg.fast_ar_config_from_checkpoint(ckpt), with_embedding=True)
     for k, v in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v), k
     assert report["ignored"]["tensors"] == 1                      # text_model.*
-    plain, rep2 = fa.load_fast_ar(ckpt, CFG, with_embedding=False)
+    plain, rep2 = fck.load_fast_ar(ckpt, CFG, with_embedding=False)
     assert list(rep2["dropped"]) == ["audio_decoder.codebook_embeddings.weight"]
     assert not hasattr(plain, "codebook_embeddings")
     from safetensors.torch import save_file
@@ -164,11 +171,11 @@ def test_checkpoint_roundtrip_is_strict(model, ckpt, tmp_path):
     save_file({**W, "audio_decoder.layers.0.attention.q_norm.weight": torch.ones(CFG.head_dim)},
               str(bad / "model.safetensors"))
     with pytest.raises(CheckpointError, match="q_norm"):
-        fa.load_fast_ar(bad, CFG, with_embedding=True)
+        fck.load_fast_ar(bad, CFG, with_embedding=True)
     W.pop("audio_decoder.layers.0.feed_forward.w3.weight")
     save_file(W, str(bad / "model.safetensors"))
     with pytest.raises(CheckpointError, match="missing key 'layers.0.mlp.up_proj.weight'"):
-        fa.load_fast_ar(bad, CFG, with_embedding=True)
+        fck.load_fast_ar(bad, CFG, with_embedding=True)
 
 
 def test_passes_prune_and_fuse_without_changing_codes(model):
@@ -177,10 +184,10 @@ def test_passes_prune_and_fuse_without_changing_codes(model):
     from ttsaot.builder.passes import fuse_projections
 
     m = copy.deepcopy(model)
-    rep = fa.prune_fast_ar(m)
+    rep = far.prune_fast_ar(m)
     fuse_projections(m)
     R, D, nc = CFG.residual_codebook_size, CFG.dim, CFG.num_codebooks
-    assert rep["dropped_params"] == {"output": (CFG.vocab_size - R) * D,
+    assert rep["dropped"] == {"output": (CFG.vocab_size - R) * D,
                                      "codebook_embeddings": (nc - 1) * (CFG.codebook_size - R) * D}
     names = set(m.state_dict())
     assert "layers.0.mlp.gate_up_proj.weight" in names and "layers.0.mlp.gate_proj.weight" not in names
@@ -197,11 +204,11 @@ def test_passes_prune_and_fuse_without_changing_codes(model):
 def test_full_config_parameter_counts():
     """STAGES.md §1.3: 424 696 320 params; pruning drops 7 864 320 output rows (and 3/4 of books 1..9)."""
     with torch.device("meta"):
-        m = fa.FastAR(fa.PRESETS["full"], with_embedding=True)
+        m = far.FastAR(fcfg.FAST_AR_PRESETS["full"], with_embedding=True)
     n = {k: v.numel() for k, v in m.state_dict().items()}
     assert sum(v for k, v in n.items() if not k.startswith("codebook_embeddings")) == 424_696_320
     assert n["codebook_embeddings.weight"] == 104_857_600
-    cfg = fa.PRESETS["full"]
+    cfg = fcfg.FAST_AR_PRESETS["full"]
     assert (cfg.vocab_size - cfg.residual_codebook_size) * cfg.dim == 7_864_320
 
 
@@ -263,10 +270,23 @@ def test_artifact_golden_and_manifest(stage, fast_ar_fp32):
     assert e.kind == "codebook_predictor" and [b.sizes["batch"] for b in e.buckets] == [4]
     assert [s.name for s in e.inputs] == ["hidden", "token", "noise", "temperature", "top_k", "top_p",
                                           "token_embed"]
-    dropped = e.passes[0]["dropped_params"]
+    dropped = e.passes[0]["dropped"]
     assert dropped["output"] == (CFG.vocab_size - CFG.residual_codebook_size) * CFG.dim
     shapes = [tuple(c.shape) for c in e.constants.values()]
     assert (CFG.residual_codebook_size, CFG.dim) in shapes                      # the pruned head
     packed = CFG.codebook_size + (CFG.num_codebooks - 1) * CFG.residual_codebook_size
     assert (packed, CFG.dim) in shapes                                          # the pruned codebook table
     assert (CFG.num_codebooks * CFG.codebook_size, CFG.dim) not in shapes
+
+
+@pytest.mark.parametrize("token", [-1, 10**9])
+def test_tokens_outside_the_text_vocabulary_are_refused(stage, token):
+    """Non-semantic slow-AR tokens keep upstream's clamp (code 0 = the nearest semantic code); ids that are no
+    token at all are an InputRangeError instead of a silent clamp."""
+    from ttsaot.runtime.errors import InputRangeError
+
+    hidden, te = torch.randn(2, CFG.dim), torch.randn(2, CFG.dim)
+    with pytest.raises(InputRangeError, match="token"):
+        stage.generate(hidden, torch.tensor([START, token]), token_embed=te)
+    codes, _ = stage.generate(hidden, torch.tensor([START, 151645]), token_embed=te)     # <|im_end|>: clamped
+    assert codes[1, 0] == 0

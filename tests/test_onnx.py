@@ -5,6 +5,7 @@ integrity, CLI."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -222,7 +223,7 @@ def _registered_stages():
     out = []
     for fam_name in FAMILIES:
         try:
-            names = tuple(get_family(fam_name).STAGE_NAMES)
+            names = get_family(fam_name).stages
         except Exception as e:  # noqa: BLE001 - a family not in this checkout (yet)
             out.append(pytest.param(fam_name, None, marks=pytest.mark.skip(
                 reason=f"{fam_name}: stages unavailable in this checkout ({type(e).__name__}: {e})")))
@@ -235,16 +236,11 @@ def _tiny_spec(fam_name: str, stage: str, dtype: torch.dtype | None):
     from ttsaot.builder.families import get_family
 
     fam = get_family(fam_name)
-    try:
-        # small plans: options a family does not have are ignored by its options_from_cli
-        specs = fam.stages(fam.options_from_cli(preset="tiny", seed=0, dtype=dtype, batch_buckets=(1, 2),
-                                                frame_buckets=(8, 16), encoder_seconds=(0.5, 1.0)))
-    except ImportError as e:
-        pytest.skip(f"{fam_name}: stage modules missing in this checkout ({e})")
-    spec = next((s for s in specs if s.name == stage), None)
-    if spec is None:
-        pytest.skip(f"{fam_name}: stage {stage!r} not built by this checkout's stages()")
-    return spec
+    # small plans: each family gets the small-plan options it has (options are strict: no unknown names)
+    small = {"batch_buckets": (1, 2), "frame_buckets": (8, 16), "encoder_seconds": (0.5, 1.0)}
+    known = {f.name for f in dataclasses.fields(fam.Options)}
+    opts = fam.options(preset="tiny", seed=0, dtype=dtype, **{k: v for k, v in small.items() if k in known})
+    return fam.specs(opts, [stage])[0]
 
 
 @pytest.mark.parametrize("fam_name,stage", _registered_stages())
@@ -318,11 +314,11 @@ def _rewritten(spec: StageSpec) -> torch.nn.Module:
 def code2wav_aoti_onnx() -> Path:
     """Tiny code2wav fp32 with both formats: AOTI buckets batch {1} × frames {8, 16}, one ONNX model with a
     dynamic frame axis (batch has one size: static)."""
-    from ttsaot.builder.families import qwen3_tts as q
+    from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
 
     def build(root: Path) -> Path:
-        opts = q.Qwen3TTSOptions(dtype=torch.float32, batch_buckets=(1,), frame_buckets=(8, 16))
-        return build_family(q.FAMILY, [q.code2wav_stage(opts)], root, "cpu", formats="aoti,onnx").path
+        opts = QWEN.options(dtype=torch.float32, batch_buckets=(1,), frame_buckets=(8, 16))
+        return build_family(QWEN.name, QWEN.specs(opts, ["code2wav"]), root, "cpu", formats="aoti,onnx").path
 
     return built_artifact("qwen-code2wav-aoti-onnx", build)
 

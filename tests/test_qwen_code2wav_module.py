@@ -8,7 +8,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ttsaot.builder.checkpoint import CheckpointError
-from ttsaot.builder.families import qwen3_tts as q
+from ttsaot.builder.families.qwen3_tts_12hz import checkpoint as qck
+from ttsaot.builder.families.qwen3_tts_12hz import code2wav as qm
+from ttsaot.builder.families.qwen3_tts_12hz import config as qcfg
 from ttsaot.builder.passes import bake_snake, fuse_projections
 
 from .conftest import rel_err
@@ -16,11 +18,11 @@ from .conftest import rel_err
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    return q.init_random(q.Code2Wav(q.PRESETS["tiny"]), seed=3)
+    return qck.init_random_code2wav(qm.Code2Wav(qcfg.CODE2WAV_PRESETS["tiny"]), seed=3)
 
 
 def _codes(B=2, F=12, seed=0):
-    cfg = q.PRESETS["tiny"]
+    cfg = qcfg.CODE2WAV_PRESETS["tiny"]
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, cfg.codebook_size, (B, cfg.num_quantizers, F), generator=g)
 
@@ -29,13 +31,13 @@ def test_topology_matches_the_real_decoder(tiny_model):
     from ttsaot.builder.layers import SnakeBeta
 
     assert sum(isinstance(m, SnakeBeta) for m in tiny_model.modules()) == 29
-    full = q.PRESETS["full"]
+    full = qcfg.CODE2WAV_PRESETS["full"]
     assert full.samples_per_frame == 1920 and full.sliding_window == 72 and full.num_hidden_layers == 8
 
 
 def test_output_shape_range_dtype(tiny_model):
     y = tiny_model(_codes())
-    cfg = q.PRESETS["tiny"]
+    cfg = qcfg.CODE2WAV_PRESETS["tiny"]
     assert y.shape == (2, 1, 12 * cfg.samples_per_frame) and y.dtype == torch.float32
     assert y.abs().max() <= 1.0 and y.std() > 1e-3   # random weights still give a non-trivial signal
 
@@ -58,25 +60,25 @@ def test_passes_preserve_output(tiny_model):
 def test_causal_prefix_invariance(tiny_model):
     # Right padding a request to a bucket must not change the samples of its real frames.
     x = _codes(1, 20)
-    spf = q.PRESETS["tiny"].samples_per_frame
+    spf = qcfg.CODE2WAV_PRESETS["tiny"].samples_per_frame
     short = tiny_model(x[..., :13])
     long = tiny_model(x)
     assert rel_err(long[..., : 13 * spf], short) < 1e-6
 
 
 def test_checkpoint_roundtrip_real_layout(tiny_model, tmp_path):
-    tok = q.write_checkpoint(tiny_model, tmp_path)
+    tok = qck.write_code2wav_checkpoint(tiny_model, tmp_path)
     keys = set(load_file(str(tok / "model.safetensors")))
     assert "decoder.decoder.1.block.0.alpha" in keys
     assert "decoder.pre_transformer.layers.0.self_attn.q_proj.weight" in keys
     assert "decoder.quantizer.rvq_rest.vq.layers.14._codebook.embedding_sum" in keys
-    model, report = q.load_code2wav(tmp_path)
+    model, report = qck.load_code2wav(tmp_path)
     assert report["ignored"]["tensors"] >= 1                       # encoder.* never read
     assert set(report["dropped"]) == {"decoder.quantizer.rvq_first.input_proj.weight",
                                       "decoder.quantizer.rvq_rest.input_proj.weight"}
     x = _codes()
     assert torch.equal(model(x), tiny_model(x))
-    assert q.config_from_checkpoint(tmp_path) == q.PRESETS["tiny"]
+    assert qcfg.code2wav_config_from_checkpoint(tmp_path) == qcfg.CODE2WAV_PRESETS["tiny"]
 
 
 def _rewrite(tok, fn):
@@ -86,22 +88,22 @@ def _rewrite(tok, fn):
 
 
 def test_strict_loading_names_the_key(tiny_model, tmp_path):
-    tok = q.write_checkpoint(tiny_model, tmp_path)
+    tok = qck.write_code2wav_checkpoint(tiny_model, tmp_path)
     _rewrite(tok, lambda sd: sd.pop("decoder.pre_conv.conv.bias"))
     with pytest.raises(CheckpointError, match="missing key 'pre_conv.conv.bias'"):
-        q.load_code2wav(tmp_path)
-    tok = q.write_checkpoint(tiny_model, tmp_path)
+        qck.load_code2wav(tmp_path)
+    tok = qck.write_code2wav_checkpoint(tiny_model, tmp_path)
     _rewrite(tok, lambda sd: sd.__setitem__("decoder.pre_conv.extra", torch.zeros(1)))
     with pytest.raises(CheckpointError, match="unexpected key 'pre_conv.extra'"):
-        q.load_code2wav(tmp_path)
-    tok = q.write_checkpoint(tiny_model, tmp_path)
+        qck.load_code2wav(tmp_path)
+    tok = qck.write_code2wav_checkpoint(tiny_model, tmp_path)
     _rewrite(tok, lambda sd: sd.__setitem__("talker.something", torch.zeros(1)))
     with pytest.raises(CheckpointError, match="unexpected key 'talker.something'"):
-        q.load_code2wav(tmp_path)
-    tok = q.write_checkpoint(tiny_model, tmp_path)
+        qck.load_code2wav(tmp_path)
+    tok = qck.write_code2wav_checkpoint(tiny_model, tmp_path)
     _rewrite(tok, lambda sd: sd.__setitem__("decoder.pre_conv.conv.bias", torch.zeros(3)))
     with pytest.raises(CheckpointError, match="shape"):
-        q.load_code2wav(tmp_path)
+        qck.load_code2wav(tmp_path)
 
 
 def test_config_from_json_reads_real_field_names(tmp_path):
@@ -111,5 +113,5 @@ def test_config_from_json_reads_real_field_names(tmp_path):
                             "unrelated_field": 1}}
     (tmp_path / "speech_tokenizer").mkdir()
     (tmp_path / "speech_tokenizer" / "config.json").write_text(json.dumps(d))
-    cfg = q.config_from_checkpoint(tmp_path)
-    assert cfg == q.PRESETS["full"]
+    cfg = qcfg.code2wav_config_from_checkpoint(tmp_path)
+    assert cfg == qcfg.CODE2WAV_PRESETS["full"]

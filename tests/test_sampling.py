@@ -1,4 +1,4 @@
-"""On-device sampling (runtime/sampling.py): semantics against a host-side reference written the way vLLM-Omni
+"""On-device sampling (builder/predictor.py): semantics against a host-side reference written the way vLLM-Omni
 samples (top-k mask, sorted top-p with boolean indexing), greedy rows, per-row parameters, the sampled
 distribution (chi-square), and that it exports without host syncs or RNG ops."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from ttsaot.runtime.sampling import gumbel, kept_distribution, sample, support_mask
+from ttsaot.builder.predictor import gumbel, kept_distribution, sample, support_mask
 
 
 def reference_support(logits: torch.Tensor, T: float, k: int, p: float) -> torch.Tensor:

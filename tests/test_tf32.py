@@ -15,7 +15,7 @@ from ttsaot.runtime.stage import fp32_mode
 
 def _fish_specs(dtype=None):
     fam = get_family("fish-s2-pro")
-    return {s.name: s for s in fam.stages(fam.options_from_cli(preset="tiny", dtype=dtype))}
+    return {s.name: s for s in fam.specs(fam.options(preset="tiny", dtype=dtype))}
 
 
 def test_only_fp32_stages_that_are_not_fp32_by_policy_opt_in():

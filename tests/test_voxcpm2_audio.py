@@ -11,22 +11,27 @@ import torch
 
 from ttsaot.builder.buckets import StreamingConfig
 from ttsaot.builder.checkpoint import CheckpointError
-from ttsaot.builder.families import voxcpm2 as fam
-from ttsaot.builder.families import voxcpm2_audio as a
-from ttsaot.builder.families import voxcpm2_vae as vae
+from ttsaot.builder.families.voxcpm2 import FAMILY as VOX
+from ttsaot.builder.families.voxcpm2 import audio as va
+from ttsaot.builder.families.voxcpm2 import checkpoint as vck
+from ttsaot.builder.families.voxcpm2 import config as vcfg
+from ttsaot.builder.families.voxcpm2 import stages as vst
+from ttsaot.builder.families.voxcpm2 import vae as vvae
+from ttsaot.builder.families.voxcpm2.options import VoxCPM2Options
+from ttsaot.builder.layers import Snake1d
 from ttsaot.builder.passes import bake_snake, bake_weight_norm, cast_to_compute_dtype
 
 from .conftest import built_artifact, rel_err
 
-CFG = a.PRESETS["tiny"]
+CFG = vcfg.AUDIO_PRESETS["tiny"]
 STREAM = StreamingConfig(12, 24, 0, 0)     # the serving pattern: 3 LM steps = 12 frames, 24 frames of context
 
 
-def _opts(**kw) -> fam.VoxCPM2Options:
+def _opts(**kw) -> VoxCPM2Options:
     # 4 Euler steps (3 estimator calls) keep the CPU compile short; the default 10 is checked in eager/oracle
     base = dict(dtype=torch.float32, batch_buckets=(2,), frame_buckets=(36,), streaming=STREAM, n_timesteps=4)
     base.update(kw)
-    return fam.VoxCPM2Options(**base)
+    return VoxCPM2Options(**base)
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +40,8 @@ def voxcpm2_audio_fp32():
 
     def build(root):
         # the golden cases are re-run in-process by test_manifest_golden_cases_verify
-        return build_family(fam.FAMILY, a.audio_stages(_opts()), root, "cpu", verify_in_subprocess=False).path
+        specs = VOX.specs(_opts(), vst.AUDIO_STAGES)
+        return build_family(VOX.name, specs, root, "cpu", verify_in_subprocess=False).path
 
     return built_artifact("voxcpm2-audio-fp32", build)
 
@@ -50,7 +56,7 @@ def _dit_inputs(B: int, seed: int = 0):
 # ------------------------------------------------------------------------------------------ eager semantics
 def test_time_grid_and_step_count_in_model_dtype():
     for dtype in (torch.float32, torch.bfloat16):
-        sched = a.euler_schedule(10, dtype)
+        sched = va.euler_schedule(10, dtype)
         assert len(sched) == 10 and [z for *_, z in sched].count(True) == 1     # zero-init first step
         u = torch.linspace(1, 0, 11, dtype=dtype)
         grid = u + (torch.cos(torch.pi / 2 * u) - 1 + u)
@@ -58,12 +64,12 @@ def test_time_grid_and_step_count_in_model_dtype():
         # t advances by subtracting dt in the model dtype; every value is representable in that dtype
         for t, dt, _ in sched:
             assert float(torch.tensor(t, dtype=dtype)) == t and float(torch.tensor(dt, dtype=dtype)) == dt
-    bf, f32 = a.euler_schedule(10, torch.bfloat16), a.euler_schedule(10, torch.float32)
+    bf, f32 = va.euler_schedule(10, torch.bfloat16), va.euler_schedule(10, torch.float32)
     assert bf[1][0] != f32[1][0]                          # the bf16 grid is really the bf16 one
-    assert sum(1 for *_, z in a.euler_schedule(10, torch.float32) if not z) == 9
+    assert sum(1 for *_, z in va.euler_schedule(10, torch.float32) if not z) == 9
 
 
-def _stepwise_solve(stage: a.LocDiTStage, lm, res, cond, noise, n: int, cfg_rate: float) -> torch.Tensor:
+def _stepwise_solve(stage: va.LocDiTStage, lm, res, cond, noise, n: int, cfg_rate: float) -> torch.Tensor:
     """Independent step-by-step Euler loop with CFG-zero*, one estimator call per step on [cond; uncond]."""
     est = stage.feat_decoder.estimator
     mu = torch.cat([stage.lm_to_dit_proj(lm), stage.res_to_dit_proj(res)], dim=-1)
@@ -87,7 +93,7 @@ def _stepwise_solve(stage: a.LocDiTStage, lm, res, cond, noise, n: int, cfg_rate
 
 @pytest.mark.parametrize("n,cfg_rate", [(10, 2.0), (6, 1.5)])
 def test_cfm_solve_equals_stepwise_loop(n, cfg_rate):
-    stage = a.init_random(a.LocDiTStage(CFG, n, cfg_rate), seed=5)
+    stage = vck.init_random_audio(va.LocDiTStage(CFG, n, cfg_rate), seed=5)
     inputs = _dit_inputs(3, seed=1)
     with torch.no_grad():
         out = stage(*inputs)
@@ -100,7 +106,7 @@ def test_cfm_solve_equals_stepwise_loop(n, cfg_rate):
 
 
 def test_cfg_rate_and_rows_are_independent():
-    stage = a.init_random(a.LocDiTStage(CFG), seed=2)
+    stage = vck.init_random_audio(va.LocDiTStage(CFG), seed=2)
     lm, res, cond, noise = _dit_inputs(3, seed=3)
     with torch.no_grad():
         full = stage(lm, res, cond, noise)
@@ -112,7 +118,7 @@ def test_cfg_rate_and_rows_are_independent():
 
 
 def test_local_encoder_uses_token_zero_of_five():
-    enc = a.init_random(a.LocalEncoderStage(CFG), seed=4)
+    enc = vck.init_random_audio(va.LocalEncoderStage(CFG), seed=4)
     patch = torch.randn(2, 1, CFG.patch_size, CFG.feat_dim)
     with torch.no_grad():
         out = enc(patch)
@@ -130,7 +136,7 @@ def test_local_encoder_uses_token_zero_of_five():
 @pytest.mark.parametrize("stage_cls,tol", [("locdit", 8e-2), ("local_encoder", 3e-2)])
 def test_bf16_error_within_manifest_tolerance(stage_cls, tol):
     """The bf16 tolerances in the stage specs are measured, not guessed: eager bf16 vs the fp32 module."""
-    spec = {s.name: s for s in a.audio_stages(_opts(dtype=torch.bfloat16, n_timesteps=10))}[stage_cls]
+    spec = {s.name: s for s in VOX.specs(_opts(dtype=torch.bfloat16, n_timesteps=10), vst.AUDIO_STAGES)}[stage_cls]
     assert spec.tolerance == tol
     m = spec.make_module()
     mb = cast_to_compute_dtype(copy.deepcopy(m), torch.bfloat16)
@@ -145,18 +151,18 @@ def test_bf16_error_within_manifest_tolerance(stage_cls, tol):
 
 # ---------------------------------------------------------------------------------------------------- VAE
 def test_vae_topology_and_bakes():
-    m = vae.init_random_vae(vae.AudioVAEDecoder(CFG.vae), seed=1)
-    snakes = sum(isinstance(x, vae.Snake1d) for x in m.modules())
+    m = vck.init_random_vae(vvae.AudioVAEDecoder(CFG.vae), seed=1)
+    snakes = sum(isinstance(x, Snake1d) for x in m.modules())
     assert snakes == 7 * len(CFG.vae.decoder_rates) + 1
-    full = vae.AudioVAEDecoder(vae.VAE_PRESETS["full"])
-    assert sum(isinstance(x, vae.Snake1d) for x in full.modules()) == 43
+    full = vvae.AudioVAEDecoder(vcfg.VAE_PRESETS["full"])
+    assert sum(isinstance(x, Snake1d) for x in full.modules()) == 43
     z = torch.randn(2, CFG.vae.latent_dim, 10)
     with torch.no_grad():
         ref = m(z)
     assert ref.shape == (2, 1, 10 * CFG.vae.samples_per_frame)
     assert 1e-3 < ref.abs().max() < 0.9                     # audio-range, tanh not saturated
     baked = copy.deepcopy(m)
-    reports = [bake_weight_norm(baked), bake_snake(baked), vae.bake_sample_rate(baked)]
+    reports = [bake_weight_norm(baked), bake_snake(baked), vvae.bake_sample_rate(baked)]
     assert [r.get("baked", r.get("replaced")) for r in reports] == [31, snakes, len(CFG.vae.decoder_rates)]
     assert reports[2]["bin"] == 3                           # 48 kHz > 40 kHz boundary
     assert not any("parametrizations" in k or "sr_bin" in k or "embed" in k for k in baked.state_dict())
@@ -168,8 +174,8 @@ def test_vae_topology_and_bakes():
 def test_vae_receptive_field_measured():
     """The analytic bound holds exactly (float64: a latent frame further back than receptive_field_frames does
     not move a single sample), and it is tight (the frame just inside it does)."""
-    m = vae.init_random_vae(vae.AudioVAEDecoder(CFG.vae), seed=2).double()
-    rf = vae.receptive_field_frames(CFG.vae)
+    m = vck.init_random_vae(vvae.AudioVAEDecoder(CFG.vae), seed=2).double()
+    rf = vvae.receptive_field_frames(CFG.vae)
     spf, F0 = CFG.vae.samples_per_frame, 24
     z = torch.randn(1, CFG.vae.latent_dim, F0 + 4, dtype=torch.float64)
     with torch.no_grad():
@@ -182,22 +188,23 @@ def test_vae_receptive_field_measured():
 
         assert moved(F0 - rf - 1) == 0.0
         assert moved(F0 - rf + 2) > 0.0
-    assert vae.receptive_field_frames(vae.VAE_PRESETS["full"]) == 20
+    assert vvae.receptive_field_frames(vcfg.VAE_PRESETS["full"]) == 20
 
 
 # --------------------------------------------------------------------------------------------- checkpoints
 def _modules(seed: int = 0):
-    return (a.init_random(a.LocDiTStage(CFG), seed + 1), a.init_random(a.LocalEncoderStage(CFG), seed + 2),
-            vae.init_random_vae(vae.AudioVAEDecoder(CFG.vae), seed + 3))
+    return (vck.init_random_audio(va.LocDiTStage(CFG), seed + 1),
+            vck.init_random_audio(va.LocalEncoderStage(CFG), seed + 2),
+            vck.init_random_vae(vvae.AudioVAEDecoder(CFG.vae), seed + 3))
 
 
 @pytest.mark.parametrize("vae_format", ["safetensors", "pth"])
 def test_checkpoint_roundtrip_real_layout(tmp_path, vae_format):
     dit, enc, dec = _modules()
-    ckpt = a.write_checkpoint(tmp_path / "ckpt", CFG, dit, enc, dec, dtype=torch.bfloat16,
+    ckpt = vck.write_audio_checkpoint(tmp_path / "ckpt", CFG, dit, enc, dec, dtype=torch.bfloat16,
                               vae_format=vae_format)
-    assert a.config_from_checkpoint(ckpt) == CFG
-    specs = {s.name: s for s in a.audio_stages(_opts(checkpoint=str(ckpt)))}
+    assert vcfg.audio_config_from_checkpoint(ckpt) == CFG
+    specs = {s.name: s for s in VOX.specs(_opts(checkpoint=str(ckpt)), vst.AUDIO_STAGES)}
     for name, ref in (("locdit", dit), ("local_encoder", enc), ("vae_decoder", dec)):
         m = specs[name].make_module()
         own, want = m.state_dict(), ref.state_dict()
@@ -218,23 +225,23 @@ def test_checkpoint_strictness(tmp_path):
     from safetensors.torch import load_file, save_file
 
     dit, enc, dec = _modules()
-    ckpt = a.write_checkpoint(tmp_path / "ckpt", CFG, dit, enc, dec)
+    ckpt = vck.write_audio_checkpoint(tmp_path / "ckpt", CFG, dit, enc, dec)
     sd = load_file(str(ckpt / "model.safetensors"))
     sd["feat_decoder.estimator.extra.weight"] = torch.zeros(2)
     save_file(sd, str(ckpt / "model.safetensors"))
     with pytest.raises(CheckpointError, match="feat_decoder.estimator.extra.weight"):
-        a.locdit_stage(_opts(checkpoint=str(ckpt))).make_module()
-    a.local_encoder_stage(_opts(checkpoint=str(ckpt))).make_module()     # other stage: unaffected
+        vst.locdit_stage(_opts(checkpoint=str(ckpt))).make_module()
+    vst.local_encoder_stage(_opts(checkpoint=str(ckpt))).make_module()     # other stage: unaffected
     vsd = load_file(str(ckpt / "audiovae.safetensors"))
     del vsd["decoder.model.0.weight_g"]
     save_file(vsd, str(ckpt / "audiovae.safetensors"))
     with pytest.raises(CheckpointError, match="missing key"):
-        a.vae_decoder_stage(_opts(checkpoint=str(ckpt))).make_module()
+        vst.vae_decoder_stage(_opts(checkpoint=str(ckpt))).make_module()
 
 
 def test_stage_specs_and_options():
-    specs = {s.name: s for s in a.audio_stages(_opts(cfg_rate=1.5, n_timesteps=6))}
-    assert list(specs) == list(a.STAGE_NAMES)
+    specs = {s.name: s for s in VOX.specs(_opts(cfg_rate=1.5, n_timesteps=6), vst.AUDIO_STAGES)}
+    assert list(specs) == list(vst.AUDIO_STAGES)
     assert specs["locdit"].metadata["estimator_calls"] == 5 and specs["locdit"].metadata["cfg_rate"] == 1.5
     v = specs["vae_decoder"]
     assert v.kind == "codec_decoder" and v.dtype == torch.float32 and v.fp32_only
@@ -243,7 +250,7 @@ def test_stage_specs_and_options():
     assert v.metadata["streaming_exact"]
     assert v.inputs == [{"name": "latents", "dtype": "float32", "shape": ["batch", CFG.feat_dim, "frames"],
                          "pad": 0}]
-    dflt = {s.name: s for s in a.audio_stages(fam.VoxCPM2Options())}
+    dflt = {s.name: s for s in VOX.specs(VoxCPM2Options(), vst.AUDIO_STAGES)}
     assert dflt["locdit"].dtype == torch.bfloat16 and dflt["vae_decoder"].dtype == torch.float32
     assert dflt["locdit"].metadata["estimator_calls"] == 9
     # default streaming plan: 12-frame chunks with 24 frames of context, padded into pow2 buckets
@@ -252,9 +259,9 @@ def test_stage_specs_and_options():
 
 def test_full_config_parameter_counts():
     with torch.device("meta"):
-        n_dit = sum(p.numel() for p in a.LocDiTStage(a.PRESETS["full"]).parameters())
-        n_enc = sum(p.numel() for p in a.LocalEncoderStage(a.PRESETS["full"]).parameters())
-        n_vae = sum(p.numel() for p in vae.AudioVAEDecoder(vae.VAE_PRESETS["full"]).parameters())
+        n_dit = sum(p.numel() for p in va.LocDiTStage(vcfg.AUDIO_PRESETS["full"]).parameters())
+        n_enc = sum(p.numel() for p in va.LocalEncoderStage(vcfg.AUDIO_PRESETS["full"]).parameters())
+        n_vae = sum(p.numel() for p in vvae.AudioVAEDecoder(vcfg.VAE_PRESETS["full"]).parameters())
     # STAGES.md §3.1: feat_decoder 212 040 768 + lm_to_dit / res_to_dit 2 098 176 each; feat_encoder
     # 207 711 232 + enc_to_lm 2 099 200; VAE decoder 45 778 882 parameters incl. sr_cond
     assert n_dit == 212_040_768 + 2 * 2_098_176
@@ -284,8 +291,8 @@ def test_artifact_stages_match_eager(voxcpm2_audio_fp32):
 
 
 def _modules_from_build():
-    specs = {s.name: s for s in a.audio_stages(_opts())}
-    return tuple(specs[n].make_module() for n in a.STAGE_NAMES)
+    specs = {s.name: s for s in VOX.specs(_opts(), vst.AUDIO_STAGES)}
+    return tuple(specs[n].make_module() for n in vst.AUDIO_STAGES)
 
 
 def test_streamed_vae_equals_one_shot(voxcpm2_audio_fp32):
@@ -330,6 +337,6 @@ def test_manifest_golden_cases_verify(voxcpm2_audio_fp32):
     from ttsaot.runtime.verify import verify_bundle
 
     results = verify_bundle(load(voxcpm2_audio_fp32))
-    assert {r.stage for r in results} == set(a.STAGE_NAMES)
+    assert {r.stage for r in results} == set(vst.AUDIO_STAGES)
     assert all(r.ok for r in results), [r for r in results if not r.ok]
     assert max(r.value for r in results) < 1e-4

@@ -12,8 +12,12 @@ import pytest
 import torch
 
 from ttsaot.builder.checkpoint import CheckpointError
-from ttsaot.builder.families import voxcpm2_lm as L
-from ttsaot.builder.families.voxcpm2 import VoxCPM2Options
+from ttsaot.builder.families.voxcpm2 import FAMILY as VOX
+from ttsaot.builder.families.voxcpm2 import checkpoint as vck
+from ttsaot.builder.families.voxcpm2 import config as vcfg
+from ttsaot.builder.families.voxcpm2 import lm as vlm
+from ttsaot.builder.families.voxcpm2 import stages as vst
+from ttsaot.builder.families.voxcpm2.options import VoxCPM2Options
 from ttsaot.builder.passes import count_parameters, fuse_projections
 from ttsaot.runtime import InputRangeError, InputShapeError, load
 from ttsaot.runtime.lm import KVCache, LMPrefillStage, LMStepStage
@@ -21,7 +25,7 @@ from ttsaot.runtime.verify import verify_bundle
 
 from .conftest import built_artifact, rel_err
 
-TINY = L.PRESETS["tiny"]
+TINY = vcfg.LM_PRESETS["tiny"]
 H = TINY.lm.hidden_size
 MAX_LEN = 16          # artifact: batch bucket 2, prefill bucket 8, fp32
 PREFILL = 8
@@ -34,11 +38,11 @@ def _numel(m: torch.nn.Module) -> int:
 # ------------------------------------------------------------------------------------------ modules
 def test_full_config_parameter_counts_match_the_checkpoint():
     """STAGES.md §3.1 [verified]: base_lm layers+norm 1 321 322 496, embed 150 421 504, residual 377 522 176."""
-    cfg = L.PRESETS["full"]
+    cfg = vcfg.LM_PRESETS["full"]
     with torch.device("meta"):
-        step = L.BaseLMStep(cfg, 4096)
-        res = L.ResidualLMStep(cfg, 4096)
-        pre = L.BaseLMPrefill(cfg, 4096)
+        step = vlm.BaseLMStep(cfg, 4096)
+        res = vlm.ResidualLMStep(cfg, 4096)
+        pre = vlm.BaseLMPrefill(cfg, 4096)
     assert _numel(step.base_lm) == 1_321_322_496
     assert _numel(pre.base_lm.embed_tokens) == 150_421_504
     assert _numel(res.residual_lm) == 377_522_176
@@ -54,7 +58,7 @@ def test_full_config_parameter_counts_match_the_checkpoint():
 @torch.no_grad()
 def test_static_cache_steps_equal_the_full_sequence(lm):
     cfg = TINY.lm if lm == "base" else TINY.residual
-    model = L.init_random(L.MiniCPM4(cfg, MAX_LEN + 1), seed=1)
+    model = vck.init_random_lm(vlm.MiniCPM4(cfg, MAX_LEN + 1), seed=1)
     fused = copy.deepcopy(model)
     fuse_projections(fused)
     assert not hasattr(fused.layers[0].self_attn, "q_proj") and fused.layers[0].mlp.gate_up_proj is not None
@@ -62,7 +66,7 @@ def test_static_cache_steps_equal_the_full_sequence(lm):
     x = torch.randn(B, T, H, generator=torch.Generator().manual_seed(0))
     ref, _ = model.forward_seq(x)
     for m in (model, fused):
-        shape = L.cache_shape(cfg, B, MAX_LEN)
+        shape = vst.cache_shape(cfg, B, MAX_LEN)
         kc, vc = torch.zeros(shape), torch.zeros(shape)
         lengths = torch.tensor([4, 2, 6])
         h = m.prefill(x[:, :6], lengths, kc, vc)
@@ -78,8 +82,8 @@ def test_static_cache_steps_equal_the_full_sequence(lm):
 
 @torch.no_grad()
 def test_idle_rows_write_only_the_scratch_slot():
-    model = L.init_random(L.MiniCPM4(TINY.lm, MAX_LEN + 1), seed=2)
-    shape = L.cache_shape(TINY.lm, 2, MAX_LEN)
+    model = vck.init_random_lm(vlm.MiniCPM4(TINY.lm, MAX_LEN + 1), seed=2)
+    shape = vst.cache_shape(TINY.lm, 2, MAX_LEN)
     kc, vc = torch.randn(shape), torch.randn(shape)
     k0, v0 = kc.clone(), vc.clone()
     model.forward_step(torch.randn(2, H), torch.tensor([3, MAX_LEN]), kc, vc)
@@ -99,42 +103,42 @@ def test_idle_rows_write_only_the_scratch_slot():
 @torch.no_grad()
 def test_mup_flag_is_honoured():
     cfg = replace(TINY.lm, use_mup=True)
-    a = L.init_random(L.MiniCPM4(TINY.lm, 9), seed=0)
-    b = L.init_random(L.MiniCPM4(cfg, 9), seed=0)
+    a = vck.init_random_lm(vlm.MiniCPM4(TINY.lm, 9), seed=0)
+    b = vck.init_random_lm(vlm.MiniCPM4(cfg, 9), seed=0)
     assert b.layers[0].branch_scale == pytest.approx(cfg.scale_depth / cfg.num_hidden_layers**0.5)
     x = torch.randn(1, 4, H)
     assert rel_err(a.forward_seq(x)[0], b.forward_seq(x)[0]) > 1e-3
 
 
 def test_random_init_is_keyed_by_name_across_stage_modules():
-    step = L.init_random(L.BaseLMStep(TINY, MAX_LEN), seed=5).state_dict()
-    pre = L.init_random(L.BaseLMPrefill(TINY, MAX_LEN), seed=5).state_dict()
+    step = vck.init_random_lm(vlm.BaseLMStep(TINY, MAX_LEN), seed=5).state_dict()
+    pre = vck.init_random_lm(vlm.BaseLMPrefill(TINY, MAX_LEN), seed=5).state_dict()
     common = set(step) & set(pre)
     assert len(common) > 20 and all(torch.equal(step[k], pre[k]) for k in common)
 
 
 def test_config_json_round_trip():
-    d = L.PRESETS["full"].to_json()
+    d = vcfg.LM_PRESETS["full"].to_json()
     assert d["lm_config"]["rope_scaling"]["type"] == "longrope"
-    assert L.VoxCPM2LMConfig.from_json(d) == L.PRESETS["full"]
+    assert vcfg.VoxCPM2LMConfig.from_json(d) == vcfg.LM_PRESETS["full"]
 
 
 # --------------------------------------------------------------------------------------- checkpoint
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     out = tmp_path_factory.mktemp("voxcpm2_ckpt")
-    full = L.init_random(L.VoxCPM2LM(TINY, MAX_LEN), seed=7)
+    full = vck.init_random_lm(vlm.VoxCPM2LM(TINY, MAX_LEN), seed=7)
     # an audio-side tensor as the real file has (never read by the LM stages)
-    L.write_checkpoint(full, out, extra={"feat_encoder.special_token": torch.randn(1, 1, 1, 8)})
+    vck.write_lm_checkpoint(full, out, extra={"feat_encoder.special_token": torch.randn(1, 1, 1, 8)})
     return out, full
 
 
 def test_strict_loading_from_the_real_layout(checkpoint):
     path, full = checkpoint
-    assert L.config_from_checkpoint(path) == TINY
+    assert vcfg.lm_config_from_checkpoint(path) == TINY
     sd = full.state_dict()
-    for name in L.STAGE_NAMES:
-        m, rep = L.load_stage_module(name, path, TINY, MAX_LEN)
+    for name in vst.LM_STAGES:
+        m, rep = vck.load_lm_stage_module(name, path, TINY, MAX_LEN)
         for k, v in m.state_dict().items():
             assert torch.equal(v, sd[k]), (name, k)
         assert rep["ignored"]["tensors"] >= 1 and not rep["unknown"]
@@ -150,23 +154,23 @@ def test_loading_refuses_unknown_and_missing_keys(checkpoint, tmp_path):
     (tmp_path / "config.json").write_text((path / "config.json").read_text())
     save_file({**sd, "mystery.weight": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match="mystery.weight"):
-        L.load_stage_module("base_lm_step", tmp_path, TINY, MAX_LEN)
+        vck.load_lm_stage_module("base_lm_step", tmp_path, TINY, MAX_LEN)
     save_file({k: v for k, v in sd.items() if k != "residual_lm.norm.weight"}, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match="residual_lm.norm.weight"):
-        L.load_stage_module("residual_lm_step", tmp_path, TINY, MAX_LEN)
+        vck.load_lm_stage_module("residual_lm_step", tmp_path, TINY, MAX_LEN)
 
 
 def test_stage_specs_from_checkpoint_report_and_options(checkpoint):
     path, _ = checkpoint
     opts = VoxCPM2Options(checkpoint=str(path), max_len=MAX_LEN, prefill_buckets=(PREFILL,), batch_buckets=(2,))
-    specs = L.lm_stages(opts)
-    assert [s.name for s in specs] == list(L.STAGE_NAMES)
+    specs = VOX.specs(opts, vst.LM_STAGES)
+    assert [s.name for s in specs] == list(vst.LM_STAGES)
     step = specs[1]
     m = step.make_module()
     assert step.checkpoint_report["sha256"] and "base_lm.embed_tokens.weight" in step.checkpoint_report["dropped"]
     assert count_parameters(m)["params"] == _numel(m)
     with pytest.raises(ValueError, match="prefill bucket"):
-        L.lm_stages(replace(opts, prefill_buckets=(32,)))
+        VOX.specs(replace(opts, prefill_buckets=(32,)), vst.LM_STAGES)
 
 
 # ----------------------------------------------------------------------------------------- artifact
@@ -177,7 +181,7 @@ def voxcpm2_lm_tiny():
     def build(root):
         opts = VoxCPM2Options(dtype=torch.float32, batch_buckets=(2,), max_len=MAX_LEN, prefill_buckets=(PREFILL,))
         # the golden cases are re-run in-process by test_manifest_and_golden_verify
-        return build_family(L.FAMILY, L.lm_stages(opts), root, "cpu", verify_in_subprocess=False).path
+        return build_family(VOX.name, VOX.specs(opts, vst.LM_STAGES), root, "cpu", verify_in_subprocess=False).path
 
     return built_artifact("voxcpm2-lm-tiny-fp32", build)
 
@@ -189,7 +193,7 @@ def bundle(voxcpm2_lm_tiny):
 
 @pytest.fixture(scope="module")
 def eager():
-    return L.init_random(L.VoxCPM2LM(TINY, MAX_LEN), seed=0)   # the weights the artifact was built from
+    return vck.init_random_lm(vlm.VoxCPM2LM(TINY, MAX_LEN), seed=0)   # the weights the artifact was built from
 
 
 @torch.no_grad()
@@ -252,7 +256,7 @@ def test_request_through_artifacts_equals_eager_full_sequence(bundle, eager):
 def test_step_writes_only_its_row_slot_in_place(bundle):
     stage = bundle["base_lm_step"]
     cache = stage.new_cache(1)
-    assert cache.batch == 2 and tuple(cache.k.shape) == tuple(L.cache_shape(TINY.lm, 2, MAX_LEN))
+    assert cache.batch == 2 and tuple(cache.k.shape) == tuple(vst.cache_shape(TINY.lm, 2, MAX_LEN))
     cache.k.normal_()
     cache.positions[:] = torch.tensor([3, 9])
     before = cache.k.clone()
@@ -289,7 +293,7 @@ def test_caches_are_checked_against_the_stage(bundle):
         bundle["base_lm_step"].step(torch.randn(2, H), cache=bundle["residual_lm_step"].new_cache(2))
     with pytest.raises(InputShapeError, match="exceeds the largest bucket"):
         bundle["base_lm_step"].new_cache(3)
-    bad = KVCache.allocate(L.cache_shape(TINY.lm, 2, MAX_LEN), torch.float32, torch.device("cpu"), MAX_LEN)
+    bad = KVCache.allocate(vst.cache_shape(TINY.lm, 2, MAX_LEN), torch.float32, torch.device("cpu"), MAX_LEN)
     with pytest.raises(InputShapeError, match="must have shape"):
         bundle["base_lm_step"].step(torch.randn(2, H + 1), cache=bad)
 

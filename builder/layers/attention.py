@@ -5,16 +5,12 @@ weights are deleted so the artifact never carries both."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .mlp import fuse_linears
 from .norms import RMSNorm
-
-RopeFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class Attention(nn.Module):

@@ -15,7 +15,8 @@ def count_parameters(module: nn.Module) -> dict[str, float]:
 
 
 def prune_submodules(module: nn.Module, names: list[str]) -> dict[str, Any]:
-    """Delete the named submodules (dotted paths) that a stage never calls, and report what went.
+    """Delete the named submodules (dotted paths) that a stage never calls, and report what went
+    ({path: parameters}).
 
     Run BEFORE the module moves to the device, so dropped weights never reach it."""
     dropped = {}
@@ -23,6 +24,6 @@ def prune_submodules(module: nn.Module, names: list[str]) -> dict[str, Any]:
         parent_path, _, leaf = path.rpartition(".")
         parent = module.get_submodule(parent_path) if parent_path else module
         sub = getattr(parent, leaf)
-        dropped[path] = count_parameters(sub) if isinstance(sub, nn.Module) else {}
+        dropped[path] = count_parameters(sub)["params"] if isinstance(sub, nn.Module) else 0
         delattr(parent, leaf)
     return {"pass": "prune", "dropped": dropped, "kept": count_parameters(module)}

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from .prune import count_parameters
+
 NEW_G, NEW_V = "parametrizations.weight.original0", "parametrizations.weight.original1"
 
 
@@ -39,7 +41,9 @@ def legacy_weight_norm_to_new(state: dict[str, torch.Tensor]) -> dict[str, torch
 
 
 def bake_weight_norm(module: nn.Module) -> dict[str, Any]:
-    """Replace every weight-norm parametrization (and legacy hook) by the plain weight it computes."""
+    """Replace every weight-norm parametrization (and legacy hook) by the plain weight it computes (the
+    magnitudes g are folded into it)."""
+    before = count_parameters(module)["params"]
     n = 0
     for sub in module.modules():
         if parametrize.is_parametrized(sub, "weight"):
@@ -54,4 +58,5 @@ def bake_weight_norm(module: nn.Module) -> dict[str, Any]:
         elif hasattr(sub, "weight_g") and hasattr(sub, "weight_v"):
             nn.utils.remove_weight_norm(sub)
             n += 1
-    return {"pass": "bake_weight_norm", "baked": n}
+    return {"pass": "bake_weight_norm", "baked": n,
+            "folded": {"weight-norm magnitudes g·v/‖v‖": before - count_parameters(module)["params"]}}

@@ -10,7 +10,12 @@ if not torch.cuda.is_available():
 
 from ttsaot.builder.buckets import StreamingConfig  # noqa: E402
 from ttsaot.builder.build import build_family  # noqa: E402
-from ttsaot.builder.families import qwen3_tts as q  # noqa: E402
+from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN  # noqa: E402
+from ttsaot.builder.families.qwen3_tts_12hz import checkpoint as qck  # noqa: E402
+from ttsaot.builder.families.qwen3_tts_12hz import code2wav as qm  # noqa: E402
+from ttsaot.builder.families.qwen3_tts_12hz import config as qcfg  # noqa: E402
+from ttsaot.builder.families.qwen3_tts_12hz import stages as qst  # noqa: E402
+from ttsaot.builder.families.qwen3_tts_12hz.options import Qwen3TTSOptions  # noqa: E402
 from ttsaot.builder.kernels.snake_beta import launch_snake_beta_kernel, snake_beta_reference  # noqa: E402
 from ttsaot.runtime import load  # noqa: E402
 
@@ -31,16 +36,16 @@ def test_snake_kernel_matches_reference(dtype, shape):
 @pytest.fixture(scope="module")
 def gpu_artifact(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu")
-    opts = q.Qwen3TTSOptions(dtype=torch.bfloat16, batch_buckets=(1, 2), frame_buckets=(8, 16),
+    opts = Qwen3TTSOptions(dtype=torch.bfloat16, batch_buckets=(1, 2), frame_buckets=(8, 16),
                              streaming=StreamingConfig(8, 8, 0, 0))
-    return build_family(q.FAMILY, [q.code2wav_stage(opts)], out, "cuda").path
+    return build_family(QWEN.name, [qst.code2wav_stage(opts)], out, "cuda").path
 
 
 def test_graph_replay_equals_direct_package_run_and_eager(gpu_artifact):
     graphs = load(gpu_artifact, device="cuda")["code2wav"]
     direct = load(gpu_artifact, device="cuda", cuda_graphs=False)["code2wav"]
     assert graphs.uses_cuda_graphs and not direct.uses_cuda_graphs
-    eager = q.init_random(q.Code2Wav(q.PRESETS["tiny"]), seed=0).cuda()
+    eager = qck.init_random_code2wav(qm.Code2Wav(qcfg.CODE2WAV_PRESETS["tiny"]), seed=0).cuda()
     g = torch.Generator().manual_seed(0)
     for B, F in ((1, 8), (2, 16), (1, 11)):
         codes = torch.randint(0, 64, (B, 16, F), generator=g).cuda()

@@ -15,7 +15,9 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 from ttsaot.builder.build import build_family  # noqa: E402
-from ttsaot.builder.families import qwen3_tts as q  # noqa: E402
+from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN  # noqa: E402
+from ttsaot.builder.families.qwen3_tts_12hz import stages as qst  # noqa: E402
+from ttsaot.builder.families.qwen3_tts_12hz.options import Qwen3TTSOptions  # noqa: E402
 from ttsaot.builder.onnx_verify import default_providers, verify_onnx  # noqa: E402
 from ttsaot.runtime import load  # noqa: E402
 
@@ -24,8 +26,8 @@ from ..conftest import rel_err  # noqa: E402
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_build_with_onnx(dtype, tmp_path):
-    opts = q.Qwen3TTSOptions(dtype=dtype, batch_buckets=(1, 2), frame_buckets=(8, 16))
-    art = build_family(q.FAMILY, [q.code2wav_stage(opts)], tmp_path, "cuda", formats="aoti,onnx").path
+    opts = Qwen3TTSOptions(dtype=dtype, batch_buckets=(1, 2), frame_buckets=(8, 16))
+    art = build_family(QWEN.name, [qst.code2wav_stage(opts)], tmp_path, "cuda", formats="aoti,onnx").path
     st = json.loads((art / "manifest.json").read_text())["stages"]["code2wav"]
     o = st["onnx"]
     assert o["custom_ops"] == {"ttsaot.snake_beta.default": "translation"}

@@ -16,25 +16,32 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from ttsaot.builder.build import build_family  # noqa: E402
-from ttsaot.builder.families import fish_fast_ar as fa  # noqa: E402
-from ttsaot.builder.families import qwen3_tts as q  # noqa: E402
-from ttsaot.builder.families import qwen3_tts_predictor as qp  # noqa: E402
-from ttsaot.builder.families.fish_s2 import FAMILY as FISH  # noqa: E402
-from ttsaot.builder.families.fish_s2 import FishS2Options  # noqa: E402
+from ttsaot.builder.families.fish_s2_pro import FAMILY as FISH  # noqa: E402
+from ttsaot.builder.families.fish_s2_pro import stages as fst  # noqa: E402
+from ttsaot.builder.families.fish_s2_pro.options import FishS2Options  # noqa: E402
+from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN  # noqa: E402
+from ttsaot.builder.families.qwen3_tts_12hz import stages as qst  # noqa: E402
+from ttsaot.builder.families.qwen3_tts_12hz.options import Qwen3TTSOptions  # noqa: E402
+from ttsaot.builder.predictor import (  # noqa: E402
+    gumbel,
+    random_sampling_inputs,  # noqa: E402
+    support_mask,
+)
+
+FISH = FISH.name
 from ttsaot.builder.passes import cast_to_compute_dtype  # noqa: E402
 from ttsaot.runtime import load  # noqa: E402
-from ttsaot.runtime.sampling import gumbel, support_mask  # noqa: E402
 
 from ..conftest import rel_err  # noqa: E402
 
 
 def _fish(dtype, buckets=(1, 4), preset="tiny"):
-    return fa.fast_ar_stage(FishS2Options(preset=preset, dtype=dtype, batch_buckets=buckets,
+    return fst.fast_ar_stage(FishS2Options(preset=preset, dtype=dtype, batch_buckets=buckets,
                                           fast_ar_with_embedding=True))
 
 
 def _qwen(dtype, buckets=(1, 4), preset="tiny", size="0.6B"):
-    return qp.code_predictor_stage(q.Qwen3TTSOptions(preset=preset, talker_size=size, dtype=dtype,
+    return qst.code_predictor_stage(Qwen3TTSOptions(preset=preset, talker_size=size, dtype=dtype,
                                                      batch_buckets=buckets, code_predictor_with_embedding=True))
 
 
@@ -43,7 +50,7 @@ def built(request, tmp_path_factory):
     dtype = torch.float32 if request.param == "fp32" else torch.bfloat16
     out = tmp_path_factory.mktemp(f"pred-{request.param}")
     fish = build_family(FISH, [_fish(dtype)], out, "cuda").path        # the build verifies its golden cases
-    qwen = build_family(q.FAMILY, [_qwen(dtype)], out, "cuda").path
+    qwen = build_family(QWEN.name, [_qwen(dtype)], out, "cuda").path
     return dtype, load(fish, device="cuda")["fast_ar"], load(qwen, device="cuda")["code_predictor"]
 
 
@@ -61,7 +68,7 @@ def _case(stage, spec, B, seed):
     g = torch.Generator().manual_seed(seed)
     x = {k: v.cuda() for k, v in spec.make_inputs({"batch": B}, g).items()}
     steps, width = stage.noise_shape
-    x.update(fa.random_sampling_inputs(B, steps, width, g))        # real sampling mix, not the golden one
+    x.update(random_sampling_inputs(B, steps, width, g))        # real sampling mix, not the golden one
     return {k: v.cuda() for k, v in x.items()}
 
 
@@ -123,7 +130,7 @@ def test_full_size_frame_latency(which, tmp_path):
         stage = load(art, device="cuda")["fast_ar"]
     else:
         spec = _qwen(torch.bfloat16, buckets=(8,), preset="full", size="1.7B")
-        art = build_family(q.FAMILY, [spec], tmp_path, "cuda").path
+        art = build_family(QWEN.name, [spec], tmp_path, "cuda").path
         stage = load(art, device="cuda")["code_predictor"]
     x = _case(stage, spec, 8, 0)
     args = [x[n] for n in spec.input_names]

@@ -20,12 +20,12 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _opts(dtype, **kw):
-    from ttsaot.builder.families import voxcpm2 as fam
+    from ttsaot.builder.families.voxcpm2.options import VoxCPM2Options
 
     base = dict(dtype=dtype, batch_buckets=(1, 2), frame_buckets=(12, 36), streaming=STREAM, max_len=64,
                 prefill_buckets=(16,))
     base.update(kw)
-    return fam.VoxCPM2Options(**base)
+    return VoxCPM2Options(**base)
 
 
 def decode_end_to_end(device: str = "cuda", dtype: torch.dtype = torch.float32, out_root=None,
@@ -35,15 +35,16 @@ def decode_end_to_end(device: str = "cuda", dtype: torch.dtype = torch.float32, 
     import tempfile
 
     from ttsaot.builder.build import build_family
-    from ttsaot.builder.families import voxcpm2 as fam
-    from ttsaot.builder.families import voxcpm2_lm as L
+    from ttsaot.builder.families.voxcpm2 import FAMILY as VOX
+    from ttsaot.builder.families.voxcpm2 import config as vcfg
+    from ttsaot.builder.families.voxcpm2 import stages as vst
     from ttsaot.runtime import load
     from ttsaot.runtime.voxcpm2_pipeline import VoxCPM2Decoder, draw_noise
 
     opts = _opts(dtype, **{"n_timesteps": 4, **opts_kw})
-    specs = [s for s in fam.stages(opts) if s.name in E2E_STAGES]
+    specs = VOX.specs(opts, E2E_STAGES)
     root = out_root or tempfile.mkdtemp(prefix="vx-e2e-")
-    art = build_family(fam.FAMILY, specs, root, device, verify_in_subprocess=False).path
+    art = build_family(VOX.name, specs, root, device, verify_in_subprocess=False).path
     bundle = load(art, device=device)
     eager = {s.name: s.make_module().to(device).eval() for s in specs}
 
@@ -68,8 +69,8 @@ def decode_end_to_end(device: str = "cuda", dtype: torch.dtype = torch.float32, 
 
     # --- the eager reference loop (VoxCPM2Model._inference order), per-row noise from the same seeds
     max_len = opts.max_len
-    shape = L.cache_shape(L.PRESETS[opts.preset].lm, B, max_len)
-    res_shape = L.cache_shape(L.PRESETS[opts.preset].residual, B, max_len)
+    shape = vst.cache_shape(vcfg.LM_PRESETS[opts.preset].lm, B, max_len)
+    res_shape = vst.cache_shape(vcfg.LM_PRESETS[opts.preset].residual, B, max_len)
     kb, vb = torch.zeros(shape, device=dev), torch.zeros(shape, device=dev)
     kr, vr = torch.zeros(res_shape, device=dev), torch.zeros(res_shape, device=dev)
     cdt = next(eager["base_lm_step"].parameters()).dtype
@@ -123,21 +124,22 @@ def gpu_audio_artifact(tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from ttsaot.builder.build import build_family
-    from ttsaot.builder.families import voxcpm2 as fam
-    from ttsaot.builder.families import voxcpm2_audio as a
+    from ttsaot.builder.families.voxcpm2 import FAMILY as VOX
+    from ttsaot.builder.families.voxcpm2.stages import AUDIO_STAGES
 
     out = tmp_path_factory.mktemp("vx-gpu")
-    return build_family(fam.FAMILY, a.audio_stages(_opts(torch.bfloat16)), out, "cuda").path
+    return build_family(VOX.name, VOX.specs(_opts(torch.bfloat16), AUDIO_STAGES), out, "cuda").path
 
 
 def test_graph_replay_equals_direct_run_and_eager(gpu_audio_artifact):
-    from ttsaot.builder.families import voxcpm2_audio as a
+    from ttsaot.builder.families.voxcpm2 import FAMILY as VOX
+    from ttsaot.builder.families.voxcpm2.stages import AUDIO_STAGES
     from ttsaot.runtime import load
 
     graphs = load(gpu_audio_artifact, device="cuda")
     direct = load(gpu_audio_artifact, device="cuda", cuda_graphs=False)
-    specs = {s.name: s for s in a.audio_stages(_opts(torch.bfloat16))}
-    for name in a.STAGE_NAMES:
+    specs = {s.name: s for s in VOX.specs(_opts(torch.bfloat16), AUDIO_STAGES)}
+    for name in AUDIO_STAGES:
         spec = specs[name]
         eager = spec.make_module().cuda()
         sizes = {"batch": 2, "frames": 30} if name == "vae_decoder" else {"batch": 1}

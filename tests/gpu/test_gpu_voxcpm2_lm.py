@@ -11,13 +11,17 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from ttsaot.builder.build import build_family  # noqa: E402
-from ttsaot.builder.families import voxcpm2_lm as L  # noqa: E402
-from ttsaot.builder.families.voxcpm2 import VoxCPM2Options  # noqa: E402
+from ttsaot.builder.families.voxcpm2 import FAMILY as VOX  # noqa: E402
+from ttsaot.builder.families.voxcpm2 import checkpoint as vck  # noqa: E402
+from ttsaot.builder.families.voxcpm2 import config as vcfg  # noqa: E402
+from ttsaot.builder.families.voxcpm2 import lm as vlm  # noqa: E402
+from ttsaot.builder.families.voxcpm2 import stages as vst  # noqa: E402
+from ttsaot.builder.families.voxcpm2.options import VoxCPM2Options  # noqa: E402
 from ttsaot.runtime import InputRangeError, load  # noqa: E402
 
 from ..conftest import rel_err  # noqa: E402
 
-TINY = L.PRESETS["tiny"]
+TINY = vcfg.LM_PRESETS["tiny"]
 H = TINY.lm.hidden_size
 MAX_LEN = 32
 PREFILL = 8
@@ -26,7 +30,7 @@ PREFILL = 8
 def _build(tmp_path_factory, dtype):
     out = tmp_path_factory.mktemp(f"vox_lm_{str(dtype).split('.')[-1]}")
     opts = VoxCPM2Options(dtype=dtype, batch_buckets=(1, 2), max_len=MAX_LEN, prefill_buckets=(PREFILL,))
-    return build_family(L.FAMILY, L.lm_stages(opts), out, "cuda").path
+    return build_family(VOX.name, VOX.specs(opts, vst.LM_STAGES), out, "cuda").path
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +45,7 @@ def bf16_artifact(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def eager():
-    return L.init_random(L.VoxCPM2LM(TINY, MAX_LEN), seed=0).cuda()
+    return vck.init_random_lm(vlm.VoxCPM2LM(TINY, MAX_LEN), seed=0).cuda()
 
 
 def _request(bundle, eager, B, lengths, n_steps, seed=0):
@@ -53,7 +57,7 @@ def _request(bundle, eager, B, lengths, n_steps, seed=0):
     tmask = 1.0 - fmask
     fe = torch.randn(B, PREFILL, H, generator=g).cuda()
     steps = torch.randn(B, n_steps, H, generator=g).cuda()
-    bp, bs, rp, rs = (bundle[n] for n in L.STAGE_NAMES)
+    bp, bs, rp, rs = (bundle[n] for n in vst.LM_STAGES)
     bc, rc = bs.cache(B), rs.cache(B)
     bc.reset()
     rc.reset()
@@ -119,7 +123,7 @@ def test_graph_path_equals_direct_path_and_overflow(fp32_artifact, eager):
 def test_bf16_error_vs_fp32_eager(bf16_artifact, eager):
     bundle = load(bf16_artifact, device="cuda")
     got, refs, _ = _request(bundle, eager, 2, [8, 5], 6)
-    tol = {n: bundle[n].entry.tolerance for n in L.STAGE_NAMES}
+    tol = {n: bundle[n].entry.tolerance for n in vst.LM_STAGES}
     errs = {name: max(rel_err(got[j][b], refs[b][j]) for b in range(2))
             for j, name in enumerate(("hidden", "lm_hidden", "residual", "stop"))}
     print("bf16 decode rel errors vs fp32 eager (6 steps, tiny):", {k: round(v, 4) for k, v in errs.items()})

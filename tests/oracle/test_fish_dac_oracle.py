@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from bench.upstream import FISH_DAC_PKG, fish_dac_upstream
-from ttsaot.builder.families import fish_dac as fd
+from ttsaot.builder.families.fish_s2_pro import checkpoint as fck
+from ttsaot.builder.families.fish_s2_pro import config as fcfg
+from ttsaot.builder.families.fish_s2_pro import stages as fst
 from ttsaot.runtime import load
 
 from ..conftest import rel_err
@@ -21,7 +23,7 @@ from .upstream import import_upstream
 
 pytestmark = pytest.mark.oracle
 fish_dac_ckpt, fish_dac_tiny = _ckpt_fixture, _tiny_fixture
-CFG = fd.PRESETS["tiny"]
+CFG = fcfg.DAC_PRESETS["tiny"]
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +41,8 @@ def bundle(fish_dac_tiny):
 
 
 def test_eager_modules_match_upstream(upstream, fish_dac_ckpt):
-    ours, _ = fd.load_codec(fish_dac_ckpt, CFG)
-    codes = fd.random_codes(CFG, 2, 12, torch.Generator().manual_seed(1))
+    ours, _ = fck.load_codec(fish_dac_ckpt, CFG)
+    codes = fst.random_codes(CFG, 2, 12, torch.Generator().manual_seed(1))
     audio = 0.2 * torch.randn(1, 1, 30_000, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         # Usually bit-identical, but oneDNN CPU convolutions may differ in the last bit between two modules'
@@ -55,7 +57,7 @@ def test_decoder_artifact_matches_upstream(upstream, bundle):
     g = torch.Generator().manual_seed(4)
     errs = []
     for B, F in ((2, 16), (1, 11), (2, 8)):
-        codes = fd.random_codes(CFG, B, F, g)
+        codes = fst.random_codes(CFG, B, F, g)
         with torch.no_grad():
             ref, lengths = upstream.decode(codes, torch.full((B,), F))
         out = stage(codes)

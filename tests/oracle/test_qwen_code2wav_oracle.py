@@ -9,7 +9,12 @@ from safetensors.torch import load_file
 
 from ttsaot.builder.buckets import StreamingConfig
 from ttsaot.builder.build import build_family
-from ttsaot.builder.families import qwen3_tts as q
+from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
+from ttsaot.builder.families.qwen3_tts_12hz import checkpoint as qck
+from ttsaot.builder.families.qwen3_tts_12hz import code2wav as qm
+from ttsaot.builder.families.qwen3_tts_12hz import config as qcfg
+from ttsaot.builder.families.qwen3_tts_12hz import stages as qst
+from ttsaot.builder.families.qwen3_tts_12hz.options import Qwen3TTSOptions
 from ttsaot.runtime import load
 
 from ..conftest import rel_err
@@ -28,10 +33,10 @@ def upstream_modules():
 
 def test_artifact_matches_upstream_decoder(upstream_modules, tmp_path):
     cfg_mod, model_mod = upstream_modules
-    cfg = q.PRESETS["tiny"]
-    ours = q.init_random(q.Code2Wav(cfg), seed=11)
+    cfg = qcfg.CODE2WAV_PRESETS["tiny"]
+    ours = qck.init_random_code2wav(qm.Code2Wav(cfg), seed=11)
     ckpt = tmp_path / "Qwen3-TTS-tiny"
-    tok = q.write_checkpoint(ours, ckpt)
+    tok = qck.write_code2wav_checkpoint(ours, ckpt)
 
     d = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
     up_cfg = cfg_mod.Qwen3TTSTokenizerV2DecoderConfig(**d)
@@ -41,9 +46,9 @@ def test_artifact_matches_upstream_decoder(upstream_modules, tmp_path):
           if k.startswith("decoder.")}
     upstream.load_state_dict(sd, strict=True)
 
-    opts = q.Qwen3TTSOptions(checkpoint=str(ckpt), dtype=torch.float32, batch_buckets=(2,), frame_buckets=(24,),
+    opts = Qwen3TTSOptions(checkpoint=str(ckpt), dtype=torch.float32, batch_buckets=(2,), frame_buckets=(24,),
                              streaming=StreamingConfig(24, 0, 0, 0))
-    art = build_family(q.FAMILY, [q.code2wav_stage(opts)], tmp_path / "art", "cpu").path
+    art = build_family(QWEN.name, [qst.code2wav_stage(opts)], tmp_path / "art", "cpu").path
     stage = load(art)["code2wav"]
     g = torch.Generator().manual_seed(4)
     for F in (24, 17):

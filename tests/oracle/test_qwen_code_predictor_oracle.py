@@ -11,7 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ttsaot.builder.families import qwen3_tts_predictor as qp
+from ttsaot.builder.families.qwen3_tts_12hz import checkpoint as qck
+from ttsaot.builder.families.qwen3_tts_12hz import code_predictor as qpm
+from ttsaot.builder.families.qwen3_tts_12hz import config as qcfg
 from ttsaot.runtime import load
 
 from ..conftest import rel_err
@@ -20,7 +22,7 @@ from .upstream import import_upstream
 
 pytestmark = pytest.mark.oracle
 
-CFG = qp.PRESETS["tiny"]
+CFG = qcfg.CODE_PREDICTOR_PRESETS["tiny"]
 NG = CFG.num_code_groups
 
 
@@ -59,8 +61,8 @@ def pair(upstream_mod, tmp_path_factory):
     """(ours, theirs): our faithful module (the artifact's weights, seed 0) and upstream loaded from the
     checkpoint file we wrote in the real layout."""
     cfg_mod, model_mod = upstream_mod
-    ours = qp.init_random(qp.CodePredictor(CFG, with_embedding=True), seed=0)
-    ck = qp.write_checkpoint(ours, tmp_path_factory.mktemp("qwen3-tts-tiny"))
+    ours = qck.init_random_code_predictor(qpm.CodePredictor(CFG, with_embedding=True), seed=0)
+    ck = qck.write_code_predictor_checkpoint(ours, tmp_path_factory.mktemp("qwen3-tts-tiny"))
     up_cfg = cfg_mod.Qwen3TTSTalkerCodePredictorConfig(
         vocab_size=CFG.vocab_size, hidden_size=CFG.hidden_size, intermediate_size=CFG.intermediate_size,
         num_hidden_layers=CFG.num_hidden_layers, num_attention_heads=CFG.num_attention_heads,

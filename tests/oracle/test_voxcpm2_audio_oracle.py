@@ -13,8 +13,10 @@ from safetensors.torch import load_file
 from torch import nn
 
 from bench.upstream import voxcpm_audio_vae, voxcpm_cfm, voxcpm_local_encoder
-from ttsaot.builder.families import voxcpm2_audio as a
-from ttsaot.builder.families import voxcpm2_vae as vae
+from ttsaot.builder.families.voxcpm2 import FAMILY as VOX
+from ttsaot.builder.families.voxcpm2 import audio as va
+from ttsaot.builder.families.voxcpm2 import checkpoint as vck
+from ttsaot.builder.families.voxcpm2 import stages as vst
 from ttsaot.runtime import load
 
 from ..conftest import rel_err
@@ -37,7 +39,7 @@ def ckpt_and_upstream(upstream, tmp_path_factory):
     dit, enc, dec = _modules_from_build()
     up_vae_probe = voxcpm_audio_vae(CFG.vae.to_json())
     encoder_sd = {f"encoder.{k}": v for k, v in up_vae_probe.encoder.state_dict().items()}
-    ckpt = a.write_checkpoint(tmp_path_factory.mktemp("voxcpm2") / "VoxCPM2-tiny", CFG, dit, enc, dec,
+    ckpt = vck.write_audio_checkpoint(tmp_path_factory.mktemp("voxcpm2") / "VoxCPM2-tiny", CFG, dit, enc, dec,
                               vae_extra=encoder_sd)
     conf = json.loads((ckpt / "config.json").read_text())
     sd = load_file(str(ckpt / "model.safetensors"))
@@ -73,8 +75,8 @@ def _same_noise(B, seed, dtype=torch.float32):
 
 def test_checkpoint_loads_into_our_stages(ckpt_and_upstream):
     ckpt, _ = ckpt_and_upstream
-    specs = {s.name: s for s in a.audio_stages(_opts(checkpoint=str(ckpt)))}
-    for name, ref in zip(a.STAGE_NAMES, _modules_from_build()):
+    specs = {s.name: s for s in VOX.specs(_opts(checkpoint=str(ckpt)), vst.AUDIO_STAGES)}
+    for name, ref in zip(vst.AUDIO_STAGES, _modules_from_build()):
         own = specs[name].make_module().state_dict()
         assert all(torch.equal(own[k], v) for k, v in ref.state_dict().items())
 
@@ -82,7 +84,7 @@ def test_checkpoint_loads_into_our_stages(ckpt_and_upstream):
 def test_locdit_eager_matches_upstream_cfm(ckpt_and_upstream):
     """The default 10-step solve (9 estimator calls), fp32, our eager module vs UnifiedCFM.forward."""
     ckpt, up = ckpt_and_upstream
-    ours = a.locdit_stage(_opts(checkpoint=str(ckpt), n_timesteps=10)).make_module()
+    ours = vst.locdit_stage(_opts(checkpoint=str(ckpt), n_timesteps=10)).make_module()
     lm, res, cond, _ = _dit_inputs(3, seed=31)
     with torch.no_grad():
         ref = _upstream_patch(up, lm, res, cond, 10, CFG.inference_cfg_rate, seed=5)
@@ -100,7 +102,7 @@ def test_locdit_bf16_time_grid_matches_upstream(ckpt_and_upstream):
     mu = torch.cat([up["lm_to_dit_proj"](lm), up["res_to_dit_proj"](res)], dim=-1).to(torch.bfloat16)
     with torch.no_grad():
         cfm_bf(mu=mu, n_timesteps=10, patch_size=CFG.patch_size, cond=cond.to(torch.bfloat16), cfg_value=2.0)
-    ours = [t for t, _, zero in a.euler_schedule(10, torch.bfloat16) if not zero]
+    ours = [t for t, _, zero in va.euler_schedule(10, torch.bfloat16) if not zero]
     assert seen == ours
 
 
@@ -133,7 +135,7 @@ def test_artifact_matches_upstream(ckpt_and_upstream, voxcpm2_audio_fp32):  # no
 
 def test_vae_eager_matches_upstream_decoder(ckpt_and_upstream):
     ckpt, up = ckpt_and_upstream
-    ours, report = vae.load_vae_decoder(ckpt, CFG.vae)
+    ours, report = vck.load_vae_decoder(ckpt, CFG.vae)
     z = torch.randn(1, CFG.feat_dim, 17)
     with torch.no_grad():
         assert rel_err(ours(z), up["vae"].decode(z)) < 1e-6

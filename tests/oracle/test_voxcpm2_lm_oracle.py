@@ -14,7 +14,10 @@ import pytest
 import torch
 
 from bench.upstream import voxcpm_fsq, voxcpm_minicpm, voxcpm_module
-from ttsaot.builder.families import voxcpm2_lm as L
+from ttsaot.builder.families.voxcpm2 import checkpoint as vck
+from ttsaot.builder.families.voxcpm2 import config as vcfg
+from ttsaot.builder.families.voxcpm2 import lm as vlm
+from ttsaot.builder.families.voxcpm2 import stages as vst
 from ttsaot.builder.passes import fuse_projections
 
 from ..conftest import rel_err
@@ -31,7 +34,7 @@ def up():
     return voxcpm_module("minicpm4.model"), voxcpm_module("minicpm4.config")
 
 
-def _upstream_lm(cfg: L.MiniCPM4Config, ours: L.MiniCPM4):
+def _upstream_lm(cfg: vcfg.MiniCPM4Config, ours: vlm.MiniCPM4):
     return voxcpm_minicpm(cfg.to_json(), ours.state_dict())
 
 
@@ -46,8 +49,8 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 @torch.no_grad()
 def test_minicpm4_prefill_and_steps_match_upstream(up, case):
-    cfg = CASES[case](L.PRESETS["tiny"])
-    ours = L.init_random(L.MiniCPM4(cfg, MAX_LEN + 1, with_embedding=cfg.vocab_size > 0), seed=3)
+    cfg = CASES[case](vcfg.LM_PRESETS["tiny"])
+    ours = vck.init_random_lm(vlm.MiniCPM4(cfg, MAX_LEN + 1, with_embedding=cfg.vocab_size > 0), seed=3)
     ref = _upstream_lm(cfg, ours)
     B, T, P = 2, 7, 5
     x = torch.randn(B, T, cfg.hidden_size, generator=torch.Generator().manual_seed(0))
@@ -65,7 +68,7 @@ def test_minicpm4_prefill_and_steps_match_upstream(up, case):
     fused = copy.deepcopy(ours)
     fuse_projections(fused)
     for model in (ours, fused):
-        shape = L.cache_shape(cfg, B, MAX_LEN)
+        shape = vst.cache_shape(cfg, B, MAX_LEN)
         kc, vc = torch.zeros(shape), torch.zeros(shape)
         model.prefill(x[:, :P], torch.full((B,), P), kc, vc)
         for t in range(P, T):
@@ -83,16 +86,17 @@ def test_minicpm4_prefill_and_steps_match_upstream(up, case):
 @torch.no_grad()
 def test_rope_table_matches_upstream_longrope(up):
     model, config = up
-    for cfg in (L.PRESETS["tiny"].lm, CASES["mup_long_rope"](L.PRESETS["tiny"]), L.PRESETS["full"].lm):
+    tiny = vcfg.LM_PRESETS["tiny"]
+    for cfg in (tiny.lm, CASES["mup_long_rope"](tiny), vcfg.LM_PRESETS["full"].lm):
         rope = model.MiniCPMLongRoPE(config.MiniCPM4Config(**cfg.to_json()))
-        ours = L.RopeTable(cfg, 64)
+        ours = vlm.RopeTable(cfg, 64)
         assert rel_err(ours.cos, rope.cos_cached[:64]) < 1e-6 and rel_err(ours.sin, rope.sin_cached[:64]) < 1e-6
 
 
 @torch.no_grad()
 def test_fsq_and_stop_head_match_upstream(up):
-    cfg = L.PRESETS["tiny"]
-    step = L.init_random(L.BaseLMStep(cfg, MAX_LEN), seed=1)
+    cfg = vcfg.LM_PRESETS["tiny"]
+    step = vck.init_random_lm(vlm.BaseLMStep(cfg, MAX_LEN), seed=1)
     ref = voxcpm_fsq(cfg.lm.hidden_size, cfg.scalar_quantization_latent_dim, cfg.scalar_quantization_scale)
     ref.load_state_dict(step.fsq_layer.state_dict())
     ref.eval()

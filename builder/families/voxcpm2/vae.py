@@ -9,70 +9,18 @@ sample-rate conditioning (48 kHz bin, a constant) → one per-channel affine per
 
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...runtime.artifact import sha256_of
-from ..checkpoint import CheckpointError, KeyRules, load_strict
-from ..layers.snake import Snake1d
-from ..passes.weight_norm import NEW_G, NEW_V, legacy_weight_norm_to_new, weight_norm
+from ...layers.snake import Snake1d
+from ...passes.prune import count_parameters
+from ...passes.weight_norm import weight_norm
+from .config import VAEConfig
 
 
-@dataclass(frozen=True)
-class VAEConfig:
-    """`audio_vae_config` of config.json (AudioVAEConfigV2 names); decode-side fields only matter here."""
-
-    encoder_dim: int = 128
-    encoder_rates: tuple[int, ...] = (2, 5, 8, 8)
-    latent_dim: int = 64
-    decoder_dim: int = 2048
-    decoder_rates: tuple[int, ...] = (8, 6, 5, 2, 2, 2)
-    depthwise: bool = True
-    sample_rate: int = 16000
-    out_sample_rate: int = 48000
-    use_noise_block: bool = False
-    sr_bin_boundaries: tuple[int, ...] | None = (20000, 30000, 40000)
-    cond_type: str = "scale_bias"
-    cond_dim: int = 128
-    cond_out_layer: bool = False
-
-    @property
-    def samples_per_frame(self) -> int:
-        return math.prod(self.decoder_rates)
-
-    @classmethod
-    def from_json(cls, d: dict) -> VAEConfig:
-        known = set(cls.__dataclass_fields__)
-        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known}
-        cfg = cls(**kw)
-        if cfg.use_noise_block:
-            raise ValueError("vae_decoder: use_noise_block=True draws noise inside the decoder: unsupported")
-        if cfg.sr_bin_boundaries is not None and (cfg.cond_type not in ("scale_bias", "scale_bias_init")
-                                                  or cfg.cond_out_layer):
-            raise ValueError(f"vae_decoder: sample-rate conditioning {cfg.cond_type!r} (out_layer="
-                             f"{cfg.cond_out_layer}) is not supported (scale_bias only)")
-        return cfg
-
-    def to_json(self) -> dict:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
-
-
-VAE_PRESETS: dict[str, VAEConfig] = {
-    "full": VAEConfig(),
-    # Same topology (depthwise, 6 → 4 upsampling blocks, sr conditioning, 29 snakes), small widths and rates.
-    "tiny": VAEConfig(encoder_dim=8, encoder_rates=(2, 2), latent_dim=16, decoder_dim=64,
-                      decoder_rates=(8, 6, 2, 2)),
-}
-
-
-# --------------------------------------------------------------------------------------------- modules
 class CausalConv1d(nn.Conv1d):
     """Conv1d with `(kernel-1)·dilation` zeros on the left (stride 1 in the decoder)."""
 
@@ -220,13 +168,12 @@ def receptive_field_frames(cfg: VAEConfig) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ passes
-
-
 def bake_sample_rate(module: nn.Module) -> dict[str, Any]:
     """The decoder always serves the configured output rate: fold its conditioning bin into constants."""
     dec = module.decoder
     if dec.sr_cond_model is None:
         return {"pass": "bake_sample_rate", "replaced": 0}
+    before = count_parameters(module)["params"]
     b = int(torch.bucketize(torch.tensor([dec.out_sample_rate], dtype=torch.int32), dec.sr_bin_boundaries))
     n = 0
     for i, c in enumerate(dec.sr_cond_model):
@@ -234,108 +181,6 @@ def bake_sample_rate(module: nn.Module) -> dict[str, Any]:
             dec.sr_cond_model[i] = ChannelAffine(c.scale_embed.weight[b], c.bias_embed.weight[b])
             n += 1
     dec.sr_bin_boundaries = None   # a None buffer: gone from the state dict, sr_bin() returns None
-    return {"pass": "bake_sample_rate", "sample_rate": dec.out_sample_rate, "bin": b, "replaced": n}
-
-
-# ------------------------------------------------------------------------------------------ checkpoint
-# audiovae.safetensors: `decoder.*` is this module; `encoder.*` (voice-clone encoder, 184.8 MiB) is not read.
-VAE_RULES = KeyRules(prefix="", ignore_prefixes=("encoder.",))
-
-
-def _classify(state: dict[str, torch.Tensor], source: str) -> tuple[dict[str, torch.Tensor], dict]:
-    loaded, report = {}, {"ignored": {"tensors": 0, "params": 0}, "dropped": {}, "unknown": []}
-    for k, v in state.items():
-        kind = VAE_RULES.classify(k)
-        if kind == "load":
-            loaded[VAE_RULES.module_key(k)] = v
-        elif kind == "ignore":
-            report["ignored"]["tensors"] += 1
-            report["ignored"]["params"] += v.numel()
-    return loaded, report
-
-
-def read_vae_state(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
-    """audiovae.safetensors, else audiovae.pth (`state_dict` inside, torch.load weights_only=True)."""
-    d = Path(ckpt_dir)
-    st, pth = d / "audiovae.safetensors", d / "audiovae.pth"
-    if st.is_file():
-        from safetensors.torch import load_file
-
-        path, state = st, load_file(str(st))
-    elif pth.is_file():
-        obj = torch.load(str(pth), map_location="cpu", weights_only=True)
-        path, state = pth, obj.get("state_dict", obj)
-    else:
-        raise FileNotFoundError(f"{d}: neither audiovae.safetensors nor audiovae.pth found")
-    loaded, report = _classify(state, str(path))
-    report["path"], report["sha256"] = str(path), sha256_of(path)
-    return legacy_weight_norm_to_new(loaded), report
-
-
-def load_vae_decoder(ckpt_dir: str | Path, cfg: VAEConfig) -> tuple[AudioVAEDecoder, dict]:
-    tensors, report = read_vae_state(ckpt_dir)
-    model = AudioVAEDecoder(cfg)
-    try:
-        load_strict(model, tensors, source=report["path"])
-    except CheckpointError as e:
-        raise CheckpointError(f"{e} (audio_vae_config in config.json: {cfg.to_json()})") from None
-    return model.eval(), report
-
-
-def init_random_vae(model: AudioVAEDecoder, seed: int = 0) -> AudioVAEDecoder:
-    """Deterministic random weights with audio-range output (tanh not saturated, not silent)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("alpha"):
-                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
-            elif name.endswith(NEW_G):
-                # row norm of the effective weight; 1×1 convs closing residual branches start small
-                last = f"decoder.model.{len(model.decoder.model) - 2}."
-                small = ".block.3." in name or name.startswith(last)
-                p.copy_((0.1 if small else 0.7) * (0.8 + 0.4 * torch.rand(p.shape, generator=g)))
-            elif name.endswith(NEW_V):
-                p.copy_(torch.randn(p.shape, generator=g))
-            elif name.endswith("scale_embed.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
-                p.copy_(0.02 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(0.05 * torch.randn(p.shape, generator=g))
-    return model.eval()
-
-
-def vae_state_dict_legacy(model: AudioVAEDecoder) -> dict[str, torch.Tensor]:
-    """The decoder in the checkpoint's own layout (legacy weight_g / weight_v names)."""
-    out = {}
-    for k, v in model.state_dict().items():
-        if k.endswith(NEW_G):
-            k = k[: -len(NEW_G)] + "weight_g"
-        elif k.endswith(NEW_V):
-            k = k[: -len(NEW_V)] + "weight_v"
-        out[k] = v.detach().contiguous()
-    return out
-
-
-def write_vae_checkpoint(model: AudioVAEDecoder, out_dir: str | Path,
-                         extra: dict[str, torch.Tensor] | None = None, fmt: str = "safetensors") -> Path:
-    """audiovae.safetensors (or audiovae.pth with a `state_dict`) in the real layout: decoder + `extra`
-    (encoder tensors; a token one when none are given)."""
-    d = Path(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    sd = vae_state_dict_legacy(model)
-    sd.update(extra if extra is not None else {"encoder.fc_logvar.bias": torch.zeros(model.cfg.latent_dim)})
-    if fmt == "safetensors":
-        from safetensors.torch import save_file
-
-        path = d / "audiovae.safetensors"
-        save_file(sd, str(path))
-    else:
-        path = d / "audiovae.pth"
-        torch.save({"state_dict": sd}, str(path))
-    return path
-
-
-def vae_config_from_checkpoint(ckpt_dir: str | Path) -> VAEConfig:
-    d = json.loads((Path(ckpt_dir) / "config.json").read_text())
-    return VAEConfig.from_json(d.get("audio_vae_config") or {})
+    return {"pass": "bake_sample_rate", "sample_rate": dec.out_sample_rate, "bin": b, "replaced": n,
+            "folded": {"sample-rate embeddings (one bin kept, as an affine)":
+                       before - count_parameters(module)["params"]}}

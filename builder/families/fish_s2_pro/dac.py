@@ -1,4 +1,4 @@
-"""Fish Speech S2 Pro DAC codec (`codec.pth`, `modded_dac_vq.yaml`): faithful modules. Facts: STAGES.md §1.4.
+"""Fish Speech S2 Pro DAC codec (`codec.pth`): faithful modules (config: config.py). Facts: STAGES.md §1.4.
 
 The module tree mirrors the checkpoint exactly (541 entries for the full config), so `codec.pth` loads by
 name: `encoder.block.*`, `quantizer.{downsample, pre_module, semantic_quantizer, quantizer, post_module,
@@ -11,86 +11,20 @@ upstream one on CPU; the two stage forwards are `DAC.encode` / `DAC.decode`.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layers import CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock, RMSNorm, Snake1d, apply_rope_interleaved
-from ..layers.attention import sliding_window_causal_mask
-from ..layers.mlp import fuse_linears
-from ..passes.weight_norm import weight_norm
+from ...layers import CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock, RMSNorm, Snake1d, apply_rope_interleaved
+from ...layers.attention import sliding_window_causal_mask
+from ...layers.mlp import fuse_linears
+from ...passes.weight_norm import weight_norm
+from .config import DACConfig
+
+# Initial LayerScale gain of the codec transformers (overwritten by the checkpoint).
+LAYER_SCALE_INIT = 1e-2
 
 
-@dataclass(frozen=True)
-class DACConfig:
-    """`modded_dac_vq.yaml` (vLLM-Omni `dac_utils.build_dac_codec`); names as in the upstream constructors."""
-
-    sample_rate: int = 44100
-    encoder_dim: int = 64
-    encoder_rates: tuple[int, ...] = (2, 4, 8, 8)
-    latent_dim: int = 1024                          # = encoder_dim · 2^len(encoder_rates) upstream
-    decoder_dim: int = 1536
-    decoder_rates: tuple[int, ...] = (8, 8, 4, 2)
-    encoder_transformer_layers: tuple[int, ...] = (0, 0, 0, 4)
-    encoder_window: int = 512                       # hard-coded in the upstream EncoderBlock
-    encoder_block_size: int = 16384                 # rope table length of the encoder transformer
-    transformer_head_dim: int = 64                  # encoder transformer: n_head = dim // 64 upstream
-    # DownsampleResidualVectorQuantize
-    n_codebooks: int = 9
-    codebook_size: int = 1024
-    semantic_codebook_size: int = 4096
-    codebook_dim: int = 8
-    downsample_factor: tuple[int, ...] = (2, 2)
-    quantizer_layers: int = 8
-    quantizer_heads: int = 16
-    quantizer_head_dim: int = 64
-    quantizer_intermediate: int = 3072
-    quantizer_window: int = 128
-    quantizer_block_size: int = 4096
-    rope_base: float = 10000.0
-    norm_eps: float = 1e-5
-
-    def __post_init__(self) -> None:
-        if self.latent_dim != self.encoder_dim * 2 ** len(self.encoder_rates):
-            raise ValueError("latent_dim must equal encoder_dim · 2^len(encoder_rates) (upstream default)")
-        if math.prod(self.decoder_rates) != self.hop_length:
-            raise ValueError("decoder_rates must upsample by the encoder hop")
-        if self.quantizer_heads * self.quantizer_head_dim != self.latent_dim:
-            raise ValueError("quantizer transformer: heads · head_dim must equal latent_dim")
-
-    @property
-    def hop_length(self) -> int:
-        return math.prod(self.encoder_rates)
-
-    @property
-    def samples_per_frame(self) -> int:
-        return self.hop_length * math.prod(self.downsample_factor)
-
-    @property
-    def num_codebooks(self) -> int:
-        return 1 + self.n_codebooks
-
-    @property
-    def codebook_sizes(self) -> list[int]:
-        return [self.semantic_codebook_size] + [self.codebook_size] * self.n_codebooks
-
-
-PRESETS: dict[str, DACConfig] = {
-    "full": DACConfig(),
-    # Same topology and the real strides (2048 samples per frame), codebook sizes and encoder window; narrow
-    # channels, one layer per transformer, quantizer window 8 so windowing is exercised at small frame counts.
-    "tiny": DACConfig(
-        encoder_dim=4, latent_dim=64, decoder_dim=64, encoder_transformer_layers=(0, 0, 0, 1),
-        encoder_block_size=4096, quantizer_layers=1, quantizer_heads=2, quantizer_head_dim=32,
-        quantizer_intermediate=192, quantizer_window=8, quantizer_block_size=1024,
-    ),
-}
-
-
-# ------------------------------------------------------------------------------------------------ blocks
 def wn_causal_conv(cin: int, cout: int, kernel: int, stride: int = 1, dilation: int = 1) -> CausalConv1d:
     m = CausalConv1d(cin, cout, kernel, stride=stride, dilation=dilation)
     weight_norm(m.conv)
@@ -173,7 +107,7 @@ class Attention(nn.Module):
 class LayerScale(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()
-        self.gamma = nn.Parameter(torch.full((dim,), 1e-2))
+        self.gamma = nn.Parameter(torch.full((dim,), LAYER_SCALE_INIT))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.gamma

@@ -1,0 +1,246 @@
+"""Fish Speech S2 Pro stage recipes: `fast_ar` (codebook predictor), `dac_decoder` and `dac_encoder` (pruned DAC,
+encoder always fp32)."""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...buckets import BucketPlan, batch_sizes, frame_sizes, off_bucket_frames
+from ...options import OptionsError
+from ...passes import bake_snake, bake_weight_norm, count_parameters, fuse_projections, prune_submodules
+from ...predictor import off_bucket_batch, random_sampling_inputs, reference_margins, sampling_inputs
+from ...stage_spec import StageSpec
+from . import FAMILY
+from .checkpoint import init_random_dac, init_random_fast_ar, load_codec, load_fast_ar
+from .config import (
+    DAC_PRESETS,
+    FAST_AR_PRESETS,
+    DACConfig,
+    codec_path,
+    dac_config_from_checkpoint,
+    fast_ar_config_from_checkpoint,
+)
+from .dac import DAC, DACDecoder, DACEncoder
+from .fast_ar import FastAR, prune_fast_ar
+from .options import FishS2Options
+
+# The encoder's off-bucket golden case: this many samples short of the smallest length bucket (padding).
+OFF_BUCKET_SAMPLES = 3000
+# Golden fast_ar inputs: this fraction of rows carry <|im_end|>, a non-semantic slow-AR token.
+NON_SEMANTIC_FRACTION = 0.2
+IM_END_TOKEN = 151645
+
+
+# ---------------------------------------------------------------------------------------------- DAC codec
+def decoder_unused(cfg: DACConfig) -> list[str]:
+    """What decode never reads: the encoder, the encode-side quantizer modules and every VQ in_proj."""
+    return (["encoder", "quantizer.pre_module", "quantizer.downsample",
+             "quantizer.semantic_quantizer.quantizers.0.in_proj"]
+            + [f"quantizer.quantizer.quantizers.{i}.in_proj" for i in range(cfg.n_codebooks)])
+
+
+def encoder_unused(cfg: DACConfig) -> list[str]:
+    """What encode never reads: the decoder, post_module/upsample (they only rebuild z, which encode discards)
+    and the last residual out_proj (it only feeds Σ z_q)."""
+    return ["decoder", "quantizer.post_module", "quantizer.upsample",
+            f"quantizer.quantizer.quantizers.{cfg.n_codebooks - 1}.out_proj"]
+
+
+def _prune(names: list[str]):
+    def prune(m: nn.Module) -> dict[str, Any]:
+        return prune_submodules(m, names)
+    return prune
+
+
+def count_stage_params(cfg: DACConfig) -> dict[str, dict]:
+    """Parameter counts of the whole codec and of each pruned stage, on the meta device (no memory)."""
+    out = {}
+    with torch.device("meta"):
+        full = DAC(cfg)
+        out["codec"] = count_parameters(full)
+        for stage, names in (("dac_decoder", decoder_unused(cfg)), ("dac_encoder", encoder_unused(cfg))):
+            m = DAC(cfg)
+            rep = prune_submodules(m, names)
+            out[stage] = {"kept": rep["kept"], "dropped": rep["dropped"]}
+    return out
+
+
+def dac_config(opts: FishS2Options) -> DACConfig:
+    return dac_config_from_checkpoint(opts.checkpoint, opts.preset) if opts.checkpoint else DAC_PRESETS[opts.preset]
+
+
+def _config_json(cfg: DACConfig) -> dict:
+    d = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
+    d["samples_per_frame"] = cfg.samples_per_frame
+    return d
+
+
+def _module_factory(opts: FishS2Options, cfg: DACConfig, cls: type[DAC], report: dict):
+    def make_module() -> nn.Module:
+        if opts.checkpoint:
+            model, rep = load_codec(opts.checkpoint, cfg, cls)
+            report.update(rep)
+            return model
+        report.update({"random_weights": True, "seed": opts.seed})
+        return init_random_dac(cls(cfg), opts.seed)
+    return make_module
+
+
+def codes_input(cfg: DACConfig) -> dict:
+    return {"name": "codes", "dtype": "int64", "shape": ["batch", cfg.num_codebooks, "frames"], "pad": 0,
+            "range": {"dim": 1, "low": 0, "high": cfg.codebook_sizes}}
+
+
+def random_codes(cfg: DACConfig, batch: int, frames: int, g: torch.Generator) -> torch.Tensor:
+    cols = [torch.randint(0, n, (batch, 1, frames), generator=g) for n in cfg.codebook_sizes]
+    return torch.cat(cols, dim=1)
+
+
+def dac_decoder_stage(opts: FishS2Options) -> StageSpec:
+    cfg = dac_config(opts)
+    report: dict = {}
+    frames = frame_sizes(opts.streaming, pow2=opts.pow2_frames, explicit=opts.frame_buckets)
+    if frames[-1] > cfg.quantizer_block_size:
+        raise OptionsError(f"dac_decoder: frame bucket {frames[-1]} exceeds the post_module block_size "
+                         f"{cfg.quantizer_block_size}")
+    plan = BucketPlan({"batch": batch_sizes(opts.max_batch, opts.batch_buckets), "frames": frames})
+    dtype = opts.dtype or torch.float32
+
+    def make_inputs(sizes: dict[str, int], g: torch.Generator) -> dict[str, torch.Tensor]:
+        return {"codes": random_codes(cfg, sizes["batch"], sizes["frames"], g)}
+
+    return StageSpec(
+        family=FAMILY.name, name="dac_decoder", kind="codec_decoder",
+        make_module=_module_factory(opts, cfg, DACDecoder, report),
+        passes=[_prune(decoder_unused(cfg)), bake_weight_norm, bake_snake, fuse_projections],
+        plan=plan, make_inputs=make_inputs, inputs=[codes_input(cfg)],
+        outputs=[{"name": "wav", "dtype": "float32",
+                  "shape": ["batch", 1, ["frames", cfg.samples_per_frame]]}],
+        dtype=dtype,
+        # measured on the tiny preset (CPU): fp32 ≈7e-7 (kernel-order noise); bf16 ≈1.3e-2 vs fp32 eager.
+        tolerance=1e-4 if dtype == torch.float32 else 5e-2,
+        metadata={"sample_rate": cfg.sample_rate, "samples_per_frame": cfg.samples_per_frame,
+                  "num_codebooks": cfg.num_codebooks, "codebook_sizes": cfg.codebook_sizes,
+                  "streaming": asdict(opts.streaming)},
+        config=_config_json(cfg), checkpoint_report=report,
+        golden_sizes=[off_bucket_frames(frames)],
+    )
+
+
+def encoder_sample_buckets(cfg: DACConfig, seconds: tuple[float, ...]) -> tuple[int, ...]:
+    spf = cfg.samples_per_frame
+    return tuple(sorted({math.ceil(s * cfg.sample_rate / spf) * spf for s in seconds}))
+
+
+def dac_encoder_stage(opts: FishS2Options) -> StageSpec:
+    cfg = dac_config(opts)
+    report: dict = {}
+    samples = encoder_sample_buckets(cfg, tuple(opts.encoder_seconds))
+    if samples[-1] // cfg.hop_length > cfg.encoder_block_size:
+        raise OptionsError(f"dac_encoder: {samples[-1]} samples exceed the encoder transformer block_size "
+                         f"({cfg.encoder_block_size} latent frames)")
+    if samples[-1] // cfg.samples_per_frame > cfg.quantizer_block_size:
+        raise OptionsError(f"dac_encoder: {samples[-1]} samples exceed the pre_module block_size")
+    plan = BucketPlan({"samples": samples})
+
+    def make_inputs(sizes: dict[str, int], g: torch.Generator) -> dict[str, torch.Tensor]:
+        n = sizes["samples"]
+        t = torch.arange(n, dtype=torch.float32) / cfg.sample_rate
+        f0 = 110.0 + 330.0 * torch.rand((), generator=g)
+        tone = 0.3 * torch.sin(2 * math.pi * f0 * t * (1 + 0.5 * t))          # a chirp: varying frames
+        noise = 0.05 * torch.randn(n, generator=g)
+        return {"audio": (tone + noise).view(1, 1, n)}
+
+    return StageSpec(
+        family=FAMILY.name, name="dac_encoder", kind="codec_encoder",
+        make_module=_module_factory(opts, cfg, DACEncoder, report),
+        passes=[_prune(encoder_unused(cfg)), bake_weight_norm, bake_snake, fuse_projections],
+        plan=plan, make_inputs=make_inputs,
+        inputs=[{"name": "audio", "dtype": "float32", "shape": [1, 1, "samples"], "pad": 0.0}],
+        # "frames" is not a bucket axis: codec_encoder derives it as ⌈samples / samples_per_frame⌉
+        outputs=[{"name": "codes", "dtype": "int64", "shape": [1, cfg.num_codebooks, "frames"]}],
+        dtype=opts.dtype or torch.float32, fp32_only=True,
+        tolerance=1e-4,        # codes are integers: they must match exactly whatever this says
+        metadata={"sample_rate": cfg.sample_rate, "samples_per_frame": cfg.samples_per_frame,
+                  "num_codebooks": cfg.num_codebooks, "codebook_sizes": cfg.codebook_sizes,
+                  "max_samples": samples[-1]},
+        config=_config_json(cfg), checkpoint_report=report,
+        golden_sizes=[{"samples": samples[0] - OFF_BUCKET_SAMPLES}],
+    )
+
+
+# ------------------------------------------------------------------------------------------------ fast_ar
+def fast_ar_stage(opts: FishS2Options) -> StageSpec:
+    cfg = fast_ar_config_from_checkpoint(opts.checkpoint) if opts.checkpoint else FAST_AR_PRESETS[opts.preset]
+    with_emb = bool(opts.fast_ar_with_embedding)
+    report: dict = {}
+
+    def make_module() -> nn.Module:
+        if opts.checkpoint:
+            model, rep = load_fast_ar(opts.checkpoint, cfg, with_emb)
+            report.update(rep)
+            return model
+        report.update({"random_weights": True, "seed": opts.seed})
+        return init_random_fast_ar(FastAR(cfg, with_emb), opts.seed)
+
+    n_steps, R = cfg.num_codebooks - 1, cfg.residual_codebook_size
+    dtype = opts.dtype or torch.bfloat16
+    batches = batch_sizes(opts.max_batch, opts.batch_buckets)
+
+    def make_inputs(sizes: dict[str, int], g: torch.Generator) -> dict[str, torch.Tensor]:
+        B = sizes["batch"]
+        start = cfg.semantic_start_token_id
+        token = torch.randint(start, start + cfg.vocab_size, (B,), generator=g)
+        token[torch.rand(B, generator=g) < NON_SEMANTIC_FRACTION] = IM_END_TOKEN          # a non-semantic row
+        out = {"hidden": torch.randn(B, cfg.dim, generator=g), "token": token,
+               **random_sampling_inputs(B, n_steps, R, g, noise_dominated=dtype != torch.float32)}
+        if with_emb:
+            out["token_embed"] = torch.randn(B, cfg.dim, generator=g)
+        return out
+
+    inputs = [{"name": "hidden", "dtype": "float32", "shape": ["batch", cfg.dim]},
+              # any slow-AR token: a non-semantic one gives code 0 = the nearest semantic code (upstream's clamp);
+              # ids outside the text vocabulary are an InputRangeError
+              {"name": "token", "dtype": "int64", "shape": ["batch"], "pad": cfg.semantic_start_token_id,
+               "range": {"dim": 0, "low": 0, "high": [cfg.text_vocab_size]}},
+              *sampling_inputs(n_steps, R)]
+    outputs = [{"name": "codes", "dtype": "int64", "shape": ["batch", cfg.num_codebooks]}]
+    if with_emb:
+        inputs.append({"name": "token_embed", "dtype": "float32", "shape": ["batch", cfg.dim]})
+        outputs.append({"name": "next_embed", "dtype": "float32", "shape": ["batch", cfg.dim]})
+    return StageSpec(
+        family=FAMILY.name, name="fast_ar", kind="codebook_predictor", make_module=make_module,
+        passes=[prune_fast_ar, fuse_projections],
+        plan=BucketPlan({"batch": batches}),
+        make_inputs=make_inputs, inputs=inputs, outputs=outputs, dtype=dtype,
+        # next_embed: fp32 kernel-order noise; bf16 rounding of a [B,D] sum (measured < 1e-2 on tiny).
+        tolerance=1e-4 if dtype == torch.float32 else 2e-2,
+        metadata={"num_codebooks": cfg.num_codebooks, "sampled_codebooks": n_steps, "noise_width": R,
+                  "code0": {"from": "token", "offset": cfg.semantic_start_token_id, "size": cfg.vocab_size},
+                  "codebook_sizes": [cfg.vocab_size] + [R] * n_steps, "with_embedding": with_emb,
+                  "sampling_defaults": {"temperature": 0.8, "top_k": 30, "top_p": 0.9}},
+        config=asdict(cfg), checkpoint_report=report,
+        golden_sizes=off_bucket_batch(batches),
+        reference_margins=functools.partial(reference_margins, first="token"),
+    )
+
+
+STAGES = {"fast_ar": fast_ar_stage, "dac_decoder": dac_decoder_stage, "dac_encoder": dac_encoder_stage}
+
+
+def default_stages(opts: FishS2Options) -> tuple[str, ...]:
+    """A folder with only codec.pth serves the DAC stages; one with only the LLM (config.json + safetensors) the
+    Fast AR; both, or random weights, all three."""
+    if not opts.checkpoint:
+        return tuple(STAGES)
+    has_codec = codec_path(opts.checkpoint).is_file()
+    has_lm = (Path(opts.checkpoint) / "config.json").is_file()
+    chosen = tuple(n for n in STAGES if (has_lm if n == "fast_ar" else has_codec))
+    return chosen or tuple(STAGES)        # neither: let every stage name the file it misses

@@ -1,0 +1,193 @@
+"""What the two codebook predictors (Fish `fast_ar`, Qwen `code_predictor`) share: the sampler traced into their
+graphs, the unrolled per-frame loop, their noise and sampling-parameter inputs, golden cases between batch
+buckets, and how decided each reference draw was (the near-tie margins the golden check allows differences at).
+
+Sampling: pure tensor functions with static shapes and no host synchronisation, no `multinomial`, no
+boolean-mask indexing: they are traced into the exported programs and run unchanged in eager mode, so the
+artifact and the eager reference compute the same thing. The runtime never calls them: it only draws the noise.
+
+Semantics (the vLLM-Omni Fish/Qwen samplers): scaled = logits / T; top-k keeps the k largest scaled logits;
+top-p then keeps the smallest prefix of the remaining tokens, in descending order, whose probability mass
+before the token is < p (the first token is always kept); the draw is Gumbel-max over the kept set,
+argmax(scaled + g) with g = −log(−log u), which samples exactly softmax(scaled) restricted to the kept set.
+Per-row parameters: top_k ≤ 0 or ≥ V disables top-k, top_p ≥ 1 disables top-p, temperature ≤ 0 is greedy
+(argmax of the logits; noise unused)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+# u is clamped into (0, 1) so that −log(−log u) stays finite whatever the caller passes.
+_U_MIN = 1e-20
+_U_MAX = 1.0 - 1e-7
+
+
+def gumbel(uniforms: torch.Tensor) -> torch.Tensor:
+    u = uniforms.float().clamp(_U_MIN, _U_MAX)
+    return -torch.log(-torch.log(u))
+
+
+def support_mask(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Bool [B,V]: tokens kept by top-k then top-p (per row). `scaled` is fp32 logits / temperature."""
+    B, V = scaled.shape
+    ordered = scaled.sort(dim=-1, descending=True).values
+    k = torch.where((top_k <= 0) | (top_k > V), torch.full_like(top_k, V), top_k)            # [B]
+    rank = torch.arange(V, device=scaled.device)[None, :]
+    in_k = rank < k[:, None]
+    probs = torch.softmax(ordered.masked_fill(~in_k, float("-inf")), dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    n_p = ((mass_before < top_p.float()[:, None]) & in_k).sum(dim=-1)
+    n = torch.where(top_p.float() >= 1.0, k, torch.minimum(k, n_p)).clamp(min=1)             # kept prefix length
+    threshold = ordered.gather(1, (n - 1)[:, None])                                          # smallest kept value
+    return scaled >= threshold
+
+
+def sample(logits: torch.Tensor, uniforms: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+           top_p: torch.Tensor) -> torch.Tensor:
+    """logits [B,V] (any float dtype; computed in fp32), uniforms [B,V] in (0,1), temperature [B] float,
+    top_k [B] int, top_p [B] float → token ids [B] int64."""
+    x = logits.float()
+    t = temperature.float()
+    greedy = t <= 0
+    scaled = x / torch.where(greedy, torch.ones_like(t), t)[:, None]
+    keep = support_mask(scaled, top_k, top_p)
+    perturbed = torch.where(keep, scaled + gumbel(uniforms), torch.full_like(scaled, float("-inf")))
+    drawn = perturbed.argmax(dim=-1)
+    return torch.where(greedy, x.argmax(dim=-1), drawn)
+
+
+def kept_distribution(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                      top_p: torch.Tensor) -> torch.Tensor:
+    """The distribution `sample` draws from (rows with temperature > 0): softmax(scaled) over the kept set."""
+    x = logits.float()
+    scaled = x / temperature.float().clamp(min=1e-30)[:, None]
+    keep = support_mask(scaled, top_k, top_p)
+    return torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
+
+
+def draw_margin(logits: torch.Tensor, uniforms: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                top_p: torch.Tensor) -> torch.Tensor:
+    """How decided `sample`'s draw is, per row [B] fp32: the gap between the two best scores it takes the argmax
+    of (scaled logits + Gumbel noise over the kept set; the logits for greedy rows), relative to the row's largest
+    |scaled logit|. The noise is the same exact input for the artifact and the reference; only the logits carry
+    rounding error, relative to their size: where this margin is below the stage's relative tolerance, a
+    compiled stage within that tolerance may draw the other code (a near-tie); elsewhere it must not."""
+    x = logits.float()
+    t = temperature.float()
+    greedy = t <= 0
+    scaled = x / torch.where(greedy, torch.ones_like(t), t)[:, None]
+    keep = support_mask(scaled, top_k, top_p)
+    noisy = torch.where(greedy[:, None], x, scaled + gumbel(uniforms))
+    scores = torch.where(keep | greedy[:, None], noisy, torch.full_like(noisy, float("-inf")))
+    top2 = scores.topk(2, dim=-1).values
+    gap = top2[:, 0] - top2[:, 1]                            # +inf where only one token is kept: decided
+    scale = torch.where(greedy[:, None], x, scaled).abs().amax(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
+    return gap / scale
+
+
+# ------------------------------------------------------------------------------------------ the frame loop
+Pick = Callable[[int, torch.Tensor], torch.Tensor]          # (step, logits [B,V]) → code [B]
+
+
+def traced_sampler(noise: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                   top_p: torch.Tensor) -> Pick:
+    """The `pick` of an exported predictor: step s draws with the noise of sampled codebook s (noise [B,S,V])."""
+    def pick(step: int, logits: torch.Tensor) -> torch.Tensor:
+        return sample(logits, noise[:, step - 1], temperature, top_k, top_p)
+
+    return pick
+
+
+def unrolled_frame(layers: Sequence[nn.Module], rope_cos: torch.Tensor, rope_sin: torch.Tensor, x: torch.Tensor,
+                   n_steps: int, logits_at: Callable[[int, torch.Tensor], torch.Tensor],
+                   feed: Callable[[int, torch.Tensor], torch.Tensor | None],
+                   pick: Pick) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """One frame of a codebook predictor, unrolled with an explicit KV cache: x [B,T0,D] holds the first positions
+    (the backbone hidden and code 0's row) and goes through the decoder blocks causally; then, per step s = 1..n,
+    `logits_at(s, last hidden)` → `pick` → code s, and `feed(s, code)` gives the next position's input ([B,1,D];
+    None after the last step). The reference re-prefills the whole buffer every step; with the cache each step
+    runs one position, so the whole frame is one exported program. Returns the codes and logits of the steps."""
+    caches: list[Any] = [None] * len(layers)
+    codes, all_logits, pos = [], [], 0
+    for step in range(1, n_steps + 1):
+        T = x.shape[1]
+        cos, sin = rope_cos[pos:pos + T], rope_sin[pos:pos + T]
+        for i, layer in enumerate(layers):
+            x, caches[i] = layer(x, cos, sin, caches[i])
+        pos += T
+        logits = logits_at(step, x[:, -1])
+        code = pick(step, logits)
+        codes.append(code)
+        all_logits.append(logits)
+        nxt = feed(step, code)
+        if nxt is not None:
+            x = nxt
+    return codes, all_logits
+
+
+def reference_margins(module: nn.Module, inputs: dict[str, torch.Tensor], first: str) -> dict[str, torch.Tensor]:
+    """The golden cases' near-tie margins of a predictor's `codes` output [B, 1 + steps] (fp32 eager reference;
+    +inf for code 0, which is given, not drawn). `module.decode(hidden, inputs[first], pick)` runs the frame."""
+    margins: list[torch.Tensor] = []
+    noise, t, k, p = (inputs[n] for n in ("noise", "temperature", "top_k", "top_p"))
+
+    def pick(step: int, logits: torch.Tensor) -> torch.Tensor:
+        margins.append(draw_margin(logits, noise[:, step - 1], t, k, p))
+        return sample(logits, noise[:, step - 1], t, k, p)
+
+    with torch.no_grad():
+        module.decode(inputs["hidden"], inputs[first], pick)
+    given = torch.full_like(margins[0], float("inf"))
+    return {"codes": torch.stack([given, *margins], dim=1).contiguous()}
+
+
+# ------------------------------------------------------------------------------------------- stage inputs
+def sampling_inputs(n_steps: int, width: int) -> list[dict]:
+    """I/O descriptors of noise + per-row sampling parameters (pads keep padded rows finite; their outputs are
+    dropped)."""
+    return [
+        {"name": "noise", "dtype": "float32", "shape": ["batch", n_steps, width], "pad": 0.5},
+        {"name": "temperature", "dtype": "float32", "shape": ["batch"], "pad": 1.0},
+        {"name": "top_k", "dtype": "int64", "shape": ["batch"], "pad": 0},
+        {"name": "top_p", "dtype": "float32", "shape": ["batch"], "pad": 1.0},
+    ]
+
+
+# Temperature of the golden cases of reduced-precision builds: the draw is decided by the noise, not by logit
+# differences at the bf16 rounding level, so the fp32 reference codes are a well-posed target (measured on the tiny
+# presets: 0 of 2048 rows differ at T=1000 with top-k/top-p off, 8–15% of rows at T∈[0.3,1.5]). The draws that
+# are still near-ties are allowed to differ (draw_margin).
+NOISE_DOMINATED_T = 1000.0
+GREEDY_FRACTION = 0.2         # rows of random sampling inputs that are greedy (temperature 0)
+
+
+def random_sampling_inputs(B: int, n_steps: int, width: int, g: torch.Generator,
+                           noise_dominated: bool = False) -> dict[str, torch.Tensor]:
+    """Valid sampling inputs mixing greedy rows, top-k, top-p and plain temperature rows (or, for golden cases
+    of bf16 builds, noise-dominated sampling: see NOISE_DOMINATED_T)."""
+    temperature = torch.rand(B, generator=g) * 1.2 + 0.3
+    temperature[torch.rand(B, generator=g) < GREEDY_FRACTION] = 0.0
+    top_k = torch.randint(0, width + 1, (B,), generator=g)
+    top_p = torch.where(torch.rand(B, generator=g) < 0.5, torch.rand(B, generator=g) * 0.8 + 0.2,
+                        torch.ones(B))
+    noise = torch.rand(B, n_steps, width, generator=g).clamp(1e-6, 1 - 1e-6)
+    if noise_dominated:
+        temperature, top_k, top_p = torch.full((B,), NOISE_DOMINATED_T), torch.zeros_like(top_k), torch.ones(B)
+    return {"noise": noise, "temperature": temperature, "top_k": top_k, "top_p": top_p}
+
+
+def off_bucket_batch(batches: tuple[int, ...]) -> list[dict[str, int]]:
+    """A golden case between two buckets (exercises padding and dropping padded rows), when one exists."""
+    for b in range(1, max(batches)):
+        if b not in batches:
+            return [{"batch": b}]
+    return []
+
+
+__all__ = ["NOISE_DOMINATED_T", "draw_margin", "gumbel", "kept_distribution", "off_bucket_batch",
+           "random_sampling_inputs", "reference_margins", "sample", "sampling_inputs", "support_mask",
+           "traced_sampler", "unrolled_frame"]
