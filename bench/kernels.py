@@ -279,9 +279,10 @@ def bench_attention_case(B: int, ctx: int, rope: bool, peak_gbps: float, reps: i
 # ---------------------------------------------------------------------------------------------- layer
 @functools.lru_cache(maxsize=1)
 def _voxcpm2_layers(n: int, S: int, device: torch.device):
-    from ttsaot.builder.families.voxcpm2_lm import PRESETS, MiniCPMLayer, RopeTable
+    from ttsaot.builder.families.voxcpm2.config import LM_PRESETS
+    from ttsaot.builder.families.voxcpm2.lm import MiniCPMLayer, RopeTable
 
-    cfg = PRESETS[LAYER["preset"]].lm
+    cfg = LM_PRESETS[LAYER["preset"]].lm
     torch.manual_seed(0)
     layers = []
     for _ in range(n):
