@@ -244,7 +244,7 @@ def load_bundle(paths: dict[str, str], device: torch.device) -> tuple[dict[str, 
 
 
 def make_decoder(bundle: dict[str, Any]):
-    from ttsaot.runtime.voxcpm2_pipeline import VoxCPM2Decoder
+    from ttsaot.runtime.pipelines.voxcpm2 import VoxCPM2Decoder
 
     return VoxCPM2Decoder(bundle, min_len=NEVER_STOP, max_steps=NEVER_STOP)
 
