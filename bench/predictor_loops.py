@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ttsaot.runtime.graphs import new_pool
 from ttsaot.runtime.sampling import sample
 
 from .common import Skipped
@@ -350,7 +351,7 @@ class LoopCompileGraphVariant(_LoopVariant):
         self.next_fn = torch.compile(self.steps.next_step, dynamic=False, **kw)
         self.use_graphs = self.ctx.device.type == "cuda"
         self.capture: Capture = capture_graph
-        self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.pool = new_pool() if self.use_graphs else None
 
     def prepare(self, sizes, inputs):
         loop = self._loop(inputs)

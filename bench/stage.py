@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from ttsaot.runtime.dtypes import torch_dtype
+
 from . import RESULTS_SCHEMA
 from .common import (
     BudgetExceeded,
@@ -40,7 +42,6 @@ from .specs import make_spec
 from .variants import COMPILED, TTSAOT, VariantContext, applies, make_variant
 
 MIB = 2**20
-_ELSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "uint8": 1}
 
 
 # ------------------------------------------------------------------------------------------ artifacts
@@ -131,7 +132,7 @@ def state_bytes(module: torch.nn.Module) -> int:
 def out_bytes(spec, outputs) -> int:
     total = 0
     for desc, o in zip(spec.outputs, as_tuple(outputs)):
-        total += o.numel() * _ELSIZE.get(str(desc.get("dtype", "float32")), o.element_size())
+        total += o.numel() * torch_dtype(str(desc.get("dtype", "float32"))).itemsize
     return total
 
 
