@@ -304,7 +304,7 @@ def _tensor_spec(d: dict, where: str) -> TensorSpec:
     shape = _get(d, "shape", list, where)
     for s in shape:
         ok = (isinstance(s, int) and not isinstance(s, bool) and s >= 0) or isinstance(s, str) or (
-            isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and isinstance(s[1], int))
+            isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and _positive_int(s[1]))
         if not ok:
             raise ManifestError(f"manifest.json: {where}.shape has an invalid entry {s!r}")
     rng = d.get("range")
@@ -403,6 +403,10 @@ def _stage(name: str, d: dict) -> StageEntry:
         if _overlapping(shape, stride):
             raise ManifestError(f"manifest.json: {cw} stride {stride} makes elements of shape {shape} share memory "
                                 "(a weight cannot be written into such a layout)")
+        if stride != contiguous_stride(shape):
+            # the packages index their constants densely: a gapped layout would be read as garbage, not refused
+            raise ManifestError(f"manifest.json: {cw} stride {stride} is not the contiguous layout "
+                                f"{contiguous_stride(shape)} of shape {shape} (what the packages index)")
         constants[cname] = WeightSpec(dtype=cd, shape=shape, stride=stride)
     golden = d.get("golden")
     metadata = d.get("metadata", {})
@@ -413,11 +417,13 @@ def _stage(name: str, d: dict) -> StageEntry:
     if not (math.isfinite(tolerance) and tolerance >= 0):
         raise ManifestError(f"manifest.json: {w}.tolerance must be a finite number ≥ 0, got {tolerance!r}")
     inputs = [_tensor_spec(x, f"{w}.inputs[{i}]") for i, x in enumerate(_get(d, "inputs", list, w))]
+    outputs = [_tensor_spec(x, f"{w}.outputs[{i}]") for i, x in enumerate(_get(d, "outputs", list, w))]
     _check_metadata(kind, metadata, inputs, f"{w}.metadata")
+    if buckets:
+        _check_axes(kind, axes, inputs, outputs, w)
     return StageEntry(
         name=name, kind=kind, dtype=dtype,
-        inputs=inputs,
-        outputs=[_tensor_spec(x, f"{w}.outputs[{i}]") for i, x in enumerate(_get(d, "outputs", list, w))],
+        inputs=inputs, outputs=outputs,
         weights=(_file_entry(_get(d, "weights", dict, w), f"{w}.weights") if d.get("weights") is not None
                  else None),
         constants=constants, buckets=buckets,
@@ -428,6 +434,40 @@ def _stage(name: str, d: dict) -> StageEntry:
         inductor_options=_get_optional(d, "inductor_options", dict, w, {}),
         checkpoint=_get_optional(d, "checkpoint", dict, w, {}), onnx=onnx,
     )
+
+
+# Output axes a stage kind derives from its bucket axes (runtime: Stage._derived_sizes); every other axis an I/O
+# descriptor names must be a bucket axis.
+DERIVED_AXES: dict[str, tuple[str, ...]] = {"codec_encoder": ("frames",)}   # ⌈samples / samples_per_frame⌉
+
+
+def _check_axes(kind: str, axes: set[str], inputs: list[TensorSpec], outputs: list[TensorSpec], where: str) -> None:
+    """Inputs name only bucket axes and together name all of them (the request's sizes pick the bucket); outputs
+    name bucket axes or the kind's derived axes."""
+    named = set()
+    for i, spec in enumerate(inputs):
+        for _, axis, _ in spec.axes():
+            if axis not in axes:
+                raise ManifestError(f"manifest.json: {where}.inputs[{i}].shape names axis {axis!r}, which is not a "
+                                    f"bucket axis ({', '.join(sorted(axes))})")
+            named.add(axis)
+    if named != axes:
+        raise ManifestError(f"manifest.json: {where}.buckets axis {sorted(axes - named)[0]!r} is named by no input")
+    allowed = axes | set(DERIVED_AXES.get(kind, ()))
+    for i, spec in enumerate(outputs):
+        for _, axis, _scale in spec.axes():
+            if axis not in allowed:
+                raise ManifestError(f"manifest.json: {where}.outputs[{i}].shape names axis {axis!r}, which is neither "
+                                    f"a bucket axis nor derived by kind {kind!r}")
+
+
+def contiguous_stride(shape: list[int]) -> list[int]:
+    """Row-major strides of `shape` (as torch computes them: a dimension of size 0 counts as 1)."""
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return out[::-1]
 
 
 def _get_optional(d: dict, key: str, typ, where: str, default):

@@ -65,6 +65,15 @@ def test_missing_file(qwen_tiny_fp32, artifact_copy):
     (lambda m: m["stages"]["code2wav"]["buckets"][0].__setitem__("file", "../../etc/passwd"), ManifestError,
      "outside the artifact"),
     (lambda m: m["stages"]["code2wav"].__setitem__("tolerance", "small"), ManifestError, "tolerance"),
+    # found by the explore profile of the manifest fuzz test: both used to reach a call (KeyError, NaN output)
+    (lambda m: m["stages"]["code2wav"]["inputs"][0]["shape"].__setitem__(0, ""), ManifestError,
+     "names axis '', which is not a bucket axis"),
+    (lambda m: next(c for c in m["stages"]["code2wav"]["constants"].values() if len(c["shape"]) == 1)
+     .__setitem__("stride", [2]), ManifestError, "not the contiguous layout"),
+    (lambda m: m["stages"]["code2wav"]["outputs"][0]["shape"].__setitem__(2, ["samples", 64]), ManifestError,
+     "neither a bucket axis nor derived"),
+    (lambda m: m["stages"]["code2wav"]["outputs"][0]["shape"][2].__setitem__(1, 0), ManifestError,
+     "invalid entry"),
     (lambda m: m["build_env"].__setitem__("torch", "1.0.0"), CompatibilityError, "torch 1.0.0"),
     (lambda m: m.__setitem__("device", "cuda"), CompatibilityError, "built for device 'cuda'"),
     (lambda m: m["build_env"].__setitem__("cpu_isa", "AVX512 AMX_TILE")
