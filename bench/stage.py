@@ -63,16 +63,26 @@ def artifact_key(spec, desc: dict, device: torch.device) -> str:
 
 
 def build_or_reuse(spec, desc: dict, device: torch.device, cache: Path, verify: bool) -> tuple[Path, dict]:
-    """Build the stage's artifact for the bench buckets under cache/<hash>/, or reuse a finished one."""
-    from ttsaot.builder.build import build_family
+    """Build the stage's artifact for the bench buckets under cache/<hash>/, or reuse a finished one. Processes
+    sharing the cache (xdist workers, parallel bench runs) wait for each other's build of the same key instead of
+    failing on the builder's lock."""
+    from filelock import FileLock
 
     key = artifact_key(spec, desc, device)
     root = cache / key
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root) + ".lock"):
+        return _build_or_reuse_locked(spec, desc, device, root, key, verify)
+
+
+def _build_or_reuse_locked(spec, desc: dict, device: torch.device, root: Path, key: str,
+                           verify: bool) -> tuple[Path, dict]:
+    from ttsaot.builder.build import build_family
+
     path = root / spec.family
     done = root / ".done"
     if done.is_file() and (path / "manifest.json").is_file():
         return path, {"cache_key": key, "cached": True, "seconds": 0.0}
-    root.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     res = build_family(
         spec.family,
