@@ -11,10 +11,10 @@ ORACLE_WHEELS = qwen-tts==0.1.1 voxcpm==2.0.3 vllm-omni==0.30.0 fish-speech==0.1
 
 setup:
 	$(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q -e ".[audio]"
+	$(PIP) install -q -e ".[builder,audio]"
 
 setup-dev: setup
-	$(PIP) install -q -e ".[audio,test,onnx,oracle]"
+	$(PIP) install -q -e ".[builder,audio,test,onnx,oracle]"
 	$(PIP) install -q --no-deps $(ORACLE_WHEELS)
 
 demo: setup

@@ -14,6 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ttsaot.runtime.dtypes import SHORT_DTYPE_NAMES
+
 from .common import REPO, git_commit, now_iso, short_error, write_json
 
 COMMANDS = ("run", "report", "snake", "kernels", "conv-kernels", "list", "build", "voxcpm-loop", "_stage",
@@ -37,7 +39,7 @@ def _default_device() -> str:
 def _add_measure_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default=None, help="full (default on CUDA) or tiny (default on CPU)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
-    p.add_argument("--dtype", default=None, choices=["bf16", "fp32", "fp16"], help="override the stage dtype")
+    p.add_argument("--dtype", default=None, choices=list(SHORT_DTYPE_NAMES), help="override the stage dtype")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--axis",

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from ttsaot.runtime.metrics import rel_error as rel_err  # noqa: F401  (the bench's name for the one metric)
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -195,12 +197,6 @@ def time_box(seconds: float | None, what: str):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    o, r = out.detach().double(), ref.detach().double().to(out.device)
-    n = r.norm().item()
-    return (o - r).norm().item() / (n if n > 0 else 1.0)
 
 
 def as_tuple(x) -> tuple:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ttsaot.builder.predictor import sample
+from ttsaot.runtime.graphs import new_pool
 
 from .common import Skipped
 from .variants import PREDICTOR_LOOPS, Variant, VariantContext, capture_graph, cast_module
@@ -350,7 +351,7 @@ class LoopCompileGraphVariant(_LoopVariant):
         self.next_fn = torch.compile(self.steps.next_step, dynamic=False, **kw)
         self.use_graphs = self.ctx.device.type == "cuda"
         self.capture: Capture = capture_graph
-        self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.pool = new_pool() if self.use_graphs else None
 
     def prepare(self, sizes, inputs):
         loop = self._loop(inputs)

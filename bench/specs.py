@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-import torch
+from ttsaot.runtime.dtypes import SHORT_DTYPE_NAMES, torch_dtype
 
 # Both codec decoders: one 50-frame decode at B=1 and B=4 with streaming chunk 25 / left context 25 (full); a
 # single small bucket whose streaming window fits it (tiny, CPU smoke).
@@ -45,7 +45,7 @@ BENCH_DEFAULTS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
     ("voxcpm2", "vae_decoder"): {"full": {"axes": {"batch": (1,), "frames": (36,)}}},
 }
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+DTYPES = {alias: torch_dtype(alias) for alias in SHORT_DTYPE_NAMES}   # `--dtype` choices
 
 
 def family_module(family: str):

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from ttsaot.runtime.dtypes import torch_dtype
+
 from . import RESULTS_SCHEMA
 from .common import (
     BudgetExceeded,
@@ -40,7 +42,6 @@ from .specs import make_spec
 from .variants import COMPILED, TTSAOT, VariantContext, applies, make_variant
 
 MIB = 2**20
-_ELSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "uint8": 1}
 
 
 # ------------------------------------------------------------------------------------------ artifacts
@@ -62,16 +63,26 @@ def artifact_key(spec, desc: dict, device: torch.device) -> str:
 
 
 def build_or_reuse(spec, desc: dict, device: torch.device, cache: Path, verify: bool) -> tuple[Path, dict]:
-    """Build the stage's artifact for the bench buckets under cache/<hash>/, or reuse a finished one."""
-    from ttsaot.builder.build import build_family
+    """Build the stage's artifact for the bench buckets under cache/<hash>/, or reuse a finished one. Processes
+    sharing the cache (xdist workers, parallel bench runs) wait for each other's build of the same key instead of
+    failing on the builder's lock."""
+    from filelock import FileLock
 
     key = artifact_key(spec, desc, device)
     root = cache / key
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root) + ".lock"):
+        return _build_or_reuse_locked(spec, desc, device, root, key, verify)
+
+
+def _build_or_reuse_locked(spec, desc: dict, device: torch.device, root: Path, key: str,
+                           verify: bool) -> tuple[Path, dict]:
+    from ttsaot.builder.build import build_family
+
     path = root / spec.family
     done = root / ".done"
     if done.is_file() and (path / "manifest.json").is_file():
         return path, {"cache_key": key, "cached": True, "seconds": 0.0}
-    root.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     res = build_family(
         spec.family,
@@ -131,7 +142,7 @@ def state_bytes(module: torch.nn.Module) -> int:
 def out_bytes(spec, outputs) -> int:
     total = 0
     for desc, o in zip(spec.outputs, as_tuple(outputs)):
-        total += o.numel() * _ELSIZE.get(str(desc.get("dtype", "float32")), o.element_size())
+        total += o.numel() * torch_dtype(str(desc.get("dtype", "float32"))).itemsize
     return total
 
 

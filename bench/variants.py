@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ttsaot.runtime.graphs import StaticGraph, new_pool
+
 from .common import Skipped, as_tuple
 
 # Cheap variants first: when a run is cut short by its budget, the expensive compiles are what is missing.
@@ -72,28 +74,9 @@ def cast_module(module: nn.Module, ctx: VariantContext) -> nn.Module:
 
 
 def capture_graph(fn: Callable, static_inputs: list[torch.Tensor], device: torch.device, pool=None) -> Call:
-    """Warm up on a side stream, capture one call, replay with inputs copied into the static buffers (the
-    same recipe the runtime uses for AOTI packages)."""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn(*static_inputs)
-    torch.cuda.current_stream(device).wait_stream(side)
-    torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        static_out = fn(*static_inputs)
-
-    def run(inputs: list[torch.Tensor]):
-        for dst, src in zip(static_inputs, inputs):
-            if dst.data_ptr() != src.data_ptr():
-                dst.copy_(src)
-        graph.replay()
-        return static_out
-
-    run.graph = graph  # keep alive
-    return run
+    """`fn(*static_inputs)` captured with the runtime's one graph primitive (runtime/graphs.py: warm-up on a side
+    stream, capture into `pool`); the returned call copies its inputs into the static buffers and replays."""
+    return StaticGraph(lambda xs: fn(*xs), static_inputs, device, pool)
 
 
 class Variant:
@@ -132,7 +115,7 @@ class EagerVariant(Variant):
     def setup(self) -> None:
         self.module = self._module()
         if self.graph:
-            self.pool = torch.cuda.graph_pool_handle()
+            self.pool = new_pool()
 
     def weight_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.module.state_dict().values())
@@ -162,7 +145,7 @@ class CompileVariant(EagerVariant):
         super().setup()
         self.compiled = torch.compile(self.module, mode=self.mode, dynamic=False)
         if self.manual_graph and self.ctx.device.type == "cuda":
-            self.pool = torch.cuda.graph_pool_handle()
+            self.pool = new_pool()
 
     def prepare(self, sizes, inputs):
         c = self.compiled

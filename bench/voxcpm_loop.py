@@ -58,6 +58,8 @@ from typing import Any
 
 import torch
 
+from ttsaot.runtime.dtypes import SHORT_DTYPE_NAMES, dtype_name
+
 from .common import (
     REPO,
     BudgetExceeded,
@@ -81,7 +83,6 @@ RESULT_NAME = f"{FAMILY}__decode_loop.json"
 TARGET_STEP_MS_B1 = 3.0
 TARGET_FIRST_STEP_S = 1.5
 NEVER_STOP = 10**9        # min_len that keeps the stop head from ending a timed loop
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 # --------------------------------------------------------------------------------------------- settings
@@ -244,7 +245,7 @@ def load_bundle(paths: dict[str, str], device: torch.device) -> tuple[dict[str, 
 
 
 def make_decoder(bundle: dict[str, Any]):
-    from ttsaot.runtime.voxcpm2_pipeline import VoxCPM2Decoder
+    from ttsaot.runtime.pipelines.voxcpm2 import VoxCPM2Decoder
 
     return VoxCPM2Decoder(bundle, min_len=NEVER_STOP, max_steps=NEVER_STOP)
 
@@ -426,7 +427,7 @@ def upstream_config(s: LoopSettings, dtype: torch.dtype) -> dict:
     from ttsaot.builder.families.voxcpm2.config import preset_config_dict
 
     cfg = preset_config_dict(s.preset)
-    cfg.update(max_length=s.max_len, dtype=_DTYPE_NAMES[dtype])
+    cfg.update(max_length=s.max_len, dtype=dtype_name(dtype))
     return cfg
 
 
@@ -548,7 +549,7 @@ def loop_parity(model, dec, batch: int, s: LoopSettings, n_timesteps: int, cfg_v
     other = [loop.step() for _ in range(s.parity_steps)]
     control = min(rel_err(o.float(), r.float().to(o.device)) for o, r in zip(other, ref))
     loop.close()
-    return {"steps": len(errs), "patch_rel_err": errs, "max_rel_err": max(errs), "dtype": _DTYPE_NAMES[dtype],
+    return {"steps": len(errs), "patch_rel_err": errs, "max_rel_err": max(errs), "dtype": dtype_name(dtype),
             "control_rel_err_other_noise": control,
             "noise": "identical (global RNG seeded for upstream, a generator with the same seed for ttsaot)"}
 
@@ -795,7 +796,7 @@ class LoopRun:
         # facts the report needs when this run measures upstream only (a second call with --merge or alone)
         self.res["stage"].setdefault("n_timesteps", n_timesteps)
         self.res["stage"].setdefault("cfg_rate", cfg_value)
-        self.res["stage"].setdefault("dtype", _DTYPE_NAMES[dtype])
+        self.res["stage"].setdefault("dtype", dtype_name(dtype))
         if "audio_ms_per_step" not in self.res.get("audio", {}):
             noise = next(x for x in spec.inputs if x["name"] == "noise")
             self.res["audio"] = {"frames_per_step": int(noise["shape"][2]), "source": "config.json",
@@ -807,7 +808,7 @@ class LoopRun:
         sd = self.our_weights()
         cfg = upstream_config(self.s, dtype)
         audio_ms = self._audio_ms(cfg)
-        rec: dict[str, Any] = {"batches": {}, "dtype": _DTYPE_NAMES[dtype], "weights": "ours (faithful modules)"}
+        rec: dict[str, Any] = {"batches": {}, "dtype": dtype_name(dtype), "weights": "ours (faithful modules)"}
 
         def one(b: int) -> dict[str, Any]:
             model = build_upstream_model(mod, cfg, self.device, dtype, b, sd)
@@ -835,7 +836,7 @@ class LoopRun:
         sd = self.our_weights()
         cfg = upstream_config(self.s, dtype)
         audio_ms = self._audio_ms(cfg)
-        rec: dict[str, Any] = {"batches": {}, "dtype": _DTYPE_NAMES[dtype], "mode": "reduce-overhead",
+        rec: dict[str, Any] = {"batches": {}, "dtype": dtype_name(dtype), "mode": "reduce-overhead",
                                "note": "fresh model and torch._dynamo.reset() per batch: each batch compiles"}
 
         def one(b: int) -> dict[str, Any]:
@@ -880,7 +881,7 @@ class LoopRun:
             raise Skipped("optimize() is CUDA-only (upstream raises and stays eager on other devices)")
         spec, _ = loop_spec("locdit", self.s)
         n_timesteps = int(spec.metadata["n_timesteps"])
-        cfg = {"device": str(self.device), "dtype": _DTYPE_NAMES[spec.dtype], "batch": 1, "context": self.s.context,
+        cfg = {"device": str(self.device), "dtype": dtype_name(spec.dtype), "batch": 1, "context": self.s.context,
                "seed": self.s.seed, "timesteps": n_timesteps, "cfg_value": float(spec.metadata["cfg_rate"]),
                "config": upstream_config(self.s, spec.dtype)}
         budget = self.left(self.s.upstream_coldstart_budget) or self.s.upstream_coldstart_budget
@@ -991,7 +992,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("voxcpm-loop", help="VoxCPM2 decode loop per step: ttsaot vs upstream voxcpm (issue 6)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--preset", default=None, help="full (default on CUDA) or tiny (default on CPU)")
-    p.add_argument("--dtype", default=None, choices=["bf16", "fp32", "fp16"], help="default: stage dtypes; CPU fp32")
+    p.add_argument("--dtype", default=None, choices=list(SHORT_DTYPE_NAMES), help="default: stage dtypes; CPU fp32")
     p.add_argument("--batches", type=_ints, default=None, help="default 1,16 (tiny: 1,2)")
     p.add_argument("--buckets", type=_ints, default=None, help="batch buckets built (default: the batches)")
     p.add_argument("--max-len", type=int, default=512, help="KV cache length (the context both loops attend over)")

@@ -14,24 +14,44 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..runtime.artifact import CHUNK_BYTES, FORMAT_VERSION, MANIFEST, dtype_name, file_digests, sha256_of
+from ..runtime.artifact import (
+    CHUNK_BYTES,
+    FORMAT_VERSION,
+    MANIFEST,
+    BucketEntry,
+    FileEntry,
+    Manifest,
+    OnnxEntry,
+    StageEntry,
+    TensorSpec,
+    WeightSpec,
+    json_value,
+    read_manifest,
+    write_manifest,
+)
+from ..runtime.dtypes import dtype_name
+from ..runtime.errors import ArtifactError, ManifestError
+from ..runtime.metrics import rel_error
 from .buckets import BucketPlan
 from .export import CompileError, compile_bucket, compiler_info
 from .passes import cast_to_compute_dtype, count_parameters
 from .stage_spec import StageSpec
 
 PASS_PARITY_LIMIT = 1e-5   # rewritten vs original module, fp32 on CPU: rewrites must not change the math
+VERIFY_TIMEOUT_S = 1800    # the subprocess that loads the fresh packages and runs the golden cases
+FILE_MODE, DIR_MODE = 0o644, 0o755   # every file / folder of an artifact: written by the builder, read by servers
 
 
 class BuildError(RuntimeError):
@@ -49,14 +69,8 @@ class Reporter:
 @dataclass
 class BuildResult:
     path: Path
-    manifest: dict
+    manifest: Manifest
     seconds: float
-
-
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    o, r = out.detach().double().cpu(), ref.detach().double().cpu()
-    n = r.norm().item()
-    return (o - r).norm().item() / (n if n > 0 else 1.0)
 
 
 def build_env(device: torch.device) -> dict[str, Any]:
@@ -88,24 +102,62 @@ def build_env(device: torch.device) -> dict[str, Any]:
 
 
 class _BuildLock:
-    """An exclusive lock per destination so two builds cannot interleave their renames."""
+    """An exclusive lock per destination so two builds cannot interleave their renames: `flock` on
+    `<out>/.<family>.lock`, a file that exists only while a build holds it (removed before the lock is released;
+    a file left by a killed build is stale and simply taken over)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, final: Path) -> None:
+        self.final = final
+        self.path = final.parent / f".{final.name}.lock"
 
     def __enter__(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self.fd)
-            raise BuildError(f"another build is writing {self.path.with_suffix('')} (lock {self.path})") from None
-        return self
+        while True:
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, FILE_MODE)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise BuildError(f"another build is writing {self.final} (it holds {self.path}); wait for it to "
+                                 "finish") from None
+            # The holder we waited for may have removed the file after we opened it: then the lock we got is on
+            # an unlinked file that nobody else can see. Retry on the file that is there now.
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self.fd = fd
+                return self
+            os.close(fd)
 
     def __exit__(self, *exc):
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
+
+
+class _TerminateAsInterrupt:
+    """SIGTERM (a job scheduler, `kill`, a container stop) raises KeyboardInterrupt while a build runs, so the
+    same cleanup as Ctrl-C removes the temporary directory. Signal handlers belong to the main thread: elsewhere
+    this does nothing."""
+
+    def __enter__(self):
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt(f"terminated by signal {signum}")
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
 
 
 def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
@@ -115,18 +167,24 @@ def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: di
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=metadata)
 
 
-def _file_entry(root: Path, rel: str, chunked: bool = False) -> dict:
-    """Chunked (weights): per-slice digests too, so `load` verifies a multi-GB file in parallel."""
-    p = root / rel
-    size = p.stat().st_size
-    if not chunked or size <= CHUNK_BYTES:
-        return {"file": rel, "sha256": sha256_of(p), "bytes": size}
-    whole, chunks = file_digests(p, CHUNK_BYTES)
-    return {"file": rel, "sha256": whole, "bytes": size, "chunk_bytes": CHUNK_BYTES, "chunk_sha256": chunks}
+def _normalize_modes(root: Path) -> None:
+    """One mode for the whole artifact (safetensors writes 0600 and mkdtemp makes 0700 folders; the rest follows
+    the umask): files 0644, folders 0755."""
+    root.chmod(DIR_MODE)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            os.chmod(os.path.join(dirpath, d), DIR_MODE)
+        for f in filenames:
+            os.chmod(os.path.join(dirpath, f), FILE_MODE)
 
 
-def _io_with_dtypes(descs: list[dict]) -> list[dict]:
-    return [dict(d) for d in descs]
+def _io_specs(descs: list[dict[str, Any]], where: str) -> list[TensorSpec]:
+    """The stage spec's I/O descriptors, checked by the runtime's own rules before anything is compiled."""
+    try:
+        return [TensorSpec.from_dict(json_value(d), f"{where}[{i}]") for i, d in enumerate(descs)]
+    except ManifestError as e:
+        raise BuildError(f"{where}: the stage spec's I/O descriptor does not fit the artifact format "
+                         f"({str(e).removeprefix('manifest.json: ')})") from None
 
 
 def input_signature(args: tuple) -> str:
@@ -171,10 +229,12 @@ def parse_formats(value: str | tuple[str, ...] | list[str] | None) -> tuple[str,
 
 
 def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, reporter: Reporter,
-                extra_inductor_options: dict | None = None, formats: tuple[str, ...] = ("aoti",)) -> dict:
+                extra_inductor_options: dict | None = None, formats: tuple[str, ...] = ("aoti",)) -> StageEntry:
     """Build one stage into `tmp`; returns its manifest entry."""
     if spec.fp32_only and spec.dtype != torch.float32:
         raise BuildError(f"{spec.name}: this stage is fp32 only (numerics policy), refusing {spec.dtype}")
+    inputs_spec = _io_specs(spec.inputs, f"{spec.name}.inputs")
+    outputs_spec = _io_specs(spec.outputs, f"{spec.name}.outputs")
     original = spec.make_module().eval()
     before = count_parameters(original)
     rewritten = copy.deepcopy(original)
@@ -209,7 +269,12 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
 
     module = cast_to_compute_dtype(rewritten, spec.dtype).to(device).eval()
     after = count_parameters(module)
-    onnx_entry = None
+    entry = StageEntry(
+        name=spec.name, kind=spec.kind, dtype=dtype_name(spec.dtype), inputs=inputs_spec, outputs=outputs_spec,
+        weights=None, constants={}, buckets=[], golden=None, golden_cases=cases, tolerance=float(spec.tolerance),
+        metadata=json_value(spec.metadata), config=json_value(spec.config), passes=json_value(pass_reports),
+        inductor_options=json_value(extra_inductor_options or {}),
+        checkpoint=json_value({**spec.checkpoint_report, "params_before": before, "params_after": after}))
     if "onnx" in formats:
         from .onnx_export import OnnxExportError, export_stage_onnx, manifest_entry
 
@@ -217,21 +282,20 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
             res = export_stage_onnx(spec, module, tmp / "onnx" / f"{spec.name}.onnx", seed=seed)
         except OnnxExportError as e:
             raise BuildError(str(e)) from e
-        onnx_entry = manifest_entry(res, tmp)
+        entry = replace(entry, onnx=OnnxEntry.from_dict(json_value(manifest_entry(res, tmp)), f"{spec.name}.onnx"))
         reporter.note(f"{spec.name}: ONNX opset {res.opset}, dynamic {res.dynamic_axes or '-'}, "
                       f"{res.seconds:.1f}s" + "".join(f"; {n}" for n in res.notes))
-    if "aoti" not in formats:
-        grel = f"golden/{spec.name}.safetensors"
-        _save_safetensors(golden, tmp / grel)
-        return {
-            "kind": spec.kind, "dtype": dtype_name(spec.dtype),
-            "inputs": _io_with_dtypes(spec.inputs), "outputs": _io_with_dtypes(spec.outputs),
-            "weights": None, "constants": {}, "buckets": [],
-            "golden": _file_entry(tmp, grel), "golden_cases": cases, "tolerance": spec.tolerance,
-            "metadata": spec.metadata, "config": spec.config, "passes": pass_reports,
-            "checkpoint": {**spec.checkpoint_report, "params_before": before, "params_after": after},
-            "onnx": onnx_entry,
-        }
+    if "aoti" in formats:
+        entry = replace(entry, **_compile_buckets(spec, module, tmp, device, seed, reporter, extra_inductor_options))
+    grel = f"golden/{spec.name}.safetensors"
+    _save_safetensors(golden, tmp / grel)
+    return replace(entry, golden=FileEntry.of(tmp, grel))
+
+
+def _compile_buckets(spec: StageSpec, module: torch.nn.Module, tmp: Path, device: torch.device, seed: int,
+                     reporter: Reporter, extra_inductor_options: dict | None) -> dict[str, Any]:
+    """One AOTI package per bucket and the stage's weights file (the constants every package binds, identical
+    across buckets): the `weights`, `constants` and `buckets` fields of the stage entry."""
     buckets = spec.plan.buckets()
     reporter.stage_start(spec.name, len(buckets))
     weights: dict[str, torch.Tensor] | None = None
@@ -260,32 +324,20 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
                 diff = sorted(set(cb.weights) ^ set(weights))[:3] or "values"
                 raise BuildError(f"{spec.name}/{key}: compiled constants differ from the first bucket's ({diff}); "
                                  "weights could not be shared")
-        bucket_entries.append({"key": key, "sizes": sizes, **_file_entry(tmp, rel)})
+        f = FileEntry.of(tmp, rel)
+        bucket_entries.append(BucketEntry(key=key, sizes=dict(sizes), file=f.file, sha256=f.sha256, bytes=f.bytes))
         reporter.bucket_done(spec.name, key, time.time() - t0)
 
     assert weights is not None
     wrel = f"{spec.name}.safetensors"
     _save_safetensors(weights, tmp / wrel, metadata={"ttsaot_stage": spec.name})
-    grel = f"golden/{spec.name}.safetensors"
-    _save_safetensors(golden, tmp / grel)
-    constants = {k: {"dtype": dtype_name(t.dtype), "shape": list(t.shape), "stride": list(t.contiguous().stride())}
+    constants = {k: WeightSpec(dtype=dtype_name(t.dtype), shape=list(t.shape), stride=list(t.contiguous().stride()))
                  for k, t in weights.items()}
-    return {
-        "kind": spec.kind, "dtype": dtype_name(spec.dtype),
-        "inputs": _io_with_dtypes(spec.inputs), "outputs": _io_with_dtypes(spec.outputs),
-        "weights": _file_entry(tmp, wrel, chunked=True), "constants": constants,
-        "buckets": bucket_entries,
-        "golden": _file_entry(tmp, grel), "golden_cases": cases,
-        "tolerance": spec.tolerance,
-        "metadata": spec.metadata, "config": spec.config,
-        "passes": pass_reports,
-        "inductor_options": extra_inductor_options or {},
-        "checkpoint": {**spec.checkpoint_report, "params_before": before, "params_after": after},
-        **({"onnx": onnx_entry} if onnx_entry is not None else {}),
-    }
+    return {"weights": FileEntry.of(tmp, wrel, chunk_bytes=CHUNK_BYTES), "constants": constants,
+            "buckets": bucket_entries}
 
 
-def subprocess_verify(path: Path, device: torch.device, timeout: float = 1800,
+def subprocess_verify(path: Path, device: torch.device, timeout: float = VERIFY_TIMEOUT_S,
                       stages: list[str] | None = None) -> list[dict]:
     """Load the fresh packages in a child process and run the golden cases: a package that segfaults on load
     fails the build here instead of crashing a user's server later."""
@@ -313,7 +365,8 @@ def subprocess_verify(path: Path, device: torch.device, timeout: float = 1800,
     return results
 
 
-def subprocess_verify_onnx(path: Path, stages: list[str], reporter: Reporter, timeout: float = 1800) -> list[dict]:
+def subprocess_verify_onnx(path: Path, stages: list[str], reporter: Reporter,
+                           timeout: float = VERIFY_TIMEOUT_S) -> list[dict]:
     """onnxruntime (CPU, and CUDA when available) on the fresh ONNX models against the golden cases, in a child
     process like the AOTI check. A provider without kernels for the graph is reported, not failed."""
     cmd = [sys.executable, "-m", "ttsaot.builder.onnx_verify", str(path), "--json", "--stages", ",".join(stages)]
@@ -367,86 +420,92 @@ def build_family(family: str, specs: list[StageSpec], out_root: str | Path, devi
     out_root = Path(out_root)
     final = out_root / family
     t_start = time.time()
-    with _BuildLock(out_root / f".{family}.lock"):
-        tmp = Path(tempfile.mkdtemp(prefix=f".{family}.tmp-", dir=out_root))
+    with _BuildLock(final), _TerminateAsInterrupt():
+        tmp: Path | None = None
         try:
-            tmp.chmod(0o755)   # mkdtemp makes 0700; the artifact is meant to be read by serving users
-            stages: dict[str, dict] = {}
+            tmp = Path(tempfile.mkdtemp(prefix=f".{family}.tmp-", dir=out_root))
             env = build_env(dev)
+            stages: dict[str, StageEntry] = {}
             for spec in specs:
                 stages[spec.name] = build_stage(spec, tmp, dev, seed, reporter, extra_inductor_options,
                                                 formats=formats)
-            kept = _carry_over_stages(final, tmp, env, dev, set(stages)) if keep_existing_stages else {}
-            manifest = {
-                "format_version": FORMAT_VERSION, "family": family, "preset": preset, "device": dev.type,
-                "build_env": env, "stages": {**kept, **stages},
-                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            }
+            kept = _carry_over_stages(final, tmp, env, dev, set(stages), reporter) if keep_existing_stages else {}
             if dev.type == "cpu":
-                manifest["build_env"]["cpu_isa"] = _package_cpu_isa(tmp, stages)
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+                env["cpu_isa"] = _package_cpu_isa(tmp, stages)
+            manifest = Manifest(format_version=FORMAT_VERSION, family=family, preset=preset, device=dev.type,
+                                build_env=json_value(env), stages={**kept, **stages},
+                                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+            try:
+                write_manifest(tmp, manifest)
+            except ManifestError as e:
+                raise BuildError(f"the manifest this build would write is invalid: {e}") from None
+            _normalize_modes(tmp)
             if verify_in_subprocess:
-                aoti_stages = [n for n, e in manifest["stages"].items() if e["buckets"]]
+                aoti_stages = [n for n, e in manifest.stages.items() if e.buckets]
                 if aoti_stages:
                     reporter.note("verifying the fresh artifact in a subprocess")
                     subprocess_verify(tmp, dev, stages=aoti_stages)
-                onnx_stages = [n for n, e in stages.items() if e.get("onnx")]
+                onnx_stages = [n for n, e in stages.items() if e.onnx is not None]
                 if onnx_stages:
                     reporter.note("verifying the fresh ONNX models with onnxruntime in a subprocess")
                     subprocess_verify_onnx(tmp, onnx_stages, reporter)
             _replace_dir(tmp, final)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)   # Ctrl-C included: the previous artifact stays intact
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)   # Ctrl-C and SIGTERM included: the previous artifact stays
             raise
     return BuildResult(path=final, manifest=manifest, seconds=time.time() - t_start)
 
 
-def _package_cpu_isa(tmp: Path, stages: dict[str, dict]) -> str:
+def _package_cpu_isa(tmp: Path, stages: dict[str, StageEntry]) -> str:
     from torch._C._aoti import AOTIModelPackageLoader
 
     for entry in stages.values():
-        if not entry["buckets"]:
+        if not entry.buckets:
             continue
-        pkg = tmp / entry["buckets"][0]["file"]
+        pkg = tmp / entry.buckets[0].file
         meta = AOTIModelPackageLoader.load_metadata_from_package(str(pkg), "model")
         return meta.get("AOTI_CPU_ISA", "")
     return ""
 
 
-def _carry_over_stages(final: Path, tmp: Path, env: dict, dev: torch.device, rebuilt: set[str]) -> dict[str, dict]:
+def _carry_over_stages(final: Path, tmp: Path, env: dict, dev: torch.device, rebuilt: set[str],
+                       reporter: Reporter) -> dict[str, StageEntry]:
     """Keep stages of an existing artifact that this build does not rebuild, if they were built for the same
     format, device and torch: `--stages code_predictor` must not delete a previously built `code2wav`."""
-    mpath = final / MANIFEST
-    if not mpath.is_file():
+    if not (final / MANIFEST).is_file():
         return {}
     try:
-        old = json.loads(mpath.read_text())
-    except (OSError, json.JSONDecodeError):
+        old = read_manifest(final)
+    except ArtifactError as e:
+        reporter.note(f"not keeping the stages of the existing {final} (its manifest is unreadable: {e})")
         return {}
-    same = (old.get("format_version") == FORMAT_VERSION and old.get("device") == dev.type
-            and old.get("build_env", {}).get("torch") == env["torch"]
-            and old.get("build_env", {}).get("sm") == env.get("sm"))
+    same = (old.device == dev.type and old.build_env.get("torch") == env["torch"]
+            and old.build_env.get("sm") == env.get("sm"))
     if not same:
         return {}
     kept = {}
-    for name, entry in old.get("stages", {}).items():
+    for name, entry in old.stages.items():
         if name in rebuilt:
             continue
-        files = [entry["weights"]["file"]] if entry.get("weights") else []
-        files += [b["file"] for b in entry["buckets"]]
-        if entry.get("golden"):
-            files.append(entry["golden"]["file"])
-        if entry.get("onnx"):
-            files += [entry["onnx"]["file"], *(x["file"] for x in entry["onnx"].get("external_data", []))]
-        for rel in files:
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(final / rel, tmp / rel)
+        for f in entry.files():
+            (tmp / f.file).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(final / f.file, tmp / f.file)
         kept[name] = entry
     return kept
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:
-    """Two renames: the destination is always either the old artifact or the new one, never a mix."""
+    """Two renames: the destination is always either the old artifact or the new one, never a mix. Ctrl-C and
+    SIGTERM are held back between them (delivered right after), so an interrupt cannot leave neither in place."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        _rename_into_place(tmp, final)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _rename_into_place(tmp: Path, final: Path) -> None:
     if final.exists():
         old = final.with_name(f".{final.name}.old-{os.getpid()}")
         os.rename(final, old)
@@ -458,17 +517,13 @@ def _replace_dir(tmp: Path, final: Path) -> None:
 
 def stage_summary(result: BuildResult) -> list[dict]:
     rows = []
-    for name, st in result.manifest["stages"].items():
-        rows.append({"stage": name, "buckets": len(st["buckets"]), "dtype": st["dtype"],
-                     "weights_mib": round(st["weights"]["bytes"] / 2**20, 2) if st.get("weights") else 0.0,
-                     "package_mib": round(sum(b["bytes"] for b in st["buckets"]) / 2**20, 2),
-                     **({"onnx_mib": round(_onnx_bytes(st["onnx"]) / 2**20, 2)} if st.get("onnx") else {})})
+    for name, st in result.manifest.stages.items():
+        rows.append({"stage": name, "buckets": len(st.buckets), "dtype": st.dtype,
+                     "weights_mib": round(st.weights.bytes / 2**20, 2) if st.weights is not None else 0.0,
+                     "package_mib": round(sum(b.bytes for b in st.buckets) / 2**20, 2),
+                     **({"onnx_mib": round(sum(f.bytes for f in st.onnx.files()) / 2**20, 2)}
+                        if st.onnx is not None else {})})
     return rows
 
 
-def _onnx_bytes(onnx: dict) -> int:
-    return onnx["bytes"] + sum(x["bytes"] for x in onnx.get("external_data", []))
-
-
-ProgressFactory = Callable[[], Reporter]
-__all__ = ["BuildError", "BuildResult", "Reporter", "build_family", "asdict"]
+__all__ = ["BuildError", "BuildResult", "Reporter", "build_family", "build_stage", "stage_summary"]

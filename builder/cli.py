@@ -18,13 +18,11 @@ from typing import Any
 
 import click
 
+from ..runtime.dtypes import DTYPE_ALIASES, torch_dtype
 from .families import FAMILIES, get_family
 from .family import Family
 from .options import Flag, OptionsError, positive_ints, with_flags
 
-# Command-line dtype names → torch dtype names (torch itself is imported only once the arguments are valid).
-DTYPE_NAMES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32",
-               "fp16": "float16", "float16": "float16"}
 # = build.FORMATS (tests/test_cli.py checks they agree); named here so a wrong --format fails before torch loads.
 ARTIFACT_FORMATS = ("aoti", "onnx")
 EMPTY = "-"                       # the one marker for an empty value in tables
@@ -224,7 +222,7 @@ def main(ctx: click.Context, debug: bool) -> None:
               help="Named config (tiny, full) of --random-weights builds.")
 @click.option("--stages", default=None, help="Comma-separated stage names [default: all the checkpoint holds].")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N]: where the artifact will run.")
-@click.option("--dtype", type=click.Choice(sorted(DTYPE_NAMES)), default=None,
+@click.option("--dtype", type=click.Choice(sorted(DTYPE_ALIASES)), default=None,
               help="Compute dtype [default: each stage's own, README § Numerics].")
 @click.option("--max-batch", type=click.IntRange(min=1), default=4, show_default=True,
               help="Largest batch bucket (powers of two up to it, and it).")
@@ -268,13 +266,11 @@ def build(ctx, family, checkpoint, random_weights, preset, stages, device, dtype
         raise click.UsageError(str(e)) from None
     # ---- the build
     try:
-        import torch
-
         from .build import build_family, stage_summary
         from .stage_spec import with_tf32
 
         if dtype:
-            opts.dtype = getattr(torch, DTYPE_NAMES[dtype])
+            opts.dtype = torch_dtype(dtype)
         if cxx:
             os.environ["CXX"] = cxx
         try:
@@ -511,7 +507,7 @@ def list_cmd(ctx, debug_here):
     _out_console().print(t)
 
 
-__all__ = ["DTYPE_NAMES", "main", "parameter_accounting"]
+__all__ = ["main", "parameter_accounting"]
 
 if __name__ == "__main__":
     main()

@@ -85,6 +85,9 @@ def compile_bucket(module: nn.Module, args: tuple, device: torch.device, package
     return CompiledBucket(package=package_path, weights=tensors, metadata=metadata)
 
 
+COMPILER_PROBE_TIMEOUT_S = 30   # `$CXX --version`
+
+
 def compiler_info() -> dict[str, str]:
     """The C++ compiler AOTInductor will call (honours $CXX) and its version line."""
     try:
@@ -95,7 +98,8 @@ def compiler_info() -> dict[str, str]:
         cxx = os.environ.get("CXX", "g++")
     path = shutil.which(cxx) or cxx
     try:
-        version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+        version = subprocess.run([path, "--version"], capture_output=True, text=True,
+                                 timeout=COMPILER_PROBE_TIMEOUT_S).stdout
         version = version.splitlines()[0] if version else "unknown"
     except Exception:  # noqa: BLE001
         version = "unknown"

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..runtime.artifact import StageEntry, check_file, read_manifest
-from ..runtime.verify import compare
+from ..runtime.verify import compare, load_golden
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -141,8 +141,6 @@ def make_session(path: Path, provider: str):
 
 def verify_onnx(root: str | Path, stages: list[str] | None = None,
                 providers: list[str] | None = None) -> list[OnnxCaseResult]:
-    from safetensors.torch import load_file
-
     root = Path(root)
     manifest = read_manifest(root)
     providers = providers or default_providers()
@@ -152,7 +150,7 @@ def verify_onnx(root: str | Path, stages: list[str] | None = None,
             continue
         for f in onnx_files(entry):
             check_file(root, f)
-        golden = load_file(str(check_file(root, entry.golden)))
+        golden = load_golden(check_file(root, entry.golden))
         model_path = root / entry.onnx.model.file
         for provider in providers:
             try:

@@ -1,127 +1,61 @@
-"""ttsaot runtime: load an artifact and serve its stages. Imports torch, safetensors and numpy only."""
+"""ttsaot runtime: load an artifact and serve its stages. Imports torch, safetensors and numpy only.
+
+The names below are imported on first use, so `ttsaot.runtime.errors` and `ttsaot.runtime.dtypes` can be used
+without importing torch (the builder's CLI checks its arguments before torch is loaded)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator, Mapping
-from pathlib import Path
+import importlib
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    from .artifact import FORMAT_VERSION, Manifest, read_manifest
+    from .errors import (
+        ArtifactError,
+        ArtifactNotFoundError,
+        BindingError,
+        CompatibilityError,
+        InputDeviceError,
+        InputDTypeError,
+        InputError,
+        InputRangeError,
+        InputShapeError,
+        InputValueError,
+        IntegrityError,
+        ManifestError,
+        TTSAOTError,
+    )
+    from .loader import STAGE_CLASSES, Bundle, load, stage_class
+    from .stage import Stage
+    from .streaming import CodecDecoderStage
 
-from .artifact import FORMAT_VERSION, Manifest, check_compatible, check_files, read_manifest
-from .errors import (
-    ArtifactError,
-    ArtifactNotFoundError,
-    BindingError,
-    CompatibilityError,
-    InputDeviceError,
-    InputDTypeError,
-    InputError,
-    InputRangeError,
-    InputShapeError,
-    InputValueError,
-    IntegrityError,
-    ManifestError,
-    TTSAOTError,
-)
-from .stage import Stage, check_weights, load_weights
-from .streaming import CodecDecoderStage
-
-# Runtime behaviour per manifest `kind`: "module:Class", imported when an artifact uses the kind. A new kind
-# adds a Stage subclass in its own runtime module and a line here.
-STAGE_CLASSES: dict[str, str] = {
-    "generic": "ttsaot.runtime.stage:Stage",
-    "codec_decoder": "ttsaot.runtime.streaming:CodecDecoderStage",
-    "codec_encoder": "ttsaot.runtime.encoder:CodecEncoderStage",
-    "codebook_predictor": "ttsaot.runtime.predictor:CodebookPredictorStage",
-    "lm_step": "ttsaot.runtime.lm:LMStepStage",
-    "lm_prefill": "ttsaot.runtime.lm:LMPrefillStage",
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("FORMAT_VERSION", "Manifest", "read_manifest"), "artifact"),
+    **dict.fromkeys(("ArtifactError", "ArtifactNotFoundError", "BindingError", "CompatibilityError",
+                     "InputDeviceError", "InputDTypeError", "InputError", "InputRangeError", "InputShapeError",
+                     "InputValueError", "IntegrityError", "ManifestError", "TTSAOTError"), "errors"),
+    **dict.fromkeys(("STAGE_CLASSES", "Bundle", "load", "stage_class"), "loader"),
+    "Stage": "stage",
+    "CodecDecoderStage": "streaming",
 }
 
 
-def stage_class(kind: str) -> type[Stage]:
-    import importlib
-
-    target = STAGE_CLASSES.get(kind)
-    if target is None:
-        raise ManifestError(f"stage kind {kind!r} is unknown to this runtime")
-    module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)
-
-
-class Bundle(Mapping[str, Stage]):
-    """The loaded stages of one artifact directory."""
-
-    def __init__(self, root: Path, manifest: Manifest, device: torch.device, stages: dict[str, Stage]) -> None:
-        self.root, self.manifest, self.device = root, manifest, device
-        self._stages = stages
-
-    def __getitem__(self, name: str) -> Stage:
-        try:
-            return self._stages[name]
-        except KeyError:
-            raise KeyError(f"no stage {name!r} in this bundle (have: {', '.join(self._stages)})") from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._stages)
-
-    def __len__(self) -> int:
-        return len(self._stages)
-
-    def __repr__(self) -> str:
-        return f"Bundle({self.manifest.family!r}, device={self.device}, stages={list(self._stages)})"
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
 
 
-def _resolve_device(device: str | torch.device | None, manifest: Manifest) -> torch.device:
-    if device is None:
-        device = manifest.device
-    d = torch.device(device)
-    if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
-    return d
-
-
-def load(path: str | Path, device: str | torch.device | None = None, stages: list[str] | None = None,
-         cuda_graphs: bool = True, trusted_sha256: str | None = None) -> Bundle:
-    """Validate, load weights once per stage, bind them into every bucket package, capture graphs (CUDA).
-
-    Order matters for safety: manifest schema → compatibility → sha256 of every file of the selected stages →
-    weights checked against the manifest → only then are packages dlopen'ed and bound."""
-    t_start = time.perf_counter()
-    root = Path(path)
-    manifest = read_manifest(root, trusted_sha256=trusted_sha256)
-    dev = _resolve_device(device, manifest)
-    check_compatible(manifest, dev)
-    names = list(manifest.stages) if stages is None else list(stages)
-    for n in names:
-        if n not in manifest.stages:
-            raise ManifestError(f"{root}: no stage {n!r} (have: {', '.join(manifest.stages)})")
-    for n in names:
-        if not manifest.stages[n].buckets:
-            raise ManifestError(f"{root}: stage {n!r} has only an ONNX model (built with --format onnx), no AOTI "
-                                "packages for this runtime; run it with onnxruntime, or rebuild with "
-                                "--format aoti,onnx")
-    check_files(root, [f for n in names for f in manifest.stages[n].files()])
-    stats = {"validate_s": time.perf_counter() - t_start}
-    loaded: dict[str, Stage] = {}
-    for n in names:
-        entry = manifest.stages[n]
-        t0 = time.perf_counter()
-        weights = load_weights(root / entry.weights.file, entry, dev)
-        check_weights(entry, weights, dev)
-        t_weights = time.perf_counter() - t0
-        cls = stage_class(entry.kind)
-        loaded[n] = cls(root, entry, dev, weights, cuda_graphs=cuda_graphs)
-        loaded[n].load_stats["weights_s"] = round(t_weights, 3)
-    stats["total_s"] = time.perf_counter() - t_start
-    bundle = Bundle(root, manifest, dev, loaded)
-    bundle.load_stats = {k: round(v, 3) for k, v in stats.items()}
-    return bundle
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
 
 
 __all__ = [
     "FORMAT_VERSION", "ArtifactError", "ArtifactNotFoundError", "BindingError", "Bundle", "CodecDecoderStage",
     "CompatibilityError", "InputDTypeError", "InputDeviceError", "InputError", "InputRangeError",
-    "InputShapeError", "InputValueError", "IntegrityError", "Manifest", "ManifestError", "Stage",
-    "TTSAOTError", "load", "read_manifest",
+    "InputShapeError", "InputValueError", "IntegrityError", "Manifest", "ManifestError", "STAGE_CLASSES", "Stage",
+    "TTSAOTError", "load", "read_manifest", "stage_class",
 ]

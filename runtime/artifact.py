@@ -7,12 +7,13 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .dtypes import DTYPE_NAMES, torch_dtype
 from .errors import (
     ArtifactNotFoundError,
     CompatibilityError,
@@ -22,10 +23,7 @@ from .errors import (
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-DTYPES = {
-    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-    "int64": torch.int64, "int32": torch.int32, "bool": torch.bool, "uint8": torch.uint8,
-}
+DTYPES: dict[str, torch.dtype] = {n: torch_dtype(n) for n in DTYPE_NAMES}   # format name → torch dtype
 STAGE_KINDS = ("generic", "codec_decoder", "codec_encoder", "codebook_predictor", "lm_step", "lm_prefill")
 
 
@@ -41,13 +39,6 @@ def _overlapping(shape: list[int], stride: list[int]) -> bool:
     return False
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    for k, v in DTYPES.items():
-        if v == dtype:
-            return k
-    raise ValueError(f"unsupported dtype {dtype}")
-
-
 # Shape entries: an int (static), an axis name ("batch", "frames"), or [axis, scale] (output length = scale·axis).
 ShapeEntry = int | str | list
 
@@ -60,6 +51,11 @@ class TensorSpec:
     pad: float | int | None = None          # value used to pad bucket axes (inputs only)
     range: dict | None = None               # {"dim": d, "low": int, "high": [per index along d]} for codes
     finite: bool = True                     # float inputs must be free of NaN/Inf
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "tensor") -> TensorSpec:
+        """An I/O descriptor (artifacts/README.md) checked as the runtime checks a manifest's: ManifestError."""
+        return _tensor_spec(d, where)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -115,6 +111,17 @@ class FileEntry:
     chunk_bytes: int = 0
     chunk_sha256: tuple[str, ...] = ()
 
+    @classmethod
+    def of(cls, root: Path, rel: str, chunk_bytes: int | None = None) -> FileEntry:
+        """The entry of the written file `root/rel`. With `chunk_bytes` (weights files), a file larger than one
+        chunk also gets the per-slice digests that `load` checks in parallel."""
+        path = Path(root) / rel
+        size = path.stat().st_size
+        if not chunk_bytes or size <= chunk_bytes:
+            return cls(rel, sha256_of(path), size)
+        whole, chunks = file_digests(path, chunk_bytes)
+        return cls(rel, whole, size, chunk_bytes, tuple(chunks))
+
 
 @dataclass(frozen=True)
 class OnnxEntry:
@@ -132,6 +139,10 @@ class OnnxEntry:
     ops: list[str] = field(default_factory=list)
     custom_ops: dict[str, str] = field(default_factory=dict)
     updated_inputs: dict[str, str] = field(default_factory=dict)   # extra output → the input it replaces
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "onnx") -> OnnxEntry:
+        return _onnx_entry(d, where)
 
     @property
     def model(self) -> FileEntry:
@@ -157,6 +168,7 @@ class StageEntry:
     metadata: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     passes: list[dict] = field(default_factory=list)
+    inductor_options: dict[str, Any] = field(default_factory=dict)   # extra Inductor options of the compile
     checkpoint: dict[str, Any] = field(default_factory=dict)
     onnx: OnnxEntry | None = None
 
@@ -183,8 +195,72 @@ class Manifest:
     stages: dict[str, StageEntry]
     created: str = ""
 
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest.json object: what `parse_manifest` reads back into an equal Manifest."""
+        return _plain(self)
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=False)
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Manifest:
+        return parse_manifest(data)
+
+
+# ------------------------------------------------------------------------------------ writing
+# Optional fields left out of manifest.json while they hold their default (the parser restores the default).
+_OMITTED_AT_DEFAULT: dict[str, tuple[str, ...]] = {
+    "FileEntry": ("chunk_bytes", "chunk_sha256"),
+    "TensorSpec": ("pad", "range", "finite"),
+    "StageEntry": ("onnx",),
+}
+# Fields that are the key of the enclosing object, not written inside it.
+_KEYED: dict[str, tuple[str, ...]] = {"StageEntry": ("name",)}
+
+
+def _default(f) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not MISSING else MISSING
+
+
+def _plain(obj: Any) -> Any:
+    """Dataclasses of this module → JSON values (tuples → lists), in field order."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        kind = type(obj).__name__
+        omit, keyed = _OMITTED_AT_DEFAULT.get(kind, ()), _KEYED.get(kind, ())
+        out = {}
+        for f in fields(obj):
+            v = getattr(obj, f.name)
+            if f.name in keyed or (f.name in omit and v == _default(f)):
+                continue
+            out[f.name] = _plain(v)
+        return out
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def json_value(value: Any) -> Any:
+    """A free-form manifest value (config, metadata, pass reports, build_env) as it reads back from JSON: tuples
+    become lists, keys strings. The builder stores these so that what it wrote equals what the runtime reads."""
+    return json.loads(json.dumps(value))
+
+
+def write_manifest(root: str | Path, manifest: Manifest) -> Path:
+    """Write <root>/manifest.json. The text is read back with `parse_manifest` first: a manifest the runtime
+    would refuse, or read differently, is never written (ManifestError names the field)."""
+    text = manifest.to_json()
+    back = parse_manifest(json.loads(text))
+    if back != manifest:
+        diff = [n for n in (f.name for f in fields(Manifest)) if getattr(back, n) != getattr(manifest, n)]
+        raise ManifestError(f"manifest.json: {', '.join(diff)} would not read back as written (a value that is "
+                            "not plain JSON, e.g. a tuple: store it with json_value())")
+    path = Path(root) / MANIFEST
+    path.write_text(text)
+    return path
 
 
 # ------------------------------------------------------------------------------------ parsing
@@ -202,6 +278,17 @@ def _get(d: dict, key: str, typ, where: str):
     return v
 
 
+def _known_fields(d: Any, cls: type, where: str) -> None:
+    """Every key must be a field of the format (a field this runtime does not know means another format)."""
+    if not isinstance(d, dict):
+        raise ManifestError(f"manifest.json: {where} must be an object")
+    names = {f.name for f in fields(cls)} - set(_KEYED.get(cls.__name__, ()))
+    extra = sorted(k for k in d if k not in names)
+    if extra:
+        raise ManifestError(f"manifest.json: {where} has unknown field {extra[0]!r} (format v{FORMAT_VERSION} "
+                            f"fields: {', '.join(f.name for f in fields(cls) if f.name in names)})")
+
+
 def _safe_relpath(p: str, where: str) -> str:
     # Files are named relative to the artifact root; refuse anything that could escape it.
     if os.path.isabs(p) or ".." in Path(p).parts or p.startswith("~"):
@@ -210,13 +297,14 @@ def _safe_relpath(p: str, where: str) -> str:
 
 
 def _tensor_spec(d: dict, where: str) -> TensorSpec:
+    _known_fields(d, TensorSpec, where)
     dtype = _get(d, "dtype", str, where)
     if dtype not in DTYPES:
         raise ManifestError(f"manifest.json: {where}.dtype {dtype!r} is not one of {sorted(DTYPES)}")
     shape = _get(d, "shape", list, where)
     for s in shape:
         ok = (isinstance(s, int) and not isinstance(s, bool) and s >= 0) or isinstance(s, str) or (
-            isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and isinstance(s[1], int))
+            isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and _positive_int(s[1]))
         if not ok:
             raise ManifestError(f"manifest.json: {where}.shape has an invalid entry {s!r}")
     rng = d.get("range")
@@ -258,7 +346,9 @@ def _check_range_spec(rng: Any, shape: list, where: str) -> None:
         raise ManifestError(f"manifest.json: {where}.high bounds must exceed low")
 
 
-def _file_entry(d: dict, where: str) -> FileEntry:
+def _file_entry(d: dict, where: str, check_fields: bool = True) -> FileEntry:
+    if check_fields:
+        _known_fields(d, FileEntry, where)
     size = _get(d, "bytes", int, where)
     chunk, digests = d.get("chunk_bytes", 0), d.get("chunk_sha256", [])
     if not (isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 0 and isinstance(digests, list)
@@ -274,6 +364,7 @@ def _file_entry(d: dict, where: str) -> FileEntry:
 
 def _stage(name: str, d: dict) -> StageEntry:
     w = f"stages.{name}"
+    _known_fields(d, StageEntry, w)
     kind = _get(d, "kind", str, w)
     if kind not in STAGE_KINDS:
         raise ManifestError(f"manifest.json: {w}.kind {kind!r} is unknown to this runtime ({', '.join(STAGE_KINDS)})")
@@ -283,6 +374,7 @@ def _stage(name: str, d: dict) -> StageEntry:
     buckets = []
     for i, b in enumerate(_get(d, "buckets", list, w)):
         bw = f"{w}.buckets[{i}]"
+        _known_fields(b, BucketEntry, bw)
         sizes = _get(b, "sizes", dict, bw)
         if not all(isinstance(v, int) and v > 0 for v in sizes.values()):
             raise ManifestError(f"manifest.json: {bw}.sizes must be positive integers")
@@ -300,6 +392,7 @@ def _stage(name: str, d: dict) -> StageEntry:
     constants = {}
     for cname, c in _get(d, "constants", dict, w).items():
         cw = f"{w}.constants[{cname!r}]"
+        _known_fields(c, WeightSpec, cw)
         cd = _get(c, "dtype", str, cw)
         if cd not in DTYPES:
             raise ManifestError(f"manifest.json: {cw}.dtype {cd!r} is unknown")
@@ -310,25 +403,71 @@ def _stage(name: str, d: dict) -> StageEntry:
         if _overlapping(shape, stride):
             raise ManifestError(f"manifest.json: {cw} stride {stride} makes elements of shape {shape} share memory "
                                 "(a weight cannot be written into such a layout)")
+        if stride != contiguous_stride(shape):
+            # the packages index their constants densely: a gapped layout would be read as garbage, not refused
+            raise ManifestError(f"manifest.json: {cw} stride {stride} is not the contiguous layout "
+                                f"{contiguous_stride(shape)} of shape {shape} (what the packages index)")
         constants[cname] = WeightSpec(dtype=cd, shape=shape, stride=stride)
     golden = d.get("golden")
     metadata = d.get("metadata", {})
+    cases = _get_optional(d, "golden_cases", list, w, [])
+    if not all(isinstance(c, str) for c in cases):
+        raise ManifestError(f"manifest.json: {w}.golden_cases must be a list of strings")
+    tolerance = _get(d, "tolerance", float, w)
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ManifestError(f"manifest.json: {w}.tolerance must be a finite number ≥ 0, got {tolerance!r}")
     inputs = [_tensor_spec(x, f"{w}.inputs[{i}]") for i, x in enumerate(_get(d, "inputs", list, w))]
+    outputs = [_tensor_spec(x, f"{w}.outputs[{i}]") for i, x in enumerate(_get(d, "outputs", list, w))]
     _check_metadata(kind, metadata, inputs, f"{w}.metadata")
+    if buckets:
+        _check_axes(kind, axes, inputs, outputs, w)
     return StageEntry(
         name=name, kind=kind, dtype=dtype,
-        inputs=inputs,
-        outputs=[_tensor_spec(x, f"{w}.outputs[{i}]") for i, x in enumerate(_get(d, "outputs", list, w))],
+        inputs=inputs, outputs=outputs,
         weights=(_file_entry(_get(d, "weights", dict, w), f"{w}.weights") if d.get("weights") is not None
                  else None),
         constants=constants, buckets=buckets,
         golden=_file_entry(golden, f"{w}.golden") if golden else None,
-        golden_cases=list(d.get("golden_cases", [])),
-        tolerance=_get(d, "tolerance", float, w),
+        golden_cases=list(cases), tolerance=tolerance,
         metadata=dict(metadata), config=_get_optional(d, "config", dict, w, {}),
-        passes=_get_optional(d, "passes", list, w, []), checkpoint=_get_optional(d, "checkpoint", dict, w, {}),
-        onnx=onnx,
+        passes=_get_optional(d, "passes", list, w, []),
+        inductor_options=_get_optional(d, "inductor_options", dict, w, {}),
+        checkpoint=_get_optional(d, "checkpoint", dict, w, {}), onnx=onnx,
     )
+
+
+# Output axes a stage kind derives from its bucket axes (runtime: Stage._derived_sizes); every other axis an I/O
+# descriptor names must be a bucket axis.
+DERIVED_AXES: dict[str, tuple[str, ...]] = {"codec_encoder": ("frames",)}   # ⌈samples / samples_per_frame⌉
+
+
+def _check_axes(kind: str, axes: set[str], inputs: list[TensorSpec], outputs: list[TensorSpec], where: str) -> None:
+    """Inputs name only bucket axes and together name all of them (the request's sizes pick the bucket); outputs
+    name bucket axes or the kind's derived axes."""
+    named = set()
+    for i, spec in enumerate(inputs):
+        for _, axis, _ in spec.axes():
+            if axis not in axes:
+                raise ManifestError(f"manifest.json: {where}.inputs[{i}].shape names axis {axis!r}, which is not a "
+                                    f"bucket axis ({', '.join(sorted(axes))})")
+            named.add(axis)
+    if named != axes:
+        raise ManifestError(f"manifest.json: {where}.buckets axis {sorted(axes - named)[0]!r} is named by no input")
+    allowed = axes | set(DERIVED_AXES.get(kind, ()))
+    for i, spec in enumerate(outputs):
+        for _, axis, _scale in spec.axes():
+            if axis not in allowed:
+                raise ManifestError(f"manifest.json: {where}.outputs[{i}].shape names axis {axis!r}, which is neither "
+                                    f"a bucket axis nor derived by kind {kind!r}")
+
+
+def contiguous_stride(shape: list[int]) -> list[int]:
+    """Row-major strides of `shape` (as torch computes them: a dimension of size 0 counts as 1)."""
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return out[::-1]
 
 
 def _get_optional(d: dict, key: str, typ, where: str, default):
@@ -400,6 +539,7 @@ def _check_metadata(kind: str, md: Any, inputs: list[TensorSpec], where: str) ->
 
 
 def _onnx_entry(d: dict, where: str) -> OnnxEntry:
+    _known_fields(d, OnnxEntry, where)
     opset = _get(d, "opset", int, where)
     ext = [_file_entry(x, f"{where}.external_data[{i}]")
            for i, x in enumerate(_get(d, "external_data", list, where) if "external_data" in d else [])]
@@ -411,7 +551,7 @@ def _onnx_entry(d: dict, where: str) -> OnnxEntry:
         raise ManifestError(f"manifest.json: {where}.dynamic_axes must map axis → {{min, max}}")
     if not (isinstance(static, dict) and all(isinstance(v, int) and v > 0 for v in static.values())):
         raise ManifestError(f"manifest.json: {where}.static_axes must map axis → positive size")
-    model = _file_entry(d, where)
+    model = _file_entry(d, where, check_fields=False)
     return OnnxEntry(file=model.file, sha256=model.sha256, bytes=model.bytes, opset=opset, external_data=ext,
                      dynamic_axes={k: dict(v) for k, v in dyn.items()}, static_axes=dict(static),
                      ops=list(d.get("ops", [])), custom_ops=dict(d.get("custom_ops", {})),
@@ -423,15 +563,19 @@ def parse_manifest(data: dict) -> Manifest:
     if version != FORMAT_VERSION:
         raise ManifestError(f"manifest.json: format_version {version!r} is not supported by this runtime "
                             f"(it reads version {FORMAT_VERSION}); rebuild the artifact with this ttsaot")
+    _known_fields(data, Manifest, "manifest")
     device = _get(data, "device", str, "manifest")
     if device not in ("cuda", "cpu"):
         raise ManifestError(f"manifest.json: device {device!r} must be 'cuda' or 'cpu'")
     stages = {n: _stage(n, s) for n, s in _get(data, "stages", dict, "manifest").items()}
     if not stages:
         raise ManifestError("manifest.json: no stages")
+    preset = data.get("preset")
+    if preset is not None and not isinstance(preset, str):
+        raise ManifestError(f"manifest.json: preset must be a string or null, got {preset!r}")
     return Manifest(format_version=version, family=_get(data, "family", str, "manifest"),
-                    preset=data.get("preset"), device=device, build_env=_get(data, "build_env", dict, "manifest"),
-                    stages=stages, created=str(data.get("created", "")))
+                    preset=preset, device=device, build_env=_get(data, "build_env", dict, "manifest"),
+                    stages=stages, created=_get_optional(data, "created", str, "manifest", ""))
 
 
 def read_manifest(root: str | Path, trusted_sha256: str | None = None) -> Manifest:
@@ -439,6 +583,10 @@ def read_manifest(root: str | Path, trusted_sha256: str | None = None) -> Manife
     pin (the manifest in turn pins every other file), so a pinned artifact cannot be swapped."""
     path = Path(root) / MANIFEST
     if not path.is_file():
+        inside = _artifacts_below(Path(root))
+        if inside:
+            raise ArtifactNotFoundError(f"{root}: not an artifact (no {MANIFEST}) but a folder of them: "
+                                        f"{', '.join(inside)}; pass one, e.g. {Path(root) / inside[0]}")
         raise ArtifactNotFoundError(f"{path}: not found; build one with `build-artifacts build FAMILY --out ...`")
     raw = path.read_bytes()
     if trusted_sha256 is not None:
@@ -453,7 +601,19 @@ def read_manifest(root: str | Path, trusted_sha256: str | None = None) -> Manife
     return parse_manifest(data)
 
 
-def sha256_of(path: str | Path, offset: int = 0, length: int | None = None, step: int = 1 << 22) -> str:
+def _artifacts_below(folder: Path) -> list[str]:
+    """Names of the subfolders that hold an artifact (a `--out` folder holds one per family)."""
+    try:
+        return sorted(p.name for p in folder.iterdir() if (p / MANIFEST).is_file() and not p.name.startswith("."))
+    except OSError:
+        return []
+
+
+READ_BLOCK = 4 << 20   # bytes per read while hashing
+HASH_THREADS = 16      # at most this many files/slices hashed at once
+
+
+def sha256_of(path: str | Path, offset: int = 0, length: int | None = None, step: int = READ_BLOCK) -> str:
     """sha256 of a file, or of its `length` bytes from `offset` (a chunk of a chunked entry)."""
     h = hashlib.sha256()
     left = float("inf") if length is None else length
@@ -499,7 +659,7 @@ def check_files(root: Path, entries: list[FileEntry], workers: int | None = None
         else:
             jobs.append((path, 0, e.bytes, e.sha256, "sha256"))
     if workers is None:
-        workers = min(16, os.cpu_count() or 1, len(jobs))
+        workers = min(HASH_THREADS, os.cpu_count() or 1, len(jobs))
     if workers > 1 and len(jobs) > 1:
         from concurrent.futures import ThreadPoolExecutor
 

@@ -81,16 +81,17 @@ def prepare_audio(audio: str | Path | np.ndarray | torch.Tensor, sample_rate: in
     elif isinstance(audio, torch.Tensor):
         data = audio.detach().to("cpu", torch.float32).numpy()
     elif isinstance(audio, np.ndarray):
-        data = audio
+        data = np.asarray(audio)
     else:
         raise InputValueError(f"audio must be a path, numpy array or tensor, not {type(audio).__name__}")
+    where = f"{audio}: " if isinstance(audio, (str, Path)) else ""
+    if data.size == 0:                # before mixing down: the mean of no samples is NaN (and a NumPy warning)
+        raise InputValueError(f"{where}audio is empty (shape {tuple(data.shape)}, no samples)")
     if data.dtype.kind not in "fiu":
         raise InputValueError(f"audio has dtype {data.dtype}; expected float or integer PCM")
     if data.dtype.kind in "iu":       # integer PCM → [-1, 1)
         data = data.astype(np.float32) / float(2 ** (8 * data.dtype.itemsize - 1))
     mono = to_mono(data)
-    if mono.size == 0:
-        raise InputValueError("audio is empty")
     if not np.isfinite(mono).all():
         raise InputValueError("audio contains NaN or Inf")
     sr = target_sr if sample_rate is None else int(sample_rate)

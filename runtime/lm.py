@@ -30,7 +30,8 @@ import torch
 
 from .artifact import DTYPES, TensorSpec
 from .errors import InputDTypeError, InputRangeError, InputShapeError, InputValueError
-from .stage import WARMUP_CALLS, Stage
+from .graphs import StaticGraph, new_pool
+from .stage import Stage
 
 
 class KVCache:
@@ -99,42 +100,19 @@ def _share_weights(root, device: torch.device, weights: dict[str, torch.Tensor])
     return shared
 
 
-class _CacheGraph:
+def _cache_graph(run_fn, specs: list[TensorSpec], shapes: list[tuple], cache: KVCache, cache_idx: list[int],
+                 idle: dict[int, int], device: torch.device, pool, capture: bool) -> StaticGraph:
     """Static inputs of one bucket package bound to one cache: row-input buffers + the cache tensors themselves.
-    On CUDA a graph is captured over them; without capture (`capture=False`, CPU) `replay` runs the package on
-    the same buffers, which exercises the identical scatter/gather path."""
-
-    def __init__(self, run_fn, specs: list[TensorSpec], shapes: list[tuple], cache: KVCache, cache_idx: list[int],
-                 idle: dict[int, int], device: torch.device, pool, capture: bool) -> None:
-        self.cache = cache   # keeps the cache alive as long as the graph that points at it
-        self.run_fn = run_fn
-        self.inputs: list[torch.Tensor] = []
-        for i, (spec, shape) in enumerate(zip(specs, shapes)):
-            if i in cache_idx:
-                self.inputs.append(cache.k if cache_idx.index(i) == 0 else cache.v)
-            else:
-                # idle control value (scratch position / zero length): warm-up and capture touch no live row
-                self.inputs.append(torch.full(shape, idle.get(i, 0), dtype=spec.torch_dtype, device=device))
-        self.graph = None
-        self.outputs: list[torch.Tensor] = []
-        if not capture:
-            return
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_CALLS):
-                run_fn(self.inputs)
-        torch.cuda.current_stream(device).wait_stream(side)
-        torch.cuda.synchronize(device)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.outputs = list(run_fn(self.inputs))
-
-    def replay(self) -> list[torch.Tensor]:
-        if self.graph is None:
-            return list(self.run_fn(self.inputs))
-        self.graph.replay()
-        return self.outputs
+    On CUDA a graph is captured over them; without capture (CPU) `replay` runs the package on the same buffers,
+    which exercises the identical scatter/gather path."""
+    inputs: list[torch.Tensor] = []
+    for i, (spec, shape) in enumerate(zip(specs, shapes)):
+        if i in cache_idx:
+            inputs.append(cache.k if cache_idx.index(i) == 0 else cache.v)
+        else:
+            # idle control value (scratch position / zero length): warm-up and capture touch no live row
+            inputs.append(torch.full(shape, idle.get(i, 0), dtype=spec.torch_dtype, device=device))
+    return StaticGraph(run_fn, inputs, device, pool, capture=capture, keep_alive=cache)
 
 
 class _LMStage(Stage):
@@ -142,14 +120,14 @@ class _LMStage(Stage):
 
     control_key = ""   # metadata key naming the positions / lengths input
 
-    def __init__(self, root, entry, device, weights, cuda_graphs: bool = True) -> None:
+    def __init__(self, root, entry, device, weights, cuda_graphs: bool = True, cpu_threads: int | None = None) -> None:
         _share_weights(root, device, weights)
         # Packages are loaded and bound by Stage; graphs are captured here, per cache, on first use.
-        super().__init__(root, entry, device, weights, cuda_graphs=False)
+        super().__init__(root, entry, device, weights, cuda_graphs=False, cpu_threads=cpu_threads)
         self.uses_cuda_graphs = cuda_graphs and device.type == "cuda"
         # per-(bucket, cache) static input buffers: always with CUDA graphs; settable on CPU (tests the same path)
         self.static_buffers = self.uses_cuda_graphs
-        self._graph_pool = torch.cuda.graph_pool_handle() if self.uses_cuda_graphs else None
+        self._graph_pool = new_pool() if self.uses_cuda_graphs else None
         md = entry.metadata
         self.max_len = int(md["max_len"])
         self.lm = str(md.get("lm", ""))
@@ -159,7 +137,7 @@ class _LMStage(Stage):
         self._cache_idx = [names.index(n) for n in self._cache_names]
         self._control_idx = names.index(md[self.control_key])
         self._row_idx = [i for i in range(len(names)) if i not in self._cache_idx and i != self._control_idx]
-        self._graphs: dict[tuple[str, int], _CacheGraph] = {}
+        self._graphs: dict[tuple[str, int], StaticGraph] = {}
         self._caches: dict[int, KVCache] = {}
         self._cache_lock = threading.Lock()
         self.batch_buckets = sorted({b.sizes["batch"] for b in entry.buckets})
@@ -213,29 +191,14 @@ class _LMStage(Stage):
 
     # ------------------------------------------------------------------------------ running
     def _row_inputs(self, args: Sequence, n: int, sizes: dict[str, int]) -> list[torch.Tensor]:
-        """Validate the per-row inputs (leading dim n) and return them on the device."""
+        """Validate the per-row inputs (leading dim n; other axes as in `sizes`) and return them on the device."""
         specs = [self.entry.inputs[i] for i in self._row_idx]
         if len(args) != len(specs):
             raise InputShapeError(f"{self.name}: takes {len(specs)} row inputs "
                                   f"({', '.join(s.name for s in specs)}), got {len(args)}")
-        out = []
-        for spec, x in zip(specs, args):
-            if not isinstance(x, torch.Tensor):
-                x = torch.as_tensor(x)
-            if x.dtype != spec.torch_dtype:
-                raise InputDTypeError(f"{self.name}: input {spec.name!r} must be {spec.dtype}, got "
-                                      f"{str(x.dtype).removeprefix('torch.')}")
-            want = [n if s == "batch" else (sizes[s] if isinstance(s, str) else s) for s in spec.shape]
-            if list(x.shape) != want:
-                raise InputShapeError(f"{self.name}: input {spec.name!r} must have shape {want}, got {tuple(x.shape)}")
-            x = x.to(self.device, non_blocking=True)
-            if self.validate_inputs:
-                if spec.range is not None:
-                    self._check_range(spec, x)
-                if spec.finite and x.is_floating_point() and not bool(torch.isfinite(x).all()):
-                    raise InputValueError(f"{self.name}: input {spec.name!r} contains NaN or Inf")
-            out.append(x)
-        return out
+        named = {spec.name: x if isinstance(x, torch.Tensor) else torch.as_tensor(x) for spec, x in zip(specs, args)}
+        self._inputs.check(specs, named, sizes={"batch": n, **sizes}, values=self.validate_inputs)
+        return [named[spec.name] for spec in specs]
 
     def _run_rows(self, bucket, cache: KVCache, rows: torch.Tensor, row_inputs: list[torch.Tensor],
                   control: torch.Tensor, idle_control: int, out_sizes: dict[str, int]) -> list[torch.Tensor]:
@@ -249,9 +212,9 @@ class _LMStage(Stage):
             if self.static_buffers or self.uses_cuda_graphs:
                 g = self._graphs.get((bucket.key, id(cache)))
                 if g is None:
-                    g = _CacheGraph(runner.call, self.entry.inputs, runner.shapes, cache, self._cache_idx,
-                                    {self._control_idx: idle_control}, self.device, self._graph_pool,
-                                    capture=self.uses_cuda_graphs)
+                    g = _cache_graph(runner.call, self.entry.inputs, runner.shapes, cache, self._cache_idx,
+                                     {self._control_idx: idle_control}, self.device, self._graph_pool,
+                                     capture=self.uses_cuda_graphs)
                     self._graphs[(bucket.key, id(cache))] = g
                 for i, x in zip(self._row_idx, row_inputs):
                     dst = g.inputs[i]

@@ -15,8 +15,6 @@ import torch
 from .errors import InputValueError
 from .stage import Stage
 
-SAMPLING_INPUTS = ("noise", "temperature", "top_k", "top_p")
-
 Param = float | int | Sequence | torch.Tensor
 
 

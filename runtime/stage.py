@@ -15,18 +15,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .artifact import BucketEntry, StageEntry, TensorSpec, WeightSpec
-from .errors import (
-    BindingError,
-    InputDeviceError,
-    InputDTypeError,
-    InputRangeError,
-    InputShapeError,
-    InputValueError,
-)
-
-WARMUP_CALLS = 3
-
+from .artifact import DTYPES, BucketEntry, StageEntry, TensorSpec, WeightSpec
+from .errors import BindingError, InputDTypeError, InputShapeError
+from .graphs import StaticGraph, new_pool
+from .threads import cpu_threads_mode
+from .validation import InputChecker, check_outputs
 
 # The TF32 switches are process-global: two fp32 stages built for different settings, called from two threads,
 # must not interleave their switch-set-call-restore regions (an exact stage would run with TF32 on).
@@ -81,10 +74,6 @@ class _Package:
         self.loader.load_constants(constants, False, check_full_update, user_managed)
 
 
-def _load_package(path: Path, device: torch.device, single_threaded: bool) -> _Package:
-    return _Package(path, device, single_threaded)
-
-
 def check_weights(entry: StageEntry, weights: dict[str, torch.Tensor], device: torch.device) -> None:
     """AOTI binds user-managed constants without checking anything and segfaults or computes garbage on a
     mismatch (AOTI.md §2.4): check name, device, dtype, shape, stride and 16-byte alignment here."""
@@ -98,8 +87,6 @@ def check_weights(entry: StageEntry, weights: dict[str, torch.Tensor], device: t
 
 
 def _check_weight(stage: str, name: str, t: torch.Tensor, spec: WeightSpec, device: torch.device) -> None:
-    from .artifact import DTYPES
-
     where = f"stage {stage!r} constant {name!r}"
     if t.device != device:
         raise BindingError(f"{where} is on {t.device}, the stage runs on {device}")
@@ -116,8 +103,6 @@ def _check_weight(stage: str, name: str, t: torch.Tensor, spec: WeightSpec, devi
 def load_weights(path: Path, entry: StageEntry, device: torch.device) -> dict[str, torch.Tensor]:
     """Each tensor in its own allocation with the recorded strides (never views into one blob)."""
     from safetensors import SafetensorError, safe_open
-
-    from .artifact import DTYPES
 
     out: dict[str, torch.Tensor] = {}
     try:
@@ -158,11 +143,11 @@ class _BucketRunner:
     """One AOTI package bound to the stage weights; on CUDA, its static buffers and captured graph."""
 
     def __init__(self, path: Path, bucket: BucketEntry, entry: StageEntry, device: torch.device,
-                 weights: dict[str, torch.Tensor], use_graph: bool, pool) -> None:
+                 weights: dict[str, torch.Tensor], use_graph: bool, pool, cpu_threads: int | None = None) -> None:
         self.bucket = bucket
         self.device = device
         t0 = time.perf_counter()
-        self.model = _load_package(path, device, single_threaded=(device.type == "cuda"))
+        self.model = _Package(path, device, single_threaded=(device.type == "cuda"))
         self.load_s = time.perf_counter() - t0
         self._check_signature(path, bucket, entry)
         fqns = set(self.model.get_constant_fqns())
@@ -174,13 +159,14 @@ class _BucketRunner:
         self.shapes = [spec.concrete(bucket.sizes) for spec in entry.inputs]
         self.fp32 = fp32_mode(device.type == "cuda" and entry.dtype == "float32",
                               tf32=bool(entry.metadata.get("allow_tf32", False)))
-        self.graph = None
+        self.threads = cpu_threads_mode(cpu_threads if device.type == "cpu" else None)
+        self.graph: StaticGraph | None = None
         self.outputs_checked = False
-        self.static_inputs: list[torch.Tensor] = []
-        self.static_outputs: list[torch.Tensor] = []
         t0 = time.perf_counter()
         if use_graph:
-            self._capture(entry, pool)
+            static = [torch.full(shape, spec.pad if spec.pad is not None else 0, dtype=spec.torch_dtype,
+                                 device=device) for spec, shape in zip(entry.inputs, self.shapes)]
+            self.graph = StaticGraph(self.call, static, device, pool)
         self.capture_s = time.perf_counter() - t0
 
     def _check_signature(self, path: Path, bucket: BucketEntry, entry: StageEntry) -> None:
@@ -198,36 +184,19 @@ class _BucketRunner:
                                f"{bucket.key!r}; the manifest was edited or belongs to another build")
 
     def call(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """One package call under the TF32 setting the stage was built for: every path (direct, warm-up, capture,
-        the LM stages' per-cache graphs) goes through here."""
-        with self.fp32:
+        """One package call under the TF32 setting the stage was built for and, on CPU, the stage's thread count:
+        every path (direct, warm-up, capture, the LM stages' per-cache graphs) goes through here."""
+        with self.fp32, self.threads:
             return self.run_fn(inputs)
-
-    def _capture(self, entry: StageEntry, pool) -> None:
-        self.static_inputs = [
-            torch.full(shape, spec.pad if spec.pad is not None else 0, dtype=spec.torch_dtype, device=self.device)
-            for spec, shape in zip(entry.inputs, self.shapes)]
-        # Lazy cubin loads and allocator growth must happen before capture (AOTI.md §3).
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_CALLS):
-                self.call(self.static_inputs)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        torch.cuda.synchronize(self.device)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.static_outputs = list(self.call(self.static_inputs))
 
     def run(self, inputs: list[torch.Tensor], pads: list) -> list[torch.Tensor]:
         """inputs: the caller's (unpadded, validated) tensors; padding to the bucket happens here."""
         if self.graph is not None:
-            for dst, src, pad in zip(self.static_inputs, inputs, pads):
+            for dst, src, pad in zip(self.graph.inputs, inputs, pads):
                 if tuple(src.shape) != tuple(dst.shape):
                     dst.fill_(pad if pad is not None else 0)
                 dst[tuple(slice(0, n) for n in src.shape)].copy_(src)
-            self.graph.replay()
-            return self.static_outputs
+            return self.graph.replay()
         padded = []
         for src, shape, pad in zip(inputs, self.shapes, pads):
             buf = _with_slack(shape, src.dtype, self.device) if self.device.type == "cpu" else \
@@ -240,29 +209,34 @@ class _BucketRunner:
 
 
 class Stage:
-    """Callable stage: `stage(*inputs)` or `stage(name=tensor, ...)` → output tensor (or tuple of them)."""
+    """Callable stage: `stage(*inputs)` or `stage(name=tensor, ...)` → output tensor (or tuple of them).
+
+    cpu_threads (CPU stages): OpenMP threads each package call runs with, set around the call in the calling
+    thread and restored after it; None leaves the process's setting (torch.set_num_threads / OMP_NUM_THREADS)."""
 
     def __init__(self, root: Path, entry: StageEntry, device: torch.device, weights: dict[str, torch.Tensor],
-                 cuda_graphs: bool = True) -> None:
+                 cuda_graphs: bool = True, cpu_threads: int | None = None) -> None:
         self.root, self.entry, self.device = root, entry, device
         self.name, self.kind = entry.name, entry.kind
         self.metadata = entry.metadata
         self.validate_inputs = True
+        self.cpu_threads = cpu_threads if device.type == "cpu" else None
         self._lock = threading.RLock()
+        self._inputs = InputChecker(self.name, device)
         self._weights = weights   # owned here: AOTI keeps raw handles, so these must outlive every runner
         use_graph = cuda_graphs and device.type == "cuda"
         self.uses_cuda_graphs = use_graph
-        self._pool = torch.cuda.graph_pool_handle() if use_graph else None
+        self._pool = new_pool() if use_graph else None
         # Capture the largest buckets first so smaller graphs reuse their pool blocks.
         order = sorted(entry.buckets, key=lambda b: -math.prod(b.sizes.values()))
-        self._runners = {b.key: _BucketRunner(root / b.file, b, entry, device, weights, use_graph, self._pool)
+        self._runners = {b.key: _BucketRunner(root / b.file, b, entry, device, weights, use_graph, self._pool,
+                                              cpu_threads=self.cpu_threads)
                          for b in order}
         # Where start-up time goes, per phase (seconds): users tune cold start with this.
         self.load_stats = {"package_load_s": round(sum(r.load_s for r in self._runners.values()), 3),
                            "warmup_capture_s": round(sum(r.capture_s for r in self._runners.values()), 3)}
         self._axes = entry.axis_names()
         self.max_sizes = {a: max(b.sizes[a] for b in entry.buckets) for a in self._axes}
-        self._range_cache: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------------------ public
     @property
@@ -307,60 +281,13 @@ class Stage:
         return named
 
     def _validate(self, named: dict[str, torch.Tensor]) -> dict[str, int]:
-        sizes: dict[str, int] = {}
-        for spec in self.entry.inputs:
-            x = named[spec.name]
-            if x.dtype != spec.torch_dtype:
-                raise InputDTypeError(f"{self.name}: input {spec.name!r} must be {spec.dtype}, got "
-                                      f"{str(x.dtype).removeprefix('torch.')}")
-            if x.dim() != len(spec.shape):
-                raise InputShapeError(f"{self.name}: input {spec.name!r} must have {len(spec.shape)} dims "
-                                      f"{self._shape_str(spec)}, got {tuple(x.shape)}")
-            for d, s in enumerate(spec.shape):
-                if isinstance(s, int) and x.shape[d] != s:
-                    raise InputShapeError(f"{self.name}: input {spec.name!r} dim {d} must be {s} "
-                                          f"{self._shape_str(spec)}, got {tuple(x.shape)}")
-            for d, axis, _ in spec.axes():
-                n = int(x.shape[d])
-                if n == 0:
-                    raise InputValueError(f"{self.name}: input {spec.name!r} is empty along {axis!r}")
-                if sizes.setdefault(axis, n) != n:
-                    raise InputShapeError(f"{self.name}: inputs disagree on {axis!r} ({sizes[axis]} vs {n})")
-            if x.device.type == "cuda" and self.device.type == "cuda" and x.device != self.device:
-                raise InputDeviceError(f"{self.name}: input {spec.name!r} is on {x.device}, the stage runs on "
-                                       f"{self.device}")
-        for spec in self.entry.inputs:
-            x = named[spec.name] = named[spec.name].to(self.device, non_blocking=True)
-            if not self.validate_inputs:
-                continue
-            if spec.range is not None:
-                self._check_range(spec, x)
-            if spec.finite and x.is_floating_point() and not bool(torch.isfinite(x).all()):
-                raise InputValueError(f"{self.name}: input {spec.name!r} contains NaN or Inf")
+        """Check every input (runtime/validation.py) and move it to the device; the request's axis sizes."""
+        sizes = self._inputs.check(self.entry.inputs, named, values=self.validate_inputs)
+        return self._derived_sizes(sizes)
+
+    def _derived_sizes(self, sizes: dict[str, int]) -> dict[str, int]:
+        """Bucket-axis sizes plus the output axes a kind derives from them (the encoder's `frames`)."""
         return sizes
-
-    @staticmethod
-    def _shape_str(spec: TensorSpec) -> str:
-        return "[" + ", ".join(s if isinstance(s, str) else (f"{s[0]}·{s[1]}" if isinstance(s, list) else str(s))
-                               for s in spec.shape) + "]"
-
-    def _check_range(self, spec: TensorSpec, x: torch.Tensor) -> None:
-        rng = spec.range
-        high = self._range_cache.get(spec.name)
-        if high is None:
-            shape = [1] * x.dim()
-            shape[rng["dim"]] = -1
-            high = torch.tensor(rng["high"], dtype=x.dtype, device=self.device).view(shape)
-            self._range_cache[spec.name] = high
-        low = rng.get("low", 0)
-        bad = (x < low) | (x >= high)
-        if bool(bad.any()):
-            idx = tuple(int(i) for i in bad.nonzero()[0].tolist())
-            at = idx[rng["dim"]]
-            limit = rng["high"][at if len(rng["high"]) > 1 else 0]
-            where = f" (codebook {at})" if len(rng["high"]) > 1 else ""
-            raise InputRangeError(f"{self.name}: input {spec.name!r}{list(idx)} = {int(x[idx])} is outside "
-                                  f"[{low}, {limit}){where}")
 
     def pick_bucket(self, sizes: dict[str, int]) -> BucketEntry | None:
         fits = [b for b in self.entry.buckets if all(b.sizes[a] >= sizes[a] for a in self._axes)]
@@ -369,8 +296,8 @@ class Stage:
     def _run(self, named: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
         if "batch" in sizes and sizes["batch"] > self.max_sizes.get("batch", sizes["batch"]):
             return self._run_split_batch(named, sizes)
-        for axis, n in sizes.items():
-            if n > self.max_sizes[axis]:
+        for axis in self._axes:
+            if sizes[axis] > self.max_sizes[axis]:
                 return self._run_overflow(named, sizes, axis)
         return self._run_bucket(named, sizes)
 
@@ -395,11 +322,8 @@ class Stage:
 
     def _check_outputs(self, runner: _BucketRunner, outs: list[torch.Tensor]) -> None:
         """Once per bucket: the package's outputs must be what the manifest says, or trimming would be wrong."""
-        want = [(spec.concrete(runner.bucket.sizes), spec.torch_dtype) for spec in self.entry.outputs]
-        got = [(tuple(o.shape), o.dtype) for o in outs]
-        if got != want:
-            raise BindingError(f"{self.name}/{runner.bucket.key}: package outputs {got} differ from the manifest's "
-                               f"{want}; the manifest was edited or belongs to another build")
+        check_outputs(self.name, runner.bucket.key, self.entry.outputs, self._derived_sizes(dict(runner.bucket.sizes)),
+                      outs)
         runner.outputs_checked = True
 
     def _batch_dim(self, spec: TensorSpec) -> int | None:

@@ -9,8 +9,12 @@ import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
+
+from .errors import IntegrityError
+from .metrics import rel_error
 
 
 @dataclass
@@ -32,10 +36,8 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tolerance: float) -> tuple[str
     if not ref.is_floating_point():
         n = int((out != ref).sum())
         return "mismatches", float(n), 0.0, n == 0
-    o, r = out.double(), ref.double()
-    denom = r.norm().item()
-    rel = (o - r).norm().item() / (denom if denom > 0 else 1.0)
-    ok = bool(torch.isfinite(o).all()) and rel <= tolerance
+    rel = rel_error(out, ref)
+    ok = bool(torch.isfinite(out).all()) and rel <= tolerance
     return "rel", rel, tolerance, ok
 
 
@@ -57,9 +59,18 @@ def compare_sampled(out: torch.Tensor, ref: torch.Tensor, margin: torch.Tensor,
     return "mismatches", float(n), 0.0, n == 0, near_tie
 
 
-def verify_bundle(bundle, stages: list[str] | None = None) -> list[CaseResult]:
+def load_golden(path: Path) -> dict[str, torch.Tensor]:
+    """The golden cases of a stage; an unreadable file is an IntegrityError naming it."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise IntegrityError(f"{path}: unreadable golden cases ({e})") from None
+
+
+def verify_bundle(bundle, stages: list[str] | None = None) -> list[CaseResult]:
     from .artifact import check_file
 
     results: list[CaseResult] = []
@@ -69,7 +80,7 @@ def verify_bundle(bundle, stages: list[str] | None = None) -> list[CaseResult]:
         entry = stage.entry
         if entry.golden is None:
             continue
-        golden = load_file(str(check_file(bundle.root, entry.golden)))
+        golden = load_golden(check_file(bundle.root, entry.golden))
         for case in entry.golden_cases:
             inputs = {s.name: golden[f"{case}/in/{s.name}"] for s in entry.inputs}
             outs = stage(**inputs)

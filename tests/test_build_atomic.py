@@ -1,10 +1,15 @@
-"""Builds are atomic: a failure or Ctrl-C leaves the previous artifact intact and no temp files; a lock stops
-two builds into one directory; a package that crashes on load fails the build, not the user later."""
+"""Builds are atomic: a failure, Ctrl-C or SIGTERM leaves the previous artifact intact and no temp or lock files;
+a lock stops two builds into one directory; a package that crashes on load fails the build, not the user later;
+every file of an artifact has one mode."""
 
 import json
-import os
 import shutil
+import signal
 import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,9 +67,10 @@ def test_compile_failure_is_reported_per_bucket(previous, monkeypatch):
 
 def test_lock_prevents_interleaved_builds(previous):
     out, _ = previous
-    with _BuildLock(out / ".qwen3-tts-12hz.lock"):
-        with pytest.raises(BuildError, match="another build is writing"):
+    with _BuildLock(out / "qwen3-tts-12hz"):
+        with pytest.raises(BuildError, match=f"another build is writing {out / 'qwen3-tts-12hz'} "):
             build_family(QWEN.name, _specs(), out, "cpu")
+    assert not (out / ".qwen3-tts-12hz.lock").exists()
 
 
 def test_package_crash_on_load_fails_the_build(previous, monkeypatch, tmp_path):
@@ -95,5 +101,42 @@ def test_rebuild_replaces_and_keeps_permissions(previous):
     m = json.loads((res.path / "manifest.json").read_text())
     assert [b["key"] for b in m["stages"]["code2wav"]["buckets"]] == ["b1_f8"]
     assert (res.path / "manifest.json").read_text() != before
-    assert oct(os.stat(res.path).st_mode & 0o777) == "0o755"
+    paths = [res.path, *res.path.rglob("*")]
+    modes = {str(p.relative_to(res.path)): oct(stat.S_IMODE(p.stat().st_mode)) for p in paths}
+    assert modes["."] == "0o755" and modes["code2wav.safetensors"] == "0o644"     # safetensors alone writes 0600
+    assert all(m == ("0o755" if (res.path / p).is_dir() else "0o644") for p, m in modes.items()), modes
     assert _no_temp(out)
+    assert sorted(p.name for p in out.iterdir()) == ["qwen3-tts-12hz"]          # no lock file left behind
+
+
+ROOT = Path(__file__).resolve().parents[1]
+_CHILD_BUILD = """
+import sys
+sys.path.insert(0, {root!r})
+from tests.test_build_atomic import _specs
+from ttsaot.builder.build import build_family
+build_family("qwen3-tts-12hz", _specs(), {out!r}, "cpu")
+"""
+
+
+def test_sigterm_mid_build_leaves_nothing_behind(previous):
+    """A scheduler or `kill` stopping a build is handled like Ctrl-C: temp dir and lock file removed."""
+    out, before = previous
+    child = subprocess.Popen([sys.executable, "-c", _CHILD_BUILD.format(root=str(ROOT), out=str(out))],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 600
+        while not [p for p in out.iterdir() if ".tmp-" in p.name]:
+            assert child.poll() is None, child.communicate()
+            assert time.time() < deadline, "the build never created its temp dir"
+            time.sleep(0.05)
+        time.sleep(0.5)                      # inside build_stage (eager reference, export, compile)
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=300)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode != 0 and "terminated by signal 15" in err, err[-2000:]
+    assert (out / "qwen3-tts-12hz" / "manifest.json").read_text() == before
+    assert sorted(p.name for p in out.iterdir()) == ["qwen3-tts-12hz"], list(out.iterdir())

@@ -65,6 +65,15 @@ def test_missing_file(qwen_tiny_fp32, artifact_copy):
     (lambda m: m["stages"]["code2wav"]["buckets"][0].__setitem__("file", "../../etc/passwd"), ManifestError,
      "outside the artifact"),
     (lambda m: m["stages"]["code2wav"].__setitem__("tolerance", "small"), ManifestError, "tolerance"),
+    # found by the explore profile of the manifest fuzz test: both used to reach a call (KeyError, NaN output)
+    (lambda m: m["stages"]["code2wav"]["inputs"][0]["shape"].__setitem__(0, ""), ManifestError,
+     "names axis '', which is not a bucket axis"),
+    (lambda m: next(c for c in m["stages"]["code2wav"]["constants"].values() if len(c["shape"]) == 1)
+     .__setitem__("stride", [2]), ManifestError, "not the contiguous layout"),
+    (lambda m: m["stages"]["code2wav"]["outputs"][0]["shape"].__setitem__(2, ["samples", 64]), ManifestError,
+     "neither a bucket axis nor derived"),
+    (lambda m: m["stages"]["code2wav"]["outputs"][0]["shape"][2].__setitem__(1, 0), ManifestError,
+     "invalid entry"),
     (lambda m: m["build_env"].__setitem__("torch", "1.0.0"), CompatibilityError, "torch 1.0.0"),
     (lambda m: m.__setitem__("device", "cuda"), CompatibilityError, "built for device 'cuda'"),
     (lambda m: m["build_env"].__setitem__("cpu_isa", "AVX512 AMX_TILE")
@@ -202,15 +211,41 @@ def test_bad_chunk_fields_are_manifest_errors(qwen_tiny_fp32, artifact_copy, mut
         load(art)
 
 
-def test_builder_writes_chunk_digests_for_large_weights(tmp_path, monkeypatch):
-    import ttsaot.builder.build as build
-    from ttsaot.runtime.artifact import _file_entry as parse_entry
-    from ttsaot.runtime.artifact import check_files
+def test_builder_writes_chunk_digests_for_large_weights(tmp_path):
+    from ttsaot.runtime.artifact import FileEntry, check_files
 
     (tmp_path / "w.bin").write_bytes(bytes(range(256)) * 100)   # 25,600 bytes
-    monkeypatch.setattr(build, "CHUNK_BYTES", 4096)
-    d = build._file_entry(tmp_path, "w.bin", chunked=True)
-    assert d["chunk_bytes"] == 4096 and len(d["chunk_sha256"]) == 7
-    assert d["sha256"] == hashlib.sha256((tmp_path / "w.bin").read_bytes()).hexdigest()
-    assert "chunk_sha256" not in build._file_entry(tmp_path, "w.bin")   # packages, golden files: whole digest
-    check_files(tmp_path, [parse_entry(d, "test")], workers=4)
+    e = FileEntry.of(tmp_path, "w.bin", chunk_bytes=4096)
+    assert e.chunk_bytes == 4096 and len(e.chunk_sha256) == 7
+    assert e.sha256 == hashlib.sha256((tmp_path / "w.bin").read_bytes()).hexdigest()
+    assert not FileEntry.of(tmp_path, "w.bin").chunk_sha256   # packages, golden files: whole digest
+    check_files(tmp_path, [e], workers=4)
+
+
+def _replace_with_garbage(art, entry: dict) -> None:
+    """Overwrite a listed file with bytes that are not safetensors and re-pin it in the manifest, as a consistent
+    but wrong artifact would be: only the file reader can notice."""
+    (art / entry["file"]).write_bytes(b"\xff" * 64 + b"not a safetensors file")
+    entry.pop("chunk_bytes", None)
+    entry.pop("chunk_sha256", None)
+    _resha(art, entry)
+
+
+def test_unreadable_weights_file_is_named(qwen_tiny_fp32, artifact_copy):
+    art = artifact_copy(qwen_tiny_fp32)
+    m = _manifest(art)
+    _replace_with_garbage(art, m["stages"]["code2wav"]["weights"])
+    _write_manifest(art, m)
+    with pytest.raises(BindingError, match=f"{art / 'code2wav.safetensors'}: unreadable weights"):
+        load(art)
+
+
+def test_unreadable_golden_file_is_named(qwen_tiny_fp32, artifact_copy):
+    from ttsaot.runtime.verify import verify_bundle
+
+    art = artifact_copy(qwen_tiny_fp32)
+    m = _manifest(art)
+    _replace_with_garbage(art, m["stages"]["code2wav"]["golden"])
+    _write_manifest(art, m)
+    with pytest.raises(IntegrityError, match=f"{art / 'golden' / 'code2wav.safetensors'}: unreadable golden"):
+        verify_bundle(load(art))

@@ -250,14 +250,14 @@ def test_every_stage_exports_checks_and_matches_eager(fam_name, stage, tmp_path)
     integer outputs (sampled codes on explicit noise) must be identical."""
     spec = _tiny_spec(fam_name, stage, torch.float32)
     res = build_family(fam_name, [spec], tmp_path, formats="onnx", verify_in_subprocess=False)
-    entry = res.manifest["stages"][stage]
-    assert entry["buckets"] == [] and entry["weights"] is None
-    path = res.path / entry["onnx"]["file"]
+    entry = res.manifest.stages[stage]
+    assert entry.buckets == [] and entry.weights is None
+    path = res.path / entry.onnx.file
     onnx.checker.check_model(str(path), full_check=True)
     model = onnx.load(str(path), load_external_data=False)
     assert _domains(model) <= {"", "ai.onnx"}
     assert [i.name for i in model.graph.input] == spec.input_names
-    updated = entry["onnx"]["updated_inputs"]     # KV caches written in place → returned as `<input>_out`
+    updated = entry.onnx.updated_inputs     # KV caches written in place → returned as `<input>_out`
     assert [o.name for o in model.graph.output] == [o["name"] for o in spec.outputs] + list(updated)
     if updated:
         _check_updated_inputs(spec, path, updated)

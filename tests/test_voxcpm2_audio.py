@@ -313,7 +313,7 @@ def test_pipeline_audio_half(voxcpm2_audio_fp32):
     """PatchGenerator (locdit → local_encoder) on the artifact, noise from per-request generators: same
     request seed → same patch whatever the batch; equals the eager modules fed the same noise."""
     from ttsaot.runtime import load
-    from ttsaot.runtime.voxcpm2_pipeline import PatchGenerator, draw_noise
+    from ttsaot.runtime.pipelines.voxcpm2 import PatchGenerator, draw_noise
 
     bundle = load(voxcpm2_audio_fp32)
     pg = PatchGenerator(bundle["locdit"], bundle["local_encoder"])

@@ -154,13 +154,8 @@ class CodecEndpoint:
 
 # ------------------------------------------------------------------------------------------ VoxCPM2
 def voxcpm2_pipeline() -> ModuleType:
-    """The runtime's VoxCPM2 decode loop, wherever this checkout keeps it."""
-    try:
-        return importlib.import_module("ttsaot.runtime.pipelines.voxcpm2")
-    except ModuleNotFoundError as e:
-        if not (e.name or "").startswith("ttsaot.runtime.pipelines"):
-            raise
-        return importlib.import_module("ttsaot.runtime.voxcpm2_pipeline")
+    """The runtime's VoxCPM2 decode loop (imported on first use: a codec-only service never loads it)."""
+    return importlib.import_module("ttsaot.runtime.pipelines.voxcpm2")
 
 
 class VoxCPM2Endpoint:

@@ -39,7 +39,7 @@ def decode_end_to_end(device: str = "cuda", dtype: torch.dtype = torch.float32, 
     from ttsaot.builder.families.voxcpm2 import config as vcfg
     from ttsaot.builder.families.voxcpm2 import stages as vst
     from ttsaot.runtime import load
-    from ttsaot.runtime.voxcpm2_pipeline import VoxCPM2Decoder, draw_noise
+    from ttsaot.runtime.pipelines.voxcpm2 import VoxCPM2Decoder, draw_noise
 
     opts = _opts(dtype, **{"n_timesteps": 4, **opts_kw})
     specs = VOX.specs(opts, E2E_STAGES)
@@ -165,7 +165,7 @@ def test_streamed_vae_equals_one_shot_on_gpu(gpu_audio_artifact):
 
 def test_per_request_noise_is_reproducible_on_gpu(gpu_audio_artifact):
     from ttsaot.runtime import load
-    from ttsaot.runtime.voxcpm2_pipeline import PatchGenerator
+    from ttsaot.runtime.pipelines.voxcpm2 import PatchGenerator
 
     b = load(gpu_audio_artifact, device="cuda")
     pg = PatchGenerator(b["locdit"], b["local_encoder"])

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import InputShapeError, InputValueError
+from ..errors import InputShapeError, InputValueError
 
 STAGES = ("base_lm_step", "residual_lm_step", "locdit", "local_encoder", "vae_decoder")
 

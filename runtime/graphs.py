@@ -1,0 +1,71 @@
+"""The one CUDA-graph capture/replay primitive: every captured callable (a bucket package, an LM package bound to
+one KV cache, a bench variant) goes through :class:`StaticGraph`.
+
+Recipe (AOTI.md §3): static input buffers owned by the caller; a few warm-up calls on a side stream (lazy cubin
+loads and allocator growth must happen before capture); capture of one call into the given memory pool (graphs
+of one stage share a pool); replay writes the same static outputs every time, so callers copy what they keep
+before the next replay."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+WARMUP_CALLS = 3   # calls before capture: enough for lazy kernel loads and the allocator to settle
+
+
+def new_pool() -> Any:
+    """A memory-pool handle for graphs that share their intermediates (one per stage)."""
+    return torch.cuda.graph_pool_handle()
+
+
+class StaticGraph:
+    """`fn(static_inputs)` captured once and replayed.
+
+    fn: takes the list of static input tensors, returns the outputs (a tensor, a tuple or a list: kept as it is).
+    capture=False keeps the static buffers but calls `fn` on them at every replay (the CPU path of stages that
+    use static buffers; exercises the same scatter/gather code without a GPU). keep_alive: an object the graph
+    must not outlive (e.g. the KV cache whose tensors are among the static inputs)."""
+
+    def __init__(self, fn: Callable[[list[torch.Tensor]], Any], static_inputs: Sequence[torch.Tensor],
+                 device: torch.device | None = None, pool: Any = None, capture: bool = True,
+                 warmup_calls: int = WARMUP_CALLS, keep_alive: Any = None) -> None:
+        self.fn = fn
+        self.inputs = list(static_inputs)
+        self.keep_alive = keep_alive
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.outputs: Any = None
+        if not capture:
+            return
+        device = device if device is not None else self.inputs[0].device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup_calls):
+                fn(self.inputs)
+        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.outputs = fn(self.inputs)
+
+    @property
+    def captured(self) -> bool:
+        return self.graph is not None
+
+    def replay(self) -> Any:
+        """Run on the current contents of the static inputs; returns the static outputs (overwritten by the next
+        replay)."""
+        if self.graph is None:
+            return self.fn(self.inputs)
+        self.graph.replay()
+        return self.outputs
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> Any:
+        """Copy `inputs` (same shapes as the static inputs) into the static buffers, then replay."""
+        for dst, src in zip(self.inputs, inputs):
+            if dst.data_ptr() != src.data_ptr():
+                dst.copy_(src)
+        return self.replay()

@@ -1,0 +1,172 @@
+"""The runtime's one execution core: graph primitive, input validator, output check, metric, dtype table, CPU
+threads. Each contract has one definition, used by every stage kind, the builder and the bench."""
+
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ttsaot.runtime import BindingError, InputDTypeError, InputRangeError, InputShapeError, InputValueError, load
+from ttsaot.runtime.artifact import TensorSpec
+from ttsaot.runtime.dtypes import DTYPE_ALIASES, DTYPE_NAMES, canonical_dtype_name, dtype_name, torch_dtype
+from ttsaot.runtime.graphs import StaticGraph
+from ttsaot.runtime.metrics import rel_error
+from ttsaot.runtime.threads import cpu_threads_mode
+from ttsaot.runtime.validation import InputChecker, check_outputs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------------ one definition
+def _sources(*dirs: str):
+    for d in dirs:
+        for py in (ROOT / d).rglob("*.py"):
+            if "results" not in py.parts:
+                yield py, py.read_text()
+
+
+@pytest.mark.parametrize("pattern, home", [
+    (r"torch\.cuda\.CUDAGraph\(|torch\.cuda\.graph\(", "runtime/graphs.py"),
+    (r"graph_pool_handle\(", "runtime/graphs.py"),
+    (r"\(o - r\)\.norm\(\)|\(a - b\)\.norm\(\)", "runtime/metrics.py"),
+    (r"\"bf16\": ", "runtime/dtypes.py"),
+])
+def test_each_contract_has_one_definition(pattern, home):
+    where = sorted({str(py.relative_to(ROOT)) for py, text in _sources("runtime", "builder", "bench")
+                    if re.search(pattern, text)})
+    assert where == [home], where
+
+
+# ------------------------------------------------------------------------------------------------ dtypes
+def test_dtype_table_is_importable_without_torch():
+    code = ("import sys, ttsaot.runtime.dtypes as d, ttsaot.runtime.errors; "
+            "assert d.canonical_dtype_name('bf16') == 'bfloat16'; sys.exit('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_dtype_names_and_aliases():
+    for name in DTYPE_NAMES:
+        assert dtype_name(torch_dtype(name)) == name
+    for alias, name in DTYPE_ALIASES.items():
+        assert canonical_dtype_name(alias) == name and torch_dtype(alias) == getattr(torch, name)
+    with pytest.raises(ValueError, match="unknown dtype 'f8'"):
+        canonical_dtype_name("f8")
+    with pytest.raises(ValueError, match="unsupported"):
+        dtype_name(torch.float64)
+
+
+# ------------------------------------------------------------------------------------------------ metric
+def test_rel_error_is_double_precision_and_safe_on_zero_reference():
+    ref = torch.tensor([1e8, 1.0], dtype=torch.float32)
+    out = ref + torch.tensor([0.0, 1.0])
+    assert rel_error(out, ref) == pytest.approx(1.0 / 1e8, rel=1e-6)    # float32 norms would lose the 1.0
+    assert rel_error(torch.ones(3), torch.zeros(3)) == pytest.approx(3 ** 0.5)
+    assert rel_error(torch.zeros(3), torch.zeros(3)) == 0.0
+    assert math.isnan(rel_error(torch.tensor([float("nan")]), torch.ones(1)))   # NaN never passes a bound
+
+
+# ------------------------------------------------------------------------------------------------ graphs
+def test_static_graph_without_capture_runs_on_its_buffers():
+    calls = []
+
+    def fn(xs):
+        calls.append([x.data_ptr() for x in xs])
+        return [xs[0] * 2 + xs[1]]
+
+    a, b = torch.zeros(3), torch.ones(3)
+    g = StaticGraph(fn, [a, b], capture=False, keep_alive="cache")
+    assert not g.captured and calls == []                        # no warm-up without capture
+    out = g([torch.arange(3.0), b])                              # copied into the static buffers, b not copied
+    assert torch.equal(out[0], torch.tensor([1.0, 3.0, 5.0])) and torch.equal(a, torch.arange(3.0))
+    assert calls == [[a.data_ptr(), b.data_ptr()]]
+    a.fill_(1)
+    assert torch.equal(g.replay()[0], torch.full((3,), 3.0))
+
+
+@pytest.mark.gpu
+def test_static_graph_capture_and_replay_on_cuda():
+    dev = torch.device("cuda")
+    x = torch.zeros(4, device=dev)
+    g = StaticGraph(lambda xs: (xs[0] + 1).sin(), [x], dev, pool=torch.cuda.graph_pool_handle())
+    assert g.captured
+    y = torch.randn(4, device=dev)
+    torch.testing.assert_close(g([y]).clone(), (y + 1).sin())
+
+
+# ------------------------------------------------------------------------------------------ validation
+def _specs():
+    return [TensorSpec("codes", "int64", ["batch", 2, "frames"], pad=0, range={"dim": 1, "low": 0, "high": [4, 8]}),
+            TensorSpec("scale", "float32", ["batch"])]
+
+
+@pytest.mark.parametrize("named, sizes, err, match", [
+    ({"codes": torch.zeros(1, 2, 3), "scale": torch.ones(1)}, None, InputDTypeError, "must be int64"),
+    ({"codes": torch.zeros(1, 2, dtype=torch.long), "scale": torch.ones(1)}, None, InputShapeError, "3 dims"),
+    ({"codes": torch.zeros(1, 3, 3, dtype=torch.long), "scale": torch.ones(1)}, None, InputShapeError,
+     r"must have shape \[batch, 2, frames\] \(dim 1 must be 2\)"),
+    ({"codes": torch.zeros(2, 2, 3, dtype=torch.long), "scale": torch.ones(1)}, None, InputShapeError,
+     "disagree on 'batch'"),
+    ({"codes": torch.zeros(1, 2, 3, dtype=torch.long), "scale": torch.ones(1)}, {"batch": 2}, InputShapeError,
+     "with batch = 2"),
+    ({"codes": torch.zeros(1, 2, 0, dtype=torch.long), "scale": torch.ones(1)}, None, InputValueError, "empty"),
+    ({"codes": torch.tensor([[[0], [8]]]), "scale": torch.ones(1)}, None, InputRangeError,
+     r"\[0, 1, 0\] = 8 is outside \[0, 8\) \(codebook 1\)"),
+    ({"codes": torch.zeros(1, 2, 3, dtype=torch.long), "scale": torch.tensor([float("inf")])}, None,
+     InputValueError, "NaN or Inf"),
+])
+def test_input_checker_errors(named, sizes, err, match):
+    with pytest.raises(err, match=match):
+        InputChecker("s", torch.device("cpu")).check(_specs(), dict(named), sizes=sizes)
+
+
+def test_input_checker_sizes_and_value_switch():
+    chk = InputChecker("s", torch.device("cpu"))
+    named = {"codes": torch.full((2, 2, 5), 9, dtype=torch.long), "scale": torch.ones(2)}
+    assert chk.check(_specs(), named, values=False) == {"batch": 2, "frames": 5}   # structure only
+    with pytest.raises(InputRangeError):
+        chk.check(_specs(), named)
+
+
+def test_output_check_uses_derived_axes():
+    spec = [TensorSpec("codes", "int64", [1, 4, "frames"])]
+    check_outputs("enc", "s4096", spec, {"samples": 4096, "frames": 2}, [torch.zeros(1, 4, 2, dtype=torch.long)])
+    with pytest.raises(BindingError, match="enc/s4096: package outputs"):
+        check_outputs("enc", "s4096", spec, {"samples": 4096, "frames": 3}, [torch.zeros(1, 4, 2, dtype=torch.long)])
+
+
+# ------------------------------------------------------------------------------------------- CPU threads
+def test_cpu_threads_mode_sets_and_restores():
+    before = torch.get_num_threads()
+    with cpu_threads_mode(1):
+        assert torch.get_num_threads() == 1
+        with cpu_threads_mode(2):
+            assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with cpu_threads_mode(None):
+        assert torch.get_num_threads() == before
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="cpu_threads"):
+            cpu_threads_mode(bad)
+
+
+@pytest.mark.parametrize("threads", [1, 2, None])
+def test_every_package_call_runs_with_the_stage_threads(qwen_tiny_fp32, threads):
+    stage = load(qwen_tiny_fp32, cpu_threads=threads)["code2wav"]
+    seen = []
+    for runner in stage._runners.values():
+        run = runner.run_fn
+        runner.run_fn = lambda xs, run=run: (seen.append(torch.get_num_threads()), run(xs))[1]
+    outside = torch.get_num_threads()
+    ref = stage(torch.randint(0, 64, (1, 16, 8)))
+    assert seen == [threads or outside] and torch.get_num_threads() == outside and ref.shape == (1, 1, 512)
+
+
+def test_bad_cpu_threads_is_refused_before_loading(tmp_path):
+    with pytest.raises(ValueError, match="cpu_threads"):
+        load(tmp_path, cpu_threads=0)
