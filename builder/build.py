@@ -47,7 +47,7 @@ from ..runtime.metrics import rel_error
 from .buckets import BucketPlan
 from .export import CompileError, compile_bucket, compiler_info
 from .passes import cast_to_compute_dtype, count_parameters
-from .stage_spec import StageSpec
+from .stage_spec import StageSpec, resolve_kernels
 
 PASS_PARITY_LIMIT = 1e-5   # rewritten vs original module, fp32 on CPU: rewrites must not change the math
 VERIFY_TIMEOUT_S = 1800    # the subprocess that loads the fresh packages and runs the golden cases
@@ -238,7 +238,9 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
     original = spec.make_module().eval()
     before = count_parameters(original)
     rewritten = copy.deepcopy(original)
-    pass_reports = [p(rewritten) for p in spec.passes]
+    kernels = resolve_kernels(spec.kernels, device)
+    passes = spec.passes + (spec.kernel_passes if kernels == "ttsaot" else [])
+    pass_reports = [p(rewritten) for p in passes]
 
     # Golden inputs and the fp32 eager reference of the ORIGINAL faithful module.
     golden: dict[str, torch.Tensor] = {}
@@ -273,7 +275,7 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
         name=spec.name, kind=spec.kind, dtype=dtype_name(spec.dtype), inputs=inputs_spec, outputs=outputs_spec,
         weights=None, constants={}, buckets=[], golden=None, golden_cases=cases, tolerance=float(spec.tolerance),
         metadata=json_value(spec.metadata), config=json_value(spec.config), passes=json_value(pass_reports),
-        inductor_options=json_value(extra_inductor_options or {}),
+        inductor_options=json_value(extra_inductor_options or {}), kernels=kernels,
         checkpoint=json_value({**spec.checkpoint_report, "params_before": before, "params_after": after}))
     if "onnx" in formats:
         from .onnx_export import OnnxExportError, export_stage_onnx, manifest_entry

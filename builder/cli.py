@@ -239,6 +239,9 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--tf32", is_flag=True,
               help="fp32 stages (not the fp32-by-policy encoder/VAE) run TF32 convolutions/matmuls on CUDA, as "
                    "PyTorch's defaults give the reference: ~2-3x faster, ~1e-3 relative error.")
+@click.option("--kernels", type=click.Choice(["auto", "ttsaot", "inductor"]), default="auto", show_default=True,
+              help="Hot paths from the ttsaot Triton kernel layer, or Inductor's own code; auto = ttsaot on CUDA, "
+                   "inductor on CPU (where the kernels would only run their aten references).")
 @click.option("--no-verify", is_flag=True, help="Skip loading the fresh packages in a subprocess (not advised).")
 @click.option("--format", "formats", default="aoti", show_default=True, callback=_formats,
               help="aoti (AOTInductor package per bucket), onnx (one ONNX model per stage, dynamic axes), or "
@@ -246,7 +249,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 @_debug_option
 @click.pass_context
 def build(ctx, family, checkpoint, random_weights, preset, stages, device, dtype, max_batch, batch_buckets, seed,
-          out_dir, cxx, max_autotune, tf32, no_verify, formats, debug_here, **family_flags):
+          out_dir, cxx, max_autotune, tf32, kernels, no_verify, formats, debug_here, **family_flags):
     """Build FAMILY's stages into OUT/FAMILY (atomically: the old artifact stays until the new one is verified).
 
     The flags after --format belong to the families named in brackets; `build-artifacts list` shows each
@@ -258,7 +261,8 @@ def build(ctx, family, checkpoint, random_weights, preset, stages, device, dtype
     try:
         fam = get_family(family)
         opts = _family_options(fam, family_flags, dict(preset=preset or "tiny", checkpoint=checkpoint, seed=seed,
-                                                       max_batch=max_batch, batch_buckets=batch_buckets))
+                                                       max_batch=max_batch, batch_buckets=batch_buckets,
+                                                       kernels=kernels))
         names = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
         if names is not None:
             fam.check_stages(names)
@@ -376,6 +380,7 @@ def inspect(ctx, artifact, as_json, debug_here):
                 "onnx": st.get("onnx"),
                 # how it was compiled and which numerics it runs: autotuned GEMMs, TF32 allowed (build --tf32)
                 "inductor_options": st.get("inductor_options") or {},
+                "kernels": st.get("kernels", "inductor"),
                 "tf32": bool((st.get("metadata") or {}).get("allow_tf32", False)),
             })
         if as_json:
@@ -402,7 +407,8 @@ def inspect(ctx, artifact, as_json, debug_here):
             if p["unaccounted"]:
                 kept += f" [red]unaccounted {p['unaccounted']}[/red]"
             skipped = p["skipped"]["dropped"] + p["skipped"]["ignored"]
-            compiled = [*(f"{k}={v}" for k, v in r["inductor_options"].items()), *(["tf32"] if r["tf32"] else [])]
+            compiled = [f"kernels={r['kernels']}", *(f"{k}={v}" for k, v in r["inductor_options"].items()),
+                        *(["tf32"] if r["tf32"] else [])]
             t.add_row(r["stage"], r["kind"], r["dtype"], f"{len(r['buckets'])}: {' '.join(r['buckets'])}",
                       f"{r['weights_mib']}", f"{r['packages_mib']}", kept, _show(p["pruned"] or None),
                       _show(p["folded"] or None), _show(p["loaded"]), _show(skipped or None),

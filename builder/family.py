@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from .options import BuildOptions, Flag, OptionsError, flags_of
@@ -74,7 +74,7 @@ class Family:
             self.check_stages(names)
         chosen = set(names) if names is not None else set(self.default_stages(opts))
         recipes = self._recipes().STAGES
-        return [recipes[n](opts) for n in self.stages if n in chosen]
+        return [replace(recipes[n](opts), kernels=opts.kernels) for n in self.stages if n in chosen]
 
     def _recipes(self):
         module = importlib.import_module(f"{self.package}.stages")

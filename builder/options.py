@@ -169,7 +169,7 @@ def one_of(*choices: str) -> Callable[[str], str]:
 @dataclass
 class BuildOptions:
     """What every family takes. The CLI sets these from its generic flags (--preset, --checkpoint, --seed,
-    --dtype, --max-batch, --batch-buckets); family options add their own flagged fields."""
+    --dtype, --max-batch, --batch-buckets, --kernels); family options add their own flagged fields."""
 
     preset: str = "tiny"                          # named config for --random-weights builds
     checkpoint: str | None = None                 # real checkpoint directory (family layout in README)
@@ -177,9 +177,12 @@ class BuildOptions:
     dtype: torch.dtype | None = None              # None: each stage's default (numerics policy)
     max_batch: int = 4                            # batch buckets: powers of two up to it (and it)
     batch_buckets: tuple[int, ...] | None = None  # explicit batch buckets instead
+    kernels: str = "auto"                         # the ttsaot kernel layer or Inductor's code (stage_spec.KERNELS)
 
     def validate(self) -> None:
         """Raise OptionsError for values no stage can build (families extend this)."""
+        if self.kernels not in ("auto", "ttsaot", "inductor"):
+            raise OptionsError(f"kernels must be auto, ttsaot or inductor, got {self.kernels!r}")
         if self.max_batch < 1:
             raise OptionsError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.batch_buckets is not None and (not self.batch_buckets or min(self.batch_buckets) < 1):

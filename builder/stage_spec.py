@@ -11,6 +11,20 @@ from torch import nn
 
 from .buckets import BucketPlan
 
+KERNELS = ("ttsaot", "inductor")
+KERNELS_AUTO = "auto"
+
+
+def resolve_kernels(choice: str, device: torch.device) -> str:
+    """`auto` is the kernel layer on CUDA (where its Triton kernels run) and Inductor's own code on CPU (where the
+    custom ops would only run their aten references)."""
+    if choice == KERNELS_AUTO:
+        return "ttsaot" if device.type == "cuda" else "inductor"
+    if choice not in KERNELS:
+        raise ValueError(f"kernels must be one of auto, {', '.join(KERNELS)}; got {choice!r}")
+    return choice
+
+
 # A module → module rewrite, applied in place, returning its report for the manifest (`build-artifacts inspect`):
 # {"pass": name, ...facts} and, where it removes parameters, "dropped": {what: params} (pruned: never read by
 # the stage) or "folded": {what: params} (baked into other tensors, e.g. usage counts into a codebook table), so
@@ -42,6 +56,11 @@ class StageSpec:
     golden_sizes: list[dict[str, int]] = field(default_factory=list)  # extra off-bucket golden cases
     golden_buckets: bool = True                 # False: golden cases are golden_sizes only (big state inputs)
     reference_margins: Margins | None = None    # sampling stages: stored as golden `<case>/margin/<output>`
+    # The ttsaot kernel layer (builder/kernels): passes that swap the stage's hot paths for the Triton custom ops,
+    # applied after `passes` when the build uses `kernels == "ttsaot"`. Their parity with the faithful module is
+    # checked like any pass (on CPU the ops run their exact aten references).
+    kernel_passes: list[Pass] = field(default_factory=list)
+    kernels: str = KERNELS_AUTO                 # "auto" | "ttsaot" | "inductor" (BuildOptions.kernels)
 
     @property
     def input_names(self) -> list[str]:

@@ -24,6 +24,7 @@ from .errors import (
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 DTYPES: dict[str, torch.dtype] = {n: torch_dtype(n) for n in DTYPE_NAMES}   # format name → torch dtype
+KERNEL_CHOICES = ("ttsaot", "inductor")   # StageEntry.kernels: what the packages' hot paths were compiled from
 STAGE_KINDS = ("generic", "codec_decoder", "codec_encoder", "codebook_predictor", "lm_step", "lm_prefill")
 
 
@@ -169,6 +170,7 @@ class StageEntry:
     config: dict[str, Any] = field(default_factory=dict)
     passes: list[dict] = field(default_factory=list)
     inductor_options: dict[str, Any] = field(default_factory=dict)   # extra Inductor options of the compile
+    kernels: str = "inductor"          # "ttsaot": hot paths run the ttsaot Triton kernel layer; "inductor": Inductor's
     checkpoint: dict[str, Any] = field(default_factory=dict)
     onnx: OnnxEntry | None = None
 
@@ -432,6 +434,7 @@ def _stage(name: str, d: dict) -> StageEntry:
         metadata=dict(metadata), config=_get_optional(d, "config", dict, w, {}),
         passes=_get_optional(d, "passes", list, w, []),
         inductor_options=_get_optional(d, "inductor_options", dict, w, {}),
+        kernels=_kernels(d, w),
         checkpoint=_get_optional(d, "checkpoint", dict, w, {}), onnx=onnx,
     )
 
@@ -536,6 +539,13 @@ def _check_metadata(kind: str, md: Any, inputs: list[TensorSpec], where: str) ->
                             "0, top_p: (0, 1]}}")
     if not isinstance(md.get("allow_tf32", False), bool):
         raise ManifestError(f"manifest.json: {where}.allow_tf32 must be true or false")
+
+
+def _kernels(d: dict, where: str) -> str:
+    value = d.get("kernels", "inductor")
+    if value not in KERNEL_CHOICES:
+        raise ManifestError(f"manifest.json: {where}.kernels must be one of {', '.join(KERNEL_CHOICES)}, got {value!r}")
+    return value
 
 
 def _onnx_entry(d: dict, where: str) -> OnnxEntry:

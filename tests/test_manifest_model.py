@@ -135,3 +135,16 @@ def test_every_kind_and_its_required_metadata_are_in_the_spec():
         row = next(line for line in table.splitlines() if re.search(rf"`{kind}`", line))
         for key in keys:
             assert f"`{key}`" in row, (kind, key)
+
+
+
+def test_kernels_choice_is_recorded_and_validated(tmp_path):
+    m = _manifest(kernels="ttsaot")
+    write_manifest(tmp_path, m)
+    assert read_manifest(tmp_path).stages["code2wav"].kernels == "ttsaot"
+    d = m.to_dict()
+    del d["stages"]["code2wav"]["kernels"]
+    assert parse_manifest(d).stages["code2wav"].kernels == "inductor"      # older artifacts: Inductor's code
+    d["stages"]["code2wav"]["kernels"] = "cudnn"
+    with pytest.raises(ManifestError, match="kernels must be one of"):
+        parse_manifest(d)
