@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .kernels.snake_beta import CPU_DECOMPOSITIONS
+from .kernels import lower_for_cpu
 
 
 class CompileError(RuntimeError):
@@ -33,10 +33,9 @@ def export_program(module: nn.Module, args: tuple, device: torch.device) -> torc
     with torch.no_grad():
         ep = torch.export.export(module, args, strict=False)
     if device.type == "cpu":
-        # Inductor's C++ backend cannot lower user Triton kernels: decompose our custom ops into aten here.
-        table = torch.export.default_decompositions()
-        table.update(CPU_DECOMPOSITIONS)
-        ep = ep.run_decompositions(table)
+        # Inductor's C++ backend cannot lower user Triton kernels: every ttsaot op (the mutating KV-cache writers
+        # too) becomes its exact aten reference here (builder/kernels/decompositions.py).
+        ep = lower_for_cpu(ep)
     return ep
 
 
