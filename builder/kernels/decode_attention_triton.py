@@ -1,7 +1,6 @@
 """Triton kernels of `ttsaot::decode_attention` (semantics: decode_attention.py).
 
-Imported on the first launch, not with the op, for the same reason as skinny_linear_triton.py (TRITON_INTERPRET is
-read when a kernel is decorated).
+Imported by the launcher on first use, like skinny_linear_triton.py.
 
 Flash-decoding over a static cache: program (row b, kv head h, context split s) handles the G = Hq/Hkv query heads
 that share kv head h as the rows of one tile, so K/V are read once per kv head (no repeat_interleave). Each
