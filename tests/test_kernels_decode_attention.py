@@ -120,6 +120,18 @@ def test_split_count_does_not_change_the_result_and_runs_are_deterministic():
         assert rel_err(o.cpu(), outs[0].cpu()) < 1e-6
 
 
+def test_positions_outside_the_cache_are_clamped_like_the_reference():
+    """The runtime validates positions; the kernel still never touches memory outside the cache."""
+    B, hq, hkv, hd, S, L = 3, 4, 2, 16, 20, 2
+    t = _case(B, hq, hkv, hd, S, L, torch.float32, "neox", False)
+    t["positions"] = torch.tensor([-3, S + 7, 5], device=DEVICE)
+    ref_t = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
+    o = launch_decode_attention(**t, layer=1, scale=0.25, split_size=16, block_s=16, config={"num_warps": 4})
+    ref = decode_attention_reference(**ref_t, layer=1, scale=0.25)
+    assert rel_err(o.cpu(), ref.cpu()) < 1e-5
+    assert torch.equal(t["v_cache"].cpu(), ref_t["v_cache"].cpu())
+
+
 def test_split_plan():
     assert plan_split_size(513, 2, 132) == 64                 # VoxCPM2 B=1: every 64 positions its own program
     for S, rows in ((513, 32), (8193, 2), (8193, 32), (100_001, 128)):

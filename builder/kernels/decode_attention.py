@@ -91,7 +91,7 @@ def _check(qkv: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_
                          f"got {tuple(qkv.shape)}")
     hq = qkv.shape[1] // hd - 2 * hkv
     torch._check(hq > 0 and hq % hkv == 0, lambda: f"decode_attention: {hq} query heads for {hkv} kv heads")
-    torch._check(qkv.dtype == k_cache.dtype and qkv.dtype in (torch.float32, torch.bfloat16, torch.float16),
+    torch._check(qkv.dtype == k_cache.dtype and qkv.dtype in (torch.float32, torch.bfloat16),
                  lambda: f"decode_attention: qkv {qkv.dtype} and caches {k_cache.dtype} must share a float dtype")
     torch._check(positions.shape == (B,) and positions.dtype in (torch.int64, torch.int32),
                  lambda: f"decode_attention: positions must be [{B}] int64/int32")

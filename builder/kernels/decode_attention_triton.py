@@ -1,7 +1,6 @@
 """Triton kernels of `ttsaot::decode_attention` (semantics: decode_attention.py).
 
-Imported on the first launch, not with the op, for the same reason as skinny_linear_triton.py (TRITON_INTERPRET is
-read when a kernel is decorated).
+Imported by the launcher on first use, like skinny_linear_triton.py.
 
 Flash-decoding over a static cache: program (row b, kv head h, context split s) handles the G = Hq/Hkv query heads
 that share kv head h as the rows of one tile, so K/V are read once per kv head (no repeat_interleave). Each
@@ -80,7 +79,7 @@ def decode_attention_kernel(qkv_ptr, pos_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, 
     k_new = _norm_rope(row, (HQ + h) * HEAD_DIM + one, offs_d, one == 0, kn_ptr, cos_ptr, sin_ptr, pos, eps,
                        QK_NORM, ROPE, HEAD_DIM)                                   # [1, HEAD_DIM]
     v_new = tl.load(row + (HQ + HKV + h) * HEAD_DIM + one[:, None] + offs_d[None, :])
-    cache_off = (layer * CACHE_LAYER + pid.to(tl.int64) * S) * HEAD_DIM          # (layer, b, h, 0, 0)
+    cache_off = (layer.to(tl.int64) * CACHE_LAYER + pid * S) * HEAD_DIM          # (layer, b, h, 0, 0)
     k_base = kc_ptr + cache_off
     v_base = vc_ptr + cache_off
     lo = split * SPLIT_SIZE

@@ -4,7 +4,7 @@ re-prefills (M = batch ≤ 16, or batch × positions ≤ a few hundred), where r
     skinny_linear(x [..., K], weight [N, K], bias [N]? = None, norm_weight [K]? = None, norm_eps = 1e-6,
                   gated = False, residual [..., N_out]? = None, residual_scale = 1.0) -> y [..., N_out]
 
-W is in nn.Linear layout (row-major [N, K]) in x's dtype (bf16, fp16 or fp32); products accumulate in fp32; y has
+W is in nn.Linear layout (row-major [N, K]) in x's dtype (bf16 or fp32); products accumulate in fp32; y has
 x's dtype. N_out = N/2 when gated, else N. Each step below rounds to x's dtype exactly where the eager modules
 (layers.norms.RMSNorm, nn.Linear, layers.mlp.SwiGLU, the families' residual adds) round, so a layer built from this
 op computes the eager layer's function up to the order of the fp32 accumulation:
@@ -65,7 +65,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, nor
     torch._check(weight.dim() == 2, lambda: f"skinny_linear: weight must be [N, K], got {tuple(weight.shape)}")
     torch._check(x.dim() >= 1 and x.shape[-1] == weight.shape[1],
                  lambda: f"skinny_linear: x {tuple(x.shape)} does not end in K = {weight.shape[1]}")
-    torch._check(x.dtype in (torch.float32, torch.bfloat16, torch.float16) and weight.dtype == x.dtype,
+    torch._check(x.dtype in (torch.float32, torch.bfloat16) and weight.dtype == x.dtype,
                  lambda: f"skinny_linear: x and weight must share a float dtype, got {x.dtype} / {weight.dtype}")
     torch._check(weight.stride(1) == 1 and weight.stride(0) == weight.shape[1],
                  lambda: "skinny_linear: weight must be contiguous (nn.Linear layout)")

@@ -1,8 +1,8 @@
 """Triton kernels of `ttsaot::skinny_linear` (semantics and rounding order: skinny_linear.py).
 
-Imported on the first launch, not with the op: `triton.jit` decides at decoration time whether a kernel runs
-compiled or under the interpreter (TRITON_INTERPRET=1), so the CPU tests can set the variable before this module
-loads whatever else has been imported.
+Imported by the launcher on first use: registering the op (and CPU builds, which trace its aten branch) needs no
+kernel objects. Under TRITON_INTERPRET=1 (set before triton is first imported: tests/conftest.py) the kernels run
+on CPU tensors in Triton's interpreter.
 
 Decode-step GEMMs are bound by reading W once: each program owns BLOCK_N output columns (the matching gate AND
 up rows of a fused gate_up weight, so SiLU·mul happens in registers), streams its W rows along K in BLOCK_K
