@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,8 @@ from ..runtime.dtypes import dtype_name
 from ..runtime.errors import ArtifactError, ManifestError
 from ..runtime.metrics import rel_error
 from .buckets import BucketPlan
-from .export import CompileError, compile_bucket, compiler_info
+from .export import CompileError, compile_bucket, compiler_info, export_bucket, inductor_options
+from .package_cache import PackageCache, cache_key, cached_compile, kernel_sources_hash, program_sources
 from .passes import cast_to_compute_dtype, count_parameters
 from .stage_spec import StageSpec, resolve_kernels
 
@@ -229,8 +231,9 @@ def parse_formats(value: str | tuple[str, ...] | list[str] | None) -> tuple[str,
 
 
 def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, reporter: Reporter,
-                extra_inductor_options: dict | None = None, formats: tuple[str, ...] = ("aoti",)) -> StageEntry:
-    """Build one stage into `tmp`; returns its manifest entry."""
+                extra_inductor_options: dict | None = None, formats: tuple[str, ...] = ("aoti",),
+                cache: PackageCache | None = None) -> StageEntry:
+    """Build one stage into `tmp`; returns its manifest entry. `cache`: reuse packages compiled before."""
     if spec.fp32_only and spec.dtype != torch.float32:
         raise BuildError(f"{spec.name}: this stage is fp32 only (numerics policy), refusing {spec.dtype}")
     inputs_spec = _io_specs(spec.inputs, f"{spec.name}.inputs")
@@ -288,20 +291,25 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
         reporter.note(f"{spec.name}: ONNX opset {res.opset}, dynamic {res.dynamic_axes or '-'}, "
                       f"{res.seconds:.1f}s" + "".join(f"; {n}" for n in res.notes))
     if "aoti" in formats:
-        entry = replace(entry, **_compile_buckets(spec, module, tmp, device, seed, reporter, extra_inductor_options))
+        entry = replace(entry, **_compile_buckets(spec, module, tmp, device, seed, reporter, extra_inductor_options,
+                                                  cache))
     grel = f"golden/{spec.name}.safetensors"
     _save_safetensors(golden, tmp / grel)
     return replace(entry, golden=FileEntry.of(tmp, grel))
 
 
 def _compile_buckets(spec: StageSpec, module: torch.nn.Module, tmp: Path, device: torch.device, seed: int,
-                     reporter: Reporter, extra_inductor_options: dict | None) -> dict[str, Any]:
-    """One AOTI package per bucket and the stage's weights file (the constants every package binds, identical
-    across buckets): the `weights`, `constants` and `buckets` fields of the stage entry."""
+                     reporter: Reporter, extra_inductor_options: dict | None,
+                     cache: PackageCache | None = None) -> dict[str, Any]:
+    """One AOTI package per bucket (reused from `cache` where it holds the same package) and the stage's weights
+    file (the constants every package binds, identical across buckets): the `weights`, `constants` and `buckets`
+    fields of the stage entry."""
     buckets = spec.plan.buckets()
     reporter.stage_start(spec.name, len(buckets))
+    toolchain = build_env(device) if cache is not None else None
     weights: dict[str, torch.Tensor] | None = None
     bucket_entries = []
+    reused = 0
     for sizes in buckets:
         key = BucketPlan.key(sizes)
         rel = f"{spec.name}/{key}.pt2"
@@ -309,26 +317,40 @@ def _compile_buckets(spec: StageSpec, module: torch.nn.Module, tmp: Path, device
         ex = spec.make_inputs(sizes, g)
         args = tuple(ex[n].to(device) for n in spec.input_names)
         t0 = time.time()
+        model_name = f"{spec.name}_{key}"
+        # the package's own record of what it was compiled for: the runtime cross-checks it, so an edited
+        # manifest cannot feed it other shapes
+        metadata = {"ttsaot_stage": spec.name, "ttsaot_bucket": key, "ttsaot_family": spec.family,
+                    "ttsaot_inputs": input_signature(args)}
         try:
-            cb = compile_bucket(module, args, device, tmp / rel, model_name=f"{spec.name}_{key}",
-                                metadata={"ttsaot_stage": spec.name, "ttsaot_bucket": key,
-                                          "ttsaot_family": spec.family,
-                                          # the package's own record of what it was compiled for: the runtime
-                                          # cross-checks it, so an edited manifest cannot feed it other shapes
-                                          "ttsaot_inputs": input_signature(args)},
-                                extra_options=extra_inductor_options)
+            ep = export_bucket(module, args, device) if cache is not None else None
+            cache_id = None if ep is None else cache_key(ep, {
+                "family": spec.family, "stage": spec.name, "bucket": key, "sizes": dict(sizes),
+                "dtype": dtype_name(spec.dtype), "kernels": resolve_kernels(spec.kernels, device),
+                "inputs": input_signature(args), "toolchain": toolchain,
+                "inductor_options": inductor_options(model_name, metadata, device, extra_inductor_options)})
+            bw, from_cache = cached_compile(
+                cache, cache_id, program_sources(ep) if ep is not None else {}, tmp / rel,
+                partial(compile_bucket, module, args, device, tmp / rel, model_name=model_name, metadata=metadata,
+                        extra_options=extra_inductor_options, exported=ep))
         except CompileError as e:
             raise BuildError(f"{spec.name}/{key}: {e}") from e
+        reused += from_cache
         if weights is None:
-            weights = cb.weights
+            weights = bw
         else:
-            if list(cb.weights) != list(weights) or any(not torch.equal(cb.weights[k], weights[k]) for k in weights):
-                diff = sorted(set(cb.weights) ^ set(weights))[:3] or "values"
+            if list(bw) != list(weights) or any(not torch.equal(bw[k], weights[k]) for k in weights):
+                diff = sorted(set(bw) ^ set(weights))[:3] or "values"
                 raise BuildError(f"{spec.name}/{key}: compiled constants differ from the first bucket's ({diff}); "
                                  "weights could not be shared")
         f = FileEntry.of(tmp, rel)
         bucket_entries.append(BucketEntry(key=key, sizes=dict(sizes), file=f.file, sha256=f.sha256, bytes=f.bytes))
         reporter.bucket_done(spec.name, key, time.time() - t0)
+    if cache is not None:
+        for msg in cache.notes:
+            reporter.note(msg)
+        cache.notes.clear()
+        reporter.note(f"{spec.name}: {reused} of {len(buckets)} packages reused from the package cache")
 
     assert weights is not None
     wrel = f"{spec.name}.safetensors"
@@ -394,9 +416,7 @@ def _use_private_inductor_cache() -> Path:
     Seen on an H200 (torch 2.11): after the SnakeBeta Triton source changed, a warm default Inductor cache produced
     packages that failed at run time ("run_func_ API call failed"); a fresh cache built correct ones. Keying the
     cache directory on the kernels' source keeps reuse across builds without ever mixing kernel versions."""
-    h = hashlib.sha256(torch.__version__.encode())
-    for src in sorted((Path(__file__).parent / "kernels").glob("*.py")):
-        h.update(src.read_bytes())
+    h = hashlib.sha256(torch.__version__.encode() + kernel_sources_hash().encode())
     base = Path(os.environ.get("TTSAOT_INDUCTOR_CACHE_DIR",
                                Path(tempfile.gettempdir()) / f"ttsaot_inductor_{os.getuid()}"))
     path = base / h.hexdigest()[:16]
@@ -408,9 +428,11 @@ def _use_private_inductor_cache() -> Path:
 def build_family(family: str, specs: list[StageSpec], out_root: str | Path, device: str | torch.device = "cpu",
                  seed: int = 0, preset: str | None = None, reporter: Reporter | None = None,
                  verify_in_subprocess: bool = True, extra_inductor_options: dict | None = None,
-                 keep_existing_stages: bool = True, formats: str | tuple[str, ...] = ("aoti",)) -> BuildResult:
+                 keep_existing_stages: bool = True, formats: str | tuple[str, ...] = ("aoti",),
+                 cache_dir: str | Path | None = None) -> BuildResult:
     """Build `specs` into <out_root>/<family>/ atomically (temp dir + rename, under a lock). `formats`: "aoti"
-    (packages per bucket), "onnx" (one ONNX model per stage, builder/onnx_export.py), or both."""
+    (packages per bucket), "onnx" (one ONNX model per stage, builder/onnx_export.py), or both. `cache_dir`: the
+    package cache to reuse packages from and add to (builder/package_cache.py); None compiles every package."""
     reporter = reporter or Reporter()
     formats = parse_formats(formats)
     _use_private_inductor_cache()
@@ -421,6 +443,7 @@ def build_family(family: str, specs: list[StageSpec], out_root: str | Path, devi
         raise BuildError("--device cuda requested but torch.cuda.is_available() is False")
     out_root = Path(out_root)
     final = out_root / family
+    cache = PackageCache(Path(cache_dir)) if cache_dir is not None else None
     t_start = time.time()
     with _BuildLock(final), _TerminateAsInterrupt():
         tmp: Path | None = None
@@ -430,7 +453,7 @@ def build_family(family: str, specs: list[StageSpec], out_root: str | Path, devi
             stages: dict[str, StageEntry] = {}
             for spec in specs:
                 stages[spec.name] = build_stage(spec, tmp, dev, seed, reporter, extra_inductor_options,
-                                                formats=formats)
+                                                formats=formats, cache=cache)
             kept = _carry_over_stages(final, tmp, env, dev, set(stages), reporter) if keep_existing_stages else {}
             if dev.type == "cpu":
                 env["cpu_isa"] = _package_cpu_isa(tmp, stages)

@@ -246,10 +246,16 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--format", "formats", default="aoti", show_default=True, callback=_formats,
               help="aoti (AOTInductor package per bucket), onnx (one ONNX model per stage, dynamic axes), or "
                    "aoti,onnx.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+              show_default="$TTSAOT_CACHE_DIR or $XDG_CACHE_HOME/ttsaot/packages",
+              help="Package cache: a rebuild reuses every package whose program, bucket, kernels and toolchain did "
+                   "not change.")
+@click.option("--no-cache", is_flag=True, help="Compile every package (the cache is neither read nor written).")
 @_debug_option
 @click.pass_context
 def build(ctx, family, checkpoint, random_weights, preset, stages, device, dtype, max_batch, batch_buckets, seed,
-          out_dir, cxx, max_autotune, tf32, kernels, no_verify, formats, debug_here, **family_flags):
+          out_dir, cxx, max_autotune, tf32, kernels, no_verify, formats, cache_dir, no_cache, debug_here,
+          **family_flags):
     """Build FAMILY's stages into OUT/FAMILY (atomically: the old artifact stays until the new one is verified).
 
     The flags after --format belong to the families named in brackets; `build-artifacts list` shows each
@@ -271,6 +277,7 @@ def build(ctx, family, checkpoint, random_weights, preset, stages, device, dtype
     # ---- the build
     try:
         from .build import build_family, stage_summary
+        from .package_cache import default_cache_dir
         from .stage_spec import with_tf32
 
         if dtype:
@@ -297,7 +304,8 @@ def build(ctx, family, checkpoint, random_weights, preset, stages, device, dtype
             result = build_family(family, specs, out_dir, device=device, seed=seed,
                                   preset=None if checkpoint else opts.preset,
                                   reporter=_RichReporter(progress), verify_in_subprocess=not no_verify,
-                                  extra_inductor_options=extra, formats=formats)
+                                  extra_inductor_options=extra, formats=formats,
+                                  cache_dir=None if no_cache else (cache_dir or default_cache_dir()))
         table = Table(title=f"{family} → {result.path} ({result.seconds:.0f}s)")
         cols = ("stage", "buckets", "dtype", "weights_mib", "package_mib") + (("onnx_mib",) if "onnx" in formats
                                                                               else ())

@@ -59,16 +59,23 @@ def inductor_options(model_name: str, metadata: dict[str, str], device: torch.de
     return opts
 
 
+def export_bucket(module: nn.Module, args: tuple, device: torch.device) -> torch.export.ExportedProgram:
+    try:
+        return export_program(module, args, device)
+    except Exception as e:  # noqa: BLE001 - reported per bucket with the cause
+        raise CompileError(f"torch.export failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+
+
 def compile_bucket(module: nn.Module, args: tuple, device: torch.device, package_path: Path,
-                   model_name: str, metadata: dict[str, str], extra_options: dict | None = None) -> CompiledBucket:
+                   model_name: str, metadata: dict[str, str], extra_options: dict | None = None,
+                   exported: torch.export.ExportedProgram | None = None) -> CompiledBucket:
+    """`exported`: the program of `module` on `args` when the caller has exported it already (the package cache
+    keys on it)."""
     from torch._inductor import aot_compile
     from torch._inductor.package import package_aoti
     from torch.export.pt2_archive._package_weights import Weights
 
-    try:
-        ep = export_program(module, args, device)
-    except Exception as e:  # noqa: BLE001 - reported per bucket with the cause
-        raise CompileError(f"torch.export failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+    ep = exported if exported is not None else export_bucket(module, args, device)
     try:
         with torch.no_grad():
             files = aot_compile(ep.module(), args,

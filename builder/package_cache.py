@@ -1,0 +1,255 @@
+"""A content-addressed cache of compiled AOTI packages, so that a rebuild compiles only what changed.
+
+A package is compiled without its constants, so what it is depends on the exported program (graph, signature,
+the names / shapes / dtypes of the tensors it binds — not their values), the bucket's example inputs, the dtype,
+the kernel choice and the kernel layer's source, the Inductor options and the toolchain (torch, triton, CUDA,
+C++ compiler, device / sm). All of that is the key. Two exceptions make values matter, and both are checked:
+- Inductor inlines some constants into the generated code on CPU (seen: conv biases of the Qwen decoder; they
+  never come back among the package's weights). The entry records a hash of the value of every tensor of the
+  program that the package does not bind; a lookup whose values differ is a miss (the entry is replaced).
+- the weights a reused package binds are taken from the program by name, so the entry is stored only when every
+  compiled constant is one of the program's tensors with the same value (never a folded or derived one).
+
+Layout: `<root>/<key>/{package.pt2, entry.json}`, written in a temporary folder and renamed into place, under a
+lock per key (`<root>/<key>.lock`, the `filelock` the bench's artifact cache uses), so concurrent builds share
+entries: one compiles, the other waits and reuses. An entry whose package does not hash to what it recorded is
+discarded and rebuilt. Reused packages are copied into the artifact and still pass the build's subprocess load
+check like fresh ones."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CACHE_ENV = "TTSAOT_CACHE_DIR"
+ENTRY_FORMAT = 1
+PACKAGE, ENTRY = "package.pt2", "entry.json"
+_BUILDER = Path(__file__).parent
+
+
+def default_cache_dir() -> Path:
+    """$TTSAOT_CACHE_DIR, else the user cache dir: $XDG_CACHE_HOME/ttsaot/packages (~/.cache/ttsaot/packages)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "ttsaot" / "packages"
+
+
+def kernel_sources_hash() -> str:
+    """The source text of the ttsaot kernel layer (builder/kernels/*.py): the custom ops, their Triton code and
+    their CPU lowerings all end up in the compiled packages."""
+    h = hashlib.sha256()
+    for src in sorted((_BUILDER / "kernels").glob("*.py")):
+        h.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    t = t.detach().to("cpu").contiguous()
+    return hashlib.sha256(str((t.dtype, tuple(t.shape))).encode() + t.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def _arg_text(a: Any) -> str:
+    if isinstance(a, torch.fx.Node):
+        return f"%{a.name}"
+    if isinstance(a, (list, tuple)):
+        inner = ", ".join(_arg_text(x) for x in a)
+        return f"[{inner}]" if isinstance(a, list) else f"({inner})"
+    if isinstance(a, dict):
+        return "{" + ", ".join(f"{k!r}: {_arg_text(v)}" for k, v in a.items()) + "}"
+    return repr(a)
+
+
+def _val_text(v: Any) -> str:
+    if isinstance(v, torch.Tensor):
+        return f"{v.dtype}{list(v.shape)}{list(v.stride())}{v.device.type}"
+    if isinstance(v, (list, tuple)):
+        return "(" + ",".join(_val_text(x) for x in v) + ")"
+    return repr(v) if isinstance(v, (int, float, bool, str, type(None))) else type(v).__name__
+
+
+def _graph_text(gm: torch.fx.GraphModule) -> str:
+    """Every node: op, target, arguments and the shape/dtype/stride it computes; submodule graphs (higher-order
+    ops) included. Not `print_readable`: its source-location comments would tie the key to the checkout path."""
+    lines = []
+    for node in gm.graph.nodes:
+        lines.append(f"{node.op} {node.name} {node.target} {_arg_text(node.args)} {_arg_text(node.kwargs)} "
+                     f"{_val_text(node.meta.get('val'))}")
+        if node.op == "get_attr":
+            sub = getattr(gm, str(node.target), None)
+            if isinstance(sub, torch.fx.GraphModule):
+                lines.append(f"<{node.target}>\n{_graph_text(sub)}\n</{node.target}>")
+    return "\n".join(lines)
+
+
+def program_sources(ep: torch.export.ExportedProgram) -> dict[str, torch.Tensor]:
+    """The tensors an exported program carries (parameters, buffers, lifted constants) by fully qualified name:
+    the names AOTI gives the constants of a package compiled from `ep.module()`."""
+    out = {k: v for k, v in ep.constants.items() if isinstance(v, torch.Tensor)}
+    out.update(ep.state_dict)
+    return out
+
+
+def program_fingerprint(ep: torch.export.ExportedProgram) -> str:
+    """Everything of the exported program that shapes a weightless package: the graph, the signature and the
+    layout (not the values) of every tensor it carries."""
+    h = hashlib.sha256(_graph_text(ep.graph_module).encode())
+    h.update(str(ep.graph_signature).encode())
+    for name, t in sorted(program_sources(ep).items()):
+        h.update(f"{name} {t.dtype} {list(t.shape)} {list(t.stride())}\n".encode())
+    return h.hexdigest()
+
+
+def _inductor_env() -> dict[str, str]:
+    """Environment variables that change what Inductor or Triton generate (the cache location does not)."""
+    skip = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
+    return {k: v for k, v in sorted(os.environ.items())
+            if k.startswith(("TORCHINDUCTOR_", "TRITON_", "TORCH_COMPILE_")) and k not in skip}
+
+
+def cache_key(ep: torch.export.ExportedProgram, context: dict[str, Any]) -> str:
+    """`context`: what the build adds (stage, bucket sizes, dtype, kernel choice, example-input signature, Inductor
+    options incl. the package's metadata, build environment). The kernel layer's and export.py's source, and the
+    precision flags Inductor reads at compile time, are added here."""
+    info = {
+        "entry_format": ENTRY_FORMAT,
+        "program": program_fingerprint(ep),
+        "context": context,
+        "kernel_sources": kernel_sources_hash(),
+        "export_source": hashlib.sha256((_BUILDER / "export.py").read_bytes()).hexdigest(),
+        "precision": [torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
+                      torch.backends.cudnn.allow_tf32],
+        "env": _inductor_env(),
+    }
+    return hashlib.sha256(json.dumps(info, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclass
+class Lookup:
+    """What a lookup found: `weights` (constant name → tensor, in the package's order) when the package was reused
+    and copied to the destination; `why` when it was not (absent, stale values, corrupted...)."""
+
+    weights: dict[str, torch.Tensor] | None
+    why: str = ""
+
+
+@dataclass
+class PackageCache:
+    root: Path
+    notes: list[str] = field(default_factory=list)   # what happened to entries (corrupted, not cacheable)
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+
+    def lock(self, key: str):
+        """Exclusive per key across processes: a concurrent build of the same package waits, then reuses it."""
+        from filelock import FileLock
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.root / f"{key}.lock"))
+
+    def _discard(self, entry: Path, why: str) -> None:
+        self.notes.append(f"package cache: discarded {entry.name[:12]} ({why})")
+        shutil.rmtree(entry, ignore_errors=True)
+
+    def fetch(self, key: str, sources: dict[str, torch.Tensor], dest: Path) -> Lookup:
+        """Copy the cached package of `key` to `dest` and return the weights it binds, taken from `sources`.
+        Call under `lock(key)`. A corrupted entry is discarded."""
+        entry = self.root / key
+        if not (entry / ENTRY).is_file():
+            return Lookup(None, "absent")
+        try:
+            meta = json.loads((entry / ENTRY).read_text())
+            ok = meta["format"] == ENTRY_FORMAT and meta["key"] == key
+            constants, unbound = meta["constants"], meta["unbound"]
+        except (OSError, ValueError, KeyError, TypeError):
+            ok = False
+        if not ok:
+            self._discard(entry, "unreadable entry.json")
+            return Lookup(None, "corrupted")
+        for name, digest in unbound.items():
+            if name not in sources or tensor_digest(sources[name]) != digest:
+                return Lookup(None, f"the value of {name!r}, inlined into the package's code, changed")
+        weights: dict[str, torch.Tensor] = {}
+        for name, dtype, shape in constants:
+            t = sources.get(name)
+            if t is None or str(t.dtype) != dtype or list(t.shape) != shape:
+                self._discard(entry, f"constant {name!r} does not fit the program")
+                return Lookup(None, "corrupted")
+            weights[name] = t.detach().to("cpu")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copyfile(entry / PACKAGE, dest)
+            digest = _sha256_file(dest)
+        except OSError as e:
+            digest = f"unreadable ({e})"
+        if digest != meta.get("sha256"):
+            dest.unlink(missing_ok=True)
+            self._discard(entry, "package.pt2 does not match its recorded sha256")
+            return Lookup(None, "corrupted")
+        return Lookup(weights)
+
+    def store(self, key: str, package: Path, weights: dict[str, torch.Tensor],
+              sources: dict[str, torch.Tensor]) -> bool:
+        """Record a freshly compiled package; False (nothing stored) when a constant is not one of the program's
+        tensors unchanged, since a reuse could not rebuild its value. Call under `lock(key)`."""
+        for name, t in weights.items():
+            s = sources.get(name)
+            if s is None or s.dtype != t.dtype or s.shape != t.shape or not torch.equal(s.detach().to("cpu"), t):
+                self.notes.append(f"package cache: {package.name} not cached (constant {name!r} is derived by the "
+                                  "compile, not one of the program's tensors)")
+                return False
+        meta = {
+            "format": ENTRY_FORMAT, "key": key, "sha256": _sha256_file(package), "bytes": package.stat().st_size,
+            "constants": [[n, str(t.dtype), list(t.shape)] for n, t in weights.items()],
+            "unbound": {n: tensor_digest(t) for n, t in sorted(sources.items()) if n not in weights},
+        }
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:12]}-", dir=self.root))
+        try:
+            shutil.copyfile(package, tmp / PACKAGE)
+            (tmp / ENTRY).write_text(json.dumps(meta, indent=1))
+            final = self.root / key
+            if final.exists():            # a stale entry (inlined values changed): the new one replaces it
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return True
+
+
+def cached_compile(cache: PackageCache | None, key: str | None, sources: dict[str, torch.Tensor], dest: Path,
+                   compile_fn: Callable[[], Any]) -> tuple[dict[str, torch.Tensor], bool]:
+    """The weights of the package now at `dest` and whether it came from the cache: reuse the entry of `key`, or
+    run `compile_fn` (which writes `dest` and returns a CompiledBucket) and store what it made."""
+    if cache is None or key is None:
+        return compile_fn().weights, False
+    with cache.lock(key):
+        found = cache.fetch(key, sources, dest)
+        if found.weights is not None:
+            return found.weights, True
+        weights = compile_fn().weights
+        cache.store(key, dest, weights, sources)
+        return weights, False
+
+
+__all__ = ["CACHE_ENV", "PackageCache", "cache_key", "cached_compile", "default_cache_dir", "kernel_sources_hash",
+           "program_fingerprint", "program_sources"]
