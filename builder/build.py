@@ -48,6 +48,7 @@ from ..runtime.metrics import rel_error
 from .buckets import BucketPlan
 from .export import CompileError, compile_bucket, compiler_info, export_bucket, inductor_options
 from .package_cache import PackageCache, cache_key, cached_compile, kernel_sources_hash, program_sources
+from .parallel_compile import CompileTask, compile_in_workers
 from .passes import cast_to_compute_dtype, count_parameters
 from .stage_spec import StageSpec, resolve_kernels
 
@@ -232,8 +233,9 @@ def parse_formats(value: str | tuple[str, ...] | list[str] | None) -> tuple[str,
 
 def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, reporter: Reporter,
                 extra_inductor_options: dict | None = None, formats: tuple[str, ...] = ("aoti",),
-                cache: PackageCache | None = None) -> StageEntry:
-    """Build one stage into `tmp`; returns its manifest entry. `cache`: reuse packages compiled before."""
+                cache: PackageCache | None = None, jobs: int = 1) -> StageEntry:
+    """Build one stage into `tmp`; returns its manifest entry. `cache`: reuse packages compiled before; `jobs`:
+    compile the buckets on that many worker processes."""
     if spec.fp32_only and spec.dtype != torch.float32:
         raise BuildError(f"{spec.name}: this stage is fp32 only (numerics policy), refusing {spec.dtype}")
     inputs_spec = _io_specs(spec.inputs, f"{spec.name}.inputs")
@@ -292,7 +294,7 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
                       f"{res.seconds:.1f}s" + "".join(f"; {n}" for n in res.notes))
     if "aoti" in formats:
         entry = replace(entry, **_compile_buckets(spec, module, tmp, device, seed, reporter, extra_inductor_options,
-                                                  cache))
+                                                  cache, jobs))
     grel = f"golden/{spec.name}.safetensors"
     _save_safetensors(golden, tmp / grel)
     return replace(entry, golden=FileEntry.of(tmp, grel))
@@ -300,52 +302,101 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
 
 def _compile_buckets(spec: StageSpec, module: torch.nn.Module, tmp: Path, device: torch.device, seed: int,
                      reporter: Reporter, extra_inductor_options: dict | None,
-                     cache: PackageCache | None = None) -> dict[str, Any]:
-    """One AOTI package per bucket (reused from `cache` where it holds the same package) and the stage's weights
-    file (the constants every package binds, identical across buckets): the `weights`, `constants` and `buckets`
-    fields of the stage entry."""
+                     cache: PackageCache | None = None, jobs: int = 1) -> dict[str, Any]:
+    """One AOTI package per bucket (reused from `cache` where it holds the same package; compiled on up to `jobs`
+    worker processes) and the stage's weights file (the constants every package binds, identical across
+    buckets): the `weights`, `constants` and `buckets` fields of the stage entry."""
     buckets = spec.plan.buckets()
     reporter.stage_start(spec.name, len(buckets))
     toolchain = build_env(device) if cache is not None else None
-    weights: dict[str, torch.Tensor] | None = None
-    bucket_entries = []
-    reused = 0
+    parallel = jobs > 1 and len(buckets) > 1
+    work: list[_Bucket] = []
     for sizes in buckets:
         key = BucketPlan.key(sizes)
-        rel = f"{spec.name}/{key}.pt2"
+        t0 = time.time()
         g = torch.Generator().manual_seed(seed)
         ex = spec.make_inputs(sizes, g)
         args = tuple(ex[n].to(device) for n in spec.input_names)
-        t0 = time.time()
         model_name = f"{spec.name}_{key}"
         # the package's own record of what it was compiled for: the runtime cross-checks it, so an edited
         # manifest cannot feed it other shapes
         metadata = {"ttsaot_stage": spec.name, "ttsaot_bucket": key, "ttsaot_family": spec.family,
                     "ttsaot_inputs": input_signature(args)}
         try:
-            ep = export_bucket(module, args, device) if cache is not None else None
-            cache_id = None if ep is None else cache_key(ep, {
-                "family": spec.family, "stage": spec.name, "bucket": key, "sizes": dict(sizes),
-                "dtype": dtype_name(spec.dtype), "kernels": resolve_kernels(spec.kernels, device),
-                "inputs": input_signature(args), "toolchain": toolchain,
-                "inductor_options": inductor_options(model_name, metadata, device, extra_inductor_options)})
-            bw, from_cache = cached_compile(
-                cache, cache_id, program_sources(ep) if ep is not None else {}, tmp / rel,
-                partial(compile_bucket, module, args, device, tmp / rel, model_name=model_name, metadata=metadata,
-                        extra_options=extra_inductor_options, exported=ep))
+            ep = export_bucket(module, args, device) if cache is not None or parallel else None
         except CompileError as e:
             raise BuildError(f"{spec.name}/{key}: {e}") from e
-        reused += from_cache
+        cache_id = None if cache is None else cache_key(ep, {
+            "family": spec.family, "stage": spec.name, "bucket": key, "sizes": dict(sizes),
+            "dtype": dtype_name(spec.dtype), "kernels": resolve_kernels(spec.kernels, device),
+            "inputs": input_signature(args), "toolchain": toolchain,
+            "inductor_options": inductor_options(model_name, metadata, device, extra_inductor_options)})
+        work.append(_Bucket(key, dict(sizes), f"{spec.name}/{key}.pt2", args, model_name, metadata, ep, cache_id,
+                            program_sources(ep) if cache is not None else {}, t0))
+
+    results: dict[str, dict[str, torch.Tensor]] = {}
+    reused = 0
+
+    def finished(b: _Bucket, bucket_weights: dict[str, torch.Tensor]) -> None:
+        results[b.key] = bucket_weights
+        reporter.bucket_done(spec.name, b.key, time.time() - b.t0)
+
+    def compile_here(b: _Bucket):
+        return compile_bucket(module, b.args, device, tmp / b.rel, model_name=b.model_name, metadata=b.metadata,
+                              extra_options=extra_inductor_options, exported=b.ep)
+
+    if not parallel:
+        for b in work:
+            try:
+                bw, from_cache = cached_compile(cache, b.cache_id, b.sources, tmp / b.rel, partial(compile_here, b))
+            except CompileError as e:
+                raise BuildError(f"{spec.name}/{b.key}: {e}") from e
+            reused += from_cache
+            finished(b, bw)
+    else:
+        misses = []
+        for b in work:
+            if cache is not None:
+                with cache.lock(b.cache_id):
+                    found = cache.fetch(b.cache_id, b.sources, tmp / b.rel)
+                if found.weights is not None:
+                    reused += 1
+                    finished(b, found.weights)
+                    continue
+            misses.append(b)
+        with tempfile.TemporaryDirectory(prefix="ttsaot-programs-") as programs:
+            tasks = {}
+            for b in misses:
+                path = Path(programs) / f"{b.key}.pt2"
+                torch.export.save(b.ep, str(path))
+                tasks[b.key] = CompileTask(f"{spec.name}/{b.key}", path, b.args, device, tmp / b.rel, b.model_name,
+                                           b.metadata, extra_inductor_options)
+            by_label = {f"{spec.name}/{b.key}": b for b in misses}
+
+            def compiled(task: CompileTask, bucket_weights: dict[str, torch.Tensor]) -> None:
+                b = by_label[task.label]
+                if cache is not None:
+                    with cache.lock(b.cache_id):
+                        cache.store(b.cache_id, tmp / b.rel, bucket_weights, b.sources)
+                finished(b, bucket_weights)
+
+            try:
+                compile_in_workers(list(tasks.values()), jobs, compiled)
+            except CompileError as e:
+                raise BuildError(str(e)) from e
+
+    weights: dict[str, torch.Tensor] | None = None
+    bucket_entries = []
+    for b in work:                      # bucket order, whatever order the compiles finished in
+        bw = results[b.key]
         if weights is None:
             weights = bw
-        else:
-            if list(bw) != list(weights) or any(not torch.equal(bw[k], weights[k]) for k in weights):
-                diff = sorted(set(bw) ^ set(weights))[:3] or "values"
-                raise BuildError(f"{spec.name}/{key}: compiled constants differ from the first bucket's ({diff}); "
-                                 "weights could not be shared")
-        f = FileEntry.of(tmp, rel)
-        bucket_entries.append(BucketEntry(key=key, sizes=dict(sizes), file=f.file, sha256=f.sha256, bytes=f.bytes))
-        reporter.bucket_done(spec.name, key, time.time() - t0)
+        elif list(bw) != list(weights) or any(not torch.equal(bw[k], weights[k]) for k in weights):
+            diff = sorted(set(bw) ^ set(weights))[:3] or "values"
+            raise BuildError(f"{spec.name}/{b.key}: compiled constants differ from the first bucket's ({diff}); "
+                             "weights could not be shared")
+        f = FileEntry.of(tmp, b.rel)
+        bucket_entries.append(BucketEntry(key=b.key, sizes=b.sizes, file=f.file, sha256=f.sha256, bytes=f.bytes))
     if cache is not None:
         for msg in cache.notes:
             reporter.note(msg)
@@ -359,6 +410,22 @@ def _compile_buckets(spec: StageSpec, module: torch.nn.Module, tmp: Path, device
                  for k, t in weights.items()}
     return {"weights": FileEntry.of(tmp, wrel, chunk_bytes=CHUNK_BYTES), "constants": constants,
             "buckets": bucket_entries}
+
+
+@dataclass
+class _Bucket:
+    """One bucket's compile job: what the package is compiled from and where it goes."""
+
+    key: str
+    sizes: dict[str, int]
+    rel: str
+    args: tuple
+    model_name: str
+    metadata: dict[str, str]
+    ep: torch.export.ExportedProgram | None
+    cache_id: str | None
+    sources: dict[str, torch.Tensor]
+    t0: float
 
 
 def subprocess_verify(path: Path, device: torch.device, timeout: float = VERIFY_TIMEOUT_S,
@@ -429,10 +496,14 @@ def build_family(family: str, specs: list[StageSpec], out_root: str | Path, devi
                  seed: int = 0, preset: str | None = None, reporter: Reporter | None = None,
                  verify_in_subprocess: bool = True, extra_inductor_options: dict | None = None,
                  keep_existing_stages: bool = True, formats: str | tuple[str, ...] = ("aoti",),
-                 cache_dir: str | Path | None = None) -> BuildResult:
+                 cache_dir: str | Path | None = None, jobs: int = 1) -> BuildResult:
     """Build `specs` into <out_root>/<family>/ atomically (temp dir + rename, under a lock). `formats`: "aoti"
     (packages per bucket), "onnx" (one ONNX model per stage, builder/onnx_export.py), or both. `cache_dir`: the
-    package cache to reuse packages from and add to (builder/package_cache.py); None compiles every package."""
+    package cache to reuse packages from and add to (builder/package_cache.py); None compiles every package.
+    `jobs`: AOTI compiles of a stage's buckets run on up to that many worker processes (builder/parallel_compile.py);
+    the artifact is the same as with 1."""
+    if jobs < 1:
+        raise BuildError(f"jobs must be at least 1, got {jobs}")
     reporter = reporter or Reporter()
     formats = parse_formats(formats)
     _use_private_inductor_cache()
@@ -453,7 +524,7 @@ def build_family(family: str, specs: list[StageSpec], out_root: str | Path, devi
             stages: dict[str, StageEntry] = {}
             for spec in specs:
                 stages[spec.name] = build_stage(spec, tmp, dev, seed, reporter, extra_inductor_options,
-                                                formats=formats, cache=cache)
+                                                formats=formats, cache=cache, jobs=jobs)
             kept = _carry_over_stages(final, tmp, env, dev, set(stages), reporter) if keep_existing_stages else {}
             if dev.type == "cpu":
                 env["cpu_isa"] = _package_cpu_isa(tmp, stages)

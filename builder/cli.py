@@ -251,10 +251,12 @@ def main(ctx: click.Context, debug: bool) -> None:
               help="Package cache: a rebuild reuses every package whose program, bucket, kernels and toolchain did "
                    "not change.")
 @click.option("--no-cache", is_flag=True, help="Compile every package (the cache is neither read nor written).")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, show_default="min(cores, memory / 4 GiB)",
+              help="AOTI compiles of a stage's buckets in this many worker processes.")
 @_debug_option
 @click.pass_context
 def build(ctx, family, checkpoint, random_weights, preset, stages, device, dtype, max_batch, batch_buckets, seed,
-          out_dir, cxx, max_autotune, tf32, kernels, no_verify, formats, cache_dir, no_cache, debug_here,
+          out_dir, cxx, max_autotune, tf32, kernels, no_verify, formats, cache_dir, no_cache, jobs, debug_here,
           **family_flags):
     """Build FAMILY's stages into OUT/FAMILY (atomically: the old artifact stays until the new one is verified).
 
@@ -278,6 +280,7 @@ def build(ctx, family, checkpoint, random_weights, preset, stages, device, dtype
     try:
         from .build import build_family, stage_summary
         from .package_cache import default_cache_dir
+        from .parallel_compile import default_jobs
         from .stage_spec import with_tf32
 
         if dtype:
@@ -305,7 +308,8 @@ def build(ctx, family, checkpoint, random_weights, preset, stages, device, dtype
                                   preset=None if checkpoint else opts.preset,
                                   reporter=_RichReporter(progress), verify_in_subprocess=not no_verify,
                                   extra_inductor_options=extra, formats=formats,
-                                  cache_dir=None if no_cache else (cache_dir or default_cache_dir()))
+                                  cache_dir=None if no_cache else (cache_dir or default_cache_dir()),
+                                  jobs=jobs or default_jobs())
         table = Table(title=f"{family} → {result.path} ({result.seconds:.0f}s)")
         cols = ("stage", "buckets", "dtype", "weights_mib", "package_mib") + (("onnx_mib",) if "onnx" in formats
                                                                               else ())

@@ -1,0 +1,80 @@
+"""AOTI compiles of a stage's buckets in worker processes (`build --jobs N`).
+
+The parent exports every bucket (deterministic, and the package cache keys on the program) and hands each worker
+the saved ExportedProgram: a worker only runs AOTInductor on it, writes the package where the serial build would,
+and returns the constants the package binds. Workers are spawned, never forked: the parent has run eager forwards
+on OpenMP / CUDA, which a forked child cannot use safely."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+import torch
+
+from .export import CompileError, compile_bucket
+
+GIB = 2**30
+MEMORY_PER_JOB = 4 * GIB   # an AOTI compile of a full-size stage peaks at a few GiB (Inductor + the C++ compiler)
+
+
+def default_jobs() -> int:
+    """As many compiles as the host's cores and memory allow: min(usable cores, physical memory / 4 GiB)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return max(1, cores)
+    return max(1, min(cores, memory // MEMORY_PER_JOB))
+
+
+@dataclass
+class CompileTask:
+    label: str                          # "<stage>/<bucket>", named by any failure
+    program: Path                       # torch.export.save of the bucket's ExportedProgram
+    args: tuple
+    device: torch.device
+    package_path: Path
+    model_name: str
+    metadata: dict[str, str]
+    extra_options: dict | None
+
+
+def _compile_saved(task: CompileTask) -> dict[str, torch.Tensor]:
+    ep = torch.export.load(str(task.program))
+    cb = compile_bucket(None, task.args, task.device, task.package_path, model_name=task.model_name,
+                        metadata=task.metadata, extra_options=task.extra_options, exported=ep)
+    return cb.weights
+
+
+def compile_in_workers(tasks: list[CompileTask], jobs: int,
+                       on_done: Callable[[CompileTask, dict[str, torch.Tensor]], None]) -> None:
+    """Compile `tasks` on `jobs` spawned processes; `on_done(task, weights)` runs in this process as each one
+    finishes. The first failure cancels what has not started, waits for the running ones (so nothing writes
+    after the caller cleans up) and raises CompileError naming the task."""
+    if not tasks:
+        return
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=get_context("spawn"))
+    try:
+        futures: dict[Future, CompileTask] = {pool.submit(_compile_saved, t): t for t in tasks}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                task = futures[fut]
+                try:
+                    weights = fut.result()
+                except CompileError as e:
+                    raise CompileError(f"{task.label}: {e}") from e
+                except Exception as e:  # noqa: BLE001 - a worker killed (memory, signal) or an unexpected error
+                    raise CompileError(f"{task.label}: compile worker failed: {type(e).__name__}: {e}") from e
+                on_done(task, weights)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+__all__ = ["CompileTask", "compile_in_workers", "default_jobs"]

@@ -1,0 +1,60 @@
+"""`build --jobs N`: bucket packages compiled in spawned worker processes make the same artifact as a serial
+build (package signatures, weights, golden), and a failing worker names its stage/bucket."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from ttsaot.builder.buckets import BucketPlan
+from ttsaot.builder.build import build_family
+from ttsaot.builder.export import CompileError
+from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
+from ttsaot.builder.parallel_compile import CompileTask, compile_in_workers, default_jobs
+
+from .test_build_atomic import _specs
+
+
+def _two_buckets():
+    return [replace(_specs()[0], plan=BucketPlan({"batch": (1,), "frames": (8, 16)}))]
+
+
+def _package_metadata(path: Path) -> dict:
+    from torch._C._aoti import AOTIModelPackageLoader
+
+    return dict(AOTIModelPackageLoader.load_metadata_from_package(str(path), "model"))
+
+
+def test_jobs_2_builds_the_same_artifact_as_jobs_1(tmp_path):
+    serial = build_family(QWEN.name, _two_buckets(), tmp_path / "serial", "cpu", jobs=1).path
+    parallel = build_family(QWEN.name, _two_buckets(), tmp_path / "parallel", "cpu", jobs=2).path
+    for rel in ("code2wav.safetensors", "golden/code2wav.safetensors"):
+        assert (serial / rel).read_bytes() == (parallel / rel).read_bytes(), rel
+    m1, m2 = (json.loads((p / "manifest.json").read_text())["stages"]["code2wav"] for p in (serial, parallel))
+    assert [b["key"] for b in m2["buckets"]] == ["b1_f8", "b1_f16"]
+    drop = ("sha256", "bytes", "created")
+    assert {k: v for k, v in m1.items() if k != "buckets"} == {k: v for k, v in m2.items() if k != "buckets"}
+    assert [{k: v for k, v in b.items() if k not in drop} for b in m1["buckets"]] == \
+        [{k: v for k, v in b.items() if k not in drop} for b in m2["buckets"]]
+    for b in m1["buckets"]:
+        meta1, meta2 = _package_metadata(serial / b["file"]), _package_metadata(parallel / b["file"])
+        keys = [k for k in meta1 if k.startswith("ttsaot_")]
+        assert keys and {k: meta1[k] for k in keys} == {k: meta2[k] for k in keys}
+    assert not [p for p in (tmp_path / "parallel").iterdir() if p.name.startswith(".")]
+
+
+def test_a_failing_worker_names_its_bucket(tmp_path):
+    task = CompileTask("code2wav/b1_f8", tmp_path / "missing.pt2", (torch.zeros(1),), torch.device("cpu"),
+                       tmp_path / "out.pt2", "m", {}, None)
+    done = []
+    with pytest.raises(CompileError, match="code2wav/b1_f8: compile worker failed: FileNotFoundError"):
+        compile_in_workers([task], 2, lambda t, w: done.append(t.label))
+    assert done == [] and not (tmp_path / "out.pt2").exists()
+
+
+def test_default_jobs_is_bounded_by_cores_and_memory():
+    import os
+
+    assert 1 <= default_jobs() <= len(os.sched_getaffinity(0))
