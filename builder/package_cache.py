@@ -186,7 +186,9 @@ class PackageCache:
             return Lookup(None, "corrupted")
         for name, digest in unbound.items():
             if name not in sources or tensor_digest(sources[name]) != digest:
-                return Lookup(None, f"the value of {name!r}, inlined into the package's code, changed")
+                why = f"the value of {name!r}, inlined into the package's code, changed"
+                self.notes.append(f"package cache: recompiling {entry.name[:12]} ({why})")
+                return Lookup(None, why)
         weights: dict[str, torch.Tensor] = {}
         for name, dtype, shape in constants:
             t = sources.get(name)

@@ -58,6 +58,8 @@ def pytest_configure(config):
     if not os.environ.get("PYTEST_XDIST_WORKER") and "TTSAOT_TEST_RUN" not in os.environ:
         os.environ["TTSAOT_TEST_RUN"] = uuid.uuid4().hex[:12]
         config._ttsaot_owns_run = True
+    # CLI builds use the package cache by default: keep the tests' entries out of the user's cache, one per run
+    os.environ.setdefault("TTSAOT_CACHE_DIR", str(CACHE / os.environ["TTSAOT_TEST_RUN"] / "package-cache"))
 
 
 def pytest_unconfigure(config):

@@ -159,3 +159,17 @@ def test_corrupted_entry_is_rebuilt_by_one_of_two_concurrent_builds(cached, tmp_
     assert package_cache._sha256_file(entry / PACKAGE) == meta["sha256"]
     assert (tmp_path / "o0/qwen3-tts-12hz/code2wav/b1_f8.pt2").read_bytes() == \
         (tmp_path / "o1/qwen3-tts-12hz/code2wav/b1_f8.pt2").read_bytes()
+
+
+def test_added_bucket_compiles_one_package_in_a_worker(cached, tmp_path):
+    """--jobs 2 with the cache: the known bucket is reused, the new one compiled in a worker and stored."""
+    cache, first = cached
+    specs = [replace(_specs()[0], plan=BucketPlan({"batch": (1,), "frames": (8, 16)}))]
+    rep = Notes()
+    res = build_family(QWEN.name, specs, tmp_path, "cpu", cache_dir=cache, reporter=rep, jobs=2)
+    assert "code2wav: 1 of 2 packages reused from the package cache" in rep.notes, rep.notes
+    assert (res.path / "code2wav/b1_f8.pt2").read_bytes() == (first / "code2wav/b1_f8.pt2").read_bytes()
+    assert len(_entries(cache)) == 2
+    rep = Notes()
+    build_family(QWEN.name, specs, tmp_path / "again", "cpu", cache_dir=cache, reporter=rep, jobs=2)
+    assert "code2wav: 2 of 2 packages reused from the package cache" in rep.notes, rep.notes
