@@ -25,7 +25,10 @@ HOW_TO_READ = """\
   pattern); `compile_ro` = `torch.compile(mode="reduce-overhead")`; `ttsaot_nograph` / `ttsaot_graph` = the
   built artifact loaded with `cuda_graphs=False` / the default (AOTInductor package + CUDA-graph replay per
   bucket), through the public `Stage.__call__` including input validation (`ms_without_input_validation` in
-  the JSON drops the range check); `upstream_*` = the upstream implementation with the same weights.
+  the JSON drops the range check), built with `--kernels auto` (the ttsaot Triton kernel layer on CUDA);
+  `ttsaot_inductor` = `ttsaot_graph` of the same stage built with `--kernels inductor` (Inductor's own code
+  for the hot paths), from the same checkout and run; the header names the kernels each manifest records;
+  `upstream_*` = the upstream implementation with the same weights.
   Codebook predictors only: `loop_eager_host` = eager forward per codebook step (KV cache) + eager sampling
   + a host read of the codes per step (the reference loop); `loop_compile_graph` = torch.compile'd step
   forward, one CUDA graph per step index, eager sampling between replays (vLLM-Omni); same noise and sampler.
@@ -121,7 +124,9 @@ def _stage_section(res: dict, plots: dict[str, str]) -> str:
     ok = [v for v in variants if res["variants"][v].get("buckets")]  # partial runs keep their measured cells
     floors = res.get("floor", {})
     # latency
-    header = ["bucket", "floor ms (bound)"] + [f"`{v}`" for v in ok]
+    header = ["bucket", "floor ms (bound)"] + [
+        f"`{v}`" + (f" [{res['variants'][v]['kernels']}]" if res["variants"][v].get("kernels") else "") for v in ok
+    ]
     rows = []
     for b in res.get("buckets", []):
         k = b["key"]
