@@ -49,6 +49,8 @@ def add_parser(sub) -> None:
     p.add_argument("--calls", type=int, default=None, help="profiled calls per bucket (default 20; CPU 3)")
     p.add_argument("--reps", type=int, default=None, help="timed calls per bucket (default 50; CPU 5)")
     p.add_argument("--top", type=int, default=15, help="kernels listed per bucket")
+    p.add_argument("--no-graphs", dest="graphs", action="store_false",
+                   help="CUDA: load with cuda_graphs=False (the kernels launched one by one, as without graphs)")
     p.add_argument("--cache-dir", default=str(REPO / "bench" / ".cache"))
     p.add_argument("--out", default=None, help="folder (default bench/results/<device>/profiles)")
 
@@ -63,7 +65,7 @@ def main(a) -> int:
     try:
         res = profile_stage(family, stage, device=device, preset=a.preset, dtype=dtype, axes=parse_axes(a.axis),
                             kernels=a.kernels, seed=a.seed, calls=a.calls, reps=a.reps, top=a.top,
-                            cache=Path(a.cache_dir))
+                            cache=Path(a.cache_dir), graphs=a.graphs)
     except (KeyError, ValueError) as e:   # unknown family/stage/axis, bad options: a usage error
         print(f"bench profile: {short_error(e)}", file=sys.stderr)
         return 2
@@ -77,7 +79,7 @@ def main(a) -> int:
 def profile_stage(family: str, stage: str, *, device: torch.device, preset: str | None = None,
                   dtype: str | None = None, axes: dict[str, tuple[int, ...]] | None = None, kernels: str = "auto",
                   seed: int = 0, calls: int | None = None, reps: int | None = None, top: int = 15,
-                  cache: Path = REPO / "bench" / ".cache") -> dict[str, Any]:
+                  cache: Path = REPO / "bench" / ".cache", graphs: bool = True) -> dict[str, Any]:
     """Build or reuse the stage's artifact, then profile every bucket of the bench plan (see the module doc)."""
     from ttsaot.builder.stage_spec import resolve_kernels
 
@@ -104,7 +106,7 @@ def profile_stage(family: str, stage: str, *, device: torch.device, preset: str 
         "schema": RESULTS_SCHEMA, "kind": "profile", "asked_dtype": asked_dtype,
         "started": now_iso(), "git_commit": git_commit(),
         "device": device_info(device), "stage": desc, "kernels": resolve_kernels(kernels, device),
-        "settings": {"calls": calls, "reps": reps, "graphs": cuda, "top": top},
+        "settings": {"calls": calls, "reps": reps, "graphs": cuda and graphs, "top": top},
     }
     t0 = time.time()
     artifact, info = build_or_reuse(spec, desc, device, cache, verify=False)
@@ -113,7 +115,7 @@ def profile_stage(family: str, stage: str, *, device: torch.device, preset: str 
 
     ctx = VariantContext(family=family, stage=stage, spec=spec, device=device, original=None, rewritten=None,
                          artifact=artifact, artifact_error=None)
-    variant = TtsaotVariant(ctx, graphs=cuda)
+    variant = TtsaotVariant(ctx, graphs=cuda and graphs)
     variant.setup()
     entry = variant.stage.entry
     res["manifest_kernels"] = entry.kernels
@@ -172,7 +174,7 @@ def profile_bucket(fn, xs: list[torch.Tensor], device: torch.device, calls: int,
     if layers and layers.get("passes"):
         b["kernels_per_layer"] = round(b["kernels_per_call"] / layers["passes"], 2)
     if not kernels and cuda:
-        b["note"] = "the profiler recorded no kernels in the graph replay (CUPTI did not trace the graph)"
+        b["note"] = "the profiler recorded no kernels (on a graph replay: CUPTI did not trace it; try --no-graphs)"
     for r in rows:
         r["share"] = round(r["us_per_call"] / kernel_us, 4) if kernel_us else None
     b["top"] = rows[:top]
@@ -218,7 +220,8 @@ def _numel(shape) -> int:
 def write_profile(res: dict[str, Any], out: Path) -> Path:
     st = res["stage"]
     name = f"{st['family']}__{st['stage']}" + (f"__{res['asked_dtype']}" if res.get("asked_dtype") else "")
-    path = out / f"{name}__{res['kernels']}.json"
+    graphs = "" if res["settings"]["graphs"] or res["device"]["type"] != "cuda" else "__nograph"
+    path = out / f"{name}__{res['kernels']}{graphs}.json"
     write_json(path, res)
     path.with_suffix(".txt").write_text(render(res) + "\n")
     return path
