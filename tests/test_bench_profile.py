@@ -29,11 +29,20 @@ def test_local_encoder_profile_on_cpu(tmp_path):
     times = [r["us_per_call"] for r in b["top"]]
     assert times == sorted(times, reverse=True) and all(r["name"] != "bench::profiled_call" for r in b["top"])
     assert sum(r["share"] for r in b["top"]) <= 1.0 + 1e-6
-    path = write_profile(res, tmp_path / "out")
+    path = write_profile(res, tmp_path / "results" / res["device"]["slug"] / "profiles")
     assert path.name == "voxcpm2__local_encoder__inductor.json"
     assert json.loads(path.read_text())["buckets"][key]["kernels_per_call"] == b["kernels_per_call"]
     text = path.with_suffix(".txt").read_text()
     assert f"[{key}]" in text and "kernels/call" in text and text.strip() == render(res)
+    # `bench report` lists it (CPU results only when asked)
+    from bench.report import write_report
+
+    md = tmp_path / "B.md"
+    write_report(tmp_path / "results", md, tmp_path / "plots", include_cpu=False)
+    assert "voxcpm2/local_encoder" not in md.read_text()
+    write_report(tmp_path / "results", md, tmp_path / "plots", include_cpu=True)
+    row = next(ln for ln in md.read_text().splitlines() if ln.startswith("| voxcpm2/local_encoder | inductor"))
+    assert f"`{key}`" in row and f"| {b['kernels_per_call']:g} |" in row
 
 
 def test_kernel_rows_count_per_call_and_drop_the_marker():
