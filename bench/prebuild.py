@@ -17,7 +17,8 @@ from .common import REPO, short_error
 
 
 def _build_one(family: str, stage: str, preset: str, seed: int, dtype: str | None, device: str,
-               cache_dir: str, kernels: str = "auto", axes: dict[str, tuple[int, ...]] | None = None) -> dict:
+               cache_dir: str, kernels: str = "auto", axes: dict[str, tuple[int, ...]] | None = None,
+               verify: bool = True) -> dict:
     import torch
 
     from .specs import make_spec
@@ -29,7 +30,7 @@ def _build_one(family: str, stage: str, preset: str, seed: int, dtype: str | Non
         dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", 0)
-        path, info = build_or_reuse(spec, desc, dev, Path(cache_dir), verify=True)
+        path, info = build_or_reuse(spec, desc, dev, Path(cache_dir), verify=verify)
         return {"stage": f"{family}/{stage}", "dtype": dtype, "kernels": kernels, "ok": True, "path": str(path),
                 **info}
     except Exception as e:  # noqa: BLE001 - one failed build must not stop the others; bench run records it
@@ -48,6 +49,8 @@ def add_parser(sub) -> None:
     p.add_argument("--cache-dir", default=str(REPO / "bench" / ".cache"))
     p.add_argument("--axis", action="append", default=None, metavar="NAME=SIZES",
                    help="bucket sizes of an axis, as `run`/`profile --axis` (default: the bench's buckets)")
+    p.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="skip the builder's subprocess verification of each artifact (saves a load per build)")
     p.add_argument("--kernels", type=lambda v: [k.strip() for k in v.split(",") if k.strip()], default=["auto"],
                    help="kernel choices to build each target with, e.g. auto,inductor (what `run` measures as "
                         "ttsaot_graph and ttsaot_inductor)")
@@ -90,7 +93,7 @@ def main(a) -> int:
             raise SystemExit(128 + signum)
 
         signal.signal(signal.SIGTERM, stop)
-        futs = [pool.submit(_build_one, f, s, preset, a.seed, d, device, a.cache_dir, k, axes)
+        futs = [pool.submit(_build_one, f, s, preset, a.seed, d, device, a.cache_dir, k, axes, a.verify)
                 for f, s, d in targets for k in a.kernels]
         for fut in as_completed(futs):
             r = fut.result()
