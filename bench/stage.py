@@ -106,6 +106,18 @@ def _build_or_reuse_locked(spec, desc: dict, device: torch.device, root: Path, k
     }
 
 
+def same_program_as_auto(spec, kernels: str, device: torch.device) -> str | None:
+    """Why building the stage with `kernels` would only repeat the `auto` build, or None. On CUDA a stage without
+    kernel passes compiles the same program either way (only its manifest's `kernels` would differ): the second
+    build is skipped. (On CPU both resolve to inductor and share one cached artifact anyway.)"""
+    from ttsaot.builder.stage_spec import resolve_kernels
+
+    auto = resolve_kernels("auto", device)
+    if kernels == "auto" or resolve_kernels(kernels, device) == auto or spec.kernel_passes:
+        return None
+    return f"the stage has no kernel passes: kernels={kernels} builds the same program as kernels=auto ({auto})"
+
+
 # ------------------------------------------------------------------------------------------- memory
 def mem_snapshot(device: torch.device) -> dict[str, int] | None:
     if device.type != "cuda":
@@ -467,6 +479,11 @@ def run_stage(a) -> dict:
     built: dict[str, tuple[Path | None, str | None]] = {}
     for kernels in dict.fromkeys(VARIANT_KERNELS[v] for v in a.variants if v in TTSAOT):
         key = "build" if kernels == "auto" else f"build_{kernels}"
+        why = same_program_as_auto(spec, kernels, device)
+        if why:
+            built[kernels] = (None, why)
+            res[key] = {"kernels": kernels, "skipped": why}
+            continue
         try:
             k_spec, k_desc = (spec, desc) if kernels == "auto" else make_spec(
                 a.family, a.stage, a.preset, seed=a.seed, axes=axes, dtype=a.dtype, kernels=kernels)
