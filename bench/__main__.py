@@ -18,7 +18,7 @@ from ttsaot.runtime.dtypes import SHORT_DTYPE_NAMES
 
 from .common import REPO, git_commit, now_iso, short_error, write_json
 
-COMMANDS = ("run", "report", "snake", "kernels", "conv-kernels", "list", "build", "voxcpm-loop", "_stage",
+COMMANDS = ("run", "report", "snake", "kernels", "conv-kernels", "list", "build", "profile", "voxcpm-loop", "_stage",
             "_coldstart", "_snake")
 
 
@@ -533,9 +533,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from .conv_kernels import add_parser as add_conv_kernels
     from .prebuild import add_parser as add_build
+    from .profile import add_parser as add_profile
     from .voxcpm_loop import add_parser as add_voxcpm_loop
 
     add_build(sub)
+    add_profile(sub)
     add_conv_kernels(sub)
 
     add_voxcpm_loop(sub)
@@ -597,6 +599,10 @@ def main(argv: list[str] | None = None) -> int:
         from .prebuild import main as prebuild
 
         return prebuild(a)
+    if a.cmd == "profile":
+        from .profile import main as profile
+
+        return profile(a)
     if a.cmd == "conv-kernels":
         from .conv_kernels import main as conv_kernels
 

@@ -45,14 +45,17 @@ def git_commit() -> str:
         head = (gitdir / "HEAD").read_text().strip()
         if head.startswith("ref:"):
             ref = head.split(":", 1)[1].strip()
-            p = gitdir / ref
-            if p.is_file():
-                return p.read_text().strip()
-            packed = gitdir / "packed-refs"
-            if packed.is_file():
-                for line in packed.read_text().splitlines():
-                    if line.endswith(" " + ref):
-                        return line.split()[0]
+            # a worktree's branch refs live in the main repository's git dir (named by its `commondir`)
+            common = gitdir / "commondir"
+            roots = [gitdir] + ([(gitdir / common.read_text().strip()).resolve()] if common.is_file() else [])
+            for root in roots:
+                if (root / ref).is_file():
+                    return (root / ref).read_text().strip()
+                packed = root / "packed-refs"
+                if packed.is_file():
+                    for line in packed.read_text().splitlines():
+                        if line.endswith(" " + ref):
+                            return line.split()[0]
             return "unknown"
         return head
     except OSError:

@@ -44,12 +44,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ttsaot.runtime.dtypes import torch_dtype
+from ttsaot.runtime.graphs import StaticGraph
+
 from . import RESULTS_SCHEMA
 from .common import REPO, device_info, git_commit, now_iso, rel_err, short_error, write_json
 
 DEVICE = "cuda"          # a module constant so that the logic can be dry-run on CPU (tests patch it)
 SURVEY = REPO / "bench" / "results" / "nvidia-h100" / "probes" / "codec_conv_survey.json"
-PEAK_TFLOPS = {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "tf32x3": 494.7, "ieee": 66.9}   # H100 SXM, dense
+PEAK_TFLOPS = dict(bf16=989.4, fp16=989.4, tf32=494.7, tf32x3=494.7, ieee=66.9)   # H100 SXM, dense
 L2_BYTES = 50 * 2**20
 ROTATE_BYTES = 160 * 2**20
 ENCODER_SAMPLES = 442368           # 10 s at 44.1 kHz, padded to whole 2048-sample frames (the survey's clip)
@@ -77,7 +80,7 @@ ROLES = {  # epilogue of the layer in a fused stage: act, residual input, second
 
 
 def _dtype(precision: str) -> torch.dtype:
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    return torch_dtype(precision) if precision in ("bf16", "fp16") else torch.float32
 
 
 def _kernel_precision(precision: str) -> str:
@@ -96,17 +99,12 @@ def graph_ms(fns: list[Callable[[], Any]], reps: int = 10) -> float:
         f()
     torch.cuda.synchronize()
     calls = max(8, len(fns))
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
+
+    def body(_inputs):
         for i in range(calls):
             fns[i % len(fns)]()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fns[i % len(fns)]()
+
+    g = StaticGraph(body, [], device=torch.device("cuda"), warmup_calls=1)
     g.replay()
     torch.cuda.synchronize()
     times = []

@@ -64,7 +64,7 @@ STAGES=${BENCH_STAGES:-code2wav}
 # Variants cheapest first; upstream_compile is left out by default (add it with BENCH_ARGS="--variants ...").
 ARGS=(--out bench/results --time-budget "$BUDGET" --stage-timeout "$BUDGET" --compile-budget 120
       --coldstart-budget 120 --coldstart-compile-mode default --record-failures
-      --variants eager_raw,eager,eager_graph,ttsaot_nograph,ttsaot_graph,upstream_eager,compile_graph,compile_ro)
+      --variants eager_raw,eager,eager_graph,ttsaot_nograph,ttsaot_graph,ttsaot_inductor,upstream_eager,compile_graph,compile_ro)
 [ "$FAMILIES" != all ] && ARGS+=(--family "$FAMILIES")
 [ "$STAGES" != all ] && ARGS+=(--stages "$STAGES")
 # shellcheck disable=SC2206

@@ -43,6 +43,8 @@ from typing import Any
 
 import torch
 
+from ttsaot.runtime.graphs import StaticGraph
+
 from . import RESULTS_SCHEMA
 from .common import device_info, git_commit, now_iso, rel_err, short_error, time_fn
 
@@ -106,17 +108,11 @@ def graph_ms(calls: list[Callable[[], Any]], reps: int, device: torch.device) ->
                 c()
             times.append((time.perf_counter() - t0) * 1e3)
         return statistics.median(times) / len(calls)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+    def body(_inputs):
         for c in calls:
             c()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
+
+    graph = StaticGraph(body, [], device=torch.device("cuda"), warmup_calls=1)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()

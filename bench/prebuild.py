@@ -17,7 +17,8 @@ from .common import REPO, short_error
 
 
 def _build_one(family: str, stage: str, preset: str, seed: int, dtype: str | None, device: str,
-               cache_dir: str) -> dict:
+               cache_dir: str, kernels: str = "auto", axes: dict[str, tuple[int, ...]] | None = None,
+               verify: bool = True) -> dict:
     import torch
 
     from .specs import make_spec
@@ -25,15 +26,16 @@ def _build_one(family: str, stage: str, preset: str, seed: int, dtype: str | Non
 
     t0 = time.time()
     try:
-        spec, desc = make_spec(family, stage, preset, seed=seed, dtype=dtype)
+        spec, desc = make_spec(family, stage, preset, seed=seed, axes=axes, dtype=dtype, kernels=kernels)
         dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", 0)
-        path, info = build_or_reuse(spec, desc, dev, Path(cache_dir), verify=True)
-        return {"stage": f"{family}/{stage}", "dtype": dtype, "ok": True, "path": str(path), **info}
+        path, info = build_or_reuse(spec, desc, dev, Path(cache_dir), verify=verify)
+        return {"stage": f"{family}/{stage}", "dtype": dtype, "kernels": kernels, "ok": True, "path": str(path),
+                **info}
     except Exception as e:  # noqa: BLE001 - one failed build must not stop the others; bench run records it
-        return {"stage": f"{family}/{stage}", "dtype": dtype, "ok": False, "error": short_error(e),
-                "seconds": round(time.time() - t0, 1)}
+        return {"stage": f"{family}/{stage}", "dtype": dtype, "kernels": kernels, "ok": False,
+                "error": short_error(e), "seconds": round(time.time() - t0, 1)}
 
 
 def add_parser(sub) -> None:
@@ -45,6 +47,13 @@ def add_parser(sub) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-dir", default=str(REPO / "bench" / ".cache"))
+    p.add_argument("--axis", action="append", default=None, metavar="NAME=SIZES",
+                   help="bucket sizes of an axis, as `run`/`profile --axis` (default: the bench's buckets)")
+    p.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="skip the builder's subprocess verification of each artifact (saves a load per build)")
+    p.add_argument("--kernels", type=lambda v: [k.strip() for k in v.split(",") if k.strip()], default=["auto"],
+                   help="kernel choices to build each target with, e.g. auto,inductor (what `run` measures as "
+                        "ttsaot_graph and ttsaot_inductor)")
 
 
 def parse_target(text: str) -> tuple[str, str, str | None]:
@@ -62,11 +71,14 @@ def main(a) -> int:
     preset = a.preset or ("full" if device.startswith("cuda") else "tiny")
     if device.startswith("cuda") and "CXX" not in os.environ and Path("/usr/bin/g++").exists():
         os.environ["CXX"] = "/usr/bin/g++"  # see bench/gpu_all.sh
+    from .specs import parse_axes
+
     targets = [parse_target(t) for t in a.targets]
+    axes = parse_axes(a.axis) or None
     failed = 0
     # Share the cores between the builds: each build's torch threads and Inductor compile workers default to the
     # whole machine, and 12 such builds on a 64-core H200 host finished none in 270 s (seen 2026-11-21).
-    jobs = max(1, min(a.jobs, len(targets)))
+    jobs = max(1, min(a.jobs, len(targets) * len(a.kernels)))
     per_job = str(max(1, (os.cpu_count() or jobs) // jobs))
     for var in ("TORCHINDUCTOR_COMPILE_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = per_job
@@ -81,11 +93,12 @@ def main(a) -> int:
             raise SystemExit(128 + signum)
 
         signal.signal(signal.SIGTERM, stop)
-        futs = [pool.submit(_build_one, f, s, preset, a.seed, d, device, a.cache_dir) for f, s, d in targets]
+        futs = [pool.submit(_build_one, f, s, preset, a.seed, d, device, a.cache_dir, k, axes, a.verify)
+                for f, s, d in targets for k in a.kernels]
         for fut in as_completed(futs):
             r = fut.result()
             failed += not r["ok"]
-            print(f"[bench build] {r['stage']}{':' + r['dtype'] if r['dtype'] else ''}: "
+            print(f"[bench build] {r['stage']}{':' + r['dtype'] if r['dtype'] else ''} (kernels={r['kernels']}): "
                   f"{'ok' if r['ok'] else 'FAILED'} {r.get('seconds')} s "
                   f"{'(cached)' if r.get('cached') else ''}{r.get('error', '')}", file=sys.stderr, flush=True)
     return 1 if failed else 0

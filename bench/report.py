@@ -25,7 +25,10 @@ HOW_TO_READ = """\
   pattern); `compile_ro` = `torch.compile(mode="reduce-overhead")`; `ttsaot_nograph` / `ttsaot_graph` = the
   built artifact loaded with `cuda_graphs=False` / the default (AOTInductor package + CUDA-graph replay per
   bucket), through the public `Stage.__call__` including input validation (`ms_without_input_validation` in
-  the JSON drops the range check); `upstream_*` = the upstream implementation with the same weights.
+  the JSON drops the range check), built with `--kernels auto` (the ttsaot Triton kernel layer on CUDA);
+  `ttsaot_inductor` = `ttsaot_graph` of the same stage built with `--kernels inductor` (Inductor's own code
+  for the hot paths), from the same checkout and run; the header names the kernels each manifest records;
+  `upstream_*` = the upstream implementation with the same weights.
   Codebook predictors only: `loop_eager_host` = eager forward per codebook step (KV cache) + eager sampling
   + a host read of the codes per step (the reference loop); `loop_compile_graph` = torch.compile'd step
   forward, one CUDA graph per step index, eager sampling between replays (vLLM-Omni); same noise and sampler.
@@ -74,7 +77,7 @@ def load_results(results: Path, include_cpu: bool) -> dict[str, dict[str, Any]]:
     for d in (
         sorted(p for p in results.iterdir() if p.is_dir() and p.name != "plots") if results.is_dir() else []
     ):
-        for f in sorted(d.glob("*.json")):
+        for f in sorted(d.glob("*.json")) + sorted(d.glob("profiles/*.json")):
             try:
                 r = json.loads(f.read_text())
             except (OSError, json.JSONDecodeError):
@@ -89,10 +92,35 @@ def load_results(results: Path, include_cpu: bool) -> dict[str, dict[str, Any]]:
                 entry["snake"] = r
             elif r.get("kind") == "kernels":
                 entry["kernels"] = r
+            elif r.get("kind") == "profile":
+                entry.setdefault("profiles", []).append(r)
             else:
                 r["_file"] = str(f)
                 entry["stages"].append(r)
     return devices
+
+
+def profiles_section(profiles: list[dict]) -> str:
+    """One row per (stage, kernel choice, bucket) of the `bench profile` results (bench/profile.py)."""
+    rows = []
+    for r in sorted(profiles, key=lambda r: (r["stage"]["family"], r["stage"]["stage"], r["kernels"],
+                                             r["settings"].get("graphs", False))):
+        st = r["stage"]
+        for key, b in r.get("buckets", {}).items():
+            top = b["top"][0] if b.get("top") else None
+            rows.append([
+                f"{st['family']}/{st['stage']}",
+                r["kernels"] + ("" if r["settings"].get("graphs") else ", no graph"),
+                f"`{key}`", f"{b['call_ms'] * 1e3:.1f}", f"{b['x_floor']:.2f}×" if b.get("x_floor") else "—",
+                f"{b['kernels_per_call']:g}", f"{b['kernels_per_layer']:g}" if "kernels_per_layer" in b else "—",
+                f"{b['kernel_ms'] * 1e3:.1f}", f"{b['gap_ms'] * 1e3:.1f}",
+                f"{b['gb_per_s_over_kernels']:.0f}" if "gb_per_s_over_kernels" in b else "—",
+                f"`{top['name'][:48]}` {top['share']:.0%}" if top and top.get("share") is not None else "—",
+            ])
+    header = ["stage", "kernels", "bucket", "call µs", "× floor", "kernels/call", "per layer", "kernel µs",
+              "gap µs", "GB/s (kernels)", "top kernel (share)"]
+    return ("Profiles (`python -m bench profile`; top kernels per bucket in `profiles/*.txt`; bytes = weights "
+            "once + inputs/outputs, so a looped stage's GB/s is a lower bound):\n\n" + _table(header, rows))
 
 
 def _variant_order(res: dict) -> list[str]:
@@ -121,7 +149,9 @@ def _stage_section(res: dict, plots: dict[str, str]) -> str:
     ok = [v for v in variants if res["variants"][v].get("buckets")]  # partial runs keep their measured cells
     floors = res.get("floor", {})
     # latency
-    header = ["bucket", "floor ms (bound)"] + [f"`{v}`" for v in ok]
+    header = ["bucket", "floor ms (bound)"] + [
+        f"`{v}`" + (f" [{res['variants'][v]['kernels']}]" if res["variants"][v].get("kernels") else "") for v in ok
+    ]
     rows = []
     for b in res.get("buckets", []):
         k = b["key"]
@@ -660,6 +690,8 @@ def write_report(
 
             parts += ["Kernel layer (`python -m bench kernels`; figures in `kernels.json`):", "", "```text",
                       summary(d["kernels"]), "```", ""]
+        if d.get("profiles"):
+            parts += [profiles_section(d["profiles"]), ""]
         for res in sorted(
             d["stages"],
             key=lambda r: (r.get("stage", {}).get("family", ""), r.get("stage", {}).get("stage", "")),

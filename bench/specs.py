@@ -45,6 +45,31 @@ BENCH_DEFAULTS: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
     ("voxcpm2", "vae_decoder"): {"full": {"axes": {"batch": (1,), "frames": (36,)}}},
 }
 
+# (family, stage) → (manifest StageEntry) → (transformer layer passes in one call, how they are counted), for
+# `bench profile`'s kernels per layer. LM stages count the layers of their KV cache (metadata cache_shape[0]).
+LAYER_PASSES: dict[tuple[str, str], Any] = {
+    ("qwen3-tts-12hz", "code_predictor"): lambda e: (
+        e.config["num_hidden_layers"] * e.metadata["sampled_codebooks"], "num_hidden_layers × codebook steps"),
+    ("fish-s2-pro", "fast_ar"): lambda e: (
+        e.config["n_layer"] * e.metadata["sampled_codebooks"], "n_layer × codebook steps"),
+    ("voxcpm2", "locdit"): lambda e: (
+        e.config["dit"]["num_hidden_layers"] * e.metadata["estimator_calls"], "DiT layers × estimator calls"),
+    ("voxcpm2", "local_encoder"): lambda e: (e.config["encoder"]["num_hidden_layers"], "encoder layers"),
+}
+
+
+def layer_passes(family: str, stage: str, entry) -> dict[str, Any] | None:
+    """{"passes": n, "how": ...} for a stage whose family config names its layers, else None."""
+    rule = LAYER_PASSES.get((family, stage))
+    if rule is not None:
+        n, how = rule(entry)
+        return {"passes": int(n), "how": how}
+    shape = entry.metadata.get("cache_shape")
+    if entry.kind in ("lm_step", "lm_prefill") and shape:
+        return {"passes": int(shape[0]), "how": "layers of the KV cache"}
+    return None
+
+
 DTYPES = {alias: torch_dtype(alias) for alias in SHORT_DTYPE_NAMES}   # `--dtype` choices
 
 
@@ -81,15 +106,17 @@ def make_spec(
     seed: int = 0,
     axes: dict[str, tuple[int, ...]] | None = None,
     dtype: str | None = None,
+    kernels: str = "auto",
 ):
-    """The StageSpec as the builder would make it, restricted to the benchmark buckets. Returns
-    (spec, description of the choices for the JSON and the cache key)."""
+    """The StageSpec as the builder would make it, restricted to the benchmark buckets, built with the kernel
+    choice `kernels` (BuildOptions.kernels: auto | ttsaot | inductor). Returns (spec, description of the choices
+    for the JSON and the cache key)."""
     from ttsaot.builder.buckets import BucketPlan
 
     fam = family_module(family)
     defaults = BENCH_DEFAULTS.get((family, stage), {}).get(preset, {})
     want_axes = {**{k: tuple(v) for k, v in defaults.get("axes", {}).items()}, **(axes or {})}
-    kw: dict[str, Any] = {"preset": preset, "seed": seed}
+    kw: dict[str, Any] = {"preset": preset, "seed": seed, "kernels": kernels}
     if dtype:
         kw["dtype"] = DTYPES[dtype]
     if "batch" in want_axes:
@@ -119,8 +146,10 @@ def make_spec(
         "kind": spec.kind,
         "dtype": str(spec.dtype).removeprefix("torch."),
         "dtype_override": dtype,
+        "kernels": kernels,
         "axes": {k: list(v) for k, v in plan_axes.items()},
         "streaming_override": stream_over,
-        "options": {k: repr(v) for k, v in kw.items()},
+        # the kernel choice is keyed resolved (bench/stage.py artifact_key), not as asked
+        "options": {k: repr(v) for k, v in kw.items() if k != "kernels"},
     }
     return spec, desc

@@ -39,7 +39,7 @@ from .common import (
 )
 from .floor import count_flops, floor_for, measure_hardware
 from .specs import make_spec
-from .variants import COMPILED, TTSAOT, VariantContext, applies, make_variant
+from .variants import COMPILED, TTSAOT, VARIANT_KERNELS, VariantContext, applies, make_variant
 
 MIB = 2**20
 
@@ -47,9 +47,12 @@ MIB = 2**20
 # ------------------------------------------------------------------------------------------ artifacts
 def artifact_key(spec, desc: dict, device: torch.device) -> str:
     from ttsaot.builder.export import compiler_info
+    from ttsaot.builder.stage_spec import resolve_kernels
 
     info = {
-        "desc": {k: v for k, v in desc.items() if k != "options"},
+        "desc": {k: v for k, v in desc.items() if k not in ("options", "kernels")},
+        # resolved: on CPU `auto` is `inductor`, and both name one artifact
+        "kernels": resolve_kernels(desc.get("kernels", "auto"), device),
         "options": desc["options"],
         "torch": torch.__version__,
         "device": device.type,
@@ -101,6 +104,18 @@ def _build_or_reuse_locked(spec, desc: dict, device: torch.device, root: Path, k
         "seconds": round(time.time() - t0, 2),
         "verified_in_subprocess": verify,
     }
+
+
+def same_program_as_auto(spec, kernels: str, device: torch.device) -> str | None:
+    """Why building the stage with `kernels` would only repeat the `auto` build, or None. On CUDA a stage without
+    kernel passes compiles the same program either way (only its manifest's `kernels` would differ): the second
+    build is skipped. (On CPU both resolve to inductor and share one cached artifact anyway.)"""
+    from ttsaot.builder.stage_spec import resolve_kernels
+
+    auto = resolve_kernels("auto", device)
+    if kernels == "auto" or resolve_kernels(kernels, device) == auto or spec.kernel_passes:
+        return None
+    return f"the stage has no kernel passes: kernels={kernels} builds the same program as kernels=auto ({auto})"
 
 
 # ------------------------------------------------------------------------------------------- memory
@@ -460,18 +475,28 @@ def run_stage(a) -> dict:
     res["floor"] = floors
     save()
 
-    # the artifact
-    artifact, artifact_error = None, None
-    if any(v in TTSAOT for v in a.variants):
+    # the artifacts: kernels as resolved (auto) for ttsaot_graph/_nograph, and each other choice a variant asks for
+    built: dict[str, tuple[Path | None, str | None]] = {}
+    for kernels in dict.fromkeys(VARIANT_KERNELS[v] for v in a.variants if v in TTSAOT):
+        key = "build" if kernels == "auto" else f"build_{kernels}"
+        why = same_program_as_auto(spec, kernels, device)
+        if why:
+            built[kernels] = (None, why)
+            res[key] = {"kernels": kernels, "skipped": why}
+            continue
         try:
-            with time_box(a.build_budget, "artifact build"):
-                artifact, info = build_or_reuse(spec, desc, device, Path(a.cache_dir), a.verify_build)
-            res["build"] = {**info, "path": str(artifact)}
+            k_spec, k_desc = (spec, desc) if kernels == "auto" else make_spec(
+                a.family, a.stage, a.preset, seed=a.seed, axes=axes, dtype=a.dtype, kernels=kernels)
+            with time_box(a.build_budget, f"artifact build (kernels={kernels})"):
+                path, info = build_or_reuse(k_spec, k_desc, device, Path(a.cache_dir), a.verify_build)
+            built[kernels] = (path, None)
+            res[key] = {**info, "kernels": kernels, "path": str(path)}
         except Exception as e:  # noqa: BLE001
-            artifact_error = short_error(e)
-            res["build"] = {"error": artifact_error}
+            built[kernels] = (None, short_error(e))
+            res[key] = {"kernels": kernels, "error": built[kernels][1]}
             traceback.print_exc()
         save()
+    artifact, artifact_error = built.pop("auto", (None, "not built: no variant asked for it"))
 
     ctx = VariantContext(
         family=a.family,
@@ -483,6 +508,7 @@ def run_stage(a) -> dict:
         artifact=artifact,
         artifact_error=artifact_error,
         compile_mode=a.compile_mode,
+        other_artifacts=built,
     )
     prim = primary_sizes(spec)
     batchable = "batch" in spec.plan.axes
@@ -504,6 +530,8 @@ def run_stage(a) -> dict:
             rec["setup_s"] = round(time.time() - t0, 3)
             if hasattr(v, "upstream_name"):
                 rec["upstream"] = v.upstream_name
+            if hasattr(v, "built_kernels"):
+                rec["kernels"] = v.built_kernels   # the manifest's StageEntry.kernels
             rec["memory"] = mem_delta(base, device, "after_setup")
             wb = v.weight_bytes()
             if wb is not None:

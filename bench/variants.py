@@ -10,6 +10,9 @@ capture for that shape) and returns a callable taking the stage inputs in the St
 | compile_ro        | torch.compile(mode="reduce-overhead") (CUDA-graph trees)                              |
 | ttsaot_nograph    | the built artifact, `load(..., cuda_graphs=False)`                                    |
 | ttsaot_graph      | the built artifact, `load(...)` (AOTI + CUDA graph per bucket)                        |
+| ttsaot_inductor   | `ttsaot_graph` of the same stage built with kernels="inductor" (Inductor's own code   |
+|                   | where the other two run the kernel layer: `--kernels auto` is ttsaot on CUDA);        |
+|                   | skipped on CUDA for a stage without kernel passes (bench/stage.py same_program_as_auto)|
 | upstream_eager    | the upstream implementation with the same random weights, cast to the stage dtype     |
 | upstream_compile  | upstream + torch.compile(max-autotune-no-cudagraphs) + manual CUDA graph              |
 | loop_eager_host   | codebook predictors: eager forward per codebook step (KV cache) + eager sampling +   |
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -39,6 +42,7 @@ ALL_VARIANTS = (
     "eager_graph",
     "ttsaot_nograph",
     "ttsaot_graph",
+    "ttsaot_inductor",
     "upstream_eager",
     "compile_graph",
     "compile_ro",
@@ -48,7 +52,9 @@ ALL_VARIANTS = (
 )
 CUDA_ONLY = {"eager_graph", "ttsaot_graph", "compile_ro", "loop_compile_graph"}
 COMPILED = {"compile_graph", "compile_ro", "upstream_compile", "loop_compile_graph"}  # time-boxed by --compile-budget
-TTSAOT = {"ttsaot_nograph", "ttsaot_graph"}
+TTSAOT = {"ttsaot_nograph", "ttsaot_graph", "ttsaot_inductor"}
+# the build's kernel choice (BuildOptions.kernels) of each ttsaot variant's artifact
+VARIANT_KERNELS = {"ttsaot_nograph": "auto", "ttsaot_graph": "auto", "ttsaot_inductor": "inductor"}
 DEFAULT_CPU = ("eager_raw", "eager", "ttsaot_nograph")
 
 Call = Callable[[list[torch.Tensor]], object]
@@ -65,6 +71,13 @@ class VariantContext:
     artifact: Path | None
     artifact_error: str | None
     compile_mode: str = "max-autotune-no-cudagraphs"
+    # kernels choice → (artifact, build error) for the choices other than "auto" (ttsaot_inductor)
+    other_artifacts: dict[str, tuple[Path | None, str | None]] = field(default_factory=dict)
+
+    def artifact_for(self, kernels: str) -> tuple[Path | None, str | None]:
+        if kernels == "auto":
+            return self.artifact, self.artifact_error
+        return self.other_artifacts.get(kernels, (None, f"no artifact built with kernels={kernels!r}"))
 
 
 def cast_module(module: nn.Module, ctx: VariantContext) -> nn.Module:
@@ -176,18 +189,20 @@ class CompileVariant(EagerVariant):
 
 
 class TtsaotVariant(Variant):
-    def __init__(self, ctx, graphs: bool) -> None:
+    def __init__(self, ctx, graphs: bool, kernels: str = "auto") -> None:
         super().__init__(ctx)
-        self.graphs = graphs
+        self.graphs, self.kernels = graphs, kernels
 
     def setup(self) -> None:
         from ttsaot.runtime import load
 
-        if self.ctx.artifact is None:
-            raise Skipped(f"no artifact: {self.ctx.artifact_error}")
-        self.stage = load(
-            self.ctx.artifact, device=self.ctx.device, stages=[self.ctx.stage], cuda_graphs=self.graphs
-        )[self.ctx.stage]
+        artifact, error = self.ctx.artifact_for(self.kernels)
+        if artifact is None:
+            raise Skipped(f"no artifact: {error}")
+        self.stage = load(artifact, device=self.ctx.device, stages=[self.ctx.stage], cuda_graphs=self.graphs)[
+            self.ctx.stage
+        ]
+        self.built_kernels = self.stage.entry.kernels   # what the manifest says the build ran
 
     def weight_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.stage._weights.values())
@@ -266,6 +281,8 @@ def make_variant(name: str, ctx: VariantContext) -> Variant:
         v = TtsaotVariant(ctx, graphs=False)
     elif name == "ttsaot_graph":
         v = TtsaotVariant(ctx, graphs=True)
+    elif name == "ttsaot_inductor":   # graphs where there are any: on CPU it is the plain package call
+        v = TtsaotVariant(ctx, graphs=ctx.device.type == "cuda", kernels=VARIANT_KERNELS[name])
     elif name == "upstream_eager":
         v = EagerVariant(ctx, raw=True, graph=False, upstream=True)
     elif name == "upstream_compile":

@@ -408,11 +408,15 @@ def inspect(ctx, artifact, as_json, debug_here):
             f"preset={_show(m['preset'])} torch={_show(env.get('torch'))} triton={_show(env.get('triton'))} "
             f"cuda={_show(env.get('cuda'))} gpu={_show(env.get('gpu_name'))} sm={_show(env.get('sm'))} "
             f"cxx={_show(env.get('cxx_version'))}", highlight=False)
-        t = Table(caption="params: loaded = kept + pruned (never read by the stage) + folded (baked into other "
-                          "tensors); skipped = checkpoint tensors never loaded")
-        for c in ("stage", "kind", "dtype", "buckets", "weights MiB", "packages MiB", "params kept", "pruned",
-                  "folded", "loaded", "skipped", "compiled with", "onnx"):
+        # two tables, so that neither is squeezed below a readable width on an 80-column terminal
+        t = Table(title="stages")
+        for c in ("stage", "kind", "dtype", "buckets", "weights MiB", "packages MiB", "compiled with", "onnx"):
             t.add_column(c)
+        params = Table(title="parameters", caption="loaded = kept + pruned (never read by the stage) + folded "
+                                                   "(baked into other tensors); skipped = checkpoint tensors "
+                                                   "never loaded")
+        for c in ("stage", "kept", "pruned", "folded", "loaded", "skipped"):
+            params.add_column(c)
         for r in rows:
             p = r["params"]
             kept = f"{_show(p['kept'])} ({_show(p['kept_mib'])} MiB)"
@@ -422,10 +426,12 @@ def inspect(ctx, artifact, as_json, debug_here):
             compiled = [f"kernels={r['kernels']}", *(f"{k}={v}" for k, v in r["inductor_options"].items()),
                         *(["tf32"] if r["tf32"] else [])]
             t.add_row(r["stage"], r["kind"], r["dtype"], f"{len(r['buckets'])}: {' '.join(r['buckets'])}",
-                      f"{r['weights_mib']}", f"{r['packages_mib']}", kept, _show(p["pruned"] or None),
-                      _show(p["folded"] or None), _show(p["loaded"]), _show(skipped or None),
-                      " ".join(compiled) or EMPTY, _onnx_cell(r["onnx"]))
+                      f"{r['weights_mib']}", f"{r['packages_mib']}", " ".join(compiled) or EMPTY,
+                      _onnx_cell(r["onnx"]))
+            params.add_row(r["stage"], kept, _show(p["pruned"] or None), _show(p["folded"] or None),
+                           _show(p["loaded"]), _show(skipped or None))
         _out_console().print(t)
+        _out_console().print(params)
     except Exception as e:  # noqa: BLE001
         _fail(e, _debug(ctx, debug_here))
 

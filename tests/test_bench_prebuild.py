@@ -29,3 +29,19 @@ def test_build_lands_where_bench_run_looks(tmp_path):
     spec, desc = make_spec("voxcpm2", "local_encoder", "tiny")
     key = artifact_key(spec, desc, torch.device("cpu"))
     assert (tmp_path / key / ".done").is_file() and (tmp_path / key / "voxcpm2" / "manifest.json").is_file()
+
+
+def test_a_second_kernel_choice_is_built_only_where_it_changes_the_program():
+    from dataclasses import replace
+
+    import torch
+
+    from bench.stage import same_program_as_auto
+
+    spec, _ = make_spec("voxcpm2", "base_lm_step", "tiny")
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    plain, wired = replace(spec, kernel_passes=[]), replace(spec, kernel_passes=[lambda m: {"pass": "k"}])
+    assert "no kernel passes" in same_program_as_auto(plain, "inductor", cuda)
+    assert same_program_as_auto(wired, "inductor", cuda) is None
+    assert same_program_as_auto(plain, "auto", cuda) is None and same_program_as_auto(plain, "ttsaot", cuda) is None
+    assert same_program_as_auto(plain, "inductor", cpu) is None   # one shared artifact on CPU (keys equal)

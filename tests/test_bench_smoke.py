@@ -43,7 +43,7 @@ def smoke_run(tmp_path_factory):
         "--stages",
         "code2wav",
         "--variants",
-        "eager_raw,eager,ttsaot_nograph,compile_ro",
+        "eager_raw,eager,ttsaot_nograph,ttsaot_inductor,compile_ro",
         "--quick",
         "--throughput-batches",
         "1,2",
@@ -86,6 +86,11 @@ def test_stage_json_fields_and_sanity(smoke_run):
         assert b["x_floor"] > 1.0  # nothing beats the hardware floor
     assert r["variants"]["compile_ro"]["status"] == "skipped"
     assert "CUDA" in r["variants"]["compile_ro"]["reason"]
+    # kernels=inductor is what auto resolves to on CPU: one artifact, the second "build" a cache hit
+    ind = r["variants"]["ttsaot_inductor"]
+    assert ind["status"] == "ok" and ind["kernels"] == "inductor" == r["variants"]["ttsaot_nograph"]["kernels"]
+    assert ind["buckets"][key]["rel_err_vs_fp32"] <= r["stage"]["tolerance"]
+    assert r["build_inductor"]["cache_key"] == r["build"]["cache_key"] and r["build_inductor"]["cached"] is True
     for name in ("eager", "ttsaot_nograph"):
         s = r["variants"][name]["streaming"]
         assert s["chunks"] >= 2 and 0 < s["ttfa_ms"] <= s["total_ms"] and s["rtf"] > 0
@@ -121,6 +126,7 @@ def test_report_ignores_cpu_unless_asked(smoke_run):
     write_report(out, md, tmp / "plots", include_cpu=True)
     text = md.read_text()
     assert "qwen3-tts-12hz / code2wav" in text and "not publishable" in text
+    assert "ttsaot_inductor" in text
     assert "| `b1_f16` |" in text and "Cold start" in text and "Streaming" in text and "SnakeBeta" in text
 
 
@@ -153,6 +159,10 @@ def test_artifact_cache_key_follows_the_build_options():
     assert dict(c.plan.axes) == {"batch": (1,), "frames": (8,)}
     assert artifact_key(a, da, cpu) == artifact_key(b, db, cpu)
     assert len({artifact_key(a, da, cpu), artifact_key(c, dc, cpu), artifact_key(d, dd, cpu)}) == 3
+    # the kernel choice is keyed as resolved: on CPU auto is inductor (one artifact), ttsaot another
+    keys = {k: artifact_key(*make_spec("qwen3-tts-12hz", "code2wav", "tiny", dtype="fp32", kernels=k), cpu)
+            for k in ("auto", "inductor", "ttsaot")}
+    assert keys["auto"] == keys["inductor"] == artifact_key(a, da, cpu) != keys["ttsaot"]
 
 
 def test_a_stage_over_its_timeout_is_killed_and_recorded(tmp_path):

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from ttsaot.runtime.graphs import StaticGraph  # noqa: E402
+
 
 def timed(fn, reps: int = 5, iters: int = 20) -> float:
     """Median ms per call over `reps` repetitions of `iters` back-to-back calls (after warm-up)."""
@@ -39,16 +41,7 @@ def timed(fn, reps: int = 5, iters: int = 20) -> float:
 
 def graph_timed(fn, reps: int = 7) -> float:
     """Median ms of one CUDA-graph replay of fn (launch gaps removed)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
+    g = StaticGraph(lambda _inputs: fn(), [], device=torch.device("cuda"))
     return timed(g.replay, reps=reps, iters=10)
 
 

@@ -8,7 +8,7 @@ from dataclasses import asdict
 import torch
 from torch import nn
 
-from ....runtime.artifact import dtype_name
+from ....runtime.dtypes import dtype_name
 from ...buckets import BucketPlan, batch_sizes, frame_sizes, off_bucket_frames
 from ...options import OptionsError
 from ...passes import bake_snake, bake_weight_norm, fuse_projections

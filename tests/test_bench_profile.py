@@ -1,0 +1,63 @@
+"""`python -m bench profile`: the per-bucket kernel profile of one stage, on CPU (no graph: the package call)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.profile import kernel_rows, profile_stage, render, write_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_local_encoder_profile_on_cpu(tmp_path):
+    res = profile_stage("voxcpm2", "local_encoder", device=torch.device("cpu"), axes={"batch": (1,)}, calls=2,
+                        reps=3, cache=tmp_path / "cache")
+    assert res["status"] == "ok" and res["kernels"] == "inductor" == res["manifest_kernels"]
+    assert res["stage"]["dtype"] == "float32" and res["settings"]["graphs"] is False
+    assert res["layers"] == {"passes": 2, "how": "encoder layers"}   # the tiny preset's encoder
+    assert res["weight_bytes"] > 0 and res["copy"]["gb_per_s"] > 0
+    (key,) = res["buckets"]
+    b = res["buckets"][key]
+    assert b["sizes"]["batch"] == 1 and b["call_ms"] > 0 and b["kernels_per_call"] > 0
+    assert b["kernels_per_layer"] == round(b["kernels_per_call"] / 2, 2)
+    assert b["gap_ms"] == pytest.approx(b["call_ms"] - b["kernel_ms"])
+    assert b["bytes"] == res["weight_bytes"] + b["io_bytes"] and b["x_floor"] > 1.0
+    times = [r["us_per_call"] for r in b["top"]]
+    assert times == sorted(times, reverse=True) and all(r["name"] != "bench::profiled_call" for r in b["top"])
+    assert sum(r["share"] for r in b["top"]) <= 1.0 + 1e-6
+    path = write_profile(res, tmp_path / "results" / res["device"]["slug"] / "profiles")
+    assert path.name == "voxcpm2__local_encoder__inductor.json"
+    assert json.loads(path.read_text())["buckets"][key]["kernels_per_call"] == b["kernels_per_call"]
+    text = path.with_suffix(".txt").read_text()
+    assert f"[{key}]" in text and "kernels/call" in text and text.strip() == render(res)
+    # `bench report` lists it (CPU results only when asked)
+    from bench.report import write_report
+
+    md = tmp_path / "B.md"
+    write_report(tmp_path / "results", md, tmp_path / "plots", include_cpu=False)
+    assert "voxcpm2/local_encoder" not in md.read_text()
+    write_report(tmp_path / "results", md, tmp_path / "plots", include_cpu=True)
+    row = next(ln for ln in md.read_text().splitlines() if ln.startswith("| voxcpm2/local_encoder | inductor"))
+    assert f"`{key}`" in row and f"| {b['kernels_per_call']:g} |" in row
+
+
+def test_kernel_rows_count_per_call_and_drop_the_marker():
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    x = torch.randn(64, 64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(4):
+            with record_function("bench::profiled_call"):
+                torch.mm(x, x)
+    rows = {r["name"]: r for r in kernel_rows(prof.key_averages(), cuda=False, calls=4)}
+    assert "bench::profiled_call" not in rows and rows["aten::mm"]["per_call"] == 1.0
+
+
+def test_unknown_stage_is_a_usage_error():
+    proc = subprocess.run([sys.executable, "-m", "bench", "profile", "voxcpm2/nope", "--device", "cpu"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "nope" in proc.stderr
