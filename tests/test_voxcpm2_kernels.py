@@ -89,6 +89,20 @@ def test_kernel_step_module_equals_the_eager_step(name):
     assert rel_err(c16[0].float(), c_ref[0]) < vst.BF16_TOLERANCE[name]
 
 
+@pytest.mark.parametrize("name", STEPS)
+def test_fp32_module_over_bf16_caches_equals_the_eager_step(name):
+    """What build_stage's parity check runs for a bf16 stage: the fp32 modules on the golden inputs, whose caches
+    are bf16 (k/v rounded as they are written)."""
+    orig, kern, _ = _module_pair(name)
+    c_ref, c_kern = _caches(name, torch.bfloat16), _caches(name, torch.bfloat16)
+    ref = _steps(name, orig, c_ref, torch.Generator().manual_seed(1))
+    got = _steps(name, kern, c_kern, torch.Generator().manual_seed(1))
+    for r, k in zip(ref, got):
+        for a, b in zip(r, k):
+            assert rel_err(b, a) < 1e-5
+    assert torch.equal(c_kern[0], c_ref[0]) and torch.equal(c_kern[1], c_ref[1])
+
+
 @pytest.fixture(scope="module")
 def kernels_build():
     from ttsaot.builder import export
