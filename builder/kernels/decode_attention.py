@@ -77,6 +77,11 @@ def decode_attention_reference(qkv: torch.Tensor, positions: torch.Tensor, k_cac
     return torch.matmul(probs, vc).to(dt).reshape(B, hq * hd)
 
 
+def supports_head_dim(hd: int) -> bool:
+    """The kernel's tl.dot tiles need a power-of-2 head dim of at least 16."""
+    return hd >= 16 and hd & (hd - 1) == 0
+
+
 def _check(qkv: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layer: int,
            cos: torch.Tensor | None, sin: torch.Tensor | None, rope_interleaved: bool,
            q_norm: torch.Tensor | None, k_norm: torch.Tensor | None) -> None:
@@ -87,7 +92,7 @@ def _check(qkv: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_
     torch._check(k_cache.is_contiguous() and v_cache.is_contiguous(), lambda: "decode_attention: caches must be "
                                                                               "contiguous")
     L, B, hkv, S, hd = k_cache.shape
-    torch._check(hd >= 16 and hd & (hd - 1) == 0, lambda: f"decode_attention: head_dim {hd} is not a power of 2 ≥ 16")
+    torch._check(supports_head_dim(hd), lambda: f"decode_attention: head_dim {hd} is not a power of 2 ≥ 16")
     torch._check(qkv.dim() == 2 and qkv.shape[0] == B and qkv.shape[1] % hd == 0 and qkv.stride(1) == 1,
                  lambda: f"decode_attention: qkv must be [B={B}, (Hq + 2·Hkv)·{hd}] with contiguous rows, "
                          f"got {tuple(qkv.shape)}")
