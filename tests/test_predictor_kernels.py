@@ -102,7 +102,8 @@ def fast_ar_kernels():
 
         opts = FishS2Options(dtype=torch.float32, batch_buckets=(4,), fast_ar_with_embedding=True, kernels="ttsaot")
         with mock.patch.object(export, "lower_for_cpu", recording):
-            path = build_family(FISH.name, [fst.fast_ar_stage(opts)], root, "cpu", verify_in_subprocess=False).path
+            path = build_family(FISH.name, FISH.specs(opts, ["fast_ar"]), root, "cpu",
+                                verify_in_subprocess=False).path
         (root / "exported_ops.json").write_text(json.dumps(seen))
         return path
 
