@@ -1,6 +1,7 @@
 """`python -m bench [run] ...` measure · `python -m bench report` write BENCHMARKS.md ·
 `python -m bench snake` · `python -m bench kernels` · `python -m bench conv-kernels` ·
-`python -m bench list`. Internal: `_stage`, `_coldstart`, `_snake` (the per-process workers)."""
+`python -m bench decode-stages` · `python -m bench list`. Internal: `_stage`, `_coldstart`, `_snake` (the
+per-process workers)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from ttsaot.runtime.dtypes import SHORT_DTYPE_NAMES
 
 from .common import REPO, git_commit, now_iso, short_error, write_json
 
-COMMANDS = ("run", "report", "snake", "kernels", "conv-kernels", "list", "build", "profile", "voxcpm-loop", "_stage",
-            "_coldstart", "_snake")
+COMMANDS = ("run", "report", "snake", "kernels", "conv-kernels", "decode-stages", "list", "build", "profile",
+            "voxcpm-loop", "_stage", "_coldstart", "_snake")
 
 
 def _csv(value: str) -> list[str]:
@@ -532,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("list", help="families, stages and the buckets the bench would measure")
 
     from .conv_kernels import add_parser as add_conv_kernels
+    from .decode_stages import add_parser as add_decode_stages
     from .prebuild import add_parser as add_build
     from .profile import add_parser as add_profile
     from .voxcpm_loop import add_parser as add_voxcpm_loop
@@ -539,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     add_build(sub)
     add_profile(sub)
     add_conv_kernels(sub)
+    add_decode_stages(sub)
 
     add_voxcpm_loop(sub)
 
@@ -607,6 +610,10 @@ def main(argv: list[str] | None = None) -> int:
         from .conv_kernels import main as conv_kernels
 
         return conv_kernels(a)
+    if a.cmd == "decode-stages":
+        from .decode_stages import main as decode_stages
+
+        return decode_stages(a)
     if a.cmd == "voxcpm-loop":
         from .voxcpm_loop import main as voxcpm_loop
 

@@ -293,22 +293,20 @@ def _voxcpm2_layers(n: int, S: int, device: torch.device):
     return cfg, layers, rope
 
 
-def _kernel_layer_step(layer, x, positions, k_cache, v_cache, i, cos, sin, eps):
-    from ttsaot.builder.kernels import decode_attention, skinny_linear
+def _kernel_layer_step(layer, x, positions, k_cache, v_cache, i, cos, sin):
+    """The layer as the kernel pass wires it (builder/kernels/decode_modules.py)."""
+    from ttsaot.builder.kernels.decode_modules import KernelAttention, KernelSwiGLU
 
-    a, scale = layer.self_attn, layer.branch_scale or 1.0
-    qkv = skinny_linear(x, a.qkv_proj.weight, norm_weight=layer.input_layernorm.weight, norm_eps=eps)
-    o = decode_attention(qkv, positions, k_cache, v_cache, i, a.head_dim**-0.5, cos, sin)
-    h = skinny_linear(o, a.o_proj.weight, residual=x, residual_scale=scale)
-    up = skinny_linear(h, layer.mlp.gate_up_proj.weight, norm_weight=layer.post_attention_layernorm.weight,
-                       norm_eps=eps, gated=True)
-    return skinny_linear(up, layer.mlp.down_proj.weight, residual=h, residual_scale=scale)
+    scale = layer.branch_scale or 1.0
+    h = KernelAttention(layer.self_attn).decode_step(x, layer.input_layernorm, positions, k_cache, v_cache, i, cos,
+                                                     sin, scale)
+    return KernelSwiGLU(layer.mlp).decode_step(h, layer.post_attention_layernorm, scale)
 
 
 def bench_layer(B: int, peak_gbps: float, reps: int, with_compile: bool, device: torch.device) -> dict:
     n_layers, S, ctx = LAYER["layers"], LAYER["cache_positions"], LAYER["context"]
     cfg, layers, rope = _voxcpm2_layers(n_layers, S, device)
-    hkv, hd, eps = cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
+    hkv, hd = cfg.num_key_value_heads, cfg.head_dim
     g = torch.Generator(device=device).manual_seed(B)
     x = torch.randn(B, cfg.hidden_size, generator=g, device=device).bfloat16()
     positions = torch.full((B,), ctx, dtype=torch.long, device=device)
@@ -324,7 +322,7 @@ def bench_layer(B: int, peak_gbps: float, reps: int, with_compile: bool, device:
 
     def kernel_stack(x, kc, vc):
         for i, layer in enumerate(layers):
-            x = _kernel_layer_step(layer, x, positions, kc, vc, i, cos_all, sin_all, eps)
+            x = _kernel_layer_step(layer, x, positions, kc, vc, i, cos_all, sin_all)
         return x
 
     w_bytes = sum(p.numel() * p.element_size() for p in layers[0].parameters())
@@ -376,6 +374,7 @@ class _AotiProbe(torch.nn.Module):
         cos, sin = rope_table(hd, S, 10000.0)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+        self.cos_keep_fp32 = self.sin_keep_fp32 = True       # the op takes fp32 rope tables (cast_to_compute_dtype)
         self.scale = hd**-0.5
 
     def forward(self, x, positions, k_cache, v_cache):
@@ -393,7 +392,9 @@ def bench_aoti(reps: int, B: int = 4, S: int = 8193) -> dict:
 
     if "CXX" not in os.environ and Path("/usr/bin/g++").exists():
         os.environ["CXX"] = "/usr/bin/g++"      # AOTI packages built with another compiler segfault on load
-    m = _AotiProbe(S).to("cuda", torch.bfloat16)
+    from ttsaot.builder.passes import cast_to_compute_dtype
+
+    m = cast_to_compute_dtype(_AotiProbe(S), torch.bfloat16).to("cuda")
 
     def inputs(seed: int):
         g = torch.Generator(device="cuda").manual_seed(seed)

@@ -21,6 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from .kernels.decode_attention import supports_head_dim
+from .kernels.decode_modules import KernelAttention, KernelSwiGLU
+from .layers.transformer import DecoderBlock
+
 # u is clamped into (0, 1) so that −log(−log u) stays finite whatever the caller passes.
 _U_MIN = 1e-20
 _U_MAX = 1.0 - 1e-7
@@ -111,6 +115,8 @@ def unrolled_frame(layers: Sequence[nn.Module], rope_cos: torch.Tensor, rope_sin
     `logits_at(s, last hidden)` → `pick` → code s, and `feed(s, code)` gives the next position's input ([B,1,D];
     None after the last step). The reference re-prefills the whole buffer every step; with the cache each step
     runs one position, so the whole frame is one exported program. Returns the codes and logits of the steps."""
+    if isinstance(layers[0].self_attn, KernelAttention):
+        return _unrolled_frame_kernels(layers, rope_cos, rope_sin, x, n_steps, logits_at, feed, pick)
     caches: list[Any] = [None] * len(layers)
     codes, all_logits, pos = [], [], 0
     for step in range(1, n_steps + 1):
@@ -127,6 +133,56 @@ def unrolled_frame(layers: Sequence[nn.Module], rope_cos: torch.Tensor, rope_sin
         if nxt is not None:
             x = nxt
     return codes, all_logits
+
+
+def _unrolled_frame_kernels(layers: Sequence[nn.Module], rope_cos: torch.Tensor, rope_sin: torch.Tensor,
+                            x: torch.Tensor, n_steps: int, logits_at: Callable[[int, torch.Tensor], torch.Tensor],
+                            feed: Callable[[int, torch.Tensor], torch.Tensor | None],
+                            pick: Pick) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """`unrolled_frame` on the kernel layer (`use_predictor_kernels`): a static cache of the frame's positions,
+    zeroed in the graph, and every position (the first T0 too: causal attention over T0 positions = T0 one-position
+    steps) one decode step of skinny_linear + decode_attention per layer, with M = batch rows."""
+    B, T0, _ = x.shape
+    a = layers[0].self_attn
+    shape = (len(layers), B, a.n_kv_heads, T0 + n_steps - 1, a.head_dim)
+    k_cache, v_cache = x.new_zeros(shape), x.new_zeros(shape)
+    cos, sin = rope_cos.float(), rope_sin.float()          # the op rotates in fp32 with fp32 tables
+
+    def position(h: torch.Tensor, p: int) -> torch.Tensor:
+        positions = torch.full((B,), p, dtype=torch.long, device=h.device)
+        for i, layer in enumerate(layers):
+            h = layer.self_attn.decode_step(h, layer.input_layernorm, positions, k_cache, v_cache, i, cos, sin)
+            h = layer.mlp.decode_step(h, layer.post_attention_layernorm)
+        return h
+
+    for t in range(T0):
+        h = position(x[:, t], t)
+    codes, all_logits, pos = [], [], T0
+    for step in range(1, n_steps + 1):
+        logits = logits_at(step, h)
+        code = pick(step, logits)
+        codes.append(code)
+        all_logits.append(logits)
+        nxt = feed(step, code)
+        if nxt is not None:
+            h = position(nxt[:, 0], pos)
+            pos += 1
+    return codes, all_logits
+
+
+def use_predictor_kernels(module: nn.Module) -> dict:
+    """Kernel pass of the codebook predictors (StageSpec.kernel_passes): every DecoderBlock's attention and MLP
+    become kernel-layer blocks holding the same weights; `unrolled_frame` then runs the frame on them."""
+    blocks = [sub for sub in module.modules()
+              if isinstance(sub, DecoderBlock) and not isinstance(sub.self_attn, KernelAttention)]
+    if not all(supports_head_dim(b.self_attn.head_dim) for b in blocks):
+        # (tiny test presets with head_dim 8): the stage stays on its eager blocks, and says so
+        return {"pass": "use_predictor_kernels", "layers": 0, "skipped": "head_dim the kernel does not take"}
+    for sub in blocks:
+        sub.self_attn = KernelAttention(sub.self_attn, rope_interleaved=sub.rope_style == "interleaved")
+        sub.mlp = KernelSwiGLU(sub.mlp)
+    return {"pass": "use_predictor_kernels", "layers": len(blocks),
+            "ops": ["ttsaot::skinny_linear", "ttsaot::decode_attention"]}
 
 
 def reference_margins(module: nn.Module, inputs: dict[str, torch.Tensor], first: str) -> dict[str, torch.Tensor]:

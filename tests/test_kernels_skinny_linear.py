@@ -9,7 +9,9 @@ import torch
 
 from ttsaot.builder.kernels import CPU_DECOMPOSITIONS, lower_for_cpu
 from ttsaot.builder.kernels.skinny_linear import (
+    MAX_KERNEL_ROWS,
     MIN_SPLIT_K_CHUNK,
+    kernel_rows,
     launch_skinny_linear,
     plan_split_k,
     skinny_linear,
@@ -131,6 +133,40 @@ def test_kernel_is_deterministic_with_split_k():
     runs = [launch_skinny_linear(**t, gated=True, config={"BLOCK_N": 16, "BLOCK_K": 32}, split_k=4, use_dot=False)
             for _ in range(2)]
     assert torch.equal(runs[0], runs[1])
+
+
+@pytest.mark.parametrize("epilogue", ["norm", "residual", "norm_gated"])
+def test_launches_pass_each_kernel_only_its_own_arguments(epilogue):
+    """Compiled Triton refuses a keyword its kernel does not declare (the interpreter does not): the split-K
+    epilogue kernel got HAS_NORM and crashed on the H100 (Qwen code_predictor down, M = 16)."""
+    spec = EPILOGUES[epilogue]
+    t = _inputs(None, 48, 96, torch.float32, lead=(3,), **spec)
+    launched = []
+
+    def checked(kernel):
+        def launcher(grid):
+            def call(*args, **kw):
+                names = kernel.arg_names
+                assert len(args) + len(kw) <= len(names) and set(kw) <= set(names[len(args):]), (
+                    sorted(set(kw) - set(names)))
+                launched.append(kernel)
+                return kernel[grid](*args, **kw)
+            return call
+
+        class _Wrapped:
+            def __getitem__(self, grid):
+                return launcher(grid)
+
+        return _Wrapped()
+
+    launch_skinny_linear(**t, gated=spec.get("gated", False), split_k=2, use_dot=True, wrap=checked,
+                         config={"BLOCK_N": 16, "BLOCK_K": 32})
+    assert len(launched) == 2                                   # the split-K pass and its epilogue
+
+
+def test_rows_above_the_threshold_take_the_aten_path():
+    assert kernel_rows(torch.empty(16, 8)) and kernel_rows(torch.empty(2, 16, 8))
+    assert not kernel_rows(torch.empty(MAX_KERNEL_ROWS + 1, 8)) and not kernel_rows(torch.empty(4, 11, 8))
 
 
 def test_split_k_plan():

@@ -16,6 +16,8 @@ inside the cache):
    as repeat_interleave would): scores q·k in fp32 × scale, softmax in fp32, probabilities rounded to the compute
    dtype, then · v accumulated in fp32 and rounded once.
 Unlike the eager step (which rounds q·scale and the scores to bf16 before the softmax), the scores stay fp32.
+qkv may be fp32 over bf16 caches (what the builder's fp32 parity run of a bf16 stage feeds a step module): k/v are
+rounded to the caches' dtype as they are written, as the eager steps do; the op then runs its aten reference.
 
 Mutation, export and lowering: the op declares `mutates_args={"k_cache", "v_cache"}`; `torch.export` keeps it as
 ONE node (on CUDA, AOTInductor traces the body into the Triton kernels and re-inplaces the functionalized write,
@@ -64,8 +66,8 @@ def decode_attention_reference(qkv: torch.Tensor, positions: torch.Tensor, k_cac
     dev = qkv.device
     idx = (torch.full((1, 1), layer, dtype=torch.long, device=dev), torch.arange(B, device=dev)[:, None],
            torch.arange(hkv, device=dev)[None, :], pos[:, None])
-    k_cache.index_put_(idx, k)
-    v_cache.index_put_(idx, v)
+    k_cache.index_put_(idx, k.to(k_cache.dtype))
+    v_cache.index_put_(idx, v.to(v_cache.dtype))
     kc, vc = k_cache[layer].float(), v_cache[layer].float()                         # [B, Hkv, S, hd]
     qg = q.reshape(B, hkv, hq // hkv, hd).float()
     scores = torch.matmul(qg, kc.transpose(-1, -2)) * scale                          # [B, Hkv, G, S]
@@ -73,6 +75,11 @@ def decode_attention_reference(qkv: torch.Tensor, positions: torch.Tensor, k_cac
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     probs = scores.softmax(-1).to(dt).float()
     return torch.matmul(probs, vc).to(dt).reshape(B, hq * hd)
+
+
+def supports_head_dim(hd: int) -> bool:
+    """The kernel's tl.dot tiles need a power-of-2 head dim of at least 16."""
+    return hd >= 16 and hd & (hd - 1) == 0
 
 
 def _check(qkv: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layer: int,
@@ -85,14 +92,16 @@ def _check(qkv: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_
     torch._check(k_cache.is_contiguous() and v_cache.is_contiguous(), lambda: "decode_attention: caches must be "
                                                                               "contiguous")
     L, B, hkv, S, hd = k_cache.shape
-    torch._check(hd >= 16 and hd & (hd - 1) == 0, lambda: f"decode_attention: head_dim {hd} is not a power of 2 ≥ 16")
+    torch._check(supports_head_dim(hd), lambda: f"decode_attention: head_dim {hd} is not a power of 2 ≥ 16")
     torch._check(qkv.dim() == 2 and qkv.shape[0] == B and qkv.shape[1] % hd == 0 and qkv.stride(1) == 1,
                  lambda: f"decode_attention: qkv must be [B={B}, (Hq + 2·Hkv)·{hd}] with contiguous rows, "
                          f"got {tuple(qkv.shape)}")
     hq = qkv.shape[1] // hd - 2 * hkv
     torch._check(hq > 0 and hq % hkv == 0, lambda: f"decode_attention: {hq} query heads for {hkv} kv heads")
-    torch._check(qkv.dtype == k_cache.dtype and qkv.dtype in (torch.float32, torch.bfloat16),
-                 lambda: f"decode_attention: qkv {qkv.dtype} and caches {k_cache.dtype} must share a float dtype")
+    torch._check(k_cache.dtype in (torch.float32, torch.bfloat16)
+                 and (qkv.dtype == k_cache.dtype or qkv.dtype == torch.float32),
+                 lambda: f"decode_attention: qkv {qkv.dtype} and caches {k_cache.dtype} must share a float dtype "
+                         f"(or qkv fp32)")
     torch._check(positions.shape == (B,) and positions.dtype in (torch.int64, torch.int32),
                  lambda: f"decode_attention: positions must be [{B}] int64/int32")
     torch._check(0 <= layer < L, lambda: f"decode_attention: layer {layer} outside the cache's {L} layers")
@@ -178,8 +187,9 @@ if HAVE_TRITON:
                          rope_interleaved: bool = False, q_norm: torch.Tensor | None = None,
                          k_norm: torch.Tensor | None = None, norm_eps: float = 1e-6) -> torch.Tensor:
         _check(qkv, positions, k_cache, v_cache, layer, cos, sin, rope_interleaved, q_norm, k_norm)
-        if qkv.device.type != "cuda":
+        if qkv.device.type != "cuda" or qkv.dtype != k_cache.dtype:
             # Also what a CPU compile traces (lower_for_cpu): aten ops, the cache write an in-place index_put_.
+            # fp32 qkv over 16-bit caches: the builder's fp32 parity run of a bf16 stage (never a compiled bucket).
             return decode_attention_reference(qkv, positions, k_cache, v_cache, layer, scale, cos, sin,
                                               rope_interleaved, q_norm, k_norm, norm_eps)
         return launch_decode_attention(qkv, positions, k_cache, v_cache, layer, scale, cos, sin, rope_interleaved,

@@ -37,6 +37,10 @@ OP_NAME = "ttsaot::skinny_linear"
 # M up to this takes the FMA (GEMV) form by default, larger M the tensor-core tile: the FMA accumulator holds
 # BLOCK_M·BLOCK_N·BLOCK_K fp32 values (200+ registers per thread at M = 4 with the GEMV configs).
 GEMV_MAX_M = 2
+# Above this many rows the op is plain aten (cuBLAS + Inductor's fused epilogue), decided at trace time from the
+# bucket's static shape: the tile form falls behind cuBLAS there (H100, bench/results/nvidia-h100/
+# kernels_phase1.json: 1.4-3.2x torch at M = 11..20, but 0.46-0.9x at the Fish fast_ar's M = 44 / 176).
+MAX_KERNEL_ROWS = 32
 MIN_SPLIT_K_CHUNK = 1024  # split-K never gives a program less than this much of K
 SPLIT_K_ALIGN = 512       # split boundaries are multiples of the largest BLOCK_K of the autotuned configs
 
@@ -100,6 +104,13 @@ def _identity(kernel: Any) -> Any:
     return kernel
 
 
+def kernel_rows(x: torch.Tensor) -> bool:
+    """Whether a call with this x runs the Triton kernels (else its aten reference): rows ≤ MAX_KERNEL_ROWS. Shapes
+    are static per bucket, so each bucket's package bakes one choice; a symbolic row count keeps the kernels."""
+    rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 1
+    return not isinstance(rows, int) or rows <= MAX_KERNEL_ROWS
+
+
 def launch_skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                          norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6, gated: bool = False,
                          residual: torch.Tensor | None = None, residual_scale: float = 1.0, *,
@@ -141,9 +152,11 @@ def launch_skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     else:
         wrap(kernels.skinny_linear_kernel)[grid](*args, **meta, **config)
     if split_k > 1:
+        # The norm was applied in the first pass: the epilogue kernel takes the epilogue flags only.
+        epilogue = {k: v for k, v in flags.items() if k != "HAS_NORM"}
         bm = min(16, next_power_of_2(m))
         wrap(kernels.split_k_epilogue_kernel)[(cdiv(n_out, 128), cdiv(m, bm))](
-            part, args[2], r2, y, m, n_out, float(residual_scale), **flags, SPLIT_K=split_k, BLOCK_M=bm,
+            part, args[2], r2, y, m, n_out, float(residual_scale), **epilogue, SPLIT_K=split_k, BLOCK_M=bm,
             BLOCK_N=128)
     return y
 
@@ -155,8 +168,9 @@ if HAVE_TRITON:
                       norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6, gated: bool = False,
                       residual: torch.Tensor | None = None, residual_scale: float = 1.0) -> torch.Tensor:
         _check(x, weight, bias, norm_weight, gated, residual)
-        if x.device.type != "cuda":
-            # Also what a CPU compile traces (fake tensors): plain aten ops that Inductor's C++ backend fuses.
+        if x.device.type != "cuda" or not kernel_rows(x):
+            # Also what a CPU compile traces (fake tensors): plain aten ops that Inductor's C++ backend fuses; and
+            # on CUDA above MAX_KERNEL_ROWS, where Inductor's cuBLAS call + fused epilogue is faster.
             return skinny_linear_reference(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale)
         return launch_skinny_linear(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale,
                                     wrap=torch.library.wrap_triton)

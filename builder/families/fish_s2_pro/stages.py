@@ -15,7 +15,13 @@ from torch import nn
 from ...buckets import BucketPlan, batch_sizes, frame_sizes, off_bucket_frames
 from ...options import OptionsError
 from ...passes import bake_snake, bake_weight_norm, count_parameters, fuse_projections, prune_submodules
-from ...predictor import off_bucket_batch, random_sampling_inputs, reference_margins, sampling_inputs
+from ...predictor import (
+    off_bucket_batch,
+    random_sampling_inputs,
+    reference_margins,
+    sampling_inputs,
+    use_predictor_kernels,
+)
 from ...stage_spec import StageSpec
 from . import FAMILY
 from .checkpoint import init_random_dac, init_random_fast_ar, load_codec, load_fast_ar
@@ -218,6 +224,7 @@ def fast_ar_stage(opts: FishS2Options) -> StageSpec:
     return StageSpec(
         family=FAMILY.name, name="fast_ar", kind="codebook_predictor", make_module=make_module,
         passes=[prune_fast_ar, fuse_projections],
+        kernel_passes=[use_predictor_kernels],
         plan=BucketPlan({"batch": batches}),
         make_inputs=make_inputs, inputs=inputs, outputs=outputs, dtype=dtype,
         # next_embed: fp32 kernel-order noise; bf16 rounding of a [B,D] sum (measured < 1e-2 on tiny).

@@ -11,7 +11,13 @@ from torch import nn
 from ...buckets import BucketPlan, batch_sizes, frame_sizes, off_bucket_frames
 from ...options import OptionsError
 from ...passes import bake_snake, depthwise_conv_as_shifts, fuse_projections
-from ...predictor import off_bucket_batch, random_sampling_inputs, reference_margins, sampling_inputs
+from ...predictor import (
+    off_bucket_batch,
+    random_sampling_inputs,
+    reference_margins,
+    sampling_inputs,
+    use_predictor_kernels,
+)
 from ...stage_spec import StageSpec
 from . import FAMILY
 from .checkpoint import init_random_code2wav, init_random_code_predictor, load_code2wav, load_code_predictor
@@ -122,6 +128,7 @@ def code_predictor_stage(opts: Qwen3TTSOptions) -> StageSpec:
     return StageSpec(
         family=FAMILY.name, name="code_predictor", kind="codebook_predictor", make_module=make_module,
         passes=[prune_code_predictor, fuse_projections],
+        kernel_passes=[use_predictor_kernels],
         plan=BucketPlan({"batch": batches}), make_inputs=make_inputs,
         inputs=[{"name": "hidden", "dtype": "float32", "shape": ["batch", cfg.talker_hidden_size]},
                 # any talker token: codec codes (< vocab_size) are predicted from; special tokens (EOS, …) give

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...kernels.decode_modules import KernelAttention, KernelSwiGLU
 from ...layers import RMSNorm, SwiGLU, apply_rope_neox, rope_table
 from ...layers.attention import Attention
 from .config import MiniCPM4Config, VoxCPM2LMConfig
@@ -93,7 +94,13 @@ class MiniCPMLayer(nn.Module):
                      layer: int, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      ) -> torch.Tensor:
         """x [B,D], positions [B]: write this token's k/v at (layer, row, :, positions[row]) of the caches, then
-        attend over the row's keys at positions ≤ positions[row]."""
+        attend over the row's keys at positions ≤ positions[row]. On the kernel layer (`use_decode_kernels`),
+        cos/sin are the whole RoPE tables."""
+        if isinstance(self.self_attn, KernelAttention):
+            scale = 1.0 if self.branch_scale is None else self.branch_scale
+            x = self.self_attn.decode_step(x, self.input_layernorm, positions, k_cache, v_cache, layer, cos, sin,
+                                           scale)
+            return self.mlp.decode_step(x, self.post_attention_layernorm, scale)
         a = self.self_attn
         B = x.shape[0]
         q, k, v = a.project_qkv(self.input_layernorm(x)[:, None])             # q [B,H,1,hd], k/v [B,kvh,1,hd]
@@ -152,11 +159,17 @@ class MiniCPM4(nn.Module):
                      v_cache: torch.Tensor) -> torch.Tensor:
         """MiniCPMModel.forward_step with a position per row: x [B,D] → norm(h) [B,D]; caches written in place."""
         cos = sin = None
-        if self.rope is not None:
+        if self.rope is not None and self.uses_kernels:
+            cos, sin = self.rope.cos, self.rope.sin
+        elif self.rope is not None:
             cos, sin = self.rope.cos[positions][:, None, None, :], self.rope.sin[positions][:, None, None, :]
         for i, layer in enumerate(self.layers):
             x = layer.forward_step(x, cos, sin, i, positions, k_cache, v_cache)
         return self.norm(x)
+
+    @property
+    def uses_kernels(self) -> bool:
+        return isinstance(self.layers[0].self_attn, KernelAttention)
 
     def prefill(self, x: torch.Tensor, lengths: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 ) -> torch.Tensor:
@@ -175,6 +188,21 @@ class MiniCPM4(nn.Module):
             k_cache.index_put_(idx, k.to(k_cache.dtype))
             v_cache.index_put_(idx, v.to(v_cache.dtype))
         return h
+
+
+def use_decode_kernels(module: nn.Module) -> dict:
+    """Kernel pass of the step stages (StageSpec.kernel_passes): every MiniCPM4 decoder layer's attention and MLP
+    blocks become kernel-layer blocks holding the same weights (builder/kernels/decode_modules.py). Only
+    `forward_step` uses them: the pass is for step stages only."""
+    layers = 0
+    for sub in module.modules():
+        if isinstance(sub, MiniCPM4) and not sub.uses_kernels:
+            for layer in sub.layers:
+                layer.self_attn = KernelAttention(layer.self_attn)
+                layer.mlp = KernelSwiGLU(layer.mlp)
+                layers += 1
+    return {"pass": "use_decode_kernels", "layers": layers,
+            "ops": ["ttsaot::skinny_linear", "ttsaot::decode_attention"]}
 
 
 class ScalarQuantizationLayer(nn.Module):

@@ -32,7 +32,7 @@ from .config import (
     audio_config_from_checkpoint,
     lm_config_from_checkpoint,
 )
-from .lm import STAGE_MODULES
+from .lm import STAGE_MODULES, use_decode_kernels
 from .options import VoxCPM2Options
 from .vae import AudioVAEDecoder, bake_sample_rate, receptive_field_frames
 
@@ -142,6 +142,7 @@ def lm_stage(name: str, opts: VoxCPM2Options) -> StageSpec:
                   "cache_inputs": ["k_cache", "v_cache"], "cache_shape": cache_shape(mcfg, "batch", max_len),
                   "cache_dtype": cdt, "hidden_size": H, **meta},
         config=cfg.to_json(), checkpoint_report=report, golden_sizes=golden, golden_buckets=False,
+        kernel_passes=[use_decode_kernels] if is_step else [],
     )
 
 
