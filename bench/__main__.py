@@ -1,5 +1,6 @@
 """`python -m bench [run] ...` measure · `python -m bench report` write BENCHMARKS.md ·
 `python -m bench snake` · `python -m bench kernels` · `python -m bench conv-kernels` ·
+`python -m bench codec-stages` ·
 `python -m bench list`. Internal: `_stage`, `_coldstart`, `_snake` (the per-process workers)."""
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from ttsaot.runtime.dtypes import SHORT_DTYPE_NAMES
 
 from .common import REPO, git_commit, now_iso, short_error, write_json
 
-COMMANDS = ("run", "report", "snake", "kernels", "conv-kernels", "list", "build", "voxcpm-loop", "_stage",
-            "_coldstart", "_snake")
+COMMANDS = ("run", "report", "snake", "kernels", "conv-kernels", "codec-stages", "list", "build", "voxcpm-loop",
+            "_stage", "_coldstart", "_snake")
 
 
 def _csv(value: str) -> list[str]:
@@ -531,12 +532,14 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("list", help="families, stages and the buckets the bench would measure")
 
+    from .codec_stages import add_parser as add_codec_stages
     from .conv_kernels import add_parser as add_conv_kernels
     from .prebuild import add_parser as add_build
     from .voxcpm_loop import add_parser as add_voxcpm_loop
 
     add_build(sub)
     add_conv_kernels(sub)
+    add_codec_stages(sub)
 
     add_voxcpm_loop(sub)
 
@@ -601,6 +604,10 @@ def main(argv: list[str] | None = None) -> int:
         from .conv_kernels import main as conv_kernels
 
         return conv_kernels(a)
+    if a.cmd == "codec-stages":
+        from .codec_stages import main as codec_stages
+
+        return codec_stages(a)
     if a.cmd == "voxcpm-loop":
         from .voxcpm_loop import main as voxcpm_loop
 
