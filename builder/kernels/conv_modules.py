@@ -477,12 +477,16 @@ CONV_OPS = ("conv1d", "conv1d_dual", "conv_transpose1d", "conv_transpose1d_dual"
 
 @dataclass
 class ConvGraphReport:
-    """The ttsaot conv nodes of an exported graph (op names, in graph order) and the layout changes found between
-    the first and the last of them: a transpose/permute of a 3-D activation ([B, C, T] ↔ [B, T, C]) or a
-    channels-last memory-format conversion. Transposes inside attention (4-D heads) are not layout changes."""
+    """The ttsaot conv nodes of an exported graph (op names, in graph order) and its layout changes: a
+    transpose/permute of a 3-D activation ([B, C, T] ↔ [B, T, C]) or a channels-last memory-format conversion,
+    split into those before the first conv (`entry`), between the first and the last (`layout_changes`: what a
+    channels-last stage must not have) and after the last (`exit`). Transposes inside attention (4-D heads) are not
+    layout changes."""
 
     conv_ops: list[str]
     layout_changes: list[str]
+    entry: list[str] = field(default_factory=list)
+    exit: list[str] = field(default_factory=list)
 
 
 def _is_layout_change(node: torch.fx.Node) -> bool:
@@ -511,11 +515,15 @@ def conv_graph_report(ep: torch.export.ExportedProgram | torch.fx.GraphModule) -
     conv_idx = [i for i, n in enumerate(nodes) if n.op == "call_function"
                 and getattr(n.target, "namespace", None) == "ttsaot"
                 and getattr(n.target, "_opname", None) in CONV_OPS]
-    ops = [nodes[i].target._opname for i in conv_idx]
+    changes = [i for i, n in enumerate(nodes) if _is_layout_change(n)]
+    names = [f"{n.name}: {n.target}" for n in nodes]
     if not conv_idx:
-        return ConvGraphReport([], [])
-    between = nodes[conv_idx[0]:conv_idx[-1] + 1]
-    return ConvGraphReport(ops, [f"{n.name}: {n.target}" for n in between if _is_layout_change(n)])
+        return ConvGraphReport([], [], entry=[names[i] for i in changes])
+    first, last = conv_idx[0], conv_idx[-1]
+    return ConvGraphReport([nodes[i].target._opname for i in conv_idx],
+                           [names[i] for i in changes if first < i < last],
+                           entry=[names[i] for i in changes if i < first],
+                           exit=[names[i] for i in changes if i > last])
 
 
 __all__ = [
