@@ -5,7 +5,8 @@ Per task (a stage at one numerics choice; `--stages` picks a subset, the order b
 `--budget`):
 - `code2wav` (Qwen3-TTS 12 Hz, its default bf16; `code2wav:fp32` for the fp32 build, convs tf32x3), B=1,4 × 50
   frames; `dac_decoder:<bf16|tf32|fp32>` (Fish S2 Pro, `--dac-decoder-precision`), B=1,4 × 29 frames;
-  `dac_encoder` (one 10 s clip, fp32, convs tf32x3: the codes must equal exact fp32's).
+  `dac_encoder` (one 10 s clip, fp32, convs tf32x3: the codes must equal exact fp32's); `vae_decoder` (VoxCPM2,
+  fp32 by policy, convs tf32x3), B=1 × a 36-frame window.
 - Two builds from the same random weights (preset full on CUDA) into a temp dir, `kernels="ttsaot"` and
   `kernels="inductor"`, only the measured buckets; both loaded with the runtime (CUDA graphs).
 - Correctness per bucket, against the faithful module in exact fp32 (TF32 off) on the same inputs: relative error
@@ -20,13 +21,15 @@ Per task (a stage at one numerics choice; `--stages` picks a subset, the order b
   capture time.
 
 Each task's record is written to `<out>/codec_stages.json` as soon as it is done (a time-out keeps the finished
-ones); a task that fails is recorded with its error, never fatal; a task that no longer fits the budget is recorded
-skipped. On CPU (`--device cpu --preset tiny`, the smoke test) the same code runs without graphs or compile."""
+ones); a step that fails is recorded with its error, never fatal. `--budget` is a hard limit: every build and
+compile runs in a time box ending at it, and what does not fit is recorded skipped (with the reason). On CPU
+(`--device cpu --preset tiny`, the smoke test) the same code runs without graphs or compile."""
 
 from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import math
 import os
 import shutil
@@ -42,10 +45,20 @@ import torch
 
 from ttsaot.builder.passes.numerics import snr_db
 
-from .common import device_info, git_commit, now_iso, rel_err, short_error, time_fn, write_json
+from .common import (
+    BudgetExceeded,
+    device_info,
+    git_commit,
+    now_iso,
+    rel_err,
+    short_error,
+    time_box,
+    time_fn,
+    write_json,
+)
 
 # (task, family, stage, options besides preset/seed/kernels, criterion)
-TASK_ORDER = ("code2wav", "dac_decoder:bf16", "dac_encoder", "dac_decoder:tf32", "dac_decoder:fp32",
+TASK_ORDER = ("code2wav", "dac_decoder:bf16", "dac_encoder", "vae_decoder", "dac_decoder:tf32", "dac_decoder:fp32",
               "code2wav:fp32")
 CRITERIA = {"bf16": {"snr_db_min": 35.0}, "tf32": {"rel_error_max": 1e-3}, "fp32": {"rel_error_max": 1e-4},
             "codes": {"code_match_min": 1.0}}
@@ -62,7 +75,7 @@ class Task:
 
 
 def make_tasks(names: list[str], batches: tuple[int, ...], code2wav_frames: int, dac_frames: int,
-               encoder_seconds: float) -> list[Task]:
+               encoder_seconds: float, vae_frames: int = 36) -> list[Task]:
     """The tasks named (any of TASK_ORDER), in priority order."""
     unknown = [n for n in names if n not in TASK_ORDER]
     if unknown:
@@ -78,6 +91,9 @@ def make_tasks(names: list[str], batches: tuple[int, ...], code2wav_frames: int,
         elif stage == "dac_decoder":
             opts = {"batch_buckets": batches, "frame_buckets": (dac_frames,), "dac_decoder_precision": prec}
             out.append(Task(name, "fish-s2-pro", "dac_decoder", opts, prec, CRITERIA[prec]))
+        elif stage == "vae_decoder":
+            opts = {"batch_buckets": (1,), "frame_buckets": (vae_frames,)}
+            out.append(Task(name, "voxcpm2", "vae_decoder", opts, "fp32", CRITERIA["fp32"]))
         else:
             opts = {"encoder_seconds": (encoder_seconds,)}
             out.append(Task(name, "fish-s2-pro", "dac_encoder", opts, "fp32", CRITERIA["codes"]))
@@ -155,7 +171,8 @@ def run_task(task: Task, preset: str, seed: int, device: torch.device, root: Pat
 
     rec: dict[str, Any] = {"task": task.name, "family": task.family, "stage": task.stage,
                            "precision": task.precision, "criterion": task.criterion, "builds": {}, "buckets": {}}
-    spec, path, secs = _build(task, "ttsaot", preset, seed, device, root)
+    with time_box(deadline - time.perf_counter(), f"{task.name}: the ttsaot build"):
+        spec, path, secs = _build(task, "ttsaot", preset, seed, device, root)
     rec["builds"]["ttsaot"] = {"seconds": round(secs, 1), "path": str(path)}
     log(f"{task.name}: ttsaot build {secs:.0f} s")
     original = spec.make_module().eval()
@@ -180,10 +197,18 @@ def run_task(task: Task, preset: str, seed: int, device: torch.device, root: Pat
     kernels_list = ["ttsaot"] + (["inductor"] if "inductor" in variants else [])
     for kernels in kernels_list:
         if kernels == "inductor":
-            if time.perf_counter() > deadline:
-                rec["builds"]["inductor"] = {"skipped": "budget"}
+            try:
+                if time.perf_counter() > deadline:
+                    raise BudgetExceeded("no time left in --budget")
+                with time_box(deadline - time.perf_counter(), f"{task.name}: the inductor build"):
+                    _, ipath, secs = _build(task, "inductor", preset, seed, device, root)
+            except BudgetExceeded as e:
+                rec["builds"]["inductor"] = {"skipped": str(e)}
                 continue
-            _, ipath, secs = _build(task, "inductor", preset, seed, device, root)
+            except Exception as e:                      # the ttsaot results stay; the comparison is marked
+                rec["builds"]["inductor"] = {"error": short_error(e)}
+                log(f"{task.name}: inductor build: {short_error(e)}")
+                continue
             rec["builds"]["inductor"] = {"seconds": round(secs, 1), "path": str(ipath)}
             log(f"{task.name}: inductor build {secs:.0f} s")
             path = ipath
@@ -200,9 +225,10 @@ def run_task(task: Task, preset: str, seed: int, device: torch.device, root: Pat
             if replay is not None:
                 row["replay_ms"] = _replay_ms(replay, device, reps)
             b[kernels] = row
-        del bundle, st
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+        del bundle, st, replay
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()             # the next load's memory delta starts from here
 
     tf32 = task.precision == "tf32"
     eager_modes = [("eager", tf32)] + ([("eager_tf32", True)] if spec.dtype == torch.float32 and not tf32 else [])
@@ -220,12 +246,19 @@ def run_task(task: Task, preset: str, seed: int, device: torch.device, root: Pat
         _set_tf32(tf32)
         compiled = torch.compile(staged, mode=compile_mode)
         for k, args in inputs.items():
-            if time.perf_counter() > deadline:
-                rec["buckets"][k]["compile_graph"] = {"skipped": "budget"}
-                continue
             t0 = time.perf_counter()
-            with torch.no_grad():
-                g = StaticGraph(lambda xs: compiled(*xs), [a.clone() for a in args], device)
+            try:
+                if t0 > deadline:
+                    raise BudgetExceeded("no time left in --budget")
+                with time_box(deadline - t0, f"{task.name}: torch.compile"), torch.no_grad():
+                    g = StaticGraph(lambda xs: compiled(*xs), [a.clone() for a in args], device)
+            except BudgetExceeded as e:
+                rec["buckets"][k]["compile_graph"] = {"skipped": str(e)}
+                continue
+            except Exception as e:
+                rec["buckets"][k]["compile_graph"] = {"error": short_error(e)}
+                log(f"{task.name}/{k}: torch.compile: {short_error(e)}")
+                continue
             row = compare(_first(g.replay()), refs[k], task.criterion)
             row.update(ms=_replay_ms(g.replay, device, reps), compile_and_capture_s=round(time.perf_counter() - t0, 1),
                        mode=compile_mode)
@@ -265,7 +298,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     preset = a.preset or ("full" if device.type == "cuda" else "tiny")
     variants = set(a.variants) if a.variants else (
         {"inductor", "eager", "compile"} if device.type == "cuda" else {"inductor", "eager"})
-    tasks = make_tasks(a.stages, tuple(a.batches), a.code2wav_frames, a.dac_frames, a.encoder_seconds)
+    tasks = make_tasks(a.stages, tuple(a.batches), a.code2wav_frames, a.dac_frames, a.encoder_seconds,
+                       a.vae_frames)
     out = Path(a.out) / "codec_stages.json"
     start = time.perf_counter()
     deadline = start + a.budget
@@ -288,6 +322,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             try:
                 rec = run_task(task, preset, a.seed, device, root, a.reps, variants, a.compile_mode, deadline, log)
                 rec["status"] = "ok"
+            except BudgetExceeded as e:
+                rec = {"task": task.name, "status": "skipped", "reason": str(e)}
             except Exception as e:                      # recorded, never fatal: the other tasks still run
                 rec = {"task": task.name, "status": "error", "error": short_error(e),
                        "traceback": traceback.format_exc()[-3000:]}
@@ -335,19 +371,20 @@ def add_parser(sub) -> None:
                                             "and torch.compile, correctness and time (issue 15)")
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for codec_stages.json")
     p.add_argument("--stages", type=_csv, default=list(TASK_ORDER[:5]),
-                   help=f"tasks, comma-separated, of: {', '.join(TASK_ORDER)} (default: all but code2wav:fp32)")
+                   help=f"tasks, comma-separated, of: {', '.join(TASK_ORDER)} (default: the first five)")
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     p.add_argument("--preset", default=None, help="full (default on CUDA) or tiny (default on CPU)")
     p.add_argument("--batches", type=lambda v: [int(x) for x in _csv(v)], default=[1, 4])
     p.add_argument("--code2wav-frames", type=int, default=50)
     p.add_argument("--dac-frames", type=int, default=29)
     p.add_argument("--encoder-seconds", type=float, default=10.0)
+    p.add_argument("--vae-frames", type=int, default=36, help="the vae_decoder's window (B=1)")
     p.add_argument("--variants", type=_csv, default=None,
                    help="of inductor,eager,compile (default: all on CUDA; inductor,eager on CPU)")
     p.add_argument("--compile-mode", default="max-autotune-no-cudagraphs")
     p.add_argument("--reps", type=int, default=20, help="timed calls per measurement (median)")
     p.add_argument("--budget", type=float, default=200.0,
-                   help="seconds after which no new build/compile starts (the rest is recorded skipped)")
+                   help="seconds for all builds and compiles (each is time-boxed to it; the rest is recorded skipped)")
     p.add_argument("--seed", type=int, default=0)
 
 

@@ -31,6 +31,7 @@ CASES = {
     "dac_decoder": ("fish-s2-pro", "dac_decoder", {}),
     "dac_decoder_bf16": ("fish-s2-pro", "dac_decoder", {"dac_decoder_precision": "bf16"}),
     "dac_encoder": ("fish-s2-pro", "dac_encoder", {"encoder_seconds": (1.0,)}),
+    "vae_decoder": ("voxcpm2", "vae_decoder", {}),
 }
 
 
@@ -67,7 +68,7 @@ def test_kernel_pass_keeps_outputs_and_leaves_no_layout_change_between_convs(cas
         assert torch.equal(out, ref)                                # the encoder's codes
     before = conv_graph_report(torch.export.export(faithful, args))
     after = conv_graph_report(torch.export.export(m, args))
-    assert not before.conv_ops and before.entry                     # the faithful graph: aten convs, transposes
+    assert not before.conv_ops                                      # the faithful graph: aten convs
     assert len(after.conv_ops) >= 20
     assert "conv1d_dual" in after.conv_ops and "dwconv1d" in after.conv_ops     # residual units, ConvNeXt
     assert after.layout_changes == [], after.layout_changes
@@ -181,4 +182,36 @@ def test_fish_dac_ttsaot_artifacts_match_the_inductor_ones(fish_ttsaot, fish_dac
     audio = torch.randn(1, 1, 30_001, generator=g) * 0.3
     assert torch.equal(mine["dac_encoder"](audio), theirs["dac_encoder"](audio))    # voice-clone codes unchanged
     results = verify_bundle(mine)
+    assert results and all(r.ok for r in results)
+
+
+@pytest.fixture(scope="module")
+def vae_ttsaot() -> Path:
+    """vae_decoder (fp32 by policy), kernels=ttsaot, one bucket (b2_f36), the serving stream pattern."""
+    from ttsaot.builder.buckets import StreamingConfig
+    from ttsaot.builder.build import build_family
+
+    def build(root: Path) -> Path:
+        fam = get_family("voxcpm2")
+        opts = fam.options(batch_buckets=(2,), frame_buckets=(36,), streaming=StreamingConfig(12, 24, 0, 0),
+                           kernels="ttsaot")
+        return build_family(fam.name, fam.specs(opts, ["vae_decoder"]), root, "cpu").path
+
+    return built_artifact("voxcpm2-vae-ttsaot", build)
+
+
+@pytest.mark.slow
+def test_vae_decoder_ttsaot_artifact_matches_eager_and_streams(vae_ttsaot):
+    manifest = json.loads((vae_ttsaot / "manifest.json").read_text())
+    st = manifest["stages"]["vae_decoder"]
+    assert st["kernels"] == "ttsaot" and st["dtype"] == "float32"
+    stage = load(vae_ttsaot)["vae_decoder"]
+    eager = _spec("vae_decoder", kernels="inductor").make_module().eval()   # what the inductor build is held to
+    z = torch.randn(2, 16, 48, generator=torch.Generator().manual_seed(7))
+    one_shot = stage(z)
+    with torch.no_grad():
+        assert rel_err(one_shot, eager(z)) < st["tolerance"]
+    streamed = torch.cat(list(stage.stream(z.split(12, dim=-1))), dim=-1)
+    assert rel_err(streamed, one_shot) < 1e-5
+    results = verify_bundle(load(vae_ttsaot))
     assert results and all(r.ok for r in results)
