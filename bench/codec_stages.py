@@ -17,8 +17,8 @@ Per task (a stage at one numerics choice; `--stages` picks a subset, the order b
   applied, compute dtype) with the precision's TF32 setting, plus `eager_tf32` for fp32 stages (PyTorch's
   default cuDNN TF32: what users run); `compile_graph`: torch.compile(mode=--compile-mode) of that module
   replayed in a manual CUDA graph (runtime.graphs.StaticGraph).
-- Memory: device memory the loaded stage holds beyond its weights (graphs, pools, static buffers) and its graph
-  capture time.
+- Memory: device memory the loaded stage holds beyond its weights (graphs, pools, static buffers) for the buckets
+  built here (not the stage's whole default plan), and its graph capture time.
 
 Each task's record is written to `<out>/codec_stages.json` as soon as it is done (a time-out keeps the finished
 ones); a step that fails is recorded with its error, never fatal. `--budget` is a hard limit: every build and
@@ -133,7 +133,7 @@ def _build(task: Task, kernels: str, preset: str, seed: int, device: torch.devic
     t0 = time.perf_counter()
     # the bench checks every output itself, against exact fp32, in this process
     res = build_family(fam.name, specs, root / f"{task.name.replace(':', '_')}-{kernels}", device, seed=seed,
-                       verify_in_subprocess=False)
+                       preset=preset, verify_in_subprocess=False)
     return specs[0], res.path, time.perf_counter() - t0
 
 
