@@ -202,11 +202,8 @@ def run_task(task: Task, preset: str, seed: int, device: torch.device, root: Pat
                     raise BudgetExceeded("no time left in --budget")
                 with time_box(deadline - time.perf_counter(), f"{task.name}: the inductor build"):
                     _, ipath, secs = _build(task, "inductor", preset, seed, device, root)
-            except BudgetExceeded as e:
-                rec["builds"]["inductor"] = {"skipped": str(e)}
-                continue
             except Exception as e:                      # the ttsaot results stay; the comparison is marked
-                rec["builds"]["inductor"] = {"error": short_error(e)}
+                rec["builds"]["inductor"] = {"skipped" if _out_of_budget(e) else "error": short_error(e)}
                 log(f"{task.name}: inductor build: {short_error(e)}")
                 continue
             rec["builds"]["inductor"] = {"seconds": round(secs, 1), "path": str(ipath)}
@@ -252,11 +249,8 @@ def run_task(task: Task, preset: str, seed: int, device: torch.device, root: Pat
                     raise BudgetExceeded("no time left in --budget")
                 with time_box(deadline - t0, f"{task.name}: torch.compile"), torch.no_grad():
                     g = StaticGraph(lambda xs: compiled(*xs), [a.clone() for a in args], device)
-            except BudgetExceeded as e:
-                rec["buckets"][k]["compile_graph"] = {"skipped": str(e)}
-                continue
             except Exception as e:
-                rec["buckets"][k]["compile_graph"] = {"error": short_error(e)}
+                rec["buckets"][k]["compile_graph"] = {"skipped" if _out_of_budget(e) else "error": short_error(e)}
                 log(f"{task.name}/{k}: torch.compile: {short_error(e)}")
                 continue
             row = compare(_first(g.replay()), refs[k], task.criterion)
@@ -275,6 +269,11 @@ def run_task(task: Task, preset: str, seed: int, device: torch.device, root: Pat
         if ind and mine:
             b["ttsaot_speedup_vs_inductor"] = round(ind / mine, 3)
     return rec
+
+
+def _out_of_budget(e: BaseException) -> bool:
+    """A time box that fired, possibly inside a build (which re-raises it wrapped in its own errors)."""
+    return isinstance(e, BudgetExceeded) or "BudgetExceeded" in str(e)
 
 
 def _first(out):
@@ -322,12 +321,13 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             try:
                 rec = run_task(task, preset, a.seed, device, root, a.reps, variants, a.compile_mode, deadline, log)
                 rec["status"] = "ok"
-            except BudgetExceeded as e:
-                rec = {"task": task.name, "status": "skipped", "reason": str(e)}
             except Exception as e:                      # recorded, never fatal: the other tasks still run
-                rec = {"task": task.name, "status": "error", "error": short_error(e),
-                       "traceback": traceback.format_exc()[-3000:]}
-                log(f"{task.name}: {short_error(e)}")
+                if _out_of_budget(e):
+                    rec = {"task": task.name, "status": "skipped", "reason": short_error(e)}
+                else:
+                    rec = {"task": task.name, "status": "error", "error": short_error(e),
+                           "traceback": traceback.format_exc()[-3000:]}
+                log(f"{task.name}: {rec['status']}: {short_error(e)}")
             rec["seconds"] = round(time.perf_counter() - t0, 1)
             res["tasks"].append(rec)
             res["seconds"] = round(time.perf_counter() - start, 1)
