@@ -1,7 +1,7 @@
 """`python -m bench [run] ...` measure · `python -m bench report` write BENCHMARKS.md ·
 `python -m bench snake` · `python -m bench kernels` · `python -m bench conv-kernels` ·
-`python -m bench decode-stages` · `python -m bench list`. Internal: `_stage`, `_coldstart`, `_snake` (the
-per-process workers)."""
+`python -m bench decode-stages` · `python -m bench codec-stages` · `python -m bench list`. Internal: `_stage`,
+`_coldstart`, `_snake` (the per-process workers)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from ttsaot.runtime.dtypes import SHORT_DTYPE_NAMES
 
 from .common import REPO, git_commit, now_iso, short_error, write_json
 
-COMMANDS = ("run", "report", "snake", "kernels", "conv-kernels", "decode-stages", "list", "build", "profile",
-            "voxcpm-loop", "_stage", "_coldstart", "_snake")
+COMMANDS = ("run", "report", "snake", "kernels", "conv-kernels", "decode-stages", "codec-stages", "list", "build",
+            "profile", "voxcpm-loop", "_stage", "_coldstart", "_snake")
 
 
 def _csv(value: str) -> list[str]:
@@ -532,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("list", help="families, stages and the buckets the bench would measure")
 
+    from .codec_stages import add_parser as add_codec_stages
     from .conv_kernels import add_parser as add_conv_kernels
     from .decode_stages import add_parser as add_decode_stages
     from .prebuild import add_parser as add_build
@@ -542,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     add_profile(sub)
     add_conv_kernels(sub)
     add_decode_stages(sub)
+    add_codec_stages(sub)
 
     add_voxcpm_loop(sub)
 
@@ -614,6 +616,10 @@ def main(argv: list[str] | None = None) -> int:
         from .decode_stages import main as decode_stages
 
         return decode_stages(a)
+    if a.cmd == "codec-stages":
+        from .codec_stages import main as codec_stages
+
+        return codec_stages(a)
     if a.cmd == "voxcpm-loop":
         from .voxcpm_loop import main as voxcpm_loop
 

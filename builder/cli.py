@@ -394,6 +394,8 @@ def inspect(ctx, artifact, as_json, debug_here):
                 "inductor_options": st.get("inductor_options") or {},
                 "kernels": st.get("kernels", "inductor"),
                 "tf32": bool((st.get("metadata") or {}).get("allow_tf32", False)),
+                # a stage's numerics choice and its build-time error vs fp32 (the Fish dac_decoder's precision)
+                "numerics": (st.get("metadata") or {}).get("numerics"),
             })
         if as_json:
             _out_console().print_json(json.dumps({"family": m["family"], "device": m["device"],
@@ -424,7 +426,7 @@ def inspect(ctx, artifact, as_json, debug_here):
                 kept += f" [red]unaccounted {p['unaccounted']}[/red]"
             skipped = p["skipped"]["dropped"] + p["skipped"]["ignored"]
             compiled = [f"kernels={r['kernels']}", *(f"{k}={v}" for k, v in r["inductor_options"].items()),
-                        *(["tf32"] if r["tf32"] else [])]
+                        *(["tf32"] if r["tf32"] else []), *_numerics_cell(r["numerics"])]
             t.add_row(r["stage"], r["kind"], r["dtype"], f"{len(r['buckets'])}: {' '.join(r['buckets'])}",
                       f"{r['weights_mib']}", f"{r['packages_mib']}", " ".join(compiled) or EMPTY,
                       _onnx_cell(r["onnx"]))
@@ -434,6 +436,15 @@ def inspect(ctx, artifact, as_json, debug_here):
         _out_console().print(params)
     except Exception as e:  # noqa: BLE001
         _fail(e, _debug(ctx, debug_here))
+
+
+def _numerics_cell(numerics: dict | None) -> list[str]:
+    """`numerics=bf16 (38.2 dB vs fp32)`: the stage's precision choice and what the build measured."""
+    if not numerics:
+        return []
+    measured = numerics.get("measured") or {}
+    err = f" ({measured['snr_db']} dB vs fp32)" if measured.get("snr_db") is not None else ""
+    return [f"numerics={numerics.get('precision')}{err}"]
 
 
 def _onnx_cell(onnx: dict | None) -> str:

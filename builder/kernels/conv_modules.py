@@ -13,8 +13,12 @@
   layout change at each end ("to_nlc", a copy, free for a 1-channel input; "to_ncl", a view, free for a
   1-channel output, whose [B, T, 1] is already the contiguous [B, 1, T] wave), and an `Opaque` module declared
   "NCL" is the only other place one appears (`ChainPlan.layout_changes`).
+- `KernelConvNeXt`: layers.conv.ConvNeXtBlock on [B, T, C] (its depthwise conv as `ttsaot::dwconv1d`), for the
+  codecs' up/downsampling stages, as an `Opaque(..., "NLC")` step of a chain.
+- `conv_graph_report(ep)`: the conv nodes of an exported program and every layout change between the first and
+  the last of them (what the codec stages' tests assert is empty).
 
-Mapping the three codecs (phase 2 builds the item lists from the family modules):
+Mapping the three codecs (the families' `*_nlc.py` modules build the item lists from their stage modules):
 - Qwen3-TTS ResidualUnit and Fish DAC ResidualUnit: `Residual([snake1, conv1(k7, d), snake2, conv2(k1)])`
   (SnakeBeta log-scale and Snake1d linear-alpha both bake to BakedSnakeBeta; causal convs keep the length, so the
   skip is never cropped);
@@ -33,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..layers.snake import BakedSnakeBeta, Snake1d, SnakeBeta
@@ -43,7 +48,10 @@ LAYOUTS = ("NCL", "NLC")
 
 
 def _param(t: torch.Tensor | None) -> nn.Parameter | None:
-    return None if t is None else nn.Parameter(t.detach().clone().contiguous(), requires_grad=False)
+    # contiguous_format: a weight with a size-1 dim (depthwise [C, 1, K]) can be "contiguous" with other strides,
+    # and the artifact's constants must have the canonical strides the packages index
+    return None if t is None else nn.Parameter(t.detach().clone(memory_format=torch.contiguous_format),
+                                                requires_grad=False)
 
 
 def _snake_params(snake: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,6 +185,23 @@ class KernelDwConv1d(_KernelConvBase):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         return torch.ops.ttsaot.dwconv1d(x, self.weight, self.bias, residual, *self._epilogue_args(),
                                          self.dilation, self.left_pad, self.act, self.out_dtype)
+
+
+class KernelConvNeXt(nn.Module):
+    """layers.conv.ConvNeXtBlock (causal depthwise k7 → LayerNorm → Linear ×4 → GELU → Linear → ×gamma → +x) on
+    x [B, T, C]: the block's own math on rows, so it needs none of the eager block's two transposes. The depthwise
+    conv (a CausalConv1d with groups = channels, or its passes.conv.ShiftDepthwiseConv1d form) becomes
+    `ttsaot::dwconv1d`; the norm and the two linears are the block's own modules."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.dwconv = KernelDwConv1d.from_conv(block.dwconv)
+        self.norm, self.pwconv1, self.pwconv2 = block.norm, block.pwconv1, block.pwconv2
+        self.gamma = block.gamma
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(self.dwconv(x)))))
+        return x + self.gamma * h
 
 
 # ------------------------------------------------------------------------------------------ chains
@@ -446,7 +471,63 @@ def fuse_conv_chain(items: Sequence[Any], *, input_layout: str = "NCL", output_l
     return FusedConvChain(steps, plan, input_layout, output_layout)
 
 
+# ------------------------------------------------------------------------------------------ graph check
+CONV_OPS = ("conv1d", "conv1d_dual", "conv_transpose1d", "conv_transpose1d_dual", "dwconv1d")
+
+
+@dataclass
+class ConvGraphReport:
+    """The ttsaot conv nodes of an exported graph (op names, in graph order) and its layout changes: a
+    transpose/permute of a 3-D activation ([B, C, T] ↔ [B, T, C]) or a channels-last memory-format conversion,
+    split into those before the first conv (`entry`), between the first and the last (`layout_changes`: what a
+    channels-last stage must not have) and after the last (`exit`). Transposes inside attention (4-D heads) are not
+    layout changes."""
+
+    conv_ops: list[str]
+    layout_changes: list[str]
+    entry: list[str] = field(default_factory=list)
+    exit: list[str] = field(default_factory=list)
+
+
+def _is_layout_change(node: torch.fx.Node) -> bool:
+    tgt = node.target
+    if node.op != "call_function" or not hasattr(tgt, "__name__"):
+        return False
+    name = getattr(tgt, "_opname", None) or tgt.__name__.split(".")[0]
+    val = node.args[0].meta.get("val") if node.args and isinstance(node.args[0], torch.fx.Node) else None
+    rank3 = val is not None and getattr(val, "dim", lambda: 0)() == 3
+    if name in ("transpose", "permute", "t", "swapaxes", "movedim") and rank3:
+        if name == "permute":
+            return list(node.args[1]) != [0, 1, 2]
+        if name == "transpose":
+            return sorted(int(d) % 3 for d in node.args[1:3]) == [1, 2]
+        return True
+    if name in ("contiguous", "clone", "_to_copy", "to") and node.kwargs.get("memory_format") not in (
+            None, torch.contiguous_format, torch.preserve_format):
+        return True
+    return False
+
+
+def conv_graph_report(ep: torch.export.ExportedProgram | torch.fx.GraphModule) -> ConvGraphReport:
+    """See ConvGraphReport. Takes the program as `torch.export` gives it (before any CPU lowering)."""
+    gm = ep.graph_module if isinstance(ep, torch.export.ExportedProgram) else ep
+    nodes = list(gm.graph.nodes)
+    conv_idx = [i for i, n in enumerate(nodes) if n.op == "call_function"
+                and getattr(n.target, "namespace", None) == "ttsaot"
+                and getattr(n.target, "_opname", None) in CONV_OPS]
+    changes = [i for i, n in enumerate(nodes) if _is_layout_change(n)]
+    names = [f"{n.name}: {n.target}" for n in nodes]
+    if not conv_idx:
+        return ConvGraphReport([], [], entry=[names[i] for i in changes])
+    first, last = conv_idx[0], conv_idx[-1]
+    return ConvGraphReport([nodes[i].target._opname for i in conv_idx],
+                           [names[i] for i in changes if first < i < last],
+                           entry=[names[i] for i in changes if i < first],
+                           exit=[names[i] for i in changes if i > last])
+
+
 __all__ = [
-    "LAYOUTS", "Affine", "ChainPlan", "FusedConvChain", "KernelConv1d", "KernelConvTranspose1d", "KernelDwConv1d",
-    "Opaque", "Residual", "SnakeNLC", "fuse_conv_chain",
+    "CONV_OPS", "LAYOUTS", "Affine", "ChainPlan", "ConvGraphReport", "FusedConvChain", "KernelConv1d",
+    "KernelConvNeXt", "KernelConvTranspose1d", "KernelDwConv1d", "Opaque", "Residual", "SnakeNLC",
+    "conv_graph_report", "fuse_conv_chain",
 ]

@@ -129,9 +129,10 @@ class TransformerBlock(nn.Module):
 
 
 class WindowLimitedTransformer(nn.Module):
-    """Causal window-limited transformer on channels-first [B,C,T]: key j visible to query i iff
-    i − window < j ≤ i. The mask comes from iota inside the graph and the RoPE tables are build-time buffers
-    (non-persistent: the checkpoint's `freqs_cis`/`causal_mask` buffers are never read)."""
+    """Causal window-limited transformer on channels-first [B,C,T] (on [B,T,C] once `channels_last` is set: the
+    channels-last stage bodies of dac_nlc.py): key j visible to query i iff i − window < j ≤ i. The mask comes
+    from iota inside the graph and the RoPE tables are build-time buffers (non-persistent: the checkpoint's
+    `freqs_cis`/`causal_mask` buffers are never read)."""
 
     def __init__(self, dim: int, n_layer: int, n_head: int, head_dim: int, hidden: int, window: int,
                  block_size: int, rope_base: float, eps: float) -> None:
@@ -144,16 +145,19 @@ class WindowLimitedTransformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.rope_cos_keep_fp32 = self.rope_sin_keep_fp32 = True   # applied in fp32 whatever the dtype
+        self.channels_last = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.transpose(1, 2)
+        if not self.channels_last:
+            x = x.transpose(1, 2)
         T = x.shape[1]
         torch._check(T <= self.rope_cos.shape[0], lambda: "sequence longer than the transformer block_size")
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         mask = sliding_window_causal_mask(T, self.window, x.device)
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
-        return self.norm(x).transpose(1, 2)
+        x = self.norm(x)
+        return x if self.channels_last else x.transpose(1, 2)
 
 
 class EncoderBlock(nn.Module):
@@ -295,6 +299,9 @@ class DAC(nn.Module):
         self.encoder = Encoder(cfg)
         self.quantizer = DownsampleResidualVectorQuantize(cfg)
         self.decoder = Decoder(cfg)
+        # kernels=ttsaot builds: the stage's math channels-last on the conv kernels (dac_nlc.py), set by the
+        # stage's kernel pass, which moves the modules above into it
+        self.channels_last: nn.Module | None = None
 
     def encode(self, audio: torch.Tensor) -> torch.Tensor:
         T = audio.shape[-1]
@@ -320,11 +327,11 @@ class DACDecoder(DAC):
     """`dac_decoder` stage: forward = decode (codes [B,10,F] int64 → wave [B,1,F·2048] float32)."""
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
-        return self.decode(codes)
+        return self.decode(codes) if self.channels_last is None else self.channels_last(codes)
 
 
 class DACEncoder(DAC):
     """`dac_encoder` stage: forward = encode (audio [1,1,T] float32 → codes [1,10,⌈T/2048⌉] int64)."""
 
     def forward(self, audio: torch.Tensor) -> torch.Tensor:
-        return self.encode(audio)
+        return self.encode(audio) if self.channels_last is None else self.channels_last(audio)

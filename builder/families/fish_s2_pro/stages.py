@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from torch import nn
 from ...buckets import BucketPlan, batch_sizes, frame_sizes, off_bucket_frames
 from ...options import OptionsError
 from ...passes import bake_snake, bake_weight_norm, count_parameters, fuse_projections, prune_submodules
+from ...passes.numerics import measure_numerics
 from ...predictor import (
     off_bucket_batch,
     random_sampling_inputs,
@@ -22,7 +23,7 @@ from ...predictor import (
     sampling_inputs,
     use_predictor_kernels,
 )
-from ...stage_spec import StageSpec
+from ...stage_spec import TF32_TOLERANCE, StageSpec
 from . import FAMILY
 from .checkpoint import init_random_dac, init_random_fast_ar, load_codec, load_fast_ar
 from .config import (
@@ -34,8 +35,9 @@ from .config import (
     fast_ar_config_from_checkpoint,
 )
 from .dac import DAC, DACDecoder, DACEncoder
+from .dac_nlc import channels_last_dac_decoder, channels_last_dac_encoder
 from .fast_ar import FastAR, prune_fast_ar
-from .options import FishS2Options
+from .options import DAC_DECODER_PRECISION, FishS2Options
 
 # The encoder's off-bucket golden case: this many samples short of the smallest length bucket (padding).
 OFF_BUCKET_SAMPLES = 3000
@@ -109,6 +111,45 @@ def random_codes(cfg: DACConfig, batch: int, frames: int, g: torch.Generator) ->
     return torch.cat(cols, dim=1)
 
 
+@dataclass(frozen=True)
+class DecoderPrecision:
+    """What one `--dac-decoder-precision` value builds: compute dtype, the conv kernels' fp32 GEMM mode, whether
+    aten convs/matmuls may use TF32 (runtime `allow_tf32`), the golden-check tolerance and the issue's criterion."""
+
+    dtype: torch.dtype
+    conv_precision: str
+    allow_tf32: bool
+    # measured on the tiny preset (CPU): fp32 ≈7e-7 (kernel-order noise); bf16 ≈1.3e-2 vs fp32 eager; TF32: the
+    # builder's TF32 tolerance (H200 artifact 7.3e-4, stage_spec.TF32_TOLERANCE)
+    tolerance: float
+    criterion: dict[str, float]
+
+
+DECODER_PRECISIONS = {
+    "bf16": DecoderPrecision(torch.bfloat16, "ieee", False, 5e-2, {"snr_db_min": 35.0}),
+    "tf32": DecoderPrecision(torch.float32, "tf32", True, TF32_TOLERANCE, {"rel_error_max": 1e-3}),
+    "fp32": DecoderPrecision(torch.float32, "tf32x3", False, 1e-4, {"rel_error_max": 1e-4}),
+}
+_DTYPE_PRECISIONS = {torch.float32: ("fp32", "tf32"), torch.bfloat16: ("bf16",)}
+
+
+def dac_decoder_precision(opts: FishS2Options) -> tuple[str, str]:
+    """(precision, what chose it): `--dac-decoder-precision`, else `--dtype` (float32 → exact fp32, bfloat16 →
+    bf16), else DAC_DECODER_PRECISION. A `--dtype` that contradicts the precision is an OptionsError."""
+    allowed = _DTYPE_PRECISIONS.get(opts.dtype) if opts.dtype is not None else None
+    if opts.dtype is not None and allowed is None:
+        raise OptionsError(f"dac_decoder: --dtype {str(opts.dtype).removeprefix('torch.')} is not one of its "
+                           f"numerics; use --dac-decoder-precision {'|'.join(DECODER_PRECISIONS)}")
+    if opts.dac_decoder_precision is not None:
+        if allowed is not None and opts.dac_decoder_precision not in allowed:
+            raise OptionsError(f"dac_decoder: --dtype {str(opts.dtype).removeprefix('torch.')} contradicts "
+                               f"--dac-decoder-precision {opts.dac_decoder_precision}")
+        return opts.dac_decoder_precision, "--dac-decoder-precision"
+    if allowed is not None:
+        return allowed[0], "--dtype"
+    return DAC_DECODER_PRECISION, "default"
+
+
 def dac_decoder_stage(opts: FishS2Options) -> StageSpec:
     cfg = dac_config(opts)
     report: dict = {}
@@ -117,24 +158,33 @@ def dac_decoder_stage(opts: FishS2Options) -> StageSpec:
         raise OptionsError(f"dac_decoder: frame bucket {frames[-1]} exceeds the post_module block_size "
                          f"{cfg.quantizer_block_size}")
     plan = BucketPlan({"batch": batch_sizes(opts.max_batch, opts.batch_buckets), "frames": frames})
-    dtype = opts.dtype or torch.float32
+    name, chosen_by = dac_decoder_precision(opts)
+    prec = DECODER_PRECISIONS[name]
 
     def make_inputs(sizes: dict[str, int], g: torch.Generator) -> dict[str, torch.Tensor]:
         return {"codes": random_codes(cfg, sizes["batch"], sizes["frames"], g)}
 
+    numerics = {"precision": name, "chosen_by": chosen_by, "default": DAC_DECODER_PRECISION,
+                "compute_dtype": str(prec.dtype).removeprefix("torch."), "conv_kernels": prec.conv_precision,
+                "criterion": prec.criterion}
+    channels_last = functools.partial(channels_last_dac_decoder, precision=prec.conv_precision)
+    # the error of this precision against fp32, measured at build time (metadata "numerics")
+    measure = measure_numerics(numerics, prec.dtype, make_inputs, {"batch": 1, "frames": frames[0]},
+                               prepare=channels_last)
+    metadata = {"sample_rate": cfg.sample_rate, "samples_per_frame": cfg.samples_per_frame,
+                "num_codebooks": cfg.num_codebooks, "codebook_sizes": cfg.codebook_sizes,
+                "streaming": asdict(opts.streaming), "numerics": numerics}
+    if prec.allow_tf32:
+        metadata["allow_tf32"] = True
     return StageSpec(
         family=FAMILY.name, name="dac_decoder", kind="codec_decoder",
         make_module=_module_factory(opts, cfg, DACDecoder, report),
-        passes=[_prune(decoder_unused(cfg)), bake_weight_norm, bake_snake, fuse_projections],
+        passes=[_prune(decoder_unused(cfg)), bake_weight_norm, bake_snake, fuse_projections, measure],
+        kernel_passes=[channels_last],
         plan=plan, make_inputs=make_inputs, inputs=[codes_input(cfg)],
         outputs=[{"name": "wav", "dtype": "float32",
                   "shape": ["batch", 1, ["frames", cfg.samples_per_frame]]}],
-        dtype=dtype,
-        # measured on the tiny preset (CPU): fp32 ≈7e-7 (kernel-order noise); bf16 ≈1.3e-2 vs fp32 eager.
-        tolerance=1e-4 if dtype == torch.float32 else 5e-2,
-        metadata={"sample_rate": cfg.sample_rate, "samples_per_frame": cfg.samples_per_frame,
-                  "num_codebooks": cfg.num_codebooks, "codebook_sizes": cfg.codebook_sizes,
-                  "streaming": asdict(opts.streaming)},
+        dtype=prec.dtype, tolerance=prec.tolerance, metadata=metadata,
         config=_config_json(cfg), checkpoint_report=report,
         golden_sizes=[off_bucket_frames(frames)],
     )
@@ -168,6 +218,8 @@ def dac_encoder_stage(opts: FishS2Options) -> StageSpec:
         family=FAMILY.name, name="dac_encoder", kind="codec_encoder",
         make_module=_module_factory(opts, cfg, DACEncoder, report),
         passes=[_prune(encoder_unused(cfg)), bake_weight_norm, bake_snake, fuse_projections],
+        # code-exact by algorithm: the conv kernels' tf32x3 (≈ fp32) on the tensor cores, never a lower precision
+        kernel_passes=[functools.partial(channels_last_dac_encoder, precision="tf32x3")],
         plan=plan, make_inputs=make_inputs,
         inputs=[{"name": "audio", "dtype": "float32", "shape": [1, 1, "samples"], "pad": 0.0}],
         # "frames" is not a bucket axis: codec_encoder derives it as ⌈samples / samples_per_frame⌉

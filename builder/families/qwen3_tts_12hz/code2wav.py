@@ -177,8 +177,13 @@ class Code2Wav(nn.Module):
         out_dim = cfg.decoder_dim // 2 ** len(cfg.upsample_rates)
         dec += [SnakeBeta(out_dim), CausalConv1d(out_dim, 1, 7)]
         self.decoder = nn.ModuleList(dec)
+        # kernels=ttsaot builds: the same math channels-last on the conv kernels (code2wav_nlc.py), set by the
+        # stage's kernel pass, which moves the modules above into it
+        self.channels_last: nn.Module | None = None
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        if self.channels_last is not None:
+            return self.channels_last(codes)
         h = self.quantizer(codes)
         h = self.pre_transformer(self.pre_conv(h).transpose(1, 2)).transpose(1, 2)
         for pair in self.upsample:

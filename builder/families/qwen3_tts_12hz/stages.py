@@ -22,6 +22,7 @@ from ...stage_spec import StageSpec
 from . import FAMILY
 from .checkpoint import init_random_code2wav, init_random_code_predictor, load_code2wav, load_code_predictor
 from .code2wav import Code2Wav
+from .code2wav_nlc import channels_last_code2wav
 from .code_predictor import CodePredictor, prune_code_predictor
 from .config import (
     CODE2WAV_PRESETS,
@@ -78,6 +79,8 @@ def code2wav_stage(opts: Qwen3TTSOptions) -> StageSpec:
     return StageSpec(
         family=FAMILY.name, name="code2wav", kind="codec_decoder", make_module=make_module,
         passes=[bake_codebooks, bake_snake, fuse_projections, depthwise_conv_as_shifts],
+        # kernels=ttsaot: channels-last on the conv kernels; an fp32 build's convs run tf32x3 (≈ fp32 accuracy)
+        kernel_passes=[functools.partial(channels_last_code2wav, precision="tf32x3")],
         plan=plan, make_inputs=make_inputs,
         inputs=[_codes_input(cfg)],
         outputs=[{"name": "wav", "dtype": "float32", "shape": ["batch", 1, ["frames", cfg.samples_per_frame]]}],

@@ -35,6 +35,7 @@ from .config import (
 from .lm import STAGE_MODULES, use_decode_kernels
 from .options import VoxCPM2Options
 from .vae import AudioVAEDecoder, bake_sample_rate, receptive_field_frames
+from .vae_nlc import channels_last_vae_decoder
 
 LM_STAGES = ("base_lm_prefill", "base_lm_step", "residual_lm_prefill", "residual_lm_step")
 AUDIO_STAGES = ("locdit", "local_encoder", "vae_decoder")
@@ -254,6 +255,8 @@ def vae_decoder_stage(opts: VoxCPM2Options) -> StageSpec:
     return StageSpec(
         family=FAMILY.name, name="vae_decoder", kind="codec_decoder", make_module=make_module,
         passes=[bake_weight_norm, bake_snake, bake_sample_rate],
+        # kernels=ttsaot: channels-last on the conv kernels, tf32x3 (≈ fp32: the stage is fp32 by policy)
+        kernel_passes=[channels_last_vae_decoder],
         plan=plan, make_inputs=make_inputs,
         inputs=[{"name": "latents", "dtype": "float32", "shape": ["batch", cfg.latent_dim, "frames"],
                  "pad": 0}],

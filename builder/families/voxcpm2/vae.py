@@ -144,9 +144,12 @@ class AudioVAEDecoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.decoder = CausalDecoder(cfg)
+        # kernels=ttsaot builds: the same math channels-last on the conv kernels (vae_nlc.py), set by the stage's
+        # kernel pass, which moves the decoder's modules into it
+        self.channels_last: nn.Module | None = None
 
     def forward(self, latents: torch.Tensor) -> torch.Tensor:
-        return self.decoder(latents)
+        return self.decoder(latents) if self.channels_last is None else self.channels_last(latents)
 
 
 # ------------------------------------------------------------------------------------------ receptive field
