@@ -76,6 +76,10 @@ SCRIPT = textwrap.dedent(r"""
                       FP32_DOT=False)
             results[f"attention/{name}/splits{ns}"] = build(A.decode_attention_kernel, da_types, cx, 4, 2,
                                                             da_aligned)
+    # Triton specialises an int argument equal to 1 into a constexpr: layer 1 of every LM compiles this variant
+    results["attention/voxcpm2/layer1"] = build(
+        A.decode_attention_kernel, da_types, dict(cx, HQ=16, HKV=2, ROPE=1, QK_NORM=False, SINGLE_SPLIT=True, layer=1),
+        4, 2, da_aligned)
     cb_types = dict(part_o_ptr="*fp32", part_ml_ptr="*fp32", pos_ptr="*i64", o_ptr="*bf16", S="i32",
                     SPLIT_SIZE="i32", NUM_SPLITS="i32")
     results["attention/combine"] = build(A.combine_splits_kernel, cb_types, dict(HQ=16, HEAD_DIM=128, CHUNK=16),

@@ -79,7 +79,9 @@ def decode_attention_kernel(qkv_ptr, pos_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, 
     k_new = _norm_rope(row, (HQ + h) * HEAD_DIM + one, offs_d, one == 0, kn_ptr, cos_ptr, sin_ptr, pos, eps,
                        QK_NORM, ROPE, HEAD_DIM)                                   # [1, HEAD_DIM]
     v_new = tl.load(row + (HQ + HKV + h) * HEAD_DIM + one[:, None] + offs_d[None, :])
-    cache_off = (layer.to(tl.int64) * CACHE_LAYER + pid * S) * HEAD_DIM          # (layer, b, h, 0, 0)
+    # (layer, b, h, 0, 0). No `.to` on `layer`: Triton specialises an int argument equal to 1 into a constexpr
+    # (a plain Python int), which has no `.to` (H100: every layer-1 launch failed to compile under AOTI).
+    cache_off = (pid.to(tl.int64) * S + layer * CACHE_LAYER) * HEAD_DIM
     k_base = kc_ptr + cache_off
     v_base = vc_ptr + cache_off
     lo = split * SPLIT_SIZE
