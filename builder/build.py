@@ -50,7 +50,7 @@ from .export import CompileError, compile_bucket, compiler_info, export_bucket, 
 from .package_cache import PackageCache, cache_key, cached_compile, kernel_sources_hash, program_sources
 from .parallel_compile import CompileTask, compile_in_workers
 from .passes import cast_to_compute_dtype, count_parameters
-from .stage_spec import StageSpec, resolve_kernels
+from .stage_spec import StageSpec
 
 PASS_PARITY_LIMIT = 1e-5   # rewritten vs original module, fp32 on CPU: rewrites must not change the math
 VERIFY_TIMEOUT_S = 1800    # the subprocess that loads the fresh packages and runs the golden cases
@@ -243,7 +243,7 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
     original = spec.make_module().eval()
     before = count_parameters(original)
     rewritten = copy.deepcopy(original)
-    kernels = resolve_kernels(spec.kernels, device)
+    kernels = spec.kernels_on(device)
     passes = spec.passes + (spec.kernel_passes if kernels == "ttsaot" else [])
     pass_reports = [p(rewritten) for p in passes]
 
@@ -328,7 +328,7 @@ def _compile_buckets(spec: StageSpec, module: torch.nn.Module, tmp: Path, device
             raise BuildError(f"{spec.name}/{key}: {e}") from e
         cache_id = None if cache is None else cache_key(ep, {
             "family": spec.family, "stage": spec.name, "bucket": key, "sizes": dict(sizes),
-            "dtype": dtype_name(spec.dtype), "kernels": resolve_kernels(spec.kernels, device),
+            "dtype": dtype_name(spec.dtype), "kernels": spec.kernels_on(device),
             "inputs": input_signature(args), "toolchain": toolchain,
             "inductor_options": inductor_options(model_name, metadata, device, extra_inductor_options)})
         work.append(_Bucket(key, dict(sizes), f"{spec.name}/{key}.pt2", args, model_name, metadata, ep, cache_id,

@@ -15,11 +15,12 @@ KERNELS = ("ttsaot", "inductor")
 KERNELS_AUTO = "auto"
 
 
-def resolve_kernels(choice: str, device: torch.device) -> str:
-    """`auto` is the kernel layer on CUDA (where its Triton kernels run) and Inductor's own code on CPU (where the
-    custom ops would only run their aten references)."""
+def resolve_kernels(choice: str, device: torch.device, cuda_auto: str = "ttsaot") -> str:
+    """`auto` is `cuda_auto` on CUDA (the kernel layer, where its Triton kernels run, unless the stage keeps Inductor
+    by default: StageSpec.cuda_auto_kernels) and Inductor's own code on CPU (where the custom ops would only run
+    their aten references)."""
     if choice == KERNELS_AUTO:
-        return "ttsaot" if device.type == "cuda" else "inductor"
+        return cuda_auto if device.type == "cuda" else "inductor"
     if choice not in KERNELS:
         raise ValueError(f"kernels must be one of auto, {', '.join(KERNELS)}; got {choice!r}")
     return choice
@@ -61,6 +62,13 @@ class StageSpec:
     # checked like any pass (on CPU the ops run their exact aten references).
     kernel_passes: list[Pass] = field(default_factory=list)
     kernels: str = KERNELS_AUTO                 # "auto" | "ttsaot" | "inductor" (BuildOptions.kernels)
+    # What `auto` means on CUDA for this stage: "ttsaot" once its kernel passes have built, verified and been timed
+    # on a GPU; "inductor" keeps them opt-in (`--kernels ttsaot`) until then.
+    cuda_auto_kernels: str = "ttsaot"
+
+    def kernels_on(self, device: torch.device) -> str:
+        """The kernel choice this spec builds with on `device` ("ttsaot" or "inductor")."""
+        return resolve_kernels(self.kernels, device, self.cuda_auto_kernels)
 
     @property
     def input_names(self) -> list[str]:

@@ -166,6 +166,10 @@ class _LMStage(Stage):
         with self._lock:
             for key in [k for k in self._graphs if k[1] == id(cache)]:
                 del self._graphs[key]
+            if self.uses_cuda_graphs and not self._graphs:
+                # The last graph of the pool is gone, and with it the pool: capturing into the old handle again
+                # trips the allocator's `use_count > 0` assert (H100, a step after release + new_cache).
+                self._graph_pool = new_pool()
 
     def _bucket_batch(self, batch: int) -> int:
         fits = [b for b in self.batch_buckets if b >= batch]

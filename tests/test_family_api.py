@@ -204,3 +204,20 @@ def test_a_flag_is_a_switch_or_takes_a_value_for_every_family():
     for name, owners in _family_flags().items():
         assert len({fl.is_switch for _, fl in owners}) == 1, name
     assert dataclasses.is_dataclass(get_family("voxcpm2").Options)
+
+
+def test_auto_kernels_on_cuda_follow_what_the_gpu_verified():
+    """`--kernels auto` takes the kernel layer on CUDA only where its build was verified and timed on a GPU
+    (code2wav, dac_decoder); the other wired stages keep Inductor unless asked (`--kernels ttsaot`); CPU is Inductor."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    expect = {("qwen3-tts-12hz", "code2wav"): "ttsaot", ("fish-s2-pro", "dac_decoder"): "ttsaot",
+              ("qwen3-tts-12hz", "code_predictor"): "inductor", ("fish-s2-pro", "fast_ar"): "inductor",
+              ("fish-s2-pro", "dac_encoder"): "inductor", ("voxcpm2", "base_lm_step"): "inductor",
+              ("voxcpm2", "vae_decoder"): "inductor"}
+    for (family, stage), on_cuda in expect.items():
+        fam = get_family(family)
+        for kernels, want_cuda in (("auto", on_cuda), ("ttsaot", "ttsaot"), ("inductor", "inductor")):
+            spec = fam.specs(fam.options(preset="tiny", kernels=kernels), [stage])[0]
+            assert spec.kernel_passes, (family, stage)
+            assert spec.kernels_on(cuda) == want_cuda, (family, stage, kernels)
+            assert spec.kernels_on(cpu) == ("ttsaot" if kernels == "ttsaot" else "inductor"), (family, stage, kernels)

@@ -76,6 +76,15 @@ SCRIPT = textwrap.dedent(r"""
                       FP32_DOT=False)
             results[f"attention/{name}/splits{ns}"] = build(A.decode_attention_kernel, da_types, cx, 4, 2,
                                                             da_aligned)
+    # AOTInductor types float arguments of user kernels fp64: the kernels must keep their fp32 state (the loop-carried
+    # softmax state of decode attention became fp64 and failed to compile on the H100)
+    results["attention/voxcpm2/fp64_scalars"] = build(
+        A.decode_attention_kernel, dict(da_types, eps="fp64", qk_scale="fp64"),
+        dict(cx, HQ=16, HKV=2, ROPE=1, QK_NORM=True, SINGLE_SPLIT=False), 4, 2, da_aligned)
+    results["skinny/gemv/norm_gated/fp64_scalars"] = build(
+        S.skinny_linear_kernel, dict(sl_types, eps="fp64", scale="fp64"),
+        dict(flags["norm_gated"], SPLIT_K=1, USE_DOT=False, FP32_DOT=False, BLOCK_M=1, **S.GEMV_CONFIGS[1].kwargs),
+        S.GEMV_CONFIGS[1].num_warps, S.GEMV_CONFIGS[1].num_stages, sl_aligned)
     # Triton specialises an int argument equal to 1 into a constexpr: layer 1 of every LM compiles this variant
     results["attention/voxcpm2/layer1"] = build(
         A.decode_attention_kernel, da_types, dict(cx, HQ=16, HKV=2, ROPE=1, QK_NORM=False, SINGLE_SPLIT=True, layer=1),

@@ -62,6 +62,10 @@ def decode_attention_kernel(qkv_ptr, pos_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, 
                             BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr):
     """Grid (B·HKV, NUM_SPLITS). qk_scale = softmax scale · log2(e) (the softmax runs in base 2). SINGLE_SPLIT
     (NUM_SPLITS == 1): the output is written directly, no partials. FP32_DOT: as in skinny_linear_triton."""
+    # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
+    # _use_fp64_for_unbacked_floats), which turned the loop-carried softmax state fp64 (H100 AOTI build failed).
+    eps = tl.cast(eps, tl.float32)
+    qk_scale = tl.cast(qk_scale, tl.float32)
     G: tl.constexpr = HQ // HKV
     pid = tl.program_id(0)
     split = tl.program_id(1)

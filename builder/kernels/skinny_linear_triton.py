@@ -135,6 +135,10 @@ def skinny_linear_kernel(x_ptr, w_ptr, b_ptr, g_ptr, r_ptr, y_ptr, part_ptr,
     products, exact in fp32): fp32 weights, and Triton's CPU interpreter, which multiplies bf16 operands as raw
     integers. With SPLIT_K > 1 the fp32 partial sums go to part_ptr
     [SPLIT_K, M, N] and `split_k_epilogue_kernel` adds them in a fixed order (deterministic)."""
+    # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
+    # _use_fp64_for_unbacked_floats), which turned the loop-carried state fp64 (H100 AOTI build failed).
+    eps = tl.cast(eps, tl.float32)
+    scale = tl.cast(scale, tl.float32)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -171,6 +175,7 @@ def split_k_epilogue_kernel(part_ptr, b_ptr, r_ptr, y_ptr, M, N_OUT, scale,
                             SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Sum the SPLIT_K partials in split order, then the same epilogue. Grid (cdiv(N_OUT, BLOCK_N),
     cdiv(M, BLOCK_M))."""
+    scale = tl.cast(scale, tl.float32)     # fp32 whatever the caller passes (AOTI passes floats as fp64)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < M

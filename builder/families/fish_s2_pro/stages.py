@@ -220,6 +220,7 @@ def dac_encoder_stage(opts: FishS2Options) -> StageSpec:
         passes=[_prune(encoder_unused(cfg)), bake_weight_norm, bake_snake, fuse_projections],
         # code-exact by algorithm: the conv kernels' tf32x3 (≈ fp32) on the tensor cores, never a lower precision
         kernel_passes=[functools.partial(channels_last_dac_encoder, precision="tf32x3")],
+        cuda_auto_kernels="inductor",   # kernel path opt-in (--kernels ttsaot) until it is built and timed on a GPU
         plan=plan, make_inputs=make_inputs,
         inputs=[{"name": "audio", "dtype": "float32", "shape": [1, 1, "samples"], "pad": 0.0}],
         # "frames" is not a bucket axis: codec_encoder derives it as ⌈samples / samples_per_frame⌉
@@ -277,6 +278,7 @@ def fast_ar_stage(opts: FishS2Options) -> StageSpec:
         family=FAMILY.name, name="fast_ar", kind="codebook_predictor", make_module=make_module,
         passes=[prune_fast_ar, fuse_projections],
         kernel_passes=[use_predictor_kernels],
+        cuda_auto_kernels="inductor",   # kernel path opt-in (--kernels ttsaot) until it is built and timed on a GPU
         plan=BucketPlan({"batch": batches}),
         make_inputs=make_inputs, inputs=inputs, outputs=outputs, dtype=dtype,
         # next_embed: fp32 kernel-order noise; bf16 rounding of a [B,D] sum (measured < 1e-2 on tiny).

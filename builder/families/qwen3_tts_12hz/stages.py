@@ -132,6 +132,7 @@ def code_predictor_stage(opts: Qwen3TTSOptions) -> StageSpec:
         family=FAMILY.name, name="code_predictor", kind="codebook_predictor", make_module=make_module,
         passes=[prune_code_predictor, fuse_projections],
         kernel_passes=[use_predictor_kernels],
+        cuda_auto_kernels="inductor",   # kernel path opt-in (--kernels ttsaot) until it is built and timed on a GPU
         plan=BucketPlan({"batch": batches}), make_inputs=make_inputs,
         inputs=[{"name": "hidden", "dtype": "float32", "shape": ["batch", cfg.talker_hidden_size]},
                 # any talker token: codec codes (< vocab_size) are predicted from; special tokens (EOS, …) give

@@ -144,6 +144,7 @@ def lm_stage(name: str, opts: VoxCPM2Options) -> StageSpec:
                   "cache_dtype": cdt, "hidden_size": H, **meta},
         config=cfg.to_json(), checkpoint_report=report, golden_sizes=golden, golden_buckets=False,
         kernel_passes=[use_decode_kernels] if is_step else [],
+        cuda_auto_kernels="inductor",   # kernel path opt-in (--kernels ttsaot) until it is built and timed on a GPU
     )
 
 
@@ -257,6 +258,7 @@ def vae_decoder_stage(opts: VoxCPM2Options) -> StageSpec:
         passes=[bake_weight_norm, bake_snake, bake_sample_rate],
         # kernels=ttsaot: channels-last on the conv kernels, tf32x3 (≈ fp32: the stage is fp32 by policy)
         kernel_passes=[channels_last_vae_decoder],
+        cuda_auto_kernels="inductor",   # kernel path opt-in (--kernels ttsaot) until it is built and timed on a GPU
         plan=plan, make_inputs=make_inputs,
         inputs=[{"name": "latents", "dtype": "float32", "shape": ["batch", cfg.latent_dim, "frames"],
                  "pad": 0}],
