@@ -94,6 +94,11 @@ def load_results(results: Path, include_cpu: bool) -> dict[str, dict[str, Any]]:
                 entry["kernels"] = r
             elif r.get("kind") == "profile":
                 entry.setdefault("profiles", []).append(r)
+            elif r.get("kind") == "conv_kernels":
+                r["_file"] = f.name
+                entry.setdefault("conv_kernels", []).append(r)
+            elif str(r.get("schema", "")).startswith("codec_stages/"):
+                entry.setdefault("codec_stages", []).append(r)
             else:
                 r["_file"] = str(f)
                 entry["stages"].append(r)
@@ -692,6 +697,22 @@ def write_report(
                       summary(d["kernels"]), "```", ""]
         if d.get("profiles"):
             parts += [profiles_section(d["profiles"]), ""]
+        for res in d.get("conv_kernels", []):
+            rows = [[f"`{k}`", str(v.get("layers", "—")), f"{v['cudnn_ms']:.3f}", f"{v['kernel_ms']:.3f}",
+                     f"{v['fused_ms']:.3f}", f"{v['cudnn_ms'] / v['fused_ms']:.2f}×"]
+                    for k, v in (res.get("summary") or {}).items() if v.get("fused_ms")]
+            if rows:
+                parts += [f"Channels-last conv kernels per codec, all conv layers of one call (`python -m bench "
+                          f"conv-kernels`, `{res['_file']}`; ms; cuDNN = eager NCL convs, kernels = each layer alone, "
+                          f"fused = the fused chain in one CUDA graph):", "",
+                          _table(["stage:batch:precision", "layers", "cuDNN", "kernels", "fused", "speed-up"], rows),
+                          ""]
+        for res in d.get("codec_stages", []):
+            from .codec_stages import summary_lines
+
+            tasks = ", ".join(t.get("task", "?") for t in res.get("tasks", []))
+            parts += [f"Codec stages, kernels=ttsaot vs kernels=inductor (`python -m bench codec-stages`; {tasks}; "
+                      f"commit `{str(res.get('commit', ''))[:12]}`):", "", "```text", *summary_lines(res), "```", ""]
         for res in sorted(
             d["stages"],
             key=lambda r: (r.get("stage", {}).get("family", ""), r.get("stage", {}).get("stage", "")),

@@ -12,6 +12,7 @@ so one test checks the exact rounding order on both."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -47,3 +48,33 @@ def kernel_rounding(dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor
     """fp32 → `dtype` → fp32 the way the kernels' casts round on this machine."""
     fn = _round_nearest if ON_GPU else _round_to_zero
     return lambda t: fn(t, dtype)
+
+
+def build_recording_exported_ops(family: str, specs: list, root) -> Path:
+    """`build_family` on CPU (no verify subprocess) that records the call_function targets of every exported
+    program before its CPU lowering, where the ttsaot ops are still nodes; written to <root>/exported_ops.json
+    (read it back with `exported_ops`). Returns the artifact path."""
+    import json
+    from unittest import mock
+
+    from ttsaot.builder import export
+    from ttsaot.builder.build import build_family
+
+    seen: list[list[str]] = []
+    lower = export.lower_for_cpu
+
+    def recording(ep):
+        seen.append([str(n.target) for n in ep.graph.nodes if n.op == "call_function"])
+        return lower(ep)
+
+    with mock.patch.object(export, "lower_for_cpu", recording):
+        path = build_family(family, specs, root, "cpu", verify_in_subprocess=False).path
+    (root / "exported_ops.json").write_text(json.dumps(seen))
+    return path
+
+
+def exported_ops(artifact) -> list[list[str]]:
+    """What `build_recording_exported_ops` recorded for the artifact at `artifact`."""
+    import json
+
+    return json.loads((artifact.parent / "exported_ops.json").read_text())

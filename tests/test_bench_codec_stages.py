@@ -44,6 +44,7 @@ def test_compare_applies_the_criteria():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_cpu_smoke_run_end_to_end(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     C.add_parser(parser.add_subparsers(dest="cmd"))

@@ -12,6 +12,7 @@ from bench.__main__ import main as bench_main
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_decode_stages_smoke_on_cpu(tmp_path):
     out = tmp_path / "r.json"
     rc = bench_main(["decode-stages", "--device", "cpu", "--preset", "tiny", "--batches", "2", "--no-compile",

@@ -165,6 +165,7 @@ def fish_ttsaot(fish_dac_ckpt) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_fish_dac_ttsaot_artifacts_match_the_inductor_ones(fish_ttsaot, fish_dac_tiny):
     manifest = json.loads((fish_ttsaot / "manifest.json").read_text())
     assert {n: s["kernels"] for n, s in manifest["stages"].items()} == {"dac_decoder": "ttsaot",
@@ -201,6 +202,7 @@ def vae_ttsaot() -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_vae_decoder_ttsaot_artifact_matches_eager_and_streams(vae_ttsaot):
     manifest = json.loads((vae_ttsaot / "manifest.json").read_text())
     st = manifest["stages"]["vae_decoder"]

@@ -139,6 +139,7 @@ build_family("qwen3-tts-12hz", _specs(), {out!r}, "cpu", cache_dir={cache!r}, re
 """
 
 
+@pytest.mark.heavy
 def test_corrupted_entry_is_rebuilt_by_one_of_two_concurrent_builds(cached, tmp_path):
     cache, _ = cached
     (entry,) = _entries(cache)
@@ -161,6 +162,7 @@ def test_corrupted_entry_is_rebuilt_by_one_of_two_concurrent_builds(cached, tmp_
         (tmp_path / "o1/qwen3-tts-12hz/code2wav/b1_f8.pt2").read_bytes()
 
 
+@pytest.mark.heavy
 def test_added_bucket_compiles_one_package_in_a_worker(cached, tmp_path):
     """--jobs 2 with the cache: the known bucket is reused, the new one compiled in a worker and stored."""
     cache, first = cached

@@ -27,6 +27,7 @@ def _package_metadata(path: Path) -> dict:
     return dict(AOTIModelPackageLoader.load_metadata_from_package(str(path), "model"))
 
 
+@pytest.mark.heavy
 def test_jobs_2_builds_the_same_artifact_as_jobs_1(tmp_path):
     serial = build_family(QWEN.name, _two_buckets(), tmp_path / "serial", "cpu", jobs=1).path
     parallel = build_family(QWEN.name, _two_buckets(), tmp_path / "parallel", "cpu", jobs=2).path

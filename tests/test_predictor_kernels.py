@@ -6,9 +6,7 @@ exported ops, and the Fish artifact against its `--kernels inductor` build (test
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import replace
-from unittest import mock
 
 import pytest
 import torch
@@ -27,6 +25,7 @@ from ttsaot.builder.predictor import random_sampling_inputs, use_predictor_kerne
 from ttsaot.runtime import load
 
 from .conftest import built_artifact, rel_err
+from .kernel_fixtures import build_recording_exported_ops, exported_ops
 from .test_fast_ar import CFG as FISH_TINY
 from .test_fast_ar import _args, _inputs, fast_ar_fp32  # noqa: F401  (the inductor build)
 
@@ -89,26 +88,12 @@ def test_head_dims_the_kernel_refuses_leave_the_stage_eager():
 
 @pytest.fixture(scope="module")
 def fast_ar_kernels():
-    from ttsaot.builder import export
-    from ttsaot.builder.build import build_family
-
     def build(root):
-        seen: list[list[str]] = []
-        lower = export.lower_for_cpu
-
-        def recording(ep):
-            seen.append([str(n.target) for n in ep.graph.nodes if n.op == "call_function"])
-            return lower(ep)
-
         opts = FishS2Options(dtype=torch.float32, batch_buckets=(4,), fast_ar_with_embedding=True, kernels="ttsaot")
-        with mock.patch.object(export, "lower_for_cpu", recording):
-            path = build_family(FISH.name, FISH.specs(opts, ["fast_ar"]), root, "cpu",
-                                verify_in_subprocess=False).path
-        (root / "exported_ops.json").write_text(json.dumps(seen))
-        return path
+        return build_recording_exported_ops(FISH.name, FISH.specs(opts, ["fast_ar"]), root)
 
     path = built_artifact("fish-fast-ar-fp32-ttsaot", build)
-    return path, json.loads((path.parent / "exported_ops.json").read_text())
+    return path, exported_ops(path)
 
 
 def test_fast_ar_artifact_on_kernels_matches_the_inductor_build(fast_ar_kernels, fast_ar_fp32):  # noqa: F811

@@ -6,8 +6,6 @@ decoder layer's attention / MLP block for skinny_linear + decode_attention, the 
 from __future__ import annotations
 
 import copy
-import json
-from unittest import mock
 
 import pytest
 import torch
@@ -22,6 +20,7 @@ from ttsaot.builder.passes import cast_to_compute_dtype, fuse_projections
 from ttsaot.runtime import load
 
 from .conftest import built_artifact, rel_err
+from .kernel_fixtures import build_recording_exported_ops, exported_ops
 from .test_voxcpm2_lm import MAX_LEN, PREFILL, TINY, voxcpm2_lm_tiny  # noqa: F401  (the inductor build)
 
 STEPS = ("base_lm_step", "residual_lm_step")
@@ -105,26 +104,13 @@ def test_fp32_module_over_bf16_caches_equals_the_eager_step(name):
 
 @pytest.fixture(scope="module")
 def kernels_build():
-    from ttsaot.builder import export
-    from ttsaot.builder.build import build_family
-
     def build(root):
-        seen: list[list[str]] = []
-        lower = export.lower_for_cpu
-
-        def recording(ep):
-            seen.append([str(n.target) for n in ep.graph.nodes if n.op == "call_function"])
-            return lower(ep)
-
         opts = VoxCPM2Options(dtype=torch.float32, batch_buckets=(2,), max_len=MAX_LEN, prefill_buckets=(PREFILL,),
                               kernels="ttsaot")
-        with mock.patch.object(export, "lower_for_cpu", recording):
-            path = build_family(VOX.name, VOX.specs(opts, STEPS), root, "cpu", verify_in_subprocess=False).path
-        (root / "exported_ops.json").write_text(json.dumps(seen))
-        return path
+        return build_recording_exported_ops(VOX.name, VOX.specs(opts, STEPS), root)
 
     path = built_artifact("voxcpm2-lm-tiny-fp32-ttsaot", build)
-    return path, json.loads((path.parent / "exported_ops.json").read_text())
+    return path, exported_ops(path)
 
 
 def test_exported_programs_hold_the_kernel_ops(kernels_build):

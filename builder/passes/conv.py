@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -9,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.conv import CausalConv1d
+from .prune import count_parameters
 
 MAX_SHIFT_KERNEL = 16
 
@@ -58,3 +60,21 @@ def depthwise_conv_as_shifts(module: nn.Module) -> dict[str, Any]:
                 setattr(parent, name, ShiftDepthwiseConv1d(child))
                 n += 1
     return {"pass": "depthwise_conv_as_shifts", "replaced": n}
+
+
+def install_channels_last(m: nn.Module, make_body: Callable[[], nn.Module], replaced: Sequence[str],
+                          precision: str) -> dict[str, Any]:
+    """The one way a codec's kernel pass installs its channels-last body (builder/kernels/conv_modules.py): the body
+    is built from `m`'s faithful submodules, which then leave `m` (`replaced`; none is kept twice) and `m` runs
+    `m.channels_last`. The report lists the fused chain's plan; the parameter count changes only by the layout of
+    the same tensors ("folded")."""
+    before = count_parameters(m)["params"]
+    body = make_body()
+    for name in replaced:
+        if hasattr(m, name):
+            delattr(m, name)
+    m.channels_last = body
+    plan = body.chain.plan
+    return {"pass": "channels_last_kernels", "precision": precision, "launches": plan.launches,
+            "layout_changes": [plan.steps[i] for i in plan.layout_changes], "plan": plan.steps,
+            "folded": {"conv weights re-laid out for the kernels": before - count_parameters(m)["params"]}}

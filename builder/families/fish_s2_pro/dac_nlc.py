@@ -23,8 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...kernels.conv_modules import KernelConvNeXt, Opaque, Residual, fuse_conv_chain
-from ...passes.prune import count_parameters
+from ...passes.conv import install_channels_last
 from .dac import DAC, DecoderBlock, EncoderBlock, ResidualUnit, VectorQuantize, WindowLimitedTransformer
+
+DAC_PARTS = ("encoder", "quantizer", "decoder")   # what a channels-last body takes over (those the stage has)
 
 
 class VQDecodeNLC(nn.Module):
@@ -132,26 +134,14 @@ class DACEncoderNLC(nn.Module):
         return torch.cat([semantic_codes, codes], dim=1)
 
 
-def _install(m: DAC, body: nn.Module, precision: str) -> dict[str, Any]:
-    before = count_parameters(m)["params"]
-    for name in ("encoder", "quantizer", "decoder"):
-        if hasattr(m, name):
-            delattr(m, name)
-    m.channels_last = body
-    plan = body.chain.plan
-    return {"pass": "channels_last_kernels", "precision": precision, "launches": plan.launches,
-            "layout_changes": [plan.steps[i] for i in plan.layout_changes], "plan": plan.steps,
-            "folded": {"conv weights re-laid out for the kernels": before - count_parameters(m)["params"]}}
-
-
 def channels_last_dac_decoder(m: DAC, precision: str) -> dict[str, Any]:
     """Kernel pass of `dac_decoder` (after pruning, weight-norm and snake baking). `precision`: the fp32 GEMM mode
     of the convs ("tf32" or "tf32x3"; bf16 stages multiply on the tensor cores whatever it says)."""
-    return _install(m, DACDecoderNLC(m, precision), precision)
+    return install_channels_last(m, lambda: DACDecoderNLC(m, precision), DAC_PARTS, precision)
 
 
 def channels_last_dac_encoder(m: DAC, precision: str = "tf32x3") -> dict[str, Any]:
     """Kernel pass of `dac_encoder`: tf32x3 (three TF32 products with error compensation, ≈ fp32 accuracy on the
     tensor cores) keeps the codes those of exact fp32 (H100: 100% of a 10 s clip's codes, where cuDNN's TF32
     moved 0.6%; bench/results/nvidia-h100/conv_kernels.json) at 2.3× the exact convs' speed."""
-    return _install(m, DACEncoderNLC(m, precision), precision)
+    return install_channels_last(m, lambda: DACEncoderNLC(m, precision), DAC_PARTS, precision)

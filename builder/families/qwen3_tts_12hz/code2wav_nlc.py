@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...kernels.conv_modules import KernelConvNeXt, Opaque, Residual, fuse_conv_chain
-from ...passes.prune import count_parameters
+from ...passes.conv import install_channels_last
 from .code2wav import Code2Wav, DecoderBlock, QuantizerDecoder
 
 
@@ -79,12 +79,5 @@ def channels_last_code2wav(m: Code2Wav, precision: str = "tf32x3") -> dict[str, 
     """Kernel pass: run `m` through `Code2WavNLC`. `precision` is the fp32 GEMM mode of the convs (bf16 stages
     multiply on the tensor cores whatever it says). The faithful submodules move into the new body (none is
     kept twice); the parameter count changes by nothing but the layout of the same tensors."""
-    before = count_parameters(m)["params"]
-    body = Code2WavNLC(m, precision)
-    for name in ("quantizer", "pre_conv", "pre_transformer", "upsample", "decoder"):
-        delattr(m, name)
-    m.channels_last = body
-    plan = body.chain.plan
-    return {"pass": "channels_last_kernels", "precision": precision, "launches": plan.launches,
-            "layout_changes": [plan.steps[i] for i in plan.layout_changes], "plan": plan.steps,
-            "folded": {"conv weights re-laid out for the kernels": before - count_parameters(m)["params"]}}
+    return install_channels_last(m, lambda: Code2WavNLC(m, precision),
+                                 ("quantizer", "pre_conv", "pre_transformer", "upsample", "decoder"), precision)

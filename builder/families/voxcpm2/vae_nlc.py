@@ -17,7 +17,7 @@ from typing import Any
 from torch import nn
 
 from ...kernels.conv_modules import Affine, Residual, fuse_conv_chain
-from ...passes.prune import count_parameters
+from ...passes.conv import install_channels_last
 from .vae import AudioVAEDecoder, CausalDecoderBlock, CausalResidualUnit, ChannelAffine
 
 
@@ -56,11 +56,4 @@ class VAEDecoderNLC(nn.Module):
 
 def channels_last_vae_decoder(m: AudioVAEDecoder, precision: str = "tf32x3") -> dict[str, Any]:
     """Kernel pass of `vae_decoder` (after weight-norm, snake and sample-rate baking)."""
-    before = count_parameters(m)["params"]
-    body = VAEDecoderNLC(m, precision)
-    del m.decoder
-    m.channels_last = body
-    plan = body.chain.plan
-    return {"pass": "channels_last_kernels", "precision": precision, "launches": plan.launches,
-            "layout_changes": [plan.steps[i] for i in plan.layout_changes], "plan": plan.steps,
-            "folded": {"conv weights re-laid out for the kernels": before - count_parameters(m)["params"]}}
+    return install_channels_last(m, lambda: VAEDecoderNLC(m, precision), ("decoder",), precision)
