@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from ttsaot.builder.families.fish_s2_pro.stages import DECODER_PRECISIONS
 from ttsaot.builder.passes.numerics import snr_db
 
 from .common import (
@@ -60,8 +61,8 @@ from .common import (
 # (task, family, stage, options besides preset/seed/kernels, criterion)
 TASK_ORDER = ("code2wav", "dac_decoder:bf16", "dac_encoder", "vae_decoder", "dac_decoder:tf32", "dac_decoder:fp32",
               "code2wav:fp32")
-CRITERIA = {"bf16": {"snr_db_min": 35.0}, "tf32": {"rel_error_max": 1e-3}, "fp32": {"rel_error_max": 1e-4},
-            "codes": {"code_match_min": 1.0}}
+# the criteria per precision, as the Fish decoder option defines them; encoders: codes equal
+CRITERIA = {**{name: p.criterion for name, p in DECODER_PRECISIONS.items()}, "codes": {"code_match_min": 1.0}}
 
 
 @dataclass

@@ -81,7 +81,6 @@ def profile_stage(family: str, stage: str, *, device: torch.device, preset: str 
                   seed: int = 0, calls: int | None = None, reps: int | None = None, top: int = 15,
                   cache: Path = REPO / "bench" / ".cache", graphs: bool = True) -> dict[str, Any]:
     """Build or reuse the stage's artifact, then profile every bucket of the bench plan (see the module doc)."""
-    from ttsaot.builder.stage_spec import resolve_kernels
 
     from .floor import copy_bandwidth
     from .specs import layer_passes, make_spec
@@ -105,7 +104,7 @@ def profile_stage(family: str, stage: str, *, device: torch.device, preset: str 
     res: dict[str, Any] = {
         "schema": RESULTS_SCHEMA, "kind": "profile", "asked_dtype": asked_dtype,
         "started": now_iso(), "git_commit": git_commit(),
-        "device": device_info(device), "stage": desc, "kernels": resolve_kernels(kernels, device),
+        "device": device_info(device), "stage": desc, "kernels": spec.kernels_on(device),
         "settings": {"calls": calls, "reps": reps, "graphs": cuda and graphs, "top": top},
     }
     t0 = time.time()

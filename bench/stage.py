@@ -52,7 +52,7 @@ def artifact_key(spec, desc: dict, device: torch.device) -> str:
     info = {
         "desc": {k: v for k, v in desc.items() if k not in ("options", "kernels")},
         # resolved: on CPU `auto` is `inductor`, and both name one artifact
-        "kernels": resolve_kernels(desc.get("kernels", "auto"), device),
+        "kernels": resolve_kernels(desc.get("kernels", "auto"), device, spec.cuda_auto_kernels),
         "options": desc["options"],
         "torch": torch.__version__,
         "device": device.type,
@@ -112,8 +112,8 @@ def same_program_as_auto(spec, kernels: str, device: torch.device) -> str | None
     build is skipped. (On CPU both resolve to inductor and share one cached artifact anyway.)"""
     from ttsaot.builder.stage_spec import resolve_kernels
 
-    auto = resolve_kernels("auto", device)
-    if kernels == "auto" or resolve_kernels(kernels, device) == auto or spec.kernel_passes:
+    auto = resolve_kernels("auto", device, spec.cuda_auto_kernels)
+    if kernels == "auto" or resolve_kernels(kernels, device, spec.cuda_auto_kernels) == auto or spec.kernel_passes:
         return None
     return f"the stage has no kernel passes: kernels={kernels} builds the same program as kernels=auto ({auto})"
 

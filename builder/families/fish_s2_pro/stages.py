@@ -125,11 +125,11 @@ class DecoderPrecision:
     criterion: dict[str, float]
 
 
-DECODER_PRECISIONS = {
-    "bf16": DecoderPrecision(torch.bfloat16, "ieee", False, 5e-2, {"snr_db_min": 35.0}),
-    "tf32": DecoderPrecision(torch.float32, "tf32", True, TF32_TOLERANCE, {"rel_error_max": 1e-3}),
-    "fp32": DecoderPrecision(torch.float32, "tf32x3", False, 1e-4, {"rel_error_max": 1e-4}),
-}
+DECODER_PRECISIONS = dict(   # keyed by the option's values (not a dtype table: those live in runtime/dtypes.py)
+    bf16=DecoderPrecision(torch.bfloat16, "ieee", False, 5e-2, {"snr_db_min": 35.0}),
+    tf32=DecoderPrecision(torch.float32, "tf32", True, TF32_TOLERANCE, {"rel_error_max": 1e-3}),
+    fp32=DecoderPrecision(torch.float32, "tf32x3", False, 1e-4, {"rel_error_max": 1e-4}),
+)
 _DTYPE_PRECISIONS = {torch.float32: ("fp32", "tf32"), torch.bfloat16: ("bf16",)}
 
 
