@@ -241,7 +241,7 @@ def main(ctx: click.Context, debug: bool) -> None:
                    "PyTorch's defaults give the reference: ~2-3x faster, ~1e-3 relative error.")
 @click.option("--kernels", type=click.Choice(["auto", "ttsaot", "inductor"]), default="auto", show_default=True,
               help="Hot paths from the ttsaot Triton kernel layer, or Inductor's own code; auto = ttsaot on CUDA "
-                   "for the stages whose kernel build is GPU-verified (code2wav, dac_decoder), inductor elsewhere "
+                   "for the builds whose kernels are GPU-verified (bf16 code2wav and dac_decoder), inductor elsewhere "
                    "and on CPU (where the kernels would only run their aten references).")
 @click.option("--no-verify", is_flag=True, help="Skip loading the fresh packages in a subprocess (not advised).")
 @click.option("--format", "formats", default="aoti", show_default=True, callback=_formats,
