@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# End-to-end bench runs over built artifacts: `make test-all` (CI's 2 cores cannot fit them with the rest).
+pytestmark = pytest.mark.heavy
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

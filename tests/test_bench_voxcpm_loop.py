@@ -20,6 +20,9 @@ from bench.voxcpm_loop import RESULT_NAME, LoopRun, LoopSettings, _spawn_child, 
 
 from .conftest import CACHE
 
+# End-to-end bench runs over built artifacts: `make test-all` (CI's 2 cores cannot fit them with the rest).
+pytestmark = pytest.mark.heavy
+
 
 def _upstream_missing(res: dict) -> str | None:
     """Why upstream could not be imported, if it is simply not installed (a broken install must fail)."""
