@@ -213,3 +213,28 @@ def tensor_bytes(ts) -> int:
 def short_error(e: BaseException) -> str:
     msg = str(e).strip().splitlines()
     return f"{type(e).__name__}: {msg[0][:400] if msg else ''}"
+
+
+def graph_replay_ms(calls: list[Callable[[], Any]], reps: int, warm_replays: int = 3) -> float:
+    """Median ms per call of one CUDA graph (runtime.graphs.StaticGraph) that makes `calls` in order: launch gaps
+    removed, the bench's one timing of captured call sequences."""
+    from ttsaot.runtime.graphs import StaticGraph
+
+    def body(_inputs):
+        for c in calls:
+            c()
+
+    graph = StaticGraph(body, [], device=torch.device("cuda"), warmup_calls=1)
+    for _ in range(warm_replays):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    del graph
+    return statistics.median(times) / len(calls)

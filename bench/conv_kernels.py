@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import time
 import traceback
 import zlib
@@ -45,10 +44,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ttsaot.runtime.dtypes import torch_dtype
-from ttsaot.runtime.graphs import StaticGraph
 
 from . import RESULTS_SCHEMA
-from .common import REPO, device_info, git_commit, now_iso, rel_err, short_error, write_json
+from .common import REPO, device_info, git_commit, graph_replay_ms, now_iso, rel_err, short_error, write_json
 
 DEVICE = "cuda"          # a module constant so that the logic can be dry-run on CPU (tests patch it)
 SURVEY = REPO / "bench" / "results" / "nvidia-h100" / "probes" / "codec_conv_survey.json"
@@ -98,25 +96,7 @@ def graph_ms(fns: list[Callable[[], Any]], reps: int = 10) -> float:
     for f in fns:
         f()
     torch.cuda.synchronize()
-    calls = max(8, len(fns))
-
-    def body(_inputs):
-        for i in range(calls):
-            fns[i % len(fns)]()
-
-    g = StaticGraph(body, [], device=torch.device("cuda"), warmup_calls=1)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / calls)
-    del g
-    return statistics.median(times)
+    return graph_replay_ms([fns[i % len(fns)] for i in range(max(8, len(fns)))], reps)
 
 
 # ------------------------------------------------------------------------------------------ layer cases

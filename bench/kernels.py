@@ -43,10 +43,8 @@ from typing import Any
 
 import torch
 
-from ttsaot.runtime.graphs import StaticGraph
-
 from . import RESULTS_SCHEMA
-from .common import device_info, git_commit, now_iso, rel_err, short_error, time_fn
+from .common import device_info, git_commit, graph_replay_ms, now_iso, rel_err, short_error, time_fn
 
 TARGET_RATIO = 0.85
 SECTIONS = ("copy", "skinny", "attention", "aoti", "layer", "predictors", "sweep")
@@ -108,24 +106,7 @@ def graph_ms(calls: list[Callable[[], Any]], reps: int, device: torch.device) ->
                 c()
             times.append((time.perf_counter() - t0) * 1e3)
         return statistics.median(times) / len(calls)
-    def body(_inputs):
-        for c in calls:
-            c()
-
-    graph = StaticGraph(body, [], device=torch.device("cuda"), warmup_calls=1)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        graph.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    del graph
-    return statistics.median(times) / len(calls)
+    return graph_replay_ms(calls, reps)
 
 
 def _sets_for(nbytes: int, device: torch.device) -> int:
