@@ -13,14 +13,16 @@ from bench.__main__ import main as bench_main
 
 @pytest.mark.slow
 @pytest.mark.heavy
-def test_decode_stages_smoke_on_cpu(tmp_path):
+@pytest.mark.parametrize("stage,layers", [("base_lm_step", 3), ("residual_lm_step", 2)])
+def test_decode_stages_smoke_on_cpu(tmp_path, stage, layers):
     out = tmp_path / "r.json"
-    rc = bench_main(["decode-stages", "--device", "cpu", "--preset", "tiny", "--batches", "2", "--no-compile",
-                     "--reps", "2", "--result", str(out), "--work", str(tmp_path)])
+    rc = bench_main(["decode-stages", "--stage", stage, "--device", "cpu", "--preset", "tiny", "--batches", "2",
+                     "--no-compile", "--reps", "2", "--result", str(out), "--work", str(tmp_path)])
     res = json.loads(out.read_text())
     assert rc == 0 and res["status"] == "ok", res
     assert res["kernels_recorded"] == {"ttsaot": "ttsaot", "inductor": "inductor"}
-    assert res["config"]["layers"] == 3 and res["config"]["position"] == res["config"]["max_len"] - 1
+    assert res["stage"] == f"voxcpm2/{stage}"
+    assert res["config"]["layers"] == layers and res["config"]["position"] == res["config"]["max_len"] - 1
     case = res["sections"]["B=2"]
     check = case["check"]
     assert check["agree"] and check["ttsaot_wrote_slot_in_place"] and check["inductor_wrote_slot_in_place"]
