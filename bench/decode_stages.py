@@ -224,8 +224,7 @@ def run(a: argparse.Namespace, progress: Callable[[dict], None] | None = None) -
                     except Exception as e:  # noqa: BLE001
                         out["compile_graph"] = {"error": short_error(e)}
                     save()
-            res["status"] = "ok" if all(
-                res["sections"].get(f"B={B}", {}).get("check", {}).get("agree") for B in a.batches) else "check failed"
+            res["status"] = status(res)
             return res
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -330,9 +329,20 @@ def _bench_bucket(a, step: StepStage, B: int, dev: torch.device, stages: dict, m
     return out
 
 
+def status(res: dict) -> str:
+    """"check failed" if a measured bucket disagrees, "incomplete" if one was skipped (time box), else "ok"."""
+    buckets = [s for k, s in res.get("sections", {}).items() if k.startswith("B=")]
+    if any("check" in s and not s["check"].get("agree") for s in buckets):
+        return "check failed"
+    if not buckets or any("check" not in s for s in buckets):
+        return "incomplete: " + ", ".join(k for k, s in res.get("sections", {}).items()
+                                          if k.startswith("B=") and "check" not in s) + " not measured"
+    return "ok"
+
+
 def summary(res: dict) -> str:
     lines = [f"decode-stages {res.get('stage')} on {res['device'].get('name', res['device']['type'])}: "
-             f"{res.get('status')} ({res.get('seconds')} s)"]
+             f"{status(res)} ({res.get('seconds')} s)"]
     for key, s in res.get("sections", {}).items():
         if not key.startswith("B="):
             continue

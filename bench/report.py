@@ -97,6 +97,9 @@ def load_results(results: Path, include_cpu: bool) -> dict[str, dict[str, Any]]:
             elif r.get("kind") == "conv_kernels":
                 r["_file"] = f.name
                 entry.setdefault("conv_kernels", []).append(r)
+            elif r.get("kind") == "decode_stages":
+                r["_file"] = f.name
+                entry.setdefault("decode_stages", []).append(r)
             elif str(r.get("schema", "")).startswith("codec_stages/"):
                 entry.setdefault("codec_stages", []).append(r)
             else:
@@ -126,6 +129,32 @@ def profiles_section(profiles: list[dict]) -> str:
               "gap µs", "GB/s (kernels)", "top kernel (share)"]
     return ("Profiles (`python -m bench profile`; top kernels per bucket in `profiles/*.txt`; bytes = weights "
             "once + inputs/outputs, so a looped stage's GB/s is a lower bound):\n\n" + _table(header, rows))
+
+
+def decode_stages_section(res: dict) -> str:
+    """`bench decode-stages`: the summary, then each artifact's graph-replay profile per batch bucket."""
+    from .decode_stages import summary
+
+    rows = []
+    for key, sec in res.get("sections", {}).items():
+        for kind in ("ttsaot", "inductor"):
+            p = sec.get(kind, {}).get("profile") if key.startswith("B=") else None
+            if not p or "top" not in p:
+                continue
+            top = "; ".join(f"`{r['name'][:40]}` ×{r['per_call']:g} {r['us_per_call']:.0f} µs" for r in p["top"][:3])
+            rows.append([key, kind, f"{p['call_ms'] * 1e3:.1f}", f"{p['x_floor']:.2f}×",
+                         f"{p['kernels_per_call']:g}", f"{p.get('kernels_per_layer', '—')}",
+                         f"{p['kernel_ms'] * 1e3:.1f}", f"{p['gap_ms'] * 1e3:.1f}",
+                         f"{p.get('gb_per_s_over_kernels', 0):.0f}", top])
+    cfg = res.get("config", {})
+    text = (f"Decode step `{res.get('stage')}` (`python -m bench decode-stages`, `{res['_file']}`; {cfg.get('layers')} "
+            f"of {cfg.get('model_layers')} layers, ctx {cfg.get('context')}, bf16; replay ms and × the byte floor; "
+            f"torch.compile mode `{cfg.get('compile_mode')}`):\n\n```text\n{summary(res)}\n```\n")
+    if rows:
+        text += "\nProfiles of the runtime graphs (torch.profiler over 20 replays):\n\n" + _table(
+            ["bucket", "kernels", "replay µs", "× floor", "kernels/call", "per layer", "kernel µs", "gap µs",
+             "GB/s (kernels)", "top kernels"], rows) + "\n"
+    return text
 
 
 def _variant_order(res: dict) -> list[str]:
@@ -707,6 +736,8 @@ def write_report(
                           f"fused = the fused chain in one CUDA graph):", "",
                           _table(["stage:batch:precision", "layers", "cuDNN", "kernels", "fused", "speed-up"], rows),
                           ""]
+        for res in d.get("decode_stages", []):
+            parts += [decode_stages_section(res), ""]
         for res in d.get("codec_stages", []):
             from .codec_stages import summary_lines
 

@@ -208,12 +208,13 @@ def test_a_flag_is_a_switch_or_takes_a_value_for_every_family():
 
 def test_auto_kernels_on_cuda_follow_what_the_gpu_verified():
     """`--kernels auto` takes the kernel layer on CUDA only where its build was verified and timed on a GPU
-    (bf16 code2wav, bf16 dac_decoder); the other wired stages keep Inductor unless asked (`--kernels ttsaot`); CPU
-    is Inductor."""
+    (bf16 code2wav, bf16 dac_decoder, bf16 base_lm_step); the other wired stages keep Inductor unless asked
+    (`--kernels ttsaot`); CPU is Inductor."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     expect = {("qwen3-tts-12hz", "code2wav"): "ttsaot", ("fish-s2-pro", "dac_decoder"): "inductor",   # exact fp32
               ("qwen3-tts-12hz", "code_predictor"): "inductor", ("fish-s2-pro", "fast_ar"): "inductor",
-              ("fish-s2-pro", "dac_encoder"): "inductor", ("voxcpm2", "base_lm_step"): "inductor",
+              ("fish-s2-pro", "dac_encoder"): "inductor", ("voxcpm2", "base_lm_step"): "ttsaot",
+              ("voxcpm2", "residual_lm_step"): "inductor",
               ("voxcpm2", "vae_decoder"): "inductor"}
     for (family, stage), on_cuda in expect.items():
         fam = get_family(family)
@@ -224,5 +225,7 @@ def test_auto_kernels_on_cuda_follow_what_the_gpu_verified():
             assert spec.kernels_on(cpu) == ("ttsaot" if kernels == "ttsaot" else "inductor"), (family, stage, kernels)
     bf16_dac = get_family("fish-s2-pro").options(preset="tiny", dac_decoder_precision="bf16")
     assert get_family("fish-s2-pro").specs(bf16_dac, ["dac_decoder"])[0].kernels_on(cuda) == "ttsaot"
+    fp32_lm = get_family("voxcpm2").options(preset="tiny", dtype=torch.float32)
+    assert get_family("voxcpm2").specs(fp32_lm, ["base_lm_step"])[0].kernels_on(cuda) == "inductor"
     fp32_c2w = get_family("qwen3-tts-12hz").options(preset="tiny", dtype=torch.float32)
     assert get_family("qwen3-tts-12hz").specs(fp32_c2w, ["code2wav"])[0].kernels_on(cuda) == "inductor"
