@@ -54,11 +54,13 @@ def _compile_saved(task: CompileTask) -> dict[str, torch.Tensor]:
 def compile_in_workers(tasks: list[CompileTask], jobs: int,
                        on_done: Callable[[CompileTask, dict[str, torch.Tensor]], None]) -> None:
     """Compile `tasks` on `jobs` spawned processes; `on_done(task, weights)` runs in this process as each one
-    finishes. The first failure cancels what has not started, waits for the running ones (so nothing writes
-    after the caller cleans up) and raises CompileError naming the task."""
+    finishes. The first failure (or an interrupt) cancels what has not started, terminates the running ones and
+    joins them (so nothing writes after the caller cleans up), then raises CompileError naming the task (or lets
+    the interrupt through)."""
     if not tasks:
         return
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=get_context("spawn"))
+    finished = False
     try:
         futures: dict[Future, CompileTask] = {pool.submit(_compile_saved, t): t for t in tasks}
         pending = set(futures)
@@ -73,8 +75,23 @@ def compile_in_workers(tasks: list[CompileTask], jobs: int,
                 except Exception as e:  # noqa: BLE001 - a worker killed (memory, signal) or an unexpected error
                     raise CompileError(f"{task.label}: compile worker failed: {type(e).__name__}: {e}") from e
                 on_done(task, weights)
+        finished = True
     finally:
+        if not finished:
+            # A failure, Ctrl-C or SIGTERM (KeyboardInterrupt, builder/build.py): the running compiles are of no use
+            # any more and may take minutes, so they are stopped rather than awaited (an H100 run killed by its time
+            # box was killed again 10 s later while this waited on them); joined below, so none writes afterwards.
+            _terminate_workers(pool)
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _terminate_workers(pool: ProcessPoolExecutor) -> None:
+    terminate = getattr(pool, "terminate_workers", None)    # Python ≥ 3.14
+    if terminate is not None:
+        terminate()
+        return
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        proc.terminate()
 
 
 __all__ = ["CompileTask", "compile_in_workers", "default_jobs"]

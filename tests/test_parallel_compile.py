@@ -55,6 +55,40 @@ def test_a_failing_worker_names_its_bucket(tmp_path):
     assert done == [] and not (tmp_path / "out.pt2").exists()
 
 
+def test_a_failure_stops_the_compiles_still_running(tmp_path):
+    """The running compiles are terminated, not awaited: here one worker blocks for ever (its program is a FIFO
+    nobody writes) while the other fails; compile_in_workers must still return promptly with the failure."""
+    import os
+    import threading
+
+    fifo = tmp_path / "never.pt2"
+    os.mkfifo(fifo)
+
+    def task(label: str, program: Path) -> CompileTask:
+        return CompileTask(label, program, (torch.zeros(1),), torch.device("cpu"), tmp_path / f"{label}.pt2", "m",
+                           {}, None)
+
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            compile_in_workers([task("blocked", fifo), task("failing", tmp_path / "missing.pt2")], 2,
+                               lambda t, w: None)
+        except BaseException as e:  # noqa: BLE001 - recorded for the assertion below
+            raised.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(120)
+    try:
+        assert not t.is_alive(), "compile_in_workers waited on a running compile after a failure"
+        assert len(raised) == 1 and isinstance(raised[0], CompileError) and "failing" in str(raised[0])
+    finally:
+        if t.is_alive():   # unblock the worker so the test process can exit
+            with open(fifo, "wb"):
+                pass
+
+
 def test_default_jobs_is_bounded_by_cores_and_memory():
     import os
 
