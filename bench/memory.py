@@ -277,6 +277,42 @@ def summary_lines(res: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _mib(m: dict[str, Any], key: str) -> str:
+    return "—" if m.get(key) is None else f"{m[key] / MIB:.0f}"
+
+
+def report_section(res: dict[str, Any]) -> str:
+    """The BENCHMARKS.md section of one memory.json (bench/report.py)."""
+    from .report import _table
+
+    rows = []
+    for name, r in res.get("stages", {}).items():
+        m = r.get("measured")
+        if r.get("status") != "ok" or not m:
+            rows.append([f"`{name}`", r.get("status", "?"), *["—"] * 8, str(r.get("reason", ""))[:120]])
+            continue
+        gp = m.get("graph_pools", {}).get("reserved_bytes")
+        ls = m.get("load_stats", {})
+        plan = "default" if not r.get("axes_override") else "override"
+        rows.append([f"`{name}`", f"{m['dtype']}, {m['kernels']}", f"{m['buckets']} ({plan})", str(m["graphs"]),
+                     f"{m['weights_bytes'] / MIB:.0f}", _mib(m, "reserved_beyond_weights_bytes"),
+                     "—" if gp is None else f"{gp / MIB:.0f}", _mib(m, "default_pool_cached_free_bytes"),
+                     _mib(m, "device_used_beyond_weights_bytes"),
+                     f"{m['load_s']:.2f} ({ls.get('warmup_capture_s', 0):.2f})",
+                     f"{m['golden']['cases']} cases " + ("ok" if m["golden"]["ok"] else "FAILED")])
+    header = ["stage", "dtype, kernels", "buckets", "graphs", "weights MiB", "reserved beyond weights MiB",
+              "graph pools MiB", "cached free MiB", "device beyond weights MiB", "load s (warm-up + capture)",
+              "golden"]
+    return "\n".join([
+        f"Memory of each stage's full default bucket plan, loaded with CUDA graphs in a fresh process (`python -m "
+        f"bench memory`, preset {res.get('preset')}, commit `{str(res.get('git_commit', ''))[:12]}`). Reserved = "
+        "torch.cuda.memory_reserved after load minus before, less the manifest's weight bytes; graph pools = the "
+        "private pools' segments; cached free = what empty_cache() then returned (warm-up blocks); device = the "
+        "fall of cudaMemGetInfo's free memory, less the weights (adds the packages' kernels and library "
+        "workspaces). CPU rows: no graphs, see `rss_*` in memory.json.", "",
+        _table(header, rows)])
+
+
 def main(a) -> int:
     import torch
 
