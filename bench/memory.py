@@ -367,7 +367,8 @@ def main(a) -> int:
                 rec["meets_1gib"] = beyond <= GIB   # the target for the default plan
         failed += rec["status"] != "ok"
         write_json(path, res)
-    res["status"] = "ok" if not failed else "failed"
+    skipped = any(r.get("status") == "skipped" for r in res["stages"].values())
+    res["status"] = "failed" if failed else "partial" if skipped else "ok"
     res["seconds"] = round(time.time() - t0, 1)
     res["finished"] = now_iso()
     write_json(path, res)
