@@ -67,7 +67,7 @@ def test_report_section_renders_gpu_and_failed_rows():
          "default_pool_cached_free_bytes": 150 * M.MIB, "device_used_beyond_weights_bytes": 900 * M.MIB,
          "load_s": 3.5, "load_stats": {"warmup_capture_s": 2.25}, "golden": {"cases": 2, "ok": True},
          "static_inputs_bytes": 10 * M.MIB, "allocated_beyond_weights_bytes": 60 * M.MIB,
-         "peak_reserved_bytes": 1500 * M.MIB}
+         "peak_reserved_bytes": 1500 * M.MIB, "peak_reserved_beyond_weights_bytes": 1300 * M.MIB}
     res = {"preset": "full", "git_commit": "abc", "stages": {
         "qwen3-tts-12hz/code2wav": {"status": "ok", "measured": m, "meets_1gib": True},
         "voxcpm2/vae_decoder": {"status": "skipped", "reason": "not built within the 200 s build budget"}}}
