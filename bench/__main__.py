@@ -1,6 +1,7 @@
 """`python -m bench [run] ...` measure · `python -m bench report` write BENCHMARKS.md ·
 `python -m bench snake` · `python -m bench kernels` · `python -m bench conv-kernels` ·
-`python -m bench decode-stages` · `python -m bench codec-stages` · `python -m bench list`. Internal: `_stage`,
+`python -m bench decode-stages` · `python -m bench codec-stages` · `python -m bench memory` ·
+`python -m bench list`. Internal: `_stage`,
 `_coldstart`, `_snake` (the per-process workers)."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ttsaot.runtime.dtypes import SHORT_DTYPE_NAMES
 from .common import REPO, git_commit, now_iso, short_error, write_json
 
 COMMANDS = ("run", "report", "snake", "kernels", "conv-kernels", "decode-stages", "codec-stages", "list", "build",
-            "profile", "voxcpm-loop", "_stage", "_coldstart", "_snake")
+            "profile", "voxcpm-loop", "memory", "_stage", "_coldstart", "_snake")
 
 
 def _csv(value: str) -> list[str]:
@@ -535,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     from .codec_stages import add_parser as add_codec_stages
     from .conv_kernels import add_parser as add_conv_kernels
     from .decode_stages import add_parser as add_decode_stages
+    from .memory import add_parser as add_memory
     from .prebuild import add_parser as add_build
     from .profile import add_parser as add_profile
     from .voxcpm_loop import add_parser as add_voxcpm_loop
@@ -544,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     add_conv_kernels(sub)
     add_decode_stages(sub)
     add_codec_stages(sub)
+    add_memory(sub)
 
     add_voxcpm_loop(sub)
 
@@ -620,6 +623,10 @@ def main(argv: list[str] | None = None) -> int:
         from .codec_stages import main as codec_stages
 
         return codec_stages(a)
+    if a.cmd == "memory":
+        from .memory import main as memory
+
+        return memory(a)
     if a.cmd == "voxcpm-loop":
         from .voxcpm_loop import main as voxcpm_loop
 

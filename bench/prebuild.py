@@ -18,7 +18,8 @@ from .common import REPO, short_error
 
 def _build_one(family: str, stage: str, preset: str, seed: int, dtype: str | None, device: str,
                cache_dir: str, kernels: str = "auto", axes: dict[str, tuple[int, ...]] | None = None,
-               verify: bool = True) -> dict:
+               verify: bool = True, full_plan: bool = False, package_cache: str | None = None,
+               compile_jobs: int = 1) -> dict:
     import torch
 
     from .specs import make_spec
@@ -26,11 +27,14 @@ def _build_one(family: str, stage: str, preset: str, seed: int, dtype: str | Non
 
     t0 = time.time()
     try:
-        spec, desc = make_spec(family, stage, preset, seed=seed, axes=axes, dtype=dtype, kernels=kernels)
+        spec, desc = make_spec(family, stage, preset, seed=seed, axes=axes, dtype=dtype, kernels=kernels,
+                               full_plan=full_plan)
         dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", 0)
-        path, info = build_or_reuse(spec, desc, dev, Path(cache_dir), verify=verify)
+        path, info = build_or_reuse(spec, desc, dev, Path(cache_dir), verify=verify,
+                                    package_cache=Path(package_cache) if package_cache else None,
+                                    jobs=compile_jobs)
         return {"stage": f"{family}/{stage}", "dtype": dtype, "kernels": kernels, "ok": True, "path": str(path),
                 **info}
     except Exception as e:  # noqa: BLE001 - one failed build must not stop the others; bench run records it
@@ -75,30 +79,76 @@ def main(a) -> int:
 
     targets = [parse_target(t) for t in a.targets]
     axes = parse_axes(a.axis) or None
-    failed = 0
+    tasks = [dict(family=f, stage=s, preset=preset, seed=a.seed, dtype=d, device=device, cache_dir=a.cache_dir,
+                  kernels=k, axes=axes, verify=a.verify) for f, s, d in targets for k in a.kernels]
+    results = build_many(tasks, a.jobs)
+    return 1 if any(not r["ok"] for r in results) else 0
+
+
+def build_many(tasks: list[dict], jobs: int, threads_per_job: int | None = None,
+               timeout: float | None = None) -> list[dict]:
+    """Run `_build_one(**task)` for every task on up to `jobs` spawned processes; the results in task order.
+    threads_per_job: torch/OpenMP/Inductor threads of each build (default: the cores shared between the jobs).
+    timeout: seconds for all of them; the builds still running then are killed (with their compile workers) and
+    their results say `skipped`."""
     # Share the cores between the builds: each build's torch threads and Inductor compile workers default to the
     # whole machine, and 12 such builds on a 64-core H200 host finished none in 270 s (seen 2026-11-21).
-    jobs = max(1, min(a.jobs, len(targets) * len(a.kernels)))
-    per_job = str(max(1, (os.cpu_count() or jobs) // jobs))
+    jobs = max(1, min(jobs, len(tasks)))
+    per_job = str(threads_per_job or max(1, (os.cpu_count() or jobs) // jobs))
     for var in ("TORCHINDUCTOR_COMPILE_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = per_job
     # spawn: each build in a fresh interpreter (no CUDA context inherited through fork)
     import multiprocessing as mp
     import signal
+    from concurrent.futures import TimeoutError as FuturesTimeout
 
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        def stop(signum, frame):   # a timeout killing this process must not leave builds running on
-            for proc in list(getattr(pool, "_processes", {}).values()):
-                proc.kill()
-            raise SystemExit(128 + signum)
+    results: list[dict | None] = [None] * len(tasks)
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
 
-        signal.signal(signal.SIGTERM, stop)
-        futs = [pool.submit(_build_one, f, s, preset, a.seed, d, device, a.cache_dir, k, axes, a.verify)
-                for f, s, d in targets for k in a.kernels]
-        for fut in as_completed(futs):
-            r = fut.result()
-            failed += not r["ok"]
-            print(f"[bench build] {r['stage']}{':' + r['dtype'] if r['dtype'] else ''} (kernels={r['kernels']}): "
-                  f"{'ok' if r['ok'] else 'FAILED'} {r.get('seconds')} s "
-                  f"{'(cached)' if r.get('cached') else ''}{r.get('error', '')}", file=sys.stderr, flush=True)
-    return 1 if failed else 0
+    def kill_all() -> None:
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            _kill_tree(proc.pid)
+
+    def stop(signum, frame):   # a timeout killing this process must not leave builds running on
+        kill_all()
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        futs = {pool.submit(_build_one, **task): i for i, task in enumerate(tasks)}
+        try:
+            for fut in as_completed(futs, timeout=timeout):
+                r = fut.result()
+                results[futs[fut]] = r
+                print(f"[bench build] {r['stage']}{':' + r['dtype'] if r['dtype'] else ''} "
+                      f"(kernels={r['kernels']}): {'ok' if r['ok'] else 'FAILED'} {r.get('seconds')} s "
+                      f"{'(cached)' if r.get('cached') else ''}{r.get('error', '')}", file=sys.stderr, flush=True)
+        except FuturesTimeout:
+            kill_all()
+            for i, task in enumerate(tasks):
+                if results[i] is None:
+                    results[i] = {"stage": f"{task['family']}/{task['stage']}", "dtype": task.get("dtype"),
+                                  "kernels": task.get("kernels", "auto"), "ok": False,
+                                  "skipped": f"not built within the {timeout:.0f} s build budget"}
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        pool.shutdown(wait=False, cancel_futures=True)
+    return [r for r in results if r is not None]
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and its descendants (a build's compile workers, found through /proc before the kill)."""
+    import signal
+
+    children: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            children += [int(c) for c in (task / "children").read_text().split()]
+    except OSError:
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for child in children:
+        _kill_tree(child)

@@ -102,6 +102,8 @@ def load_results(results: Path, include_cpu: bool) -> dict[str, dict[str, Any]]:
                 entry.setdefault("decode_stages", []).append(r)
             elif str(r.get("schema", "")).startswith("codec_stages/"):
                 entry.setdefault("codec_stages", []).append(r)
+            elif r.get("kind") == "memory":
+                entry["memory"] = r
             else:
                 r["_file"] = str(f)
                 entry["stages"].append(r)
@@ -744,6 +746,10 @@ def write_report(
             tasks = ", ".join(t.get("task", "?") for t in res.get("tasks", []))
             parts += [f"Codec stages, kernels=ttsaot vs kernels=inductor (`python -m bench codec-stages`; {tasks}; "
                       f"commit `{str(res.get('commit', ''))[:12]}`):", "", "```text", *summary_lines(res), "```", ""]
+        if d.get("memory"):
+            from .memory import report_section
+
+            parts += [report_section(d["memory"]), ""]
         for res in sorted(
             d["stages"],
             key=lambda r: (r.get("stage", {}).get("family", ""), r.get("stage", {}).get("stage", "")),

@@ -107,14 +107,16 @@ def make_spec(
     axes: dict[str, tuple[int, ...]] | None = None,
     dtype: str | None = None,
     kernels: str = "auto",
+    full_plan: bool = False,
 ):
     """The StageSpec as the builder would make it, restricted to the benchmark buckets, built with the kernel
     choice `kernels` (BuildOptions.kernels: auto | ttsaot | inductor). Returns (spec, description of the choices
-    for the JSON and the cache key)."""
+    for the JSON and the cache key). full_plan: the family's own default options and every bucket of its default
+    plan (what `build-artifacts` builds), not the bench's subset; `axes` still overrides an axis."""
     from ttsaot.builder.buckets import BucketPlan
 
     fam = family_module(family)
-    defaults = BENCH_DEFAULTS.get((family, stage), {}).get(preset, {})
+    defaults = {} if full_plan else BENCH_DEFAULTS.get((family, stage), {}).get(preset, {})
     want_axes = {**{k: tuple(v) for k, v in defaults.get("axes", {}).items()}, **(axes or {})}
     kw: dict[str, Any] = {"preset": preset, "seed": seed, "kernels": kernels}
     if dtype:
@@ -130,7 +132,7 @@ def make_spec(
     if stage not in fam.stages:
         raise KeyError(f"{family} has no stage {stage!r} (have: {', '.join(fam.stages)})")
     spec = fam.specs(fam.options(**kw), [stage])[0]
-    per_axis = 2 if preset != "tiny" else 1
+    per_axis = None if full_plan else 2 if preset != "tiny" else 1
     plan_axes = {}
     for axis, sizes in spec.plan.axes.items():
         if axis in want_axes:
@@ -152,4 +154,6 @@ def make_spec(
         # the kernel choice is keyed resolved (bench/stage.py artifact_key), not as asked
         "options": {k: repr(v) for k, v in kw.items() if k != "kernels"},
     }
+    if full_plan:   # recorded only when set: the cache keys of the bench's own artifacts stay what they were
+        desc["full_plan"] = True
     return spec, desc

@@ -65,21 +65,24 @@ def artifact_key(spec, desc: dict, device: torch.device) -> str:
     return hashlib.sha256(json.dumps(info, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def build_or_reuse(spec, desc: dict, device: torch.device, cache: Path, verify: bool) -> tuple[Path, dict]:
+def build_or_reuse(spec, desc: dict, device: torch.device, cache: Path, verify: bool,
+                   package_cache: Path | None = None, jobs: int = 1) -> tuple[Path, dict]:
     """Build the stage's artifact for the bench buckets under cache/<hash>/, or reuse a finished one. Processes
     sharing the cache (xdist workers, parallel bench runs) wait for each other's build of the same key instead of
-    failing on the builder's lock."""
+    failing on the builder's lock. package_cache: the builder's per-package cache (builder/package_cache.py), so
+    that an artifact of other buckets reuses the packages it shares with one built before; jobs: parallel AOTI
+    compiles of the stage's buckets (the artifact is the same either way)."""
     from filelock import FileLock
 
     key = artifact_key(spec, desc, device)
     root = cache / key
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root) + ".lock"):
-        return _build_or_reuse_locked(spec, desc, device, root, key, verify)
+        return _build_or_reuse_locked(spec, desc, device, root, key, verify, package_cache, jobs)
 
 
-def _build_or_reuse_locked(spec, desc: dict, device: torch.device, root: Path, key: str,
-                           verify: bool) -> tuple[Path, dict]:
+def _build_or_reuse_locked(spec, desc: dict, device: torch.device, root: Path, key: str, verify: bool,
+                           package_cache: Path | None = None, jobs: int = 1) -> tuple[Path, dict]:
     from ttsaot.builder.build import build_family
 
     path = root / spec.family
@@ -96,6 +99,8 @@ def _build_or_reuse_locked(spec, desc: dict, device: torch.device, root: Path, k
         preset=desc["preset"],
         verify_in_subprocess=verify,
         keep_existing_stages=False,
+        cache_dir=package_cache,
+        jobs=jobs,
     )
     done.write_text(now_iso())
     return res.path, {

@@ -2,18 +2,37 @@
 one KV cache, a bench variant) goes through :class:`StaticGraph`.
 
 Recipe (AOTI.md §3): static input buffers owned by the caller; a few warm-up calls on a side stream (lazy cubin
-loads and allocator growth must happen before capture); capture of one call into the given memory pool (graphs
+loads and allocator growth must happen before capture; one side stream per device for every warm-up, see
+`warmup_stream`); capture of one call into the given memory pool (graphs
 of one stage share a pool); replay writes the same static outputs every time, so callers copy what they keep
 before the next replay."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 WARMUP_CALLS = 3   # calls before capture: enough for lazy kernel loads and the allocator to settle
+
+_WARMUP_STREAMS: dict[int, Any] = {}
+_WARMUP_STREAMS_LOCK = threading.Lock()
+
+
+def warmup_stream(device: torch.device) -> Any:
+    """The side stream that every warm-up before a capture on `device` runs on: one per device, not one per graph.
+    The caching allocator reuses a freed block only on the stream it was allocated on, and torch.cuda.Stream()
+    hands out up to 32 different pool streams, so with a stream per graph each warm-up's intermediates stayed
+    cached where the next warm-up could not use them: a stage's default-pool reserve grew with the sum of its
+    buckets' warm-ups instead of the largest one."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _WARMUP_STREAMS_LOCK:
+        stream = _WARMUP_STREAMS.get(index)
+        if stream is None:
+            stream = _WARMUP_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
+        return stream
 
 
 def new_pool() -> Any:
@@ -40,7 +59,7 @@ class StaticGraph:
         if not capture:
             return
         device = device if device is not None else self.inputs[0].device
-        side = torch.cuda.Stream(device)
+        side = warmup_stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(warmup_calls):

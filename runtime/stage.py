@@ -208,6 +208,14 @@ class _BucketRunner:
         return list(self.call(padded))
 
 
+def _allocator_bytes(device: torch.device) -> tuple[int, int] | None:
+    """(allocated, reserved) bytes of the CUDA caching allocator on `device`; None on CPU. Host-side counters:
+    no synchronisation."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+
+
 class Stage:
     """Callable stage: `stage(*inputs)` or `stage(name=tensor, ...)` → output tensor (or tuple of them).
 
@@ -229,9 +237,23 @@ class Stage:
         self._pool = new_pool() if use_graph else None
         # Capture the largest buckets first so smaller graphs reuse their pool blocks.
         order = sorted(entry.buckets, key=lambda b: -math.prod(b.sizes.values()))
-        self._runners = {b.key: _BucketRunner(root / b.file, b, entry, device, weights, use_graph, self._pool,
-                                              cpu_threads=self.cpu_threads)
-                         for b in order}
+        self._runners = {}
+        # Per bucket, in load order: seconds to load its package and to warm up + capture its graph, and on CUDA
+        # how much the caching allocator grew meanwhile (allocated / reserved bytes: its static inputs, its graph's
+        # outputs and whatever of its intermediates the pool could not reuse from larger graphs).
+        self.bucket_load_stats: dict[str, dict[str, float | int | bool]] = {}
+        for b in order:
+            mem0 = _allocator_bytes(device)
+            runner = _BucketRunner(root / b.file, b, entry, device, weights, use_graph, self._pool,
+                                   cpu_threads=self.cpu_threads)
+            self._runners[b.key] = runner
+            st: dict[str, float | int | bool] = {"package_load_s": round(runner.load_s, 4),
+                                                 "capture_s": round(runner.capture_s, 4),
+                                                 "graph": runner.graph is not None}
+            if mem0 is not None:
+                mem1 = _allocator_bytes(device)
+                st.update(allocated_bytes=mem1[0] - mem0[0], reserved_bytes=mem1[1] - mem0[1])
+            self.bucket_load_stats[b.key] = st
         # Where start-up time goes, per phase (seconds): users tune cold start with this.
         self.load_stats = {"package_load_s": round(sum(r.load_s for r in self._runners.values()), 3),
                            "warmup_capture_s": round(sum(r.capture_s for r in self._runners.values()), 3)}
