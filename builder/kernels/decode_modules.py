@@ -1,11 +1,24 @@
-"""Decoder-layer blocks of a decode step on the kernel layer: what a family's kernel pass puts in place of a layer's
-`Attention` and `SwiGLU` in its step stages (StageSpec.kernel_passes).
+"""Transformer blocks on the kernel layer: what a family's kernel pass puts in place of a layer's `Attention`,
+`SwiGLU` and plain `nn.Linear` projections (StageSpec.kernel_passes). Decode steps (one token per row):
 
 - `KernelAttention.decode_step(x, norm, ...)`: x + scale·o_proj(decode_attention(qkv_proj(norm(x)))) as three ops:
   skinny_linear (RMSNorm prologue) → decode_attention (q/k norm, RoPE, in-place cache write at each row's position,
   GQA over the cache) → skinny_linear (o_proj + residual epilogue);
 - `KernelSwiGLU.decode_step(x, norm, ...)`: x + scale·down(silu(gate)·up) (norm(x)) as two ops: skinny_linear
   (RMSNorm prologue, fused gate_up, SiLU·mul epilogue) → skinny_linear (down + residual epilogue).
+
+Short bidirectional sequences (VoxCPM2's LocDiT and local encoder, M = rows × tokens):
+
+- `KernelAttention.project_qkv(x, norm)` / `.attend(q, k, v, x, ...)`: skinny_linear (RMSNorm prologue) → the
+  family's RoPE → SDPA → skinny_linear (o_proj + residual epilogue). The attention itself stays SDPA:
+  decode_attention is one query per row over a runtime-owned cache that it writes in place, not a T × T
+  bidirectional attention over fresh k/v, and at T ≤ 11 tokens the attention is a few KiB next to the MiB of
+  weights the projections read (one fused SDPA kernel on CUDA);
+- `KernelSwiGLU.decode_step` takes x [..., D] (skinny_linear flattens the leading dims into rows);
+- `KernelLinear`: any other projection (the stages' in/out projections, timestep MLPs).
+
+skinny_linear runs its Triton kernels up to MAX_KERNEL_ROWS rows and aten above (decided per bucket at trace
+time), so a bucket whose rows × tokens exceed it keeps cuBLAS with the same graph structure.
 
 They hold the SAME child modules as the blocks they replace (qkv_proj, o_proj, q_norm/k_norm; gate_up_proj,
 down_proj), so parameter names, hence the artifact's constant names and the weights a prefill and a step stage
@@ -19,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..layers.attention import Attention
+from ..layers.attention import Attention, sdpa_gqa, split_heads
 from ..layers.mlp import SwiGLU
 from ..layers.norms import RMSNorm
 from .decode_attention import decode_attention
@@ -48,6 +61,21 @@ class KernelAttention(nn.Module):
             qn, kn, qk_eps = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
         o = decode_attention(qkv, positions, k_cache, v_cache, layer, self.head_dim**-0.5, cos, sin,
                              self.rope_interleaved, qn, kn, qk_eps)
+        return self.project_out(o, x, residual_scale)
+
+    def project_qkv(self, x: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sequence form: x [B,T,D] → q [B,H,T,hd], k/v [B,Hkv,T,hd] from one skinny_linear over norm(x) (the
+        RMSNorm its prologue), q/k norm applied, no rope (Attention.project_qkv of norm(x))."""
+        return split_heads(self, skinny_linear(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor,
+               mask: torch.Tensor | None = None, is_causal: bool = False,
+               residual_scale: float = 1.0) -> torch.Tensor:
+        """Sequence form: x + residual_scale · o_proj(SDPA(q, k, v)) [B,T,D] (Attention.attend + the residual)."""
+        return self.project_out(sdpa_gqa(q, k, v, mask, is_causal, self.head_dim**-0.5), x, residual_scale)
+
+    def project_out(self, o: torch.Tensor, x: torch.Tensor, residual_scale: float) -> torch.Tensor:
+        """x + residual_scale · o_proj(o): one skinny_linear with the residual epilogue."""
         return skinny_linear(o, self.o_proj.weight, self.o_proj.bias, residual=x, residual_scale=residual_scale)
 
 
@@ -59,7 +87,24 @@ class KernelSwiGLU(nn.Module):
         self.gate_up_proj, self.down_proj, self.hidden = mlp.gate_up_proj, mlp.down_proj, mlp.hidden
 
     def decode_step(self, x: torch.Tensor, norm: RMSNorm, residual_scale: float = 1.0) -> torch.Tensor:
-        """x [B, D] → x + residual_scale · down(silu(gate)·up)(norm(x))."""
+        """x [..., D] (a step's [B, D], a sequence's [B, T, D]) → x + residual_scale · down(silu(gate)·up)(norm(x))."""
         h = skinny_linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, norm.weight, norm.eps, gated=True)
         return skinny_linear(h, self.down_proj.weight, self.down_proj.bias, residual=x,
                              residual_scale=residual_scale)
+
+
+class KernelLinear(nn.Module):
+    """An nn.Linear on skinny_linear: y = x @ Wᵀ + b over x [..., K]. It holds the Linear's own `weight` and
+    `bias` parameters, so the parameter names (and the artifact's constants) do not change."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.register_parameter("bias", linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return skinny_linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -42,30 +42,46 @@ class Attention(nn.Module):
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B,T,D] → q [B,H,T,hd], k/v [B,Hkv,T,hd] (q/k norm applied, no rope)."""
-        B, T, _ = x.shape
-        q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         if self.qkv_proj is not None:
-            q, k, v = self.qkv_proj(x).split((q_width, kv_width, kv_width), dim=-1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(B, T, self.n_heads, self.head_dim)
-        k = k.view(B, T, self.n_kv_heads, self.head_dim)
-        v = v.view(B, T, self.n_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            return split_heads(self, self.qkv_proj(x))
+        return to_heads(self, self.q_proj(x), self.k_proj(x), self.v_proj(x))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                mask: torch.Tensor | None, is_causal: bool = False) -> torch.Tensor:
         """SDPA with GQA expansion; returns [B,T,H·hd] after o_proj."""
-        if self.n_kv_heads != self.n_heads:
-            rep = self.n_heads // self.n_kv_heads
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                           scale=self.head_dim**-0.5)
-        B, _, T, _ = o.shape
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+        return self.o_proj(sdpa_gqa(q, k, v, mask, is_causal, self.head_dim**-0.5))
+
+
+def split_heads(attn: Attention | nn.Module, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused projection's output [B,T,(H+2·Hkv)·hd] (rows q ∣ k ∣ v) → q, k, v in heads (`to_heads`). `attn`:
+    anything with Attention's head counts and q/k norms (the kernel layer's KernelAttention too)."""
+    q_width, kv_width = attn.n_heads * attn.head_dim, attn.n_kv_heads * attn.head_dim
+    return to_heads(attn, *qkv.split((q_width, kv_width, kv_width), dim=-1))
+
+
+def to_heads(attn: Attention | nn.Module, q: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [B,T,H·hd], k/v [B,T,Hkv·hd] → q [B,H,T,hd], k/v [B,Hkv,T,hd], q/k norm applied (no rope)."""
+    B, T, _ = q.shape
+    q = q.view(B, T, attn.n_heads, attn.head_dim)
+    k = k.view(B, T, attn.n_kv_heads, attn.head_dim)
+    v = v.view(B, T, attn.n_kv_heads, attn.head_dim)
+    if attn.q_norm is not None:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
+def sdpa_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
+             scale: float) -> torch.Tensor:
+    """SDPA over q [B,H,T,hd], k/v [B,Hkv,S,hd] (kv heads repeated to H) → [B,T,H·hd], before o_proj."""
+    n_heads, n_kv_heads = q.shape[1], k.shape[1]
+    if n_kv_heads != n_heads:
+        rep = n_heads // n_kv_heads
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+    B, _, T, hd = o.shape
+    return o.transpose(1, 2).reshape(B, T, n_heads * hd)
 
 
 def sliding_window_causal_mask(length: int, window: int, device: torch.device) -> torch.Tensor:

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...kernels.decode_modules import KernelAttention, KernelLinear, KernelSwiGLU
 from ...layers import RMSNorm, SwiGLU, apply_rope_neox, rope_table
 from ...layers.attention import Attention
 from .config import DEFAULT_TIMESTEPS, AudioConfig, TransformerConfig
@@ -47,12 +48,19 @@ class MiniCPMLayer(nn.Module):
         return x + h * self.residual_scale if self.residual_scale is not None else x + h
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.self_attn, KernelAttention):     # use_sequence_kernels: the same math in 4 ops + SDPA
+            scale = 1.0 if self.residual_scale is None else self.residual_scale
+            q, k, v = self.self_attn.project_qkv(x, self.input_layernorm)
+            x = self.self_attn.attend(_rope(q, cos, sin), _rope(k, cos, sin), v, x, residual_scale=scale)
+            return self.mlp.decode_step(x, self.post_attention_layernorm, scale)
         q, k, v = self.self_attn.project_qkv(self.input_layernorm(x))
-        dt = q.dtype
-        q = apply_rope_neox(q.float(), cos, sin).to(dt)
-        k = apply_rope_neox(k.float(), cos, sin).to(dt)
-        x = self._res(x, self.self_attn.attend(q, k, v, None))
+        x = self._res(x, self.self_attn.attend(_rope(q, cos, sin), _rope(k, cos, sin), v, None))
         return self._res(x, self.mlp(self.post_attention_layernorm(x)))
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NeoX RoPE in fp32 whatever x's dtype (the reference), back in x's dtype."""
+    return apply_rope_neox(x.float(), cos, sin).to(x.dtype)
 
 
 class BidirectionalMiniCPM(nn.Module):
@@ -225,3 +233,24 @@ class LocDiTStage(nn.Module):
                         self.res_to_dit_proj(residual_hidden.to(dtype))], dim=-1)
         return self.feat_decoder(mu, cond.to(dtype), noise.to(dtype)).float()
 
+
+
+def use_sequence_kernels(module: nn.Module) -> dict:
+    """Kernel pass of `locdit` and `local_encoder` (StageSpec.kernel_passes): every MiniCPMLayer's attention and MLP
+    become the kernel layer's sequence-form blocks and every other nn.Linear a KernelLinear, all holding the same
+    weights (builder/kernels/decode_modules.py). The T × T bidirectional attention stays SDPA (why: there).
+    Needs the fused projections (`passes.fuse_projections`, which both stages run first)."""
+    layers = linears = 0
+    for sub in list(module.modules()):
+        if isinstance(sub, MiniCPMLayer) and isinstance(sub.self_attn, Attention):
+            sub.self_attn, sub.mlp = KernelAttention(sub.self_attn), KernelSwiGLU(sub.mlp)
+            layers += 1
+    for sub in list(module.modules()):
+        if isinstance(sub, (KernelAttention, KernelSwiGLU)):
+            continue                                          # their projections run inside their own ops
+        for name, child in list(sub.named_children()):
+            if type(child) is nn.Linear:
+                setattr(sub, name, KernelLinear(child))
+                linears += 1
+    return {"pass": "use_sequence_kernels", "layers": layers, "linears": linears, "ops": ["ttsaot::skinny_linear"],
+            "attention": "sdpa"}

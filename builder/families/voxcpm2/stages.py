@@ -14,7 +14,7 @@ from ...options import OptionsError
 from ...passes import bake_snake, bake_weight_norm, fuse_projections
 from ...stage_spec import StageSpec
 from . import FAMILY
-from .audio import LocalEncoderStage, LocDiTStage, euler_schedule
+from .audio import LocalEncoderStage, LocDiTStage, euler_schedule, use_sequence_kernels
 from .checkpoint import (
     init_random_audio,
     init_random_lm,
@@ -204,6 +204,8 @@ def locdit_stage(opts: VoxCPM2Options) -> StageSpec:
                   "projections_inside": ["lm_to_dit_proj", "res_to_dit_proj"]},
         config=cfg.to_json(), checkpoint_report=report,
         golden_sizes=[],
+        kernel_passes=[use_sequence_kernels],
+        cuda_auto_kernels="inductor",   # kernel path opt-in (--kernels ttsaot) until it is built and timed on a GPU
     )
 
 
@@ -233,6 +235,8 @@ def local_encoder_stage(opts: VoxCPM2Options) -> StageSpec:
         outputs=[{"name": "embed", "dtype": "float32", "shape": ["batch", H]}],
         dtype=dtype, tolerance=1e-4 if dtype == torch.float32 else 3e-2,
         config=cfg.to_json(), checkpoint_report=report,
+        kernel_passes=[use_sequence_kernels],
+        cuda_auto_kernels="inductor",   # kernel path opt-in (--kernels ttsaot) until it is built and timed on a GPU
     )
 
 

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# One device call: VoxCPM2 locdit and local_encoder on the kernel layer (--kernels ttsaot, use_sequence_kernels) vs
+# Inductor (--kernels inductor), same weights (full preset, bf16, seed 0). Builds all four in parallel (bench build,
+# the cache bench profile reuses), then per stage and choice: `bench profile` (call time, kernels per call / per
+# layer, top kernels, GB/s) and `ttsaot.runtime.verify --json` (the artifact's golden cases on the GPU against the
+# fp32 eager reference, limit = the manifest tolerance); a summary JSON puts both side by side.
+#   AXIS=batch=1,4 bash bench/plans/audio_kernels_h100.sh        (default batch=1; the kernels run up to 32 rows:
+#   locdit's DiT layers are 2·B·11 rows, the encoder's B·5, so batch 1 is where both run the Triton kernels)
+# CPU smoke (the profile's CPU default is fp32, so name it for the build too):
+#   DEVICE=cpu PRESET=tiny DTYPE=fp32 BUILD_S=900 bash bench/plans/audio_kernels_h100.sh
+set -u
+cd "$(dirname "$0")/../.."
+export CXX=${CXX:-/usr/bin/g++} PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT/profiles"; T0=$(date +%s)
+PY=${PY:-python3}; AXIS=${AXIS:-batch=1}; DEVICE=${DEVICE:-cuda}; PRESET=${PRESET:-full}
+SUFFIX=${DTYPE:+:$DTYPE}; TAG=${DTYPE:+__$DTYPE}   # bench profile names its JSON voxcpm2__STAGE[__DTYPE]__KERNELS
+STAGES="locdit local_encoder"; CHOICES="ttsaot inductor"
+[ -n "${SKIP_INSTALL:-}" ] || $PY -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.txt" 2>&1
+COMMON=(--axis "$AXIS" --device "$DEVICE" --preset "$PRESET")
+timeout -s INT -k 10 "${BUILD_S:-160}" $PY -m bench build "voxcpm2/locdit$SUFFIX" "voxcpm2/local_encoder$SUFFIX" --kernels ttsaot,inductor \
+  --no-verify --jobs 4 "${COMMON[@]}" > "$OUT/build.log" 2>&1
+echo "build rc $? at $(( $(date +%s) - T0 )) s"; grep "bench build" "$OUT/build.log" | cut -c1-300
+# ttsaot first for both stages; a step that would start after LIMIT_S seconds is skipped (the summary says so)
+for k in $CHOICES; do
+  for st in $STAGES; do
+    if [ $(( $(date +%s) - T0 )) -gt "${LIMIT_S:-225}" ]; then echo "skipped $st $k (time)"; continue; fi
+    timeout -s INT -k 10 60 $PY -m bench profile "voxcpm2/$st$SUFFIX" --kernels "$k" "${COMMON[@]}" --out "$OUT/profiles" \
+      --calls "${CALLS:-10}" --reps "${REPS:-30}" > "$OUT/profile_${st}_${k}.log" 2>&1
+    echo "profile $st $k rc $? at $(( $(date +%s) - T0 )) s"; grep -E "^\[b|kernels=" "$OUT/profile_${st}_${k}.log" | cut -c1-250
+    art=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['build']['path'])" \
+          "$OUT/profiles/voxcpm2__${st}${TAG}__${k}.json" 2>/dev/null)
+    if [ -n "$art" ]; then
+      timeout -s INT -k 10 40 $PY -m ttsaot.runtime.verify "$art" --device "$DEVICE" --stages "$st" --json \
+        > "$OUT/verify_${st}_${k}.json" 2> "$OUT/verify_${st}_${k}.err"
+      echo "verify $st $k rc $?"
+    fi
+  done
+done
+$PY - "$OUT" "$TAG" <<'EOF'
+import json, pathlib, sys
+out, tag = pathlib.Path(sys.argv[1]), sys.argv[2]
+summary = {"kind": "audio_kernels", "stages": {}}
+for st in ("locdit", "local_encoder"):
+    row = summary["stages"][st] = {}
+    for k in ("ttsaot", "inductor"):
+        r = row[k] = {}
+        p = out / "profiles" / f"voxcpm2__{st}{tag}__{k}.json"
+        if p.is_file():
+            prof = json.loads(p.read_text())
+            r["device"] = prof["device"]["name"]
+            r["manifest_kernels"] = prof.get("manifest_kernels")
+            fields = ("call_ms", "x_floor", "kernels_per_call", "kernels_per_layer", "gb_per_s_over_call")
+            r["buckets"] = {b: {f: v.get(f) for f in fields} for b, v in prof.get("buckets", {}).items()}
+        v = out / f"verify_{st}_{k}.json"
+        try:
+            cases = json.loads(v.read_text().strip().splitlines()[-1])
+            r["verify"] = {"ok": all(c["ok"] for c in cases), "cases": len(cases),
+                           "worst": max(((c["value"], c["limit"], c["case"]) for c in cases), default=None)}
+        except (OSError, IndexError, ValueError) as e:
+            r["verify"] = {"ok": False, "error": repr(e)}
+    t, i = row["ttsaot"].get("buckets", {}), row["inductor"].get("buckets", {})
+    row["inductor_over_ttsaot"] = {b: round(i[b]["call_ms"] / t[b]["call_ms"], 3)
+                                   for b in t if b in i and t[b].get("call_ms") and i[b].get("call_ms")}
+(out / "audio_kernels_summary.json").write_text(json.dumps(summary, indent=1))
+print(json.dumps(summary, indent=1))
+EOF
+echo "done at $(( $(date +%s) - T0 )) s"
