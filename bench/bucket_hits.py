@@ -14,8 +14,9 @@ plan's artifact sees, without compiling its 15–27 packages per stage on CPU.
 
 Workload (seeded): utterance lengths log-normal around 6 s (1–40 s), turned into frames at the FULL preset's
 frame rate; each family's default streaming config (chunk, left context, first chunks); streams at concurrency
-1, 2, 4 and 8 in lock-step rounds, and one-shot requests at concurrency 1 and 4 (codec decoders with a one-shot
-path; VoxCPM2's VAE is only ever streamed by its decode loop)."""
+1, 2, 4 and 8 in lock-step rounds (a stream that ends is replaced by the next at once), and one-shot requests at
+concurrency 1 and 4 (codec decoders with a one-shot path; VoxCPM2's VAE is only ever streamed by its decode
+loop)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("bucket-hits", help="per-bucket hits and padding of the codec stages' default plans (CPU)")
     p.add_argument("--families", type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
                    default=list(CODEC_STAGES))
-    p.add_argument("--utterances", type=int, default=48, help="utterances per scenario")
+    p.add_argument("--utterances", type=int, default=24, help="utterances per scenario")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", default=str(REPO / "bench" / ".cache" / "bucket_hits"),
                    help="where the one-package tiny artifacts are built (reused when present)")
@@ -113,21 +114,19 @@ def drive_streams(stage, utterances: list[int], concurrency: int, streaming: dic
 
     k, high = _code_shape(stage)
     with Batcher(stage, BatcherConfig(max_wait_s=MAX_WAIT_S)) as batcher:
-        for start in range(0, len(utterances), concurrency):
-            group = utterances[start:start + concurrency]
-            sessions = [batcher.open_stream() for _ in group]
-            plans = [chunk_plan(f, streaming) for f in group]
-            for rnd in range(max(len(p) for p in plans)):
-                futs = []
-                for s, p in zip(sessions, plans):
-                    if rnd < len(p):
-                        futs.append(s.submit(_codes(stage, k, p[rnd], high, rng, torch)))
-                    elif not s.closed:
-                        s.close()   # an ended stream no longer holds a batch open
-                for f in futs:
-                    f.result()
-            for s in sessions:
-                s.close()
+        queue = list(utterances)
+        active: list[list] = []       # [session, chunk sizes, next chunk]: a stream that ends is replaced at once
+        while queue or active:
+            while queue and len(active) < concurrency:
+                active.append([batcher.open_stream(), chunk_plan(queue.pop(0), streaming), 0])
+            futs = [s.submit(_codes(stage, k, plan[i], high, rng, torch)) for s, plan, i in active]
+            for f in futs:
+                f.result()
+            for slot in active:
+                slot[2] += 1
+                if slot[2] == len(slot[1]):
+                    slot[0].close()   # an ended stream no longer holds a batch open
+            active = [slot for slot in active if slot[2] < len(slot[1])]
 
 
 def drive_one_shot(stage, utterances: list[int], concurrency: int, rng) -> None:
