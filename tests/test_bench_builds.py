@@ -81,3 +81,23 @@ def test_tally_uses_the_runtimes_smallest_covering_bucket():
     assert t["buckets"]["b4_f50"]["calls"] == 1 and t["buckets"]["b4_f50"]["padding"] == round(1 - 78 / 200, 3)
     assert t["buckets_hit"] == 3 and t["packages"] == 9
     assert t["padding"] == round(1 - (25 + 78 + 16) / (25 + 200 + 16), 3)
+
+
+@pytest.mark.heavy
+def test_streams_through_the_batcher_ask_for_the_windows_of_the_stream(tmp_path):
+    """The real path: a one-package tiny vae_decoder, two streams through the runtime's Batcher at a time; every
+    package call asks for the window the stream is at (12, 24, 36, then 24 + tail), two rows while both run."""
+    import random
+
+    from bench.bucket_hits import Recorder, build_one_package, drive_streams
+    from ttsaot.runtime import load
+
+    plan, meta = default_plan("voxcpm2", "vae_decoder", "tiny")
+    art = build_one_package("voxcpm2", "vae_decoder", plan, tmp_path)
+    stage = load(str(art), device="cpu", stages=["vae_decoder"])["vae_decoder"]
+    rec = Recorder(stage)
+    drive_streams(stage, [44, 20], 2, meta["streaming"], random.Random(0))
+    # 44 = 12 + 12 + 12 + 8 and 20 = 12 + 8, in lock-step: round 2 merges windows 24 (stream 1) and 20 (stream 2)
+    assert rec.calls == [{"batch": 2, "frames": 12}, {"batch": 2, "frames": 24}, {"batch": 1, "frames": 36},
+                         {"batch": 1, "frames": 32}]
+    assert tally(rec.calls, plan)["buckets"]["b2_f32"]["calls"] == 1   # the 24-frame window pads to 32
