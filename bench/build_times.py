@@ -14,6 +14,7 @@ is rewritten after every section so a killed run keeps what it measured."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,6 +31,8 @@ from .common import REPO, git_commit, now_iso, short_error, write_json
 
 SECTION_MIN_S = 20.0          # a section with less budget left than this is not started
 BUILD_GRACE_S = 20.0          # SIGTERM → SIGKILL: time for the build to remove its temporary folder
+STOP_WAIT_S = 15.0            # the same when the bench itself is terminated (inside a `timeout -k 20`)
+_RUNNING: list[subprocess.Popen] = []   # the build in flight: a SIGTERM to the bench stops it too (own session)
 REUSED_NOTE = re.compile(r"(\w+): (\d+) of (\d+) packages reused from the package cache")
 
 
@@ -84,6 +87,7 @@ def run_build(family: str, stages: list[str] | None, art: Path, cache: Path, env
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             cwd=str(REPO), start_new_session=True)
+    _RUNNING.append(proc)
     try:
         log, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -91,6 +95,8 @@ def run_build(family: str, stages: list[str] | None, art: Path, cache: Path, env
         return {"status": "skipped", "wall_s": round(time.perf_counter() - t0, 1),
                 "reason": f"stopped at the end of the budget ({timeout:.0f} s left when it started)",
                 "log_tail": log.strip().splitlines()[-3:]}
+    finally:
+        _RUNNING.remove(proc)
     wall = time.perf_counter() - t0
     rec: dict[str, Any] = {"command": " ".join(["build-artifacts", *cmd[4:]]), "wall_s": round(wall, 1),
                            "jobs": a.jobs}
@@ -186,6 +192,19 @@ def main(a) -> int:
     }
     t_begin = time.time()
 
+    def stop(signum, frame):   # an outer timeout must not leave a build running in its own session
+        for proc in list(_RUNNING):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)   # the build removes its temporary folder on SIGTERM ...
+            deadline = time.time() + STOP_WAIT_S      # ... once its compile step returns to Python
+            while proc.poll() is None and time.time() < deadline:
+                time.sleep(0.2)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
     def left() -> float:
         return a.budget - (time.time() - t_begin)
 
@@ -193,6 +212,7 @@ def main(a) -> int:
         res["wall_s"] = round(time.time() - t_begin, 1)
         write_json(path, res)
 
+    save()
     with tempfile.TemporaryDirectory(prefix="bench-builds-") as tmp:
         for fam in families:
             try:
