@@ -1,7 +1,7 @@
 """`python -m bench [run] ...` measure · `python -m bench report` write BENCHMARKS.md ·
 `python -m bench snake` · `python -m bench kernels` · `python -m bench conv-kernels` ·
 `python -m bench decode-stages` · `python -m bench codec-stages` · `python -m bench memory` ·
-`python -m bench list`. Internal: `_stage`,
+`python -m bench builds` · `python -m bench bucket-hits` · `python -m bench list`. Internal: `_stage`,
 `_coldstart`, `_snake` (the per-process workers)."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from ttsaot.runtime.dtypes import SHORT_DTYPE_NAMES
 
 from .common import REPO, git_commit, now_iso, short_error, write_json
 
-COMMANDS = ("run", "report", "snake", "kernels", "conv-kernels", "decode-stages", "codec-stages", "list", "build",
-            "profile", "voxcpm-loop", "memory", "_stage", "_coldstart", "_snake")
+COMMANDS = ("run", "report", "snake", "kernels", "conv-kernels", "decode-stages", "codec-stages", "builds",
+            "bucket-hits", "list", "build", "profile", "voxcpm-loop", "memory", "_stage", "_coldstart", "_snake")
 
 
 def _csv(value: str) -> list[str]:
@@ -533,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("list", help="families, stages and the buckets the bench would measure")
 
+    from .bucket_hits import add_parser as add_bucket_hits
+    from .build_times import add_parser as add_builds
     from .codec_stages import add_parser as add_codec_stages
     from .conv_kernels import add_parser as add_conv_kernels
     from .decode_stages import add_parser as add_decode_stages
@@ -547,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     add_decode_stages(sub)
     add_codec_stages(sub)
     add_memory(sub)
+    add_builds(sub)
+    add_bucket_hits(sub)
 
     add_voxcpm_loop(sub)
 
@@ -627,6 +631,14 @@ def main(argv: list[str] | None = None) -> int:
         from .memory import main as memory
 
         return memory(a)
+    if a.cmd == "builds":
+        from .build_times import main as builds
+
+        return builds(a)
+    if a.cmd == "bucket-hits":
+        from .bucket_hits import main as bucket_hits
+
+        return bucket_hits(a)
     if a.cmd == "voxcpm-loop":
         from .voxcpm_loop import main as voxcpm_loop
 

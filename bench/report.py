@@ -100,6 +100,8 @@ def load_results(results: Path, include_cpu: bool) -> dict[str, dict[str, Any]]:
             elif r.get("kind") == "decode_stages":
                 r["_file"] = f.name
                 entry.setdefault("decode_stages", []).append(r)
+            elif r.get("kind") in ("builds", "bucket_hits"):
+                entry[r["kind"]] = r
             elif str(r.get("schema", "")).startswith("codec_stages/"):
                 entry.setdefault("codec_stages", []).append(r)
             elif r.get("kind") == "memory":
@@ -728,6 +730,10 @@ def write_report(
                       summary(d["kernels"]), "```", ""]
         if d.get("profiles"):
             parts += [profiles_section(d["profiles"]), ""]
+        if d.get("builds"):
+            from .build_times import summary as builds_summary
+
+            parts += [builds_summary(d["builds"]), ""]
         for res in d.get("conv_kernels", []):
             rows = [[f"`{k}`", str(v.get("layers", "—")), f"{v['cudnn_ms']:.3f}", f"{v['kernel_ms']:.3f}",
                      f"{v['fused_ms']:.3f}", f"{v['cudnn_ms'] / v['fused_ms']:.2f}×"]
