@@ -6,10 +6,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -17,24 +15,23 @@ from pathlib import Path
 
 from ttsaot.runtime.dtypes import SHORT_DTYPE_NAMES
 
-from .common import REPO, git_commit, now_iso, short_error, write_json
+from .common import (
+    REPO,
+    child_env,
+    csv,
+    cuda_device,
+    default_device,
+    git_commit,
+    ints,
+    now_iso,
+    short_error,
+    spawn,
+    write_json,
+)
+from .families import family_commands
 
 COMMANDS = ("run", "report", "snake", "kernels", "conv-kernels", "decode-stages", "codec-stages", "list", "build",
-            "profile", "voxcpm-loop", "_stage", "_coldstart", "_snake")
-
-
-def _csv(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
-
-
-def _ints(value: str) -> list[int]:
-    return [int(v) for v in _csv(value)]
-
-
-def _default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+            "profile", *family_commands(), "_stage", "_coldstart", "_snake")
 
 
 def _add_measure_options(p: argparse.ArgumentParser) -> None:
@@ -51,7 +48,7 @@ def _add_measure_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--variants",
-        type=_csv,
+        type=csv,
         default=None,
         help="comma-separated subset (default: all on CUDA; eager_raw,eager,ttsaot_nograph on CPU)",
     )
@@ -86,15 +83,15 @@ def _add_measure_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--stream-variants",
-        type=_csv,
+        type=csv,
         default=None,
         help="variants measured streaming (codec decoders); default eager,eager_graph,compile_graph,"
         "ttsaot_nograph,ttsaot_graph",
     )
-    p.add_argument("--throughput-batches", type=_ints, default=None, help="default 1,2,4,8,16 (CPU: 1,2)")
+    p.add_argument("--throughput-batches", type=ints, default=None, help="default 1,2,4,8,16 (CPU: 1,2)")
     p.add_argument(
         "--throughput-variants",
-        type=_csv,
+        type=csv,
         default=None,
         help="default eager,ttsaot_graph (CPU: eager,ttsaot_nograph)",
     )
@@ -105,7 +102,7 @@ def _add_coldstart_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--coldstart-budget", type=float, default=300.0, help="seconds per cold-start process")
     p.add_argument(
         "--coldstart-modes",
-        type=_csv,
+        type=csv,
         default=None,
         help="ttsaot,compile (default on CUDA); ttsaot only on CPU",
     )
@@ -114,7 +111,7 @@ def _add_coldstart_options(p: argparse.ArgumentParser) -> None:
 def _finish_measure_args(a) -> None:
     from .variants import ALL_VARIANTS, DEFAULT_CPU
 
-    a.device = a.device or _default_device()
+    a.device = a.device or default_device()
     cuda = a.device.startswith("cuda")
     a.preset = a.preset or ("full" if cuda else "tiny")
     a.dtype_explicit = a.dtype   # names the result file; the CPU fp32 default does not
@@ -250,12 +247,7 @@ def cmd_run(a) -> int:
 
     out_root = Path(a.out)
     summary: list[dict] = []
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    if not a.device.startswith("cuda"):
-        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # CPU runs share small CI machines
-    elif "CXX" not in env and Path("/usr/bin/g++").exists():
-        env["CXX"] = "/usr/bin/g++"  # AOTI packages built with another compiler segfault on load (GPU box)
+    env = child_env(a.device)
 
     def left() -> float:
         return budget - (time.time() - t_begin) if budget else float("inf")
@@ -298,7 +290,7 @@ def cmd_run(a) -> int:
             ]
             print(f"[bench] {fam}/{st}: measuring (timeout {timeout:.0f} s)", file=sys.stderr, flush=True)
             t0 = time.time()
-            rc, err_tail = _spawn(cmd, env, timeout, Path(a.cache_dir) / "logs" / f"{fam}__{st}.log")
+            rc, err_tail = spawn(cmd, env, timeout, Path(a.cache_dir) / "logs" / f"{fam}__{st}.log")
             res = json.loads(tmp_json.read_text()) if tmp_json.is_file() else None
         if res is not None and "stage" not in res:  # died before its StageSpec existed (family in progress)
             res = None
@@ -344,81 +336,15 @@ def cmd_run(a) -> int:
 
 
 def _device_info(device: str) -> dict:
-    import torch
-
     from .common import device_info
 
-    d = torch.device(device)
-    if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", 0)
-    return device_info(d)
-
-
-def _spawn(cmd: list[str], env: dict, timeout: float, log_path: Path | None = None) -> tuple[int, str]:
-    """Run a worker, echo its progress lines, keep its whole output in `log_path`; return (rc, last line)."""
-    tail: list[str] = []
-    log = None
-    if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(log_path, "w")  # noqa: SIM115 - closed below
-    try:
-        # own session: a timeout kills the worker AND its cold-start children, never anything else
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            cwd=str(REPO),
-            start_new_session=True,
-        )
-    except Exception as e:  # noqa: BLE001
-        return 1, short_error(e)
-    deadline = time.time() + timeout
-    import selectors
-
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    killed = False
-    while True:
-        if time.time() > deadline and proc.poll() is None and not killed:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            killed = True
-        events = sel.select(timeout=1.0)
-        if events:
-            line = proc.stdout.readline()
-            if line:
-                if log is not None:
-                    log.write(line)
-                if line.startswith("[bench]") or "Error" in line or "Traceback" in line:
-                    sys.stderr.write("  " + line)
-                tail = (tail + [line.rstrip()])[-20:]
-                continue
-        if proc.poll() is not None:
-            rest = proc.stdout.read()
-            if rest:
-                tail = (tail + rest.rstrip().splitlines())[-20:]
-                if log is not None:
-                    log.write(rest)
-            break
-    rc = proc.wait()
-    if log is not None:
-        log.close()
-    last = next((ln for ln in reversed(tail) if ln.strip() and not ln.startswith("[bench]")), "")
-    if killed:
-        return 124, f"killed after the {timeout:.0f} s stage timeout; last output: {last[:300]}"
-    if rc < 0:
-        return rc, f"killed by signal {-rc} (crash or OOM); last output: {last[:300]}"
-    return rc, last[:400]
+    return device_info(cuda_device(device))
 
 
 def _spawn_json(cmd, env, timeout) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         p = Path(tmp) / "r.json"
-        rc, tail = _spawn([*cmd, "--result", str(p)], env, timeout)
+        rc, tail = spawn([*cmd, "--result", str(p)], env, timeout)
         if p.is_file():
             return json.loads(p.read_text())
         return {"status": "failed", "reason": tail}
@@ -469,8 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("run", help="measure stages (one subprocess per stage) and write JSON results")
-    p.add_argument("--family", type=_csv, default=None, help="families (default: all registered)")
-    p.add_argument("--stages", type=_csv, default=None, help="stage names (default: all of each family)")
+    p.add_argument("--family", type=csv, default=None, help="families (default: all registered)")
+    p.add_argument("--stages", type=csv, default=None, help="stage names (default: all of each family)")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--stage-timeout", type=float, default=600.0, help="seconds per stage process")
     p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run")
@@ -509,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("snake", "_snake"):
         p = sub.add_parser(name, help="SnakeBeta kernel vs copy bandwidth" if name == "snake" else None)
         p.add_argument("--device", default=None)
-        p.add_argument("--shape", type=_ints, default=None)
+        p.add_argument("--shape", type=ints, default=None)
         p.add_argument("--quick", action="store_true")
         p.add_argument("--result", default=None)
         p.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -518,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
     p.add_argument("--budget", type=float, default=200.0, help="seconds; later cases and sections are skipped")
-    p.add_argument("--sections", type=_csv, default=None,
+    p.add_argument("--sections", type=csv, default=None,
                    help="copy,skinny,attention,aoti,layer,predictors,sweep (default all)")
     p.add_argument("--with-compile", action="store_true", help="layer: also torch.compile max-autotune (minutes)")
     p.add_argument("--result", default=None)
@@ -537,15 +463,15 @@ def main(argv: list[str] | None = None) -> int:
     from .decode_stages import add_parser as add_decode_stages
     from .prebuild import add_parser as add_build
     from .profile import add_parser as add_profile
-    from .voxcpm_loop import add_parser as add_voxcpm_loop
 
     add_build(sub)
     add_profile(sub)
     add_conv_kernels(sub)
     add_decode_stages(sub)
     add_codec_stages(sub)
-
-    add_voxcpm_loop(sub)
+    family_cmds = {name: importlib.import_module(module) for name, module in family_commands().items()}
+    for module in family_cmds.values():
+        module.add_parser(sub)
 
     a = ap.parse_args(argv)
     if a.cmd == "run":
@@ -569,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from .snake import run_snake
 
-        dev = torch.device(a.device or _default_device())
+        dev = torch.device(a.device or default_device())
         r = run_snake(dev, tuple(a.shape) if a.shape else None, a.quick)
         path = Path(a.result) if a.result else Path(a.out) / r["device"]["slug"] / "snake_kernel.json"
         write_json(path, r)
@@ -583,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         from .common import device_info
         from .kernels import SECTIONS, run_kernels, summary
 
-        dev = torch.device(a.device or _default_device())
+        dev = torch.device(a.device or default_device())
         slug = device_info(dev)["slug"]
         path = Path(a.result) if a.result else Path(a.out) / slug / "kernels.json"
         r = run_kernels(dev, a.quick, a.budget, tuple(a.sections or SECTIONS), a.with_compile,
@@ -620,10 +546,8 @@ def main(argv: list[str] | None = None) -> int:
         from .codec_stages import main as codec_stages
 
         return codec_stages(a)
-    if a.cmd == "voxcpm-loop":
-        from .voxcpm_loop import main as voxcpm_loop
-
-        return voxcpm_loop(a)
+    if a.cmd in family_cmds:
+        return family_cmds[a.cmd].main(a)
     if a.cmd == "list":
         from .specs import family_names, make_spec, stage_names
 

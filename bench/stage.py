@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import copy
 import gc
-import hashlib
 import json
 import math
-import os
 import sys
 import time
 import traceback
@@ -22,16 +20,17 @@ import torch
 from ttsaot.runtime.dtypes import torch_dtype
 
 from . import RESULTS_SCHEMA
+from .artifacts import build_or_reuse, same_program_as_auto
 from .common import (
     BudgetExceeded,
     Skipped,
     as_tuple,
+    cuda_device,
     device_info,
     git_commit,
     now_iso,
     rel_err,
     short_error,
-    source_hash,
     sync,
     time_box,
     time_fn,
@@ -42,80 +41,6 @@ from .specs import make_spec
 from .variants import COMPILED, TTSAOT, VARIANT_KERNELS, VariantContext, applies, make_variant
 
 MIB = 2**20
-
-
-# ------------------------------------------------------------------------------------------ artifacts
-def artifact_key(spec, desc: dict, device: torch.device) -> str:
-    from ttsaot.builder.export import compiler_info
-    from ttsaot.builder.stage_spec import resolve_kernels
-
-    info = {
-        "desc": {k: v for k, v in desc.items() if k not in ("options", "kernels")},
-        # resolved: on CPU `auto` is `inductor`, and both name one artifact
-        "kernels": resolve_kernels(desc.get("kernels", "auto"), device, spec.cuda_auto_kernels),
-        "options": desc["options"],
-        "torch": torch.__version__,
-        "device": device.type,
-        "sm": ".".join(map(str, torch.cuda.get_device_capability(device))) if device.type == "cuda" else None,
-        "sources": source_hash("builder", "runtime"),
-        # The C++ compiler too: a cached package built by another compiler may not even load (2026-11-21 on the
-        # GPU machine, a preset $CXX wrapper's packages segfaulted on load and were reused by the next run).
-        "cxx": compiler_info(),
-    }
-    return hashlib.sha256(json.dumps(info, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def build_or_reuse(spec, desc: dict, device: torch.device, cache: Path, verify: bool) -> tuple[Path, dict]:
-    """Build the stage's artifact for the bench buckets under cache/<hash>/, or reuse a finished one. Processes
-    sharing the cache (xdist workers, parallel bench runs) wait for each other's build of the same key instead of
-    failing on the builder's lock."""
-    from filelock import FileLock
-
-    key = artifact_key(spec, desc, device)
-    root = cache / key
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root) + ".lock"):
-        return _build_or_reuse_locked(spec, desc, device, root, key, verify)
-
-
-def _build_or_reuse_locked(spec, desc: dict, device: torch.device, root: Path, key: str,
-                           verify: bool) -> tuple[Path, dict]:
-    from ttsaot.builder.build import build_family
-
-    path = root / spec.family
-    done = root / ".done"
-    if done.is_file() and (path / "manifest.json").is_file():
-        return path, {"cache_key": key, "cached": True, "seconds": 0.0}
-    t0 = time.time()
-    res = build_family(
-        spec.family,
-        [spec],
-        root,
-        device=device,
-        seed=desc["seed"],
-        preset=desc["preset"],
-        verify_in_subprocess=verify,
-        keep_existing_stages=False,
-    )
-    done.write_text(now_iso())
-    return res.path, {
-        "cache_key": key,
-        "cached": False,
-        "seconds": round(time.time() - t0, 2),
-        "verified_in_subprocess": verify,
-    }
-
-
-def same_program_as_auto(spec, kernels: str, device: torch.device) -> str | None:
-    """Why building the stage with `kernels` would only repeat the `auto` build, or None. On CUDA a stage without
-    kernel passes compiles the same program either way (only its manifest's `kernels` would differ): the second
-    build is skipped. (On CPU both resolve to inductor and share one cached artifact anyway.)"""
-    from ttsaot.builder.stage_spec import resolve_kernels
-
-    auto = resolve_kernels("auto", device, spec.cuda_auto_kernels)
-    if kernels == "auto" or resolve_kernels(kernels, device, spec.cuda_auto_kernels) == auto or spec.kernel_passes:
-        return None
-    return f"the stage has no kernel passes: kernels={kernels} builds the same program as kernels=auto ({auto})"
 
 
 # ------------------------------------------------------------------------------------------- memory
@@ -373,11 +298,7 @@ def run_cold_starts(res: dict, a, artifact: Path | None, spec, prim: dict[str, i
 # --------------------------------------------------------------------------------------------- worker
 def run_stage(a) -> dict:
     torch.set_grad_enabled(False)
-    device = torch.device(a.device)
-    if device.type == "cuda" and "CXX" not in os.environ and Path("/usr/bin/g++").exists():
-        os.environ["CXX"] = "/usr/bin/g++"  # before any compile (see bench/gpu_all.sh)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", 0)
+    device = cuda_device(a.device)   # before any compile: the compiler AOTI builds use on CUDA
     out_path = Path(a.result)
     warmup, reps = (3, 10) if a.quick else (10, 50)
     res: dict[str, Any] = {
