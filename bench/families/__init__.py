@@ -45,6 +45,9 @@ class BenchFamily:
     # family subcommands: `python -m bench <name>` → the module that defines it with `add_parser(subparsers)` and
     # `main(args) -> int`
     commands: dict[str, str] = field(default_factory=dict)
+    # result kinds of those commands → "module:function" rendering (result, per-stage results of the same device)
+    # as a BENCHMARKS.md section
+    report_sections: dict[str, str] = field(default_factory=dict)
 
 
 GENERIC = BenchFamily()
@@ -72,3 +75,13 @@ def bench_family(family: str) -> BenchFamily:
 def family_commands() -> dict[str, str]:
     """Every registered family's subcommands: name → the module (dotted path) with its `add_parser` and `main`."""
     return {name: module for family in MODULES for name, module in bench_family(family).commands.items()}
+
+
+def result_sections() -> dict[str, Callable[[dict, list[dict]], str]]:
+    """Every registered family's report renderers: result kind → function."""
+    out = {}
+    for family in MODULES:
+        for kind, ref in bench_family(family).report_sections.items():
+            module, _, name = ref.partition(":")
+            out[kind] = getattr(importlib.import_module(module), name)
+    return out

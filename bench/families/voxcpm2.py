@@ -246,4 +246,5 @@ BENCH = BenchFamily(
                                  "DiT layers × estimator calls"),
             "local_encoder": lambda e: (e.config["encoder"]["num_hidden_layers"], "encoder layers")},
     commands={"voxcpm-loop": "bench.families.voxcpm2_loop"},
+    report_sections={"decode_loop": "bench.families.voxcpm2_report:decode_loop_section"},
 )
