@@ -30,9 +30,6 @@ from .common import (
 )
 from .families import family_commands
 
-COMMANDS = ("run", "report", "snake", "kernels", "conv-kernels", "decode-stages", "codec-stages", "list", "build",
-            "profile", *family_commands(), "_stage", "_coldstart", "_snake")
-
 
 def _add_measure_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default=None, help="full (default on CUDA) or tiny (default on CPU)")
@@ -223,11 +220,32 @@ def _worker_args(a) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------ run
 def cmd_run(a) -> int:
-    from .specs import family_names, stage_names
-
+    """Each stage in its own process (bench/stage.py) under its timeout and the global budget; one JSON each."""
     _finish_measure_args(a)
     t_begin = time.time()
-    budget = a.time_budget
+    todo, problems = _stages_to_measure(a)
+    env = child_env(a.device)
+
+    def left() -> float:
+        return a.time_budget - (time.time() - t_begin) if a.time_budget else float("inf")
+
+    summary: list[dict] = []
+    if (a.snake and a.device.startswith("cuda")) or a.snake_cpu:
+        summary.append(_run_snake_worker(a, env, min(300.0, left())))
+    for fam, st in todo:
+        remaining = left()
+        if remaining < 30:
+            summary.append({"stage": f"{fam}/{st}", "status": "skipped", "detail": "global --time-budget used up"})
+            continue
+        summary.append(_run_stage_worker(a, fam, st, env, min(a.stage_timeout, remaining)))
+    _print_summary(summary, problems, time.time() - t_begin)
+    return 0 if all(s["status"] in ("ok", "skipped") for s in summary) and summary else 1
+
+
+def _stages_to_measure(a) -> tuple[list[tuple[str, str]], list[str]]:
+    """((family, stage) to measure, problems to report) for --family / --stages."""
+    from .specs import family_names, stage_names
+
     families = a.family or family_names()
     todo: list[tuple[str, str]] = []
     problems: list[str] = []
@@ -237,102 +255,53 @@ def cmd_run(a) -> int:
         except Exception as e:  # noqa: BLE001 - a family still being written must not stop the others
             problems.append(f"{fam}: cannot list stages ({short_error(e)})")
             continue
-        for st in names:
-            if a.stages and st not in a.stages:
-                continue
-            todo.append((fam, st))
+        todo += [(fam, st) for st in names if not a.stages or st in a.stages]
     if a.stages:
         missing = [s for s in a.stages if s not in {st for _, st in todo}]
         problems += [f"stage {s!r} not found in {', '.join(families)}" for s in missing]
+    return todo, problems
 
+
+def _run_snake_worker(a, env: dict, timeout: float) -> dict:
+    r = _spawn_json([sys.executable, "-m", "bench", "_snake", "--device", a.device] + (["--quick"] if a.quick else []),
+                    env, timeout)
+    if r.get("device"):
+        write_json(Path(a.out) / r["device"]["slug"] / "snake_kernel.json", r)
+    return {"stage": "snake_kernel", "status": r.get("status", "failed"), "detail": _snake_summary(r)}
+
+
+def _run_stage_worker(a, fam: str, st: str, env: dict, timeout: float) -> dict:
+    """`python -m bench _stage` for one stage; its result (completed, merged) written under --out; a summary row."""
     out_root = Path(a.out)
-    summary: list[dict] = []
-    env = child_env(a.device)
-
-    def left() -> float:
-        return budget - (time.time() - t_begin) if budget else float("inf")
-
-    if (a.snake and a.device.startswith("cuda")) or a.snake_cpu:
-        r = _spawn_json(
-            [sys.executable, "-m", "bench", "_snake", "--device", a.device]
-            + (["--quick"] if a.quick else []),
-            env,
-            min(300.0, left()),
-        )
-        if r.get("device"):
-            write_json(out_root / r["device"]["slug"] / "snake_kernel.json", r)
-        summary.append(
-            {"stage": "snake_kernel", "status": r.get("status", "failed"), "detail": _snake_summary(r)}
-        )
-
-    for fam, st in todo:
-        remaining = left()
-        if remaining < 30:
-            summary.append(
-                {"stage": f"{fam}/{st}", "status": "skipped", "detail": "global --time-budget used up"}
-            )
-            continue
-        timeout = min(a.stage_timeout, remaining)
-        with tempfile.TemporaryDirectory(prefix="bench-stage-") as tmp:
-            tmp_json = Path(tmp) / "result.json"
-            cmd = [
-                sys.executable,
-                "-m",
-                "bench",
-                "_stage",
-                "--family",
-                fam,
-                "--stage",
-                st,
-                "--result",
-                str(tmp_json),
-                *_worker_args(a),
-            ]
-            print(f"[bench] {fam}/{st}: measuring (timeout {timeout:.0f} s)", file=sys.stderr, flush=True)
-            t0 = time.time()
-            rc, err_tail = spawn(cmd, env, timeout, Path(a.cache_dir) / "logs" / f"{fam}__{st}.log")
-            res = json.loads(tmp_json.read_text()) if tmp_json.is_file() else None
-        if res is not None and "stage" not in res:  # died before its StageSpec existed (family in progress)
-            res = None
-        if res is None:
-            summary.append({"stage": f"{fam}/{st}", "status": "failed", "detail": err_tail})
-            if a.record_failures:
-                dev = _device_info(a.device)
-                write_json(
-                    out_root / dev["slug"] / result_name(fam, st, a.dtype_explicit),
-                    {
-                        "schema": 1,
-                        "status": "failed",
-                        "reason": err_tail,
-                        "device": dev,
-                        "git_commit": git_commit(),
-                        "started": now_iso(),
-                        "stage": {"family": fam, "stage": st},
-                    },
-                )
-            continue
-        if rc != 0:
-            res["status"] = "incomplete"
-            res["reason"] = err_tail
-            for v in res.get("variants", {}).values():
-                if v.get("status") == "running":
-                    v.update(status="incomplete", reason=f"the stage process ended: {err_tail}")
-        res["worker_wall_s"] = round(time.time() - t0, 1)
-        slug = res["device"]["slug"]
-        path = out_root / slug / result_name(fam, st, a.dtype_explicit)
-        if a.merge and path.is_file():
-            res = merge_results(json.loads(path.read_text()), res)
-        write_json(path, res)
-        summary.append(
-            {
-                "stage": f"{fam}/{st}",
-                "status": res.get("status"),
-                "detail": _stage_summary(res),
-                "path": str(path),
-            }
-        )
-    _print_summary(summary, problems, time.time() - t_begin)
-    return 0 if all(s["status"] in ("ok", "skipped") for s in summary) and summary else 1
+    with tempfile.TemporaryDirectory(prefix="bench-stage-") as tmp:
+        tmp_json = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "bench", "_stage", "--family", fam, "--stage", st, "--result", str(tmp_json),
+               *_worker_args(a)]
+        print(f"[bench] {fam}/{st}: measuring (timeout {timeout:.0f} s)", file=sys.stderr, flush=True)
+        t0 = time.time()
+        rc, err_tail = spawn(cmd, env, timeout, Path(a.cache_dir) / "logs" / f"{fam}__{st}.log")
+        res = json.loads(tmp_json.read_text()) if tmp_json.is_file() else None
+    if res is not None and "stage" not in res:  # died before its StageSpec existed (family in progress)
+        res = None
+    if res is None:
+        if a.record_failures:
+            dev = _device_info(a.device)
+            write_json(out_root / dev["slug"] / result_name(fam, st, a.dtype_explicit),
+                       {"schema": 1, "status": "failed", "reason": err_tail, "device": dev,
+                        "git_commit": git_commit(), "started": now_iso(), "stage": {"family": fam, "stage": st}})
+        return {"stage": f"{fam}/{st}", "status": "failed", "detail": err_tail}
+    if rc != 0:
+        res["status"] = "incomplete"
+        res["reason"] = err_tail
+        for v in res.get("variants", {}).values():
+            if v.get("status") == "running":
+                v.update(status="incomplete", reason=f"the stage process ended: {err_tail}")
+    res["worker_wall_s"] = round(time.time() - t0, 1)
+    path = out_root / res["device"]["slug"] / result_name(fam, st, a.dtype_explicit)
+    if a.merge and path.is_file():
+        res = merge_results(json.loads(path.read_text()), res)
+    write_json(path, res)
+    return {"stage": f"{fam}/{st}", "status": res.get("status"), "detail": _stage_summary(res), "path": str(path)}
 
 
 def _device_info(device: str) -> dict:
@@ -387,13 +356,36 @@ def _print_summary(rows: list[dict], problems: list[str], seconds: float) -> Non
 
 
 # ----------------------------------------------------------------------------------------------- main
+# subcommands defined by a module of their own, with `add_parser(subparsers)` and `main(args) -> int`
+MODULE_COMMANDS = {
+    "build": "bench.prebuild",
+    "profile": "bench.profile",
+    "conv-kernels": "bench.conv_kernels",
+    "decode-stages": "bench.decode_stages",
+    "codec-stages": "bench.codec_stages",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS + ("-h", "--help"):
         argv = ["run", *argv]
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
+    _add_measure_parsers(sub)
+    _add_tool_parsers(sub)
+    modules = {name: importlib.import_module(module)
+               for name, module in {**MODULE_COMMANDS, **family_commands()}.items()}
+    for module in modules.values():
+        module.add_parser(sub)
+    a = ap.parse_args(argv)
+    if a.cmd in modules:
+        return modules[a.cmd].main(a)
+    return HANDLERS[a.cmd](a)
 
+
+def _add_measure_parsers(sub) -> None:
+    """`run` and its per-process workers `_stage`, `_coldstart`."""
     p = sub.add_parser("run", help="measure stages (one subprocess per stage) and write JSON results")
     p.add_argument("--family", type=csv, default=None, help="families (default: all registered)")
     p.add_argument("--stages", type=csv, default=None, help="stage names (default: all of each family)")
@@ -432,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--t-spawn", type=float, required=True)
 
+
+def _add_tool_parsers(sub) -> None:
+    """`snake`, `kernels`, `report`, `list`."""
     for name in ("snake", "_snake"):
         p = sub.add_parser(name, help="SnakeBeta kernel vs copy bandwidth" if name == "snake" else None)
         p.add_argument("--device", default=None)
@@ -458,112 +453,84 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("list", help="families, stages and the buckets the bench would measure")
 
-    from .codec_stages import add_parser as add_codec_stages
-    from .conv_kernels import add_parser as add_conv_kernels
-    from .decode_stages import add_parser as add_decode_stages
-    from .prebuild import add_parser as add_build
-    from .profile import add_parser as add_profile
 
-    add_build(sub)
-    add_profile(sub)
-    add_conv_kernels(sub)
-    add_decode_stages(sub)
-    add_codec_stages(sub)
-    family_cmds = {name: importlib.import_module(module) for name, module in family_commands().items()}
-    for module in family_cmds.values():
-        module.add_parser(sub)
+def cmd_stage(a) -> int:
+    _finish_measure_args(a)
+    from .specs import parse_axes
+    from .stage import run_stage
 
-    a = ap.parse_args(argv)
-    if a.cmd == "run":
-        return cmd_run(a)
-    if a.cmd == "_stage":
-        _finish_measure_args(a)
-        from .specs import parse_axes
-        from .stage import run_stage
+    axes = parse_axes(a.axis)
+    a.axes = json.dumps({k: list(v) for k, v in axes.items()}) if axes else None
+    run_stage(a)
+    return 0
 
-        axes = parse_axes(a.axis)
-        a.axes = json.dumps({k: list(v) for k, v in axes.items()}) if axes else None
-        run_stage(a)
-        return 0
-    if a.cmd == "_coldstart":
-        from .coldstart import child_main
 
-        child_main(a)
-        return 0
-    if a.cmd in ("snake", "_snake"):
-        import torch
+def cmd_coldstart(a) -> int:
+    from .coldstart import child_main
 
-        from .snake import run_snake
+    child_main(a)
+    return 0
 
-        dev = torch.device(a.device or default_device())
-        r = run_snake(dev, tuple(a.shape) if a.shape else None, a.quick)
-        path = Path(a.result) if a.result else Path(a.out) / r["device"]["slug"] / "snake_kernel.json"
-        write_json(path, r)
-        if a.cmd == "snake":
-            print(_snake_summary(r))
-            print(f"→ {path}")
-        return 0
-    if a.cmd == "kernels":
-        import torch
 
-        from .common import device_info
-        from .kernels import SECTIONS, run_kernels, summary
+def cmd_snake(a) -> int:
+    import torch
 
-        dev = torch.device(a.device or default_device())
-        slug = device_info(dev)["slug"]
-        path = Path(a.result) if a.result else Path(a.out) / slug / "kernels.json"
-        r = run_kernels(dev, a.quick, a.budget, tuple(a.sections or SECTIONS), a.with_compile,
-                        progress=lambda res: write_json(path, res))
-        write_json(path, r)
-        print(summary(r))
+    from .snake import run_snake
+
+    dev = torch.device(a.device or default_device())
+    r = run_snake(dev, tuple(a.shape) if a.shape else None, a.quick)
+    path = Path(a.result) if a.result else Path(a.out) / r["device"]["slug"] / "snake_kernel.json"
+    write_json(path, r)
+    if a.cmd == "snake":
+        print(_snake_summary(r))
         print(f"→ {path}")
-        return 0 if r.get("status") == "ok" else 1
-    if a.cmd == "report":
-        from .report import write_report
+    return 0
 
-        path = write_report(
-            Path(a.results), Path(a.output), Path(a.plots) if a.plots else None, a.include_cpu
-        )
-        print(f"wrote {path}")
-        return 0
-    if a.cmd == "build":
-        from .prebuild import main as prebuild
 
-        return prebuild(a)
-    if a.cmd == "profile":
-        from .profile import main as profile
+def cmd_kernels(a) -> int:
+    import torch
 
-        return profile(a)
-    if a.cmd == "conv-kernels":
-        from .conv_kernels import main as conv_kernels
+    from .common import device_info
+    from .kernels import SECTIONS, run_kernels, summary
 
-        return conv_kernels(a)
-    if a.cmd == "decode-stages":
-        from .decode_stages import main as decode_stages
+    dev = torch.device(a.device or default_device())
+    slug = device_info(dev)["slug"]
+    path = Path(a.result) if a.result else Path(a.out) / slug / "kernels.json"
+    r = run_kernels(dev, a.quick, a.budget, tuple(a.sections or SECTIONS), a.with_compile,
+                    progress=lambda res: write_json(path, res))
+    write_json(path, r)
+    print(summary(r))
+    print(f"→ {path}")
+    return 0 if r.get("status") == "ok" else 1
 
-        return decode_stages(a)
-    if a.cmd == "codec-stages":
-        from .codec_stages import main as codec_stages
 
-        return codec_stages(a)
-    if a.cmd in family_cmds:
-        return family_cmds[a.cmd].main(a)
-    if a.cmd == "list":
-        from .specs import family_names, make_spec, stage_names
+def cmd_report(a) -> int:
+    from .report import write_report
 
-        for fam in family_names():
-            try:
-                for st in stage_names(fam, "full"):
-                    try:
-                        spec, desc = make_spec(fam, st, "full")
-                        print(f"{fam}/{st}: kind={spec.kind} dtype={desc['dtype']} buckets={desc['axes']}")
-                    except Exception as e:  # noqa: BLE001
-                        print(f"{fam}/{st}: {short_error(e)}")
-            except Exception as e:  # noqa: BLE001
-                print(f"{fam}: {short_error(e)}")
-        return 0
-    return 2
+    path = write_report(Path(a.results), Path(a.output), Path(a.plots) if a.plots else None, a.include_cpu)
+    print(f"wrote {path}")
+    return 0
 
+
+def cmd_list(a) -> int:
+    from .specs import family_names, make_spec, stage_names
+
+    for fam in family_names():
+        try:
+            for st in stage_names(fam, "full"):
+                try:
+                    spec, desc = make_spec(fam, st, "full")
+                    print(f"{fam}/{st}: kind={spec.kind} dtype={desc['dtype']} buckets={desc['axes']}")
+                except Exception as e:  # noqa: BLE001
+                    print(f"{fam}/{st}: {short_error(e)}")
+        except Exception as e:  # noqa: BLE001
+            print(f"{fam}: {short_error(e)}")
+    return 0
+
+
+HANDLERS = {"run": cmd_run, "_stage": cmd_stage, "_coldstart": cmd_coldstart, "snake": cmd_snake,
+            "_snake": cmd_snake, "kernels": cmd_kernels, "report": cmd_report, "list": cmd_list}
+COMMANDS = (*HANDLERS, *MODULE_COMMANDS, *family_commands())
 
 if __name__ == "__main__":
     sys.exit(main())

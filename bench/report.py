@@ -135,6 +135,19 @@ def _variant_order(res: dict) -> list[str]:
 
 
 def _stage_section(res: dict, plots: dict[str, str]) -> str:
+    ok = [v for v in _variant_order(res) if res["variants"][v].get("buckets")]  # partial runs keep measured cells
+    lines = _stage_header(res)
+    lines += _latency_table(res, ok, plots)
+    lines += _parity_table(res, ok)
+    lines += _params_and_build(res)
+    lines += _cold_start_table(res)
+    lines += _streaming_table(res, ok)
+    lines += _throughput_table(res, ok, plots)
+    return "\n".join(lines)
+
+
+def _stage_header(res: dict) -> list[str]:
+    """Title, status, what was measured, notes."""
     st = res.get("stage", {})
     title = f"### {st.get('family', '?')} / {st.get('stage', '?')}"
     if st.get("dtype_override"):
@@ -151,10 +164,14 @@ def _stage_section(res: dict, plots: dict[str, str]) -> str:
     for note in res.get("notes", []):
         lines.append(f"\n_note: {note}_")
     lines.append("")
+    return lines
+
+
+def _latency_table(res: dict, ok: list[str], plots: dict[str, str]) -> list[str]:
+    """Latency per bucket and variant (× floor), the variants not measured, the plot."""
+    lines: list[str] = []
     variants = _variant_order(res)
-    ok = [v for v in variants if res["variants"][v].get("buckets")]  # partial runs keep their measured cells
     floors = res.get("floor", {})
-    # latency
     header = ["bucket", "floor ms (bound)"] + [
         f"`{v}`" + (f" [{res['variants'][v]['kernels']}]" if res["variants"][v].get("kernels") else "") for v in ok
     ]
@@ -185,7 +202,12 @@ def _stage_section(res: dict, plots: dict[str, str]) -> str:
         lines.append("")
     if plots.get("latency"):
         lines += [f"![latency]({plots['latency']})", ""]
-    # parity + setup
+    return lines
+
+
+def _parity_table(res: dict, ok: list[str]) -> list[str]:
+    """Parity vs fp32, setup time and memory per variant."""
+    lines: list[str] = []
     rows = []
     for v in ok:
         rec = res["variants"][v]
@@ -225,6 +247,13 @@ def _stage_section(res: dict, plots: dict[str, str]) -> str:
             ),
             "",
         ]
+    return lines
+
+
+def _params_and_build(res: dict) -> list[str]:
+    """Parameter counts through the passes; the artifact build."""
+    lines: list[str] = []
+    st = res.get("stage", {})
     p = res.get("params", {})
     if p:
         f, a, c = (
@@ -245,7 +274,12 @@ def _stage_section(res: dict, plots: dict[str, str]) -> str:
             + (f" — error: {b['error']}" if b.get("error") else ""),
             "",
         ]
-    # cold start
+    return lines
+
+
+def _cold_start_table(res: dict) -> list[str]:
+    """Fresh process → first output, per path."""
+    lines: list[str] = []
     cs = res.get("cold_start") or {}
     if cs:
         rows = []
@@ -268,7 +302,12 @@ def _stage_section(res: dict, plots: dict[str, str]) -> str:
             _table(["path", "seconds", "breakdown"], rows),
             "",
         ]
-    # streaming
+    return lines
+
+
+def _streaming_table(res: dict, ok: list[str]) -> list[str]:
+    """Streaming one utterance, per variant (codec decoders)."""
+    lines: list[str] = []
     rows = []
     for v in ok:
         s = res["variants"][v].get("streaming")
@@ -302,7 +341,12 @@ def _stage_section(res: dict, plots: dict[str, str]) -> str:
             _table(["variant", "TTFA ms", "total ms", "RTF", "speed"], rows),
             "",
         ]
-    # throughput
+    return lines
+
+
+def _throughput_table(res: dict, ok: list[str], plots: dict[str, str]) -> list[str]:
+    """Requests (audio seconds) per second vs batch."""
+    lines: list[str] = []
     tv = [v for v in ok if res["variants"][v].get("throughput")]
     if tv:
         batches = sorted({r["batch"] for v in tv for r in res["variants"][v]["throughput"]})
@@ -323,7 +367,7 @@ def _stage_section(res: dict, plots: dict[str, str]) -> str:
         lines += [f"Throughput vs batch, {unit}:", "", _table(["batch"] + [f"`{v}`" for v in tv], rows), ""]
         if plots.get("throughput"):
             lines += [f"![throughput]({plots['throughput']})", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def serve_load_section(res: dict, plot_dir: Path | None, slug: str, output: Path) -> str:
