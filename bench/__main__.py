@@ -163,7 +163,7 @@ def merge_results(old: dict, new: dict) -> dict:
 
 
 def result_name(family: str, stage: str, dtype: str | None) -> str:
-    """One JSON per stage; a run with a dtype override (e.g. the bf16 Fish decoder next to its fp32 default) gets
+    """One JSON per stage; a run with a dtype override (e.g. a bf16 build of an fp32 stage next to its default) gets
     its own file instead of replacing the default's."""
     return f"{family}__{stage}" + (f"__{dtype}" if dtype else "") + ".json"
 
