@@ -7,10 +7,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -18,24 +16,20 @@ from pathlib import Path
 
 from ttsaot.runtime.dtypes import SHORT_DTYPE_NAMES
 
-from .common import REPO, git_commit, now_iso, short_error, write_json
-
-COMMANDS = ("run", "report", "snake", "kernels", "conv-kernels", "decode-stages", "codec-stages", "builds",
-            "bucket-hits", "list", "build", "profile", "voxcpm-loop", "memory", "_stage", "_coldstart", "_snake")
-
-
-def _csv(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
-
-
-def _ints(value: str) -> list[int]:
-    return [int(v) for v in _csv(value)]
-
-
-def _default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+from .common import (
+    REPO,
+    child_env,
+    csv,
+    cuda_device,
+    default_device,
+    git_commit,
+    ints,
+    now_iso,
+    short_error,
+    spawn,
+    write_json,
+)
+from .families import family_commands
 
 
 def _add_measure_options(p: argparse.ArgumentParser) -> None:
@@ -52,7 +46,7 @@ def _add_measure_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--variants",
-        type=_csv,
+        type=csv,
         default=None,
         help="comma-separated subset (default: all on CUDA; eager_raw,eager,ttsaot_nograph on CPU)",
     )
@@ -87,15 +81,15 @@ def _add_measure_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--stream-variants",
-        type=_csv,
+        type=csv,
         default=None,
         help="variants measured streaming (codec decoders); default eager,eager_graph,compile_graph,"
         "ttsaot_nograph,ttsaot_graph",
     )
-    p.add_argument("--throughput-batches", type=_ints, default=None, help="default 1,2,4,8,16 (CPU: 1,2)")
+    p.add_argument("--throughput-batches", type=ints, default=None, help="default 1,2,4,8,16 (CPU: 1,2)")
     p.add_argument(
         "--throughput-variants",
-        type=_csv,
+        type=csv,
         default=None,
         help="default eager,ttsaot_graph (CPU: eager,ttsaot_nograph)",
     )
@@ -106,7 +100,7 @@ def _add_coldstart_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--coldstart-budget", type=float, default=300.0, help="seconds per cold-start process")
     p.add_argument(
         "--coldstart-modes",
-        type=_csv,
+        type=csv,
         default=None,
         help="ttsaot,compile (default on CUDA); ttsaot only on CPU",
     )
@@ -115,7 +109,7 @@ def _add_coldstart_options(p: argparse.ArgumentParser) -> None:
 def _finish_measure_args(a) -> None:
     from .variants import ALL_VARIANTS, DEFAULT_CPU
 
-    a.device = a.device or _default_device()
+    a.device = a.device or default_device()
     cuda = a.device.startswith("cuda")
     a.preset = a.preset or ("full" if cuda else "tiny")
     a.dtype_explicit = a.dtype   # names the result file; the CPU fp32 default does not
@@ -170,7 +164,7 @@ def merge_results(old: dict, new: dict) -> dict:
 
 
 def result_name(family: str, stage: str, dtype: str | None) -> str:
-    """One JSON per stage; a run with a dtype override (e.g. the bf16 Fish decoder next to its fp32 default) gets
+    """One JSON per stage; a run with a dtype override (e.g. a bf16 build of an fp32 stage next to its default) gets
     its own file instead of replacing the default's."""
     return f"{family}__{stage}" + (f"__{dtype}" if dtype else "") + ".json"
 
@@ -227,11 +221,32 @@ def _worker_args(a) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------ run
 def cmd_run(a) -> int:
-    from .specs import family_names, stage_names
-
+    """Each stage in its own process (bench/stage.py) under its timeout and the global budget; one JSON each."""
     _finish_measure_args(a)
     t_begin = time.time()
-    budget = a.time_budget
+    todo, problems = _stages_to_measure(a)
+    env = child_env(a.device)
+
+    def left() -> float:
+        return a.time_budget - (time.time() - t_begin) if a.time_budget else float("inf")
+
+    summary: list[dict] = []
+    if (a.snake and a.device.startswith("cuda")) or a.snake_cpu:
+        summary.append(_run_snake_worker(a, env, min(300.0, left())))
+    for fam, st in todo:
+        remaining = left()
+        if remaining < 30:
+            summary.append({"stage": f"{fam}/{st}", "status": "skipped", "detail": "global --time-budget used up"})
+            continue
+        summary.append(_run_stage_worker(a, fam, st, env, min(a.stage_timeout, remaining)))
+    _print_summary(summary, problems, time.time() - t_begin)
+    return 0 if all(s["status"] in ("ok", "skipped") for s in summary) and summary else 1
+
+
+def _stages_to_measure(a) -> tuple[list[tuple[str, str]], list[str]]:
+    """((family, stage) to measure, problems to report) for --family / --stages."""
+    from .specs import family_names, stage_names
+
     families = a.family or family_names()
     todo: list[tuple[str, str]] = []
     problems: list[str] = []
@@ -241,185 +256,65 @@ def cmd_run(a) -> int:
         except Exception as e:  # noqa: BLE001 - a family still being written must not stop the others
             problems.append(f"{fam}: cannot list stages ({short_error(e)})")
             continue
-        for st in names:
-            if a.stages and st not in a.stages:
-                continue
-            todo.append((fam, st))
+        todo += [(fam, st) for st in names if not a.stages or st in a.stages]
     if a.stages:
         missing = [s for s in a.stages if s not in {st for _, st in todo}]
         problems += [f"stage {s!r} not found in {', '.join(families)}" for s in missing]
+    return todo, problems
 
+
+def _run_snake_worker(a, env: dict, timeout: float) -> dict:
+    r = _spawn_json([sys.executable, "-m", "bench", "_snake", "--device", a.device] + (["--quick"] if a.quick else []),
+                    env, timeout)
+    if r.get("device"):
+        write_json(Path(a.out) / r["device"]["slug"] / "snake_kernel.json", r)
+    return {"stage": "snake_kernel", "status": r.get("status", "failed"), "detail": _snake_summary(r)}
+
+
+def _run_stage_worker(a, fam: str, st: str, env: dict, timeout: float) -> dict:
+    """`python -m bench _stage` for one stage; its result (completed, merged) written under --out; a summary row."""
     out_root = Path(a.out)
-    summary: list[dict] = []
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    if not a.device.startswith("cuda"):
-        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # CPU runs share small CI machines
-    elif "CXX" not in env and Path("/usr/bin/g++").exists():
-        env["CXX"] = "/usr/bin/g++"  # AOTI packages built with another compiler segfault on load (GPU box)
-
-    def left() -> float:
-        return budget - (time.time() - t_begin) if budget else float("inf")
-
-    if (a.snake and a.device.startswith("cuda")) or a.snake_cpu:
-        r = _spawn_json(
-            [sys.executable, "-m", "bench", "_snake", "--device", a.device]
-            + (["--quick"] if a.quick else []),
-            env,
-            min(300.0, left()),
-        )
-        if r.get("device"):
-            write_json(out_root / r["device"]["slug"] / "snake_kernel.json", r)
-        summary.append(
-            {"stage": "snake_kernel", "status": r.get("status", "failed"), "detail": _snake_summary(r)}
-        )
-
-    for fam, st in todo:
-        remaining = left()
-        if remaining < 30:
-            summary.append(
-                {"stage": f"{fam}/{st}", "status": "skipped", "detail": "global --time-budget used up"}
-            )
-            continue
-        timeout = min(a.stage_timeout, remaining)
-        with tempfile.TemporaryDirectory(prefix="bench-stage-") as tmp:
-            tmp_json = Path(tmp) / "result.json"
-            cmd = [
-                sys.executable,
-                "-m",
-                "bench",
-                "_stage",
-                "--family",
-                fam,
-                "--stage",
-                st,
-                "--result",
-                str(tmp_json),
-                *_worker_args(a),
-            ]
-            print(f"[bench] {fam}/{st}: measuring (timeout {timeout:.0f} s)", file=sys.stderr, flush=True)
-            t0 = time.time()
-            rc, err_tail = _spawn(cmd, env, timeout, Path(a.cache_dir) / "logs" / f"{fam}__{st}.log")
-            res = json.loads(tmp_json.read_text()) if tmp_json.is_file() else None
-        if res is not None and "stage" not in res:  # died before its StageSpec existed (family in progress)
-            res = None
-        if res is None:
-            summary.append({"stage": f"{fam}/{st}", "status": "failed", "detail": err_tail})
-            if a.record_failures:
-                dev = _device_info(a.device)
-                write_json(
-                    out_root / dev["slug"] / result_name(fam, st, a.dtype_explicit),
-                    {
-                        "schema": 1,
-                        "status": "failed",
-                        "reason": err_tail,
-                        "device": dev,
-                        "git_commit": git_commit(),
-                        "started": now_iso(),
-                        "stage": {"family": fam, "stage": st},
-                    },
-                )
-            continue
-        if rc != 0:
-            res["status"] = "incomplete"
-            res["reason"] = err_tail
-            for v in res.get("variants", {}).values():
-                if v.get("status") == "running":
-                    v.update(status="incomplete", reason=f"the stage process ended: {err_tail}")
-        res["worker_wall_s"] = round(time.time() - t0, 1)
-        slug = res["device"]["slug"]
-        path = out_root / slug / result_name(fam, st, a.dtype_explicit)
-        if a.merge and path.is_file():
-            res = merge_results(json.loads(path.read_text()), res)
-        write_json(path, res)
-        summary.append(
-            {
-                "stage": f"{fam}/{st}",
-                "status": res.get("status"),
-                "detail": _stage_summary(res),
-                "path": str(path),
-            }
-        )
-    _print_summary(summary, problems, time.time() - t_begin)
-    return 0 if all(s["status"] in ("ok", "skipped") for s in summary) and summary else 1
+    with tempfile.TemporaryDirectory(prefix="bench-stage-") as tmp:
+        tmp_json = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "bench", "_stage", "--family", fam, "--stage", st, "--result", str(tmp_json),
+               *_worker_args(a)]
+        print(f"[bench] {fam}/{st}: measuring (timeout {timeout:.0f} s)", file=sys.stderr, flush=True)
+        t0 = time.time()
+        rc, err_tail = spawn(cmd, env, timeout, Path(a.cache_dir) / "logs" / f"{fam}__{st}.log")
+        res = json.loads(tmp_json.read_text()) if tmp_json.is_file() else None
+    if res is not None and "stage" not in res:  # died before its StageSpec existed (family in progress)
+        res = None
+    if res is None:
+        if a.record_failures:
+            dev = _device_info(a.device)
+            write_json(out_root / dev["slug"] / result_name(fam, st, a.dtype_explicit),
+                       {"schema": 1, "status": "failed", "reason": err_tail, "device": dev,
+                        "git_commit": git_commit(), "started": now_iso(), "stage": {"family": fam, "stage": st}})
+        return {"stage": f"{fam}/{st}", "status": "failed", "detail": err_tail}
+    if rc != 0:
+        res["status"] = "incomplete"
+        res["reason"] = err_tail
+        for v in res.get("variants", {}).values():
+            if v.get("status") == "running":
+                v.update(status="incomplete", reason=f"the stage process ended: {err_tail}")
+    res["worker_wall_s"] = round(time.time() - t0, 1)
+    path = out_root / res["device"]["slug"] / result_name(fam, st, a.dtype_explicit)
+    if a.merge and path.is_file():
+        res = merge_results(json.loads(path.read_text()), res)
+    write_json(path, res)
+    return {"stage": f"{fam}/{st}", "status": res.get("status"), "detail": _stage_summary(res), "path": str(path)}
 
 
 def _device_info(device: str) -> dict:
-    import torch
-
     from .common import device_info
 
-    d = torch.device(device)
-    if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", 0)
-    return device_info(d)
-
-
-def _spawn(cmd: list[str], env: dict, timeout: float, log_path: Path | None = None) -> tuple[int, str]:
-    """Run a worker, echo its progress lines, keep its whole output in `log_path`; return (rc, last line)."""
-    tail: list[str] = []
-    log = None
-    if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(log_path, "w")  # noqa: SIM115 - closed below
-    try:
-        # own session: a timeout kills the worker AND its cold-start children, never anything else
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            cwd=str(REPO),
-            start_new_session=True,
-        )
-    except Exception as e:  # noqa: BLE001
-        return 1, short_error(e)
-    deadline = time.time() + timeout
-    import selectors
-
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    killed = False
-    while True:
-        if time.time() > deadline and proc.poll() is None and not killed:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            killed = True
-        events = sel.select(timeout=1.0)
-        if events:
-            line = proc.stdout.readline()
-            if line:
-                if log is not None:
-                    log.write(line)
-                if line.startswith("[bench]") or "Error" in line or "Traceback" in line:
-                    sys.stderr.write("  " + line)
-                tail = (tail + [line.rstrip()])[-20:]
-                continue
-        if proc.poll() is not None:
-            rest = proc.stdout.read()
-            if rest:
-                tail = (tail + rest.rstrip().splitlines())[-20:]
-                if log is not None:
-                    log.write(rest)
-            break
-    rc = proc.wait()
-    if log is not None:
-        log.close()
-    last = next((ln for ln in reversed(tail) if ln.strip() and not ln.startswith("[bench]")), "")
-    if killed:
-        return 124, f"killed after the {timeout:.0f} s stage timeout; last output: {last[:300]}"
-    if rc < 0:
-        return rc, f"killed by signal {-rc} (crash or OOM); last output: {last[:300]}"
-    return rc, last[:400]
+    return device_info(cuda_device(device))
 
 
 def _spawn_json(cmd, env, timeout) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         p = Path(tmp) / "r.json"
-        rc, tail = _spawn([*cmd, "--result", str(p)], env, timeout)
+        rc, tail = spawn([*cmd, "--result", str(p)], env, timeout)
         if p.is_file():
             return json.loads(p.read_text())
         return {"status": "failed", "reason": tail}
@@ -462,16 +357,42 @@ def _print_summary(rows: list[dict], problems: list[str], seconds: float) -> Non
 
 
 # ----------------------------------------------------------------------------------------------- main
+# subcommands defined by a module of their own, with `add_parser(subparsers)` and `main(args) -> int`
+MODULE_COMMANDS = {
+    "build": "bench.prebuild",
+    "profile": "bench.profile",
+    "conv-kernels": "bench.conv_kernels",
+    "decode-stages": "bench.decode_stages",
+    "codec-stages": "bench.codec_stages",
+    "memory": "bench.memory",
+    "builds": "bench.build_times",
+    "bucket-hits": "bench.bucket_hits",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS + ("-h", "--help"):
         argv = ["run", *argv]
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
+    _add_measure_parsers(sub)
+    _add_tool_parsers(sub)
+    modules = {name: importlib.import_module(module)
+               for name, module in {**MODULE_COMMANDS, **family_commands()}.items()}
+    for module in modules.values():
+        module.add_parser(sub)
+    a = ap.parse_args(argv)
+    if a.cmd in modules:
+        return modules[a.cmd].main(a)
+    return HANDLERS[a.cmd](a)
 
+
+def _add_measure_parsers(sub) -> None:
+    """`run` and its per-process workers `_stage`, `_coldstart`."""
     p = sub.add_parser("run", help="measure stages (one subprocess per stage) and write JSON results")
-    p.add_argument("--family", type=_csv, default=None, help="families (default: all registered)")
-    p.add_argument("--stages", type=_csv, default=None, help="stage names (default: all of each family)")
+    p.add_argument("--family", type=csv, default=None, help="families (default: all registered)")
+    p.add_argument("--stages", type=csv, default=None, help="stage names (default: all of each family)")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--stage-timeout", type=float, default=600.0, help="seconds per stage process")
     p.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run")
@@ -507,10 +428,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--t-spawn", type=float, required=True)
 
+
+def _add_tool_parsers(sub) -> None:
+    """`snake`, `kernels`, `report`, `list`."""
     for name in ("snake", "_snake"):
         p = sub.add_parser(name, help="SnakeBeta kernel vs copy bandwidth" if name == "snake" else None)
         p.add_argument("--device", default=None)
-        p.add_argument("--shape", type=_ints, default=None)
+        p.add_argument("--shape", type=ints, default=None)
         p.add_argument("--quick", action="store_true")
         p.add_argument("--result", default=None)
         p.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -519,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
     p.add_argument("--budget", type=float, default=200.0, help="seconds; later cases and sections are skipped")
-    p.add_argument("--sections", type=_csv, default=None,
+    p.add_argument("--sections", type=csv, default=None,
                    help="copy,skinny,attention,aoti,layer,predictors,sweep (default all)")
     p.add_argument("--with-compile", action="store_true", help="layer: also torch.compile max-autotune (minutes)")
     p.add_argument("--result", default=None)
@@ -533,132 +457,84 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("list", help="families, stages and the buckets the bench would measure")
 
-    from .bucket_hits import add_parser as add_bucket_hits
-    from .build_times import add_parser as add_builds
-    from .codec_stages import add_parser as add_codec_stages
-    from .conv_kernels import add_parser as add_conv_kernels
-    from .decode_stages import add_parser as add_decode_stages
-    from .memory import add_parser as add_memory
-    from .prebuild import add_parser as add_build
-    from .profile import add_parser as add_profile
-    from .voxcpm_loop import add_parser as add_voxcpm_loop
 
-    add_build(sub)
-    add_profile(sub)
-    add_conv_kernels(sub)
-    add_decode_stages(sub)
-    add_codec_stages(sub)
-    add_memory(sub)
-    add_builds(sub)
-    add_bucket_hits(sub)
+def cmd_stage(a) -> int:
+    _finish_measure_args(a)
+    from .specs import parse_axes
+    from .stage import run_stage
 
-    add_voxcpm_loop(sub)
+    axes = parse_axes(a.axis)
+    a.axes = json.dumps({k: list(v) for k, v in axes.items()}) if axes else None
+    run_stage(a)
+    return 0
 
-    a = ap.parse_args(argv)
-    if a.cmd == "run":
-        return cmd_run(a)
-    if a.cmd == "_stage":
-        _finish_measure_args(a)
-        from .specs import parse_axes
-        from .stage import run_stage
 
-        axes = parse_axes(a.axis)
-        a.axes = json.dumps({k: list(v) for k, v in axes.items()}) if axes else None
-        run_stage(a)
-        return 0
-    if a.cmd == "_coldstart":
-        from .coldstart import child_main
+def cmd_coldstart(a) -> int:
+    from .coldstart import child_main
 
-        child_main(a)
-        return 0
-    if a.cmd in ("snake", "_snake"):
-        import torch
+    child_main(a)
+    return 0
 
-        from .snake import run_snake
 
-        dev = torch.device(a.device or _default_device())
-        r = run_snake(dev, tuple(a.shape) if a.shape else None, a.quick)
-        path = Path(a.result) if a.result else Path(a.out) / r["device"]["slug"] / "snake_kernel.json"
-        write_json(path, r)
-        if a.cmd == "snake":
-            print(_snake_summary(r))
-            print(f"→ {path}")
-        return 0
-    if a.cmd == "kernels":
-        import torch
+def cmd_snake(a) -> int:
+    import torch
 
-        from .common import device_info
-        from .kernels import SECTIONS, run_kernels, summary
+    from .snake import run_snake
 
-        dev = torch.device(a.device or _default_device())
-        slug = device_info(dev)["slug"]
-        path = Path(a.result) if a.result else Path(a.out) / slug / "kernels.json"
-        r = run_kernels(dev, a.quick, a.budget, tuple(a.sections or SECTIONS), a.with_compile,
-                        progress=lambda res: write_json(path, res))
-        write_json(path, r)
-        print(summary(r))
+    dev = torch.device(a.device or default_device())
+    r = run_snake(dev, tuple(a.shape) if a.shape else None, a.quick)
+    path = Path(a.result) if a.result else Path(a.out) / r["device"]["slug"] / "snake_kernel.json"
+    write_json(path, r)
+    if a.cmd == "snake":
+        print(_snake_summary(r))
         print(f"→ {path}")
-        return 0 if r.get("status") == "ok" else 1
-    if a.cmd == "report":
-        from .report import write_report
+    return 0
 
-        path = write_report(
-            Path(a.results), Path(a.output), Path(a.plots) if a.plots else None, a.include_cpu
-        )
-        print(f"wrote {path}")
-        return 0
-    if a.cmd == "build":
-        from .prebuild import main as prebuild
 
-        return prebuild(a)
-    if a.cmd == "profile":
-        from .profile import main as profile
+def cmd_kernels(a) -> int:
+    import torch
 
-        return profile(a)
-    if a.cmd == "conv-kernels":
-        from .conv_kernels import main as conv_kernels
+    from .common import device_info
+    from .kernels import SECTIONS, run_kernels, summary
 
-        return conv_kernels(a)
-    if a.cmd == "decode-stages":
-        from .decode_stages import main as decode_stages
+    dev = torch.device(a.device or default_device())
+    slug = device_info(dev)["slug"]
+    path = Path(a.result) if a.result else Path(a.out) / slug / "kernels.json"
+    r = run_kernels(dev, a.quick, a.budget, tuple(a.sections or SECTIONS), a.with_compile,
+                    progress=lambda res: write_json(path, res))
+    write_json(path, r)
+    print(summary(r))
+    print(f"→ {path}")
+    return 0 if r.get("status") == "ok" else 1
 
-        return decode_stages(a)
-    if a.cmd == "codec-stages":
-        from .codec_stages import main as codec_stages
 
-        return codec_stages(a)
-    if a.cmd == "memory":
-        from .memory import main as memory
+def cmd_report(a) -> int:
+    from .report import write_report
 
-        return memory(a)
-    if a.cmd == "builds":
-        from .build_times import main as builds
+    path = write_report(Path(a.results), Path(a.output), Path(a.plots) if a.plots else None, a.include_cpu)
+    print(f"wrote {path}")
+    return 0
 
-        return builds(a)
-    if a.cmd == "bucket-hits":
-        from .bucket_hits import main as bucket_hits
 
-        return bucket_hits(a)
-    if a.cmd == "voxcpm-loop":
-        from .voxcpm_loop import main as voxcpm_loop
+def cmd_list(a) -> int:
+    from .specs import family_names, make_spec, stage_names
 
-        return voxcpm_loop(a)
-    if a.cmd == "list":
-        from .specs import family_names, make_spec, stage_names
+    for fam in family_names():
+        try:
+            for st in stage_names(fam, "full"):
+                try:
+                    spec, desc = make_spec(fam, st, "full")
+                    print(f"{fam}/{st}: kind={spec.kind} dtype={desc['dtype']} buckets={desc['axes']}")
+                except Exception as e:  # noqa: BLE001
+                    print(f"{fam}/{st}: {short_error(e)}")
+        except Exception as e:  # noqa: BLE001
+            print(f"{fam}: {short_error(e)}")
+    return 0
 
-        for fam in family_names():
-            try:
-                for st in stage_names(fam, "full"):
-                    try:
-                        spec, desc = make_spec(fam, st, "full")
-                        print(f"{fam}/{st}: kind={spec.kind} dtype={desc['dtype']} buckets={desc['axes']}")
-                    except Exception as e:  # noqa: BLE001
-                        print(f"{fam}/{st}: {short_error(e)}")
-            except Exception as e:  # noqa: BLE001
-                print(f"{fam}: {short_error(e)}")
-        return 0
-    return 2
 
+HANDLERS = {"run": cmd_run, "_stage": cmd_stage, "_coldstart": cmd_coldstart, "snake": cmd_snake,
+            "_snake": cmd_snake, "kernels": cmd_kernels, "report": cmd_report, "list": cmd_list}
+COMMANDS = (*HANDLERS, *MODULE_COMMANDS, *family_commands())
 
 if __name__ == "__main__":
     sys.exit(main())

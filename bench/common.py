@@ -1,4 +1,5 @@
-"""Shared helpers: environment facts, timing (CUDA events or perf_counter), time boxes, JSON I/O."""
+"""Shared helpers: environment facts, timing (CUDA events or perf_counter), time boxes, JSON I/O, worker
+processes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import platform
 import re
 import signal
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +24,7 @@ import torch
 from ttsaot.runtime.metrics import rel_error as rel_err  # noqa: F401  (the bench's name for the one metric)
 
 REPO = Path(__file__).resolve().parents[1]
+GPU_CXX = "/usr/bin/g++"   # AOTI packages built with the GPU machine's preset $CXX wrapper segfault on load
 
 
 class Skipped(Exception):
@@ -98,8 +102,6 @@ def device_info(device: torch.device) -> dict[str, Any]:
 
 def _nvidia_driver() -> str | None:
     try:
-        import subprocess
-
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
             capture_output=True,
@@ -238,3 +240,103 @@ def graph_replay_ms(calls: list[Callable[[], Any]], reps: int, warm_replays: int
         times.append(start.elapsed_time(end))
     del graph
     return statistics.median(times) / len(calls)
+
+
+def failure(e: BaseException) -> dict[str, Any]:
+    """A recorded reason: skipped (cannot run here), timeout (over a budget), OOM, or failed."""
+    msg = str(e)
+    if isinstance(e, BudgetExceeded) or "exceeded its" in msg:
+        return {"status": "timeout", "reason": msg.splitlines()[0][:400] if msg else "over its budget"}
+    if isinstance(e, Skipped):
+        return {"status": "skipped", "reason": msg}
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return {"status": "failed", "reason": f"OOM: {short_error(e)}"}
+    return {"status": "failed", "reason": short_error(e)}
+
+
+def cuda_device(device: str | torch.device) -> torch.device:
+    """`cuda` → `cuda:0`; on CUDA also the compiler AOTI builds use, before anything compiles."""
+    d = torch.device(device)
+    if d.type == "cuda":
+        if "CXX" not in os.environ and Path(GPU_CXX).exists():
+            os.environ["CXX"] = GPU_CXX
+        if d.index is None:
+            d = torch.device("cuda", 0)
+    return d
+
+
+def child_env(device: str, **extra: str) -> dict[str, str]:
+    """The environment of a bench worker process: this checkout first on the path; CPU runs share small
+    machines (one Inductor compile thread); CUDA builds use GPU_CXX."""
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    if not device.startswith("cuda"):
+        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    elif "CXX" not in env and Path(GPU_CXX).exists():
+        env["CXX"] = GPU_CXX
+    return env
+
+
+def spawn(cmd: list[str], env: dict, timeout: float, log_path: Path | None = None) -> tuple[int, str]:
+    """Run a worker in its own session (a timeout kills it and its children, never anything else), echo its
+    progress lines, keep its whole output in `log_path`; return (rc, the last line of output)."""
+    import selectors
+
+    tail: list[str] = []
+    log = None
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "w")  # noqa: SIM115 - closed below
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                cwd=str(REPO), start_new_session=True)
+    except Exception as e:  # noqa: BLE001
+        return 1, short_error(e)
+    deadline = time.time() + timeout
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    killed = False
+    while True:
+        if time.time() > deadline and proc.poll() is None and not killed:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            killed = True
+        if sel.select(timeout=1.0):
+            line = proc.stdout.readline()
+            if line:
+                if log is not None:
+                    log.write(line)
+                if line.startswith("[bench]") or "Error" in line or "Traceback" in line:
+                    sys.stderr.write("  " + line)
+                tail = (tail + [line.rstrip()])[-20:]
+                continue
+        if proc.poll() is not None:
+            rest = proc.stdout.read()
+            if rest:
+                tail = (tail + rest.rstrip().splitlines())[-20:]
+                if log is not None:
+                    log.write(rest)
+            break
+    rc = proc.wait()
+    if log is not None:
+        log.close()
+    last = next((ln for ln in reversed(tail) if ln.strip() and not ln.startswith("[bench]")), "")
+    if killed:
+        return 124, f"killed after the {timeout:.0f} s stage timeout; last output: {last[:300]}"
+    if rc < 0:
+        return rc, f"killed by signal {-rc} (crash or OOM); last output: {last[:300]}"
+    return rc, last[:400]
+
+
+def csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def ints(value: str) -> list[int]:
+    return [int(v) for v in csv(value)]
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -2,7 +2,7 @@
 
 Each stage's artifact is built (or reused) with every bucket of its default plan (what `build-artifacts` builds,
 not the bench's subset; `--axis` overrides an axis and is then recorded as such) through the bench's artifact cache
-and the builder's package cache (bench/stage.py `build_or_reuse`, bench/prebuild.py `build_many`). Then a FRESH
+and the builder's package cache (bench/artifacts.py `build_or_reuse`, bench/prebuild.py `build_many`). Then a FRESH
 process per stage (`python -m bench.memory --child ...`: no builder, no other CUDA memory) loads it with
 `ttsaot.runtime.load(..., cuda_graphs=True)` and records, around that load:
 

@@ -2,7 +2,7 @@
 
 Building is CPU-bound (Inductor codegen + a C++ compile per bucket) and timing must run alone on the GPU, so on a
 many-core GPU machine the artifacts are built first, in parallel processes, into the same cache `bench run`
-reuses (bench/stage.py `build_or_reuse`, keyed by the stage options, torch, device kind and sources)."""
+reuses (bench/artifacts.py `build_or_reuse`, keyed by the stage options, torch, device kind and sources)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from .common import REPO, short_error
+from .common import REPO, cuda_device, short_error
 
 
 def _build_one(family: str, stage: str, preset: str, seed: int, dtype: str | None, device: str,
@@ -22,8 +22,8 @@ def _build_one(family: str, stage: str, preset: str, seed: int, dtype: str | Non
                compile_jobs: int = 1) -> dict:
     import torch
 
+    from .artifacts import build_or_reuse
     from .specs import make_spec
-    from .stage import build_or_reuse
 
     t0 = time.time()
     try:
@@ -73,8 +73,7 @@ def main(a) -> int:
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     preset = a.preset or ("full" if device.startswith("cuda") else "tiny")
-    if device.startswith("cuda") and "CXX" not in os.environ and Path("/usr/bin/g++").exists():
-        os.environ["CXX"] = "/usr/bin/g++"  # see bench/gpu_all.sh
+    cuda_device(device)   # sets the compiler AOTI builds use on CUDA
     from .specs import parse_axes
 
     targets = [parse_target(t) for t in a.targets]

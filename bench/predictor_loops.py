@@ -1,5 +1,5 @@
-"""Per-step loop baselines for the codebook-predictor stages (`fish-s2-pro/fast_ar`, `qwen3-tts-12hz/code_predictor`),
-timed next to the ttsaot artifact, which runs a whole frame (every codebook step + sampling) as one graph.
+"""Per-step loop baselines for the codebook-predictor stages, timed next to the ttsaot artifact, which runs a whole
+frame (every codebook step + sampling) as one graph.
 
 - `loop_eager_host`: the eager reference loop. Per codebook step one eager forward of the predictor transformer
   (static KV cache, one new position per step: no re-prefill), the step's logits sampled with plain torch ops,
@@ -9,15 +9,16 @@ timed next to the ttsaot artifact, which runs a whole frame (every codebook step
   (`ctx.compile_mode`, fixed shapes) and captured in one CUDA graph per codebook step index, replayed per step;
   sampling runs eagerly between the replays, with no host sync.
 
-Both loops run the stage module's own submodules (the decoder blocks, embeddings, heads of `FastAR` /
-`CodePredictor`, after the stage's passes, in the stage dtype) and `builder/predictor.py` on the stage's explicit
-noise, so their codes are the stage's codes (bitwise in fp32 up to attention rounding; bf16 may differ a little).
+Both loops run the stage module's own submodules (decoder blocks, embeddings, heads, after the stage's passes, in
+the stage dtype; a family's `StepAdapter` in bench/families/ says which) and `builder/predictor.py` on the stage's
+explicit noise, so their codes are the stage's codes (bitwise in fp32 up to attention rounding; bf16 may differ a
+little).
 
 Step 1 decodes positions 0 and 1 with `DecoderBlock.forward` (causal, no past), exactly as `decode()`; every later
 step s writes position s of a preallocated KV cache and attends over the whole cache with a visibility mask. The
-position (and, for the Qwen predictor, that step's lm_head / codec-embedding tables) are tensor inputs, so one
-compiled program serves every step ≥ 2 (two compiles per batch size instead of one per step), while each step
-index still gets its own CUDA graph with its own static inputs."""
+position (and any per-step head / embedding tables) are tensor inputs, so one compiled program serves every step
+≥ 2 (two compiles per batch size instead of one per step), while each step index still gets its own CUDA graph
+with its own static inputs."""
 
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ttsaot.builder.predictor import sample
@@ -42,9 +42,10 @@ Step = Callable[..., torch.Tensor]
 Capture = Callable[..., Callable[[list[torch.Tensor]], torch.Tensor]]
 
 
-# --------------------------------------------------------------------------------------- family adapters
-class _Adapter:
-    """What differs between the predictors. The transformer is the module's own `DecoderBlock`s."""
+# ------------------------------------------------------------------------------------------ the protocol
+class StepAdapter:
+    """What differs between the predictors (each family module implements one). The transformer is the module's
+    own `DecoderBlock`s."""
 
     first_input = ""  # the input carrying code 0 (or the token it comes from)
     layers: nn.ModuleList
@@ -85,94 +86,14 @@ class _Adapter:
         raise NotImplementedError
 
 
-class _FishFastAR(_Adapter):
-    """Mirrors `FastAR.decode` / `FastAR.forward`."""
+def adapter_for(ctx: VariantContext, module: nn.Module) -> StepAdapter:
+    """The family's StepAdapter of this stage around `module` (the stage module, cast to its dtype)."""
+    from .families import bench_family
 
-    first_input = "token"
-
-    def __init__(self, m: nn.Module) -> None:
-        self.m, self.cfg = m, m.cfg
-        self.layers, self.rope_cos, self.rope_sin = m.layers, m.rope_cos, m.rope_sin
-        self.n_steps = m.cfg.num_codebooks - 1
-
-    def norm_weight(self) -> torch.Tensor:
-        return self.m.norm.weight
-
-    def code0(self, token):
-        return (token - self.cfg.semantic_start_token_id).clamp(0, self.cfg.vocab_size - 1)
-
-    def prefix(self, hidden, token):
-        return torch.stack((hidden.to(self.dtype), self.m.embeddings(self.code0(token))), dim=1)
-
-    def embed(self, code, *weights):
-        return self.m.embeddings(code)[:, None]
-
-    def head(self, h, *weights):
-        return self.m.output(self.m.norm(h))[:, : self.cfg.residual_codebook_size]
-
-    def outputs(self, named, codes):
-        out = torch.stack(codes, dim=1)
-        if not self.m.with_embedding:
-            return out
-        return out, self.m.next_input_embedding(named["token"], out, named["token_embed"])
-
-
-class _QwenCodePredictor(_Adapter):
-    """Mirrors `CodePredictor.decode` / `CodePredictor.forward`."""
-
-    first_input = "code0"
-
-    def __init__(self, m: nn.Module) -> None:
-        self.m, self.cfg = m, m.cfg
-        self.layers, self.rope_cos, self.rope_sin = m.model.layers, m.rope_cos, m.rope_sin
-        self.n_steps = m.cfg.num_code_groups - 1
-
-    def norm_weight(self) -> torch.Tensor:
-        return self.m.model.norm.weight
-
-    def code0(self, code0):
-        return code0
-
-    def _emb0(self, code0: torch.Tensor) -> torch.Tensor:
-        return self.m.talker_codec_embedding(code0.clamp(0, self.cfg.vocab_size - 1))
-
-    def prefix(self, hidden, code0):
-        return self.m.small_to_mtp_projection(torch.stack((hidden.to(self.dtype), self._emb0(code0)), dim=1))
-
-    def embed_weights(self, step):
-        return (self.m.model.codec_embedding[step - 2].weight,)
-
-    def head_weights(self, step):
-        return (self.m.lm_head[step - 1].weight,)
-
-    def embed(self, code, table):
-        return self.m.small_to_mtp_projection(F.embedding(code, table))[:, None]
-
-    def head(self, h, weight):
-        return F.linear(self.m.model.norm(h), weight)
-
-    def outputs(self, named, codes):
-        code0 = named["code0"]
-        valid = (code0 >= 0) & (code0 < self.cfg.vocab_size)
-        out = torch.where(valid[:, None], torch.stack(codes, dim=1), torch.zeros_like(code0)[:, None])
-        if not self.m.with_embedding:
-            return out
-        # Same left fold, in the module dtype, as decode(collect_embedding=True).
-        summed = self._emb0(code0)
-        for step in range(1, self.n_steps + 1):
-            summed = summed + self.m.model.codec_embedding[step - 1](codes[step])
-        return out, torch.where(valid[:, None], summed, torch.zeros_like(summed)).float()
-
-
-def adapter_for(module: nn.Module) -> _Adapter:
-    from ttsaot.builder.families.fish_s2_pro.fast_ar import FastAR
-    from ttsaot.builder.families.qwen3_tts_12hz.code_predictor import CodePredictor
-
-    if isinstance(module, FastAR):
-        return _FishFastAR(module)
-    if isinstance(module, CodePredictor):
-        return _QwenCodePredictor(module)
-    raise Skipped(f"no per-step loop for a {type(module).__name__} predictor")
+    make = bench_family(ctx.family).step_loops.get(ctx.stage)
+    if make is None:
+        raise Skipped(f"no per-step loop for {ctx.family}/{ctx.stage}")
+    return make(module)
 
 
 # ------------------------------------------------------------------------------------------ step programs
@@ -185,8 +106,8 @@ class PredictorSteps:
     `kv` = k0, v0, k1, v1, … per layer, each [B, Hkv, keys, hd]. Stateless apart from the module, so one compiled
     callable of each serves every loop (batch size) of a variant."""
 
-    def __init__(self, module: nn.Module) -> None:
-        self.a = adapter_for(module)
+    def __init__(self, adapter: StepAdapter) -> None:
+        self.a = adapter
         self.n_layers = len(self.a.layers)
         self.positions = self.a.n_steps + 1  # positions 0..n_steps
         self.keys = math.ceil(self.positions / _KEY_ALIGN) * _KEY_ALIGN
@@ -309,7 +230,7 @@ class _LoopVariant(Variant):
 
     def setup(self) -> None:
         self.module = cast_module(self.ctx.rewritten, self.ctx)
-        self.steps = PredictorSteps(self.module)
+        self.steps = PredictorSteps(adapter_for(self.ctx, self.module))
 
     def weight_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.module.state_dict().values())

@@ -1,6 +1,6 @@
 """`python -m bench profile FAMILY/STAGE`: where one stage's call spends its time, per bucket (issue 14 item 1).
 
-The stage's artifact is built (or reused) through the bench's artifact cache (bench/stage.py `build_or_reuse`, the
+The stage's artifact is built (or reused) through the bench's artifact cache (bench/artifacts.py `build_or_reuse`, the
 cache `bench run` and `bench build` share; `--kernels` is part of its key), loaded with the runtime (CUDA graphs on
 CUDA) and called through its public API, as `bench run` times it (LM stages through `step`/`prefill` with a
 runtime-owned cache: bench/variants.py `TtsaotVariant`). Per bucket it records:
@@ -82,9 +82,10 @@ def profile_stage(family: str, stage: str, *, device: torch.device, preset: str 
                   cache: Path = REPO / "bench" / ".cache", graphs: bool = True) -> dict[str, Any]:
     """Build or reuse the stage's artifact, then profile every bucket of the bench plan (see the module doc)."""
 
+    from .artifacts import build_or_reuse
     from .floor import copy_bandwidth
     from .specs import layer_passes, make_spec
-    from .stage import build_or_reuse, key_of, make_bucket_inputs
+    from .stage import key_of, make_bucket_inputs
     from .variants import TtsaotVariant, VariantContext
 
     torch.set_grad_enabled(False)

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import copy
 import gc
-import hashlib
 import json
 import math
-import os
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +21,17 @@ import torch
 from ttsaot.runtime.dtypes import torch_dtype
 
 from . import RESULTS_SCHEMA
+from .artifacts import build_or_reuse, same_program_as_auto
 from .common import (
     BudgetExceeded,
     Skipped,
     as_tuple,
+    cuda_device,
     device_info,
     git_commit,
     now_iso,
     rel_err,
     short_error,
-    source_hash,
     sync,
     time_box,
     time_fn,
@@ -42,85 +42,6 @@ from .specs import make_spec
 from .variants import COMPILED, TTSAOT, VARIANT_KERNELS, VariantContext, applies, make_variant
 
 MIB = 2**20
-
-
-# ------------------------------------------------------------------------------------------ artifacts
-def artifact_key(spec, desc: dict, device: torch.device) -> str:
-    from ttsaot.builder.export import compiler_info
-    from ttsaot.builder.stage_spec import resolve_kernels
-
-    info = {
-        "desc": {k: v for k, v in desc.items() if k not in ("options", "kernels")},
-        # resolved: on CPU `auto` is `inductor`, and both name one artifact
-        "kernels": resolve_kernels(desc.get("kernels", "auto"), device, spec.cuda_auto_kernels),
-        "options": desc["options"],
-        "torch": torch.__version__,
-        "device": device.type,
-        "sm": ".".join(map(str, torch.cuda.get_device_capability(device))) if device.type == "cuda" else None,
-        "sources": source_hash("builder", "runtime"),
-        # The C++ compiler too: a cached package built by another compiler may not even load (2026-11-21 on the
-        # GPU machine, a preset $CXX wrapper's packages segfaulted on load and were reused by the next run).
-        "cxx": compiler_info(),
-    }
-    return hashlib.sha256(json.dumps(info, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def build_or_reuse(spec, desc: dict, device: torch.device, cache: Path, verify: bool,
-                   package_cache: Path | None = None, jobs: int = 1) -> tuple[Path, dict]:
-    """Build the stage's artifact for the bench buckets under cache/<hash>/, or reuse a finished one. Processes
-    sharing the cache (xdist workers, parallel bench runs) wait for each other's build of the same key instead of
-    failing on the builder's lock. package_cache: the builder's per-package cache (builder/package_cache.py), so
-    that an artifact of other buckets reuses the packages it shares with one built before; jobs: parallel AOTI
-    compiles of the stage's buckets (the artifact is the same either way)."""
-    from filelock import FileLock
-
-    key = artifact_key(spec, desc, device)
-    root = cache / key
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root) + ".lock"):
-        return _build_or_reuse_locked(spec, desc, device, root, key, verify, package_cache, jobs)
-
-
-def _build_or_reuse_locked(spec, desc: dict, device: torch.device, root: Path, key: str, verify: bool,
-                           package_cache: Path | None = None, jobs: int = 1) -> tuple[Path, dict]:
-    from ttsaot.builder.build import build_family
-
-    path = root / spec.family
-    done = root / ".done"
-    if done.is_file() and (path / "manifest.json").is_file():
-        return path, {"cache_key": key, "cached": True, "seconds": 0.0}
-    t0 = time.time()
-    res = build_family(
-        spec.family,
-        [spec],
-        root,
-        device=device,
-        seed=desc["seed"],
-        preset=desc["preset"],
-        verify_in_subprocess=verify,
-        keep_existing_stages=False,
-        cache_dir=package_cache,
-        jobs=jobs,
-    )
-    done.write_text(now_iso())
-    return res.path, {
-        "cache_key": key,
-        "cached": False,
-        "seconds": round(time.time() - t0, 2),
-        "verified_in_subprocess": verify,
-    }
-
-
-def same_program_as_auto(spec, kernels: str, device: torch.device) -> str | None:
-    """Why building the stage with `kernels` would only repeat the `auto` build, or None. On CUDA a stage without
-    kernel passes compiles the same program either way (only its manifest's `kernels` would differ): the second
-    build is skipped. (On CPU both resolve to inductor and share one cached artifact anyway.)"""
-    from ttsaot.builder.stage_spec import resolve_kernels
-
-    auto = resolve_kernels("auto", device, spec.cuda_auto_kernels)
-    if kernels == "auto" or resolve_kernels(kernels, device, spec.cuda_auto_kernels) == auto or spec.kernel_passes:
-        return None
-    return f"the stage has no kernel passes: kernels={kernels} builds the same program as kernels=auto ({auto})"
 
 
 # ------------------------------------------------------------------------------------------- memory
@@ -376,16 +297,59 @@ def run_cold_starts(res: dict, a, artifact: Path | None, spec, prim: dict[str, i
 
 
 # --------------------------------------------------------------------------------------------- worker
+@dataclass
+class StageRun:
+    """One stage's measurement in this process: the arguments, the result being written and what the phases
+    share (the spec, its buckets, their inputs, fp32 references and floors)."""
+
+    a: Any
+    device: torch.device
+    res: dict[str, Any]
+    warmup: int
+    reps: int
+    spec: Any = None
+    desc: dict[str, Any] = field(default_factory=dict)
+    axes: dict[str, tuple[int, ...]] | None = None
+    buckets: list[dict[str, int]] = field(default_factory=list)
+    inputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    refs: dict[str, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+    floors: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def save(self) -> None:
+        write_json(Path(self.a.result), self.res)
+
+
 def run_stage(a) -> dict:
+    """Measure one stage: describe it, its fp32 references and floors, build its artifacts, then each variant."""
     torch.set_grad_enabled(False)
-    device = torch.device(a.device)
-    if device.type == "cuda" and "CXX" not in os.environ and Path("/usr/bin/g++").exists():
-        os.environ["CXX"] = "/usr/bin/g++"  # before any compile (see bench/gpu_all.sh)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", 0)
-    out_path = Path(a.result)
+    device = cuda_device(a.device)   # before any compile: the compiler AOTI builds use on CUDA
     warmup, reps = (3, 10) if a.quick else (10, 50)
-    res: dict[str, Any] = {
+    run = StageRun(a, device, _new_result(a, device, warmup, reps), warmup, reps)
+    t_all = time.time()
+    run.save()
+    run.res["hardware"] = measure_hardware(device, quick=a.quick)
+    run.save()
+    _describe_stage(run)
+    original, rewritten, weight_bytes = _stage_modules(run)
+    _references_and_floors(run, original, weight_bytes)
+    built = _build_artifacts(run)
+    artifact, artifact_error = built.pop("auto", (None, "not built: no variant asked for it"))
+    ctx = VariantContext(family=a.family, stage=a.stage, spec=run.spec, device=device, original=original,
+                         rewritten=rewritten, artifact=artifact, artifact_error=artifact_error,
+                         compile_mode=a.compile_mode, other_artifacts=built)
+    prim = primary_sizes(run.spec)
+    for name in [v for v in a.variants if applies(v, run.spec)]:
+        if name in COMPILED:  # cold starts before the expensive compiles, so a budget cut spares them
+            run_cold_starts(run.res, a, artifact, run.spec, prim, run.save)
+        _run_variant(run, name, ctx, prim)
+    run_cold_starts(run.res, a, artifact, run.spec, prim, run.save)
+    run.res.update(status="ok", seconds=round(time.time() - t_all, 1), finished=now_iso())
+    run.save()
+    return run.res
+
+
+def _new_result(a, device: torch.device, warmup: int, reps: int) -> dict[str, Any]:
+    return {
         "schema": RESULTS_SCHEMA,
         "status": "running",
         "started": now_iso(),
@@ -402,85 +366,77 @@ def run_stage(a) -> dict:
         "notes": [],
     }
 
-    def save():
-        write_json(out_path, res)
 
-    t_all = time.time()
-    save()
-    res["hardware"] = measure_hardware(device, quick=a.quick)
-    save()
-
-    axes = json.loads(a.axes) if a.axes else None
-    spec, desc = make_spec(a.family, a.stage, a.preset, seed=a.seed, axes=axes, dtype=a.dtype)
-    res["stage"] = {
-        **desc,
-        "inputs": spec.inputs,
-        "outputs": spec.outputs,
-        "metadata": spec.metadata,
-        "tolerance": spec.tolerance,
-    }
+def _describe_stage(run: StageRun) -> None:
+    """The spec at the bench buckets (bench/specs.py) and what the JSON says about it."""
+    a = run.a
+    run.axes = json.loads(a.axes) if a.axes else None
+    run.spec, run.desc = make_spec(a.family, a.stage, a.preset, seed=a.seed, axes=run.axes, dtype=a.dtype)
+    spec = run.spec
+    run.res["stage"] = {**run.desc, "inputs": spec.inputs, "outputs": spec.outputs, "metadata": spec.metadata,
+                        "tolerance": spec.tolerance}
     if spec.kind == "codebook_predictor":
-        res["notes"].append(
+        run.res["notes"].append(
             "codebook_predictor: the plain stage call is timed; `generate()` is that call plus "
             "drawing the noise and building the per-row sampling tensors"
         )
     if spec.kind in ("lm_step", "lm_prefill"):
-        res["notes"].append(
+        run.res["notes"].append(
             f"{spec.kind}: ttsaot variants are timed through the serving API (`step`/`prefill` "
             "with a runtime-owned KVCache, graphs per cache on CUDA); eager/compile variants "
             "call the module with the cache tensors as inputs (written in place)"
         )
-    save()
+    run.save()
 
-    from ttsaot.builder.passes import count_parameters
 
+def _stage_modules(run: StageRun) -> tuple[torch.nn.Module, torch.nn.Module, int]:
+    """(the faithful fp32 module, the module after the stage's passes, weight bytes in the compute dtype); the
+    parameter counts go into the result."""
+    from ttsaot.builder.build import prepare_modules
+    from ttsaot.builder.passes import cast_to_compute_dtype, count_parameters
+
+    spec = run.spec
     t0 = time.time()
-    original = spec.make_module().eval()
-    res["make_module_s"] = round(time.time() - t0, 2)
-    rewritten = copy.deepcopy(original)
-    pass_reports = [p(rewritten) for p in spec.passes]
-    from ttsaot.builder.passes import cast_to_compute_dtype
-
+    original, rewritten, pass_reports = prepare_modules(spec)   # the builder's own start (kernels="inductor")
+    run.res["make_module_s"] = round(time.time() - t0, 2)   # the module and its passes
     cast = cast_to_compute_dtype(copy.deepcopy(rewritten), spec.dtype)
-    res["params"] = {
+    run.res["params"] = {
         "faithful_fp32": count_parameters(original),
         "after_passes_fp32": count_parameters(rewritten),
         "after_passes_compute_dtype": count_parameters(cast),
         "pass_reports": pass_reports,
     }
-    weight_bytes = state_bytes(cast)
-    del cast
+    return original, rewritten, state_bytes(cast)
 
-    buckets = spec.plan.buckets()
-    inputs = {
-        key_of(s): make_bucket_inputs(spec, s, a.seed * 1000 + i, device) for i, s in enumerate(buckets)
-    }
 
-    # fp32 reference of the faithful module on the same device (TF32 off), and the floor of each bucket.
-    refs, floors = {}, {}
+def _references_and_floors(run: StageRun, original: torch.nn.Module, weight_bytes: int) -> None:
+    """Inputs of every bench bucket, the fp32 reference of the faithful module on the same device (TF32 off) and
+    the hardware floor of each bucket."""
+    spec, device, seed = run.spec, run.device, run.a.seed
+    run.buckets = spec.plan.buckets()
+    run.inputs = {key_of(s): make_bucket_inputs(spec, s, seed * 1000 + i, device) for i, s in enumerate(run.buckets)}
     prev = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     ref_mod = copy.deepcopy(original).to(device)
-    for s in buckets:
-        k = key_of(s)
-        refs[k] = tuple(o.detach() for o in as_tuple(ref_mod(*inputs[k])))
+    for k, xs in run.inputs.items():
+        run.refs[k] = tuple(o.detach() for o in as_tuple(ref_mod(*xs)))
     del ref_mod
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev
-    for s in buckets:
-        k = key_of(s)
-        fl = count_flops(original, [x.cpu() for x in inputs[k]])
-        io = sum(x.numel() * x.element_size() for x in inputs[k]) + out_bytes(spec, refs[k])
-        floors[k] = {
-            **floor_for(fl["flops"], weight_bytes, io, res["hardware"]),
-            "flops_method": fl["method"],
-        }
+    for k, xs in run.inputs.items():
+        fl = count_flops(original, [x.cpu() for x in xs])
+        io = sum(x.numel() * x.element_size() for x in xs) + out_bytes(spec, run.refs[k])
+        run.floors[k] = {**floor_for(fl["flops"], weight_bytes, io, run.res["hardware"]), "flops_method": fl["method"]}
         if fl.get("errors"):
-            floors[k]["flops_errors"] = fl["errors"]
-    res["buckets"] = [{"key": key_of(s), "sizes": s} for s in buckets]
-    res["floor"] = floors
-    save()
+            run.floors[k]["flops_errors"] = fl["errors"]
+    run.res["buckets"] = [{"key": key_of(s), "sizes": s} for s in run.buckets]
+    run.res["floor"] = run.floors
+    run.save()
 
-    # the artifacts: kernels as resolved (auto) for ttsaot_graph/_nograph, and each other choice a variant asks for
+
+def _build_artifacts(run: StageRun) -> dict[str, tuple[Path | None, str | None]]:
+    """kernels choice → (artifact, why not): `auto` for ttsaot_graph/_nograph and each other choice a variant asks
+    for, built or reused through bench/artifacts.py."""
+    a, spec, device, res = run.a, run.spec, run.device, run.res
     built: dict[str, tuple[Path | None, str | None]] = {}
     for kernels in dict.fromkeys(VARIANT_KERNELS[v] for v in a.variants if v in TTSAOT):
         key = "build" if kernels == "auto" else f"build_{kernels}"
@@ -490,8 +446,8 @@ def run_stage(a) -> dict:
             res[key] = {"kernels": kernels, "skipped": why}
             continue
         try:
-            k_spec, k_desc = (spec, desc) if kernels == "auto" else make_spec(
-                a.family, a.stage, a.preset, seed=a.seed, axes=axes, dtype=a.dtype, kernels=kernels)
+            k_spec, k_desc = (spec, run.desc) if kernels == "auto" else make_spec(
+                a.family, a.stage, a.preset, seed=a.seed, axes=run.axes, dtype=a.dtype, kernels=kernels)
             with time_box(a.build_budget, f"artifact build (kernels={kernels})"):
                 path, info = build_or_reuse(k_spec, k_desc, device, Path(a.cache_dir), a.verify_build)
             built[kernels] = (path, None)
@@ -500,147 +456,134 @@ def run_stage(a) -> dict:
             built[kernels] = (None, short_error(e))
             res[key] = {"kernels": kernels, "error": built[kernels][1]}
             traceback.print_exc()
-        save()
-    artifact, artifact_error = built.pop("auto", (None, "not built: no variant asked for it"))
+        run.save()
+    return built
 
-    ctx = VariantContext(
-        family=a.family,
-        stage=a.stage,
-        spec=spec,
-        device=device,
-        original=original,
-        rewritten=rewritten,
-        artifact=artifact,
-        artifact_error=artifact_error,
-        compile_mode=a.compile_mode,
-        other_artifacts=built,
-    )
-    prim = primary_sizes(spec)
-    batchable = "batch" in spec.plan.axes
-    for name in [v for v in a.variants if applies(v, spec)]:
-        if name in COMPILED:  # cold starts before the expensive compiles, so a budget cut spares them
-            run_cold_starts(res, a, artifact, spec, prim, save)
-        rec: dict[str, Any] = {"status": "running"}
-        res["variants"][name] = rec
-        save()
+
+def _run_variant(run: StageRun, name: str, ctx: VariantContext, prim: dict[str, int]) -> None:
+    """One variant in its time box: setup, every bucket, then streaming and throughput where asked; whatever
+    happens is recorded under res["variants"][name]."""
+    a, device = run.a, run.device
+    rec: dict[str, Any] = {"status": "running"}
+    run.res["variants"][name] = rec
+    run.save()
+    v = None
+    try:
+        budget = a.compile_budget if name in COMPILED else a.variant_budget
+        deadline = time.time() + budget if budget else None
+        base = mem_reset(device)
+        t0 = time.time()
+        with time_box(budget, f"{name} setup"):
+            v = make_variant(name, ctx)
+            v.setup()
+        rec["setup_s"] = round(time.time() - t0, 3)
+        if hasattr(v, "upstream_name"):
+            rec["upstream"] = v.upstream_name
+        if hasattr(v, "built_kernels"):
+            rec["kernels"] = v.built_kernels   # the manifest's StageEntry.kernels
+        rec["memory"] = mem_delta(base, device, "after_setup")
+        wb = v.weight_bytes()
+        if wb is not None:
+            rec["weight_mib"] = round(wb / MIB, 2)
+        rec["buckets"] = {}
+        for s in run.buckets:
+            rec["buckets"][key_of(s)] = _measure_bucket(run, v, s, budget, deadline)
+            run.save()
+        rec["memory"].update(mem_delta(base, device, "after_buckets"))
+        if getattr(v, "api", None):
+            rec["api"] = v.api
+        if name in a.stream_variants and run.spec.kind == "codec_decoder":
+            _streaming(run, v, rec, budget, deadline)
+        if name in a.throughput_variants and "batch" in run.spec.plan.axes:
+            _throughput(run, v, rec, budget, deadline, prim)
+        rec["status"] = "ok"
+    except Skipped as e:
+        rec.update(status="skipped", reason=str(e))
+    except torch.cuda.OutOfMemoryError as e:
+        rec.update(status="failed", reason=f"OOM: {short_error(e)}")
+    except Exception as e:  # noqa: BLE001
+        rec.update(status="failed", reason=short_error(e))
+        traceback.print_exc()
+    finally:
+        if v is not None:
+            try:
+                v.close()
+            except Exception:  # noqa: BLE001
+                pass
         v = None
-        try:
-            budget = a.compile_budget if name in COMPILED else a.variant_budget
-            deadline = time.time() + budget if budget else None
-            base = mem_reset(device)
-            t0 = time.time()
-            with time_box(budget, f"{name} setup"):
-                v = make_variant(name, ctx)
-                v.setup()
-            rec["setup_s"] = round(time.time() - t0, 3)
-            if hasattr(v, "upstream_name"):
-                rec["upstream"] = v.upstream_name
-            if hasattr(v, "built_kernels"):
-                rec["kernels"] = v.built_kernels   # the manifest's StageEntry.kernels
-            rec["memory"] = mem_delta(base, device, "after_setup")
-            wb = v.weight_bytes()
-            if wb is not None:
-                rec["weight_mib"] = round(wb / MIB, 2)
-            rec["buckets"] = {}
-            for s in buckets:
-                k = key_of(s)
-                t0 = time.time()
-                left = (deadline - time.time()) if deadline else None
-                if left is not None and left <= 0:
-                    raise BudgetExceeded(f"{name} exceeded its {budget:.0f} s budget before bucket {k}")
-                with time_box(left, f"{name} prepare {k}"):
-                    fn = v.prepare(s, inputs[k])
-                    out = fn(inputs[k])
-                sync(device)
-                b: dict[str, Any] = {"prepare_s": round(time.time() - t0, 3)}
-                b["rel_err_vs_fp32"] = parity(out, refs[k])
-                if name.startswith("upstream") and spec.kind == "lm_step" and s.get("batch", 1) > 1:
-                    # upstream steps a batch in lockstep (one position for all rows) while the bench's rows sit at
-                    # random positions: same work (it attends over the whole cache under a mask), other numbers
-                    b["rel_err_vs_fp32"] = None
-                    b["parity_note"] = "upstream decodes rows in lockstep (row 0's position): not comparable"
-                del out
-                b.update(time_fn(lambda fn=fn, xs=inputs[k]: fn(xs), device, warmup, reps))
-                if floors[k]["ms"] > 0:
-                    b["x_floor"] = b["ms"] / floors[k]["ms"]
-                if name == "ttsaot_graph":
-                    v.stage.validate_inputs = False
-                    b["ms_without_input_validation"] = time_fn(
-                        lambda fn=fn, xs=inputs[k]: fn(xs), device, warmup, reps
-                    )["ms"]
-                    v.stage.validate_inputs = True
-                rec["buckets"][k] = b
-                save()
-            rec["memory"].update(mem_delta(base, device, "after_buckets"))
-            if getattr(v, "api", None):
-                rec["api"] = v.api
-            if name in a.stream_variants and spec.kind == "codec_decoder":
-                try:
-                    left = (deadline - time.time()) if deadline else None
-                    if left is not None and left <= 0:
-                        raise BudgetExceeded(
-                            f"{name}: its {budget:.0f} s budget was used up before streaming"
-                        )
-                    with time_box(left, f"{name} streaming"):
-                        rec["streaming"] = measure_streaming(
-                            v, spec, device, a.stream_seconds, 2 if a.quick else 5, a.seed
-                        )
-                except Skipped as e:
-                    rec["streaming"] = {"skipped": str(e)}
-                except Exception as e:  # noqa: BLE001
-                    rec["streaming"] = {"error": short_error(e)}
-                    traceback.print_exc()
-                save()
-            if name in a.throughput_variants and batchable:
-                left = (deadline - time.time()) if deadline else None
-                try:
-                    if left is not None and left <= 0:
-                        raise BudgetExceeded(
-                            f"{name}: its {budget:.0f} s budget was used up before throughput"
-                        )
-                    rec["throughput"] = []
-                    with time_box(left, f"{name} throughput"):
-                        measure_throughput(
-                            v,
-                            spec,
-                            device,
-                            a.throughput_batches,
-                            warmup,
-                            max(5, reps // 2),
-                            a.seed,
-                            prim,
-                            rec["throughput"],
-                        )
-                except Skipped as e:
-                    rec["throughput_skipped"] = str(e)
-                save()
-            rec["status"] = "ok"
-        except Skipped as e:
-            rec.update(status="skipped", reason=str(e))
-        except torch.cuda.OutOfMemoryError as e:
-            rec.update(status="failed", reason=f"OOM: {short_error(e)}")
-        except Exception as e:  # noqa: BLE001
-            rec.update(status="failed", reason=short_error(e))
-            traceback.print_exc()
-        finally:
-            if v is not None:
-                try:
-                    v.close()
-                except Exception:  # noqa: BLE001
-                    pass
-            v = None
-            mem_reset(device)
-        print(
-            f"[bench] {a.family}/{a.stage} {name}: {rec['status']} "
-            f"{rec.get('reason', '') or {k: round(b['ms'], 3) for k, b in rec.get('buckets', {}).items()}}",
-            file=sys.stderr,
-            flush=True,
-        )
-        save()
+        mem_reset(device)
+    print(
+        f"[bench] {a.family}/{a.stage} {name}: {rec['status']} "
+        f"{rec.get('reason', '') or {k: round(b['ms'], 3) for k, b in rec.get('buckets', {}).items()}}",
+        file=sys.stderr,
+        flush=True,
+    )
+    run.save()
 
-    run_cold_starts(res, a, artifact, spec, prim, save)
-    res["status"] = "ok"
-    res["seconds"] = round(time.time() - t_all, 1)
-    res["finished"] = now_iso()
-    save()
-    return res
+
+def _left(budget: float | None, deadline: float | None, what: str) -> float | None:
+    """Seconds left of the variant's budget before `what`, or None without a budget."""
+    if deadline is None:
+        return None
+    left = deadline - time.time()
+    if left <= 0:
+        raise BudgetExceeded(f"{what}: its {budget:.0f} s budget was used up")
+    return left
+
+
+def _measure_bucket(run: StageRun, v, s: dict[str, int], budget: float | None,
+                    deadline: float | None) -> dict[str, Any]:
+    """Prepare the variant for one bucket, check its outputs against the fp32 reference, time it."""
+    name, device, spec = v.name, run.device, run.spec
+    k = key_of(s)
+    xs = run.inputs[k]
+    t0 = time.time()
+    if deadline is not None and deadline - time.time() <= 0:
+        raise BudgetExceeded(f"{name} exceeded its {budget:.0f} s budget before bucket {k}")
+    with time_box((deadline - time.time()) if deadline else None, f"{name} prepare {k}"):
+        fn = v.prepare(s, xs)
+        out = fn(xs)
+    sync(device)
+    b: dict[str, Any] = {"prepare_s": round(time.time() - t0, 3)}
+    b["rel_err_vs_fp32"] = parity(out, run.refs[k])
+    if name.startswith("upstream") and spec.kind == "lm_step" and s.get("batch", 1) > 1:
+        # upstream steps a batch in lockstep (one position for all rows) while the bench's rows sit at random
+        # positions: same work (it attends over the whole cache under a mask), other numbers
+        b["rel_err_vs_fp32"] = None
+        b["parity_note"] = "upstream decodes rows in lockstep (row 0's position): not comparable"
+    del out
+    b.update(time_fn(lambda: fn(xs), device, run.warmup, run.reps))
+    if run.floors[k]["ms"] > 0:
+        b["x_floor"] = b["ms"] / run.floors[k]["ms"]
+    if name == "ttsaot_graph":
+        v.stage.validate_inputs = False
+        b["ms_without_input_validation"] = time_fn(lambda: fn(xs), device, run.warmup, run.reps)["ms"]
+        v.stage.validate_inputs = True
+    return b
+
+
+def _streaming(run: StageRun, v, rec: dict[str, Any], budget: float | None, deadline: float | None) -> None:
+    try:
+        left = _left(budget, deadline, f"{v.name} before streaming")
+        with time_box(left, f"{v.name} streaming"):
+            rec["streaming"] = measure_streaming(v, run.spec, run.device, run.a.stream_seconds,
+                                                 2 if run.a.quick else 5, run.a.seed)
+    except Skipped as e:
+        rec["streaming"] = {"skipped": str(e)}
+    except Exception as e:  # noqa: BLE001
+        rec["streaming"] = {"error": short_error(e)}
+        traceback.print_exc()
+    run.save()
+
+
+def _throughput(run: StageRun, v, rec: dict[str, Any], budget: float | None, deadline: float | None,
+                prim: dict[str, int]) -> None:
+    try:
+        left = _left(budget, deadline, f"{v.name} before throughput")
+        rec["throughput"] = []
+        with time_box(left, f"{v.name} throughput"):
+            measure_throughput(v, run.spec, run.device, run.a.throughput_batches, run.warmup,
+                               max(5, run.reps // 2), run.a.seed, prim, rec["throughput"])
+    except Skipped as e:
+        rec["throughput_skipped"] = str(e)
+    run.save()

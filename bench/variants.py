@@ -12,7 +12,7 @@ capture for that shape) and returns a callable taking the stage inputs in the St
 | ttsaot_graph      | the built artifact, `load(...)` (AOTI + CUDA graph per bucket)                        |
 | ttsaot_inductor   | `ttsaot_graph` of the same stage built with kernels="inductor" (Inductor's own code   |
 |                   | where the other two run the kernel layer: `--kernels auto` is ttsaot on CUDA);        |
-|                   | skipped on CUDA for a stage without kernel passes (bench/stage.py same_program_as_auto)|
+|                   | skipped on CUDA for a stage without kernel passes (artifacts.same_program_as_auto)    |
 | upstream_eager    | the upstream implementation with the same random weights, cast to the stage dtype     |
 | upstream_compile  | upstream + torch.compile(max-autotune-no-cudagraphs) + manual CUDA graph              |
 | loop_eager_host   | codebook predictors: eager forward per codebook step (KV cache) + eager sampling +   |
@@ -205,7 +205,7 @@ class TtsaotVariant(Variant):
         self.built_kernels = self.stage.entry.kernels   # what the manifest says the build ran
 
     def weight_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.stage._weights.values())
+        return self.stage.weight_bytes
 
     def prepare(self, sizes, inputs):
         st = self.stage

@@ -231,6 +231,16 @@ def parse_formats(value: str | tuple[str, ...] | list[str] | None) -> tuple[str,
     return tuple(f for f in FORMATS if f in items)
 
 
+def prepare_modules(spec: StageSpec, kernels: str = "inductor") -> tuple[torch.nn.Module, torch.nn.Module, list]:
+    """The start of every stage build: (the faithful module, a copy rewritten by the stage's passes, and the kernel
+    passes when `kernels` is "ttsaot", the pass reports), both fp32 on the CPU. The bench measures these same
+    modules eagerly."""
+    original = spec.make_module().eval()
+    rewritten = copy.deepcopy(original)
+    passes = spec.passes + (spec.kernel_passes if kernels == "ttsaot" else [])
+    return original, rewritten, [p(rewritten) for p in passes]
+
+
 def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, reporter: Reporter,
                 extra_inductor_options: dict | None = None, formats: tuple[str, ...] = ("aoti",),
                 cache: PackageCache | None = None, jobs: int = 1) -> StageEntry:
@@ -240,12 +250,9 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
         raise BuildError(f"{spec.name}: this stage is fp32 only (numerics policy), refusing {spec.dtype}")
     inputs_spec = _io_specs(spec.inputs, f"{spec.name}.inputs")
     outputs_spec = _io_specs(spec.outputs, f"{spec.name}.outputs")
-    original = spec.make_module().eval()
-    before = count_parameters(original)
-    rewritten = copy.deepcopy(original)
     kernels = spec.kernels_on(device)
-    passes = spec.passes + (spec.kernel_passes if kernels == "ttsaot" else [])
-    pass_reports = [p(rewritten) for p in passes]
+    original, rewritten, pass_reports = prepare_modules(spec, kernels)
+    before = count_parameters(original)
 
     # Golden inputs and the fp32 eager reference of the ORIGINAL faithful module.
     golden: dict[str, torch.Tensor] = {}

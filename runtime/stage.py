@@ -269,6 +269,11 @@ class Stage:
     def buckets(self) -> list[dict[str, int]]:
         return [dict(b.sizes) for b in self.entry.buckets]
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights this stage holds on its device (tensors shared with another stage count in each)."""
+        return sum(t.numel() * t.element_size() for t in self._weights.values())
+
     def __call__(self, *args, **kwargs):
         named = self._bind(args, kwargs)
         sizes = self._validate(named)

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
+from bench.artifacts import artifact_key
 from bench.prebuild import parse_target
 from bench.specs import make_spec
-from bench.stage import artifact_key
 
 
 def test_targets_parse_and_bad_ones_are_refused():
@@ -36,7 +36,7 @@ def test_a_second_kernel_choice_is_built_only_where_it_changes_the_program():
 
     import torch
 
-    from bench.stage import same_program_as_auto
+    from bench.artifacts import same_program_as_auto
 
     spec, _ = make_spec("voxcpm2", "residual_lm_step", "tiny")
     cuda, cpu = torch.device("cuda"), torch.device("cpu")

@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from bench.common import Skipped
-from bench.predictor_loops import LoopCompileGraphVariant, LoopEagerHostVariant, PredictorLoop, PredictorSteps
+from bench.predictor_loops import (
+    LoopCompileGraphVariant,
+    LoopEagerHostVariant,
+    PredictorLoop,
+    PredictorSteps,
+    adapter_for,
+)
 from bench.variants import VariantContext, make_variant
 
 CPU = torch.device("cpu")
@@ -125,7 +131,7 @@ def test_graph_plumbing_matches_stage(ctx):
 
 def test_one_new_position_per_step(ctx):
     """No re-prefill: step 1 decodes positions 0 and 1, every later step one position with the cache."""
-    steps = PredictorSteps(ctx.rewritten)
+    steps = PredictorSteps(adapter_for(ctx, ctx.rewritten))
     xs = _inputs(ctx, 2, 0, "mixed")
     loop = PredictorLoop(steps, ctx.spec.input_names, 2, CPU)
     widths = []

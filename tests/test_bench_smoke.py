@@ -151,8 +151,8 @@ def test_chunk_schedule_and_time_box():
 def test_artifact_cache_key_follows_the_build_options():
     import torch
 
+    from bench.artifacts import artifact_key
     from bench.specs import make_spec
-    from bench.stage import artifact_key
 
     cpu = torch.device("cpu")
     a, da = make_spec("qwen3-tts-12hz", "code2wav", "tiny", dtype="fp32")

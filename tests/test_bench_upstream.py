@@ -1,5 +1,5 @@
-"""bench/upstream.py: every wired upstream module, built from our faithful tiny module, computes the stage's
-outputs from the stage's inputs (fp32, CPU) — and what it runs is upstream code, not ours."""
+"""bench/upstream.py + bench/families/: every wired upstream module, built from our faithful tiny module, computes
+the stage's outputs from the stage's inputs (fp32, CPU) — and what it runs is upstream code, not ours."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ import pytest
 import torch
 
 from bench.common import Skipped
+from bench.families import MODULES, bench_family
+from bench.families.voxcpm2 import VoxCPMLMStep
 from bench.specs import make_spec
 from bench.stage import make_bucket_inputs, parity
-from bench.upstream import UPSTREAM, VoxCPMLMStep, import_module_alone, upstream_module
+from bench.upstream import import_module_alone, upstream_module
 
 CPU = torch.device("cpu")
 LM_STEPS = [("voxcpm2", "base_lm_step"), ("voxcpm2", "residual_lm_step")]
+UPSTREAM = [(family, stage) for family in MODULES for stage in bench_family(family).upstream]
 
 
 def _build(family: str, stage: str, axes: dict | None = None):

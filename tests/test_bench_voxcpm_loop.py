@@ -1,4 +1,4 @@
-"""`python -m bench voxcpm-loop` (bench/voxcpm_loop.py) on CPU with the tiny preset: the command's core end to end
+"""`python -m bench voxcpm-loop` (bench/families/voxcpm2_loop.py) on CPU with the tiny preset: the command's core
 (build → ttsaot decode loop timings → VAE → first step in a fresh process → the upstream `voxcpm` loop with the
 same weights, parity), its JSON, its BENCHMARKS.md section, and the budget / failure paths that the one GPU run
 relies on. CPU numbers are not publishable: the test checks the fields, the parity and the recorded reasons.
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from bench.common import BudgetExceeded, Skipped
-from bench.voxcpm_loop import RESULT_NAME, LoopRun, LoopSettings, _spawn_child, failure
+from bench.families.voxcpm2_loop import RESULT_NAME, LoopRun, LoopSettings, _spawn_child, failure
 
 from .conftest import CACHE
 
@@ -98,7 +98,7 @@ def test_upstream_first_step_process_detects_the_eager_fallback(loop_run):
     _, res, _ = loop_run
     if _upstream_missing(res):
         pytest.skip(_upstream_missing(res))
-    from bench.voxcpm_loop import upstream_config
+    from bench.families.voxcpm2_loop import upstream_config
 
     s = LoopSettings(device="cpu", preset="tiny")
     cfg = {"device": "cpu", "dtype": "float32", "batch": 1, "context": 8, "seed": 0, "timesteps": 2,
@@ -185,7 +185,7 @@ def test_cli_is_registered_and_parses(capsys):
     import argparse
 
     from bench.__main__ import main
-    from bench.voxcpm_loop import add_parser, settings_from_args
+    from bench.families.voxcpm2_loop import add_parser, settings_from_args
 
     with pytest.raises(SystemExit) as e:
         main(["voxcpm-loop", "--help"])

@@ -170,3 +170,11 @@ def test_every_package_call_runs_with_the_stage_threads(qwen_tiny_fp32, threads)
 def test_bad_cpu_threads_is_refused_before_loading(tmp_path):
     with pytest.raises(ValueError, match="cpu_threads"):
         load(tmp_path, cpu_threads=0)
+
+
+def test_weight_bytes_counts_the_stage_weights_file(qwen_tiny_fp32):
+    from safetensors.torch import load_file
+
+    stage = load(qwen_tiny_fp32)["code2wav"]
+    stored = load_file(str(qwen_tiny_fp32 / stage.entry.weights.file))
+    assert stage.weight_bytes == sum(t.numel() * t.element_size() for t in stored.values()) > 0

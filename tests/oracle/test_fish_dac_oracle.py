@@ -10,7 +10,7 @@ and, unlike `fish_speech.models.dac`, need torch only. The upstream module is bu
 import pytest
 import torch
 
-from bench.upstream import FISH_DAC_PKG, fish_dac_upstream
+from bench.families.fish_s2_pro import FISH_DAC_PKG, fish_dac_upstream
 from ttsaot.builder.families.fish_s2_pro import checkpoint as fck
 from ttsaot.builder.families.fish_s2_pro import config as fcfg
 from ttsaot.builder.families.fish_s2_pro import stages as fst

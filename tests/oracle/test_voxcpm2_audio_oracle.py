@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from bench.upstream import voxcpm_audio_vae, voxcpm_cfm, voxcpm_local_encoder
+from bench.families.voxcpm2 import voxcpm_audio_vae, voxcpm_cfm, voxcpm_local_encoder
 from ttsaot.builder.families.voxcpm2 import FAMILY as VOX
 from ttsaot.builder.families.voxcpm2 import audio as va
 from ttsaot.builder.families.voxcpm2 import checkpoint as vck

@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from bench.upstream import voxcpm_fsq, voxcpm_minicpm, voxcpm_module
+from bench.families.voxcpm2 import voxcpm_fsq, voxcpm_minicpm, voxcpm_module
 from ttsaot.builder.families.voxcpm2 import checkpoint as vck
 from ttsaot.builder.families.voxcpm2 import config as vcfg
 from ttsaot.builder.families.voxcpm2 import lm as vlm

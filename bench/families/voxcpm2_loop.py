@@ -3,7 +3,7 @@
 One process measures, for the `voxcpm2` family at a preset (full on CUDA, tiny on CPU), per batch:
 
 * **ttsaot**: the decode-loop artifacts (`base_lm_step`, `residual_lm_step`, `locdit`, `local_encoder`,
-  `vae_decoder`, built or reused through `bench.stage.build_or_reuse`) driven as `VoxCPM2Decoder` drives them:
+  `vae_decoder`, built or reused through `bench.artifacts.build_or_reuse`) driven as `VoxCPM2Decoder` drives them:
   per step `locdit` → `local_encoder` (PatchGenerator) → read the stop flags on the host → `base_lm_step` →
   `residual_lm_step`. Median ms per step (CUDA events), each stage alone, and `VoxCPM2Decoder.stream` end to
   end (VAE every 3 steps included); the VAE decoding 12 new frames with its left context; RTF = compute time
@@ -52,7 +52,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +60,14 @@ import torch
 
 from ttsaot.runtime.dtypes import SHORT_DTYPE_NAMES, dtype_name
 
-from .common import (
+from ..common import (
     REPO,
     BudgetExceeded,
     Skipped,
     device_info,
+    failure,
     git_commit,
+    ints,
     now_iso,
     rel_err,
     short_error,
@@ -134,10 +136,10 @@ class LoopSettings:
 
 # ------------------------------------------------------------------------------------------------ specs
 def loop_spec(stage: str, s: LoopSettings):
-    """(StageSpec, desc) of one decode-loop stage. Exactly `bench.specs.make_spec` (same artifact cache key as
-    `python -m bench run`) unless the loop needs another max_len or CFM step count than make_spec gives; then
-    the family options are rebuilt with those overrides (recorded in desc, so the cache key differs)."""
-    from .specs import BENCH_DEFAULTS, DTYPES, family_module, make_spec
+    """(StageSpec, desc) of one decode-loop stage: `bench.specs.make_spec` (same artifact cache key as
+    `python -m bench run`), with the loop's max_len or CFM step count where they differ from the bench's
+    (recorded in desc, so the cache key differs)."""
+    from ..specs import make_spec
 
     axes = {"batch": (1,), "frames": (vae_window(),)} if stage == "vae_decoder" else {"batch": s.buckets}
     spec, desc = make_spec(FAMILY, stage, s.preset, seed=s.seed, axes=axes, dtype=s.dtype)
@@ -148,17 +150,8 @@ def loop_spec(stage: str, s: LoopSettings):
         over["n_timesteps"] = s.timesteps
     if not over:
         return spec, desc
-    kw: dict[str, Any] = {"preset": s.preset, "seed": s.seed, "batch_buckets": axes["batch"]}
-    if s.dtype:
-        kw["dtype"] = DTYPES[s.dtype]
-    if "frames" in axes:
-        kw["frame_buckets"] = axes["frames"]
-    kw.update(BENCH_DEFAULTS.get((FAMILY, stage), {}).get(s.preset, {}).get("options", {}))
-    kw.update(over)
-    fam = family_module(FAMILY)
-    rebuilt = fam.specs(fam.options(**kw), [stage])[0]
-    desc = {**desc, "options": {k: repr(v) for k, v in kw.items()}, "loop_overrides": over}
-    return replace(rebuilt, plan=spec.plan), desc
+    spec, desc = make_spec(FAMILY, stage, s.preset, seed=s.seed, axes=axes, dtype=s.dtype, options=over)
+    return spec, {**desc, "loop_overrides": over}
 
 
 def vae_window() -> int:
@@ -413,7 +406,7 @@ def _drop_stubbed_subpackages(top: str = "voxcpm.modules") -> None:
 def import_upstream():
     """(voxcpm.model.voxcpm2 module, notes). Raises Skipped('unavailable: ...') when it cannot be imported.
     Only `voxcpm` and `voxcpm.model` stay stubs: their __init__ files pull the v1 model's torchaudio stack."""
-    from .upstream import import_module_alone
+    from ..upstream import import_module_alone
 
     notes = prepare_upstream_imports()
     if "voxcpm.model.voxcpm2" not in sys.modules:
@@ -556,12 +549,12 @@ def loop_parity(model, dec, batch: int, s: LoopSettings, n_timesteps: int, cfg_v
 
 # ------------------------------------------------------------------------------------------- first step
 def _spawn_child(args: list[str], timeout: float, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
-    """`python -m bench.voxcpm_loop <args>` in its own session (a timeout kills it and its compile workers);
+    """`python -m bench.families.voxcpm2_loop <args>` in its own session (a timeout kills it and its compile workers);
     its last JSON line is the result. t_spawn = process start, as the child sees it."""
     env = dict(os.environ, **(extra_env or {}))
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     t_spawn = time.time()
-    cmd = [sys.executable, "-m", "bench.voxcpm_loop", *args, "--t-spawn", repr(t_spawn)]
+    cmd = [sys.executable, "-m", "bench.families.voxcpm2_loop", *args, "--t-spawn", repr(t_spawn)]
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                 cwd=str(REPO), start_new_session=True)
@@ -678,7 +671,7 @@ class LoopRun:
         self._our_sd: dict[str, torch.Tensor] | None = None
 
     def _skeleton(self) -> dict[str, Any]:
-        from . import RESULTS_SCHEMA
+        from .. import RESULTS_SCHEMA
 
         res: dict[str, Any] = {}
         if self.s.merge and self.path.is_file():
@@ -738,7 +731,7 @@ class LoopRun:
 
     # ---------------------------------------------------------------------------- phases
     def build(self) -> dict[str, Any]:
-        from .stage import build_or_reuse
+        from ..artifacts import build_or_reuse
 
         out: dict[str, Any] = {}
         for name in LOOP_STAGES:
@@ -938,18 +931,6 @@ class LoopRun:
         return self.res
 
 
-def failure(e: BaseException) -> dict[str, Any]:
-    """A recorded reason: skipped (cannot run here), timeout (over a budget), OOM, or failed."""
-    msg = str(e)
-    if isinstance(e, BudgetExceeded) or "exceeded its" in msg:
-        return {"status": "timeout", "reason": msg.splitlines()[0][:400] if msg else "over its budget"}
-    if isinstance(e, Skipped):
-        return {"status": "skipped", "reason": msg}
-    if isinstance(e, torch.cuda.OutOfMemoryError):
-        return {"status": "failed", "reason": f"OOM: {short_error(e)}"}
-    return {"status": "failed", "reason": short_error(e)}
-
-
 def _free(device: torch.device) -> None:
     import gc
 
@@ -983,18 +964,14 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------------- CLI
-def _ints(value: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in value.split(",") if v.strip())
-
-
 def add_parser(sub) -> argparse.ArgumentParser:
     """`python -m bench voxcpm-loop` (registered by bench/__main__.py)."""
     p = sub.add_parser("voxcpm-loop", help="VoxCPM2 decode loop per step: ttsaot vs upstream voxcpm (issue 6)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--preset", default=None, help="full (default on CUDA) or tiny (default on CPU)")
     p.add_argument("--dtype", default=None, choices=list(SHORT_DTYPE_NAMES), help="default: stage dtypes; CPU fp32")
-    p.add_argument("--batches", type=_ints, default=None, help="default 1,16 (tiny: 1,2)")
-    p.add_argument("--buckets", type=_ints, default=None, help="batch buckets built (default: the batches)")
+    p.add_argument("--batches", type=ints, default=None, help="default 1,16 (tiny: 1,2)")
+    p.add_argument("--buckets", type=ints, default=None, help="batch buckets built (default: the batches)")
     p.add_argument("--max-len", type=int, default=512, help="KV cache length (the context both loops attend over)")
     p.add_argument("--context", type=int, default=None, help="prefilled positions before timing (max_len/4)")
     p.add_argument("--timesteps", type=int, default=None, help="CFM Euler steps (default: the stage's, 10)")
@@ -1021,8 +998,9 @@ def settings_from_args(a) -> LoopSettings:
     cuda = device.startswith("cuda")
     preset = a.preset or ("full" if cuda else "tiny")
     dtype = a.dtype or (None if cuda else "fp32")   # bf16 on CPU takes slow reference paths: smoke only
-    batches = a.batches or ((1, 16) if preset == "full" else (1, 2))
-    return LoopSettings(device=device, preset=preset, dtype=dtype, batches=batches, buckets=a.buckets,
+    batches = tuple(a.batches or ((1, 16) if preset == "full" else (1, 2)))
+    buckets = tuple(a.buckets) if a.buckets else None
+    return LoopSettings(device=device, preset=preset, dtype=dtype, batches=batches, buckets=buckets,
                         max_len=a.max_len, context=a.context, timesteps=a.timesteps, seed=a.seed, quick=a.quick,
                         phases=tuple(p.strip() for p in a.phases.split(",") if p.strip()), budget=a.budget,
                         build_budget=a.build_budget, measure_budget=a.measure_budget,
@@ -1053,7 +1031,7 @@ def format_summary(res: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------------------- child entry
 def _child(argv: list[str]) -> int:
-    """`python -m bench.voxcpm_loop {ttsaot|upstream} <json config> --t-spawn T`: prints one JSON line."""
+    """`python -m bench.families.voxcpm2_loop {ttsaot|upstream} <json config> --t-spawn T`: prints one JSON line."""
     mode, cfg, t_spawn = argv[0], json.loads(argv[1]), float(argv[argv.index("--t-spawn") + 1])
     try:
         out = child_ttsaot(cfg, t_spawn) if mode == "ttsaot" else child_upstream(cfg, t_spawn)
