@@ -43,6 +43,7 @@ bench:
 
 lint:
 	$(PY) -m ruff check builder runtime tests bench examples
+	$(PY) -m ruff format --check builder runtime tests bench examples
 
 clean:
 	rm -rf $(ART)/*/ .pytest_artifacts demo_out

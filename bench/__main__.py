@@ -70,15 +70,14 @@ def _add_measure_options(p: argparse.ArgumentParser) -> None:
         help="mode for the torch.compile cold start (default: --compile-mode; 'default' is cheaper)",
     )
     p.add_argument("--cache-dir", default=str(REPO / "bench" / ".cache"))
-    p.add_argument("--merge", action="store_true",
-                   help="keep the variants/buckets of the existing result file that this run does not measure")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the variants/buckets of the existing result file that this run does not measure",
+    )
     _add_coldstart_options(p)
-    p.add_argument(
-        "--verify-build", action="store_true", help="also run the builder's subprocess verification"
-    )
-    p.add_argument(
-        "--stream-seconds", type=float, default=None, help="utterance length (default 10; CPU 0.25)"
-    )
+    p.add_argument("--verify-build", action="store_true", help="also run the builder's subprocess verification")
+    p.add_argument("--stream-seconds", type=float, default=None, help="utterance length (default 10; CPU 0.25)")
     p.add_argument(
         "--stream-variants",
         type=csv,
@@ -112,7 +111,7 @@ def _finish_measure_args(a) -> None:
     a.device = a.device or default_device()
     cuda = a.device.startswith("cuda")
     a.preset = a.preset or ("full" if cuda else "tiny")
-    a.dtype_explicit = a.dtype   # names the result file; the CPU fp32 default does not
+    a.dtype_explicit = a.dtype  # names the result file; the CPU fp32 default does not
     if not cuda and a.dtype is None:
         a.dtype = "fp32"  # bf16 convolutions on CPU take a slow reference path: CPU runs are smoke tests
     a.variants = a.variants or list(ALL_VARIANTS if cuda else DEFAULT_CPU)
@@ -264,8 +263,9 @@ def _stages_to_measure(a) -> tuple[list[tuple[str, str]], list[str]]:
 
 
 def _run_snake_worker(a, env: dict, timeout: float) -> dict:
-    r = _spawn_json([sys.executable, "-m", "bench", "_snake", "--device", a.device] + (["--quick"] if a.quick else []),
-                    env, timeout)
+    r = _spawn_json(
+        [sys.executable, "-m", "bench", "_snake", "--device", a.device] + (["--quick"] if a.quick else []), env, timeout
+    )
     if r.get("device"):
         write_json(Path(a.out) / r["device"]["slug"] / "snake_kernel.json", r)
     return {"stage": "snake_kernel", "status": r.get("status", "failed"), "detail": _snake_summary(r)}
@@ -276,8 +276,19 @@ def _run_stage_worker(a, fam: str, st: str, env: dict, timeout: float) -> dict:
     out_root = Path(a.out)
     with tempfile.TemporaryDirectory(prefix="bench-stage-") as tmp:
         tmp_json = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "bench", "_stage", "--family", fam, "--stage", st, "--result", str(tmp_json),
-               *_worker_args(a)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench",
+            "_stage",
+            "--family",
+            fam,
+            "--stage",
+            st,
+            "--result",
+            str(tmp_json),
+            *_worker_args(a),
+        ]
         print(f"[bench] {fam}/{st}: measuring (timeout {timeout:.0f} s)", file=sys.stderr, flush=True)
         t0 = time.time()
         rc, err_tail = spawn(cmd, env, timeout, Path(a.cache_dir) / "logs" / f"{fam}__{st}.log")
@@ -287,9 +298,18 @@ def _run_stage_worker(a, fam: str, st: str, env: dict, timeout: float) -> dict:
     if res is None:
         if a.record_failures:
             dev = _device_info(a.device)
-            write_json(out_root / dev["slug"] / result_name(fam, st, a.dtype_explicit),
-                       {"schema": 1, "status": "failed", "reason": err_tail, "device": dev,
-                        "git_commit": git_commit(), "started": now_iso(), "stage": {"family": fam, "stage": st}})
+            write_json(
+                out_root / dev["slug"] / result_name(fam, st, a.dtype_explicit),
+                {
+                    "schema": 1,
+                    "status": "failed",
+                    "reason": err_tail,
+                    "device": dev,
+                    "git_commit": git_commit(),
+                    "started": now_iso(),
+                    "stage": {"family": fam, "stage": st},
+                },
+            )
         return {"stage": f"{fam}/{st}", "status": "failed", "detail": err_tail}
     if rc != 0:
         res["status"] = "incomplete"
@@ -336,13 +356,11 @@ def _stage_summary(res: dict) -> str:
     for name, v in res.get("variants", {}).items():
         if v.get("status") == "ok" and v.get("buckets"):
             k, b = next(iter(v["buckets"].items()))
-            parts.append(
-                f"{name} {b['ms']:.3g} ms" + (f" ({b['x_floor']:.1f}×floor)" if "x_floor" in b else "")
-            )
+            parts.append(f"{name} {b['ms']:.3g} ms" + (f" ({b['x_floor']:.1f}×floor)" if "x_floor" in b else ""))
         else:
             parts.append(f"{name} {v.get('status')}")
     if res.get("status") not in (None, "ok") and res.get("reason"):
-        parts.append(str(res["reason"])[:200])    # why the stage stopped (timeout, crash), also when cut mid-way
+        parts.append(str(res["reason"])[:200])  # why the stage stopped (timeout, crash), also when cut mid-way
     return "; ".join(parts)
 
 
@@ -378,8 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     _add_measure_parsers(sub)
     _add_tool_parsers(sub)
-    modules = {name: importlib.import_module(module)
-               for name, module in {**MODULE_COMMANDS, **family_commands()}.items()}
+    modules = {
+        name: importlib.import_module(module) for name, module in {**MODULE_COMMANDS, **family_commands()}.items()
+    }
     for module in modules.values():
         module.add_parser(sub)
     a = ap.parse_args(argv)
@@ -443,8 +462,9 @@ def _add_tool_parsers(sub) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
     p.add_argument("--budget", type=float, default=200.0, help="seconds; later cases and sections are skipped")
-    p.add_argument("--sections", type=csv, default=None,
-                   help="copy,skinny,attention,aoti,layer,predictors,sweep (default all)")
+    p.add_argument(
+        "--sections", type=csv, default=None, help="copy,skinny,attention,aoti,layer,predictors,sweep (default all)"
+    )
     p.add_argument("--with-compile", action="store_true", help="layer: also torch.compile max-autotune (minutes)")
     p.add_argument("--result", default=None)
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -500,8 +520,14 @@ def cmd_kernels(a) -> int:
     dev = torch.device(a.device or default_device())
     slug = device_info(dev)["slug"]
     path = Path(a.result) if a.result else Path(a.out) / slug / "kernels.json"
-    r = run_kernels(dev, a.quick, a.budget, tuple(a.sections or SECTIONS), a.with_compile,
-                    progress=lambda res: write_json(path, res))
+    r = run_kernels(
+        dev,
+        a.quick,
+        a.budget,
+        tuple(a.sections or SECTIONS),
+        a.with_compile,
+        progress=lambda res: write_json(path, res),
+    )
     write_json(path, r)
     print(summary(r))
     print(f"→ {path}")
@@ -532,8 +558,16 @@ def cmd_list(a) -> int:
     return 0
 
 
-HANDLERS = {"run": cmd_run, "_stage": cmd_stage, "_coldstart": cmd_coldstart, "snake": cmd_snake,
-            "_snake": cmd_snake, "kernels": cmd_kernels, "report": cmd_report, "list": cmd_list}
+HANDLERS = {
+    "run": cmd_run,
+    "_stage": cmd_stage,
+    "_coldstart": cmd_coldstart,
+    "snake": cmd_snake,
+    "_snake": cmd_snake,
+    "kernels": cmd_kernels,
+    "report": cmd_report,
+    "list": cmd_list,
+}
 COMMANDS = (*HANDLERS, *MODULE_COMMANDS, *family_commands())
 
 if __name__ == "__main__":

@@ -34,8 +34,9 @@ def artifact_key(spec, desc: dict, device: torch.device) -> str:
     return hashlib.sha256(json.dumps(info, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def build_or_reuse(spec, desc: dict, device: torch.device, cache: Path, verify: bool,
-                   package_cache: Path | None = None, jobs: int = 1) -> tuple[Path, dict]:
+def build_or_reuse(
+    spec, desc: dict, device: torch.device, cache: Path, verify: bool, package_cache: Path | None = None, jobs: int = 1
+) -> tuple[Path, dict]:
     """Build the stage's artifact for the bench buckets under cache/<hash>/, or reuse a finished one. Processes
     sharing the cache (xdist workers, parallel bench runs) wait for each other's build of the same key instead of
     failing on the builder's lock. package_cache: the builder's per-package cache (builder/package_cache.py), so
@@ -50,8 +51,16 @@ def build_or_reuse(spec, desc: dict, device: torch.device, cache: Path, verify: 
         return _build_or_reuse_locked(spec, desc, device, root, key, verify, package_cache, jobs)
 
 
-def _build_or_reuse_locked(spec, desc: dict, device: torch.device, root: Path, key: str, verify: bool,
-                           package_cache: Path | None = None, jobs: int = 1) -> tuple[Path, dict]:
+def _build_or_reuse_locked(
+    spec,
+    desc: dict,
+    device: torch.device,
+    root: Path,
+    key: str,
+    verify: bool,
+    package_cache: Path | None = None,
+    jobs: int = 1,
+) -> tuple[Path, dict]:
     from ttsaot.builder.build import build_family
 
     path = root / spec.family

@@ -44,12 +44,16 @@ MAX_WAIT_S = 0.2
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bucket-hits", help="per-bucket hits and padding of the codec stages' default plans (CPU)")
-    p.add_argument("--families", type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
-                   default=list(CODEC_STAGES))
+    p.add_argument(
+        "--families", type=lambda v: [x.strip() for x in v.split(",") if x.strip()], default=list(CODEC_STAGES)
+    )
     p.add_argument("--utterances", type=int, default=24, help="utterances per scenario")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--work", default=str(REPO / "bench" / ".cache" / "bucket_hits"),
-                   help="where the one-package tiny artifacts are built (reused when present)")
+    p.add_argument(
+        "--work",
+        default=str(REPO / "bench" / ".cache" / "bucket_hits"),
+        help="where the one-package tiny artifacts are built (reused when present)",
+    )
     p.add_argument("--result", default=str(REPO / "bench" / "results" / "cpu" / "bucket_hits.json"))
 
 
@@ -66,10 +70,27 @@ def build_one_package(family: str, stage: str, plan: list[dict[str, int]], out: 
     art = out / family
     if (art / "manifest.json").is_file():
         return art
-    cmd = [sys.executable, "-m", "ttsaot.builder.cli", "build", family, "--random-weights", "--preset", "tiny",
-           "--device", "cpu", "--stages", stage, "--out", str(out), "--no-verify",
-           "--batch-buckets", str(max(b["batch"] for b in plan)),
-           "--frame-buckets", str(max(b["frames"] for b in plan))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ttsaot.builder.cli",
+        "build",
+        family,
+        "--random-weights",
+        "--preset",
+        "tiny",
+        "--device",
+        "cpu",
+        "--stages",
+        stage,
+        "--out",
+        str(out),
+        "--no-verify",
+        "--batch-buckets",
+        str(max(b["batch"] for b in plan)),
+        "--frame-buckets",
+        str(max(b["frames"] for b in plan)),
+    ]
     subprocess.run(cmd, check=True, cwd=str(REPO), env=dict(os.environ, PYTHONPATH=str(REPO)))
     return art
 
@@ -115,7 +136,7 @@ def drive_streams(stage, utterances: list[int], concurrency: int, streaming: dic
     k, high = _code_shape(stage)
     with Batcher(stage, BatcherConfig(max_wait_s=MAX_WAIT_S)) as batcher:
         queue = list(utterances)
-        active: list[list] = []       # [session, chunk sizes, next chunk]: a stream that ends is replaced at once
+        active: list[list] = []  # [session, chunk sizes, next chunk]: a stream that ends is replaced at once
         while queue or active:
             while queue and len(active) < concurrency:
                 active.append([batcher.open_stream(), chunk_plan(queue.pop(0), streaming), 0])
@@ -125,7 +146,7 @@ def drive_streams(stage, utterances: list[int], concurrency: int, streaming: dic
             for slot in active:
                 slot[2] += 1
                 if slot[2] == len(slot[1]):
-                    slot[0].close()   # an ended stream no longer holds a batch open
+                    slot[0].close()  # an ended stream no longer holds a batch open
             active = [slot for slot in active if slot[2] < len(slot[1])]
 
 
@@ -137,7 +158,7 @@ def drive_one_shot(stage, utterances: list[int], concurrency: int, rng) -> None:
     k, high = _code_shape(stage)
     with Batcher(stage, BatcherConfig(max_wait_s=MAX_WAIT_S)) as batcher:
         for start in range(0, len(utterances), concurrency):
-            group = utterances[start:start + concurrency]
+            group = utterances[start : start + concurrency]
             futs = [batcher.submit(_codes(stage, k, f, high, rng, torch)) for f in group]
             for f in futs:
                 f.result()
@@ -166,17 +187,22 @@ def tally(calls: list[dict[str, int]], plan: list[dict[str, int]]) -> dict[str, 
     rule = SimpleNamespace(entry=SimpleNamespace(buckets=entries), _axes=list(plan[0]))
     per: dict[str, dict[str, int]] = {e.key: {"calls": 0, "work": 0, "useful": 0} for e in entries}
     for sizes in calls:
-        b = Stage.pick_bucket(rule, sizes)     # the runtime's choice, on the default plan's buckets
+        b = Stage.pick_bucket(rule, sizes)  # the runtime's choice, on the default plan's buckets
         cell = per[b.key]
         cell["calls"] += 1
         cell["work"] += math.prod(b.sizes.values())
         cell["useful"] += math.prod(sizes[a] for a in b.sizes)
     work = sum(c["work"] for c in per.values())
     useful = sum(c["useful"] for c in per.values())
-    return {"buckets": {k: {**c, "padding": round(1 - c["useful"] / c["work"], 3) if c["work"] else None}
-                        for k, c in per.items()},
-            "calls": len(calls), "padding": round(1 - useful / work, 3) if work else None,
-            "buckets_hit": sum(1 for c in per.values() if c["calls"]), "packages": len(plan)}
+    return {
+        "buckets": {
+            k: {**c, "padding": round(1 - c["useful"] / c["work"], 3) if c["work"] else None} for k, c in per.items()
+        },
+        "calls": len(calls),
+        "padding": round(1 - useful / work, 3) if work else None,
+        "buckets_hit": sum(1 for c in per.values() if c["calls"]),
+        "packages": len(plan),
+    }
 
 
 def alternatives(calls: list[dict[str, int]], plan: list[dict[str, int]], metadata: dict) -> dict[str, Any]:
@@ -192,8 +218,12 @@ def alternatives(calls: list[dict[str, int]], plan: list[dict[str, int]], metada
     out = {}
     for name, alt in (("no_pow2", no_pow2), ("hit_only", used)):
         t = tally(calls, alt)
-        out[name] = {"packages": len(alt), "frames": sorted({b["frames"] for b in alt}),
-                     "padding": t["padding"], "calls": t["calls"]}
+        out[name] = {
+            "packages": len(alt),
+            "frames": sorted({b["frames"] for b in alt}),
+            "padding": t["padding"],
+            "calls": t["calls"],
+        }
     return out
 
 
@@ -210,11 +240,18 @@ def measure_family(family: str, a, rng) -> dict[str, Any]:
     stage = load(str(art), device="cpu", stages=[stage_name])[stage_name]
     streaming = dict(stage.metadata["streaming"])
     frame_rate = meta["sample_rate"] / meta["samples_per_frame"]
-    rec = {"stage": stage_name, "default_plan": {"packages": len(plan),
-                                                 "batch": sorted({b["batch"] for b in plan}),
-                                                 "frames": sorted({b["frames"] for b in plan}),
-                                                 "same_for_tiny": tiny_plan == plan},
-           "streaming": streaming, "frame_rate_hz": round(frame_rate, 3), "scenarios": {}}
+    rec = {
+        "stage": stage_name,
+        "default_plan": {
+            "packages": len(plan),
+            "batch": sorted({b["batch"] for b in plan}),
+            "frames": sorted({b["frames"] for b in plan}),
+            "same_for_tiny": tiny_plan == plan,
+        },
+        "streaming": streaming,
+        "frame_rate_hz": round(frame_rate, 3),
+        "scenarios": {},
+    }
     scenarios = [(f"stream_c{c}", "stream", c) for c in STREAM_CONCURRENCY]
     if ONE_SHOT[stage_name]:
         scenarios += [(f"one_shot_c{c}", "one_shot", c) for c in ONE_SHOT_CONCURRENCY]
@@ -227,9 +264,13 @@ def measure_family(family: str, a, rng) -> dict[str, Any]:
             drive_streams(stage, utt, c, streaming, rng)
         else:
             drive_one_shot(stage, utt, c, rng)
-        del stage._run_bucket   # back to the class's method
-        rec["scenarios"][name] = {"utterances": len(utt), "frames_total": sum(utt),
-                                  "seconds": round(time.time() - t0, 1), **tally(r.calls, plan)}
+        del stage._run_bucket  # back to the class's method
+        rec["scenarios"][name] = {
+            "utterances": len(utt),
+            "frames_total": sum(utt),
+            "seconds": round(time.time() - t0, 1),
+            **tally(r.calls, plan),
+        }
         all_calls += r.calls
         print(f"[bench bucket-hits] {family}/{stage_name} {name}: {len(r.calls)} calls", file=sys.stderr, flush=True)
     rec["all"] = tally(all_calls, plan)
@@ -244,15 +285,23 @@ def main(a) -> int:
 
     from .common import device_info
 
-    res: dict[str, Any] = {"kind": "bucket_hits", "schema": 1, "device": device_info(torch.device("cpu")),
-                           "git_commit": git_commit(), "started": now_iso(), "seed": a.seed,
-                           "command": "python -m bench bucket-hits", "workload": {
-                               "utterance_seconds": f"log-normal, median {MEDIAN_S}, sigma {SIGMA}, "
-                                                    f"clipped to [{MIN_S}, {MAX_S}]",
-                               "utterances_per_scenario": a.utterances,
-                               "stream_concurrency": list(STREAM_CONCURRENCY),
-                               "one_shot_concurrency": list(ONE_SHOT_CONCURRENCY)},
-                           "notes": [__doc__.split("\n\n")[2].replace("\n", " ")], "families": {}}
+    res: dict[str, Any] = {
+        "kind": "bucket_hits",
+        "schema": 1,
+        "device": device_info(torch.device("cpu")),
+        "git_commit": git_commit(),
+        "started": now_iso(),
+        "seed": a.seed,
+        "command": "python -m bench bucket-hits",
+        "workload": {
+            "utterance_seconds": f"log-normal, median {MEDIAN_S}, sigma {SIGMA}, clipped to [{MIN_S}, {MAX_S}]",
+            "utterances_per_scenario": a.utterances,
+            "stream_concurrency": list(STREAM_CONCURRENCY),
+            "one_shot_concurrency": list(ONE_SHOT_CONCURRENCY),
+        },
+        "notes": [__doc__.split("\n\n")[2].replace("\n", " ")],
+        "families": {},
+    }
     path = Path(a.result)
     for fam in a.families:
         res["families"][fam] = measure_family(fam, a, random.Random(f"{a.seed}/{fam}"))
@@ -266,10 +315,12 @@ def summary(res: dict) -> str:
     lines = []
     for fam, f in res["families"].items():
         al = f["all"]
-        lines.append(f"{fam}/{f['stage']}: default plan {al['packages']} packages, {al['buckets_hit']} hit over "
-                     f"{al['calls']} calls, padding {al['padding']:.1%}; windows only "
-                     f"{f['alternatives']['no_pow2']['packages']} packages → padding "
-                     f"{f['alternatives']['no_pow2']['padding']:.1%}")
+        lines.append(
+            f"{fam}/{f['stage']}: default plan {al['packages']} packages, {al['buckets_hit']} hit over "
+            f"{al['calls']} calls, padding {al['padding']:.1%}; windows only "
+            f"{f['alternatives']['no_pow2']['packages']} packages → padding "
+            f"{f['alternatives']['no_pow2']['padding']:.1%}"
+        )
         hits = {k: c["calls"] for k, c in al["buckets"].items() if c["calls"]}
         lines.append("  hits: " + ", ".join(f"{k}={n}" for k, n in sorted(hits.items(), key=lambda kv: -kv[1])))
     return "\n".join(lines)

@@ -29,10 +29,10 @@ from typing import Any
 
 from .common import REPO, git_commit, now_iso, short_error, write_json
 
-SECTION_MIN_S = 20.0          # a section with less budget left than this is not started
-BUILD_GRACE_S = 20.0          # SIGTERM → SIGKILL: time for the build to remove its temporary folder
-STOP_WAIT_S = 15.0            # the same when the bench itself is terminated (inside a `timeout -k 20`)
-_RUNNING: list[subprocess.Popen] = []   # the build in flight: a SIGTERM to the bench stops it too (own session)
+SECTION_MIN_S = 20.0  # a section with less budget left than this is not started
+BUILD_GRACE_S = 20.0  # SIGTERM → SIGKILL: time for the build to remove its temporary folder
+STOP_WAIT_S = 15.0  # the same when the bench itself is terminated (inside a `timeout -k 20`)
+_RUNNING: list[subprocess.Popen] = []  # the build in flight: a SIGTERM to the bench stops it too (own session)
 REUSED_NOTE = re.compile(r"(\w+): (\d+) of (\d+) packages reused from the package cache")
 
 
@@ -43,15 +43,22 @@ def _csv(value: str) -> list[str]:
 def add_parser(sub) -> None:
     p = sub.add_parser("builds", help="each family's default build, cold and cached, and every stage's cold start")
     p.add_argument("--families", type=_csv, default=None, help="comma-separated (default: every family)")
-    p.add_argument("--stages", type=_csv, default=None,
-                   help="only these stages of each family (a deviation from the default build, recorded)")
+    p.add_argument(
+        "--stages",
+        type=_csv,
+        default=None,
+        help="only these stages of each family (a deviation from the default build, recorded)",
+    )
     p.add_argument("--preset", default=None, help="full (default on CUDA) or tiny (default on CPU)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--jobs", type=int, default=None, help="build --jobs (default: the builder's default_jobs())")
     p.add_argument("--budget", type=float, default=3600.0, help="seconds for the whole run; later sections skipped")
     p.add_argument("--coldstart-budget", type=float, default=180.0, help="seconds per cold-start process")
-    p.add_argument("--build-args", default="",
-                   help="extra `build` flags, e.g. '--max-batch 1' (a deviation from the default build, recorded)")
+    p.add_argument(
+        "--build-args",
+        default="",
+        help="extra `build` flags, e.g. '--max-batch 1' (a deviation from the default build, recorded)",
+    )
     p.add_argument("--result", default=None, help="JSON path (default: <out>/<device-slug>/builds.json)")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
 
@@ -77,41 +84,69 @@ def _stop(proc: subprocess.Popen) -> str:
     return out or ""
 
 
-def run_build(family: str, stages: list[str] | None, art: Path, cache: Path, env: dict[str, str], a,
-              timeout: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "ttsaot.builder.cli", "build", family, "--random-weights", "--preset", a.preset,
-           "--device", a.device, "--out", str(art), "--cache-dir", str(cache), "--jobs", str(a.jobs)]
+def run_build(
+    family: str, stages: list[str] | None, art: Path, cache: Path, env: dict[str, str], a, timeout: float
+) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "ttsaot.builder.cli",
+        "build",
+        family,
+        "--random-weights",
+        "--preset",
+        a.preset,
+        "--device",
+        a.device,
+        "--out",
+        str(art),
+        "--cache-dir",
+        str(cache),
+        "--jobs",
+        str(a.jobs),
+    ]
     if stages:
         cmd += ["--stages", ",".join(stages)]
     cmd += shlex.split(a.build_args)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            cwd=str(REPO), start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(REPO), start_new_session=True
+    )
     _RUNNING.append(proc)
     try:
         log, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         log = _stop(proc)
-        return {"status": "skipped", "wall_s": round(time.perf_counter() - t0, 1),
-                "reason": f"stopped at the end of the budget ({timeout:.0f} s left when it started)",
-                "log_tail": log.strip().splitlines()[-3:]}
+        return {
+            "status": "skipped",
+            "wall_s": round(time.perf_counter() - t0, 1),
+            "reason": f"stopped at the end of the budget ({timeout:.0f} s left when it started)",
+            "log_tail": log.strip().splitlines()[-3:],
+        }
     finally:
         _RUNNING.remove(proc)
     wall = time.perf_counter() - t0
-    rec: dict[str, Any] = {"command": " ".join(["build-artifacts", *cmd[4:]]), "wall_s": round(wall, 1),
-                           "jobs": a.jobs}
+    rec: dict[str, Any] = {"command": " ".join(["build-artifacts", *cmd[4:]]), "wall_s": round(wall, 1), "jobs": a.jobs}
     if proc.returncode != 0:
-        return {**rec, "status": "failed", "reason": f"exit {proc.returncode}",
-                "log_tail": log.strip().splitlines()[-5:]}
+        return {
+            **rec,
+            "status": "failed",
+            "reason": f"exit {proc.returncode}",
+            "log_tail": log.strip().splitlines()[-5:],
+        }
     per_stage = parse_reuse(log)
     manifest = json.loads((art / family / "manifest.json").read_text())
     built = {name: len(s["buckets"]) for name, s in manifest["stages"].items()}
     missing = sorted(set(built) - set(per_stage))
     if missing:
         return {**rec, "status": "failed", "reason": f"no package-cache note for stage(s) {missing} in the output"}
-    rec.update(status="ok", stages=per_stage, packages=sum(built.values()),
-               reused=sum(s["reused"] for s in per_stage.values()),
-               compiled=sum(s["compiled"] for s in per_stage.values()))
+    rec.update(
+        status="ok",
+        stages=per_stage,
+        packages=sum(built.values()),
+        reused=sum(s["reused"] for s in per_stage.values()),
+        compiled=sum(s["compiled"] for s in per_stage.values()),
+    )
     return rec
 
 
@@ -147,14 +182,23 @@ def cold_starts(family: str, artifact: Path, a, left, save, rec: dict) -> None:
             save()
             continue
         stage_res = {"stage": {"family": family, "stage": stage, "preset": a.preset, "seed": 0, "axes": {}}}
-        r = measure("ttsaot", {"artifact": str(artifact), "inputs": str(inputs)}, stage_res, a.device,
-                    min(a.coldstart_budget, left()), "default")
+        r = measure(
+            "ttsaot",
+            {"artifact": str(artifact), "inputs": str(inputs)},
+            stage_res,
+            a.device,
+            min(a.coldstart_budget, left()),
+            "default",
+        )
         if r.get("status") == "ok":
             # the target is stated beyond interpreter start + import torch (+ CUDA init, inside load on CUDA)
             r["beyond_import_s"] = round(r["first_output_s"] - r["startup_s"], 3)
         rec[stage] = r
-        print(f"[bench builds] {family}/{stage} cold start: {r.get('first_output_s', r.get('reason'))}",
-              file=sys.stderr, flush=True)
+        print(
+            f"[bench builds] {family}/{stage} cold start: {r.get('first_output_s', r.get('reason'))}",
+            file=sys.stderr,
+            flush=True,
+        )
         save()
 
 
@@ -170,7 +214,7 @@ def main(a) -> int:
     cuda = a.device.startswith("cuda")
     a.preset = a.preset or ("full" if cuda else "tiny")
     a.jobs = a.jobs or default_jobs()
-    env = dict(os.environ, COLUMNS="400")   # the cache notes must not be wrapped by the console
+    env = dict(os.environ, COLUMNS="400")  # the cache notes must not be wrapped by the console
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     if cuda and "CXX" not in env and Path("/usr/bin/g++").exists():
         env["CXX"] = "/usr/bin/g++"  # AOTI packages built with another compiler segfault on load (GPU box)
@@ -180,23 +224,36 @@ def main(a) -> int:
     info = device_info(dev)
     path = Path(a.result) if a.result else Path(a.out) / info["slug"] / "builds.json"
     families = a.families or family_names()
-    deviations = ([f"stages limited to {a.stages}"] if a.stages else []) + \
-                 ([f"build flags {a.build_args!r}"] if a.build_args.strip() else [])
+    deviations = ([f"stages limited to {a.stages}"] if a.stages else []) + (
+        [f"build flags {a.build_args!r}"] if a.build_args.strip() else []
+    )
     res: dict[str, Any] = {
-        "kind": "builds", "schema": 1, "status": "running", "device": info, "git_commit": git_commit(),
-        "started": now_iso(), "preset": a.preset, "jobs": a.jobs, "budget_s": a.budget,
-        "default_build": not deviations, "deviations": deviations, "cxx": env.get("CXX"), "families": {},
-        "notes": ["cold = empty --cache-dir and empty Inductor/Triton caches; warm = the same command again, no "
-                  "change. Cold start: bench/coldstart.py (fresh process, empty Inductor cache), the stage's first "
-                  "golden case as input; beyond_import_s = first_output_s - startup_s (interpreter + import torch)."],
+        "kind": "builds",
+        "schema": 1,
+        "status": "running",
+        "device": info,
+        "git_commit": git_commit(),
+        "started": now_iso(),
+        "preset": a.preset,
+        "jobs": a.jobs,
+        "budget_s": a.budget,
+        "default_build": not deviations,
+        "deviations": deviations,
+        "cxx": env.get("CXX"),
+        "families": {},
+        "notes": [
+            "cold = empty --cache-dir and empty Inductor/Triton caches; warm = the same command again, no "
+            "change. Cold start: bench/coldstart.py (fresh process, empty Inductor cache), the stage's first "
+            "golden case as input; beyond_import_s = first_output_s - startup_s (interpreter + import torch)."
+        ],
     }
     t_begin = time.time()
 
-    def stop(signum, frame):   # an outer timeout must not leave a build running in its own session
+    def stop(signum, frame):  # an outer timeout must not leave a build running in its own session
         for proc in list(_RUNNING):
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)   # the build removes its temporary folder on SIGTERM ...
-            deadline = time.time() + STOP_WAIT_S      # ... once its compile step returns to Python
+                os.killpg(proc.pid, signal.SIGTERM)  # the build removes its temporary folder on SIGTERM ...
+            deadline = time.time() + STOP_WAIT_S  # ... once its compile step returns to Python
             while proc.poll() is None and time.time() < deadline:
                 time.sleep(0.2)
             with contextlib.suppress(ProcessLookupError):
@@ -236,17 +293,28 @@ def main(a) -> int:
                 elif left() < SECTION_MIN_S:
                     rec[phase] = {"status": "skipped", "reason": "the --budget was used up"}
                 else:
-                    print(f"[bench builds] {fam}: {phase} build ({left():.0f} s of budget left)", file=sys.stderr,
-                          flush=True)
+                    print(
+                        f"[bench builds] {fam}: {phase} build ({left():.0f} s of budget left)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     rec[phase] = run_build(fam, stages, art, cache, fenv, a, left())
-                    print(f"[bench builds] {fam}: {phase} {rec[phase].get('status')} {rec[phase].get('wall_s')} s, "
-                          f"{rec[phase].get('compiled')} compiled / {rec[phase].get('reused')} reused",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"[bench builds] {fam}: {phase} {rec[phase].get('status')} {rec[phase].get('wall_s')} s, "
+                        f"{rec[phase].get('compiled')} compiled / {rec[phase].get('reused')} reused",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 save()
             if (art / fam / "manifest.json").is_file():
                 cold_starts(fam, art / fam, a, left, save, rec["cold_start"])
-            rec["status"] = "ok" if all(rec[p].get("status") == "ok" for p in ("cold", "warm")) and all(
-                r.get("status") == "ok" for r in rec["cold_start"].values()) and rec["cold_start"] else "incomplete"
+            rec["status"] = (
+                "ok"
+                if all(rec[p].get("status") == "ok" for p in ("cold", "warm"))
+                and all(r.get("status") == "ok" for r in rec["cold_start"].values())
+                and rec["cold_start"]
+                else "incomplete"
+            )
             save()
     res["status"] = "ok" if all(f.get("status") == "ok" for f in res["families"].values()) else "incomplete"
     save()
@@ -266,13 +334,17 @@ def _s(rec: dict | None, key: str = "wall_s") -> str:
 
 def summary(res: dict) -> str:
     """The Markdown section of BENCHMARKS.md (bench/report.py) and the run's printed summary."""
-    head = (f"Build time and cold start (`python -m bench builds`, preset {res.get('preset')}, --jobs "
-            f"{res.get('jobs')}, commit `{str(res.get('git_commit', ''))[:12]}`"
-            + ("" if res.get("default_build") else f"; NOT the default build: {'; '.join(res['deviations'])}")
-            + "):")
+    head = (
+        f"Build time and cold start (`python -m bench builds`, preset {res.get('preset')}, --jobs "
+        f"{res.get('jobs')}, commit `{str(res.get('git_commit', ''))[:12]}`"
+        + ("" if res.get("default_build") else f"; NOT the default build: {'; '.join(res['deviations'])}")
+        + "):"
+    )
     rows = ["| family | cold build s | compiled | warm build s | reused / packages |", "|---|---|---|---|---|"]
-    cs = ["| stage | first output s | import torch s | beyond import s | load s | buckets |",
-          "|---|---|---|---|---|---|"]
+    cs = [
+        "| stage | first output s | import torch s | beyond import s | load s | buckets |",
+        "|---|---|---|---|---|---|",
+    ]
     for fam, f in res.get("families", {}).items():
         cold, warm = f.get("cold"), f.get("warm")
         if cold is None:
@@ -284,8 +356,14 @@ def summary(res: dict) -> str:
             if r.get("status") != "ok":
                 cs.append(f"| {fam}/{st} | {r.get('status')}: {str(r.get('reason', ''))[:80]} | | | | |")
                 continue
-            cs.append(f"| {fam}/{st} | {r['first_output_s']:.2f} | {r['startup_s']:.2f} | {r['beyond_import_s']:.2f}"
-                      f" | {r['load_s']:.2f} | {r.get('buckets_loaded', '—')} |")
-    skipped = [f"{fam}: {p} {f[p].get('reason')}" for fam, f in res.get("families", {}).items()
-               for p in ("cold", "warm") if isinstance(f.get(p), dict) and f[p].get("status") == "skipped"]
+            cs.append(
+                f"| {fam}/{st} | {r['first_output_s']:.2f} | {r['startup_s']:.2f} | {r['beyond_import_s']:.2f}"
+                f" | {r['load_s']:.2f} | {r.get('buckets_loaded', '—')} |"
+            )
+    skipped = [
+        f"{fam}: {p} {f[p].get('reason')}"
+        for fam, f in res.get("families", {}).items()
+        for p in ("cold", "warm")
+        if isinstance(f.get(p), dict) and f[p].get("status") == "skipped"
+    ]
     return "\n".join([head, "", *rows, "", *cs] + (["", "Skipped: " + "; ".join(skipped)] if skipped else []))

@@ -59,8 +59,15 @@ from .common import (
 )
 
 # (task, family, stage, options besides preset/seed/kernels, criterion)
-TASK_ORDER = ("code2wav", "dac_decoder:bf16", "dac_encoder", "vae_decoder", "dac_decoder:tf32", "dac_decoder:fp32",
-              "code2wav:fp32")
+TASK_ORDER = (
+    "code2wav",
+    "dac_decoder:bf16",
+    "dac_encoder",
+    "vae_decoder",
+    "dac_decoder:tf32",
+    "dac_decoder:fp32",
+    "code2wav:fp32",
+)
 # the issue's criteria per precision, as the Fish decoder option defines them; encoders: codes equal
 CRITERIA = {**{name: p.criterion for name, p in DECODER_PRECISIONS.items()}, "codes": {"code_match_min": 1.0}}
 
@@ -71,12 +78,18 @@ class Task:
     family: str
     stage: str
     options: dict[str, Any]
-    precision: str                       # bf16 | tf32 | fp32 (what the eager baselines run and the criterion)
+    precision: str  # bf16 | tf32 | fp32 (what the eager baselines run and the criterion)
     criterion: dict[str, float] = field(default_factory=dict)
 
 
-def make_tasks(names: list[str], batches: tuple[int, ...], code2wav_frames: int, dac_frames: int,
-               encoder_seconds: float, vae_frames: int = 36) -> list[Task]:
+def make_tasks(
+    names: list[str],
+    batches: tuple[int, ...],
+    code2wav_frames: int,
+    dac_frames: int,
+    encoder_seconds: float,
+    vae_frames: int = 36,
+) -> list[Task]:
     """The tasks named (any of TASK_ORDER), in priority order."""
     unknown = [n for n in names if n not in TASK_ORDER]
     if unknown:
@@ -85,7 +98,7 @@ def make_tasks(names: list[str], batches: tuple[int, ...], code2wav_frames: int,
     for name in (n for n in TASK_ORDER if n in names):
         stage, _, prec = name.partition(":")
         if stage == "code2wav":
-            dtype = torch.float32 if prec == "fp32" else None          # None: the stage default (bf16)
+            dtype = torch.float32 if prec == "fp32" else None  # None: the stage default (bf16)
             opts = {"batch_buckets": batches, "frame_buckets": (code2wav_frames,), "dtype": dtype}
             p = prec or "bf16"
             out.append(Task(name, "qwen3-tts-12hz", "code2wav", opts, p, CRITERIA[p]))
@@ -115,13 +128,19 @@ def compare(out: torch.Tensor, ref: torch.Tensor, criterion: dict[str, float]) -
     """Error of one output against the fp32 reference, and whether it meets the criterion."""
     if not ref.is_floating_point():
         match = float((out.cpu() == ref.cpu()).float().mean())
-        return {"code_match": match, "codes_differing": int((out.cpu() != ref.cpu()).sum()),
-                "meets": match >= criterion.get("code_match_min", 1.0)}
+        return {
+            "code_match": match,
+            "codes_differing": int((out.cpu() != ref.cpu()).sum()),
+            "meets": match >= criterion.get("code_match_min", 1.0),
+        }
     rel = rel_err(out.float().cpu(), ref.float().cpu())
     snr = snr_db(rel)
     meets = snr >= criterion.get("snr_db_min", -math.inf) and rel <= criterion.get("rel_error_max", math.inf)
-    return {"rel_error": float(f"{rel:.4g}"), "snr_db": round(snr, 2) if math.isfinite(snr) else None,
-            "meets": bool(meets)}
+    return {
+        "rel_error": float(f"{rel:.4g}"),
+        "snr_db": round(snr, 2) if math.isfinite(snr) else None,
+        "meets": bool(meets),
+    }
 
 
 def _build(task: Task, kernels: str, preset: str, seed: int, device: torch.device, root: Path):
@@ -133,8 +152,15 @@ def _build(task: Task, kernels: str, preset: str, seed: int, device: torch.devic
     specs = fam.specs(opts, [task.stage])
     t0 = time.perf_counter()
     # the bench checks every output itself, against exact fp32, in this process
-    res = build_family(fam.name, specs, root / f"{task.name.replace(':', '_')}-{kernels}", device, seed=seed,
-                       preset=preset, verify_in_subprocess=False)
+    res = build_family(
+        fam.name,
+        specs,
+        root / f"{task.name.replace(':', '_')}-{kernels}",
+        device,
+        seed=seed,
+        preset=preset,
+        verify_in_subprocess=False,
+    )
     return specs[0], res.path, time.perf_counter() - t0
 
 
@@ -153,8 +179,12 @@ def _load(path: Path, stage: str, device: torch.device):
         torch.cuda.synchronize(device)
         weights = sum(t.numel() * t.element_size() for t in st._weights.values())
         used = free0 - torch.cuda.mem_get_info(device)[0]
-        mem.update(weights_bytes=weights, device_bytes_used=used, beyond_weights_bytes=used - weights,
-                   allocator_bytes=torch.cuda.memory_allocated(device) - alloc0)
+        mem.update(
+            weights_bytes=weights,
+            device_bytes_used=used,
+            beyond_weights_bytes=used - weights,
+            allocator_bytes=torch.cuda.memory_allocated(device) - alloc0,
+        )
     return bundle, st, mem
 
 
@@ -165,13 +195,30 @@ def _runner_replay(st, key: str) -> Callable[[], Any] | None:
 
 
 # ------------------------------------------------------------------------------------------ one task
-def run_task(task: Task, preset: str, seed: int, device: torch.device, root: Path, reps: int, variants: set[str],
-             compile_mode: str, deadline: float, log: Callable[[str], None]) -> dict[str, Any]:
+def run_task(
+    task: Task,
+    preset: str,
+    seed: int,
+    device: torch.device,
+    root: Path,
+    reps: int,
+    variants: set[str],
+    compile_mode: str,
+    deadline: float,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     from ttsaot.builder.passes.cast import cast_to_compute_dtype
     from ttsaot.runtime.graphs import StaticGraph
 
-    rec: dict[str, Any] = {"task": task.name, "family": task.family, "stage": task.stage,
-                           "precision": task.precision, "criterion": task.criterion, "builds": {}, "buckets": {}}
+    rec: dict[str, Any] = {
+        "task": task.name,
+        "family": task.family,
+        "stage": task.stage,
+        "precision": task.precision,
+        "criterion": task.criterion,
+        "builds": {},
+        "buckets": {},
+    }
     with time_box(deadline - time.perf_counter(), f"{task.name}: the ttsaot build"):
         spec, path, secs = _build(task, "ttsaot", preset, seed, device, root)
     rec["builds"]["ttsaot"] = {"seconds": round(secs, 1), "path": str(path)}
@@ -179,7 +226,7 @@ def run_task(task: Task, preset: str, seed: int, device: torch.device, root: Pat
     original = spec.make_module().eval()
     staged = copy.deepcopy(original)
     for p in spec.passes:
-        if getattr(p, "__name__", "") != "measure_numerics":      # a measurement, not a rewrite
+        if getattr(p, "__name__", "") != "measure_numerics":  # a measurement, not a rewrite
             p(staged)
     staged = cast_to_compute_dtype(staged, spec.dtype).to(device).eval()
     original = original.to(device)
@@ -203,7 +250,7 @@ def run_task(task: Task, preset: str, seed: int, device: torch.device, root: Pat
                     raise BudgetExceeded("no time left in --budget")
                 with time_box(deadline - time.perf_counter(), f"{task.name}: the inductor build"):
                     _, ipath, secs = _build(task, "inductor", preset, seed, device, root)
-            except Exception as e:                      # the ttsaot results stay; the comparison is marked
+            except Exception as e:  # the ttsaot results stay; the comparison is marked
                 rec["builds"]["inductor"] = {"skipped" if _out_of_budget(e) else "error": short_error(e)}
                 log(f"{task.name}: inductor build: {short_error(e)}")
                 continue
@@ -211,8 +258,9 @@ def run_task(task: Task, preset: str, seed: int, device: torch.device, root: Pat
             log(f"{task.name}: inductor build {secs:.0f} s")
             path = ipath
         bundle, st, mem = _load(path, task.stage, device)
-        rec["builds"][kernels].update(manifest_kernels=st.entry.kernels, memory=mem,
-                                      numerics=st.entry.metadata.get("numerics"))
+        rec["builds"][kernels].update(
+            manifest_kernels=st.entry.kernels, memory=mem, numerics=st.entry.metadata.get("numerics")
+        )
         for k, args in inputs.items():
             b = rec["buckets"].setdefault(k, {})
             with torch.no_grad():
@@ -226,7 +274,7 @@ def run_task(task: Task, preset: str, seed: int, device: torch.device, root: Pat
         del bundle, st, replay
         gc.collect()
         if device.type == "cuda":
-            torch.cuda.empty_cache()             # the next load's memory delta starts from here
+            torch.cuda.empty_cache()  # the next load's memory delta starts from here
 
     tf32 = task.precision == "tf32"
     eager_modes = [("eager", tf32)] + ([("eager_tf32", True)] if spec.dtype == torch.float32 and not tf32 else [])
@@ -255,8 +303,11 @@ def run_task(task: Task, preset: str, seed: int, device: torch.device, root: Pat
                 log(f"{task.name}/{k}: torch.compile: {short_error(e)}")
                 continue
             row = compare(_first(g.replay()), refs[k], task.criterion)
-            row.update(ms=_replay_ms(g.replay, device, reps), compile_and_capture_s=round(time.perf_counter() - t0, 1),
-                       mode=compile_mode)
+            row.update(
+                ms=_replay_ms(g.replay, device, reps),
+                compile_and_capture_s=round(time.perf_counter() - t0, 1),
+                mode=compile_mode,
+            )
             rec["buckets"][k]["compile_graph"] = row
             del g
         del compiled
@@ -294,20 +345,30 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         if device.index is None:
             device = torch.device("cuda", 0)
         if Path("/usr/bin/g++").exists():
-            os.environ.setdefault("CXX", "/usr/bin/g++")    # AOTI's compiler on the GPU machine
+            os.environ.setdefault("CXX", "/usr/bin/g++")  # AOTI's compiler on the GPU machine
     preset = a.preset or ("full" if device.type == "cuda" else "tiny")
-    variants = set(a.variants) if a.variants else (
-        {"inductor", "eager", "compile"} if device.type == "cuda" else {"inductor", "eager"})
-    tasks = make_tasks(a.stages, tuple(a.batches), a.code2wav_frames, a.dac_frames, a.encoder_seconds,
-                       a.vae_frames)
+    variants = (
+        set(a.variants)
+        if a.variants
+        else ({"inductor", "eager", "compile"} if device.type == "cuda" else {"inductor", "eager"})
+    )
+    tasks = make_tasks(a.stages, tuple(a.batches), a.code2wav_frames, a.dac_frames, a.encoder_seconds, a.vae_frames)
     out = Path(a.out) / "codec_stages.json"
     start = time.perf_counter()
     deadline = start + a.budget
-    res: dict[str, Any] = {"schema": "codec_stages/1", "when": now_iso(), "commit": git_commit(),
-                           "device": device_info(device), "preset": preset, "seed": a.seed,
-                           "variants": sorted(variants),
-                           "compile_mode": a.compile_mode, "budget_s": a.budget, "torch": torch.__version__,
-                           "tasks": []}
+    res: dict[str, Any] = {
+        "schema": "codec_stages/1",
+        "when": now_iso(),
+        "commit": git_commit(),
+        "device": device_info(device),
+        "preset": preset,
+        "seed": a.seed,
+        "variants": sorted(variants),
+        "compile_mode": a.compile_mode,
+        "budget_s": a.budget,
+        "torch": torch.__version__,
+        "tasks": [],
+    }
 
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - start:6.1f}s] {msg}", flush=True)
@@ -322,12 +383,16 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             try:
                 rec = run_task(task, preset, a.seed, device, root, a.reps, variants, a.compile_mode, deadline, log)
                 rec["status"] = "ok"
-            except Exception as e:                      # recorded, never fatal: the other tasks still run
+            except Exception as e:  # recorded, never fatal: the other tasks still run
                 if _out_of_budget(e):
                     rec = {"task": task.name, "status": "skipped", "reason": short_error(e)}
                 else:
-                    rec = {"task": task.name, "status": "error", "error": short_error(e),
-                           "traceback": traceback.format_exc()[-3000:]}
+                    rec = {
+                        "task": task.name,
+                        "status": "error",
+                        "error": short_error(e),
+                        "traceback": traceback.format_exc()[-3000:],
+                    }
                 log(f"{task.name}: {rec['status']}: {short_error(e)}")
             rec["seconds"] = round(time.perf_counter() - t0, 1)
             res["tasks"].append(rec)
@@ -356,8 +421,11 @@ def summary_lines(res: dict[str, Any]) -> list[str]:
                 v = r.get("replay_ms") or r.get("ms") or r.get("call_ms")
                 ms.append(f"{v:13.3f}" if v else f"{'-':>13s}")
             r = b.get("ttsaot") or {}
-            err = (f"codes {r['code_match']:.4f}" if "code_match" in r else
-                   f"rel {r.get('rel_error')} snr {r.get('snr_db')}")
+            err = (
+                f"codes {r['code_match']:.4f}"
+                if "code_match" in r
+                else f"rel {r.get('rel_error')} snr {r.get('snr_db')}"
+            )
             lines.append(f"{t['task'] + '/' + k:28s} " + " ".join(ms) + f"  {err} meets={r.get('meets')}")
     lines.append(f"total {res.get('seconds')} s (ms: graph replay for the artifacts, per call for eager)")
     return lines
@@ -368,11 +436,18 @@ def _csv(v: str) -> list[str]:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("codec-stages", help="codec stages built with the ttsaot conv kernels vs Inductor, eager "
-                                            "and torch.compile, correctness and time (issue 15)")
+    p = sub.add_parser(
+        "codec-stages",
+        help="codec stages built with the ttsaot conv kernels vs Inductor, eager "
+        "and torch.compile, correctness and time (issue 15)",
+    )
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for codec_stages.json")
-    p.add_argument("--stages", type=_csv, default=list(TASK_ORDER[:5]),
-                   help=f"tasks, comma-separated, of: {', '.join(TASK_ORDER)} (default: the first five)")
+    p.add_argument(
+        "--stages",
+        type=_csv,
+        default=list(TASK_ORDER[:5]),
+        help=f"tasks, comma-separated, of: {', '.join(TASK_ORDER)} (default: the first five)",
+    )
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     p.add_argument("--preset", default=None, help="full (default on CUDA) or tiny (default on CPU)")
     p.add_argument("--batches", type=lambda v: [int(x) for x in _csv(v)], default=[1, 4])
@@ -380,12 +455,20 @@ def add_parser(sub) -> None:
     p.add_argument("--dac-frames", type=int, default=29)
     p.add_argument("--encoder-seconds", type=float, default=10.0)
     p.add_argument("--vae-frames", type=int, default=36, help="the vae_decoder's window (B=1)")
-    p.add_argument("--variants", type=_csv, default=None,
-                   help="of inductor,eager,compile (default: all on CUDA; inductor,eager on CPU)")
+    p.add_argument(
+        "--variants",
+        type=_csv,
+        default=None,
+        help="of inductor,eager,compile (default: all on CUDA; inductor,eager on CPU)",
+    )
     p.add_argument("--compile-mode", default="max-autotune-no-cudagraphs")
     p.add_argument("--reps", type=int, default=20, help="timed calls per measurement (median)")
-    p.add_argument("--budget", type=float, default=200.0,
-                   help="seconds for all builds and compiles (each is time-boxed to it; the rest is recorded skipped)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=200.0,
+        help="seconds for all builds and compiles (each is time-boxed to it; the rest is recorded skipped)",
+    )
     p.add_argument("--seed", type=int, default=0)
 
 

@@ -140,9 +140,7 @@ def measure(
         t_spawn = time.time()
         cmd += ["--t-spawn", repr(t_spawn)]
         try:
-            proc = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(REPO)
-            )
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=str(REPO))
         except subprocess.TimeoutExpired:
             return {"status": "skipped", "reason": f"exceeded its {timeout:.0f} s budget"}
         except Exception as e:  # noqa: BLE001

@@ -24,7 +24,7 @@ import torch
 from ttsaot.runtime.metrics import rel_error as rel_err  # noqa: F401  (the bench's name for the one metric)
 
 REPO = Path(__file__).resolve().parents[1]
-GPU_CXX = "/usr/bin/g++"   # AOTI packages built with the GPU machine's preset $CXX wrapper segfault on load
+GPU_CXX = "/usr/bin/g++"  # AOTI packages built with the GPU machine's preset $CXX wrapper segfault on load
 
 
 class Skipped(Exception):
@@ -288,8 +288,15 @@ def spawn(cmd: list[str], env: dict, timeout: float, log_path: Path | None = Non
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(log_path, "w")  # noqa: SIM115 - closed below
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                cwd=str(REPO), start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=str(REPO),
+            start_new_session=True,
+        )
     except Exception as e:  # noqa: BLE001
         return 1, short_error(e)
     deadline = time.time() + timeout

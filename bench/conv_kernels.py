@@ -48,12 +48,12 @@ from ttsaot.runtime.dtypes import torch_dtype
 from . import RESULTS_SCHEMA
 from .common import REPO, device_info, git_commit, graph_replay_ms, now_iso, rel_err, short_error, write_json
 
-DEVICE = "cuda"          # a module constant so that the logic can be dry-run on CPU (tests patch it)
+DEVICE = "cuda"  # a module constant so that the logic can be dry-run on CPU (tests patch it)
 SURVEY = REPO / "bench" / "results" / "nvidia-h100" / "probes" / "codec_conv_survey.json"
-PEAK_TFLOPS = dict(bf16=989.4, fp16=989.4, tf32=494.7, tf32x3=494.7, ieee=66.9)   # H100 SXM, dense
+PEAK_TFLOPS = dict(bf16=989.4, fp16=989.4, tf32=494.7, tf32x3=494.7, ieee=66.9)  # H100 SXM, dense
 L2_BYTES = 50 * 2**20
 ROTATE_BYTES = 160 * 2**20
-ENCODER_SAMPLES = 442368           # 10 s at 44.1 kHz, padded to whole 2048-sample frames (the survey's clip)
+ENCODER_SAMPLES = 442368  # 10 s at 44.1 kHz, padded to whole 2048-sample frames (the survey's clip)
 # (survey stage, survey dtype, batch, precisions to measure); the order is the priority under the budget.
 LAYER_PLAN = [
     ("code2wav", "torch.bfloat16", 1, ("bf16",)),
@@ -104,14 +104,14 @@ def graph_ms(fns: list[Callable[[], Any]], reps: int = 10) -> float:
 class Case:
     stage: str
     precision: str
-    kind: str                    # conv | convT | dw
+    kind: str  # conv | convT | dw
     B: int
     cin: int
     cout: int
     k: int
     stride: int
     dil: int
-    T: int                       # unpadded input length
+    T: int  # unpadded input length
     left: int
     role: str
     layers: list[str] = field(default_factory=list)
@@ -138,8 +138,20 @@ class Case:
         return 2.0 * self.B * self.cin * self.cout * self.k * self.tout
 
     def key(self) -> tuple:
-        return (self.stage, self.precision, self.kind, self.B, self.cin, self.cout, self.k, self.stride, self.dil,
-                self.T, self.left, self.role)
+        return (
+            self.stage,
+            self.precision,
+            self.kind,
+            self.B,
+            self.cin,
+            self.cout,
+            self.k,
+            self.stride,
+            self.dil,
+            self.T,
+            self.left,
+            self.role,
+        )
 
 
 def _role(name: str, kind: str, cin: int, cout: int, k: int, stage: str) -> str:
@@ -159,8 +171,14 @@ def _role(name: str, kind: str, cin: int, cout: int, k: int, stage: str) -> str:
 def survey_cases(survey: dict, stage: str, dtype: str, batch: int, precision: str) -> list[Case]:
     """The conv layers of one survey run as kernel cases (unpadded lengths reconstructed from the hooks' inputs:
     layers.conv.CausalConv1d hooks its inner Conv1d on the padded input, VoxCPM2's subclasses pad inside)."""
-    runs = [r for r in survey["runs"] if r.get("stage") == stage and r.get("dtype") == dtype
-            and (r.get("sizes") or {}).get("batch", 1) == batch and "convs" in r]
+    runs = [
+        r
+        for r in survey["runs"]
+        if r.get("stage") == stage
+        and r.get("dtype") == dtype
+        and (r.get("sizes") or {}).get("batch", 1) == batch
+        and "convs" in r
+    ]
     if not runs:
         raise LookupError(f"no survey run for {stage} {dtype} B={batch}")
     cases: dict[tuple, Case] = {}
@@ -175,9 +193,9 @@ def survey_cases(survey: dict, stage: str, dtype: str, batch: int, precision: st
             kind = "dw" if g > 1 else "conv"
             if g > 1 and not (g == cin == cout):
                 continue
-            if typ == "Conv1d":        # input already padded: T = Tout · stride
+            if typ == "Conv1d":  # input already padded: T = Tout · stride
                 T, left = ((tin - eff) // s + 1) * s, eff - s
-            else:                      # pads inside (stride 1)
+            else:  # pads inside (stride 1)
                 T, left = tin, eff - 1
         c = Case(stage, precision, kind, B, cin, cout, k, s, d, T, left, _role(row["layer"], kind, cin, cout, k, stage))
         ms = row.get("ncl_tf32" if precision == "tf32" else "ncl")
@@ -203,7 +221,7 @@ class _Set:
         self.res_nlc = None if self.res is None else self.res.transpose(1, 2).contiguous()
         self.alpha, self.inv_beta = proto["alpha"], proto["inv_beta"]
         if case.kind == "convT":
-            self.x4 = self.x_nlc.unsqueeze(1).permute(0, 3, 1, 2)           # [B, C, 1, T], channels-last strides
+            self.x4 = self.x_nlc.unsqueeze(1).permute(0, 3, 1, 2)  # [B, C, 1, T], channels-last strides
         else:
             pad = (case.left, _right_pad(case.T, case.k, case.stride, case.dil, case.left))
             self.xpad = F.pad(self.x, pad)
@@ -224,8 +242,14 @@ def _prototype(case: Case, gen: torch.Generator) -> dict:
             m = CausalConvTranspose1d(case.cin, case.cout, case.k, case.stride)
             fan = case.cin * case.k / case.stride
         else:
-            m = CausalConv1d(case.cin, case.cout, case.k, stride=case.stride, dilation=case.dil,
-                             groups=case.cin if case.kind == "dw" else 1)
+            m = CausalConv1d(
+                case.cin,
+                case.cout,
+                case.k,
+                stride=case.stride,
+                dilation=case.dil,
+                groups=case.cin if case.kind == "dw" else 1,
+            )
             m.left_pad = case.left
             fan = case.k if case.kind == "dw" else case.cin * case.k
     with torch.no_grad():
@@ -238,10 +262,14 @@ def _prototype(case: Case, gen: torch.Generator) -> dict:
     else:
         wb, b, _ = bake_conv1d(m)
     w = m.conv.weight.detach().to(dt).contiguous()
-    return {"w": w, "w4": w.unsqueeze(2).contiguous(memory_format=torch.channels_last),
-            "wb": wb.to(dt).contiguous(), "b": b.to(dt),
-            "alpha": torch.rand(case.cout, generator=gen, device=dev) + 0.5,
-            "inv_beta": torch.rand(case.cout, generator=gen, device=dev)}
+    return {
+        "w": w,
+        "w4": w.unsqueeze(2).contiguous(memory_format=torch.channels_last),
+        "wb": wb.to(dt).contiguous(),
+        "b": b.to(dt),
+        "alpha": torch.rand(case.cout, generator=gen, device=dev) + 0.5,
+        "inv_beta": torch.rand(case.cout, generator=gen, device=dev),
+    }
 
 
 def _cudnn(case: Case, s: _Set) -> Callable[[], torch.Tensor]:
@@ -269,16 +297,37 @@ def _kernel(case: Case, s: _Set, cfg, role: str) -> Callable[[], Any]:
     a, ib = (s.alpha, s.inv_beta) if act == "snake" else (None, None)
     prec = _kernel_precision(case.precision)
     if case.kind == "dw":
-        return lambda: K.dwconv1d_forward(s.x_nlc, s.wb, s.b, res, None, None, a, ib, case.dil, case.left, act,
-                                          odt, config=cfg)
+        return lambda: K.dwconv1d_forward(
+            s.x_nlc, s.wb, s.b, res, None, None, a, ib, case.dil, case.left, act, odt, config=cfg
+        )
     if case.kind == "convT":
+
         def run():
-            return K.conv_transpose1d_forward(s.x_nlc, s.wb, s.b, res, None, None, a, ib, act, odt, prec, dual,
-                                              config=cfg)
+            return K.conv_transpose1d_forward(
+                s.x_nlc, s.wb, s.b, res, None, None, a, ib, act, odt, prec, dual, config=cfg
+            )
     else:
+
         def run():
-            return K.conv1d_forward(s.x_nlc, s.wb, s.b, res, None, None, a, ib, case.stride, case.dil, case.left,
-                                    act, odt, prec, dual, config=cfg)
+            return K.conv1d_forward(
+                s.x_nlc,
+                s.wb,
+                s.b,
+                res,
+                None,
+                None,
+                a,
+                ib,
+                case.stride,
+                case.dil,
+                case.left,
+                act,
+                odt,
+                prec,
+                dual,
+                config=cfg,
+            )
+
     # (pre, out) for a dual epilogue, else out
     return run if dual else (lambda: run()[1])
 
@@ -305,6 +354,7 @@ def _unfused(case: Case, s: _Set, role: str) -> Callable[[], Any]:
         if act == "clamp":
             return y.clamp(-1, 1).to(odt or y.dtype)
         return y
+
     return run
 
 
@@ -315,8 +365,9 @@ def _ref64(case: Case, s: _Set, role: str) -> tuple[torch.Tensor, torch.Tensor, 
         conv = F.conv_transpose1d(s.x.double(), s.w.double(), s.b.double(), stride=case.stride)[..., : case.tout]
     else:
         groups = case.cin if case.kind == "dw" else 1
-        conv = F.conv1d(s.xpad.double(), s.w.double(), s.b.double(), stride=case.stride, dilation=case.dil,
-                        groups=groups)
+        conv = F.conv1d(
+            s.xpad.double(), s.w.double(), s.b.double(), stride=case.stride, dilation=case.dil, groups=groups
+        )
     pre = conv + s.res.double() if use_res else conv
     if act == "snake":
         a, ib = s.alpha.double().view(1, -1, 1), s.inv_beta.double().view(1, -1, 1)
@@ -345,18 +396,27 @@ def _fit_configs(case: Case, keep: int | None = None) -> list:
     n = case.cout * (case.stride if case.kind == "convT" else 1)
     tout = case.T if case.kind == "convT" else case.tout
     k = -(-case.k // case.stride) if case.kind == "convT" else case.k
-    return K.prune_gemm_configs(all_cfgs, batch=case.B, tout=tout, n=n, cin=case.cin, ksize=k,
-                                elem=case.dtype.itemsize, precision=_kernel_precision(case.precision),
-                                num_sms=torch.cuda.get_device_properties(0).multi_processor_count
-                                if DEVICE == "cuda" else 132, keep=keep or len(all_cfgs))
+    return K.prune_gemm_configs(
+        all_cfgs,
+        batch=case.B,
+        tout=tout,
+        n=n,
+        cin=case.cin,
+        ksize=k,
+        elem=case.dtype.itemsize,
+        precision=_kernel_precision(case.precision),
+        num_sms=torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else 132,
+        keep=keep or len(all_cfgs),
+    )
 
 
 def _picked_config(case: Case) -> str:
     """The tile the op's autotuner chose for the last launch of this case's kernel."""
     from ttsaot.builder.kernels import conv1d as K
 
-    tuner = K._dwconv_tuned if case.kind == "dw" else (K._conv_gemm_32 if case.dtype == torch.float32
-                                                        else K._conv_gemm_16)
+    tuner = (
+        K._dwconv_tuned if case.kind == "dw" else (K._conv_gemm_32 if case.dtype == torch.float32 else K._conv_gemm_16)
+    )
     c = getattr(tuner, "best_config", None)
     if c is None:
         return "unknown"
@@ -376,11 +436,25 @@ def measure_case(case: Case, reps: int, sweep: bool = False) -> dict:
     n_rot = max(1, min(16, math.ceil(ROTATE_BYTES / max(1, first.nbytes()))))
     sets = [first] + [_Set(case, gen, proto) for _ in range(n_rot - 1)]
     row: dict[str, Any] = {
-        "stage": case.stage, "precision": case.precision, "kind": case.kind, "layers": case.layers,
-        "count": len(case.layers), "B": case.B, "cin": case.cin, "cout": case.cout, "kernel_size": case.k,
-        "stride": case.stride, "dilation": case.dil, "T": case.T, "T_out": case.tout, "left_pad": case.left,
-        "role": case.role, "gflop": case.flops / 1e9, "rotation": n_rot,
-        "footprint_mb": round(first.nbytes() / 2**20, 2), "l2_resident": n_rot * first.nbytes() < L2_BYTES,
+        "stage": case.stage,
+        "precision": case.precision,
+        "kind": case.kind,
+        "layers": case.layers,
+        "count": len(case.layers),
+        "B": case.B,
+        "cin": case.cin,
+        "cout": case.cout,
+        "kernel_size": case.k,
+        "stride": case.stride,
+        "dilation": case.dil,
+        "T": case.T,
+        "T_out": case.tout,
+        "left_pad": case.left,
+        "role": case.role,
+        "gflop": case.flops / 1e9,
+        "rotation": n_rot,
+        "footprint_mb": round(first.nbytes() / 2**20, 2),
+        "l2_resident": n_rot * first.nbytes() < L2_BYTES,
         "survey_cudnn_ms": case.survey_ms[0],
     }
     peak = PEAK_TFLOPS.get(case.precision)
@@ -419,9 +493,11 @@ def measure_case(case: Case, reps: int, sweep: bool = False) -> dict:
         if timed:
             best = min(timed, key=timed.get)
             tuned = [c.name for c in _fit_configs(case, MAX_TUNED_CONFIGS)] if case.kind != "dw" else list(timed)
-            row["sweep_best"] = {"config": best, "ms": timed[best],
-                                 "tuned_candidates_hold_it": min(timed.get(n, math.inf) for n in tuned)
-                                 <= 1.03 * timed[best]}
+            row["sweep_best"] = {
+                "config": best,
+                "ms": timed[best],
+                "tuned_candidates_hold_it": min(timed.get(n, math.inf) for n in tuned) <= 1.03 * timed[best],
+            }
 
     # numerics on the first set
     conv64, pre64, out64 = _ref64(case, first, case.role)
@@ -491,8 +567,7 @@ def _unit(c: int, d: int, snake, depthwise: bool = False):
     from ttsaot.builder.kernels.conv_modules import Residual
     from ttsaot.builder.layers.conv import CausalConv1d
 
-    conv1 = _LeftPad(c, c, 7, dilation=d, groups=c, left_pad=6 * d) if depthwise else CausalConv1d(c, c, 7,
-                                                                                                  dilation=d)
+    conv1 = _LeftPad(c, c, 7, dilation=d, groups=c, left_pad=6 * d) if depthwise else CausalConv1d(c, c, 7, dilation=d)
     conv2 = _LeftPad(c, c, 1) if depthwise else CausalConv1d(c, c, 1)
     block = [snake(c), conv1, snake(c), conv2]
     return _Unit(block), Residual(block)
@@ -599,8 +674,16 @@ def _vq_codes(z: torch.Tensor, seed: int = 7) -> torch.Tensor:
     return (e @ cb.t()).argmax(-1)
 
 
-def measure_chain(name: str, family: str, B: int, T: int, precision: str, reps: int,
-                  blocks: int | None = None, units_only: tuple[int, int] | None = None) -> dict:
+def measure_chain(
+    name: str,
+    family: str,
+    B: int,
+    T: int,
+    precision: str,
+    reps: int,
+    blocks: int | None = None,
+    units_only: tuple[int, int] | None = None,
+) -> dict:
     """Fused channels-last chain (NCL in and out) vs the eager modules (cuDNN convs, ttsaot::snake_beta) of one
     conv stack, both in CUDA graphs."""
     from ttsaot.builder.kernels.conv_modules import fuse_conv_chain
@@ -608,43 +691,54 @@ def measure_chain(name: str, family: str, B: int, T: int, precision: str, reps: 
 
     dt = _dtype(precision)
     eager, items, cin = decoder_stack(family, blocks)
-    if units_only is not None:       # a slice of the stack: [snake, convT, units...] of one decoder block
-        eager = nn.Sequential(*list(eager)[units_only[0]:units_only[1]])
-        items = items[units_only[0]:units_only[1]]
+    if units_only is not None:  # a slice of the stack: [snake, convT, units...] of one decoder block
+        eager = nn.Sequential(*list(eager)[units_only[0] : units_only[1]])
+        items = items[units_only[0] : units_only[1]]
         first = next(m for m in eager.modules() if isinstance(m, (nn.Conv1d, nn.ConvTranspose1d)))
         cin = first.in_channels
     _randomize(eager)
     out_dtype = torch.float32 if family in ("qwen", "fish") and units_only is None else None
-    chain = fuse_conv_chain(items, input_layout="NCL", output_layout="NCL",
-                            out_dtype=out_dtype if dt != torch.float32 else None,
-                            precision=_kernel_precision(precision))
+    chain = fuse_conv_chain(
+        items,
+        input_layout="NCL",
+        output_layout="NCL",
+        out_dtype=out_dtype if dt != torch.float32 else None,
+        precision=_kernel_precision(precision),
+    )
     bake_snake(eager)
     eager = cast_to_compute_dtype(eager, dt).to(DEVICE).eval()
     chain = cast_to_compute_dtype(chain, dt).to(DEVICE).eval()
     g = torch.Generator(device=DEVICE).manual_seed(1)
     x = torch.randn(B, cin, T, generator=g, device=DEVICE).to(dt)
-    row: dict[str, Any] = {"name": name, "family": family, "precision": precision, "B": B, "input": [B, cin, T],
-                           "plan": chain.plan.steps, "fused_launches": chain.plan.launches,
-                           "layout_changes": [chain.plan.steps[i] for i in chain.plan.layout_changes]}
+    row: dict[str, Any] = {
+        "name": name,
+        "family": family,
+        "precision": precision,
+        "B": B,
+        "input": [B, cin, T],
+        "plan": chain.plan.steps,
+        "fused_launches": chain.plan.launches,
+        "layout_changes": [chain.plan.steps[i] for i in chain.plan.layout_changes],
+    }
     with torch.no_grad():
         _set_tf32("ieee")
         flops = [0.0]
         remove = _count_flops(eager, flops)
-        ref = eager.float()(x.float()) if dt != torch.float32 else eager(x)     # exact fp32 eager
+        ref = eager.float()(x.float()) if dt != torch.float32 else eager(x)  # exact fp32 eager
         remove()
         eager = cast_to_compute_dtype(eager, dt)
         _set_tf32(precision)
         y_eager = eager(x)
         t0 = time.time()
-        y = chain(x)                                        # autotunes every layer shape (as AOTI does)
+        y = chain(x)  # autotunes every layer shape (as AOTI does)
         torch.cuda.synchronize()
-        row["first_call_s"] = round(time.time() - t0, 1)    # compiles + autotuning (build-time cost in AOTI)
+        row["first_call_s"] = round(time.time() - t0, 1)  # compiles + autotuning (build-time cost in AOTI)
         row["rel_err_fused_vs_eager"] = float(f"{rel_err(y, y_eager):.3g}")
         row["rel_err_fused_vs_fp32"] = float(f"{rel_err(y, ref):.3g}")
         row["rel_err_eager_vs_fp32"] = float(f"{rel_err(y_eager, ref):.3g}")
         row["eager_ms"] = round(graph_ms([lambda: eager(x)], reps), 4)
         row["fused_ms"] = round(graph_ms([lambda: chain(x)], reps), 4)
-        if dt == torch.float32 and precision != "tf32":    # what users run today: eager with TF32 convolutions
+        if dt == torch.float32 and precision != "tf32":  # what users run today: eager with TF32 convolutions
             _set_tf32("tf32")
             y_tf32 = eager(x)
             row["eager_tf32_ms"] = round(graph_ms([lambda: eager(x)], reps), 4)
@@ -663,11 +757,13 @@ def measure_chain(name: str, family: str, B: int, T: int, precision: str, reps: 
 
 def _count_flops(m: nn.Module, acc: list[float]) -> Callable[[], None]:
     """Forward hooks adding each conv's 2·MACs to acc[0]; returns the remover."""
+
     def hook(mod, inp, out):
         if isinstance(mod, nn.ConvTranspose1d):
             acc[0] += 2.0 * inp[0].numel() * mod.out_channels * mod.kernel_size[0]
         else:
             acc[0] += 2.0 * out.numel() * mod.in_channels // mod.groups * mod.kernel_size[0]
+
     hs = [c.register_forward_hook(hook) for c in m.modules() if isinstance(c, (nn.Conv1d, nn.ConvTranspose1d))]
     return lambda: [h.remove() for h in hs]
 
@@ -675,11 +771,11 @@ def _count_flops(m: nn.Module, acc: list[float]) -> Callable[[], None]:
 @dataclass(frozen=True)
 class ChainSpec:
     name: str
-    family: str                  # qwen | fish | vox | enc (decoder_stack)
+    family: str  # qwen | fish | vox | enc (decoder_stack)
     B: int
-    T: int                       # length at the stack input
+    T: int  # length at the stack input
     precision: str
-    units_only: tuple[int, int] | None = None     # a slice of the eager module list (one decoder block)
+    units_only: tuple[int, int] | None = None  # a slice of the eager module list (one decoder block)
 
 
 # The order is the priority under the budget: the stacks the issue's targets name first (B=1 and B=4), the numerics
@@ -699,7 +795,7 @@ CHAIN_PLAN = [
     ChainSpec("qwen_ru_d9_192", "qwen", 1, 32000, "bf16", (15, 16)),
     ChainSpec("qwen_decoder_block_192", "qwen", 1, 8000, "bf16", (11, 16)),
 ]
-CORE_CHAINS = 6          # the first CORE_CHAINS run before the layer tables, the rest after
+CORE_CHAINS = 6  # the first CORE_CHAINS run before the layer tables, the rest after
 
 
 # ------------------------------------------------------------------------------------------ smoke
@@ -717,7 +813,7 @@ def _smoke_cases(precision: str, g: torch.Generator) -> dict[str, tuple[Callable
     def rnd(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g, device=DEVICE) * scale).to(dt)
 
-    def op(t):               # the operands as the kernel multiplies them
+    def op(t):  # the operands as the kernel multiplies them
         return K.round_to_tf32(t) if prec == "tf32" else t
 
     x, res = rnd(2, 301, 24), rnd(2, 301, 20)
@@ -730,38 +826,51 @@ def _smoke_cases(precision: str, g: torch.Generator) -> dict[str, tuple[Callable
 
     cases = {
         "conv1d_res_snake_dual": (
-            lambda: K.conv1d_forward(x, w, b, res, None, None, a20, ib20, 1, 3, 18, "snake", None, prec, True,
-                                     config=cfg),
-            lambda: K.conv1d_dual_reference(op(x), op(w), b, res, None, None, a20, ib20, 1, 3, 18, "snake", None,
-                                            prec)),
+            lambda: K.conv1d_forward(
+                x, w, b, res, None, None, a20, ib20, 1, 3, 18, "snake", None, prec, True, config=cfg
+            ),
+            lambda: K.conv1d_dual_reference(op(x), op(w), b, res, None, None, a20, ib20, 1, 3, 18, "snake", None, prec),
+        ),
         "conv1d_split4_res_snake_dual": (
-            lambda: K.conv1d_forward(x, w, b, res, None, None, a20, ib20, 1, 3, 18, "snake", None, prec, True,
-                                     config=split),
-            lambda: K.conv1d_dual_reference(op(x), op(w), b, res, None, None, a20, ib20, 1, 3, 18, "snake", None,
-                                            prec)),
+            lambda: K.conv1d_forward(
+                x, w, b, res, None, None, a20, ib20, 1, 3, 18, "snake", None, prec, True, config=split
+            ),
+            lambda: K.conv1d_dual_reference(op(x), op(w), b, res, None, None, a20, ib20, 1, 3, 18, "snake", None, prec),
+        ),
         "conv1d_clamp_f32": (
-            lambda: K.conv1d_forward(x, w, b, None, None, None, None, None, 1, 1, 6, "clamp", torch.float32, prec,
-                                     False, config=cfg),
-            single(lambda: K.conv1d_reference(op(x), op(w), b, None, None, None, None, None, 1, 1, 6, "clamp",
-                                              torch.float32, prec))),
+            lambda: K.conv1d_forward(
+                x, w, b, None, None, None, None, None, 1, 1, 6, "clamp", torch.float32, prec, False, config=cfg
+            ),
+            single(
+                lambda: K.conv1d_reference(
+                    op(x), op(w), b, None, None, None, None, None, 1, 1, 6, "clamp", torch.float32, prec
+                )
+            ),
+        ),
         "conv1d_strided_tanh": (
-            lambda: K.conv1d_forward(x, w, b, None, None, None, None, None, 4, 1, 3, "tanh", None, prec, False,
-                                     config=cfg),
-            single(lambda: K.conv1d_reference(op(x), op(w), b, None, None, None, None, None, 4, 1, 3, "tanh", None,
-                                              prec))),
+            lambda: K.conv1d_forward(
+                x, w, b, None, None, None, None, None, 4, 1, 3, "tanh", None, prec, False, config=cfg
+            ),
+            single(
+                lambda: K.conv1d_reference(op(x), op(w), b, None, None, None, None, None, 4, 1, 3, "tanh", None, prec)
+            ),
+        ),
         "conv_transpose1d_affine_snake_dual": (
-            lambda: K.conv_transpose1d_forward(x, wt, b, None, sc, sh, a20, ib20, "snake", None, prec, True,
-                                               config=cfg),
-            lambda: K.conv_transpose1d_dual_reference(op(x), op(wt), b, None, sc, sh, a20, ib20, "snake", None,
-                                                      prec)),
+            lambda: K.conv_transpose1d_forward(
+                x, wt, b, None, sc, sh, a20, ib20, "snake", None, prec, True, config=cfg
+            ),
+            lambda: K.conv_transpose1d_dual_reference(op(x), op(wt), b, None, sc, sh, a20, ib20, "snake", None, prec),
+        ),
     }
-    if precision in ("bf16", "ieee"):       # no precision option: once per operand width
+    if precision in ("bf16", "ieee"):  # no precision option: once per operand width
         cases["dwconv1d_snake"] = (
-            single(lambda: K.dwconv1d_forward(x, wd, None, None, None, None, a, ib, 9, 54, "snake", None,
-                                              config=dcfg)),
-            single(lambda: K.dwconv1d_reference(x, wd, None, None, None, None, a, ib, 9, 54, "snake", None)))
-        cases["snake_beta_nlc"] = (single(lambda: launch_snake_beta_nlc_kernel(x, a, ib, block=(64, 64))),
-                                   single(lambda: snake_beta_nlc_reference(x, a, ib)))
+            single(lambda: K.dwconv1d_forward(x, wd, None, None, None, None, a, ib, 9, 54, "snake", None, config=dcfg)),
+            single(lambda: K.dwconv1d_reference(x, wd, None, None, None, None, a, ib, 9, 54, "snake", None)),
+        )
+        cases["snake_beta_nlc"] = (
+            single(lambda: launch_snake_beta_nlc_kernel(x, a, ib, block=(64, 64))),
+            single(lambda: snake_beta_nlc_reference(x, a, ib)),
+        )
     if precision == "fp16":
         cases = {k: v for k, v in cases.items() if k == "conv1d_res_snake_dual"}
     return cases
@@ -782,25 +891,36 @@ def smoke() -> dict:
                 e = {"out": rel_err(got[1], want[1])}
                 if got[0] is not None:
                     e["pre"] = rel_err(got[0], want[0])
-                out[key] = {"rel_err": {k: float(f"{v:.3g}") for k, v in e.items()},
-                            "equal_frac": round((got[1] == want[1]).float().mean().item(), 4),
-                            "ok": all(v < tol for v in e.values()) and not got[1].isnan().any().item()}
+                out[key] = {
+                    "rel_err": {k: float(f"{v:.3g}") for k, v in e.items()},
+                    "equal_frac": round((got[1] == want[1]).float().mean().item(), 4),
+                    "ok": all(v < tol for v in e.values()) and not got[1].isnan().any().item(),
+                }
             except Exception:  # noqa: BLE001
                 out[key] = {"ok": False, "error": traceback.format_exc()[-2500:]}
     return out
 
 
 # ------------------------------------------------------------------------------------------ driver
-def run(out_dir: Path, survey_path: Path, budget: float, reps: int, only: set[str] | None,
-        sweep: bool = False) -> dict:
+def run(out_dir: Path, survey_path: Path, budget: float, reps: int, only: set[str] | None, sweep: bool = False) -> dict:
     torch.set_grad_enabled(False)
     dev = torch.device(DEVICE)
     t0 = time.time()
-    res: dict[str, Any] = {"schema": RESULTS_SCHEMA, "kind": "conv_kernels", "layout": "NLC", "started": now_iso(),
-                           "git_commit": git_commit(), "device": device_info(dev), "peak_tflops_h100_sxm": PEAK_TFLOPS,
-                           "budget_s": budget, "sweep": sweep, "survey": str(survey_path.relative_to(REPO))
-                           if survey_path.is_relative_to(REPO) else str(survey_path),
-                           "tasks": [], "layers": [], "chains": []}
+    res: dict[str, Any] = {
+        "schema": RESULTS_SCHEMA,
+        "kind": "conv_kernels",
+        "layout": "NLC",
+        "started": now_iso(),
+        "git_commit": git_commit(),
+        "device": device_info(dev),
+        "peak_tflops_h100_sxm": PEAK_TFLOPS,
+        "budget_s": budget,
+        "sweep": sweep,
+        "survey": str(survey_path.relative_to(REPO)) if survey_path.is_relative_to(REPO) else str(survey_path),
+        "tasks": [],
+        "layers": [],
+        "chains": [],
+    }
     path = out_dir / res["device"]["slug"] / "conv_kernels.json"
 
     def save():
@@ -822,8 +942,15 @@ def run(out_dir: Path, survey_path: Path, budget: float, reps: int, only: set[st
                 sink.update(r)
             res["tasks"].append({"name": name, "status": "ok", "seconds": round(time.time() - t, 1)})
         except Exception as e:  # noqa: BLE001
-            res["tasks"].append({"name": name, "status": "error", "error": short_error(e),
-                                 "traceback": traceback.format_exc()[-2000:], "seconds": round(time.time() - t, 1)})
+            res["tasks"].append(
+                {
+                    "name": name,
+                    "status": "error",
+                    "error": short_error(e),
+                    "traceback": traceback.format_exc()[-2000:],
+                    "seconds": round(time.time() - t, 1),
+                }
+            )
             torch.cuda.empty_cache()
         save()
 
@@ -836,24 +963,43 @@ def run(out_dir: Path, survey_path: Path, budget: float, reps: int, only: set[st
             rows = []
             for case in survey_cases(survey, stage, dtype, batch, precision):
                 if time.time() - t0 > budget:
-                    rows.append({"stage": stage, "precision": precision, "B": case.B, "layers": case.layers,
-                                 "status": "skipped: budget"})
+                    rows.append(
+                        {
+                            "stage": stage,
+                            "precision": precision,
+                            "B": case.B,
+                            "layers": case.layers,
+                            "status": "skipped: budget",
+                        }
+                    )
                     continue
                 try:
                     rows.append(measure_case(case, reps, sweep))
                 except Exception as e:  # noqa: BLE001
-                    rows.append({"stage": stage, "precision": precision, "layers": case.layers, "B": case.B,
-                                 "error": short_error(e)})
+                    rows.append(
+                        {
+                            "stage": stage,
+                            "precision": precision,
+                            "layers": case.layers,
+                            "B": case.B,
+                            "error": short_error(e),
+                        }
+                    )
                     torch.cuda.empty_cache()
             return rows
+
         return fn
 
     def chain_fn(spec: ChainSpec) -> Callable[[], dict]:
-        return lambda: measure_chain(spec.name, spec.family, spec.B, spec.T, spec.precision, reps,
-                                     units_only=spec.units_only)
+        return lambda: measure_chain(
+            spec.name, spec.family, spec.B, spec.T, spec.precision, reps, units_only=spec.units_only
+        )
 
-    layer_tasks = [(f"layers:{stage}:b{batch}:{p}", layer_task(stage, dtype, batch, p))
-                   for stage, dtype, batch, precisions in LAYER_PLAN for p in precisions]
+    layer_tasks = [
+        (f"layers:{stage}:b{batch}:{p}", layer_task(stage, dtype, batch, p))
+        for stage, dtype, batch, precisions in LAYER_PLAN
+        for p in precisions
+    ]
     order = [(f"chain:{c.name}", chain_fn(c), res["chains"]) for c in CHAIN_PLAN[:CORE_CHAINS]]
     order += [(n, fn, res["layers"]) for n, fn in layer_tasks[:4]]
     order += [(f"chain:{c.name}", chain_fn(c), res["chains"]) for c in CHAIN_PLAN[CORE_CHAINS:]]
@@ -875,16 +1021,29 @@ def summarize(res: dict) -> dict:
         if "kernel" not in r:
             continue
         key = f"{r['stage']}:b{r['B']}:{r['precision']}"
-        s = out.setdefault(key, {"layers": 0, "cudnn_ms": 0.0, "cudnn_nlc_ms": 0.0, "kernel_ms": 0.0,
-                                 "fused_ms": 0.0, "unfused_ms": 0.0, "gflop": 0.0, "cudnn_wins": []})
+        s = out.setdefault(
+            key,
+            {
+                "layers": 0,
+                "cudnn_ms": 0.0,
+                "cudnn_nlc_ms": 0.0,
+                "kernel_ms": 0.0,
+                "fused_ms": 0.0,
+                "unfused_ms": 0.0,
+                "gflop": 0.0,
+                "cudnn_wins": [],
+            },
+        )
         n = r["count"]
         s["layers"] += n
         s["gflop"] += n * r["gflop"]
         for k in ("cudnn", "cudnn_nlc", "kernel", "fused", "unfused"):
-            s[f"{k}_ms"] += n * r[k].get("ms", r["cudnn"]["ms"])        # no NHWC kernel: count the NCL one
+            s[f"{k}_ms"] += n * r[k].get("ms", r["cudnn"]["ms"])  # no NHWC kernel: count the NCL one
         if r["speedup_kernel_vs_best_cudnn"] < 1.0:
-            s["cudnn_wins"].append(f"{r['kind']} {r['cin']}→{r['cout']} k{r['kernel_size']} d{r['dilation']} "
-                                   f"T{r['T_out']}: {r['speedup_kernel_vs_best_cudnn']}×")
+            s["cudnn_wins"].append(
+                f"{r['kind']} {r['cin']}→{r['cout']} k{r['kernel_size']} d{r['dilation']} "
+                f"T{r['T_out']}: {r['speedup_kernel_vs_best_cudnn']}×"
+            )
     for s in out.values():
         for k in list(s):
             if k.endswith("_ms") or k == "gflop":
@@ -895,8 +1054,10 @@ def summarize(res: dict) -> dict:
 def print_summary(res: dict) -> None:
     """At most ~40 lines: what the coordinator reads first."""
     dev = res.get("device", {})
-    print(f"conv-kernels (NLC) on {dev.get('name')} torch {dev.get('torch')} triton {dev.get('triton')}, "
-          f"commit {str(res.get('git_commit'))[:10]}, {res.get('seconds')} s")
+    print(
+        f"conv-kernels (NLC) on {dev.get('name')} torch {dev.get('torch')} triton {dev.get('triton')}, "
+        f"commit {str(res.get('git_commit'))[:10]}, {res.get('seconds')} s"
+    )
     bad = [k for k, v in res.get("smoke", {}).items() if not v.get("ok")]
     print(f"smoke: {len(res.get('smoke', {})) - len(bad)} ok, failed: {bad}")
     print(f"{'chain':30s} {'eager':>8s} {'fused':>8s} {'×':>5s} {'tf32 eager':>10s}  err fused/eager vs fp32, notes")
@@ -904,34 +1065,50 @@ def print_summary(res: dict) -> None:
         extra = f"{c['eager_tf32_ms']:10.3f}" if "eager_tf32_ms" in c else f"{'':10s}"
         notes = f" codes {c['code_match']}" if "code_match" in c else ""
         notes += f" first call {c.get('first_call_s')} s"
-        print(f"{c['name']:30s} {c['eager_ms']:8.3f} {c['fused_ms']:8.3f} {c['speedup']:5.2f} {extra}  "
-              f"{c['rel_err_fused_vs_fp32']:.2e}/{c['rel_err_eager_vs_fp32']:.2e}{notes}")
-    print(f"{'layers (ms, summed)':24s} {'n':>3s} {'cudnn':>7s} {'nhwc':>7s} {'kernel':>7s} {'unfused':>7s} "
-          f"{'fused':>7s}")
+        print(
+            f"{c['name']:30s} {c['eager_ms']:8.3f} {c['fused_ms']:8.3f} {c['speedup']:5.2f} {extra}  "
+            f"{c['rel_err_fused_vs_fp32']:.2e}/{c['rel_err_eager_vs_fp32']:.2e}{notes}"
+        )
+    print(
+        f"{'layers (ms, summed)':24s} {'n':>3s} {'cudnn':>7s} {'nhwc':>7s} {'kernel':>7s} {'unfused':>7s} {'fused':>7s}"
+    )
     for k, s in res.get("summary", {}).items():
-        print(f"{k:24s} {s['layers']:3d} {s['cudnn_ms']:7.3f} {s['cudnn_nlc_ms']:7.3f} {s['kernel_ms']:7.3f} "
-              f"{s['unfused_ms']:7.3f} {s['fused_ms']:7.3f}")
+        print(
+            f"{k:24s} {s['layers']:3d} {s['cudnn_ms']:7.3f} {s['cudnn_nlc_ms']:7.3f} {s['kernel_ms']:7.3f} "
+            f"{s['unfused_ms']:7.3f} {s['fused_ms']:7.3f}"
+        )
     for k, s in res.get("summary", {}).items():
         if s["cudnn_wins"]:
             print(f"  cuDNN faster {k}: {'; '.join(s['cudnn_wins'][:4])}{' …' if len(s['cudnn_wins']) > 4 else ''}")
-    issues = [f"{t['name']}: {t['status']}{' ' + t['error'] if 'error' in t else ''}"
-              for t in res.get("tasks", []) if t["status"] != "ok"]
+    issues = [
+        f"{t['name']}: {t['status']}{' ' + t['error'] if 'error' in t else ''}"
+        for t in res.get("tasks", [])
+        if t["status"] != "ok"
+    ]
     if issues:
         print("not done: " + " | ".join(issues)[:600])
     print(f"total {res.get('seconds')} s")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("conv-kernels", help="channels-last codec conv kernels vs cuDNN, per fused chain and per "
-                                            "layer (GPU)")
+    p = sub.add_parser(
+        "conv-kernels", help="channels-last codec conv kernels vs cuDNN, per fused chain and per layer (GPU)"
+    )
     p.add_argument("--out", default=str(REPO / "bench" / "results"), help="results root (<out>/<device>/...)")
     p.add_argument("--survey", default=str(SURVEY), help="per-layer cuDNN survey JSON whose shapes are measured")
     p.add_argument("--budget", type=float, default=300.0, help="seconds after which remaining tasks are skipped")
     p.add_argument("--reps", type=int, default=10, help="timed graph replays per measurement")
-    p.add_argument("--only", type=lambda v: {s.strip() for s in v.split(",") if s.strip()}, default=None,
-                   help="task name prefixes, e.g. smoke,chain:qwen,layers:code2wav")
-    p.add_argument("--sweep", action="store_true",
-                   help="also time every fitting tile per layer at an explicit config (slow: one compile each)")
+    p.add_argument(
+        "--only",
+        type=lambda v: {s.strip() for s in v.split(",") if s.strip()},
+        default=None,
+        help="task name prefixes, e.g. smoke,chain:qwen,layers:code2wav",
+    )
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="also time every fitting tile per layer at an explicit config (slow: one compile each)",
+    )
 
 
 def main(a: argparse.Namespace) -> int:

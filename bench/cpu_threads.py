@@ -54,10 +54,35 @@ def physical_cores() -> int:
 
 def build_demo_artifact(out: Path) -> Path:
     cli = Path(sys.executable).with_name("build-artifacts")
-    subprocess.run([str(cli), "build", "qwen3-tts-12hz", "--stages", "code2wav", "--preset", "tiny",
-                    "--random-weights", "--device", "cpu", "--dtype", "fp32", "--batch-buckets", "1,2",
-                    "--frame-buckets", "16,48", "--chunk-frames", "16", "--left-context-frames", "32",
-                    "--nonstreaming-chunk-frames", "0", "--out", str(out)], check=True)
+    subprocess.run(
+        [
+            str(cli),
+            "build",
+            "qwen3-tts-12hz",
+            "--stages",
+            "code2wav",
+            "--preset",
+            "tiny",
+            "--random-weights",
+            "--device",
+            "cpu",
+            "--dtype",
+            "fp32",
+            "--batch-buckets",
+            "1,2",
+            "--frame-buckets",
+            "16,48",
+            "--chunk-frames",
+            "16",
+            "--left-context-frames",
+            "32",
+            "--nonstreaming-chunk-frames",
+            "0",
+            "--out",
+            str(out),
+        ],
+        check=True,
+    )
     return out / "qwen3-tts-12hz"
 
 
@@ -72,9 +97,14 @@ def time_calls(stage, codes, calls: int, warmup: int = 3) -> dict:
         times.append((time.perf_counter() - t0) * 1e3)
     wall = time.perf_counter() - wall0
     times.sort()
-    return {"median_ms": round(statistics.median(times), 2), "p90_ms": round(times[int(0.9 * (len(times) - 1))], 2),
-            "min_ms": round(times[0], 2), "max_ms": round(times[-1], 2),
-            "cpu_per_wall": round((time.process_time() - cpu0) / wall, 2), "calls": calls}
+    return {
+        "median_ms": round(statistics.median(times), 2),
+        "p90_ms": round(times[int(0.9 * (len(times) - 1))], 2),
+        "min_ms": round(times[0], 2),
+        "max_ms": round(times[-1], 2),
+        "cpu_per_wall": round((time.process_time() - cpu0) / wall, 2),
+        "calls": calls,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,17 +128,29 @@ def main(argv: list[str] | None = None) -> int:
         tmp = tempfile.TemporaryDirectory(prefix="ttsaot-cpu-threads-")
         art = build_demo_artifact(Path(tmp.name))
     codes = torch.randint(0, 64, (2, 16, 16), generator=torch.Generator().manual_seed(0))
-    result = {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
-              "logical_cpus": os.cpu_count(), "physical_cores": cores, "torch": torch.__version__,
-              "default_torch_threads": default_threads, "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
-              "stage": "qwen3-tts-12hz code2wav (tiny, fp32), B=2 F=16", "conditions": {}}
+    result = {
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "logical_cpus": os.cpu_count(),
+        "physical_cores": cores,
+        "torch": torch.__version__,
+        "default_torch_threads": default_threads,
+        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+        "stage": "qwen3-tts-12hz code2wav (tiny, fp32), B=2 F=16",
+        "conditions": {},
+    }
     result["omp_worker_threads_started"] = {
-        str(n): int(subprocess.run([sys.executable, "-c", TEAM_PROBE, str(art), str(n)], capture_output=True,
-                                   text=True, check=True).stdout.split()[-1]) for n in sorted({1, cores})}
+        str(n): int(
+            subprocess.run(
+                [sys.executable, "-c", TEAM_PROBE, str(art), str(n)], capture_output=True, text=True, check=True
+            ).stdout.split()[-1]
+        )
+        for n in sorted({1, cores})
+    }
     print(f"OS threads started by package calls, by cpu_threads: {result['omp_worker_threads_started']}")
     stages = {name: load(art, stages=["code2wav"], cpu_threads=n)["code2wav"] for name, n in settings.items()}
     ref = stages["default"](codes)
-    for name, st in stages.items():   # thread count must not change the result beyond kernel-order noise
+    for name, st in stages.items():  # thread count must not change the result beyond kernel-order noise
         assert torch.allclose(st(codes), ref, rtol=1e-4, atol=1e-5), name
     for load_name, procs in (("as_found", 0), ("plus_busy", a.load_procs)):
         busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(procs)]
@@ -119,9 +161,11 @@ def main(argv: list[str] | None = None) -> int:
                 rec = {"loadavg_1m_before": round(os.getloadavg()[0], 2), "busy_loop_procs": procs}
                 rec.update(time_calls(st, codes, a.calls))
                 result["conditions"][key] = rec
-                print(f"{key:32s} {rec['median_ms']:9.2f} ms median  p90 {rec['p90_ms']:9.2f}  max "
-                      f"{rec['max_ms']:9.2f}  cpu/wall {rec['cpu_per_wall']:.2f}  (load {rec['loadavg_1m_before']})",
-                      flush=True)
+                print(
+                    f"{key:32s} {rec['median_ms']:9.2f} ms median  p90 {rec['p90_ms']:9.2f}  max "
+                    f"{rec['max_ms']:9.2f}  cpu/wall {rec['cpu_per_wall']:.2f}  (load {rec['loadavg_1m_before']})",
+                    flush=True,
+                )
         finally:
             for b in busy:
                 b.kill()

@@ -48,15 +48,16 @@ from . import RESULTS_SCHEMA
 from .common import device_info, git_commit, now_iso, rel_err, short_error, sync, time_fn, write_json
 
 KINDS = ("ttsaot", "inductor")
-DEFAULT_LAYERS_CUDA = 8   # base LM layers built on CUDA by default (of 28)
+DEFAULT_LAYERS_CUDA = 8  # base LM layers built on CUDA by default (of 28)
 
 
 @dataclass(frozen=True)
 class StepStage:
     """What differs between the two VoxCPM2 decode steps: which LM config they run (and the preset field that sets
     its layer count) and the host inputs before positions/k/v (hidden-size vectors per row)."""
+
     name: str
-    layers_field: str             # VoxCPM2LMConfig field cut by --layers ("lm" = lm.num_hidden_layers)
+    layers_field: str  # VoxCPM2LMConfig field cut by --layers ("lm" = lm.num_hidden_layers)
     host_inputs: tuple[str, ...]  # [B, hidden] float inputs, in call order
 
     def lm(self, cfg):
@@ -68,9 +69,13 @@ class StepStage:
         return replace(cfg, **{self.layers_field: layers})
 
 
-STEP_STAGES = {s.name: s for s in (
-    StepStage("base_lm_step", "lm", ("embeds",)),
-    StepStage("residual_lm_step", "residual_lm_num_layers", ("lm_hidden", "feat_embed")))}
+STEP_STAGES = {
+    s.name: s
+    for s in (
+        StepStage("base_lm_step", "lm", ("embeds",)),
+        StepStage("residual_lm_step", "residual_lm_num_layers", ("lm_hidden", "feat_embed")),
+    )
+}
 
 
 @contextlib.contextmanager
@@ -90,8 +95,14 @@ def _preset_layers(preset: str, step: StepStage, layers: int | None) -> Iterator
 def _options(a: argparse.Namespace, kernels: str):
     from ttsaot.builder.families.voxcpm2.options import VoxCPM2Options
 
-    return VoxCPM2Options(preset=a.preset, dtype=torch.bfloat16, batch_buckets=tuple(a.batches),
-                          max_len=a.max_len, seed=a.seed, kernels=kernels)
+    return VoxCPM2Options(
+        preset=a.preset,
+        dtype=torch.bfloat16,
+        batch_buckets=tuple(a.batches),
+        max_len=a.max_len,
+        seed=a.seed,
+        kernels=kernels,
+    )
 
 
 def _graph_ms(fn: Callable[[], Any], reps: int, device: torch.device) -> float:
@@ -122,8 +133,17 @@ def _profile(stage, cache, device: torch.device, reps: int, nbytes: int, copy_gb
     if g is None:
         return {"skipped": "no captured graph"}
     try:
-        return profile_bucket(lambda _xs: g.replay(), [], device, calls=20, reps=reps, top=12, nbytes=nbytes,
-                              copy_gbps=copy_gbps, layers={"passes": layers})
+        return profile_bucket(
+            lambda _xs: g.replay(),
+            [],
+            device,
+            calls=20,
+            reps=reps,
+            top=12,
+            nbytes=nbytes,
+            copy_gbps=copy_gbps,
+            layers={"passes": layers},
+        )
     except Exception as e:  # noqa: BLE001 - a profiler failure must not lose the timings
         return {"error": short_error(e)}
 
@@ -147,9 +167,15 @@ def run(a: argparse.Namespace, progress: Callable[[dict], None] | None = None) -
     stage_name = step.name
     torch.set_grad_enabled(False)
     t_start = time.time()
-    res: dict[str, Any] = {"schema": RESULTS_SCHEMA, "kind": "decode_stages", "started": now_iso(),
-                           "git_commit": git_commit(), "device": device_info(dev), "stage": f"voxcpm2/{stage_name}",
-                           "sections": {}}
+    res: dict[str, Any] = {
+        "schema": RESULTS_SCHEMA,
+        "kind": "decode_stages",
+        "started": now_iso(),
+        "git_commit": git_commit(),
+        "device": device_info(dev),
+        "stage": f"voxcpm2/{stage_name}",
+        "sections": {},
+    }
 
     def left() -> float:
         return a.budget - (time.time() - t_start)
@@ -168,19 +194,31 @@ def run(a: argparse.Namespace, progress: Callable[[dict], None] | None = None) -
             cfg = LM_PRESETS[a.preset]
             mcfg = step.lm(cfg)
             specs = {k: VOX.specs(_options(a, k), [stage_name])[0] for k in KINDS}
-            res["config"] = {"preset": a.preset, "dtype": "bf16", "batch_buckets": a.batches, "max_len": a.max_len,
-                             "position": a.max_len - 1, "context": a.max_len,
-                             "layers": mcfg.num_hidden_layers, "model_layers": model_layers,
-                             "hidden": mcfg.hidden_size, "kv_heads": mcfg.num_key_value_heads,
-                             "head_dim": mcfg.head_dim, "seed": a.seed, "compile_mode": a.compile_mode,
-                             "reps": reps, "budget_s": a.budget}
+            res["config"] = {
+                "preset": a.preset,
+                "dtype": "bf16",
+                "batch_buckets": a.batches,
+                "max_len": a.max_len,
+                "position": a.max_len - 1,
+                "context": a.max_len,
+                "layers": mcfg.num_hidden_layers,
+                "model_layers": model_layers,
+                "hidden": mcfg.hidden_size,
+                "kv_heads": mcfg.num_key_value_heads,
+                "head_dim": mcfg.head_dim,
+                "seed": a.seed,
+                "compile_mode": a.compile_mode,
+                "reps": reps,
+                "budget_s": a.budget,
+            }
             # ------------------------------------------------------------------ builds (same seed, same weights)
             built: dict[str, Path] = {}
             for k in KINDS:
                 t0 = time.time()
                 try:
-                    built[k] = build_family(VOX.name, [specs[k]], work / k, dev, seed=a.seed,
-                                            verify_in_subprocess=False, jobs=a.jobs).path
+                    built[k] = build_family(
+                        VOX.name, [specs[k]], work / k, dev, seed=a.seed, verify_in_subprocess=False, jobs=a.jobs
+                    ).path
                     res["sections"][f"build_{k}"] = {"seconds": round(time.time() - t0, 1), "jobs": a.jobs}
                 except Exception as e:  # noqa: BLE001
                     res["sections"][f"build_{k}"] = {"error": short_error(e), "seconds": round(time.time() - t0, 1)}
@@ -193,8 +231,10 @@ def run(a: argparse.Namespace, progress: Callable[[dict], None] | None = None) -
             stages = {k: b[stage_name] for k, b in bundles.items()}
             entry = next(iter(stages.values())).entry
             res["kernels_recorded"] = {k: st.entry.kernels for k, st in stages.items()}
-            weight_bytes = sum(torch.empty(0, dtype=torch_dtype(w.dtype)).element_size() * _numel(w.shape)
-                               for w in entry.constants.values())
+            weight_bytes = sum(
+                torch.empty(0, dtype=torch_dtype(w.dtype)).element_size() * _numel(w.shape)
+                for w in entry.constants.values()
+            )
             # ------------------------------------------------------------------------------ eager module
             module = specs["inductor"].make_module().eval()
             for p in specs["inductor"].passes:
@@ -207,7 +247,8 @@ def run(a: argparse.Namespace, progress: Callable[[dict], None] | None = None) -
                     res["sections"][key] = {"skipped": "time budget used up"}
                     continue
                 res["sections"][key] = out = _bench_bucket(
-                    a, step, B, dev, stages, module, mcfg, weight_bytes, peak["gb_per_s"], entry.tolerance, reps)
+                    a, step, B, dev, stages, module, mcfg, weight_bytes, peak["gb_per_s"], entry.tolerance, reps
+                )
                 save()
                 if a.compile and dev.type == "cuda":
                     if left() <= 0:
@@ -219,8 +260,9 @@ def run(a: argparse.Namespace, progress: Callable[[dict], None] | None = None) -
                         out["compile_graph"] = _bench_eager(compiled, step, B, dev, mcfg, a.max_len, reps, graph=True)
                         out["compile_graph"]["x_floor"] = out["compile_graph"]["ms"] / out["floor_ms"]
                         if "ttsaot" in out:
-                            out["ttsaot_speedup_vs_compile_graph"] = (out["compile_graph"]["ms"]
-                                                                      / out["ttsaot"]["replay_ms"])
+                            out["ttsaot_speedup_vs_compile_graph"] = (
+                                out["compile_graph"]["ms"] / out["ttsaot"]["replay_ms"]
+                            )
                     except Exception as e:  # noqa: BLE001
                         out["compile_graph"] = {"error": short_error(e)}
                     save()
@@ -242,10 +284,12 @@ def _inputs(step: StepStage, B: int, dev: torch.device, mcfg, max_len: int) -> d
     g = torch.Generator().manual_seed(B)
     shape = [mcfg.num_hidden_layers, B, mcfg.num_key_value_heads, max_len + 1, mcfg.head_dim]
     host = {n: torch.randn(B, mcfg.hidden_size, generator=g).to(dev) for n in step.host_inputs}
-    return {**host,
-            "positions": torch.full((B,), max_len - 1, dtype=torch.long, device=dev),
-            "k": (torch.randn(shape, generator=g) * 0.5).to(dev, torch.bfloat16),
-            "v": torch.randn(shape, generator=g).to(dev, torch.bfloat16)}
+    return {
+        **host,
+        "positions": torch.full((B,), max_len - 1, dtype=torch.long, device=dev),
+        "k": (torch.randn(shape, generator=g) * 0.5).to(dev, torch.bfloat16),
+        "v": torch.randn(shape, generator=g).to(dev, torch.bfloat16),
+    }
 
 
 def _bench_eager(fn, step: StepStage, B: int, dev: torch.device, mcfg, max_len: int, reps: int, graph: bool) -> dict:
@@ -263,8 +307,19 @@ def _bench_eager(fn, step: StepStage, B: int, dev: torch.device, mcfg, max_len: 
     return {"ms": ms, "first_call_s" if not graph else "compile_s": round(first_s, 2)}
 
 
-def _bench_bucket(a, step: StepStage, B: int, dev: torch.device, stages: dict, module, mcfg, weight_bytes: int,
-                  peak_gbps: float, tolerance: float, reps: int) -> dict:
+def _bench_bucket(
+    a,
+    step: StepStage,
+    B: int,
+    dev: torch.device,
+    stages: dict,
+    module,
+    mcfg,
+    weight_bytes: int,
+    peak_gbps: float,
+    tolerance: float,
+    reps: int,
+) -> dict:
     t = _inputs(step, B, dev, mcfg, a.max_len)
     host = [t[n] for n in step.host_inputs]
     kv_bytes = 2 * mcfg.num_hidden_layers * B * mcfg.num_key_value_heads * a.max_len * mcfg.head_dim * 2
@@ -298,10 +353,13 @@ def _bench_bucket(a, step: StepStage, B: int, dev: torch.device, stages: dict, m
     for kind, c in caches.items():
         check[f"{kind}_wrote_slot_in_place"] = bool(
             not torch.equal(c.k[:, :, :, pos], t["k"][:, :, :, pos])
-            and torch.equal(c.k[:, :, :, :pos], t["k"][:, :, :, :pos]))
-    check["agree"] = len(results) == len(KINDS) and all(
-        v <= tolerance for n, v in check.items() if n.endswith(("_vs_inductor", "_vs_eager"))) and all(
-        v for n, v in check.items() if n.endswith("_in_place"))
+            and torch.equal(c.k[:, :, :, :pos], t["k"][:, :, :, :pos])
+        )
+    check["agree"] = (
+        len(results) == len(KINDS)
+        and all(v <= tolerance for n, v in check.items() if n.endswith(("_vs_inductor", "_vs_eager")))
+        and all(v for n, v in check.items() if n.endswith("_in_place"))
+    )
     out["check"] = check
     # --------------------------------------------------------------------------------------------- time
     for k, st in stages.items():
@@ -313,11 +371,15 @@ def _bench_bucket(a, step: StepStage, B: int, dev: torch.device, stages: dict, m
 
         replay = _replay_ms(st, cache, reps, dev)
         step_ms = time_fn(step_call, dev, 3, reps)["ms"]
-        out[k] = {"replay_ms": replay, "step_ms": step_ms,
-                  "x_floor": (replay if replay is not None else step_ms) / floor_ms}
+        out[k] = {
+            "replay_ms": replay,
+            "step_ms": step_ms,
+            "x_floor": (replay if replay is not None else step_ms) / floor_ms,
+        }
         if dev.type == "cuda" and a.profile:
-            out[k]["profile"] = _profile(st, cache, dev, reps, weight_bytes + kv_bytes, peak_gbps,
-                                         mcfg.num_hidden_layers)
+            out[k]["profile"] = _profile(
+                st, cache, dev, reps, weight_bytes + kv_bytes, peak_gbps, mcfg.num_hidden_layers
+            )
         st.release(cache)
     out["eager"] = _bench_eager(module, step, B, dev, mcfg, a.max_len, reps, graph=False)
     if dev.type == "cuda":
@@ -330,19 +392,24 @@ def _bench_bucket(a, step: StepStage, B: int, dev: torch.device, stages: dict, m
 
 
 def status(res: dict) -> str:
-    """"check failed" if a measured bucket disagrees, "incomplete" if one was skipped (time box), else "ok"."""
+    """ "check failed" if a measured bucket disagrees, "incomplete" if one was skipped (time box), else "ok"."""
     buckets = [s for k, s in res.get("sections", {}).items() if k.startswith("B=")]
     if any("check" in s and not s["check"].get("agree") for s in buckets):
         return "check failed"
     if not buckets or any("check" not in s for s in buckets):
-        return "incomplete: " + ", ".join(k for k, s in res.get("sections", {}).items()
-                                          if k.startswith("B=") and "check" not in s) + " not measured"
+        return (
+            "incomplete: "
+            + ", ".join(k for k, s in res.get("sections", {}).items() if k.startswith("B=") and "check" not in s)
+            + " not measured"
+        )
     return "ok"
 
 
 def summary(res: dict) -> str:
-    lines = [f"decode-stages {res.get('stage')} on {res['device'].get('name', res['device']['type'])}: "
-             f"{status(res)} ({res.get('seconds')} s)"]
+    lines = [
+        f"decode-stages {res.get('stage')} on {res['device'].get('name', res['device']['type'])}: "
+        f"{status(res)} ({res.get('seconds')} s)"
+    ]
     for key, s in res.get("sections", {}).items():
         if not key.startswith("B="):
             continue
@@ -355,22 +422,30 @@ def summary(res: dict) -> str:
             t = v.get("replay_ms") or v.get("step_ms") or v.get("ms")
             return "-" if t is None else f"{t:.4f} ms ({t / s['floor_ms']:.2f}x)"
 
-        lines.append(f"  {key}: floor {s['floor_ms']:.4f} ms; ttsaot {ms('ttsaot')}, inductor {ms('inductor')}, "
-                     f"eager {ms('eager')}, eager+graph {ms('eager_graph')}, compile+graph {ms('compile_graph')}; "
-                     f"agree={s['check']['agree']}")
+        lines.append(
+            f"  {key}: floor {s['floor_ms']:.4f} ms; ttsaot {ms('ttsaot')}, inductor {ms('inductor')}, "
+            f"eager {ms('eager')}, eager+graph {ms('eager_graph')}, compile+graph {ms('compile_graph')}; "
+            f"agree={s['check']['agree']}"
+        )
     return "\n".join(lines)
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("decode-stages", help="VoxCPM2 decode step: --kernels ttsaot vs inductor artifacts, eager, "
-                                             "torch.compile, byte floor")
+    p = sub.add_parser(
+        "decode-stages",
+        help="VoxCPM2 decode step: --kernels ttsaot vs inductor artifacts, eager, torch.compile, byte floor",
+    )
     p.add_argument("--stage", default="base_lm_step", choices=sorted(STEP_STAGES))
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu (smoke run)")
     p.add_argument("--preset", default=None, help="full (default on CUDA) or tiny (default on CPU)")
     p.add_argument("--batches", type=lambda v: [int(x) for x in v.split(",") if x.strip()], default=[1, 16])
     p.add_argument("--max-len", type=int, default=None, help="KV cache length (default 512; tiny: 32)")
-    p.add_argument("--layers", type=int, default=None,
-                   help=f"base-LM layers built (default {DEFAULT_LAYERS_CUDA} for preset full, all for tiny)")
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help=f"base-LM layers built (default {DEFAULT_LAYERS_CUDA} for preset full, all for tiny)",
+    )
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--jobs", type=int, default=1, help="AOTI compile workers per build (build-artifacts --jobs)")
     p.add_argument("--budget", type=float, default=200.0, help="seconds; later buckets/sections are skipped")
@@ -390,7 +465,7 @@ def main(a: argparse.Namespace) -> int:
     if a.layers is None and a.preset == "full" and a.stage == "base_lm_step":
         a.layers = DEFAULT_LAYERS_CUDA
     if a.device.startswith("cuda") and "CXX" not in os.environ and Path("/usr/bin/g++").exists():
-        os.environ["CXX"] = "/usr/bin/g++"      # AOTI packages built with another compiler segfault on load
+        os.environ["CXX"] = "/usr/bin/g++"  # AOTI packages built with another compiler segfault on load
     slug = device_info(torch.device(a.device))["slug"]
     name = "decode_stages.json" if a.stage == "base_lm_step" else f"decode_stages_{a.stage}.json"
     path = Path(a.result) if a.result else Path(a.out) / slug / name
@@ -399,4 +474,3 @@ def main(a: argparse.Namespace) -> int:
     print(summary(res))
     print(f"→ {path}")
     return 0 if res.get("status") == "ok" else 1
-

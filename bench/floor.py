@@ -72,7 +72,7 @@ def count_flops(module: nn.Module, inputs: list[torch.Tensor]) -> dict[str, Any]
     for where in ("meta", "cpu"):
         try:
             if where == "meta":
-                if id(module) not in _META:   # one meta copy per module (a deepcopy of a big LM is slow)
+                if id(module) not in _META:  # one meta copy per module (a deepcopy of a big LM is slow)
                     _META.clear()
                     _META[id(module)] = copy.deepcopy(module).to("meta")
                 m = _META[id(module)]

@@ -48,8 +48,8 @@ from .common import device_info, git_commit, graph_replay_ms, now_iso, rel_err, 
 
 TARGET_RATIO = 0.85
 SECTIONS = ("copy", "skinny", "attention", "aoti", "layer", "predictors", "sweep")
-_WARMUP = {True: 3, False: 0}    # warm-up calls before eager timings: on the GPU, none in a CPU smoke run
-ROTATE_L2_MULTIPLE = 4          # weights rotated over at least this many times the L2 size
+_WARMUP = {True: 3, False: 0}  # warm-up calls before eager timings: on the GPU, none in a CPU smoke run
+ROTATE_L2_MULTIPLE = 4  # weights rotated over at least this many times the L2 size
 MIN_GRAPH_CALLS = 16
 
 # name: (N, K, epilogue, M values). VoxCPM2 decode (base LM: 28 layers, residual LM: 8, same dims): fused qkv
@@ -143,8 +143,7 @@ def _peak_copy(reps: int, device: torch.device) -> dict:
 
 
 # --------------------------------------------------------------------------------------------- skinny
-def _skinny_inputs(M: int, N: int, K: int, spec: dict, n_sets: int, g: torch.Generator,
-                   dev: torch.device) -> dict:
+def _skinny_inputs(M: int, N: int, K: int, spec: dict, n_sets: int, g: torch.Generator, dev: torch.device) -> dict:
     dt = torch.bfloat16
     n_out = N // 2 if spec.get("gated") else N
     return {
@@ -156,12 +155,26 @@ def _skinny_inputs(M: int, N: int, K: int, spec: dict, n_sets: int, g: torch.Gen
 
 
 def _skinny_kwargs(t: dict, spec: dict) -> dict:
-    return dict(norm_weight=t["norm_weight"], norm_eps=1e-5, gated=spec.get("gated", False), residual=t["residual"],
-                residual_scale=0.7 if spec.get("residual") else 1.0)
+    return dict(
+        norm_weight=t["norm_weight"],
+        norm_eps=1e-5,
+        gated=spec.get("gated", False),
+        residual=t["residual"],
+        residual_scale=0.7 if spec.get("residual") else 1.0,
+    )
 
 
-def bench_skinny_case(M: int, N: int, K: int, spec: dict, peak_gbps: float, reps: int, device: torch.device,
-                      launch_kw: dict | None = None, with_torch: bool = True) -> dict:
+def bench_skinny_case(
+    M: int,
+    N: int,
+    K: int,
+    spec: dict,
+    peak_gbps: float,
+    reps: int,
+    device: torch.device,
+    launch_kw: dict | None = None,
+    with_torch: bool = True,
+) -> dict:
     from ttsaot.builder.kernels.skinny_linear import launch_skinny_linear, skinny_linear_reference
 
     g = torch.Generator(device=device).manual_seed(M * 7 + N)
@@ -173,24 +186,40 @@ def bench_skinny_case(M: int, N: int, K: int, spec: dict, peak_gbps: float, reps
     n_out = N // 2 if spec.get("gated") else N
     io_bytes = 2 * (M * K + M * n_out * (2 if spec.get("residual") else 1) + (K if spec.get("norm") else 0))
     nbytes = w_bytes + io_bytes
-    out = launch_skinny_linear(t["x"], t["weights"][0], **kw, **launch_kw)          # autotunes here
+    out = launch_skinny_linear(t["x"], t["weights"][0], **kw, **launch_kw)  # autotunes here
     ref = skinny_linear_reference(t["x"], t["weights"][0], **kw)
-    case: dict[str, Any] = {"M": M, "N": N, "K": K, "epilogue": spec, "bytes": nbytes, "weight_sets": n_sets,
-                            "rel_err_vs_reference": rel_err(out.float(), ref.float())}
-    calls = [lambda i=i: launch_skinny_linear(t["x"], t["weights"][i], **kw, **launch_kw)
-             for i in _rotation(n_sets, device)]
+    case: dict[str, Any] = {
+        "M": M,
+        "N": N,
+        "K": K,
+        "epilogue": spec,
+        "bytes": nbytes,
+        "weight_sets": n_sets,
+        "rel_err_vs_reference": rel_err(out.float(), ref.float()),
+    }
+    calls = [
+        lambda i=i: launch_skinny_linear(t["x"], t["weights"][i], **kw, **launch_kw) for i in _rotation(n_sets, device)
+    ]
     ms = graph_ms(calls, reps, device)
     copy = copy_gbps(nbytes, reps, device)
     gbps = nbytes / (ms * 1e-3) / 1e9
-    case["kernel"] = {"graph_ms": ms, "gb_per_s": gbps, "ratio_to_copy": gbps / copy["gb_per_s"],
-                      "ratio_to_peak_copy": gbps / peak_gbps, "meets_target": gbps / copy["gb_per_s"] >= TARGET_RATIO}
-    single = time_fn(lambda: launch_skinny_linear(t["x"], t["weights"][0], **kw, **launch_kw), device,
-                     _WARMUP[device.type == "cuda"], reps)
+    case["kernel"] = {
+        "graph_ms": ms,
+        "gb_per_s": gbps,
+        "ratio_to_copy": gbps / copy["gb_per_s"],
+        "ratio_to_peak_copy": gbps / peak_gbps,
+        "meets_target": gbps / copy["gb_per_s"] >= TARGET_RATIO,
+    }
+    single = time_fn(
+        lambda: launch_skinny_linear(t["x"], t["weights"][0], **kw, **launch_kw),
+        device,
+        _WARMUP[device.type == "cuda"],
+        reps,
+    )
     case["kernel"]["eager_launch_ms"] = single["ms"]
     case["copy_same_bytes"] = copy
     if with_torch:
-        tcalls = [lambda i=i: skinny_linear_reference(t["x"], t["weights"][i], **kw)
-                  for i in _rotation(n_sets, device)]
+        tcalls = [lambda i=i: skinny_linear_reference(t["x"], t["weights"][i], **kw) for i in _rotation(n_sets, device)]
         tms = graph_ms(tcalls, reps, device)
         case["torch_eager_graph"] = {"ms": tms, "gb_per_s": nbytes / (tms * 1e-3) / 1e9}
         case["speedup_vs_torch"] = tms / ms
@@ -202,8 +231,10 @@ def _plan(M: int, N: int, K: int, spec: dict, device: torch.device) -> dict:
     from ttsaot.builder.kernels.skinny_linear import GEMV_MAX_M, plan_split_k
 
     n_out = N // 2 if spec.get("gated") else N
-    return {"split_k": plan_split_k(M, n_out, K, multiprocessor_count(device), M > GEMV_MAX_M),
-            "form": "dot" if M > GEMV_MAX_M else "gemv"}
+    return {
+        "split_k": plan_split_k(M, n_out, K, multiprocessor_count(device), M > GEMV_MAX_M),
+        "form": "dot" if M > GEMV_MAX_M else "gemv",
+    }
 
 
 # ------------------------------------------------------------------------------------------ attention
@@ -211,19 +242,23 @@ def _attention_inputs(B: int, S: int, L: int, ctx: int, rope: bool, g: torch.Gen
     from ttsaot.builder.layers.rope import rope_table
 
     hq, hkv, hd, dt = ATTENTION["hq"], ATTENTION["hkv"], ATTENTION["hd"], torch.bfloat16
-    t = {"qkv": torch.randn(B, (hq + 2 * hkv) * hd, generator=g, device=dev).to(dt),
-         "positions": torch.full((B,), ctx, dtype=torch.long, device=dev),
-         "k_cache": torch.randn(L, B, hkv, S, hd, generator=g, device=dev).to(dt),
-         "v_cache": torch.randn(L, B, hkv, S, hd, generator=g, device=dev).to(dt),
-         "cos": None, "sin": None}
+    t = {
+        "qkv": torch.randn(B, (hq + 2 * hkv) * hd, generator=g, device=dev).to(dt),
+        "positions": torch.full((B,), ctx, dtype=torch.long, device=dev),
+        "k_cache": torch.randn(L, B, hkv, S, hd, generator=g, device=dev).to(dt),
+        "v_cache": torch.randn(L, B, hkv, S, hd, generator=g, device=dev).to(dt),
+        "cos": None,
+        "sin": None,
+    }
     if rope:
         cos, sin = rope_table(hd, S, 10000.0)
         t["cos"], t["sin"] = cos.to(dev), sin.to(dev)
     return t
 
 
-def bench_attention_case(B: int, ctx: int, rope: bool, peak_gbps: float, reps: int, device: torch.device,
-                         launch_kw: dict | None = None) -> dict:
+def bench_attention_case(
+    B: int, ctx: int, rope: bool, peak_gbps: float, reps: int, device: torch.device, launch_kw: dict | None = None
+) -> dict:
     from ttsaot.builder.kernels.decode_attention import decode_attention_reference, launch_decode_attention
 
     hq, hkv, hd, S = ATTENTION["hq"], ATTENTION["hkv"], ATTENTION["hd"], ATTENTION["cache_positions"]
@@ -236,19 +271,35 @@ def bench_attention_case(B: int, ctx: int, rope: bool, peak_gbps: float, reps: i
     out = launch_decode_attention(**one, layer=0, scale=hd**-0.5, **launch_kw)
     ref = decode_attention_reference(**ref_t, layer=0, scale=hd**-0.5)
     # K/V of the context read, qkv read, o written, this token's k/v written
-    nbytes = (B * hkv * ctx * hd * 2 * 2 + B * (hq + 2 * hkv) * hd * 2 + B * hq * hd * 2 + B * hkv * hd * 2 * 2)
-    case: dict[str, Any] = {"B": B, "context": ctx, "cache_positions": S, "heads": [hq, hkv, hd], "rope": rope,
-                            "bytes": nbytes, "layers_rotated": L,
-                            "rel_err_vs_reference": rel_err(out.float(), ref.float()),
-                            "k_cache_rel_err_vs_reference": rel_err(one["k_cache"].float(), ref_t["k_cache"].float())}
-    calls = [lambda i=i: launch_decode_attention(**t, layer=i, scale=hd**-0.5, **launch_kw)
-             for i in _rotation(L, device)]
+    nbytes = B * hkv * ctx * hd * 2 * 2 + B * (hq + 2 * hkv) * hd * 2 + B * hq * hd * 2 + B * hkv * hd * 2 * 2
+    case: dict[str, Any] = {
+        "B": B,
+        "context": ctx,
+        "cache_positions": S,
+        "heads": [hq, hkv, hd],
+        "rope": rope,
+        "bytes": nbytes,
+        "layers_rotated": L,
+        "rel_err_vs_reference": rel_err(out.float(), ref.float()),
+        "k_cache_rel_err_vs_reference": rel_err(one["k_cache"].float(), ref_t["k_cache"].float()),
+    }
+    calls = [
+        lambda i=i: launch_decode_attention(**t, layer=i, scale=hd**-0.5, **launch_kw) for i in _rotation(L, device)
+    ]
     ms = graph_ms(calls, reps, device)
     gbps = nbytes / (ms * 1e-3) / 1e9
-    case["kernel"] = {"graph_ms": ms, "gb_per_s": gbps, "ratio_to_peak_copy": gbps / peak_gbps,
-                      "floor_ms": nbytes / (peak_gbps * 1e9) * 1e3}
-    single = time_fn(lambda: launch_decode_attention(**t, layer=0, scale=hd**-0.5, **launch_kw), device,
-                     _WARMUP[device.type == "cuda"], reps)
+    case["kernel"] = {
+        "graph_ms": ms,
+        "gb_per_s": gbps,
+        "ratio_to_peak_copy": gbps / peak_gbps,
+        "floor_ms": nbytes / (peak_gbps * 1e9) * 1e3,
+    }
+    single = time_fn(
+        lambda: launch_decode_attention(**t, layer=0, scale=hd**-0.5, **launch_kw),
+        device,
+        _WARMUP[device.type == "cuda"],
+        reps,
+    )
     case["kernel"]["eager_launch_ms"] = single["ms"]
     return case
 
@@ -279,8 +330,9 @@ def _kernel_layer_step(layer, x, positions, k_cache, v_cache, i, cos, sin):
     from ttsaot.builder.kernels.decode_modules import KernelAttention, KernelSwiGLU
 
     scale = layer.branch_scale or 1.0
-    h = KernelAttention(layer.self_attn).decode_step(x, layer.input_layernorm, positions, k_cache, v_cache, i, cos,
-                                                     sin, scale)
+    h = KernelAttention(layer.self_attn).decode_step(
+        x, layer.input_layernorm, positions, k_cache, v_cache, i, cos, sin, scale
+    )
     return KernelSwiGLU(layer.mlp).decode_step(h, layer.post_attention_layernorm, scale)
 
 
@@ -309,16 +361,25 @@ def bench_layer(B: int, peak_gbps: float, reps: int, with_compile: bool, device:
     w_bytes = sum(p.numel() * p.element_size() for p in layers[0].parameters())
     kv_bytes = B * hkv * (ctx + 1) * hd * 2 * 2
     floor_ms = (w_bytes + kv_bytes) / (peak_gbps * 1e9) * 1e3
-    res: dict[str, Any] = {"B": B, "context": ctx, "cache_positions": S, "layers_in_graph": n_layers,
-                           "weight_bytes_per_layer": w_bytes, "kv_bytes_per_layer": kv_bytes,
-                           "floor_ms_per_layer": floor_ms, "use_mup": cfg.use_mup}
+    res: dict[str, Any] = {
+        "B": B,
+        "context": ctx,
+        "cache_positions": S,
+        "layers_in_graph": n_layers,
+        "weight_bytes_per_layer": w_bytes,
+        "kv_bytes_per_layer": kv_bytes,
+        "floor_ms_per_layer": floor_ms,
+        "use_mup": cfg.use_mup,
+    }
     with torch.no_grad():
         kc_e, vc_e, kc_k, vc_k = kc0.clone(), vc0.clone(), kc0.clone(), vc0.clone()
         want = eager_stack(x, kc_e, vc_e)
         got = kernel_stack(x, kc_k, vc_k)
-        res["check"] = {"rel_err_out_vs_eager": rel_err(got.float(), want.float()),
-                        "rel_err_k_cache_vs_eager": rel_err(kc_k.float(), kc_e.float()),
-                        "rel_err_v_cache_vs_eager": rel_err(vc_k.float(), vc_e.float())}
+        res["check"] = {
+            "rel_err_out_vs_eager": rel_err(got.float(), want.float()),
+            "rel_err_k_cache_vs_eager": rel_err(kc_k.float(), kc_e.float()),
+            "rel_err_v_cache_vs_eager": rel_err(vc_k.float(), vc_e.float()),
+        }
         variants = {"kernels_graph": kernel_stack, "eager_graph": eager_stack}
         for name, fn in variants.items():
             kc, vc = kc0.clone(), vc0.clone()
@@ -355,7 +416,7 @@ class _AotiProbe(torch.nn.Module):
         cos, sin = rope_table(hd, S, 10000.0)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-        self.cos_keep_fp32 = self.sin_keep_fp32 = True       # the op takes fp32 rope tables (cast_to_compute_dtype)
+        self.cos_keep_fp32 = self.sin_keep_fp32 = True  # the op takes fp32 rope tables (cast_to_compute_dtype)
         self.scale = hd**-0.5
 
     def forward(self, x, positions, k_cache, v_cache):
@@ -372,17 +433,19 @@ def bench_aoti(reps: int, B: int = 4, S: int = 8193) -> dict:
     from torch._inductor import aoti_compile_and_package, aoti_load_package
 
     if "CXX" not in os.environ and Path("/usr/bin/g++").exists():
-        os.environ["CXX"] = "/usr/bin/g++"      # AOTI packages built with another compiler segfault on load
+        os.environ["CXX"] = "/usr/bin/g++"  # AOTI packages built with another compiler segfault on load
     from ttsaot.builder.passes import cast_to_compute_dtype
 
     m = cast_to_compute_dtype(_AotiProbe(S), torch.bfloat16).to("cuda")
 
     def inputs(seed: int):
         g = torch.Generator(device="cuda").manual_seed(seed)
-        return (torch.randn(B, 2048, generator=g, device="cuda").bfloat16(),
-                torch.tensor([0, 100, 511, S - 1][:B], device="cuda"),
-                torch.randn(2, B, 2, S, 128, generator=g, device="cuda").bfloat16(),
-                torch.randn(2, B, 2, S, 128, generator=g, device="cuda").bfloat16())
+        return (
+            torch.randn(B, 2048, generator=g, device="cuda").bfloat16(),
+            torch.tensor([0, 100, 511, S - 1][:B], device="cuda"),
+            torch.randn(2, B, 2, S, 128, generator=g, device="cuda").bfloat16(),
+            torch.randn(2, B, 2, S, 128, generator=g, device="cuda").bfloat16(),
+        )
 
     res: dict[str, Any] = {"B": B, "cache_positions": S}
     cache_bytes = 2 * B * 2 * S * 128 * 2
@@ -392,20 +455,24 @@ def bench_aoti(reps: int, B: int = 4, S: int = 8193) -> dict:
         ep = torch.export.export(m, inputs(0), strict=False)
         res["exported_op_nodes"] = {
             name: sum(1 for n in ep.graph.nodes if n.op == "call_function" and name in str(n.target))
-            for name in ("ttsaot.decode_attention", "ttsaot.skinny_linear")}
+            for name in ("ttsaot.decode_attention", "ttsaot.skinny_linear")
+        }
         path = aoti_compile_and_package(ep, package_path=str(Path(tmp) / "probe.pt2"))
         res["compile_s"] = time.time() - t0
         with zipfile.ZipFile(path) as z:
-            code = "".join(z.read(n).decode(errors="replace") for n in z.namelist()
-                           if n.endswith((".wrapper.cpp", ".cpp", ".py")))
+            code = "".join(
+                z.read(n).decode(errors="replace") for n in z.namelist() if n.endswith((".wrapper.cpp", ".cpp", ".py"))
+            )
         res["generated_code"] = {
-            "clone_calls": code.count("aoti_torch_clone"), "copy_calls": code.count("aoti_torch_copy_"),
+            "clone_calls": code.count("aoti_torch_clone"),
+            "copy_calls": code.count("aoti_torch_copy_"),
             "decode_attention_kernel_launches": code.count("decode_attention_kernel"),
             "skinny_linear_kernel_launches": code.count("skinny_linear_kernel"),
-            "proxy_executor_calls": code.count("proxy_executor_call_function")}
+            "proxy_executor_calls": code.count("proxy_executor_call_function"),
+        }
         runner = aoti_load_package(path, run_single_threaded=True)
         a_in, e_in = inputs(1), inputs(1)
-        runner(*inputs(2))                                   # warm-up: lazy kernel loads
+        runner(*inputs(2))  # warm-up: lazy kernel loads
         torch.cuda.synchronize()
         ptrs = [a_in[2].data_ptr(), a_in[3].data_ptr()]
         torch.cuda.reset_peak_memory_stats()
@@ -418,26 +485,41 @@ def bench_aoti(reps: int, B: int = 4, S: int = 8193) -> dict:
         res["cache_copied"] = extra >= cache_bytes // 2
         res["rel_err_out_vs_eager_ops"] = rel_err(got.float(), want.float())
         res["rel_err_k_cache_vs_eager_ops"] = rel_err(a_in[2].float(), e_in[2].float())
-        res["cache_written_in_callers_tensor"] = ptrs == [a_in[2].data_ptr(), a_in[3].data_ptr()] and \
-            res["rel_err_k_cache_vs_eager_ops"] < 1e-2
+        res["cache_written_in_callers_tensor"] = (
+            ptrs == [a_in[2].data_ptr(), a_in[3].data_ptr()] and res["rel_err_k_cache_vs_eager_ops"] < 1e-2
+        )
         res["graph_ms"] = graph_ms([lambda: runner(*a_in)], reps, torch.device("cuda"))
         res["eager_ops_graph_ms"] = graph_ms([lambda: m(*e_in)], reps, torch.device("cuda"))
-    res["ok"] = (not res["cache_copied"] and res["cache_written_in_callers_tensor"]
-                 and res["rel_err_out_vs_eager_ops"] < 1e-2)
+    res["ok"] = (
+        not res["cache_copied"] and res["cache_written_in_callers_tensor"] and res["rel_err_out_vs_eager_ops"] < 1e-2
+    )
     return res
 
 
 # ---------------------------------------------------------------------------------------------- runner
-def run_kernels(device: torch.device, quick: bool = False, budget_s: float = 200.0,
-                sections: tuple[str, ...] = SECTIONS, with_compile: bool = False,
-                progress: Callable[[dict], None] | None = None) -> dict[str, Any]:
+def run_kernels(
+    device: torch.device,
+    quick: bool = False,
+    budget_s: float = 200.0,
+    sections: tuple[str, ...] = SECTIONS,
+    with_compile: bool = False,
+    progress: Callable[[dict], None] | None = None,
+) -> dict[str, Any]:
     """`progress(result)` is called after every case (the CLI rewrites the JSON, so a crash keeps what was
     measured). Off-GPU this is a smoke run (Triton's interpreter, for the tests, with shrunk shape tables): no
     AOTI, no figures worth publishing."""
     torch.set_grad_enabled(False)
-    res: dict[str, Any] = {"schema": RESULTS_SCHEMA, "kind": "kernels", "started": now_iso(),
-                           "git_commit": git_commit(), "device": device_info(device), "target_ratio": TARGET_RATIO,
-                           "budget_s": budget_s, "quick": quick, "sections": {}}
+    res: dict[str, Any] = {
+        "schema": RESULTS_SCHEMA,
+        "kind": "kernels",
+        "started": now_iso(),
+        "git_commit": git_commit(),
+        "device": device_info(device),
+        "target_ratio": TARGET_RATIO,
+        "budget_s": budget_s,
+        "quick": quick,
+        "sections": {},
+    }
     from ttsaot.builder.kernels.common import HAVE_TRITON
 
     if not HAVE_TRITON:
@@ -495,7 +577,7 @@ def run_kernels(device: torch.device, quick: bool = False, budget_s: float = 200
     def skinny_section(shapes: dict) -> dict:
         items = []
         for name, (N, K, spec, ms) in shapes.items():
-            for M in ((ms[0], ms[-1]) if quick else ms):
+            for M in (ms[0], ms[-1]) if quick else ms:
                 items.append((f"{name}/M={M}", dict(M=M, N=N, K=K, spec=spec)))
         out = cases(bench_skinny_case, items)
         for case in out.values():
@@ -506,13 +588,20 @@ def run_kernels(device: torch.device, quick: bool = False, budget_s: float = 200
     guarded("skinny", lambda: skinny_section(SKINNY_SHAPES))
     contexts = ATTENTION["contexts"][:1] if quick else ATTENTION["contexts"]
     batches = (1, 16) if quick else (1, 2, 4, 8, 16)
-    attn_items = [(f"{'base' if rope else 'residual'}/B={B}/ctx={ctx}", dict(B=B, ctx=ctx, rope=rope))
-                  for rope in (True, False) for ctx in contexts for B in batches if rope or ctx == contexts[0]]
+    attn_items = [
+        (f"{'base' if rope else 'residual'}/B={B}/ctx={ctx}", dict(B=B, ctx=ctx, rope=rope))
+        for rope in (True, False)
+        for ctx in contexts
+        for B in batches
+        if rope or ctx == contexts[0]
+    ]
     guarded("attention", lambda: cases(bench_attention_case, attn_items))
     if device.type == "cuda":
         guarded("aoti", lambda: bench_aoti(reps))
-    layer_items = [(f"B={B}/ctx={LAYER['context']}", dict(B=B, with_compile=with_compile))
-                   for B in ((1, 16) if quick else (1, 4, 16))]
+    layer_items = [
+        (f"B={B}/ctx={LAYER['context']}", dict(B=B, with_compile=with_compile))
+        for B in ((1, 16) if quick else (1, 4, 16))
+    ]
     guarded("layer", lambda: cases(bench_layer, layer_items))
     guarded("predictors", lambda: skinny_section(PREDICTOR_SHAPES))
 
@@ -520,15 +609,32 @@ def run_kernels(device: torch.device, quick: bool = False, budget_s: float = 200
         items = []
         for name, (N, K, spec, _) in SKINNY_SHAPES.items():
             for M in (1, 4, 16):
-                for form in (("gemv", "dot") if M < 16 else ("dot",)):
+                for form in ("gemv", "dot") if M < 16 else ("dot",):
                     for split in (1, 2, 4):
-                        items.append((f"skinny/{name}/M={M}/{form}/split_k={split}",
-                                      dict(M=M, N=N, K=K, spec=spec, with_torch=False,
-                                           launch_kw={"split_k": split, "use_dot": form == "dot"})))
+                        items.append(
+                            (
+                                f"skinny/{name}/M={M}/{form}/split_k={split}",
+                                dict(
+                                    M=M,
+                                    N=N,
+                                    K=K,
+                                    spec=spec,
+                                    with_torch=False,
+                                    launch_kw={"split_k": split, "use_dot": form == "dot"},
+                                ),
+                            )
+                        )
         out = cases(bench_skinny_case, items)
-        attn = [(f"attention/base/B={B}/ctx={contexts[0]}/split={split}/block_s={block_s}",
-                 dict(B=B, ctx=contexts[0], rope=True, launch_kw={"split_size": split, "block_s": block_s}))
-                for B in (1, 16) for split in (64, 128, 256, 512) for block_s in (32, 64, 128) if block_s <= split]
+        attn = [
+            (
+                f"attention/base/B={B}/ctx={contexts[0]}/split={split}/block_s={block_s}",
+                dict(B=B, ctx=contexts[0], rope=True, launch_kw={"split_size": split, "block_s": block_s}),
+            )
+            for B in (1, 16)
+            for split in (64, 128, 256, 512)
+            for block_s in (32, 64, 128)
+            if block_s <= split
+        ]
         out.update(cases(bench_attention_case, attn))
         return out
 
@@ -550,16 +656,20 @@ def summary(res: dict) -> str:
     for key, c in {**sec.get("skinny", {}), **sec.get("predictors", {})}.items():
         if "kernel" in c:
             k = c["kernel"]
-            lines.append(f"skinny {key:<34} {k['graph_ms'] * 1e3:7.1f} us {k['gb_per_s']:6.0f} GB/s "
-                         f"{k['ratio_to_copy']:4.0%} of copy  x{c.get('speedup_vs_torch', float('nan')):.2f} "
-                         f"vs torch  err {c['rel_err_vs_reference']:.1e}")
+            lines.append(
+                f"skinny {key:<34} {k['graph_ms'] * 1e3:7.1f} us {k['gb_per_s']:6.0f} GB/s "
+                f"{k['ratio_to_copy']:4.0%} of copy  x{c.get('speedup_vs_torch', float('nan')):.2f} "
+                f"vs torch  err {c['rel_err_vs_reference']:.1e}"
+            )
         else:
             lines.append(f"skinny {key:<34} {c.get('error') or c.get('skipped')}")
     for key, c in sec.get("attention", {}).items():
         if "kernel" in c:
             k = c["kernel"]
-            lines.append(f"attention {key:<31} {k['graph_ms'] * 1e3:7.1f} us (floor {k['floor_ms'] * 1e3:.1f} us) "
-                         f"err {c['rel_err_vs_reference']:.1e}")
+            lines.append(
+                f"attention {key:<31} {k['graph_ms'] * 1e3:7.1f} us (floor {k['floor_ms'] * 1e3:.1f} us) "
+                f"err {c['rel_err_vs_reference']:.1e}"
+            )
         else:
             lines.append(f"attention {key:<31} {c.get('error') or c.get('skipped')}")
     for key, c in sec.get("layer", {}).items():
@@ -567,17 +677,21 @@ def summary(res: dict) -> str:
             extra = ""
             if "compile_graph" in c and "ms_per_layer" in c["compile_graph"]:
                 extra = f", compile {c['compile_graph']['ms_per_layer'] * 1e3:.1f} us"
-            lines.append(f"layer {key:<12} kernels {c['kernels_graph']['ms_per_layer'] * 1e3:.1f} us "
-                         f"({c['kernels_graph']['x_floor']:.2f}x floor {c['floor_ms_per_layer'] * 1e3:.1f} us), "
-                         f"eager {c['eager_graph']['ms_per_layer'] * 1e3:.1f} us{extra}; "
-                         f"err {c['check']['rel_err_out_vs_eager']:.1e}")
+            lines.append(
+                f"layer {key:<12} kernels {c['kernels_graph']['ms_per_layer'] * 1e3:.1f} us "
+                f"({c['kernels_graph']['x_floor']:.2f}x floor {c['floor_ms_per_layer'] * 1e3:.1f} us), "
+                f"eager {c['eager_graph']['ms_per_layer'] * 1e3:.1f} us{extra}; "
+                f"err {c['check']['rel_err_out_vs_eager']:.1e}"
+            )
         else:
             lines.append(f"layer {key:<12} {c.get('error') or c.get('skipped')}")
     a = sec.get("aoti")
     if a and "ok" in a:
-        lines.append(f"aoti ok={a['ok']} cache_copied={a['cache_copied']} "
-                     f"peak_extra={a['peak_extra_bytes_during_call']} B, code={a['generated_code']}, "
-                     f"graph {a['graph_ms'] * 1e3:.1f} us vs eager ops {a['eager_ops_graph_ms'] * 1e3:.1f} us")
+        lines.append(
+            f"aoti ok={a['ok']} cache_copied={a['cache_copied']} "
+            f"peak_extra={a['peak_extra_bytes_during_call']} B, code={a['generated_code']}, "
+            f"graph {a['graph_ms'] * 1e3:.1f} us vs eager ops {a['eager_ops_graph_ms'] * 1e3:.1f} us"
+        )
     elif a:
         lines.append(f"aoti {a.get('error') or a.get('skipped')}")
     sw = sec.get("sweep", {})

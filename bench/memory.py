@@ -65,14 +65,16 @@ def weights_bytes(entry) -> int:
     """The stage's constants as the manifest lists them."""
     from ttsaot.runtime.artifact import DTYPES
 
-    return sum(tensor_storage_bytes(list(w.shape), list(w.stride), DTYPES[w.dtype].itemsize)
-               for w in entry.constants.values())
+    return sum(
+        tensor_storage_bytes(list(w.shape), list(w.stride), DTYPES[w.dtype].itemsize) for w in entry.constants.values()
+    )
 
 
 def static_input_bytes(entry) -> dict[str, int]:
     """Per bucket, the bytes of its static input buffers (the runtime keeps one set per captured graph)."""
-    return {b.key: sum(math.prod(s.concrete(b.sizes)) * s.torch_dtype.itemsize for s in entry.inputs)
-            for b in entry.buckets}
+    return {
+        b.key: sum(math.prod(s.concrete(b.sizes)) * s.torch_dtype.itemsize for s in entry.inputs) for b in entry.buckets
+    }
 
 
 # -------------------------------------------------------------------------------------------------- child
@@ -100,8 +102,10 @@ def _pool_usage(device) -> dict[str, Any]:
         p["segments"] += 1
     graph = [p for pid, p in pools.items() if pid != DEFAULT_POOL]
     return {
-        "graph_pools": {"pools": len(graph), **{k: sum(p[k] for p in graph)
-                                                for k in ("reserved_bytes", "allocated_bytes", "segments")}},
+        "graph_pools": {
+            "pools": len(graph),
+            **{k: sum(p[k] for p in graph) for k in ("reserved_bytes", "allocated_bytes", "segments")},
+        },
         "default_pool": pools.get(DEFAULT_POOL, {"reserved_bytes": 0, "allocated_bytes": 0, "segments": 0}),
     }
 
@@ -133,7 +137,7 @@ def measure_load(artifact: Path, stage: str, device_name: str) -> dict[str, Any]
     cuda = dev.type == "cuda"
     if cuda:
         torch.cuda.set_device(dev)
-        torch.zeros(1, device=dev)   # context and allocator up before the first reading
+        torch.zeros(1, device=dev)  # context and allocator up before the first reading
         torch.cuda.synchronize(dev)
         free0, _ = torch.cuda.mem_get_info(dev)
         a0, r0 = torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev)
@@ -171,20 +175,25 @@ def measure_load(artifact: Path, stage: str, device_name: str) -> dict[str, Any]
         rec["reserved_beyond_weights_after_empty_cache_bytes"] = torch.cuda.memory_reserved(dev) - r0 - wb
     else:
         rss1 = _rss_bytes()
-        rec["cpu_note"] = ("CPU: no CUDA graphs, no GPU memory; rss_* is the process's resident memory (VmRSS) "
-                           "before / after the load: the weights, the packages' shared libraries as far as they "
-                           "were touched, and the runtime's buffers")
+        rec["cpu_note"] = (
+            "CPU: no CUDA graphs, no GPU memory; rss_* is the process's resident memory (VmRSS) "
+            "before / after the load: the weights, the packages' shared libraries as far as they "
+            "were touched, and the runtime's buffers"
+        )
         if rss0 is not None and rss1 is not None:
             rec.update(rss_bytes=rss1 - rss0, rss_beyond_weights_bytes=rss1 - rss0 - wb)
-    rec["per_bucket"] = {k: {**v, **({"static_inputs_bytes": static[k]} if v.get("graph") else {})}
-                         for k, v in per_bucket.items()}
+    rec["per_bucket"] = {
+        k: {**v, **({"static_inputs_bytes": static[k]} if v.get("graph") else {})} for k, v in per_bucket.items()
+    }
     t0 = time.perf_counter()
     cases = verify_bundle(bundle, [stage])
-    rec["golden"] = {"cases": len(cases), "ok": all(c.ok for c in cases),
-                     "worst": max((c.value for c in cases if c.metric == "rel"), default=None),
-                     "failed": [f"{c.case}/{c.output}: {c.metric} {c.value:.3g} > {c.limit:.3g}"
-                                for c in cases if not c.ok][:5],
-                     "seconds": round(time.perf_counter() - t0, 3)}
+    rec["golden"] = {
+        "cases": len(cases),
+        "ok": all(c.ok for c in cases),
+        "worst": max((c.value for c in cases if c.metric == "rel"), default=None),
+        "failed": [f"{c.case}/{c.output}: {c.metric} {c.value:.3g} > {c.limit:.3g}" for c in cases if not c.ok][:5],
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
     return rec
 
 
@@ -212,21 +221,37 @@ def parse_targets(text: str) -> list[tuple[str, str, str | None]]:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("memory", help="GPU memory beyond the weights and capture time of stages' full default plans")
-    p.add_argument("targets", type=parse_targets, metavar="FAMILY/STAGE[:DTYPE][,...]",
-                   help="e.g. qwen3-tts-12hz/code2wav,fish-s2-pro/dac_decoder,voxcpm2/vae_decoder")
+    p.add_argument(
+        "targets",
+        type=parse_targets,
+        metavar="FAMILY/STAGE[:DTYPE][,...]",
+        help="e.g. qwen3-tts-12hz/code2wav,fish-s2-pro/dac_decoder,voxcpm2/vae_decoder",
+    )
     p.add_argument("--preset", default=None, help="full (default on CUDA) or tiny (default on CPU)")
     p.add_argument("--device", default=None)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--axis", action="append", default=None, metavar="NAME=SIZES",
-                   help="override an axis of the default plan (recorded as an override; the CPU smoke test)")
+    p.add_argument(
+        "--axis",
+        action="append",
+        default=None,
+        metavar="NAME=SIZES",
+        help="override an axis of the default plan (recorded as an override; the CPU smoke test)",
+    )
     p.add_argument("--jobs", type=int, default=1, help="parallel AOTI compiles of each stage's buckets")
     p.add_argument("--parallel-builds", type=int, default=None, help="stages built at once (default: all)")
-    p.add_argument("--build-budget", type=float, default=None,
-                   help="seconds for all builds; a stage whose build is not done by then is recorded skipped")
+    p.add_argument(
+        "--build-budget",
+        type=float,
+        default=None,
+        help="seconds for all builds; a stage whose build is not done by then is recorded skipped",
+    )
     p.add_argument("--load-timeout", type=float, default=300.0, help="seconds per measuring process")
-    p.add_argument("--no-verify", dest="verify", action="store_false",
-                   help="skip the builder's subprocess verification (the measuring process still runs the golden "
-                        "cases)")
+    p.add_argument(
+        "--no-verify",
+        dest="verify",
+        action="store_false",
+        help="skip the builder's subprocess verification (the measuring process still runs the golden cases)",
+    )
     p.add_argument("--cache-dir", default=str(REPO / "bench" / ".cache"))
     p.add_argument("--package-cache", default=None, help="builder package cache (default <cache-dir>/packages)")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -236,8 +261,20 @@ def add_parser(sub) -> None:
 def _measure_child(artifact: str, stage: str, device: str, timeout: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ttsaot-memory-") as tmp:
         result = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "bench.memory", "--child", "--artifact", artifact, "--stage", stage,
-               "--device", device, "--result", str(result)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.memory",
+            "--child",
+            "--artifact",
+            artifact,
+            "--stage",
+            stage,
+            "--device",
+            device,
+            "--result",
+            str(result),
+        ]
         try:
             proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -261,12 +298,17 @@ def summary_lines(res: dict[str, Any]) -> list[str]:
             continue
         m = r["measured"]
         plan = "default plan" if not r.get("axes_override") else f"axes override {r['axes_override']}"
-        head = (f"{name} ({m['dtype']}, kernels={m['kernels']}, {m['buckets']} buckets, {plan}): weights "
-                f"{m['weights_bytes'] / MIB:.1f} MiB; load {m['load_s']:.2f} s")
+        head = (
+            f"{name} ({m['dtype']}, kernels={m['kernels']}, {m['buckets']} buckets, {plan}): weights "
+            f"{m['weights_bytes'] / MIB:.1f} MiB; load {m['load_s']:.2f} s"
+        )
         if m.get("reserved_beyond_weights_bytes") is None:
             rss = m.get("rss_beyond_weights_bytes")
-            lines.append(head + (f"; CPU RSS beyond weights {rss / MIB:.1f} MiB" if rss is not None else "")
-                         + " (no CUDA graphs on CPU)")
+            lines.append(
+                head
+                + (f"; CPU RSS beyond weights {rss / MIB:.1f} MiB" if rss is not None else "")
+                + " (no CUDA graphs on CPU)"
+            )
             continue
         ls = m.get("load_stats", {})
         lines.append(
@@ -277,7 +319,8 @@ def summary_lines(res: dict[str, Any]) -> list[str]:
             f"{m['allocated_beyond_weights_bytes'] / MIB:.0f} MiB, device "
             f"{m['device_used_beyond_weights_bytes'] / MIB:.0f} MiB; peak reserved beyond weights during load "
             f"{m['peak_reserved_beyond_weights_bytes'] / MIB:.0f} MiB"
-            + (f"; target ≤ 1 GiB: {'met' if r['meets_1gib'] else 'NOT met'}" if "meets_1gib" in r else ""))
+            + (f"; target ≤ 1 GiB: {'met' if r['meets_1gib'] else 'NOT met'}" if "meets_1gib" in r else "")
+        )
     return lines
 
 
@@ -298,23 +341,46 @@ def report_section(res: dict[str, Any]) -> str:
         gp = m.get("graph_pools", {}).get("reserved_bytes")
         ls = m.get("load_stats", {})
         plan = "default" if not r.get("axes_override") else "override"
-        rows.append([f"`{name}`", f"{m['dtype']}, {m['kernels']}", f"{m['buckets']} ({plan})", str(m["graphs"]),
-                     f"{m['weights_bytes'] / MIB:.0f}", _mib(m, "reserved_beyond_weights_bytes"),
-                     "—" if gp is None else f"{gp / MIB:.0f}", _mib(m, "default_pool_cached_free_bytes"),
-                     _mib(m, "device_used_beyond_weights_bytes"),
-                     f"{m['load_s']:.2f} ({ls.get('warmup_capture_s', 0):.2f})",
-                     f"{m['golden']['cases']} cases " + ("ok" if m["golden"]["ok"] else "FAILED")])
-    header = ["stage", "dtype, kernels", "buckets", "graphs", "weights MiB", "reserved beyond weights MiB",
-              "graph pools MiB", "cached free MiB", "device beyond weights MiB", "load s (warm-up + capture)",
-              "golden"]
-    return "\n".join([
-        f"Memory of each stage's full default bucket plan, loaded with CUDA graphs in a fresh process (`python -m "
-        f"bench memory`, preset {res.get('preset')}, commit `{str(res.get('git_commit', ''))[:12]}`). Reserved = "
-        "torch.cuda.memory_reserved after load minus before, less the manifest's weight bytes; graph pools = the "
-        "private pools' segments; cached free = what empty_cache() then returned (warm-up blocks); device = the "
-        "fall of cudaMemGetInfo's free memory, less the weights (adds the packages' kernels and library "
-        "workspaces). CPU rows: no graphs, see `rss_*` in memory.json.", "",
-        _table(header, rows)])
+        rows.append(
+            [
+                f"`{name}`",
+                f"{m['dtype']}, {m['kernels']}",
+                f"{m['buckets']} ({plan})",
+                str(m["graphs"]),
+                f"{m['weights_bytes'] / MIB:.0f}",
+                _mib(m, "reserved_beyond_weights_bytes"),
+                "—" if gp is None else f"{gp / MIB:.0f}",
+                _mib(m, "default_pool_cached_free_bytes"),
+                _mib(m, "device_used_beyond_weights_bytes"),
+                f"{m['load_s']:.2f} ({ls.get('warmup_capture_s', 0):.2f})",
+                f"{m['golden']['cases']} cases " + ("ok" if m["golden"]["ok"] else "FAILED"),
+            ]
+        )
+    header = [
+        "stage",
+        "dtype, kernels",
+        "buckets",
+        "graphs",
+        "weights MiB",
+        "reserved beyond weights MiB",
+        "graph pools MiB",
+        "cached free MiB",
+        "device beyond weights MiB",
+        "load s (warm-up + capture)",
+        "golden",
+    ]
+    return "\n".join(
+        [
+            f"Memory of each stage's full default bucket plan, loaded with CUDA graphs in a fresh process (`python -m "
+            f"bench memory`, preset {res.get('preset')}, commit `{str(res.get('git_commit', ''))[:12]}`). Reserved = "
+            "torch.cuda.memory_reserved after load minus before, less the manifest's weight bytes; graph pools = the "
+            "private pools' segments; cached free = what empty_cache() then returned (warm-up blocks); device = the "
+            "fall of cudaMemGetInfo's free memory, less the weights (adds the packages' kernels and library "
+            "workspaces). CPU rows: no graphs, see `rss_*` in memory.json.",
+            "",
+            _table(header, rows),
+        ]
+    )
 
 
 def main(a) -> int:
@@ -332,8 +398,16 @@ def main(a) -> int:
     axes = parse_axes(a.axis) or None
     info = device_info(torch.device(device))
     path = Path(a.result) if a.result else Path(a.out) / info["slug"] / "memory.json"
-    res: dict[str, Any] = {"schema": SCHEMA, "kind": "memory", "status": "running", "started": now_iso(),
-                           "git_commit": git_commit(), "device": info, "preset": preset, "stages": {}}
+    res: dict[str, Any] = {
+        "schema": SCHEMA,
+        "kind": "memory",
+        "status": "running",
+        "started": now_iso(),
+        "git_commit": git_commit(),
+        "device": info,
+        "preset": preset,
+        "stages": {},
+    }
     names = [f"{f}/{s}" + (f":{d}" if d else "") for f, s, d in a.targets]
     for n in names:
         res["stages"][n] = {"status": "building"}
@@ -341,9 +415,23 @@ def main(a) -> int:
 
     t0 = time.time()
     package_cache = a.package_cache or str(Path(a.cache_dir) / "packages")
-    tasks = [dict(family=f, stage=s, preset=preset, seed=a.seed, dtype=d, device=device, cache_dir=a.cache_dir,
-                  axes=axes, verify=a.verify, full_plan=True, package_cache=package_cache, compile_jobs=a.jobs)
-             for f, s, d in a.targets]
+    tasks = [
+        dict(
+            family=f,
+            stage=s,
+            preset=preset,
+            seed=a.seed,
+            dtype=d,
+            device=device,
+            cache_dir=a.cache_dir,
+            axes=axes,
+            verify=a.verify,
+            full_plan=True,
+            package_cache=package_cache,
+            compile_jobs=a.jobs,
+        )
+        for f, s, d in a.targets
+    ]
     builds = build_many(tasks, a.parallel_builds or len(tasks), timeout=a.build_budget)
     res["build_s"] = round(time.time() - t0, 1)
     failed = 0
@@ -368,7 +456,7 @@ def main(a) -> int:
             rec["measured"] = m
             beyond = m.get("reserved_beyond_weights_bytes")
             if beyond is not None and (family, stage) == ("qwen3-tts-12hz", "code2wav") and not axes:
-                rec["meets_1gib"] = beyond <= GIB   # the issue's target for the default plan
+                rec["meets_1gib"] = beyond <= GIB  # the issue's target for the default plan
         failed += rec["status"] != "ok"
         write_json(path, res)
     skipped = any(r.get("status") == "skipped" for r in res["stages"].values())

@@ -125,7 +125,7 @@ class PredictorSteps:
 
     def next_step(self, code: torch.Tensor, pos: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
         ne, nh = self.n_embed_w, self.n_head_w
-        embed_w, head_w, kv = tensors[:ne], tensors[ne:ne + nh], tensors[ne + nh:]
+        embed_w, head_w, kv = tensors[:ne], tensors[ne : ne + nh], tensors[ne + nh :]
         x = self.a.embed(code, *embed_w)
         cos, sin = self.a.rope_cos.index_select(0, pos), self.a.rope_sin.index_select(0, pos)
         visible = (torch.arange(self.keys, device=x.device) <= pos).view(1, 1, 1, self.keys)
@@ -137,8 +137,16 @@ class PredictorSteps:
         return (*self.a.embed_weights(step), *self.a.head_weights(step))
 
 
-def _block_at(layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-              v_cache: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+def _block_at(
+    layer: nn.Module,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    pos: torch.Tensor,
+    visible: torch.Tensor,
+) -> torch.Tensor:
     """`DecoderBlock.forward` for one new position with a static cache: the block's own submodules, the new k/v
     written at `pos`, attention over every cached key with future/padding keys masked out (zero-initialised
     cache: masked keys are finite, so they weigh exactly zero)."""
@@ -171,8 +179,9 @@ class PredictorLoop:
             out.append(lambda code, extra=extra: next_fn(code, *extra, *kv))
         return out
 
-    def graphed(self, first_fn: Step, next_fn: Step, inputs: Sequence[torch.Tensor],
-                capture: Capture = capture_graph, pool=None) -> list[Callable[..., torch.Tensor]]:
+    def graphed(
+        self, first_fn: Step, next_fn: Step, inputs: Sequence[torch.Tensor], capture: Capture = capture_graph, pool=None
+    ) -> list[Callable[..., torch.Tensor]]:
         """Step callables replaying one captured graph per step index (captured in step order, sharing `pool`).
         Static inputs: a copy of the bucket's hidden/first inputs for step 1, one code buffer for the others;
         positions, step tables and the KV cache are the same tensors at every replay (never copied)."""
@@ -284,8 +293,10 @@ class LoopCompileGraphVariant(_LoopVariant):
             self.api = "compiled step programs + eager sampling (no graphs)"
             return lambda xs: loop.run(xs, direct, host_sync=False)
         fns = loop.graphed(self.first_fn, self.next_fn, inputs, self.capture, self.pool)
-        self.api = f"torch.compile({self.ctx.compile_mode}) step programs, one CUDA graph per codebook step " \
-                   "index, eager sampling between replays"
+        self.api = (
+            f"torch.compile({self.ctx.compile_mode}) step programs, one CUDA graph per codebook step "
+            "index, eager sampling between replays"
+        )
         return lambda xs: loop.run(xs, fns, host_sync=False)
 
     def close(self) -> None:

@@ -32,25 +32,38 @@ import torch
 from . import RESULTS_SCHEMA
 from .common import REPO, as_tuple, device_info, git_commit, now_iso, sync, tensor_bytes, time_fn, write_json
 
-MARK = "bench::profiled_call"   # record_function label around each profiled call (not a kernel)
+MARK = "bench::profiled_call"  # record_function label around each profiled call (not a kernel)
 COPY_KINDS = ("memcpy", "memset")
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("profile", help="kernels per call / per layer, top kernels, GB/s and the launch gap of a stage")
     p.add_argument("target", metavar="FAMILY/STAGE[:DTYPE]", help="e.g. voxcpm2/base_lm_step")
-    p.add_argument("--axis", action="append", default=None, metavar="NAME=SIZES",
-                   help="bucket sizes of an axis, e.g. --axis batch=1,16 (default: the bench's buckets)")
-    p.add_argument("--kernels", default="auto", choices=("auto", "ttsaot", "inductor"),
-                   help="the build's kernel choice (auto = ttsaot on CUDA, inductor on CPU)")
+    p.add_argument(
+        "--axis",
+        action="append",
+        default=None,
+        metavar="NAME=SIZES",
+        help="bucket sizes of an axis, e.g. --axis batch=1,16 (default: the bench's buckets)",
+    )
+    p.add_argument(
+        "--kernels",
+        default="auto",
+        choices=("auto", "ttsaot", "inductor"),
+        help="the build's kernel choice (auto = ttsaot on CUDA, inductor on CPU)",
+    )
     p.add_argument("--device", default=None)
     p.add_argument("--preset", default=None, help="full (default on CUDA) or tiny")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--calls", type=int, default=None, help="profiled calls per bucket (default 20; CPU 3)")
     p.add_argument("--reps", type=int, default=None, help="timed calls per bucket (default 50; CPU 5)")
     p.add_argument("--top", type=int, default=15, help="kernels listed per bucket")
-    p.add_argument("--no-graphs", dest="graphs", action="store_false",
-                   help="CUDA: load with cuda_graphs=False (the kernels launched one by one, as without graphs)")
+    p.add_argument(
+        "--no-graphs",
+        dest="graphs",
+        action="store_false",
+        help="CUDA: load with cuda_graphs=False (the kernels launched one by one, as without graphs)",
+    )
     p.add_argument("--cache-dir", default=str(REPO / "bench" / ".cache"))
     p.add_argument("--out", default=None, help="folder (default bench/results/<device>/profiles)")
 
@@ -63,10 +76,22 @@ def main(a) -> int:
     family, stage, dtype = parse_target(a.target)
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     try:
-        res = profile_stage(family, stage, device=device, preset=a.preset, dtype=dtype, axes=parse_axes(a.axis),
-                            kernels=a.kernels, seed=a.seed, calls=a.calls, reps=a.reps, top=a.top,
-                            cache=Path(a.cache_dir), graphs=a.graphs)
-    except (KeyError, ValueError) as e:   # unknown family/stage/axis, bad options: a usage error
+        res = profile_stage(
+            family,
+            stage,
+            device=device,
+            preset=a.preset,
+            dtype=dtype,
+            axes=parse_axes(a.axis),
+            kernels=a.kernels,
+            seed=a.seed,
+            calls=a.calls,
+            reps=a.reps,
+            top=a.top,
+            cache=Path(a.cache_dir),
+            graphs=a.graphs,
+        )
+    except (KeyError, ValueError) as e:  # unknown family/stage/axis, bad options: a usage error
         print(f"bench profile: {short_error(e)}", file=sys.stderr)
         return 2
     out = Path(a.out) if a.out else REPO / "bench" / "results" / res["device"]["slug"] / "profiles"
@@ -76,10 +101,22 @@ def main(a) -> int:
     return 0
 
 
-def profile_stage(family: str, stage: str, *, device: torch.device, preset: str | None = None,
-                  dtype: str | None = None, axes: dict[str, tuple[int, ...]] | None = None, kernels: str = "auto",
-                  seed: int = 0, calls: int | None = None, reps: int | None = None, top: int = 15,
-                  cache: Path = REPO / "bench" / ".cache", graphs: bool = True) -> dict[str, Any]:
+def profile_stage(
+    family: str,
+    stage: str,
+    *,
+    device: torch.device,
+    preset: str | None = None,
+    dtype: str | None = None,
+    axes: dict[str, tuple[int, ...]] | None = None,
+    kernels: str = "auto",
+    seed: int = 0,
+    calls: int | None = None,
+    reps: int | None = None,
+    top: int = 15,
+    cache: Path = REPO / "bench" / ".cache",
+    graphs: bool = True,
+) -> dict[str, Any]:
     """Build or reuse the stage's artifact, then profile every bucket of the bench plan (see the module doc)."""
 
     from .artifacts import build_or_reuse
@@ -92,7 +129,7 @@ def profile_stage(family: str, stage: str, *, device: torch.device, preset: str 
     cuda = device.type == "cuda"
     if cuda:
         if "CXX" not in os.environ and Path("/usr/bin/g++").exists():
-            os.environ["CXX"] = "/usr/bin/g++"   # before any compile (see bench/gpu_all.sh)
+            os.environ["CXX"] = "/usr/bin/g++"  # before any compile (see bench/gpu_all.sh)
         if device.index is None:
             device = torch.device("cuda", 0)
     preset = preset or ("full" if cuda else "tiny")
@@ -100,12 +137,17 @@ def profile_stage(family: str, stage: str, *, device: torch.device, preset: str 
     reps = reps or (50 if cuda else 5)
     asked_dtype = dtype
     if not cuda and dtype is None:
-        dtype = "fp32"   # as `bench run` on CPU: bf16 takes slow reference paths there (CPU runs are smoke tests)
+        dtype = "fp32"  # as `bench run` on CPU: bf16 takes slow reference paths there (CPU runs are smoke tests)
     spec, desc = make_spec(family, stage, preset, seed=seed, axes=axes, dtype=dtype, kernels=kernels)
     res: dict[str, Any] = {
-        "schema": RESULTS_SCHEMA, "kind": "profile", "asked_dtype": asked_dtype,
-        "started": now_iso(), "git_commit": git_commit(),
-        "device": device_info(device), "stage": desc, "kernels": spec.kernels_on(device),
+        "schema": RESULTS_SCHEMA,
+        "kind": "profile",
+        "asked_dtype": asked_dtype,
+        "started": now_iso(),
+        "git_commit": git_commit(),
+        "device": device_info(device),
+        "stage": desc,
+        "kernels": spec.kernels_on(device),
         "settings": {"calls": calls, "reps": reps, "graphs": cuda and graphs, "top": top},
     }
     t0 = time.time()
@@ -113,14 +155,23 @@ def profile_stage(family: str, stage: str, *, device: torch.device, preset: str 
     res["build"] = {**info, "path": str(artifact), "wall_s": round(time.time() - t0, 2)}
     res["copy"] = copy_bandwidth(device)
 
-    ctx = VariantContext(family=family, stage=stage, spec=spec, device=device, original=None, rewritten=None,
-                         artifact=artifact, artifact_error=None)
+    ctx = VariantContext(
+        family=family,
+        stage=stage,
+        spec=spec,
+        device=device,
+        original=None,
+        rewritten=None,
+        artifact=artifact,
+        artifact_error=None,
+    )
     variant = TtsaotVariant(ctx, graphs=cuda and graphs)
     variant.setup()
     entry = variant.stage.entry
     res["manifest_kernels"] = entry.kernels
-    weight_bytes = sum(torch.empty(0, dtype=_dtype(w.dtype)).element_size() * _numel(w.shape)
-                       for w in entry.constants.values())
+    weight_bytes = sum(
+        torch.empty(0, dtype=_dtype(w.dtype)).element_size() * _numel(w.shape) for w in entry.constants.values()
+    )
     res["weight_bytes"] = weight_bytes
     res["layers"] = layer_passes(family, stage, entry)
     res["buckets"] = {}
@@ -128,11 +179,12 @@ def profile_stage(family: str, stage: str, *, device: torch.device, preset: str 
         for i, sizes in enumerate(spec.plan.buckets()):
             xs = make_bucket_inputs(spec, sizes, seed * 1000 + i, device)
             fn = variant.prepare(sizes, xs)
-            out = fn(xs)   # first call: captures the graph (CUDA) / loads lazily
+            out = fn(xs)  # first call: captures the graph (CUDA) / loads lazily
             sync(device)
             io = tensor_bytes(xs) + tensor_bytes(as_tuple(out))
-            res["buckets"][key_of(sizes)] = profile_bucket(fn, xs, device, calls, reps, top, weight_bytes + io,
-                                                           res["copy"]["gb_per_s"], res["layers"])
+            res["buckets"][key_of(sizes)] = profile_bucket(
+                fn, xs, device, calls, reps, top, weight_bytes + io, res["copy"]["gb_per_s"], res["layers"]
+            )
             res["buckets"][key_of(sizes)].update(sizes=sizes, api=getattr(variant, "api", None), io_bytes=io)
             del out
     finally:
@@ -142,8 +194,17 @@ def profile_stage(family: str, stage: str, *, device: torch.device, preset: str 
     return res
 
 
-def profile_bucket(fn, xs: list[torch.Tensor], device: torch.device, calls: int, reps: int, top: int,
-                   nbytes: int, copy_gbps: float, layers: dict[str, Any] | None) -> dict[str, Any]:
+def profile_bucket(
+    fn,
+    xs: list[torch.Tensor],
+    device: torch.device,
+    calls: int,
+    reps: int,
+    top: int,
+    nbytes: int,
+    copy_gbps: float,
+    layers: dict[str, Any] | None,
+) -> dict[str, Any]:
     """Time `fn(xs)`, then profile `calls` calls of it; the per-call kernel table and its totals."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -159,7 +220,9 @@ def profile_bucket(fn, xs: list[torch.Tensor], device: torch.device, calls: int,
     kernels = [r for r in rows if r["class"] == "kernel"]
     kernel_us = sum(r["us_per_call"] for r in rows)
     b: dict[str, Any] = {
-        "call_ms": timing["ms"], "call_p10_ms": timing["p10_ms"], "call_p90_ms": timing["p90_ms"],
+        "call_ms": timing["ms"],
+        "call_p10_ms": timing["p10_ms"],
+        "call_p90_ms": timing["p90_ms"],
         "kernels_per_call": round(sum(r["per_call"] for r in kernels), 2),
         "copies_per_call": round(sum(r["per_call"] for r in rows if r["class"] != "kernel"), 2),
         "kernel_ms": kernel_us / 1e3,
@@ -198,8 +261,14 @@ def kernel_rows(averages, cuda: bool, calls: int) -> list[dict[str, Any]]:
         else:
             us = e.self_cpu_time_total
         low = e.key.lower()
-        rows.append({"name": e.key, "class": "copy" if low.startswith(COPY_KINDS) else "kernel",
-                     "per_call": round(e.count / calls, 3), "us_per_call": round(us / calls, 3)})
+        rows.append(
+            {
+                "name": e.key,
+                "class": "copy" if low.startswith(COPY_KINDS) else "kernel",
+                "per_call": round(e.count / calls, 3),
+                "us_per_call": round(us / calls, 3),
+            }
+        )
     rows.sort(key=lambda r: -r["us_per_call"])
     return rows
 
@@ -231,17 +300,19 @@ def render(res: dict[str, Any]) -> str:
     """The short text table: one block per bucket."""
     st, dev = res["stage"], res["device"]
     lay = res.get("layers") or {}
-    lines = [f"{st['family']}/{st['stage']} ({st['dtype']}, kernels={res['kernels']}, {dev['name']}, "
-             f"graphs={res['settings']['graphs']}); copy {res['copy']['gb_per_s']:.0f} GB/s; weights "
-             f"{res['weight_bytes'] / 2**20:.1f} MiB"
-             + (f"; layer passes {lay['passes']} ({lay['how']})" if lay else "")]
+    lines = [
+        f"{st['family']}/{st['stage']} ({st['dtype']}, kernels={res['kernels']}, {dev['name']}, "
+        f"graphs={res['settings']['graphs']}); copy {res['copy']['gb_per_s']:.0f} GB/s; weights "
+        f"{res['weight_bytes'] / 2**20:.1f} MiB" + (f"; layer passes {lay['passes']} ({lay['how']})" if lay else "")
+    ]
     for key, b in res["buckets"].items():
         per_layer = f", {b['kernels_per_layer']}/layer" if "kernels_per_layer" in b else ""
         lines.append(
             f"\n[{key}] call {b['call_ms'] * 1e3:.1f} µs = {b['x_floor']:.2f}× floor ({b['floor_ms'] * 1e3:.1f} µs);"
             f" {b['kernels_per_call']:g} kernels/call{per_layer} + {b['copies_per_call']:g} copies; kernel sum "
             f"{b['kernel_ms'] * 1e3:.1f} µs, gap {b['gap_ms'] * 1e3:.1f} µs; "
-            f"{b.get('gb_per_s_over_kernels', 0):.0f} GB/s over kernels, {b['gb_per_s_over_call']:.0f} over the call")
+            f"{b.get('gb_per_s_over_kernels', 0):.0f} GB/s over kernels, {b['gb_per_s_over_call']:.0f} over the call"
+        )
         if b.get("note"):
             lines.append(f"  note: {b['note']}")
         lines.append(f"  {'µs/call':>9} {'n/call':>7} {'share':>6}  kernel")

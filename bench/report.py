@@ -75,9 +75,7 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 def load_results(results: Path, include_cpu: bool) -> dict[str, dict[str, Any]]:
     devices: dict[str, dict[str, Any]] = {}
-    for d in (
-        sorted(p for p in results.iterdir() if p.is_dir() and p.name != "plots") if results.is_dir() else []
-    ):
+    for d in sorted(p for p in results.iterdir() if p.is_dir() and p.name != "plots") if results.is_dir() else []:
         for f in sorted(d.glob("*.json")) + sorted(d.glob("profiles/*.json")):
             try:
                 r = json.loads(f.read_text())
@@ -116,24 +114,45 @@ def load_results(results: Path, include_cpu: bool) -> dict[str, dict[str, Any]]:
 def profiles_section(profiles: list[dict]) -> str:
     """One row per (stage, kernel choice, bucket) of the `bench profile` results (bench/profile.py)."""
     rows = []
-    for r in sorted(profiles, key=lambda r: (r["stage"]["family"], r["stage"]["stage"], r["kernels"],
-                                             r["settings"].get("graphs", False))):
+    for r in sorted(
+        profiles,
+        key=lambda r: (r["stage"]["family"], r["stage"]["stage"], r["kernels"], r["settings"].get("graphs", False)),
+    ):
         st = r["stage"]
         for key, b in r.get("buckets", {}).items():
             top = b["top"][0] if b.get("top") else None
-            rows.append([
-                f"{st['family']}/{st['stage']}",
-                r["kernels"] + ("" if r["settings"].get("graphs") else ", no graph"),
-                f"`{key}`", f"{b['call_ms'] * 1e3:.1f}", f"{b['x_floor']:.2f}×" if b.get("x_floor") else "—",
-                f"{b['kernels_per_call']:g}", f"{b['kernels_per_layer']:g}" if "kernels_per_layer" in b else "—",
-                f"{b['kernel_ms'] * 1e3:.1f}", f"{b['gap_ms'] * 1e3:.1f}",
-                f"{b['gb_per_s_over_kernels']:.0f}" if "gb_per_s_over_kernels" in b else "—",
-                f"`{top['name'][:48]}` {top['share']:.0%}" if top and top.get("share") is not None else "—",
-            ])
-    header = ["stage", "kernels", "bucket", "call µs", "× floor", "kernels/call", "per layer", "kernel µs",
-              "gap µs", "GB/s (kernels)", "top kernel (share)"]
-    return ("Profiles (`python -m bench profile`; top kernels per bucket in `profiles/*.txt`; bytes = weights "
-            "once + inputs/outputs, so a looped stage's GB/s is a lower bound):\n\n" + _table(header, rows))
+            rows.append(
+                [
+                    f"{st['family']}/{st['stage']}",
+                    r["kernels"] + ("" if r["settings"].get("graphs") else ", no graph"),
+                    f"`{key}`",
+                    f"{b['call_ms'] * 1e3:.1f}",
+                    f"{b['x_floor']:.2f}×" if b.get("x_floor") else "—",
+                    f"{b['kernels_per_call']:g}",
+                    f"{b['kernels_per_layer']:g}" if "kernels_per_layer" in b else "—",
+                    f"{b['kernel_ms'] * 1e3:.1f}",
+                    f"{b['gap_ms'] * 1e3:.1f}",
+                    f"{b['gb_per_s_over_kernels']:.0f}" if "gb_per_s_over_kernels" in b else "—",
+                    f"`{top['name'][:48]}` {top['share']:.0%}" if top and top.get("share") is not None else "—",
+                ]
+            )
+    header = [
+        "stage",
+        "kernels",
+        "bucket",
+        "call µs",
+        "× floor",
+        "kernels/call",
+        "per layer",
+        "kernel µs",
+        "gap µs",
+        "GB/s (kernels)",
+        "top kernel (share)",
+    ]
+    return (
+        "Profiles (`python -m bench profile`; top kernels per bucket in `profiles/*.txt`; bytes = weights "
+        "once + inputs/outputs, so a looped stage's GB/s is a lower bound):\n\n" + _table(header, rows)
+    )
 
 
 def decode_stages_section(res: dict) -> str:
@@ -147,18 +166,46 @@ def decode_stages_section(res: dict) -> str:
             if not p or "top" not in p:
                 continue
             top = "; ".join(f"`{r['name'][:40]}` ×{r['per_call']:g} {r['us_per_call']:.0f} µs" for r in p["top"][:3])
-            rows.append([key, kind, f"{p['call_ms'] * 1e3:.1f}", f"{p['x_floor']:.2f}×",
-                         f"{p['kernels_per_call']:g}", f"{p.get('kernels_per_layer', '—')}",
-                         f"{p['kernel_ms'] * 1e3:.1f}", f"{p['gap_ms'] * 1e3:.1f}",
-                         f"{p.get('gb_per_s_over_kernels', 0):.0f}", top])
+            rows.append(
+                [
+                    key,
+                    kind,
+                    f"{p['call_ms'] * 1e3:.1f}",
+                    f"{p['x_floor']:.2f}×",
+                    f"{p['kernels_per_call']:g}",
+                    f"{p.get('kernels_per_layer', '—')}",
+                    f"{p['kernel_ms'] * 1e3:.1f}",
+                    f"{p['gap_ms'] * 1e3:.1f}",
+                    f"{p.get('gb_per_s_over_kernels', 0):.0f}",
+                    top,
+                ]
+            )
     cfg = res.get("config", {})
-    text = (f"Decode step `{res.get('stage')}` (`python -m bench decode-stages`, `{res['_file']}`; {cfg.get('layers')} "
-            f"of {cfg.get('model_layers')} layers, ctx {cfg.get('context')}, bf16; replay ms and × the byte floor; "
-            f"torch.compile mode `{cfg.get('compile_mode')}`):\n\n```text\n{summary(res)}\n```\n")
+    text = (
+        f"Decode step `{res.get('stage')}` (`python -m bench decode-stages`, `{res['_file']}`; {cfg.get('layers')} "
+        f"of {cfg.get('model_layers')} layers, ctx {cfg.get('context')}, bf16; replay ms and × the byte floor; "
+        f"torch.compile mode `{cfg.get('compile_mode')}`):\n\n```text\n{summary(res)}\n```\n"
+    )
     if rows:
-        text += "\nProfiles of the runtime graphs (torch.profiler over 20 replays):\n\n" + _table(
-            ["bucket", "kernels", "replay µs", "× floor", "kernels/call", "per layer", "kernel µs", "gap µs",
-             "GB/s (kernels)", "top kernels"], rows) + "\n"
+        text += (
+            "\nProfiles of the runtime graphs (torch.profiler over 20 replays):\n\n"
+            + _table(
+                [
+                    "bucket",
+                    "kernels",
+                    "replay µs",
+                    "× floor",
+                    "kernels/call",
+                    "per layer",
+                    "kernel µs",
+                    "gap µs",
+                    "GB/s (kernels)",
+                    "top kernels",
+                ],
+                rows,
+            )
+            + "\n"
+        )
     return text
 
 
@@ -228,8 +275,7 @@ def _latency_table(res: dict, ok: list[str], plots: dict[str, str]) -> list[str]
         lines.append(
             "Not measured: "
             + "; ".join(
-                f"`{v}` {res['variants'][v].get('status')}: {res['variants'][v].get('reason', '')}"
-                for v in not_ok
+                f"`{v}` {res['variants'][v].get('status')}: {res['variants'][v].get('reason', '')}" for v in not_ok
             )
         )
         lines.append("")
@@ -245,9 +291,7 @@ def _parity_table(res: dict, ok: list[str]) -> list[str]:
     for v in ok:
         rec = res["variants"][v]
         errs = [
-            b.get("rel_err_vs_fp32")
-            for b in rec.get("buckets", {}).values()
-            if b.get("rel_err_vs_fp32") is not None
+            b.get("rel_err_vs_fp32") for b in rec.get("buckets", {}).values() if b.get("rel_err_vs_fp32") is not None
         ]
         prep = [b.get("prepare_s", 0) for b in rec.get("buckets", {}).values()]
         mem = rec.get("memory", {})
@@ -360,11 +404,7 @@ def _streaming_table(res: dict, ok: list[str]) -> list[str]:
             rows.append([f"`{v}`", "—", "—", "—", s.get("skipped", s.get("error", ""))])
     if rows:
         s0 = next(
-            (
-                res["variants"][v]["streaming"]
-                for v in ok
-                if "ttfa_ms" in res["variants"][v].get("streaming", {})
-            ),
+            (res["variants"][v]["streaming"] for v in ok if "ttfa_ms" in res["variants"][v].get("streaming", {})),
             {},
         )
         lines += [
@@ -408,17 +448,19 @@ def serve_load_section(res: dict, plot_dir: Path | None, slug: str, output: Path
     a, o, summ = res.get("artifact", {}), res.get("overhead", {}), res.get("summary", {})
     modes = res.get("modes", {})
     lines = ["### Streaming service under load", ""]
-    lines += [f"`{a.get('family')}/{a.get('stage')}` ({a.get('dtype')}), {a.get('utterance_s', 0):.1f} s utterances "
-              f"streamed in {a.get('chunk_frames')}-frame chunks (left context {a.get('left_context_frames')}), "
-              f"batch buckets {sorted({b.get('batch') for b in a.get('buckets', [])})}; "
-              f"{res.get('settings', {}).get('seconds')} s per cell over HTTP on 127.0.0.1; batched = max wait "
-              f"{res.get('settings', {}).get('max_wait_ms')} ms, unbatched = the same server with batches of one; "
-              f"commit `{str(res.get('git_commit', '?'))[:12]}`; {res.get('started', '')}", ""]
+    lines += [
+        f"`{a.get('family')}/{a.get('stage')}` ({a.get('dtype')}), {a.get('utterance_s', 0):.1f} s utterances "
+        f"streamed in {a.get('chunk_frames')}-frame chunks (left context {a.get('left_context_frames')}), "
+        f"batch buckets {sorted({b.get('batch') for b in a.get('buckets', [])})}; "
+        f"{res.get('settings', {}).get('seconds')} s per cell over HTTP on 127.0.0.1; batched = max wait "
+        f"{res.get('settings', {}).get('max_wait_ms')} ms, unbatched = the same server with batches of one; "
+        f"commit `{str(res.get('git_commit', '?'))[:12]}`; {res.get('started', '')}",
+        "",
+    ]
     for m, rec in modes.items():
         if rec.get("status") != "ok":
             lines += [f"**{m}: {rec.get('status')}** {rec.get('reason', '')}".rstrip(), ""]
-    cells = {m: {c["concurrency"]: c for c in rec.get("cells", []) if "audio_s_per_s" in c}
-             for m, rec in modes.items()}
+    cells = {m: {c["concurrency"]: c for c in rec.get("cells", []) if "audio_s_per_s" in c} for m, rec in modes.items()}
     conc = sorted({c for v in cells.values() for c in v})
 
     def cell(m: str, c: int, what: str) -> str:
@@ -436,26 +478,56 @@ def serve_load_section(res: dict, plot_dir: Path | None, slug: str, output: Path
     rows = []
     for c in conc:
         sp = summ.get("by_concurrency", {}).get(str(c), {}).get("audio_s_per_s_speedup")
-        rows.append([c, cell("batched", c, "tput"), cell("unbatched", c, "tput"), f"{sp:.2f}×" if sp else "—",
-                     cell("batched", c, "ttfa"), cell("unbatched", c, "ttfa"), cell("batched", c, "rtf"),
-                     cell("batched", c, "rows")])
+        rows.append(
+            [
+                c,
+                cell("batched", c, "tput"),
+                cell("unbatched", c, "tput"),
+                f"{sp:.2f}×" if sp else "—",
+                cell("batched", c, "ttfa"),
+                cell("unbatched", c, "ttfa"),
+                cell("batched", c, "rtf"),
+                cell("batched", c, "rows"),
+            ]
+        )
     if rows:
-        lines += ["Audio seconds per second, TTFA p50 / p95 (ms), RTF p50 / p95 per request, rows per stage call:",
-                  "", _table(["streams", "batched audio-s/s", "unbatched audio-s/s", "speed-up", "batched TTFA",
-                              "unbatched TTFA", "batched RTF", "rows/call"], rows), ""]
+        lines += [
+            "Audio seconds per second, TTFA p50 / p95 (ms), RTF p50 / p95 per request, rows per stage call:",
+            "",
+            _table(
+                [
+                    "streams",
+                    "batched audio-s/s",
+                    "unbatched audio-s/s",
+                    "speed-up",
+                    "batched TTFA",
+                    "unbatched TTFA",
+                    "batched RTF",
+                    "rows/call",
+                ],
+                rows,
+            ),
+            "",
+        ]
     if "overhead_pct" in o:
-        lines += [f"Batcher overhead at c=1 ({o['frames']}-frame window, median of {o['reps']} interleaved calls): "
-                  f"{o['batcher_ms']['p50']:.3f} ms through the batcher vs {o['direct_ms']['p50']:.3f} ms direct "
-                  f"= {o['overhead_pct']:+.1f}%.", ""]
+        lines += [
+            f"Batcher overhead at c=1 ({o['frames']}-frame window, median of {o['reps']} interleaved calls): "
+            f"{o['batcher_ms']['p50']:.3f} ms through the batcher vs {o['direct_ms']['p50']:.3f} ms direct "
+            f"= {o['overhead_pct']:+.1f}%.",
+            "",
+        ]
     t, met = res.get("targets", {}), summ.get("targets_met", {})
 
     def verdict(k: str) -> str:
         return "—" if met.get(k) is None else ("**met**" if met[k] else "**not met**")
 
-    lines += [f"Targets at c={t.get('concurrency')}: audio-s/s ≥ {t.get('audio_s_per_s_speedup_min')}× unbatched "
-              f"{verdict('audio_s_per_s_speedup')}; TTFA p95 ≤ {t.get('ttfa_p95_ratio_max')}× c=1 "
-              f"{verdict('ttfa_p95_ratio')}; batcher overhead ≤ {t.get('batcher_overhead_pct_max')}% "
-              f"{verdict('batcher_overhead')}.", ""]
+    lines += [
+        f"Targets at c={t.get('concurrency')}: audio-s/s ≥ {t.get('audio_s_per_s_speedup_min')}× unbatched "
+        f"{verdict('audio_s_per_s_speedup')}; TTFA p95 ≤ {t.get('ttfa_p95_ratio_max')}× c=1 "
+        f"{verdict('ttfa_p95_ratio')}; batcher overhead ≤ {t.get('batcher_overhead_pct_max')}% "
+        f"{verdict('batcher_overhead')}.",
+        "",
+    ]
     if plot_dir is not None and rows:
         try:
             lines += [f"![serve load]({os.path.relpath(_serve_plot(cells, plot_dir, slug, res), output.parent)})", ""]
@@ -519,9 +591,7 @@ def _snake_section(snake: dict) -> str:
                 dt,
                 f"{c.get('copy', {}).get('gb_per_s', 0):.0f}",
                 f"{e.get('gb_per_s', 0):.0f} ({e.get('ratio_to_copy', 0):.0%})" if e else "—",
-                f"{k['gb_per_s']:.0f} ({k['ratio_to_copy']:.0%})"
-                if "gb_per_s" in k
-                else k.get("status", "—"),
+                f"{k['gb_per_s']:.0f} ({k['ratio_to_copy']:.0%})" if "gb_per_s" in k else k.get("status", "—"),
                 ("yes" if k.get("meets_target") else "no") if "gb_per_s" in k else "—",
             ]
         )
@@ -570,9 +640,7 @@ def make_plots(res: dict, plot_dir: Path, slug: str) -> dict[str, Path]:
     if tv:
         fig, ax = plt.subplots(figsize=(6, 4))
         for v in tv:
-            pts = [
-                (r["batch"], r["items_per_s"]) for r in res["variants"][v]["throughput"] if "items_per_s" in r
-            ]
+            pts = [(r["batch"], r["items_per_s"]) for r in res["variants"][v]["throughput"] if "items_per_s" in r]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=v)
         ax.set_xscale("log", base=2)
@@ -587,9 +655,7 @@ def make_plots(res: dict, plot_dir: Path, slug: str) -> dict[str, Path]:
     return out
 
 
-def write_report(
-    results: Path, output: Path, plot_dir: Path | None = None, include_cpu: bool = False
-) -> Path:
+def write_report(results: Path, output: Path, plot_dir: Path | None = None, include_cpu: bool = False) -> Path:
     devices = load_results(results, include_cpu)
     plot_dir = plot_dir or results / "plots"
     try:
@@ -637,8 +703,14 @@ def write_report(
         if d.get("kernels"):
             from .kernels import summary
 
-            parts += ["Kernel layer (`python -m bench kernels`; figures in `kernels.json`):", "", "```text",
-                      summary(d["kernels"]), "```", ""]
+            parts += [
+                "Kernel layer (`python -m bench kernels`; figures in `kernels.json`):",
+                "",
+                "```text",
+                summary(d["kernels"]),
+                "```",
+                "",
+            ]
         if d.get("profiles"):
             parts += [profiles_section(d["profiles"]), ""]
         if d.get("builds"):
@@ -646,23 +718,42 @@ def write_report(
 
             parts += [builds_summary(d["builds"]), ""]
         for res in d.get("conv_kernels", []):
-            rows = [[f"`{k}`", str(v.get("layers", "—")), f"{v['cudnn_ms']:.3f}", f"{v['kernel_ms']:.3f}",
-                     f"{v['fused_ms']:.3f}", f"{v['cudnn_ms'] / v['fused_ms']:.2f}×"]
-                    for k, v in (res.get("summary") or {}).items() if v.get("fused_ms")]
+            rows = [
+                [
+                    f"`{k}`",
+                    str(v.get("layers", "—")),
+                    f"{v['cudnn_ms']:.3f}",
+                    f"{v['kernel_ms']:.3f}",
+                    f"{v['fused_ms']:.3f}",
+                    f"{v['cudnn_ms'] / v['fused_ms']:.2f}×",
+                ]
+                for k, v in (res.get("summary") or {}).items()
+                if v.get("fused_ms")
+            ]
             if rows:
-                parts += [f"Channels-last conv kernels per codec, all conv layers of one call (`python -m bench "
-                          f"conv-kernels`, `{res['_file']}`; ms; cuDNN = eager NCL convs, kernels = each layer alone, "
-                          f"fused = the fused chain in one CUDA graph):", "",
-                          _table(["stage:batch:precision", "layers", "cuDNN", "kernels", "fused", "speed-up"], rows),
-                          ""]
+                parts += [
+                    f"Channels-last conv kernels per codec, all conv layers of one call (`python -m bench "
+                    f"conv-kernels`, `{res['_file']}`; ms; cuDNN = eager NCL convs, kernels = each layer alone, "
+                    f"fused = the fused chain in one CUDA graph):",
+                    "",
+                    _table(["stage:batch:precision", "layers", "cuDNN", "kernels", "fused", "speed-up"], rows),
+                    "",
+                ]
         for res in d.get("decode_stages", []):
             parts += [decode_stages_section(res), ""]
         for res in d.get("codec_stages", []):
             from .codec_stages import summary_lines
 
             tasks = ", ".join(t.get("task", "?") for t in res.get("tasks", []))
-            parts += [f"Codec stages, kernels=ttsaot vs kernels=inductor (`python -m bench codec-stages`; {tasks}; "
-                      f"commit `{str(res.get('commit', ''))[:12]}`):", "", "```text", *summary_lines(res), "```", ""]
+            parts += [
+                f"Codec stages, kernels=ttsaot vs kernels=inductor (`python -m bench codec-stages`; {tasks}; "
+                f"commit `{str(res.get('commit', ''))[:12]}`):",
+                "",
+                "```text",
+                *summary_lines(res),
+                "```",
+                "",
+            ]
         if d.get("memory"):
             from .memory import report_section
 
@@ -682,7 +773,7 @@ def write_report(
             if res.get("kind") == "serve_load":
                 parts += [serve_load_section(res, plot_dir if have_mpl else None, slug, output), ""]
                 continue
-            render = result_sections().get(res.get("kind"))   # a family's own result kind (bench/families/)
+            render = result_sections().get(res.get("kind"))  # a family's own result kind (bench/families/)
             parts += [render(res, d["stages"]) if render else _stage_section(res, plots), ""]
     parts += [HOW_TO_READ]
     output.write_text("\n".join(parts).rstrip() + "\n")

@@ -47,9 +47,7 @@ def run_snake(device: torch.device, shape: tuple[int, ...] | None, quick: bool) 
             t = time_fn(lambda x=x, y=y: y.copy_(x), device, warmup, reps)
             copy_gbps = nbytes / (t["ms"] * 1e-3) / 1e9
             case["copy"] = {"ms": t["ms"], "gb_per_s": copy_gbps}
-            t = time_fn(
-                lambda x=x, a=alpha, ib=inv_beta: snake_beta_reference(x, a, ib), device, warmup, reps
-            )
+            t = time_fn(lambda x=x, a=alpha, ib=inv_beta: snake_beta_reference(x, a, ib), device, warmup, reps)
             case["eager"] = {
                 "ms": t["ms"],
                 "gb_per_s": nbytes / (t["ms"] * 1e-3) / 1e9,
@@ -60,9 +58,7 @@ def run_snake(device: torch.device, shape: tuple[int, ...] | None, quick: bool) 
             else:
                 out = launch_snake_beta_kernel(x, alpha, inv_beta)  # autotunes on the first call
                 err = rel_err(out.float(), snake_beta_reference(x, alpha, inv_beta).float())
-                t = time_fn(
-                    lambda x=x, a=alpha, ib=inv_beta: launch_snake_beta_kernel(x, a, ib), device, warmup, reps
-                )
+                t = time_fn(lambda x=x, a=alpha, ib=inv_beta: launch_snake_beta_kernel(x, a, ib), device, warmup, reps)
                 gbps = nbytes / (t["ms"] * 1e-3) / 1e9
                 case["kernel"] = {
                     "ms": t["ms"],

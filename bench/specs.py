@@ -26,7 +26,7 @@ def layer_passes(family: str, stage: str, entry) -> dict[str, Any] | None:
     return None
 
 
-DTYPES = {alias: torch_dtype(alias) for alias in SHORT_DTYPE_NAMES}   # `--dtype` choices
+DTYPES = {alias: torch_dtype(alias) for alias in SHORT_DTYPE_NAMES}  # `--dtype` choices
 
 
 def family_module(family: str):
@@ -112,6 +112,6 @@ def make_spec(
         # the kernel choice is keyed resolved (bench/artifacts.py artifact_key), not as asked
         "options": {k: repr(v) for k, v in kw.items() if k != "kernels"},
     }
-    if full_plan:   # recorded only when set: the cache keys of the bench's own artifacts stay what they were
+    if full_plan:  # recorded only when set: the cache keys of the bench's own artifacts stay what they were
         desc["full_plan"] = True
     return spec, desc

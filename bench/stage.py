@@ -97,9 +97,7 @@ def make_bucket_inputs(spec, sizes: dict[str, int], seed: int, device: torch.dev
         # legitimately be zero everywhere.
         per_row_param = x.dim() <= 1 and x.numel() <= sizes.get("batch", x.numel())
         if x.numel() and not per_row_param and not bool((x != 0).any()):
-            raise RuntimeError(
-                f"make_inputs returned an all-zero {n!r} for {sizes}: random inputs are required"
-            )
+            raise RuntimeError(f"make_inputs returned an all-zero {n!r} for {sizes}: random inputs are required")
         xs.append(x.to(device))
     return xs
 
@@ -170,9 +168,7 @@ def measure_streaming(variant, spec, device, seconds: float, reps: int, seed: in
     )
     max_frames = max(spec.plan.axes.get("frames", (0,)))
     if chunk + ctx > max_frames:
-        raise Skipped(
-            f"chunk {chunk} + left context {ctx} exceeds the largest measured bucket ({max_frames})"
-        )
+        raise Skipped(f"chunk {chunk} + left context {ctx} exceeds the largest measured bucket ({max_frames})")
     frames = math.ceil(seconds * sr / spf)
     (codes,) = make_bucket_inputs(spec, {"batch": 1, "frames": frames}, seed + 7, device)
     sizes = chunk_schedule(frames, chunk, first)
@@ -284,9 +280,7 @@ def run_cold_starts(res: dict, a, artifact: Path | None, spec, prim: dict[str, i
     res["coldstart_setup"] = setup
     res["cold_start"] = {}
     for mode in a.coldstart_modes:
-        res["cold_start"][mode] = measure(
-            mode, setup, res, a.device, a.coldstart_budget, a.coldstart_compile_mode
-        )
+        res["cold_start"][mode] = measure(mode, setup, res, a.device, a.coldstart_budget, a.coldstart_compile_mode)
         print(
             f"[bench] {a.family}/{a.stage} cold start {mode}: {res['cold_start'][mode].get('first_output_s')}"
             f" s {res['cold_start'][mode].get('reason', '')}",
@@ -322,7 +316,7 @@ class StageRun:
 def run_stage(a) -> dict:
     """Measure one stage: describe it, its fp32 references and floors, build its artifacts, then each variant."""
     torch.set_grad_enabled(False)
-    device = cuda_device(a.device)   # before any compile: the compiler AOTI builds use on CUDA
+    device = cuda_device(a.device)  # before any compile: the compiler AOTI builds use on CUDA
     warmup, reps = (3, 10) if a.quick else (10, 50)
     run = StageRun(a, device, _new_result(a, device, warmup, reps), warmup, reps)
     t_all = time.time()
@@ -334,9 +328,18 @@ def run_stage(a) -> dict:
     _references_and_floors(run, original, weight_bytes)
     built = _build_artifacts(run)
     artifact, artifact_error = built.pop("auto", (None, "not built: no variant asked for it"))
-    ctx = VariantContext(family=a.family, stage=a.stage, spec=run.spec, device=device, original=original,
-                         rewritten=rewritten, artifact=artifact, artifact_error=artifact_error,
-                         compile_mode=a.compile_mode, other_artifacts=built)
+    ctx = VariantContext(
+        family=a.family,
+        stage=a.stage,
+        spec=run.spec,
+        device=device,
+        original=original,
+        rewritten=rewritten,
+        artifact=artifact,
+        artifact_error=artifact_error,
+        compile_mode=a.compile_mode,
+        other_artifacts=built,
+    )
     prim = primary_sizes(run.spec)
     for name in [v for v in a.variants if applies(v, run.spec)]:
         if name in COMPILED:  # cold starts before the expensive compiles, so a budget cut spares them
@@ -373,8 +376,13 @@ def _describe_stage(run: StageRun) -> None:
     run.axes = json.loads(a.axes) if a.axes else None
     run.spec, run.desc = make_spec(a.family, a.stage, a.preset, seed=a.seed, axes=run.axes, dtype=a.dtype)
     spec = run.spec
-    run.res["stage"] = {**run.desc, "inputs": spec.inputs, "outputs": spec.outputs, "metadata": spec.metadata,
-                        "tolerance": spec.tolerance}
+    run.res["stage"] = {
+        **run.desc,
+        "inputs": spec.inputs,
+        "outputs": spec.outputs,
+        "metadata": spec.metadata,
+        "tolerance": spec.tolerance,
+    }
     if spec.kind == "codebook_predictor":
         run.res["notes"].append(
             "codebook_predictor: the plain stage call is timed; `generate()` is that call plus "
@@ -397,8 +405,8 @@ def _stage_modules(run: StageRun) -> tuple[torch.nn.Module, torch.nn.Module, int
 
     spec = run.spec
     t0 = time.time()
-    original, rewritten, pass_reports = prepare_modules(spec)   # the builder's own start (kernels="inductor")
-    run.res["make_module_s"] = round(time.time() - t0, 2)   # the module and its passes
+    original, rewritten, pass_reports = prepare_modules(spec)  # the builder's own start (kernels="inductor")
+    run.res["make_module_s"] = round(time.time() - t0, 2)  # the module and its passes
     cast = cast_to_compute_dtype(copy.deepcopy(rewritten), spec.dtype)
     run.res["params"] = {
         "faithful_fp32": count_parameters(original),
@@ -446,8 +454,11 @@ def _build_artifacts(run: StageRun) -> dict[str, tuple[Path | None, str | None]]
             res[key] = {"kernels": kernels, "skipped": why}
             continue
         try:
-            k_spec, k_desc = (spec, run.desc) if kernels == "auto" else make_spec(
-                a.family, a.stage, a.preset, seed=a.seed, axes=run.axes, dtype=a.dtype, kernels=kernels)
+            k_spec, k_desc = (
+                (spec, run.desc)
+                if kernels == "auto"
+                else make_spec(a.family, a.stage, a.preset, seed=a.seed, axes=run.axes, dtype=a.dtype, kernels=kernels)
+            )
             with time_box(a.build_budget, f"artifact build (kernels={kernels})"):
                 path, info = build_or_reuse(k_spec, k_desc, device, Path(a.cache_dir), a.verify_build)
             built[kernels] = (path, None)
@@ -480,7 +491,7 @@ def _run_variant(run: StageRun, name: str, ctx: VariantContext, prim: dict[str, 
         if hasattr(v, "upstream_name"):
             rec["upstream"] = v.upstream_name
         if hasattr(v, "built_kernels"):
-            rec["kernels"] = v.built_kernels   # the manifest's StageEntry.kernels
+            rec["kernels"] = v.built_kernels  # the manifest's StageEntry.kernels
         rec["memory"] = mem_delta(base, device, "after_setup")
         wb = v.weight_bytes()
         if wb is not None:
@@ -531,8 +542,9 @@ def _left(budget: float | None, deadline: float | None, what: str) -> float | No
     return left
 
 
-def _measure_bucket(run: StageRun, v, s: dict[str, int], budget: float | None,
-                    deadline: float | None) -> dict[str, Any]:
+def _measure_bucket(
+    run: StageRun, v, s: dict[str, int], budget: float | None, deadline: float | None
+) -> dict[str, Any]:
     """Prepare the variant for one bucket, check its outputs against the fp32 reference, time it."""
     name, device, spec = v.name, run.device, run.spec
     k = key_of(s)
@@ -566,8 +578,9 @@ def _streaming(run: StageRun, v, rec: dict[str, Any], budget: float | None, dead
     try:
         left = _left(budget, deadline, f"{v.name} before streaming")
         with time_box(left, f"{v.name} streaming"):
-            rec["streaming"] = measure_streaming(v, run.spec, run.device, run.a.stream_seconds,
-                                                 2 if run.a.quick else 5, run.a.seed)
+            rec["streaming"] = measure_streaming(
+                v, run.spec, run.device, run.a.stream_seconds, 2 if run.a.quick else 5, run.a.seed
+            )
     except Skipped as e:
         rec["streaming"] = {"skipped": str(e)}
     except Exception as e:  # noqa: BLE001
@@ -576,14 +589,24 @@ def _streaming(run: StageRun, v, rec: dict[str, Any], budget: float | None, dead
     run.save()
 
 
-def _throughput(run: StageRun, v, rec: dict[str, Any], budget: float | None, deadline: float | None,
-                prim: dict[str, int]) -> None:
+def _throughput(
+    run: StageRun, v, rec: dict[str, Any], budget: float | None, deadline: float | None, prim: dict[str, int]
+) -> None:
     try:
         left = _left(budget, deadline, f"{v.name} before throughput")
         rec["throughput"] = []
         with time_box(left, f"{v.name} throughput"):
-            measure_throughput(v, run.spec, run.device, run.a.throughput_batches, run.warmup,
-                               max(5, run.reps // 2), run.a.seed, prim, rec["throughput"])
+            measure_throughput(
+                v,
+                run.spec,
+                run.device,
+                run.a.throughput_batches,
+                run.warmup,
+                max(5, run.reps // 2),
+                run.a.seed,
+                prim,
+                rec["throughput"],
+            )
     except Skipped as e:
         rec["throughput_skipped"] = str(e)
     run.save()

@@ -31,7 +31,7 @@ from .common import Skipped, short_error
 def import_module_alone(dotted: str):
     """Import `a.b.c` with its parent packages stubbed (real __path__, no __init__ executed)."""
     top = dotted.split(".")[0]
-    if top in sys.modules and getattr(sys.modules[top], "__path__", None):   # already stubbed by an earlier call
+    if top in sys.modules and getattr(sys.modules[top], "__path__", None):  # already stubbed by an earlier call
         root = Path(list(sys.modules[top].__path__)[0])
     else:
         spec = importlib.util.find_spec(top)
@@ -69,8 +69,9 @@ def load_our_weights(up: nn.Module, ours: nn.Module, unread: str | None = None) 
             mapped[key] = src.pop(name)
     missing = [k for k in up.state_dict() if k not in mapped and not (unread and re.fullmatch(unread, k))]
     if missing or src:
-        raise Skipped(f"unavailable: weights do not map onto upstream (missing {missing[:3]}, "
-                      f"ours left over {list(src)[:3]})")
+        raise Skipped(
+            f"unavailable: weights do not map onto upstream (missing {missing[:3]}, ours left over {list(src)[:3]})"
+        )
     up.load_state_dict(mapped, strict=False)
 
 

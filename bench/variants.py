@@ -202,7 +202,7 @@ class TtsaotVariant(Variant):
         self.stage = load(artifact, device=self.ctx.device, stages=[self.ctx.stage], cuda_graphs=self.graphs)[
             self.ctx.stage
         ]
-        self.built_kernels = self.stage.entry.kernels   # what the manifest says the build ran
+        self.built_kernels = self.stage.entry.kernels  # what the manifest says the build ran
 
     def weight_bytes(self) -> int:
         return self.stage.weight_bytes
@@ -228,9 +228,7 @@ class TtsaotVariant(Variant):
         row_idx = [i for i in range(len(names)) if i not in (k_idx, v_idx, ctl)]
         cache = st.new_cache(sizes["batch"])
         if tuple(cache.k.shape) != tuple(inputs[k_idx].shape):
-            raise Skipped(
-                f"cache shape {tuple(cache.k.shape)} differs from the input's {tuple(inputs[k_idx].shape)}"
-            )
+            raise Skipped(f"cache shape {tuple(cache.k.shape)} differs from the input's {tuple(inputs[k_idx].shape)}")
         cache.k.copy_(inputs[k_idx])
         cache.v.copy_(inputs[v_idx])
         control = inputs[ctl].detach().cpu().to(torch.int64)
@@ -281,7 +279,7 @@ def make_variant(name: str, ctx: VariantContext) -> Variant:
         v = TtsaotVariant(ctx, graphs=False)
     elif name == "ttsaot_graph":
         v = TtsaotVariant(ctx, graphs=True)
-    elif name == "ttsaot_inductor":   # graphs where there are any: on CPU it is the plain package call
+    elif name == "ttsaot_inductor":  # graphs where there are any: on CPU it is the plain package call
         v = TtsaotVariant(ctx, graphs=ctx.device.type == "cuda", kernels=VARIANT_KERNELS[name])
     elif name == "upstream_eager":
         v = EagerVariant(ctx, raw=True, graph=False, upstream=True)

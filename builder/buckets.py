@@ -12,6 +12,7 @@ from .options import BuildOptions, flag, flag_group, non_negative_int, positive_
 # Frame buckets below this are not worth a package: shorter windows pad to it.
 POW2_MIN_FRAMES = 8
 
+
 @dataclass(frozen=True)
 class StreamingConfig:
     """How a codec stage is fed in serving.
@@ -24,8 +25,7 @@ class StreamingConfig:
     chunk_frames: int = flag(25, parse=positive_int, help="Streaming: new frames per chunk.")
     left_context_frames: int = flag(25, parse=non_negative_int, help="Streaming: frames of left context.")
     first_chunk_frames: int = flag(0, parse=non_negative_int, help="Streaming: initial chunk size (0 = off).")
-    nonstreaming_chunk_frames: int = flag(300, parse=non_negative_int,
-                                          help="Chunk for one-shot long decode (0 = off).")
+    nonstreaming_chunk_frames: int = flag(300, parse=non_negative_int, help="Chunk for one-shot long decode (0 = off).")
 
     def __post_init__(self) -> None:
         if self.chunk_frames <= 0:
@@ -83,8 +83,12 @@ def batch_sizes(max_batch: int, explicit: tuple[int, ...] | None = None) -> tupl
     return tuple(sizes)
 
 
-def frame_sizes(streaming: StreamingConfig, pow2: bool = True, pow2_min: int = POW2_MIN_FRAMES,
-                explicit: tuple[int, ...] | None = None) -> tuple[int, ...]:
+def frame_sizes(
+    streaming: StreamingConfig,
+    pow2: bool = True,
+    pow2_min: int = POW2_MIN_FRAMES,
+    explicit: tuple[int, ...] | None = None,
+) -> tuple[int, ...]:
     """Streaming windows plus powers of two from pow2_min up to the largest window (padding targets for
     tails and odd request lengths)."""
     if explicit:
@@ -100,8 +104,9 @@ class StreamingCodecOptions(BuildOptions):
     """Options of a family with a streaming codec stage: its frame buckets come from the streaming plan (plus
     powers of two) unless given. A family sets its own `streaming` default by redeclaring the field."""
 
-    frame_buckets: tuple[int, ...] | None = flag(None, parse=positive_ints, metavar="N,N",
-                                                 help="Explicit frame buckets instead of the streaming plan.")
+    frame_buckets: tuple[int, ...] | None = flag(
+        None, parse=positive_ints, metavar="N,N", help="Explicit frame buckets instead of the streaming plan."
+    )
     pow2_frames: bool = switch(True, name="--no-pow2", help="Do not add power-of-two frame buckets.")
     streaming: StreamingConfig = flag_group(StreamingConfig)
 

@@ -52,9 +52,9 @@ from .parallel_compile import CompileTask, compile_in_workers
 from .passes import cast_to_compute_dtype, count_parameters
 from .stage_spec import StageSpec
 
-PASS_PARITY_LIMIT = 1e-5   # rewritten vs original module, fp32 on CPU: rewrites must not change the math
-VERIFY_TIMEOUT_S = 1800    # the subprocess that loads the fresh packages and runs the golden cases
-FILE_MODE, DIR_MODE = 0o644, 0o755   # every file / folder of an artifact: written by the builder, read by servers
+PASS_PARITY_LIMIT = 1e-5  # rewritten vs original module, fp32 on CPU: rewrites must not change the math
+VERIFY_TIMEOUT_S = 1800  # the subprocess that loads the fresh packages and runs the golden cases
+FILE_MODE, DIR_MODE = 0o644, 0o755  # every file / folder of an artifact: written by the builder, read by servers
 
 
 class BuildError(RuntimeError):
@@ -78,7 +78,9 @@ class BuildResult:
 
 def build_env(device: torch.device) -> dict[str, Any]:
     env: dict[str, Any] = {
-        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
         "platform": f"{platform.system()}-{platform.machine()}",
     }
     try:
@@ -121,8 +123,9 @@ class _BuildLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise BuildError(f"another build is writing {self.final} (it holds {self.path}); wait for it to "
-                                 "finish") from None
+                raise BuildError(
+                    f"another build is writing {self.final} (it holds {self.path}); wait for it to finish"
+                ) from None
             # The holder we waited for may have removed the file after we opened it: then the lock we got is on
             # an unlinked file that nobody else can see. Retry on the file that is there now.
             try:
@@ -186,8 +189,10 @@ def _io_specs(descs: list[dict[str, Any]], where: str) -> list[TensorSpec]:
     try:
         return [TensorSpec.from_dict(json_value(d), f"{where}[{i}]") for i, d in enumerate(descs)]
     except ManifestError as e:
-        raise BuildError(f"{where}: the stage spec's I/O descriptor does not fit the artifact format "
-                         f"({str(e).removeprefix('manifest.json: ')})") from None
+        raise BuildError(
+            f"{where}: the stage spec's I/O descriptor does not fit the artifact format "
+            f"({str(e).removeprefix('manifest.json: ')})"
+        ) from None
 
 
 def input_signature(args: tuple) -> str:
@@ -241,9 +246,17 @@ def prepare_modules(spec: StageSpec, kernels: str = "inductor") -> tuple[torch.n
     return original, rewritten, [p(rewritten) for p in passes]
 
 
-def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, reporter: Reporter,
-                extra_inductor_options: dict | None = None, formats: tuple[str, ...] = ("aoti",),
-                cache: PackageCache | None = None, jobs: int = 1) -> StageEntry:
+def build_stage(
+    spec: StageSpec,
+    tmp: Path,
+    device: torch.device,
+    seed: int,
+    reporter: Reporter,
+    extra_inductor_options: dict | None = None,
+    formats: tuple[str, ...] = ("aoti",),
+    cache: PackageCache | None = None,
+    jobs: int = 1,
+) -> StageEntry:
     """Build one stage into `tmp`; returns its manifest entry. `cache`: reuse packages compiled before; `jobs`:
     compile the buckets on that many worker processes."""
     if spec.fp32_only and spec.dtype != torch.float32:
@@ -269,8 +282,10 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
         for o_desc, r, m in zip(spec.outputs, ref, mid):
             err = rel_error(m, r) if r.is_floating_point() else float((m != r).sum())
             if err > PASS_PARITY_LIMIT:
-                raise BuildError(f"{spec.name}: passes changed output {o_desc['name']!r} on case {case} "
-                                 f"(rel error {err:.3g} > {PASS_PARITY_LIMIT}); a rewrite is wrong")
+                raise BuildError(
+                    f"{spec.name}: passes changed output {o_desc['name']!r} on case {case} "
+                    f"(rel error {err:.3g} > {PASS_PARITY_LIMIT}); a rewrite is wrong"
+                )
             golden[f"{case}/out/{o_desc['name']}"] = r.detach().contiguous()
         if spec.reference_margins is not None:
             # how decided each sampled code of the reference is: verify allows a different code only at a near-tie
@@ -284,11 +299,24 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
     module = cast_to_compute_dtype(rewritten, spec.dtype).to(device).eval()
     after = count_parameters(module)
     entry = StageEntry(
-        name=spec.name, kind=spec.kind, dtype=dtype_name(spec.dtype), inputs=inputs_spec, outputs=outputs_spec,
-        weights=None, constants={}, buckets=[], golden=None, golden_cases=cases, tolerance=float(spec.tolerance),
-        metadata=json_value(spec.metadata), config=json_value(spec.config), passes=json_value(pass_reports),
-        inductor_options=json_value(extra_inductor_options or {}), kernels=kernels,
-        checkpoint=json_value({**spec.checkpoint_report, "params_before": before, "params_after": after}))
+        name=spec.name,
+        kind=spec.kind,
+        dtype=dtype_name(spec.dtype),
+        inputs=inputs_spec,
+        outputs=outputs_spec,
+        weights=None,
+        constants={},
+        buckets=[],
+        golden=None,
+        golden_cases=cases,
+        tolerance=float(spec.tolerance),
+        metadata=json_value(spec.metadata),
+        config=json_value(spec.config),
+        passes=json_value(pass_reports),
+        inductor_options=json_value(extra_inductor_options or {}),
+        kernels=kernels,
+        checkpoint=json_value({**spec.checkpoint_report, "params_before": before, "params_after": after}),
+    )
     if "onnx" in formats:
         from .onnx_export import OnnxExportError, export_stage_onnx, manifest_entry
 
@@ -297,19 +325,30 @@ def build_stage(spec: StageSpec, tmp: Path, device: torch.device, seed: int, rep
         except OnnxExportError as e:
             raise BuildError(str(e)) from e
         entry = replace(entry, onnx=OnnxEntry.from_dict(json_value(manifest_entry(res, tmp)), f"{spec.name}.onnx"))
-        reporter.note(f"{spec.name}: ONNX opset {res.opset}, dynamic {res.dynamic_axes or '-'}, "
-                      f"{res.seconds:.1f}s" + "".join(f"; {n}" for n in res.notes))
+        reporter.note(
+            f"{spec.name}: ONNX opset {res.opset}, dynamic {res.dynamic_axes or '-'}, "
+            f"{res.seconds:.1f}s" + "".join(f"; {n}" for n in res.notes)
+        )
     if "aoti" in formats:
-        entry = replace(entry, **_compile_buckets(spec, module, tmp, device, seed, reporter, extra_inductor_options,
-                                                  cache, jobs))
+        entry = replace(
+            entry, **_compile_buckets(spec, module, tmp, device, seed, reporter, extra_inductor_options, cache, jobs)
+        )
     grel = f"golden/{spec.name}.safetensors"
     _save_safetensors(golden, tmp / grel)
     return replace(entry, golden=FileEntry.of(tmp, grel))
 
 
-def _compile_buckets(spec: StageSpec, module: torch.nn.Module, tmp: Path, device: torch.device, seed: int,
-                     reporter: Reporter, extra_inductor_options: dict | None,
-                     cache: PackageCache | None = None, jobs: int = 1) -> dict[str, Any]:
+def _compile_buckets(
+    spec: StageSpec,
+    module: torch.nn.Module,
+    tmp: Path,
+    device: torch.device,
+    seed: int,
+    reporter: Reporter,
+    extra_inductor_options: dict | None,
+    cache: PackageCache | None = None,
+    jobs: int = 1,
+) -> dict[str, Any]:
     """One AOTI package per bucket (reused from `cache` where it holds the same package; compiled on up to `jobs`
     worker processes) and the stage's weights file (the constants every package binds, identical across
     buckets): the `weights`, `constants` and `buckets` fields of the stage entry."""
@@ -327,19 +366,48 @@ def _compile_buckets(spec: StageSpec, module: torch.nn.Module, tmp: Path, device
         model_name = f"{spec.name}_{key}"
         # the package's own record of what it was compiled for: the runtime cross-checks it, so an edited
         # manifest cannot feed it other shapes
-        metadata = {"ttsaot_stage": spec.name, "ttsaot_bucket": key, "ttsaot_family": spec.family,
-                    "ttsaot_inputs": input_signature(args)}
+        metadata = {
+            "ttsaot_stage": spec.name,
+            "ttsaot_bucket": key,
+            "ttsaot_family": spec.family,
+            "ttsaot_inputs": input_signature(args),
+        }
         try:
             ep = export_bucket(module, args, device) if cache is not None or parallel else None
         except CompileError as e:
             raise BuildError(f"{spec.name}/{key}: {e}") from e
-        cache_id = None if cache is None else cache_key(ep, {
-            "family": spec.family, "stage": spec.name, "bucket": key, "sizes": dict(sizes),
-            "dtype": dtype_name(spec.dtype), "kernels": spec.kernels_on(device),
-            "inputs": input_signature(args), "toolchain": toolchain,
-            "inductor_options": inductor_options(model_name, metadata, device, extra_inductor_options)})
-        work.append(_Bucket(key, dict(sizes), f"{spec.name}/{key}.pt2", args, model_name, metadata, ep, cache_id,
-                            program_sources(ep) if cache is not None else {}, t0))
+        cache_id = (
+            None
+            if cache is None
+            else cache_key(
+                ep,
+                {
+                    "family": spec.family,
+                    "stage": spec.name,
+                    "bucket": key,
+                    "sizes": dict(sizes),
+                    "dtype": dtype_name(spec.dtype),
+                    "kernels": spec.kernels_on(device),
+                    "inputs": input_signature(args),
+                    "toolchain": toolchain,
+                    "inductor_options": inductor_options(model_name, metadata, device, extra_inductor_options),
+                },
+            )
+        )
+        work.append(
+            _Bucket(
+                key,
+                dict(sizes),
+                f"{spec.name}/{key}.pt2",
+                args,
+                model_name,
+                metadata,
+                ep,
+                cache_id,
+                program_sources(ep) if cache is not None else {},
+                t0,
+            )
+        )
 
     results: dict[str, dict[str, torch.Tensor]] = {}
     reused = 0
@@ -349,8 +417,16 @@ def _compile_buckets(spec: StageSpec, module: torch.nn.Module, tmp: Path, device
         reporter.bucket_done(spec.name, b.key, time.time() - b.t0)
 
     def compile_here(b: _Bucket):
-        return compile_bucket(module, b.args, device, tmp / b.rel, model_name=b.model_name, metadata=b.metadata,
-                              extra_options=extra_inductor_options, exported=b.ep)
+        return compile_bucket(
+            module,
+            b.args,
+            device,
+            tmp / b.rel,
+            model_name=b.model_name,
+            metadata=b.metadata,
+            extra_options=extra_inductor_options,
+            exported=b.ep,
+        )
 
     if not parallel:
         for b in work:
@@ -376,8 +452,16 @@ def _compile_buckets(spec: StageSpec, module: torch.nn.Module, tmp: Path, device
             for b in misses:
                 path = Path(programs) / f"{b.key}.pt2"
                 torch.export.save(b.ep, str(path))
-                tasks[b.key] = CompileTask(f"{spec.name}/{b.key}", path, b.args, device, tmp / b.rel, b.model_name,
-                                           b.metadata, extra_inductor_options)
+                tasks[b.key] = CompileTask(
+                    f"{spec.name}/{b.key}",
+                    path,
+                    b.args,
+                    device,
+                    tmp / b.rel,
+                    b.model_name,
+                    b.metadata,
+                    extra_inductor_options,
+                )
             by_label = {f"{spec.name}/{b.key}": b for b in misses}
 
             def compiled(task: CompileTask, bucket_weights: dict[str, torch.Tensor]) -> None:
@@ -394,14 +478,16 @@ def _compile_buckets(spec: StageSpec, module: torch.nn.Module, tmp: Path, device
 
     weights: dict[str, torch.Tensor] | None = None
     bucket_entries = []
-    for b in work:                      # bucket order, whatever order the compiles finished in
+    for b in work:  # bucket order, whatever order the compiles finished in
         bw = results[b.key]
         if weights is None:
             weights = bw
         elif list(bw) != list(weights) or any(not torch.equal(bw[k], weights[k]) for k in weights):
             diff = sorted(set(bw) ^ set(weights))[:3] or "values"
-            raise BuildError(f"{spec.name}/{b.key}: compiled constants differ from the first bucket's ({diff}); "
-                             "weights could not be shared")
+            raise BuildError(
+                f"{spec.name}/{b.key}: compiled constants differ from the first bucket's ({diff}); "
+                "weights could not be shared"
+            )
         f = FileEntry.of(tmp, b.rel)
         bucket_entries.append(BucketEntry(key=b.key, sizes=b.sizes, file=f.file, sha256=f.sha256, bytes=f.bytes))
     if cache is not None:
@@ -413,10 +499,15 @@ def _compile_buckets(spec: StageSpec, module: torch.nn.Module, tmp: Path, device
     assert weights is not None
     wrel = f"{spec.name}.safetensors"
     _save_safetensors(weights, tmp / wrel, metadata={"ttsaot_stage": spec.name})
-    constants = {k: WeightSpec(dtype=dtype_name(t.dtype), shape=list(t.shape), stride=list(t.contiguous().stride()))
-                 for k, t in weights.items()}
-    return {"weights": FileEntry.of(tmp, wrel, chunk_bytes=CHUNK_BYTES), "constants": constants,
-            "buckets": bucket_entries}
+    constants = {
+        k: WeightSpec(dtype=dtype_name(t.dtype), shape=list(t.shape), stride=list(t.contiguous().stride()))
+        for k, t in weights.items()
+    }
+    return {
+        "weights": FileEntry.of(tmp, wrel, chunk_bytes=CHUNK_BYTES),
+        "constants": constants,
+        "buckets": bucket_entries,
+    }
 
 
 @dataclass
@@ -435,8 +526,9 @@ class _Bucket:
     t0: float
 
 
-def subprocess_verify(path: Path, device: torch.device, timeout: float = VERIFY_TIMEOUT_S,
-                      stages: list[str] | None = None) -> list[dict]:
+def subprocess_verify(
+    path: Path, device: torch.device, timeout: float = VERIFY_TIMEOUT_S, stages: list[str] | None = None
+) -> list[dict]:
     """Load the fresh packages in a child process and run the golden cases: a package that segfaults on load
     fails the build here instead of crashing a user's server later."""
     cmd = [sys.executable, "-m", "ttsaot.runtime.verify", str(path), "--device", str(device), "--json"]
@@ -444,9 +536,11 @@ def subprocess_verify(path: Path, device: torch.device, timeout: float = VERIFY_
         cmd += ["--stages", ",".join(stages)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode < 0:
-        raise BuildError(f"loading the fresh packages killed the process with signal {-proc.returncode} "
-                         f"(on the GPU machine, set CXX=/usr/bin/g++ or pass --cxx); stderr: "
-                         f"{proc.stderr.strip().splitlines()[-1:] if proc.stderr.strip() else ''}")
+        raise BuildError(
+            f"loading the fresh packages killed the process with signal {-proc.returncode} "
+            f"(on the GPU machine, set CXX=/usr/bin/g++ or pass --cxx); stderr: "
+            f"{proc.stderr.strip().splitlines()[-1:] if proc.stderr.strip() else ''}"
+        )
     try:
         results = json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
@@ -458,13 +552,16 @@ def subprocess_verify(path: Path, device: torch.device, timeout: float = VERIFY_
     bad = [r for r in results if not r["ok"]]
     if bad:
         r = bad[0]
-        raise BuildError(f"{r['stage']}/{r['case']}: artifact output {r['output']!r} differs from eager "
-                         f"({r['metric']} {r['value']:.3g} > {r['limit']:.3g})")
+        raise BuildError(
+            f"{r['stage']}/{r['case']}: artifact output {r['output']!r} differs from eager "
+            f"({r['metric']} {r['value']:.3g} > {r['limit']:.3g})"
+        )
     return results
 
 
-def subprocess_verify_onnx(path: Path, stages: list[str], reporter: Reporter,
-                           timeout: float = VERIFY_TIMEOUT_S) -> list[dict]:
+def subprocess_verify_onnx(
+    path: Path, stages: list[str], reporter: Reporter, timeout: float = VERIFY_TIMEOUT_S
+) -> list[dict]:
     """onnxruntime (CPU, and CUDA when available) on the fresh ONNX models against the golden cases, in a child
     process like the AOTI check. A provider without kernels for the graph is reported, not failed."""
     cmd = [sys.executable, "-m", "ttsaot.builder.onnx_verify", str(path), "--json", "--stages", ",".join(stages)]
@@ -477,8 +574,10 @@ def subprocess_verify_onnx(path: Path, stages: list[str], reporter: Reporter,
     bad = [r for r in results if not r["ok"] and not r["skipped"]]
     if bad:
         r = bad[0]
-        raise BuildError(f"{r['stage']}/{r['case']}: ONNX output {r['output']!r} on {r['provider']} differs from "
-                         f"eager ({r['metric']} {r['value']:.3g} > {r['limit']:.3g})")
+        raise BuildError(
+            f"{r['stage']}/{r['case']}: ONNX output {r['output']!r} on {r['provider']} differs from "
+            f"eager ({r['metric']} {r['value']:.3g} > {r['limit']:.3g})"
+        )
     for key in sorted({(r["stage"], r["provider"], r["skipped"]) for r in results if r["skipped"]}):
         reporter.note(f"ONNX {key[0]} not run on {key[1]}: {key[2]}")
     return results
@@ -491,19 +590,30 @@ def _use_private_inductor_cache() -> Path:
     packages that failed at run time ("run_func_ API call failed"); a fresh cache built correct ones. Keying the
     cache directory on the kernels' source keeps reuse across builds without ever mixing kernel versions."""
     h = hashlib.sha256(torch.__version__.encode() + kernel_sources_hash().encode())
-    base = Path(os.environ.get("TTSAOT_INDUCTOR_CACHE_DIR",
-                               Path(tempfile.gettempdir()) / f"ttsaot_inductor_{os.getuid()}"))
+    base = Path(
+        os.environ.get("TTSAOT_INDUCTOR_CACHE_DIR", Path(tempfile.gettempdir()) / f"ttsaot_inductor_{os.getuid()}")
+    )
     path = base / h.hexdigest()[:16]
     path.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
     return path
 
 
-def build_family(family: str, specs: list[StageSpec], out_root: str | Path, device: str | torch.device = "cpu",
-                 seed: int = 0, preset: str | None = None, reporter: Reporter | None = None,
-                 verify_in_subprocess: bool = True, extra_inductor_options: dict | None = None,
-                 keep_existing_stages: bool = True, formats: str | tuple[str, ...] = ("aoti",),
-                 cache_dir: str | Path | None = None, jobs: int = 1) -> BuildResult:
+def build_family(
+    family: str,
+    specs: list[StageSpec],
+    out_root: str | Path,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    preset: str | None = None,
+    reporter: Reporter | None = None,
+    verify_in_subprocess: bool = True,
+    extra_inductor_options: dict | None = None,
+    keep_existing_stages: bool = True,
+    formats: str | tuple[str, ...] = ("aoti",),
+    cache_dir: str | Path | None = None,
+    jobs: int = 1,
+) -> BuildResult:
     """Build `specs` into <out_root>/<family>/ atomically (temp dir + rename, under a lock). `formats`: "aoti"
     (packages per bucket), "onnx" (one ONNX model per stage, builder/onnx_export.py), or both. `cache_dir`: the
     package cache to reuse packages from and add to (builder/package_cache.py); None compiles every package.
@@ -530,14 +640,21 @@ def build_family(family: str, specs: list[StageSpec], out_root: str | Path, devi
             env = build_env(dev)
             stages: dict[str, StageEntry] = {}
             for spec in specs:
-                stages[spec.name] = build_stage(spec, tmp, dev, seed, reporter, extra_inductor_options,
-                                                formats=formats, cache=cache, jobs=jobs)
+                stages[spec.name] = build_stage(
+                    spec, tmp, dev, seed, reporter, extra_inductor_options, formats=formats, cache=cache, jobs=jobs
+                )
             kept = _carry_over_stages(final, tmp, env, dev, set(stages), reporter) if keep_existing_stages else {}
             if dev.type == "cpu":
                 env["cpu_isa"] = _package_cpu_isa(tmp, stages)
-            manifest = Manifest(format_version=FORMAT_VERSION, family=family, preset=preset, device=dev.type,
-                                build_env=json_value(env), stages={**kept, **stages},
-                                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+            manifest = Manifest(
+                format_version=FORMAT_VERSION,
+                family=family,
+                preset=preset,
+                device=dev.type,
+                build_env=json_value(env),
+                stages={**kept, **stages},
+                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            )
             try:
                 write_manifest(tmp, manifest)
             except ManifestError as e:
@@ -555,7 +672,7 @@ def build_family(family: str, specs: list[StageSpec], out_root: str | Path, devi
             _replace_dir(tmp, final)
         except BaseException:
             if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)   # Ctrl-C and SIGTERM included: the previous artifact stays
+                shutil.rmtree(tmp, ignore_errors=True)  # Ctrl-C and SIGTERM included: the previous artifact stays
             raise
     return BuildResult(path=final, manifest=manifest, seconds=time.time() - t_start)
 
@@ -572,8 +689,9 @@ def _package_cpu_isa(tmp: Path, stages: dict[str, StageEntry]) -> str:
     return ""
 
 
-def _carry_over_stages(final: Path, tmp: Path, env: dict, dev: torch.device, rebuilt: set[str],
-                       reporter: Reporter) -> dict[str, StageEntry]:
+def _carry_over_stages(
+    final: Path, tmp: Path, env: dict, dev: torch.device, rebuilt: set[str], reporter: Reporter
+) -> dict[str, StageEntry]:
     """Keep stages of an existing artifact that this build does not rebuild, if they were built for the same
     format, device and torch: `--stages code_predictor` must not delete a previously built `code2wav`."""
     if not (final / MANIFEST).is_file():
@@ -583,8 +701,11 @@ def _carry_over_stages(final: Path, tmp: Path, env: dict, dev: torch.device, reb
     except ArtifactError as e:
         reporter.note(f"not keeping the stages of the existing {final} (its manifest is unreadable: {e})")
         return {}
-    same = (old.device == dev.type and old.build_env.get("torch") == env["torch"]
-            and old.build_env.get("sm") == env.get("sm"))
+    same = (
+        old.device == dev.type
+        and old.build_env.get("torch") == env["torch"]
+        and old.build_env.get("sm") == env.get("sm")
+    )
     if not same:
         return {}
     kept = {}
@@ -621,11 +742,18 @@ def _rename_into_place(tmp: Path, final: Path) -> None:
 def stage_summary(result: BuildResult) -> list[dict]:
     rows = []
     for name, st in result.manifest.stages.items():
-        rows.append({"stage": name, "buckets": len(st.buckets), "dtype": st.dtype,
-                     "weights_mib": round(st.weights.bytes / 2**20, 2) if st.weights is not None else 0.0,
-                     "package_mib": round(sum(b.bytes for b in st.buckets) / 2**20, 2),
-                     **({"onnx_mib": round(sum(f.bytes for f in st.onnx.files()) / 2**20, 2)}
-                        if st.onnx is not None else {})})
+        rows.append(
+            {
+                "stage": name,
+                "buckets": len(st.buckets),
+                "dtype": st.dtype,
+                "weights_mib": round(st.weights.bytes / 2**20, 2) if st.weights is not None else 0.0,
+                "package_mib": round(sum(b.bytes for b in st.buckets) / 2**20, 2),
+                **(
+                    {"onnx_mib": round(sum(f.bytes for f in st.onnx.files()) / 2**20, 2)} if st.onnx is not None else {}
+                ),
+            }
+        )
     return rows
 
 

@@ -19,9 +19,9 @@ class CheckpointError(ValueError):
 
 @dataclass
 class KeyRules:
-    prefix: str                                   # checkpoint prefix of the module's own names ("decoder.")
-    ignore_prefixes: tuple[str, ...] = ()         # other model parts: never read
-    drop_patterns: tuple[str, ...] = ()           # regexes (on the full key): known, unused by this stage
+    prefix: str  # checkpoint prefix of the module's own names ("decoder.")
+    ignore_prefixes: tuple[str, ...] = ()  # other model parts: never read
+    drop_patterns: tuple[str, ...] = ()  # regexes (on the full key): known, unused by this stage
     rename: dict[str, str] = field(default_factory=dict)  # full checkpoint key → module key, where they differ
 
     def classify(self, key: str) -> str:
@@ -34,7 +34,7 @@ class KeyRules:
         return "unknown"
 
     def module_key(self, key: str) -> str:
-        return self.rename.get(key, key[len(self.prefix):])
+        return self.rename.get(key, key[len(self.prefix) :])
 
 
 def read_safetensors_selected(path: str | Path, rules: KeyRules) -> tuple[dict[str, torch.Tensor], dict]:
@@ -67,23 +67,28 @@ def _numel(shape: Iterable[int]) -> int:
     return n
 
 
-def load_strict(module: nn.Module, tensors: dict[str, torch.Tensor], unknown: list[str] = (),
-                source: str = "checkpoint") -> None:
+def load_strict(
+    module: nn.Module, tensors: dict[str, torch.Tensor], unknown: list[str] = (), source: str = "checkpoint"
+) -> None:
     """Copy `tensors` into `module`; missing, unexpected or mis-shaped keys are errors naming the key."""
     if unknown:
-        raise CheckpointError(f"{source}: unexpected key {unknown[0]!r}" +
-                              (f" (+{len(unknown) - 1} more)" if len(unknown) > 1 else ""))
+        raise CheckpointError(
+            f"{source}: unexpected key {unknown[0]!r}" + (f" (+{len(unknown) - 1} more)" if len(unknown) > 1 else "")
+        )
     own = module.state_dict()
     missing = sorted(set(own) - set(tensors))
     extra = sorted(set(tensors) - set(own))
     if missing:
-        raise CheckpointError(f"{source}: missing key {missing[0]!r}" +
-                              (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""))
+        raise CheckpointError(
+            f"{source}: missing key {missing[0]!r}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
     if extra:
-        raise CheckpointError(f"{source}: unexpected key {extra[0]!r}" +
-                              (f" (+{len(extra) - 1} more)" if len(extra) > 1 else ""))
+        raise CheckpointError(
+            f"{source}: unexpected key {extra[0]!r}" + (f" (+{len(extra) - 1} more)" if len(extra) > 1 else "")
+        )
     for k, t in tensors.items():
         if tuple(t.shape) != tuple(own[k].shape):
-            raise CheckpointError(f"{source}: key {k!r} has shape {tuple(t.shape)}, "
-                                  f"the module expects {tuple(own[k].shape)}")
+            raise CheckpointError(
+                f"{source}: key {k!r} has shape {tuple(t.shape)}, the module expects {tuple(own[k].shape)}"
+            )
     module.load_state_dict({k: t.to(own[k].dtype) for k, t in tensors.items()}, strict=True)

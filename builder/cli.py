@@ -25,7 +25,7 @@ from .options import Flag, OptionsError, positive_ints, with_flags
 
 # = build.FORMATS (tests/test_cli.py checks they agree); named here so a wrong --format fails before torch loads.
 ARTIFACT_FORMATS = ("aoti", "onnx")
-EMPTY = "-"                       # the one marker for an empty value in tables
+EMPTY = "-"  # the one marker for an empty value in tables
 # Tables are read in CI logs and by tests too: never squeeze them below 160 columns.
 MIN_WIDTH = 160
 EXIT_FAILURE, EXIT_INTERRUPTED = 1, 130
@@ -54,10 +54,12 @@ def _quiet_torch_warnings() -> None:
 
 def _hint(msg: str) -> str:
     """What to do about a failure, where the message alone does not say."""
-    if "differs from eager" in msg:   # the build's golden check (builder/build.py subprocess_verify)
-        return ("the compiled artifact disagrees with its eager reference beyond the stage's tolerance. Rebuild with "
-                "--dtype fp32 (exact numerics), or --no-verify to keep it unchecked (not advised); --debug shows "
-                "the traceback")
+    if "differs from eager" in msg:  # the build's golden check (builder/build.py subprocess_verify)
+        return (
+            "the compiled artifact disagrees with its eager reference beyond the stage's tolerance. Rebuild with "
+            "--dtype fp32 (exact numerics), or --no-verify to keep it unchecked (not advised); --debug shows "
+            "the traceback"
+        )
     return ""
 
 
@@ -74,8 +76,12 @@ def _fail(e: BaseException, debug: bool) -> None:
 
 
 def _debug_option(f):
-    return click.option("--debug", "debug_here", is_flag=True,
-                        help="Show tracebacks instead of one-line errors (also accepted before the command).")(f)
+    return click.option(
+        "--debug",
+        "debug_here",
+        is_flag=True,
+        help="Show tracebacks instead of one-line errors (also accepted before the command).",
+    )(f)
 
 
 def _debug(ctx: click.Context, here: bool) -> bool:
@@ -128,11 +134,9 @@ def _family_params() -> list[click.Option]:
         choices = getattr(fl.parse, "choices", None)
         metavar = fl.metavar or ("|".join(choices) if choices else "N")
         if fl.is_switch:
-            params.append(click.Option([name, _param_name(name)], is_flag=True, default=False,
-                                       help=f"{text} {what}"))
+            params.append(click.Option([name, _param_name(name)], is_flag=True, default=False, help=f"{text} {what}"))
         else:
-            params.append(click.Option([name, _param_name(name)], default=None, metavar=metavar,
-                                       help=f"{text} {what}"))
+            params.append(click.Option([name, _param_name(name)], default=None, metavar=metavar, help=f"{text} {what}"))
     return params
 
 
@@ -141,7 +145,7 @@ class _BuildCommand(click.Command):
     so a family registered with `register_family` gets its flags too)."""
 
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
-        params = super().get_params(ctx)                 # the help option comes last
+        params = super().get_params(ctx)  # the help option comes last
         return params[:-1] + _family_params() + params[-1:]
 
 
@@ -184,8 +188,9 @@ def _formats(ctx: click.Context, param: click.Parameter, value: str) -> tuple[st
     items = [f.strip().lower() for f in value.split(",") if f.strip()]
     bad = [f for f in items if f not in ARTIFACT_FORMATS]
     if bad or not items:
-        raise click.BadParameter(f"unknown artifact format {bad[0] if bad else value!r} "
-                                 f"(have: {', '.join(ARTIFACT_FORMATS)})")
+        raise click.BadParameter(
+            f"unknown artifact format {bad[0] if bad else value!r} (have: {', '.join(ARTIFACT_FORMATS)})"
+        )
     return tuple(f for f in ARTIFACT_FORMATS if f in items)
 
 
@@ -215,50 +220,113 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 @main.command(cls=_BuildCommand)
 @click.argument("family")
-@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False),
-              help="Real checkpoint directory (the family's layout: README § Checkpoints).")
+@click.option(
+    "--checkpoint",
+    type=click.Path(exists=True, file_okay=False),
+    help="Real checkpoint directory (the family's layout: README § Checkpoints).",
+)
 @click.option("--random-weights", is_flag=True, help="Deterministic random weights of --preset (no checkpoint).")
-@click.option("--preset", default=None, show_default="tiny",
-              help="Named config (tiny, full) of --random-weights builds.")
+@click.option(
+    "--preset", default=None, show_default="tiny", help="Named config (tiny, full) of --random-weights builds."
+)
 @click.option("--stages", default=None, help="Comma-separated stage names [default: all the checkpoint holds].")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:N]: where the artifact will run.")
-@click.option("--dtype", type=click.Choice(sorted(DTYPE_ALIASES)), default=None,
-              help="Compute dtype [default: each stage's own, README § Numerics].")
-@click.option("--max-batch", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Largest batch bucket (powers of two up to it, and it).")
-@click.option("--batch-buckets", default=None, callback=_int_list, metavar="N,N",
-              help="Explicit batch buckets instead, e.g. 1,4.")
+@click.option(
+    "--dtype",
+    type=click.Choice(sorted(DTYPE_ALIASES)),
+    default=None,
+    help="Compute dtype [default: each stage's own, README § Numerics].",
+)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Largest batch bucket (powers of two up to it, and it).",
+)
+@click.option(
+    "--batch-buckets", default=None, callback=_int_list, metavar="N,N", help="Explicit batch buckets instead, e.g. 1,4."
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Random weights and golden inputs.")
-@click.option("--out", "out_dir", default="artifacts", show_default=True, type=click.Path(file_okay=False),
-              help="The artifact goes to OUT/FAMILY.")
+@click.option(
+    "--out",
+    "out_dir",
+    default="artifacts",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="The artifact goes to OUT/FAMILY.",
+)
 @click.option("--cxx", default=None, help="C++ compiler for AOTInductor (sets $CXX; /usr/bin/g++ on the GPU box).")
 # Opt-in, not a default: never timed as an artifact. torch.compile with max-autotune ran the VoxCPM2 residual step
 # at B=1 in 0.428 ms against 0.647 ms for the default-compiled artifact (H200), and autotuning the base step's build
 # took 350 s instead of 116 s (bench/results/nvidia-h200/probes/README.md).
 @click.option("--max-autotune", is_flag=True, help="Inductor max-autotune for the compiled kernels (slower build).")
-@click.option("--tf32", is_flag=True,
-              help="fp32 stages (not the fp32-by-policy encoder/VAE) run TF32 convolutions/matmuls on CUDA, as "
-                   "PyTorch's defaults give the reference: ~2-3x faster, ~1e-3 relative error.")
-@click.option("--kernels", type=click.Choice(["auto", "ttsaot", "inductor"]), default="auto", show_default=True,
-              help="Hot paths from the ttsaot Triton kernel layer, or Inductor's own code; auto = ttsaot on CUDA "
-                   "for the builds whose kernels are GPU-verified (bf16 code2wav and dac_decoder), inductor elsewhere "
-                   "and on CPU (where the kernels would only run their aten references).")
+@click.option(
+    "--tf32",
+    is_flag=True,
+    help="fp32 stages (not the fp32-by-policy encoder/VAE) run TF32 convolutions/matmuls on CUDA, as "
+    "PyTorch's defaults give the reference: ~2-3x faster, ~1e-3 relative error.",
+)
+@click.option(
+    "--kernels",
+    type=click.Choice(["auto", "ttsaot", "inductor"]),
+    default="auto",
+    show_default=True,
+    help="Hot paths from the ttsaot Triton kernel layer, or Inductor's own code; auto = ttsaot on CUDA "
+    "for the builds whose kernels are GPU-verified (bf16 code2wav and dac_decoder), inductor elsewhere "
+    "and on CPU (where the kernels would only run their aten references).",
+)
 @click.option("--no-verify", is_flag=True, help="Skip loading the fresh packages in a subprocess (not advised).")
-@click.option("--format", "formats", default="aoti", show_default=True, callback=_formats,
-              help="aoti (AOTInductor package per bucket), onnx (one ONNX model per stage, dynamic axes), or "
-                   "aoti,onnx.")
-@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
-              show_default="$TTSAOT_CACHE_DIR or $XDG_CACHE_HOME/ttsaot/packages",
-              help="Package cache: a rebuild reuses every package whose program, bucket, kernels and toolchain did "
-                   "not change.")
+@click.option(
+    "--format",
+    "formats",
+    default="aoti",
+    show_default=True,
+    callback=_formats,
+    help="aoti (AOTInductor package per bucket), onnx (one ONNX model per stage, dynamic axes), or aoti,onnx.",
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    show_default="$TTSAOT_CACHE_DIR or $XDG_CACHE_HOME/ttsaot/packages",
+    help="Package cache: a rebuild reuses every package whose program, bucket, kernels and toolchain did not change.",
+)
 @click.option("--no-cache", is_flag=True, help="Compile every package (the cache is neither read nor written).")
-@click.option("--jobs", type=click.IntRange(min=1), default=None, show_default="min(cores, memory / 4 GiB)",
-              help="AOTI compiles of a stage's buckets in this many worker processes.")
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=None,
+    show_default="min(cores, memory / 4 GiB)",
+    help="AOTI compiles of a stage's buckets in this many worker processes.",
+)
 @_debug_option
 @click.pass_context
-def build(ctx, family, checkpoint, random_weights, preset, stages, device, dtype, max_batch, batch_buckets, seed,
-          out_dir, cxx, max_autotune, tf32, kernels, no_verify, formats, cache_dir, no_cache, jobs, debug_here,
-          **family_flags):
+def build(
+    ctx,
+    family,
+    checkpoint,
+    random_weights,
+    preset,
+    stages,
+    device,
+    dtype,
+    max_batch,
+    batch_buckets,
+    seed,
+    out_dir,
+    cxx,
+    max_autotune,
+    tf32,
+    kernels,
+    no_verify,
+    formats,
+    cache_dir,
+    no_cache,
+    jobs,
+    debug_here,
+    **family_flags,
+):
     """Build FAMILY's stages into OUT/FAMILY (atomically: the old artifact stays until the new one is verified).
 
     The flags after --format belong to the families named in brackets; `build-artifacts list` shows each
@@ -269,9 +337,18 @@ def build(ctx, family, checkpoint, random_weights, preset, stages, device, dtype
         raise click.UsageError("give exactly one of --checkpoint DIR or --random-weights (with --preset)")
     try:
         fam = get_family(family)
-        opts = _family_options(fam, family_flags, dict(preset=preset or "tiny", checkpoint=checkpoint, seed=seed,
-                                                       max_batch=max_batch, batch_buckets=batch_buckets,
-                                                       kernels=kernels))
+        opts = _family_options(
+            fam,
+            family_flags,
+            dict(
+                preset=preset or "tiny",
+                checkpoint=checkpoint,
+                seed=seed,
+                max_batch=max_batch,
+                batch_buckets=batch_buckets,
+                kernels=kernels,
+            ),
+        )
         names = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
         if names is not None:
             fam.check_stages(names)
@@ -290,30 +367,46 @@ def build(ctx, family, checkpoint, random_weights, preset, stages, device, dtype
             os.environ["CXX"] = cxx
         try:
             specs = fam.specs(opts, names)
-        except OptionsError as e:       # a value this checkpoint/preset cannot build (e.g. a frame bucket too long)
+        except OptionsError as e:  # a value this checkpoint/preset cannot build (e.g. a frame bucket too long)
             raise click.UsageError(str(e)) from None
         console = _err_console()
         if names is None and len(specs) < len(fam.stages):
             built = {s.name for s in specs}
-            console.print(f"[dim]not in the checkpoint, not built: "
-                          f"{', '.join(n for n in fam.stages if n not in built)}[/dim]")
+            console.print(
+                f"[dim]not in the checkpoint, not built: {', '.join(n for n in fam.stages if n not in built)}[/dim]"
+            )
         if tf32:
             specs = [with_tf32(sp) for sp in specs]
         extra = {"max_autotune": True} if max_autotune else None
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Table
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=False) as progress:
-            result = build_family(family, specs, out_dir, device=device, seed=seed,
-                                  preset=None if checkpoint else opts.preset,
-                                  reporter=_RichReporter(progress), verify_in_subprocess=not no_verify,
-                                  extra_inductor_options=extra, formats=formats,
-                                  cache_dir=None if no_cache else (cache_dir or default_cache_dir()),
-                                  jobs=jobs or default_jobs())
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as progress:
+            result = build_family(
+                family,
+                specs,
+                out_dir,
+                device=device,
+                seed=seed,
+                preset=None if checkpoint else opts.preset,
+                reporter=_RichReporter(progress),
+                verify_in_subprocess=not no_verify,
+                extra_inductor_options=extra,
+                formats=formats,
+                cache_dir=None if no_cache else (cache_dir or default_cache_dir()),
+                jobs=jobs or default_jobs(),
+            )
         table = Table(title=f"{family} → {result.path} ({result.seconds:.0f}s)")
-        cols = ("stage", "buckets", "dtype", "weights_mib", "package_mib") + (("onnx_mib",) if "onnx" in formats
-                                                                              else ())
+        cols = ("stage", "buckets", "dtype", "weights_mib", "package_mib") + (
+            ("onnx_mib",) if "onnx" in formats else ()
+        )
         for col in cols:
             table.add_column(col)
         for row in stage_summary(result):
@@ -333,11 +426,12 @@ def _artifact_dir(path: str) -> str:
     names the artifacts inside."""
     if os.path.isfile(os.path.join(path, "manifest.json")):
         return path
-    inside = sorted(os.path.join(path, d) for d in os.listdir(path)
-                    if os.path.isfile(os.path.join(path, d, "manifest.json")))
+    inside = sorted(
+        os.path.join(path, d) for d in os.listdir(path) if os.path.isfile(os.path.join(path, d, "manifest.json"))
+    )
     if inside:
         raise click.UsageError(f"{path} holds artifacts, it is not one: pass one of {', '.join(inside)}")
-    return path       # no manifest at all: the runtime says what is missing
+    return path  # no manifest at all: the runtime says what is missing
 
 
 def _pass_sum(reports: list[dict], key: str) -> int:
@@ -357,11 +451,18 @@ def parameter_accounting(stage_entry: dict) -> dict[str, Any]:
     kept = (ck.get("params_after") or {}).get("params")
     passes = stage_entry.get("passes") or []
     pruned, folded = _pass_sum(passes, "dropped"), _pass_sum(passes, "folded")
-    out: dict[str, Any] = {"loaded": loaded, "kept": kept, "kept_mib": (ck.get("params_after") or {}).get("mib"),
-                           "pruned": pruned, "folded": folded,
-                           "unaccounted": None if loaded is None or kept is None else loaded - kept - pruned - folded,
-                           "skipped": {"dropped": sum(int(n) for n in (ck.get("dropped") or {}).values()),
-                                       "ignored": (ck.get("ignored") or {}).get("params", 0)}}
+    out: dict[str, Any] = {
+        "loaded": loaded,
+        "kept": kept,
+        "kept_mib": (ck.get("params_after") or {}).get("mib"),
+        "pruned": pruned,
+        "folded": folded,
+        "unaccounted": None if loaded is None or kept is None else loaded - kept - pruned - folded,
+        "skipped": {
+            "dropped": sum(int(n) for n in (ck.get("dropped") or {}).values()),
+            "ignored": (ck.get("ignored") or {}).get("params", 0),
+        },
+    }
     return out
 
 
@@ -382,26 +483,41 @@ def inspect(ctx, artifact, as_json, debug_here):
             ck = st.get("checkpoint", {})
             dropped = {k: v for p in st.get("passes", []) for k, v in (p.get("dropped") or {}).items()}
             dropped.update(ck.get("dropped") or {})
-            rows.append({
-                "stage": name, "kind": st["kind"], "dtype": st["dtype"],
-                "buckets": [b["key"] for b in st["buckets"]],
-                "weights_mib": round(st["weights"]["bytes"] / 2**20, 3) if st.get("weights") else 0.0,
-                "packages_mib": round(sum(b["bytes"] for b in st["buckets"]) / 2**20, 3),
-                "params": parameter_accounting(st),
-                "params_before": ck.get("params_before"), "params_after": ck.get("params_after"),
-                "dropped": dropped, "ignored": ck.get("ignored"), "tolerance": st["tolerance"],
-                "onnx": st.get("onnx"),
-                # how it was compiled and which numerics it runs: autotuned GEMMs, TF32 allowed (build --tf32)
-                "inductor_options": st.get("inductor_options") or {},
-                "kernels": st.get("kernels", "inductor"),
-                "tf32": bool((st.get("metadata") or {}).get("allow_tf32", False)),
-                # a stage's numerics choice and its build-time error vs fp32 (the Fish dac_decoder's precision)
-                "numerics": (st.get("metadata") or {}).get("numerics"),
-            })
+            rows.append(
+                {
+                    "stage": name,
+                    "kind": st["kind"],
+                    "dtype": st["dtype"],
+                    "buckets": [b["key"] for b in st["buckets"]],
+                    "weights_mib": round(st["weights"]["bytes"] / 2**20, 3) if st.get("weights") else 0.0,
+                    "packages_mib": round(sum(b["bytes"] for b in st["buckets"]) / 2**20, 3),
+                    "params": parameter_accounting(st),
+                    "params_before": ck.get("params_before"),
+                    "params_after": ck.get("params_after"),
+                    "dropped": dropped,
+                    "ignored": ck.get("ignored"),
+                    "tolerance": st["tolerance"],
+                    "onnx": st.get("onnx"),
+                    # how it was compiled and which numerics it runs: autotuned GEMMs, TF32 allowed (build --tf32)
+                    "inductor_options": st.get("inductor_options") or {},
+                    "kernels": st.get("kernels", "inductor"),
+                    "tf32": bool((st.get("metadata") or {}).get("allow_tf32", False)),
+                    # a stage's numerics choice and its build-time error vs fp32 (the Fish dac_decoder's precision)
+                    "numerics": (st.get("metadata") or {}).get("numerics"),
+                }
+            )
         if as_json:
-            _out_console().print_json(json.dumps({"family": m["family"], "device": m["device"],
-                                                  "preset": m["preset"], "build_env": m["build_env"],
-                                                  "stages": rows}))
+            _out_console().print_json(
+                json.dumps(
+                    {
+                        "family": m["family"],
+                        "device": m["device"],
+                        "preset": m["preset"],
+                        "build_env": m["build_env"],
+                        "stages": rows,
+                    }
+                )
+            )
             return
         from rich.table import Table
 
@@ -410,14 +526,19 @@ def inspect(ctx, artifact, as_json, debug_here):
             f"[bold]{m['family']}[/bold] format v{m['format_version']} device={m['device']} "
             f"preset={_show(m['preset'])} torch={_show(env.get('torch'))} triton={_show(env.get('triton'))} "
             f"cuda={_show(env.get('cuda'))} gpu={_show(env.get('gpu_name'))} sm={_show(env.get('sm'))} "
-            f"cxx={_show(env.get('cxx_version'))}", highlight=False)
+            f"cxx={_show(env.get('cxx_version'))}",
+            highlight=False,
+        )
         # two tables, so that neither is squeezed below a readable width on an 80-column terminal
         t = Table(title="stages")
         for c in ("stage", "kind", "dtype", "buckets", "weights MiB", "packages MiB", "compiled with", "onnx"):
             t.add_column(c)
-        params = Table(title="parameters", caption="loaded = kept + pruned (never read by the stage) + folded "
-                                                   "(baked into other tensors); skipped = checkpoint tensors "
-                                                   "never loaded")
+        params = Table(
+            title="parameters",
+            caption="loaded = kept + pruned (never read by the stage) + folded "
+            "(baked into other tensors); skipped = checkpoint tensors "
+            "never loaded",
+        )
         for c in ("stage", "kept", "pruned", "folded", "loaded", "skipped"):
             params.add_column(c)
         for r in rows:
@@ -426,13 +547,30 @@ def inspect(ctx, artifact, as_json, debug_here):
             if p["unaccounted"]:
                 kept += f" [red]unaccounted {p['unaccounted']}[/red]"
             skipped = p["skipped"]["dropped"] + p["skipped"]["ignored"]
-            compiled = [f"kernels={r['kernels']}", *(f"{k}={v}" for k, v in r["inductor_options"].items()),
-                        *(["tf32"] if r["tf32"] else []), *_numerics_cell(r["numerics"])]
-            t.add_row(r["stage"], r["kind"], r["dtype"], f"{len(r['buckets'])}: {' '.join(r['buckets'])}",
-                      f"{r['weights_mib']}", f"{r['packages_mib']}", " ".join(compiled) or EMPTY,
-                      _onnx_cell(r["onnx"]))
-            params.add_row(r["stage"], kept, _show(p["pruned"] or None), _show(p["folded"] or None),
-                           _show(p["loaded"]), _show(skipped or None))
+            compiled = [
+                f"kernels={r['kernels']}",
+                *(f"{k}={v}" for k, v in r["inductor_options"].items()),
+                *(["tf32"] if r["tf32"] else []),
+                *_numerics_cell(r["numerics"]),
+            ]
+            t.add_row(
+                r["stage"],
+                r["kind"],
+                r["dtype"],
+                f"{len(r['buckets'])}: {' '.join(r['buckets'])}",
+                f"{r['weights_mib']}",
+                f"{r['packages_mib']}",
+                " ".join(compiled) or EMPTY,
+                _onnx_cell(r["onnx"]),
+            )
+            params.add_row(
+                r["stage"],
+                kept,
+                _show(p["pruned"] or None),
+                _show(p["folded"] or None),
+                _show(p["loaded"]),
+                _show(skipped or None),
+            )
         _out_console().print(t)
         _out_console().print(params)
     except Exception as e:  # noqa: BLE001
@@ -456,8 +594,9 @@ def _onnx_cell(onnx: dict | None) -> str:
     size = f"{onnx['bytes'] / 2**20:.2f} MiB" + (f" + data {ext / 2**20:.2f} MiB" if ext else "")
     dyn = ", ".join(f"{a} {r['min']}-{r['max']}" for a, r in onnx.get("dynamic_axes", {}).items())
     static = ", ".join(f"{a}={n}" for a, n in onnx.get("static_axes", {}).items())
-    return (f"{onnx['file']} (opset {onnx['opset']}, {size}) dynamic: {dyn or EMPTY}"
-            + (f"; static: {static}" if static else ""))
+    return f"{onnx['file']} (opset {onnx['opset']}, {size}) dynamic: {dyn or EMPTY}" + (
+        f"; static: {static}" if static else ""
+    )
 
 
 @main.command()
@@ -465,8 +604,13 @@ def _onnx_cell(onnx: dict | None) -> str:
 @click.option("--device", default=None, help="Device to verify on [default: the artifact's].")
 @click.option("--stages", default=None, help="Comma-separated subset of stages.")
 @click.option("--no-graphs", is_flag=True, help="Run packages directly instead of replaying CUDA graphs.")
-@click.option("--onnx/--no-onnx", "check_onnx", default=True, show_default=True,
-              help="Also run the stages' ONNX models (when present) with onnxruntime against the golden cases.")
+@click.option(
+    "--onnx/--no-onnx",
+    "check_onnx",
+    default=True,
+    show_default=True,
+    help="Also run the stages' ONNX models (when present) with onnxruntime against the golden cases.",
+)
 @_debug_option
 @click.pass_context
 def verify(ctx, artifact, device, stages, no_graphs, check_onnx, debug_here):
@@ -489,8 +633,12 @@ def verify(ctx, artifact, device, stages, no_graphs, check_onnx, debug_here):
         aoti = [n for n in selected if manifest.stages[n].buckets]
         results, where = [], manifest.device
         if aoti or not check_onnx:
-            bundle = load(artifact, device=device, stages=aoti if want or len(aoti) < len(selected) else None,
-                          cuda_graphs=not no_graphs)
+            bundle = load(
+                artifact,
+                device=device,
+                stages=aoti if want or len(aoti) < len(selected) else None,
+                cuda_graphs=not no_graphs,
+            )
             results = verify_bundle(bundle, aoti)
             where = str(bundle.device)
         onnx_results = []
@@ -507,10 +655,23 @@ def verify(ctx, artifact, device, stages, no_graphs, check_onnx, debug_here):
                 ok += f" ({r.near_ties} near-tie row{'s' if r.near_ties > 1 else ''})"
             t.add_row(r.stage, r.case, r.output, "aoti", r.metric, f"{r.value:.3g}", f"{r.limit:.3g}", ok)
         for r in onnx_results:
-            state = (f"[yellow]skipped[/yellow] {r.skipped[:80]}" if r.skipped
-                     else "[green]ok[/green]" if r.ok else "[red]FAIL[/red]")
-            t.add_row(r.stage, r.case, r.output, f"onnx {r.provider.removesuffix('ExecutionProvider')}", r.metric,
-                      f"{r.value:.3g}", f"{r.limit:.3g}", state)
+            state = (
+                f"[yellow]skipped[/yellow] {r.skipped[:80]}"
+                if r.skipped
+                else "[green]ok[/green]"
+                if r.ok
+                else "[red]FAIL[/red]"
+            )
+            t.add_row(
+                r.stage,
+                r.case,
+                r.output,
+                f"onnx {r.provider.removesuffix('ExecutionProvider')}",
+                r.metric,
+                f"{r.value:.3g}",
+                f"{r.limit:.3g}",
+                state,
+            )
         _out_console().print(t)
         ran = list(results) + [r for r in onnx_results if not r.skipped]
         if not ran:
@@ -518,8 +679,10 @@ def verify(ctx, artifact, device, stages, no_graphs, check_onnx, debug_here):
             raise RuntimeError(f"no golden cases to verify{why}")
         if not all(r.ok for r in ran):
             bad = next(r for r in ran if not r.ok)
-            _err_console().print(f"[bold red]regression:[/bold red] {bad.stage}/{bad.case}/{bad.output} "
-                                 f"{bad.metric}={bad.value:.3g} > {bad.limit:.3g}")
+            _err_console().print(
+                f"[bold red]regression:[/bold red] {bad.stage}/{bad.case}/{bad.output} "
+                f"{bad.metric}={bad.value:.3g} > {bad.limit:.3g}"
+            )
             sys.exit(EXIT_FAILURE)
     except SystemExit:
         raise

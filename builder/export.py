@@ -25,7 +25,7 @@ class CompileError(RuntimeError):
 @dataclass
 class CompiledBucket:
     package: Path
-    weights: dict[str, torch.Tensor]   # constant name → tensor (CPU), in the order AOTI lists them
+    weights: dict[str, torch.Tensor]  # constant name → tensor (CPU), in the order AOTI lists them
     metadata: dict[str, str]
 
 
@@ -39,8 +39,9 @@ def export_program(module: nn.Module, args: tuple, device: torch.device) -> torc
     return ep
 
 
-def inductor_options(model_name: str, metadata: dict[str, str], device: torch.device,
-                     extra: dict | None = None) -> dict:
+def inductor_options(
+    model_name: str, metadata: dict[str, str], device: torch.device, extra: dict | None = None
+) -> dict:
     opts = {
         "aot_inductor.package": True,
         "aot_inductor.package_constants_in_so": False,
@@ -66,9 +67,16 @@ def export_bucket(module: nn.Module, args: tuple, device: torch.device) -> torch
         raise CompileError(f"torch.export failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e
 
 
-def compile_bucket(module: nn.Module, args: tuple, device: torch.device, package_path: Path,
-                   model_name: str, metadata: dict[str, str], extra_options: dict | None = None,
-                   exported: torch.export.ExportedProgram | None = None) -> CompiledBucket:
+def compile_bucket(
+    module: nn.Module,
+    args: tuple,
+    device: torch.device,
+    package_path: Path,
+    model_name: str,
+    metadata: dict[str, str],
+    extra_options: dict | None = None,
+    exported: torch.export.ExportedProgram | None = None,
+) -> CompiledBucket:
     """`exported`: the program of `module` on `args` when the caller has exported it already (the package cache
     keys on it)."""
     from torch._inductor import aot_compile
@@ -78,8 +86,9 @@ def compile_bucket(module: nn.Module, args: tuple, device: torch.device, package
     ep = exported if exported is not None else export_bucket(module, args, device)
     try:
         with torch.no_grad():
-            files = aot_compile(ep.module(), args,
-                                options=inductor_options(model_name, metadata, device, extra_options))
+            files = aot_compile(
+                ep.module(), args, options=inductor_options(model_name, metadata, device, extra_options)
+            )
     except Exception as e:  # noqa: BLE001
         raise CompileError(f"AOTInductor compile failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e
     weights = [f for f in files if isinstance(f, Weights)]
@@ -91,7 +100,7 @@ def compile_bucket(module: nn.Module, args: tuple, device: torch.device, package
     return CompiledBucket(package=package_path, weights=tensors, metadata=metadata)
 
 
-COMPILER_PROBE_TIMEOUT_S = 30   # `$CXX --version`
+COMPILER_PROBE_TIMEOUT_S = 30  # `$CXX --version`
 
 
 def compiler_info() -> dict[str, str]:
@@ -104,8 +113,9 @@ def compiler_info() -> dict[str, str]:
         cxx = os.environ.get("CXX", "g++")
     path = shutil.which(cxx) or cxx
     try:
-        version = subprocess.run([path, "--version"], capture_output=True, text=True,
-                                 timeout=COMPILER_PROBE_TIMEOUT_S).stdout
+        version = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=COMPILER_PROBE_TIMEOUT_S
+        ).stdout
         version = version.splitlines()[0] if version else "unknown"
     except Exception:  # noqa: BLE001
         version = "unknown"

@@ -26,11 +26,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Family:
-    name: str                        # family id, as in the artifact's manifest and the CLI
-    presets: tuple[str, ...]         # named configs for --random-weights builds
-    Options: type[BuildOptions]      # noqa: N815 - the options class, named as the design names it
-    stages: tuple[str, ...]          # stage names, in build order
-    package: str                     # the family's package; `<package>.stages` holds the recipes
+    name: str  # family id, as in the artifact's manifest and the CLI
+    presets: tuple[str, ...]  # named configs for --random-weights builds
+    Options: type[BuildOptions]  # noqa: N815 - the options class, named as the design names it
+    stages: tuple[str, ...]  # stage names, in build order
+    package: str  # the family's package; `<package>.stages` holds the recipes
 
     @property
     def flags(self) -> list[Flag]:
@@ -79,6 +79,7 @@ class Family:
     def _recipes(self):
         module = importlib.import_module(f"{self.package}.stages")
         if tuple(module.STAGES) != self.stages:
-            raise RuntimeError(f"{self.package}.stages.STAGES {tuple(module.STAGES)} does not match "
-                               f"FAMILY.stages {self.stages}")
+            raise RuntimeError(
+                f"{self.package}.stages.STAGES {tuple(module.STAGES)} does not match FAMILY.stages {self.stages}"
+            )
         return module

@@ -38,7 +38,7 @@ FP32_OPSET = 20
 LOW_PRECISION_OPSET = 22
 # Initializers above this total go to `<file>.data` (external data); the protobuf limit is 2 GiB per file.
 EXTERNAL_DATA_THRESHOLD = 64 << 20
-EXTERNAL_TENSOR_MIN_BYTES = 1024          # smaller tensors stay inline even in external-data models
+EXTERNAL_TENSOR_MIN_BYTES = 1024  # smaller tensors stay inline even in external-data models
 STANDARD_DOMAINS = ("", "ai.onnx")
 # torch's ONNX optimizer runs onnxscript's pattern rewriter, whose cost grows with graph size × rules: on the
 # unrolled 15-step code predictor (~3200 nodes) it took ~60% of a 20-minute export on a loaded 2-core machine.
@@ -101,13 +101,13 @@ class OnnxResult:
     path: Path
     external_data: list[Path]
     opset: int
-    dynamic_axes: dict[str, dict[str, int]]     # axis → {min, max}
-    static_axes: dict[str, int]                 # axes fixed at their largest bucket (consumer pads)
+    dynamic_axes: dict[str, dict[str, int]]  # axis → {min, max}
+    static_axes: dict[str, int]  # axes fixed at their largest bucket (consumer pads)
     ops: list[str]
-    custom_ops: dict[str, str]                  # custom op → "translation" | "decomposition"
+    custom_ops: dict[str, str]  # custom op → "translation" | "decomposition"
     seconds: float
     notes: list[str] = field(default_factory=list)
-    updated_inputs: dict[str, str] = field(default_factory=dict)   # extra output → the input it updates
+    updated_inputs: dict[str, str] = field(default_factory=dict)  # extra output → the input it updates
 
 
 def axis_ranges(plan: BucketPlan) -> dict[str, tuple[int, int]]:
@@ -162,8 +162,9 @@ def _custom_ops(ep: torch.export.ExportedProgram) -> list:
     return found
 
 
-def export_program(module: nn.Module, spec: StageSpec, example: dict[str, torch.Tensor],
-                   dyn: dict[str, tuple]) -> tuple[torch.export.ExportedProgram, dict[str, tuple], list[str]]:
+def export_program(
+    module: nn.Module, spec: StageSpec, example: dict[str, torch.Tensor], dyn: dict[str, tuple]
+) -> tuple[torch.export.ExportedProgram, dict[str, tuple], list[str]]:
     """torch.export with as many plan axes dynamic as the graph allows: all of them first; then axes whose
     bucket sizes share a factor g > 1 as multiples of g (an encoder needs whole hops); then every subset with one
     axis fewer, ... (an axis that fails stays static at its largest bucket)."""
@@ -185,26 +186,29 @@ def export_program(module: nn.Module, spec: StageSpec, example: dict[str, torch.
         try:
             shapes: Any = _dynamic_shapes(spec, sub) if sub else None
             if shapes is not None and isinstance(module, _ReturnUpdated):
-                shapes = (tuple(shapes),)          # forward(*args): one varargs parameter
+                shapes = (tuple(shapes),)  # forward(*args): one varargs parameter
             with torch.no_grad():
                 ep = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
             dropped = sorted(set(names) - set(sub))
             if dropped:
-                notes.append(f"axes {dropped} cannot be dynamic in this graph ({_first_line(last)}); "
-                             "static at the largest bucket")
+                notes.append(
+                    f"axes {dropped} cannot be dynamic in this graph ({_first_line(last)}); "
+                    "static at the largest bucket"
+                )
             if any(len(r) > 2 for r in sub.values()):
-                notes.append(f"axes dynamic in steps {({a: r[2] for a, r in sub.items() if len(r) > 2})}: pad "
-                             "inputs to a multiple")
+                notes.append(
+                    f"axes dynamic in steps { ({a: r[2] for a, r in sub.items() if len(r) > 2}) }: pad "
+                    "inputs to a multiple"
+                )
             return ep, sub, notes
         except Exception as e:  # noqa: BLE001 - only constraint violations are retried
             if not _is_constraint_error(e):
-                raise OnnxExportError(f"{spec.name}: torch.export failed: {type(e).__name__}: "
-                                      f"{_first_line(e)}") from e
+                raise OnnxExportError(f"{spec.name}: torch.export failed: {type(e).__name__}: {_first_line(e)}") from e
             last = e
             narrowed = _suggested_ranges(e, sub) or _stepped_ranges(e, sub, mults)
             if narrowed is not None and narrowed not in attempts:
                 attempts.append(narrowed)
-                queue.insert(0, narrowed)     # torch's own fix first: a narrower range or whole steps
+                queue.insert(0, narrowed)  # torch's own fix first: a narrower range or whole steps
     raise OnnxExportError(f"{spec.name}: torch.export failed even with static shapes: {_first_line(last)}")
 
 
@@ -263,7 +267,8 @@ def _lower_custom_ops(ep: torch.export.ExportedProgram, stage: str):
             raise OnnxExportError(
                 f"{stage}: custom op {op} has no ONNX lowering; register one with "
                 "ttsaot.builder.onnx_export.register_onnx_translation (onnxscript, standard ops) or "
-                "register_onnx_decomposition (aten)")
+                "register_onnx_decomposition (aten)"
+            )
     if decomp:
         ep = ep.run_decompositions(decomp)
     return ep, table, how
@@ -272,8 +277,10 @@ def _lower_custom_ops(ep: torch.export.ExportedProgram, stage: str):
 def mutated_inputs(ep: torch.export.ExportedProgram, names: list[str]) -> list[str]:
     """Inputs the program writes in place (KV caches: `index_put_`). Functionalizing reveals them; only done
     when the graph has a mutable op at all (re-tracing costs seconds)."""
-    if not any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
-               and n.target._schema.is_mutable for n in ep.graph.nodes):
+    if not any(
+        n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+        for n in ep.graph.nodes
+    ):
         return []
     sig = ep.run_decompositions({}).graph_signature
     placeholders = list(sig.user_inputs)
@@ -311,9 +318,12 @@ def optimize_model(model, mode: str = "auto") -> str:
         oopt.inline(model)
         oopt.fold_constants_ir(model)
         oopt.remove_unused_nodes(model)
-        for p in (common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
-                  common_passes.DeduplicateInitializersPass(), common_passes.CommonSubexpressionEliminationPass(),
-                  common_passes.RemoveUnusedNodesPass()):
+        for p in (
+            common_passes.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
+            common_passes.DeduplicateInitializersPass(),
+            common_passes.CommonSubexpressionEliminationPass(),
+            common_passes.RemoveUnusedNodesPass(),
+        ):
             p(model)
     elif mode != "none":
         raise ValueError(f"optimize mode {mode!r}: full, light, auto or none")
@@ -325,9 +335,16 @@ def example_sizes(spec: StageSpec) -> dict[str, int]:
     return {a: max(sizes) for a, sizes in spec.plan.axes.items()}
 
 
-def export_stage_onnx(spec: StageSpec, module: nn.Module, out_path: str | Path, seed: int = 0,
-                      opset: int | None = None, external_threshold: int = EXTERNAL_DATA_THRESHOLD,
-                      check: bool = True, optimize: str = "auto") -> OnnxResult:
+def export_stage_onnx(
+    spec: StageSpec,
+    module: nn.Module,
+    out_path: str | Path,
+    seed: int = 0,
+    opset: int | None = None,
+    external_threshold: int = EXTERNAL_DATA_THRESHOLD,
+    check: bool = True,
+    optimize: str = "auto",
+) -> OnnxResult:
     """Export `module` (the rewritten, compute-dtype module of `spec`) to `out_path` (+ `<name>.data` when the
     initializers exceed `external_threshold` bytes). Runs onnx.checker (full check) on the written file."""
     import onnx
@@ -350,9 +367,17 @@ def export_stage_onnx(spec: StageSpec, module: nn.Module, out_path: str | Path, 
     ep, table, how = _lower_custom_ops(ep, spec.name)
     out_names = [d["name"] for d in spec.outputs] + [f"{n}_out" for n in updated]
     try:
-        prog = torch.onnx.export(ep, tuple(example[n] for n in spec.input_names), dynamo=True,
-                                 input_names=spec.input_names, output_names=out_names, opset_version=opset,
-                                 custom_translation_table=table or None, optimize=False, verbose=False)
+        prog = torch.onnx.export(
+            ep,
+            tuple(example[n] for n in spec.input_names),
+            dynamo=True,
+            input_names=spec.input_names,
+            output_names=out_names,
+            opset_version=opset,
+            custom_translation_table=table or None,
+            optimize=False,
+            verbose=False,
+        )
     except Exception as e:  # noqa: BLE001
         raise OnnxExportError(f"{spec.name}: torch.onnx.export failed: {type(e).__name__}: {_first_line(e)}") from e
     model = prog.model
@@ -360,8 +385,9 @@ def export_stage_onnx(spec: StageSpec, module: nn.Module, out_path: str | Path, 
     if mode != "full":
         notes.append(f"optimizer: {mode} ({len(list(model.graph))} nodes)")
     if len(model.graph.outputs) != len(out_names):
-        raise OnnxExportError(f"{spec.name}: the ONNX graph has {len(model.graph.outputs)} outputs, the stage "
-                              f"declares {len(out_names)}")
+        raise OnnxExportError(
+            f"{spec.name}: the ONNX graph has {len(model.graph.outputs)} outputs, the stage declares {len(out_names)}"
+        )
     # Name the symbolic dims after the plan axes ("batch", "frames") instead of torch's s0, s1.
     rename: dict[Any, str] = {}
     for value, desc in zip(model.graph.inputs, spec.inputs):
@@ -378,8 +404,10 @@ def export_stage_onnx(spec: StageSpec, module: nn.Module, out_path: str | Path, 
         domains.add(node.domain)
     odd = sorted(d for d in domains if d not in STANDARD_DOMAINS)
     if odd or model.functions:
-        raise OnnxExportError(f"{spec.name}: the ONNX graph uses non-standard domains {odd or '(functions)'}; "
-                              "every custom op must lower to standard ONNX ops")
+        raise OnnxExportError(
+            f"{spec.name}: the ONNX graph uses non-standard domains {odd or '(functions)'}; "
+            "every custom op must lower to standard ONNX ops"
+        )
     init_bytes = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
     data_path = out_path.with_name(out_path.name + ".data")
     for p in (out_path, data_path):
@@ -389,7 +417,7 @@ def export_stage_onnx(spec: StageSpec, module: nn.Module, out_path: str | Path, 
     else:
         ir.save(model, out_path)
     if data_path.exists() and data_path.stat().st_size == 0:
-        data_path.unlink()     # every tensor stayed inline (each below EXTERNAL_TENSOR_MIN_BYTES)
+        data_path.unlink()  # every tensor stayed inline (each below EXTERNAL_TENSOR_MIN_BYTES)
     external = [data_path] if data_path.exists() else []
     if check:
         try:
@@ -397,10 +425,18 @@ def export_stage_onnx(spec: StageSpec, module: nn.Module, out_path: str | Path, 
         except Exception as e:  # noqa: BLE001
             raise OnnxExportError(f"{spec.name}: onnx.checker rejected the exported model: {_first_line(e)}") from e
     static = {a: max(s) for a, s in spec.plan.axes.items() if a not in dyn}
-    return OnnxResult(path=out_path, external_data=external, opset=opset,
-                      dynamic_axes={a: _axis_range(r) for a, r in dyn.items()},
-                      static_axes=static, ops=sorted(ops), custom_ops=how, seconds=time.time() - t0, notes=notes,
-                      updated_inputs={f"{n}_out": n for n in updated})
+    return OnnxResult(
+        path=out_path,
+        external_data=external,
+        opset=opset,
+        dynamic_axes={a: _axis_range(r) for a, r in dyn.items()},
+        static_axes=static,
+        ops=sorted(ops),
+        custom_ops=how,
+        seconds=time.time() - t0,
+        notes=notes,
+        updated_inputs={f"{n}_out": n for n in updated},
+    )
 
 
 def _axis_range(r: tuple) -> dict[str, int]:
@@ -417,7 +453,13 @@ def manifest_entry(result: OnnxResult, root: Path) -> dict:
     def entry(p: Path) -> dict:
         return {"file": p.relative_to(root).as_posix(), "sha256": sha256_of(p), "bytes": p.stat().st_size}
 
-    return {**entry(result.path), "opset": result.opset,
-            "external_data": [entry(p) for p in result.external_data],
-            "dynamic_axes": result.dynamic_axes, "static_axes": result.static_axes,
-            "ops": result.ops, "custom_ops": result.custom_ops, "updated_inputs": result.updated_inputs}
+    return {
+        **entry(result.path),
+        "opset": result.opset,
+        "external_data": [entry(p) for p in result.external_data],
+        "dynamic_axes": result.dynamic_axes,
+        "static_axes": result.static_axes,
+        "ops": result.ops,
+        "custom_ops": result.custom_ops,
+        "updated_inputs": result.updated_inputs,
+    }

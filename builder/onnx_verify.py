@@ -38,7 +38,7 @@ class OnnxCaseResult:
     value: float
     limit: float
     ok: bool
-    skipped: str = ""     # why this provider could not run the model ("" = it ran)
+    skipped: str = ""  # why this provider could not run the model ("" = it ran)
 
 
 def default_providers() -> list[str]:
@@ -48,7 +48,7 @@ def default_providers() -> list[str]:
     return [p for p in (CPU, CUDA) if p in have]
 
 
-_ONNX_BF16 = 16   # TensorProto.BFLOAT16
+_ONNX_BF16 = 16  # TensorProto.BFLOAT16
 
 
 def _to_ort(t: torch.Tensor):
@@ -56,8 +56,7 @@ def _to_ort(t: torch.Tensor):
 
     t = t.detach().cpu().contiguous()
     if t.dtype == torch.bfloat16:
-        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(t.view(torch.int16).numpy().view(np.uint16),
-                                                                _ONNX_BF16)
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(t.view(torch.int16).numpy().view(np.uint16), _ONNX_BF16)
     return ort.OrtValue.ortvalue_from_numpy(t.numpy())
 
 
@@ -80,8 +79,7 @@ def _target(entry: StageEntry, axis: str, n: int) -> int:
     onnx = entry.onnx
     if axis in onnx.static_axes:
         if n > onnx.static_axes[axis]:
-            raise ValueError(f"{entry.name}: {axis}={n} exceeds the ONNX model's static size "
-                             f"{onnx.static_axes[axis]}")
+            raise ValueError(f"{entry.name}: {axis}={n} exceeds the ONNX model's static size {onnx.static_axes[axis]}")
         return onnx.static_axes[axis]
     rng = onnx.dynamic_axes.get(axis, {})
     step = rng.get("multiple_of", 1)
@@ -139,8 +137,9 @@ def make_session(path: Path, provider: str):
     return ort.InferenceSession(str(path), sess_options=so, providers=[provider])
 
 
-def verify_onnx(root: str | Path, stages: list[str] | None = None,
-                providers: list[str] | None = None) -> list[OnnxCaseResult]:
+def verify_onnx(
+    root: str | Path, stages: list[str] | None = None, providers: list[str] | None = None
+) -> list[OnnxCaseResult]:
     root = Path(root)
     manifest = read_manifest(root)
     providers = providers or default_providers()
@@ -159,8 +158,19 @@ def verify_onnx(root: str | Path, stages: list[str] | None = None,
                 msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 for case in entry.golden_cases:
                     for spec in entry.outputs:
-                        results.append(OnnxCaseResult(name, case, spec.name, provider, "-", float("nan"),
-                                                      entry.tolerance, False, skipped=msg[:300]))
+                        results.append(
+                            OnnxCaseResult(
+                                name,
+                                case,
+                                spec.name,
+                                provider,
+                                "-",
+                                float("nan"),
+                                entry.tolerance,
+                                False,
+                                skipped=msg[:300],
+                            )
+                        )
                 continue
             for case in entry.golden_cases:
                 inputs = {s.name: golden[f"{case}/in/{s.name}"] for s in entry.inputs}
@@ -185,15 +195,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--providers", default=None, help="comma-separated onnxruntime providers (default: CPU, CUDA)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    results = verify_onnx(a.artifact, a.stages.split(",") if a.stages else None,
-                          a.providers.split(",") if a.providers else None)
+    results = verify_onnx(
+        a.artifact, a.stages.split(",") if a.stages else None, a.providers.split(",") if a.providers else None
+    )
     if a.json:
         print(json.dumps([asdict(r) for r in results]))
     else:
         for r in results:
             state = "skip" if r.skipped else ("ok  " if r.ok else "BAD ")
-            print(f"{state} {r.stage}/{r.case}/{r.output} [{r.provider}]: {r.metric}={r.value:.3g} "
-                  f"(limit {r.limit:.3g}){' ' + r.skipped if r.skipped else ''}")
+            print(
+                f"{state} {r.stage}/{r.case}/{r.output} [{r.provider}]: {r.metric}={r.value:.3g} "
+                f"(limit {r.limit:.3g}){' ' + r.skipped if r.skipped else ''}"
+            )
     ran = [r for r in results if not r.skipped]
     return 0 if ran and not failures(results) else 1
 

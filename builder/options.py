@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-FLAG = "ttsaot.flag"            # field metadata key: a Flag
+FLAG = "ttsaot.flag"  # field metadata key: a Flag
 FLAG_GROUP = "ttsaot.flag_group"  # field metadata key: a nested dataclass whose fields carry flags
 
 
@@ -33,15 +33,22 @@ class Flag:
     help: str
     parse: Callable[[str], Any] | None = None
     metavar: str | None = None
-    path: tuple[str, ...] = ()      # field names from the options object down to the field (filled in by flags_of)
+    path: tuple[str, ...] = ()  # field names from the options object down to the field (filled in by flags_of)
 
     @property
     def is_switch(self) -> bool:
         return self.parse is None
 
 
-def flag(default: Any = MISSING, *, help: str, parse: Callable[[str], Any], name: str | None = None,
-         metavar: str | None = None, default_factory: Any = MISSING) -> Any:
+def flag(
+    default: Any = MISSING,
+    *,
+    help: str,
+    parse: Callable[[str], Any],
+    name: str | None = None,
+    metavar: str | None = None,
+    default_factory: Any = MISSING,
+) -> Any:
     """A dataclass field settable from the command line (`--field-name VALUE` unless `name` is given)."""
     meta = {FLAG: Flag(name or "", help, parse, metavar)}
     if default_factory is not MISSING:
@@ -72,7 +79,7 @@ def flags_of(options: type | Any) -> list[Flag]:
             fl: Flag = f.metadata[FLAG]
             out.append(replace(fl, name=fl.name or _flag_name(f), path=(f.name,)))
         elif FLAG_GROUP in f.metadata:
-            inner = f.default_factory() if f.default_factory is not MISSING else f.default   # type: ignore[misc]
+            inner = f.default_factory() if f.default_factory is not MISSING else f.default  # type: ignore[misc]
             if not is_dataclass(inner):
                 raise TypeError(f"{cls.__name__}.{f.name}: flag_group needs a dataclass default")
             out += [replace(fl, path=(f.name, *fl.path)) for fl in flags_of(inner)]
@@ -97,7 +104,7 @@ def with_flags(options: Any, values: dict[str, Any]) -> Any:
     for group, kw in nested.items():
         try:
             top[group] = replace(getattr(options, group), **kw)
-        except ValueError as e:          # the group's own validation (e.g. StreamingConfig)
+        except ValueError as e:  # the group's own validation (e.g. StreamingConfig)
             raise OptionsError(str(e)) from None
     return replace(options, **top)
 
@@ -161,7 +168,7 @@ def one_of(*choices: str) -> Callable[[str], str]:
             raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
         return text
 
-    parse.choices = choices   # type: ignore[attr-defined]  # shown in --help
+    parse.choices = choices  # type: ignore[attr-defined]  # shown in --help
     return parse
 
 
@@ -171,13 +178,13 @@ class BuildOptions:
     """What every family takes. The CLI sets these from its generic flags (--preset, --checkpoint, --seed,
     --dtype, --max-batch, --batch-buckets, --kernels); family options add their own flagged fields."""
 
-    preset: str = "tiny"                          # named config for --random-weights builds
-    checkpoint: str | None = None                 # real checkpoint directory (family layout in README)
-    seed: int = 0                                 # random weights and golden inputs
-    dtype: torch.dtype | None = None              # None: each stage's default (numerics policy)
-    max_batch: int = 4                            # batch buckets: powers of two up to it (and it)
+    preset: str = "tiny"  # named config for --random-weights builds
+    checkpoint: str | None = None  # real checkpoint directory (family layout in README)
+    seed: int = 0  # random weights and golden inputs
+    dtype: torch.dtype | None = None  # None: each stage's default (numerics policy)
+    max_batch: int = 4  # batch buckets: powers of two up to it (and it)
     batch_buckets: tuple[int, ...] | None = None  # explicit batch buckets instead
-    kernels: str = "auto"                         # the ttsaot kernel layer or Inductor's code (stage_spec.KERNELS)
+    kernels: str = "auto"  # the ttsaot kernel layer or Inductor's code (stage_spec.KERNELS)
 
     def validate(self) -> None:
         """Raise OptionsError for values no stage can build (families extend this)."""

@@ -90,8 +90,10 @@ def _graph_text(gm: torch.fx.GraphModule) -> str:
     ops) included. Not `print_readable`: its source-location comments would tie the key to the checkout path."""
     lines = []
     for node in gm.graph.nodes:
-        lines.append(f"{node.op} {node.name} {node.target} {_arg_text(node.args)} {_arg_text(node.kwargs)} "
-                     f"{_val_text(node.meta.get('val'))}")
+        lines.append(
+            f"{node.op} {node.name} {node.target} {_arg_text(node.args)} {_arg_text(node.kwargs)} "
+            f"{_val_text(node.meta.get('val'))}"
+        )
         if node.op == "get_attr":
             sub = getattr(gm, str(node.target), None)
             if isinstance(sub, torch.fx.GraphModule):
@@ -120,8 +122,11 @@ def program_fingerprint(ep: torch.export.ExportedProgram) -> str:
 def _inductor_env() -> dict[str, str]:
     """Environment variables that change what Inductor or Triton generate (the cache location does not)."""
     skip = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
-    return {k: v for k, v in sorted(os.environ.items())
-            if k.startswith(("TORCHINDUCTOR_", "TRITON_", "TORCH_COMPILE_")) and k not in skip}
+    return {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if k.startswith(("TORCHINDUCTOR_", "TRITON_", "TORCH_COMPILE_")) and k not in skip
+    }
 
 
 def cache_key(ep: torch.export.ExportedProgram, context: dict[str, Any]) -> str:
@@ -134,8 +139,11 @@ def cache_key(ep: torch.export.ExportedProgram, context: dict[str, Any]) -> str:
         "context": context,
         "kernel_sources": kernel_sources_hash(),
         "export_source": hashlib.sha256((_BUILDER / "export.py").read_bytes()).hexdigest(),
-        "precision": [torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
-                      torch.backends.cudnn.allow_tf32],
+        "precision": [
+            torch.get_float32_matmul_precision(),
+            torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.allow_tf32,
+        ],
         "env": _inductor_env(),
     }
     return hashlib.sha256(json.dumps(info, sort_keys=True, default=str).encode()).hexdigest()
@@ -153,7 +161,7 @@ class Lookup:
 @dataclass
 class PackageCache:
     root: Path
-    notes: list[str] = field(default_factory=list)   # what happened to entries (corrupted, not cacheable)
+    notes: list[str] = field(default_factory=list)  # what happened to entries (corrupted, not cacheable)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -208,18 +216,24 @@ class PackageCache:
             return Lookup(None, "corrupted")
         return Lookup(weights)
 
-    def store(self, key: str, package: Path, weights: dict[str, torch.Tensor],
-              sources: dict[str, torch.Tensor]) -> bool:
+    def store(
+        self, key: str, package: Path, weights: dict[str, torch.Tensor], sources: dict[str, torch.Tensor]
+    ) -> bool:
         """Record a freshly compiled package; False (nothing stored) when a constant is not one of the program's
         tensors unchanged, since a reuse could not rebuild its value. Call under `lock(key)`."""
         for name, t in weights.items():
             s = sources.get(name)
             if s is None or s.dtype != t.dtype or s.shape != t.shape or not torch.equal(s.detach().to("cpu"), t):
-                self.notes.append(f"package cache: {package.name} not cached (constant {name!r} is derived by the "
-                                  "compile, not one of the program's tensors)")
+                self.notes.append(
+                    f"package cache: {package.name} not cached (constant {name!r} is derived by the "
+                    "compile, not one of the program's tensors)"
+                )
                 return False
         meta = {
-            "format": ENTRY_FORMAT, "key": key, "sha256": _sha256_file(package), "bytes": package.stat().st_size,
+            "format": ENTRY_FORMAT,
+            "key": key,
+            "sha256": _sha256_file(package),
+            "bytes": package.stat().st_size,
             "constants": [[n, str(t.dtype), list(t.shape)] for n, t in weights.items()],
             "unbound": {n: tensor_digest(t) for n, t in sorted(sources.items()) if n not in weights},
         }
@@ -229,7 +243,7 @@ class PackageCache:
             shutil.copyfile(package, tmp / PACKAGE)
             (tmp / ENTRY).write_text(json.dumps(meta, indent=1))
             final = self.root / key
-            if final.exists():            # a stale entry (inlined values changed): the new one replaces it
+            if final.exists():  # a stale entry (inlined values changed): the new one replaces it
                 shutil.rmtree(final)
             os.rename(tmp, final)
         except BaseException:
@@ -238,8 +252,13 @@ class PackageCache:
         return True
 
 
-def cached_compile(cache: PackageCache | None, key: str | None, sources: dict[str, torch.Tensor], dest: Path,
-                   compile_fn: Callable[[], Any]) -> tuple[dict[str, torch.Tensor], bool]:
+def cached_compile(
+    cache: PackageCache | None,
+    key: str | None,
+    sources: dict[str, torch.Tensor],
+    dest: Path,
+    compile_fn: Callable[[], Any],
+) -> tuple[dict[str, torch.Tensor], bool]:
     """The weights of the package now at `dest` and whether it came from the cache: reuse the entry of `key`, or
     run `compile_fn` (which writes `dest` and returns a CompiledBucket) and store what it made."""
     if cache is None or key is None:
@@ -253,5 +272,13 @@ def cached_compile(cache: PackageCache | None, key: str | None, sources: dict[st
         return weights, False
 
 
-__all__ = ["CACHE_ENV", "PackageCache", "cache_key", "cached_compile", "default_cache_dir", "kernel_sources_hash",
-           "program_fingerprint", "program_sources"]
+__all__ = [
+    "CACHE_ENV",
+    "PackageCache",
+    "cache_key",
+    "cached_compile",
+    "default_cache_dir",
+    "kernel_sources_hash",
+    "program_fingerprint",
+    "program_sources",
+]

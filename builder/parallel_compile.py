@@ -19,7 +19,7 @@ import torch
 from .export import CompileError, compile_bucket
 
 GIB = 2**30
-MEMORY_PER_JOB = 4 * GIB   # an AOTI compile of a full-size stage peaks at a few GiB (Inductor + the C++ compiler)
+MEMORY_PER_JOB = 4 * GIB  # an AOTI compile of a full-size stage peaks at a few GiB (Inductor + the C++ compiler)
 
 
 def default_jobs() -> int:
@@ -34,8 +34,8 @@ def default_jobs() -> int:
 
 @dataclass
 class CompileTask:
-    label: str                          # "<stage>/<bucket>", named by any failure
-    program: Path                       # torch.export.save of the bucket's ExportedProgram
+    label: str  # "<stage>/<bucket>", named by any failure
+    program: Path  # torch.export.save of the bucket's ExportedProgram
     args: tuple
     device: torch.device
     package_path: Path
@@ -46,13 +46,22 @@ class CompileTask:
 
 def _compile_saved(task: CompileTask) -> dict[str, torch.Tensor]:
     ep = torch.export.load(str(task.program))
-    cb = compile_bucket(None, task.args, task.device, task.package_path, model_name=task.model_name,
-                        metadata=task.metadata, extra_options=task.extra_options, exported=ep)
+    cb = compile_bucket(
+        None,
+        task.args,
+        task.device,
+        task.package_path,
+        model_name=task.model_name,
+        metadata=task.metadata,
+        extra_options=task.extra_options,
+        exported=ep,
+    )
     return cb.weights
 
 
-def compile_in_workers(tasks: list[CompileTask], jobs: int,
-                       on_done: Callable[[CompileTask, dict[str, torch.Tensor]], None]) -> None:
+def compile_in_workers(
+    tasks: list[CompileTask], jobs: int, on_done: Callable[[CompileTask, dict[str, torch.Tensor]], None]
+) -> None:
     """Compile `tasks` on `jobs` spawned processes; `on_done(task, weights)` runs in this process as each one
     finishes. The first failure (or an interrupt) cancels what has not started, terminates the running ones and
     joins them (so nothing writes after the caller cleans up), then raises CompileError naming the task (or lets
@@ -86,7 +95,7 @@ def compile_in_workers(tasks: list[CompileTask], jobs: int,
 
 
 def _terminate_workers(pool: ProcessPoolExecutor) -> None:
-    terminate = getattr(pool, "terminate_workers", None)    # Python ≥ 3.14
+    terminate = getattr(pool, "terminate_workers", None)  # Python ≥ 3.14
     if terminate is not None:
         terminate()
         return

@@ -39,19 +39,20 @@ def support_mask(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
     """Bool [B,V]: tokens kept by top-k then top-p (per row). `scaled` is fp32 logits / temperature."""
     B, V = scaled.shape
     ordered = scaled.sort(dim=-1, descending=True).values
-    k = torch.where((top_k <= 0) | (top_k > V), torch.full_like(top_k, V), top_k)            # [B]
+    k = torch.where((top_k <= 0) | (top_k > V), torch.full_like(top_k, V), top_k)  # [B]
     rank = torch.arange(V, device=scaled.device)[None, :]
     in_k = rank < k[:, None]
     probs = torch.softmax(ordered.masked_fill(~in_k, float("-inf")), dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
     n_p = ((mass_before < top_p.float()[:, None]) & in_k).sum(dim=-1)
-    n = torch.where(top_p.float() >= 1.0, k, torch.minimum(k, n_p)).clamp(min=1)             # kept prefix length
-    threshold = ordered.gather(1, (n - 1)[:, None])                                          # smallest kept value
+    n = torch.where(top_p.float() >= 1.0, k, torch.minimum(k, n_p)).clamp(min=1)  # kept prefix length
+    threshold = ordered.gather(1, (n - 1)[:, None])  # smallest kept value
     return scaled >= threshold
 
 
-def sample(logits: torch.Tensor, uniforms: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-           top_p: torch.Tensor) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, uniforms: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
     """logits [B,V] (any float dtype; computed in fp32), uniforms [B,V] in (0,1), temperature [B] float,
     top_k [B] int, top_p [B] float → token ids [B] int64."""
     x = logits.float()
@@ -64,8 +65,9 @@ def sample(logits: torch.Tensor, uniforms: torch.Tensor, temperature: torch.Tens
     return torch.where(greedy, x.argmax(dim=-1), drawn)
 
 
-def kept_distribution(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                      top_p: torch.Tensor) -> torch.Tensor:
+def kept_distribution(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
     """The distribution `sample` draws from (rows with temperature > 0): softmax(scaled) over the kept set."""
     x = logits.float()
     scaled = x / temperature.float().clamp(min=1e-30)[:, None]
@@ -73,8 +75,9 @@ def kept_distribution(logits: torch.Tensor, temperature: torch.Tensor, top_k: to
     return torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1)
 
 
-def draw_margin(logits: torch.Tensor, uniforms: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                top_p: torch.Tensor) -> torch.Tensor:
+def draw_margin(
+    logits: torch.Tensor, uniforms: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
     """How decided `sample`'s draw is, per row [B] fp32: the gap between the two best scores it takes the argmax
     of (scaled logits + Gumbel noise over the kept set; the logits for greedy rows), relative to the row's largest
     |scaled logit|. The noise is the same exact input for the artifact and the reference; only the logits carry
@@ -88,28 +91,34 @@ def draw_margin(logits: torch.Tensor, uniforms: torch.Tensor, temperature: torch
     noisy = torch.where(greedy[:, None], x, scaled + gumbel(uniforms))
     scores = torch.where(keep | greedy[:, None], noisy, torch.full_like(noisy, float("-inf")))
     top2 = scores.topk(2, dim=-1).values
-    gap = top2[:, 0] - top2[:, 1]                            # +inf where only one token is kept: decided
+    gap = top2[:, 0] - top2[:, 1]  # +inf where only one token is kept: decided
     scale = torch.where(greedy[:, None], x, scaled).abs().amax(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
     return gap / scale
 
 
 # ------------------------------------------------------------------------------------------ the frame loop
-Pick = Callable[[int, torch.Tensor], torch.Tensor]          # (step, logits [B,V]) → code [B]
+Pick = Callable[[int, torch.Tensor], torch.Tensor]  # (step, logits [B,V]) → code [B]
 
 
-def traced_sampler(noise: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                   top_p: torch.Tensor) -> Pick:
+def traced_sampler(noise: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> Pick:
     """The `pick` of an exported predictor: step s draws with the noise of sampled codebook s (noise [B,S,V])."""
+
     def pick(step: int, logits: torch.Tensor) -> torch.Tensor:
         return sample(logits, noise[:, step - 1], temperature, top_k, top_p)
 
     return pick
 
 
-def unrolled_frame(layers: Sequence[nn.Module], rope_cos: torch.Tensor, rope_sin: torch.Tensor, x: torch.Tensor,
-                   n_steps: int, logits_at: Callable[[int, torch.Tensor], torch.Tensor],
-                   feed: Callable[[int, torch.Tensor], torch.Tensor | None],
-                   pick: Pick) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def unrolled_frame(
+    layers: Sequence[nn.Module],
+    rope_cos: torch.Tensor,
+    rope_sin: torch.Tensor,
+    x: torch.Tensor,
+    n_steps: int,
+    logits_at: Callable[[int, torch.Tensor], torch.Tensor],
+    feed: Callable[[int, torch.Tensor], torch.Tensor | None],
+    pick: Pick,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """One frame of a codebook predictor, unrolled with an explicit KV cache: x [B,T0,D] holds the first positions
     (the backbone hidden and code 0's row) and goes through the decoder blocks causally; then, per step s = 1..n,
     `logits_at(s, last hidden)` → `pick` → code s, and `feed(s, code)` gives the next position's input ([B,1,D];
@@ -121,7 +130,7 @@ def unrolled_frame(layers: Sequence[nn.Module], rope_cos: torch.Tensor, rope_sin
     codes, all_logits, pos = [], [], 0
     for step in range(1, n_steps + 1):
         T = x.shape[1]
-        cos, sin = rope_cos[pos:pos + T], rope_sin[pos:pos + T]
+        cos, sin = rope_cos[pos : pos + T], rope_sin[pos : pos + T]
         for i, layer in enumerate(layers):
             x, caches[i] = layer(x, cos, sin, caches[i])
         pos += T
@@ -135,10 +144,16 @@ def unrolled_frame(layers: Sequence[nn.Module], rope_cos: torch.Tensor, rope_sin
     return codes, all_logits
 
 
-def _unrolled_frame_kernels(layers: Sequence[nn.Module], rope_cos: torch.Tensor, rope_sin: torch.Tensor,
-                            x: torch.Tensor, n_steps: int, logits_at: Callable[[int, torch.Tensor], torch.Tensor],
-                            feed: Callable[[int, torch.Tensor], torch.Tensor | None],
-                            pick: Pick) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _unrolled_frame_kernels(
+    layers: Sequence[nn.Module],
+    rope_cos: torch.Tensor,
+    rope_sin: torch.Tensor,
+    x: torch.Tensor,
+    n_steps: int,
+    logits_at: Callable[[int, torch.Tensor], torch.Tensor],
+    feed: Callable[[int, torch.Tensor], torch.Tensor | None],
+    pick: Pick,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """`unrolled_frame` on the kernel layer (`use_predictor_kernels`): a static cache of the frame's positions,
     zeroed in the graph, and every position (the first T0 too: causal attention over T0 positions = T0 one-position
     steps) one decode step of skinny_linear + decode_attention per layer, with M = batch rows."""
@@ -146,7 +161,7 @@ def _unrolled_frame_kernels(layers: Sequence[nn.Module], rope_cos: torch.Tensor,
     a = layers[0].self_attn
     shape = (len(layers), B, a.n_kv_heads, T0 + n_steps - 1, a.head_dim)
     k_cache, v_cache = x.new_zeros(shape), x.new_zeros(shape)
-    cos, sin = rope_cos.float(), rope_sin.float()          # the op rotates in fp32 with fp32 tables
+    cos, sin = rope_cos.float(), rope_sin.float()  # the op rotates in fp32 with fp32 tables
 
     def position(h: torch.Tensor, p: int) -> torch.Tensor:
         positions = torch.full((B,), p, dtype=torch.long, device=h.device)
@@ -173,16 +188,22 @@ def _unrolled_frame_kernels(layers: Sequence[nn.Module], rope_cos: torch.Tensor,
 def use_predictor_kernels(module: nn.Module) -> dict:
     """Kernel pass of the codebook predictors (StageSpec.kernel_passes): every DecoderBlock's attention and MLP
     become kernel-layer blocks holding the same weights; `unrolled_frame` then runs the frame on them."""
-    blocks = [sub for sub in module.modules()
-              if isinstance(sub, DecoderBlock) and not isinstance(sub.self_attn, KernelAttention)]
+    blocks = [
+        sub
+        for sub in module.modules()
+        if isinstance(sub, DecoderBlock) and not isinstance(sub.self_attn, KernelAttention)
+    ]
     if not all(supports_head_dim(b.self_attn.head_dim) for b in blocks):
         # (tiny test presets with head_dim 8): the stage stays on its eager blocks, and says so
         return {"pass": "use_predictor_kernels", "layers": 0, "skipped": "head_dim the kernel does not take"}
     for sub in blocks:
         sub.self_attn = KernelAttention(sub.self_attn, rope_interleaved=sub.rope_style == "interleaved")
         sub.mlp = KernelSwiGLU(sub.mlp)
-    return {"pass": "use_predictor_kernels", "layers": len(blocks),
-            "ops": ["ttsaot::skinny_linear", "ttsaot::decode_attention"]}
+    return {
+        "pass": "use_predictor_kernels",
+        "layers": len(blocks),
+        "ops": ["ttsaot::skinny_linear", "ttsaot::decode_attention"],
+    }
 
 
 def reference_margins(module: nn.Module, inputs: dict[str, torch.Tensor], first: str) -> dict[str, torch.Tensor]:
@@ -218,18 +239,18 @@ def sampling_inputs(n_steps: int, width: int) -> list[dict]:
 # presets: 0 of 2048 rows differ at T=1000 with top-k/top-p off, 8–15% of rows at T∈[0.3,1.5]). The draws that
 # are still near-ties are allowed to differ (draw_margin).
 NOISE_DOMINATED_T = 1000.0
-GREEDY_FRACTION = 0.2         # rows of random sampling inputs that are greedy (temperature 0)
+GREEDY_FRACTION = 0.2  # rows of random sampling inputs that are greedy (temperature 0)
 
 
-def random_sampling_inputs(B: int, n_steps: int, width: int, g: torch.Generator,
-                           noise_dominated: bool = False) -> dict[str, torch.Tensor]:
+def random_sampling_inputs(
+    B: int, n_steps: int, width: int, g: torch.Generator, noise_dominated: bool = False
+) -> dict[str, torch.Tensor]:
     """Valid sampling inputs mixing greedy rows, top-k, top-p and plain temperature rows (or, for golden cases
     of bf16 builds, noise-dominated sampling: see NOISE_DOMINATED_T)."""
     temperature = torch.rand(B, generator=g) * 1.2 + 0.3
     temperature[torch.rand(B, generator=g) < GREEDY_FRACTION] = 0.0
     top_k = torch.randint(0, width + 1, (B,), generator=g)
-    top_p = torch.where(torch.rand(B, generator=g) < 0.5, torch.rand(B, generator=g) * 0.8 + 0.2,
-                        torch.ones(B))
+    top_p = torch.where(torch.rand(B, generator=g) < 0.5, torch.rand(B, generator=g) * 0.8 + 0.2, torch.ones(B))
     noise = torch.rand(B, n_steps, width, generator=g).clamp(1e-6, 1 - 1e-6)
     if noise_dominated:
         temperature, top_k, top_p = torch.full((B,), NOISE_DOMINATED_T), torch.zeros_like(top_k), torch.ones(B)
@@ -244,6 +265,17 @@ def off_bucket_batch(batches: tuple[int, ...]) -> list[dict[str, int]]:
     return []
 
 
-__all__ = ["NOISE_DOMINATED_T", "draw_margin", "gumbel", "kept_distribution", "off_bucket_batch",
-           "random_sampling_inputs", "reference_margins", "sample", "sampling_inputs", "support_mask",
-           "traced_sampler", "unrolled_frame"]
+__all__ = [
+    "NOISE_DOMINATED_T",
+    "draw_margin",
+    "gumbel",
+    "kept_distribution",
+    "off_bucket_batch",
+    "random_sampling_inputs",
+    "reference_margins",
+    "sample",
+    "sampling_inputs",
+    "support_mask",
+    "traced_sampler",
+    "unrolled_frame",
+]

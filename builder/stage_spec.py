@@ -40,28 +40,28 @@ Margins = Callable[[nn.Module, dict[str, torch.Tensor]], dict[str, torch.Tensor]
 class StageSpec:
     family: str
     name: str
-    kind: str                                   # runtime behaviour: "codec_decoder", "generic", ...
-    make_module: Callable[[], nn.Module]        # faithful eager module, fp32, weights loaded, on CPU
-    passes: list[Pass]                          # applied in order to a copy of the module
+    kind: str  # runtime behaviour: "codec_decoder", "generic", ...
+    make_module: Callable[[], nn.Module]  # faithful eager module, fp32, weights loaded, on CPU
+    passes: list[Pass]  # applied in order to a copy of the module
     plan: BucketPlan
     # random, valid (never all-zero) inputs for a bucket: {input name: tensor}; sizes may be below the bucket
     make_inputs: Callable[[dict[str, int], torch.Generator], dict[str, torch.Tensor]]
-    inputs: list[dict[str, Any]]                # io descriptors (artifacts/README.md § I/O descriptors)
+    inputs: list[dict[str, Any]]  # io descriptors (artifacts/README.md § I/O descriptors)
     outputs: list[dict[str, Any]]
-    dtype: torch.dtype                          # compute dtype of the artifact
-    tolerance: float                            # max ‖out − ref‖/‖ref‖ against the fp32 eager reference
-    metadata: dict[str, Any] = field(default_factory=dict)   # runtime facts (sample rate, streaming, ...)
-    config: dict[str, Any] = field(default_factory=dict)     # the model config, for the manifest
+    dtype: torch.dtype  # compute dtype of the artifact
+    tolerance: float  # max ‖out − ref‖/‖ref‖ against the fp32 eager reference
+    metadata: dict[str, Any] = field(default_factory=dict)  # runtime facts (sample rate, streaming, ...)
+    config: dict[str, Any] = field(default_factory=dict)  # the model config, for the manifest
     checkpoint_report: dict[str, Any] = field(default_factory=dict)  # what loading read / dropped
-    fp32_only: bool = False                     # refuse any other dtype (DAC encoder)
+    fp32_only: bool = False  # refuse any other dtype (DAC encoder)
     golden_sizes: list[dict[str, int]] = field(default_factory=list)  # extra off-bucket golden cases
-    golden_buckets: bool = True                 # False: golden cases are golden_sizes only (big state inputs)
-    reference_margins: Margins | None = None    # sampling stages: stored as golden `<case>/margin/<output>`
+    golden_buckets: bool = True  # False: golden cases are golden_sizes only (big state inputs)
+    reference_margins: Margins | None = None  # sampling stages: stored as golden `<case>/margin/<output>`
     # The ttsaot kernel layer (builder/kernels): passes that swap the stage's hot paths for the Triton custom ops,
     # applied after `passes` when the build uses `kernels == "ttsaot"`. Their parity with the faithful module is
     # checked like any pass (on CPU the ops run their exact aten references).
     kernel_passes: list[Pass] = field(default_factory=list)
-    kernels: str = KERNELS_AUTO                 # "auto" | "ttsaot" | "inductor" (BuildOptions.kernels)
+    kernels: str = KERNELS_AUTO  # "auto" | "ttsaot" | "inductor" (BuildOptions.kernels)
     # What `auto` means on CUDA for this stage: "ttsaot" once its kernel passes have built, verified and been timed
     # on a GPU; "inductor" keeps them opt-in (`--kernels ttsaot`) until then.
     cuda_auto_kernels: str = "ttsaot"
@@ -87,6 +87,4 @@ def with_tf32(spec: StageSpec) -> StageSpec:
     fp32 by policy change (the DAC encoder's codes and the VAE stay exact); others are returned as they are."""
     if spec.dtype != torch.float32 or spec.fp32_only:
         return spec
-    return replace(spec, metadata={**spec.metadata, "allow_tf32": True},
-                   tolerance=max(spec.tolerance, TF32_TOLERANCE))
-
+    return replace(spec, metadata={**spec.metadata, "allow_tf32": True}, tolerance=max(spec.tolerance, TF32_TOLERANCE))

@@ -30,7 +30,7 @@ def qwen_demo(art: Path, out: Path, seconds: float) -> None:
     g = torch.Generator().manual_seed(0)
     codes = torch.randint(0, high, (1, K, frames), generator=g)
     chunk = stage.metadata["streaming"]["chunk_frames"]
-    stage(codes)                                   # warm-up: first use of each bucket (page-in, output checks)
+    stage(codes)  # warm-up: first use of each bucket (page-in, output checks)
     list(stage.stream(codes.split(chunk, dim=-1)))
     t0 = time.perf_counter()
     wav = stage(codes)
@@ -43,9 +43,11 @@ def qwen_demo(art: Path, out: Path, seconds: float) -> None:
     sf.write(out / "qwen3_code2wav.wav", wav[0, 0].numpy(), stage.sample_rate)
     sf.write(out / "qwen3_code2wav_streamed.wav", streamed[0, 0].numpy(), stage.sample_rate)
     rel = rel_error(streamed, wav)
-    print(f"code2wav: {frames} frames → {wav.shape[-1]} samples ({wav.shape[-1] / stage.sample_rate:.2f}s audio) "
-          f"one-shot {t_one * 1e3:.0f} ms, streamed in {len(pieces)} chunks {t_stream * 1e3:.0f} ms, "
-          f"streamed vs one-shot rel diff {rel:.2e}")
+    print(
+        f"code2wav: {frames} frames → {wav.shape[-1]} samples ({wav.shape[-1] / stage.sample_rate:.2f}s audio) "
+        f"one-shot {t_one * 1e3:.0f} ms, streamed in {len(pieces)} chunks {t_stream * 1e3:.0f} ms, "
+        f"streamed vs one-shot rel diff {rel:.2e}"
+    )
     print(f"wrote {out / 'qwen3_code2wav.wav'} and {out / 'qwen3_code2wav_streamed.wav'}")
 
 
@@ -72,12 +74,12 @@ def fish_demo(art: Path, out: Path, seconds: float = 1.5) -> None:
     out.mkdir(parents=True, exist_ok=True)
     ref = out / "fish_reference.wav"
     sf.write(ref, np.stack([left, right], axis=1).astype(np.float32), sr)
-    dec(enc.encode(ref)[None])                                # warm-up: first use of each bucket
+    dec(enc.encode(ref)[None])  # warm-up: first use of each bucket
     t0 = time.perf_counter()
-    codes = enc.encode(ref)                                   # [10, F] int64
+    codes = enc.encode(ref)  # [10, F] int64
     t_enc = time.perf_counter() - t0
     t0 = time.perf_counter()
-    wav = dec(codes[None])                                    # [1, 1, F·2048] float32 at 44.1 kHz
+    wav = dec(codes[None])  # [1, 1, F·2048] float32 at 44.1 kHz
     t_dec = time.perf_counter() - t0
     st, largest = dec.metadata["streaming"], dec.max_sizes["frames"]
     chunk = min(st["chunk_frames"], max(1, largest // 2))
@@ -85,10 +87,12 @@ def fish_demo(art: Path, out: Path, seconds: float = 1.5) -> None:
     streamed = torch.cat(list(dec.stream(codes[None].split(chunk, dim=-1), left_context_frames=ctx)), dim=-1)
     sf.write(out / "fish_roundtrip.wav", wav[0, 0].numpy(), dec.sample_rate)
     sf.write(out / "fish_roundtrip_streamed.wav", streamed[0, 0].numpy(), dec.sample_rate)
-    print(f"dac_encoder: {seconds:.2f}s stereo {sr} Hz → codes {tuple(codes.shape)} in {t_enc * 1e3:.0f} ms; "
-          f"dac_decoder: → {wav.shape[-1]} samples at {dec.sample_rate} Hz in {t_dec * 1e3:.0f} ms; "
-          f"streamed ({chunk}-frame chunks, {ctx} context) vs one-shot rel diff "
-          f"{rel_error(streamed, wav):.2e}")
+    print(
+        f"dac_encoder: {seconds:.2f}s stereo {sr} Hz → codes {tuple(codes.shape)} in {t_enc * 1e3:.0f} ms; "
+        f"dac_decoder: → {wav.shape[-1]} samples at {dec.sample_rate} Hz in {t_dec * 1e3:.0f} ms; "
+        f"streamed ({chunk}-frame chunks, {ctx} context) vs one-shot rel diff "
+        f"{rel_error(streamed, wav):.2e}"
+    )
     print(f"wrote {ref}, {out / 'fish_roundtrip.wav'} and {out / 'fish_roundtrip_streamed.wav'}")
 
 

@@ -23,8 +23,8 @@ from .errors import (
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-DTYPES: dict[str, torch.dtype] = {n: torch_dtype(n) for n in DTYPE_NAMES}   # format name → torch dtype
-KERNEL_CHOICES = ("ttsaot", "inductor")   # StageEntry.kernels: what the packages' hot paths were compiled from
+DTYPES: dict[str, torch.dtype] = {n: torch_dtype(n) for n in DTYPE_NAMES}  # format name → torch dtype
+KERNEL_CHOICES = ("ttsaot", "inductor")  # StageEntry.kernels: what the packages' hot paths were compiled from
 STAGE_KINDS = ("generic", "codec_decoder", "codec_encoder", "codebook_predictor", "lm_step", "lm_prefill")
 
 
@@ -49,9 +49,9 @@ class TensorSpec:
     name: str
     dtype: str
     shape: list[ShapeEntry]
-    pad: float | int | None = None          # value used to pad bucket axes (inputs only)
-    range: dict | None = None               # {"dim": d, "low": int, "high": [per index along d]} for codes
-    finite: bool = True                     # float inputs must be free of NaN/Inf
+    pad: float | int | None = None  # value used to pad bucket axes (inputs only)
+    range: dict | None = None  # {"dim": d, "low": int, "high": [per index along d]} for codes
+    finite: bool = True  # float inputs must be free of NaN/Inf
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "tensor") -> TensorSpec:
@@ -139,7 +139,7 @@ class OnnxEntry:
     static_axes: dict[str, int] = field(default_factory=dict)
     ops: list[str] = field(default_factory=list)
     custom_ops: dict[str, str] = field(default_factory=dict)
-    updated_inputs: dict[str, str] = field(default_factory=dict)   # extra output → the input it replaces
+    updated_inputs: dict[str, str] = field(default_factory=dict)  # extra output → the input it replaces
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "onnx") -> OnnxEntry:
@@ -160,7 +160,7 @@ class StageEntry:
     dtype: str
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
-    weights: FileEntry | None          # None only for ONNX-only stages (no buckets)
+    weights: FileEntry | None  # None only for ONNX-only stages (no buckets)
     constants: dict[str, WeightSpec]
     buckets: list[BucketEntry]
     golden: FileEntry | None
@@ -169,8 +169,8 @@ class StageEntry:
     metadata: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     passes: list[dict] = field(default_factory=list)
-    inductor_options: dict[str, Any] = field(default_factory=dict)   # extra Inductor options of the compile
-    kernels: str = "inductor"          # "ttsaot": hot paths run the ttsaot Triton kernel layer; "inductor": Inductor's
+    inductor_options: dict[str, Any] = field(default_factory=dict)  # extra Inductor options of the compile
+    kernels: str = "inductor"  # "ttsaot": hot paths run the ttsaot Triton kernel layer; "inductor": Inductor's
     checkpoint: dict[str, Any] = field(default_factory=dict)
     onnx: OnnxEntry | None = None
 
@@ -192,7 +192,7 @@ class Manifest:
     format_version: int
     family: str
     preset: str | None
-    device: str                   # "cuda" | "cpu"
+    device: str  # "cuda" | "cpu"
     build_env: dict[str, Any]
     stages: dict[str, StageEntry]
     created: str = ""
@@ -258,8 +258,10 @@ def write_manifest(root: str | Path, manifest: Manifest) -> Path:
     back = parse_manifest(json.loads(text))
     if back != manifest:
         diff = [n for n in (f.name for f in fields(Manifest)) if getattr(back, n) != getattr(manifest, n)]
-        raise ManifestError(f"manifest.json: {', '.join(diff)} would not read back as written (a value that is "
-                            "not plain JSON, e.g. a tuple: store it with json_value())")
+        raise ManifestError(
+            f"manifest.json: {', '.join(diff)} would not read back as written (a value that is "
+            "not plain JSON, e.g. a tuple: store it with json_value())"
+        )
     path = Path(root) / MANIFEST
     path.write_text(text)
     return path
@@ -275,8 +277,9 @@ def _get(d: dict, key: str, typ, where: str):
     if typ is float and isinstance(v, int) and not isinstance(v, bool):
         v = float(v)
     if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
-        raise ManifestError(f"manifest.json: {where}.{key} has type {type(v).__name__}, "
-                            f"expected {getattr(typ, '__name__', typ)}")
+        raise ManifestError(
+            f"manifest.json: {where}.{key} has type {type(v).__name__}, expected {getattr(typ, '__name__', typ)}"
+        )
     return v
 
 
@@ -287,8 +290,10 @@ def _known_fields(d: Any, cls: type, where: str) -> None:
     names = {f.name for f in fields(cls)} - set(_KEYED.get(cls.__name__, ()))
     extra = sorted(k for k in d if k not in names)
     if extra:
-        raise ManifestError(f"manifest.json: {where} has unknown field {extra[0]!r} (format v{FORMAT_VERSION} "
-                            f"fields: {', '.join(f.name for f in fields(cls) if f.name in names)})")
+        raise ManifestError(
+            f"manifest.json: {where} has unknown field {extra[0]!r} (format v{FORMAT_VERSION} "
+            f"fields: {', '.join(f.name for f in fields(cls) if f.name in names)})"
+        )
 
 
 def _safe_relpath(p: str, where: str) -> str:
@@ -305,8 +310,11 @@ def _tensor_spec(d: dict, where: str) -> TensorSpec:
         raise ManifestError(f"manifest.json: {where}.dtype {dtype!r} is not one of {sorted(DTYPES)}")
     shape = _get(d, "shape", list, where)
     for s in shape:
-        ok = (isinstance(s, int) and not isinstance(s, bool) and s >= 0) or isinstance(s, str) or (
-            isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and _positive_int(s[1]))
+        ok = (
+            (isinstance(s, int) and not isinstance(s, bool) and s >= 0)
+            or isinstance(s, str)
+            or (isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and _positive_int(s[1]))
+        )
         if not ok:
             raise ManifestError(f"manifest.json: {where}.shape has an invalid entry {s!r}")
     rng = d.get("range")
@@ -318,8 +326,7 @@ def _tensor_spec(d: dict, where: str) -> TensorSpec:
     finite = d.get("finite", True)
     if not isinstance(finite, bool):
         raise ManifestError(f"manifest.json: {where}.finite must be true or false, got {finite!r}")
-    return TensorSpec(name=_get(d, "name", str, where), dtype=dtype, shape=shape, pad=pad, range=rng,
-                      finite=finite)
+    return TensorSpec(name=_get(d, "name", str, where), dtype=dtype, shape=shape, pad=pad, range=rng, finite=finite)
 
 
 def _is_int(v: Any) -> bool:
@@ -333,17 +340,27 @@ def _is_number(v: Any) -> bool:
 def _check_range_spec(rng: Any, shape: list, where: str) -> None:
     """`{dim, low, high[]}`: high holds one int bound for every index along dim, or one per index of a static
     dimension (per-codebook sizes)."""
-    ok = (isinstance(rng, dict) and _is_int(rng.get("dim")) and 0 <= rng["dim"] < len(shape)
-          and _is_int(rng.get("low", 0)) and isinstance(rng.get("high"), list) and rng["high"]
-          and all(_is_int(h) for h in rng["high"]))
+    ok = (
+        isinstance(rng, dict)
+        and _is_int(rng.get("dim"))
+        and 0 <= rng["dim"] < len(shape)
+        and _is_int(rng.get("low", 0))
+        and isinstance(rng.get("high"), list)
+        and rng["high"]
+        and all(_is_int(h) for h in rng["high"])
+    )
     if not ok:
-        raise ManifestError(f"manifest.json: {where} must be {{dim: a dimension of the tensor, low: int, "
-                            f"high: [int, ...]}}, got {rng!r}")
+        raise ManifestError(
+            f"manifest.json: {where} must be {{dim: a dimension of the tensor, low: int, "
+            f"high: [int, ...]}}, got {rng!r}"
+        )
     size = shape[rng["dim"]]
     if len(rng["high"]) != 1 and size != len(rng["high"]):
-        raise ManifestError(f"manifest.json: {where}.high has {len(rng['high'])} bounds for dimension "
-                            f"{rng['dim']} of size {size!r} (one bound for all, or one per index of a static "
-                            "dimension)")
+        raise ManifestError(
+            f"manifest.json: {where}.high has {len(rng['high'])} bounds for dimension "
+            f"{rng['dim']} of size {size!r} (one bound for all, or one per index of a static "
+            "dimension)"
+        )
     if any(h <= rng.get("low", 0) for h in rng["high"]):
         raise ManifestError(f"manifest.json: {where}.high bounds must exceed low")
 
@@ -353,15 +370,25 @@ def _file_entry(d: dict, where: str, check_fields: bool = True) -> FileEntry:
         _known_fields(d, FileEntry, where)
     size = _get(d, "bytes", int, where)
     chunk, digests = d.get("chunk_bytes", 0), d.get("chunk_sha256", [])
-    if not (isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 0 and isinstance(digests, list)
-            and all(isinstance(x, str) for x in digests)):
-        raise ManifestError(f"manifest.json: {where}.chunk_bytes must be an int ≥ 0 and chunk_sha256 a list of "
-                            "strings")
+    if not (
+        isinstance(chunk, int)
+        and not isinstance(chunk, bool)
+        and chunk >= 0
+        and isinstance(digests, list)
+        and all(isinstance(x, str) for x in digests)
+    ):
+        raise ManifestError(f"manifest.json: {where}.chunk_bytes must be an int ≥ 0 and chunk_sha256 a list of strings")
     if (chunk > 0) != bool(digests) or (chunk and len(digests) != -(-size // chunk)):
-        raise ManifestError(f"manifest.json: {where} has {len(digests)} chunk digests for {size} bytes in chunks "
-                            f"of {chunk}")
-    return FileEntry(file=_safe_relpath(_get(d, "file", str, where), where), sha256=_get(d, "sha256", str, where),
-                     bytes=size, chunk_bytes=chunk, chunk_sha256=tuple(digests))
+        raise ManifestError(
+            f"manifest.json: {where} has {len(digests)} chunk digests for {size} bytes in chunks of {chunk}"
+        )
+    return FileEntry(
+        file=_safe_relpath(_get(d, "file", str, where), where),
+        sha256=_get(d, "sha256", str, where),
+        bytes=size,
+        chunk_bytes=chunk,
+        chunk_sha256=tuple(digests),
+    )
 
 
 def _stage(name: str, d: dict) -> StageEntry:
@@ -380,9 +407,15 @@ def _stage(name: str, d: dict) -> StageEntry:
         sizes = _get(b, "sizes", dict, bw)
         if not all(isinstance(v, int) and v > 0 for v in sizes.values()):
             raise ManifestError(f"manifest.json: {bw}.sizes must be positive integers")
-        buckets.append(BucketEntry(key=_get(b, "key", str, bw), sizes=sizes,
-                                   file=_safe_relpath(_get(b, "file", str, bw), bw),
-                                   sha256=_get(b, "sha256", str, bw), bytes=_get(b, "bytes", int, bw)))
+        buckets.append(
+            BucketEntry(
+                key=_get(b, "key", str, bw),
+                sizes=sizes,
+                file=_safe_relpath(_get(b, "file", str, bw), bw),
+                sha256=_get(b, "sha256", str, bw),
+                bytes=_get(b, "bytes", int, bw),
+            )
+        )
     onnx = _onnx_entry(d["onnx"], f"{w}.onnx") if d.get("onnx") is not None else None
     if not buckets and onnx is None:
         raise ManifestError(f"manifest.json: {w}.buckets is empty")
@@ -399,16 +432,21 @@ def _stage(name: str, d: dict) -> StageEntry:
         if cd not in DTYPES:
             raise ManifestError(f"manifest.json: {cw}.dtype {cd!r} is unknown")
         shape, stride = _get(c, "shape", list, cw), _get(c, "stride", list, cw)
-        if len(shape) != len(stride) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                                for v in [*shape, *stride]):
+        if len(shape) != len(stride) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in [*shape, *stride]
+        ):
             raise ManifestError(f"manifest.json: {cw} shape/stride must be equal-length lists of non-negative ints")
         if _overlapping(shape, stride):
-            raise ManifestError(f"manifest.json: {cw} stride {stride} makes elements of shape {shape} share memory "
-                                "(a weight cannot be written into such a layout)")
+            raise ManifestError(
+                f"manifest.json: {cw} stride {stride} makes elements of shape {shape} share memory "
+                "(a weight cannot be written into such a layout)"
+            )
         if stride != contiguous_stride(shape):
             # the packages index their constants densely: a gapped layout would be read as garbage, not refused
-            raise ManifestError(f"manifest.json: {cw} stride {stride} is not the contiguous layout "
-                                f"{contiguous_stride(shape)} of shape {shape} (what the packages index)")
+            raise ManifestError(
+                f"manifest.json: {cw} stride {stride} is not the contiguous layout "
+                f"{contiguous_stride(shape)} of shape {shape} (what the packages index)"
+            )
         constants[cname] = WeightSpec(dtype=cd, shape=shape, stride=stride)
     golden = d.get("golden")
     metadata = d.get("metadata", {})
@@ -424,24 +462,30 @@ def _stage(name: str, d: dict) -> StageEntry:
     if buckets:
         _check_axes(kind, axes, inputs, outputs, w)
     return StageEntry(
-        name=name, kind=kind, dtype=dtype,
-        inputs=inputs, outputs=outputs,
-        weights=(_file_entry(_get(d, "weights", dict, w), f"{w}.weights") if d.get("weights") is not None
-                 else None),
-        constants=constants, buckets=buckets,
+        name=name,
+        kind=kind,
+        dtype=dtype,
+        inputs=inputs,
+        outputs=outputs,
+        weights=(_file_entry(_get(d, "weights", dict, w), f"{w}.weights") if d.get("weights") is not None else None),
+        constants=constants,
+        buckets=buckets,
         golden=_file_entry(golden, f"{w}.golden") if golden else None,
-        golden_cases=list(cases), tolerance=tolerance,
-        metadata=dict(metadata), config=_get_optional(d, "config", dict, w, {}),
+        golden_cases=list(cases),
+        tolerance=tolerance,
+        metadata=dict(metadata),
+        config=_get_optional(d, "config", dict, w, {}),
         passes=_get_optional(d, "passes", list, w, []),
         inductor_options=_get_optional(d, "inductor_options", dict, w, {}),
         kernels=_kernels(d, w),
-        checkpoint=_get_optional(d, "checkpoint", dict, w, {}), onnx=onnx,
+        checkpoint=_get_optional(d, "checkpoint", dict, w, {}),
+        onnx=onnx,
     )
 
 
 # Output axes a stage kind derives from its bucket axes (runtime: Stage._derived_sizes); every other axis an I/O
 # descriptor names must be a bucket axis.
-DERIVED_AXES: dict[str, tuple[str, ...]] = {"codec_encoder": ("frames",)}   # ⌈samples / samples_per_frame⌉
+DERIVED_AXES: dict[str, tuple[str, ...]] = {"codec_encoder": ("frames",)}  # ⌈samples / samples_per_frame⌉
 
 
 def _check_axes(kind: str, axes: set[str], inputs: list[TensorSpec], outputs: list[TensorSpec], where: str) -> None:
@@ -451,8 +495,10 @@ def _check_axes(kind: str, axes: set[str], inputs: list[TensorSpec], outputs: li
     for i, spec in enumerate(inputs):
         for _, axis, _ in spec.axes():
             if axis not in axes:
-                raise ManifestError(f"manifest.json: {where}.inputs[{i}].shape names axis {axis!r}, which is not a "
-                                    f"bucket axis ({', '.join(sorted(axes))})")
+                raise ManifestError(
+                    f"manifest.json: {where}.inputs[{i}].shape names axis {axis!r}, which is not a "
+                    f"bucket axis ({', '.join(sorted(axes))})"
+                )
             named.add(axis)
     if named != axes:
         raise ManifestError(f"manifest.json: {where}.buckets axis {sorted(axes - named)[0]!r} is named by no input")
@@ -460,8 +506,10 @@ def _check_axes(kind: str, axes: set[str], inputs: list[TensorSpec], outputs: li
     for i, spec in enumerate(outputs):
         for _, axis, _scale in spec.axes():
             if axis not in allowed:
-                raise ManifestError(f"manifest.json: {where}.outputs[{i}].shape names axis {axis!r}, which is neither "
-                                    f"a bucket axis nor derived by kind {kind!r}")
+                raise ManifestError(
+                    f"manifest.json: {where}.outputs[{i}].shape names axis {axis!r}, which is neither "
+                    f"a bucket axis nor derived by kind {kind!r}"
+                )
 
 
 def contiguous_stride(shape: list[int]) -> list[int]:
@@ -490,21 +538,37 @@ def _non_negative_int(v: Any) -> bool:
 
 _STREAMING_KEYS = ("chunk_frames", "left_context_frames", "first_chunk_frames", "nonstreaming_chunk_frames")
 _REQUIRED_METADATA: dict[str, dict[str, tuple[Any, str]]] = {
-    "codec_decoder": {"sample_rate": (_positive_int, "a positive int"),
-                      "samples_per_frame": (_positive_int, "a positive int")},
-    "codec_encoder": {"sample_rate": (_positive_int, "a positive int"),
-                      "samples_per_frame": (_positive_int, "a positive int")},
-    "lm_step": {"max_len": (_positive_int, "a positive int"), "cache_dtype": (lambda v: v in DTYPES, "a dtype name"),
-                "cache_inputs": (lambda v: isinstance(v, list) and len(v) == 2
-                                 and all(isinstance(x, str) for x in v), "two input names [k, v]"),
-                "cache_shape": (lambda v: isinstance(v, list) and len(v) == 5 and v.count("batch") == 1
-                                and all(v_ == "batch" or _positive_int(v_) for v_ in v),
-                                "[layers, 'batch', kv_heads, positions, head_dim]"),
-                "position_input": (lambda v: isinstance(v, str), "an input name")},
+    "codec_decoder": {
+        "sample_rate": (_positive_int, "a positive int"),
+        "samples_per_frame": (_positive_int, "a positive int"),
+    },
+    "codec_encoder": {
+        "sample_rate": (_positive_int, "a positive int"),
+        "samples_per_frame": (_positive_int, "a positive int"),
+    },
+    "lm_step": {
+        "max_len": (_positive_int, "a positive int"),
+        "cache_dtype": (lambda v: v in DTYPES, "a dtype name"),
+        "cache_inputs": (
+            lambda v: isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v),
+            "two input names [k, v]",
+        ),
+        "cache_shape": (
+            lambda v: (
+                isinstance(v, list)
+                and len(v) == 5
+                and v.count("batch") == 1
+                and all(v_ == "batch" or _positive_int(v_) for v_ in v)
+            ),
+            "[layers, 'batch', kv_heads, positions, head_dim]",
+        ),
+        "position_input": (lambda v: isinstance(v, str), "an input name"),
+    },
 }
-_REQUIRED_METADATA["lm_prefill"] = {**{k: v for k, v in _REQUIRED_METADATA["lm_step"].items()
-                                       if k != "position_input"},
-                                    "length_input": (lambda v: isinstance(v, str), "an input name")}
+_REQUIRED_METADATA["lm_prefill"] = {
+    **{k: v for k, v in _REQUIRED_METADATA["lm_step"].items() if k != "position_input"},
+    "length_input": (lambda v: isinstance(v, str), "an input name"),
+}
 
 
 def _check_metadata(kind: str, md: Any, inputs: list[TensorSpec], where: str) -> None:
@@ -524,19 +588,26 @@ def _check_metadata(kind: str, md: Any, inputs: list[TensorSpec], where: str) ->
     if kind in ("lm_step", "lm_prefill"):
         cache_len = md["cache_shape"][3]
         if cache_len != md["max_len"] + 1:
-            raise ManifestError(f"manifest.json: {where}.cache_shape positions {cache_len} must be max_len + 1 "
-                                f"({md['max_len'] + 1}: the scratch slot)")
+            raise ManifestError(
+                f"manifest.json: {where}.cache_shape positions {cache_len} must be max_len + 1 "
+                f"({md['max_len'] + 1}: the scratch slot)"
+            )
         if "lm" in md and not isinstance(md["lm"], str):
             raise ManifestError(f"manifest.json: {where}.lm must be a string")
     st = md.get("streaming")
     if st is not None and not (isinstance(st, dict) and all(_non_negative_int(st.get(k, 0)) for k in _STREAMING_KEYS)):
         raise ManifestError(f"manifest.json: {where}.streaming must map {', '.join(_STREAMING_KEYS)} to ints ≥ 0")
     sd = md.get("sampling_defaults")
-    if sd is not None and not (isinstance(sd, dict) and _is_number(sd.get("temperature", 1.0))
-                               and _non_negative_int(sd.get("top_k", 0)) and _is_number(sd.get("top_p", 1.0))
-                               and 0 < sd.get("top_p", 1.0) <= 1):
-        raise ManifestError(f"manifest.json: {where}.sampling_defaults must be {{temperature: number, top_k: int ≥ "
-                            "0, top_p: (0, 1]}}")
+    if sd is not None and not (
+        isinstance(sd, dict)
+        and _is_number(sd.get("temperature", 1.0))
+        and _non_negative_int(sd.get("top_k", 0))
+        and _is_number(sd.get("top_p", 1.0))
+        and 0 < sd.get("top_p", 1.0) <= 1
+    ):
+        raise ManifestError(
+            f"manifest.json: {where}.sampling_defaults must be {{temperature: number, top_k: int ≥ 0, top_p: (0, 1]}}}}"
+        )
     if not isinstance(md.get("allow_tf32", False), bool):
         raise ManifestError(f"manifest.json: {where}.allow_tf32 must be true or false")
 
@@ -551,28 +622,41 @@ def _kernels(d: dict, where: str) -> str:
 def _onnx_entry(d: dict, where: str) -> OnnxEntry:
     _known_fields(d, OnnxEntry, where)
     opset = _get(d, "opset", int, where)
-    ext = [_file_entry(x, f"{where}.external_data[{i}]")
-           for i, x in enumerate(_get(d, "external_data", list, where) if "external_data" in d else [])]
+    ext = [
+        _file_entry(x, f"{where}.external_data[{i}]")
+        for i, x in enumerate(_get(d, "external_data", list, where) if "external_data" in d else [])
+    ]
     dyn = d.get("dynamic_axes", {}) or {}
     static = d.get("static_axes", {}) or {}
     ok_dyn = isinstance(dyn, dict) and all(
-        isinstance(r, dict) and all(isinstance(r.get(k), int) for k in ("min", "max")) for r in dyn.values())
+        isinstance(r, dict) and all(isinstance(r.get(k), int) for k in ("min", "max")) for r in dyn.values()
+    )
     if not ok_dyn:
         raise ManifestError(f"manifest.json: {where}.dynamic_axes must map axis → {{min, max}}")
     if not (isinstance(static, dict) and all(isinstance(v, int) and v > 0 for v in static.values())):
         raise ManifestError(f"manifest.json: {where}.static_axes must map axis → positive size")
     model = _file_entry(d, where, check_fields=False)
-    return OnnxEntry(file=model.file, sha256=model.sha256, bytes=model.bytes, opset=opset, external_data=ext,
-                     dynamic_axes={k: dict(v) for k, v in dyn.items()}, static_axes=dict(static),
-                     ops=list(d.get("ops", [])), custom_ops=dict(d.get("custom_ops", {})),
-                     updated_inputs=dict(d.get("updated_inputs", {})))
+    return OnnxEntry(
+        file=model.file,
+        sha256=model.sha256,
+        bytes=model.bytes,
+        opset=opset,
+        external_data=ext,
+        dynamic_axes={k: dict(v) for k, v in dyn.items()},
+        static_axes=dict(static),
+        ops=list(d.get("ops", [])),
+        custom_ops=dict(d.get("custom_ops", {})),
+        updated_inputs=dict(d.get("updated_inputs", {})),
+    )
 
 
 def parse_manifest(data: dict) -> Manifest:
     version = data.get("format_version") if isinstance(data, dict) else None
     if version != FORMAT_VERSION:
-        raise ManifestError(f"manifest.json: format_version {version!r} is not supported by this runtime "
-                            f"(it reads version {FORMAT_VERSION}); rebuild the artifact with this ttsaot")
+        raise ManifestError(
+            f"manifest.json: format_version {version!r} is not supported by this runtime "
+            f"(it reads version {FORMAT_VERSION}); rebuild the artifact with this ttsaot"
+        )
     _known_fields(data, Manifest, "manifest")
     device = _get(data, "device", str, "manifest")
     if device not in ("cuda", "cpu"):
@@ -583,9 +667,15 @@ def parse_manifest(data: dict) -> Manifest:
     preset = data.get("preset")
     if preset is not None and not isinstance(preset, str):
         raise ManifestError(f"manifest.json: preset must be a string or null, got {preset!r}")
-    return Manifest(format_version=version, family=_get(data, "family", str, "manifest"),
-                    preset=preset, device=device, build_env=_get(data, "build_env", dict, "manifest"),
-                    stages=stages, created=_get_optional(data, "created", str, "manifest", ""))
+    return Manifest(
+        format_version=version,
+        family=_get(data, "family", str, "manifest"),
+        preset=preset,
+        device=device,
+        build_env=_get(data, "build_env", dict, "manifest"),
+        stages=stages,
+        created=_get_optional(data, "created", str, "manifest", ""),
+    )
 
 
 def read_manifest(root: str | Path, trusted_sha256: str | None = None) -> Manifest:
@@ -595,15 +685,18 @@ def read_manifest(root: str | Path, trusted_sha256: str | None = None) -> Manife
     if not path.is_file():
         inside = _artifacts_below(Path(root))
         if inside:
-            raise ArtifactNotFoundError(f"{root}: not an artifact (no {MANIFEST}) but a folder of them: "
-                                        f"{', '.join(inside)}; pass one, e.g. {Path(root) / inside[0]}")
+            raise ArtifactNotFoundError(
+                f"{root}: not an artifact (no {MANIFEST}) but a folder of them: "
+                f"{', '.join(inside)}; pass one, e.g. {Path(root) / inside[0]}"
+            )
         raise ArtifactNotFoundError(f"{path}: not found; build one with `build-artifacts build FAMILY --out ...`")
     raw = path.read_bytes()
     if trusted_sha256 is not None:
         got = hashlib.sha256(raw).hexdigest()
         if got != trusted_sha256.lower():
-            raise IntegrityError(f"{path}: sha256 {got[:16]}… does not match the trusted pin "
-                                 f"{trusted_sha256[:16]}…; refusing to load")
+            raise IntegrityError(
+                f"{path}: sha256 {got[:16]}… does not match the trusted pin {trusted_sha256[:16]}…; refusing to load"
+            )
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -619,8 +712,8 @@ def _artifacts_below(folder: Path) -> list[str]:
         return []
 
 
-READ_BLOCK = 4 << 20   # bytes per read while hashing
-HASH_THREADS = 16      # at most this many files/slices hashed at once
+READ_BLOCK = 4 << 20  # bytes per read while hashing
+HASH_THREADS = 16  # at most this many files/slices hashed at once
 
 
 def sha256_of(path: str | Path, offset: int = 0, length: int | None = None, step: int = READ_BLOCK) -> str:
@@ -630,7 +723,7 @@ def sha256_of(path: str | Path, offset: int = 0, length: int | None = None, step
     with open(path, "rb") as f:
         f.seek(offset)
         while left > 0 and (block := f.read(int(min(step, left)))):
-            h.update(block)   # hashlib releases the GIL on large updates: chunks hash in parallel threads
+            h.update(block)  # hashlib releases the GIL on large updates: chunks hash in parallel threads
             left -= len(block)
     return h.hexdigest()
 
@@ -661,11 +754,13 @@ def check_files(root: Path, entries: list[FileEntry], workers: int | None = None
         if size != e.bytes:
             raise IntegrityError(f"{path}: {size} bytes, the manifest says {e.bytes} (truncated or replaced)")
         paths.append(path)
-    jobs = []   # (path, offset, length, expected digest, what failed)
+    jobs = []  # (path, offset, length, expected digest, what failed)
     for e, path in zip(entries, paths):
         if e.chunk_sha256:
-            jobs += [(path, i * e.chunk_bytes, e.chunk_bytes, d, f"chunk {i} (bytes {i * e.chunk_bytes}…)")
-                     for i, d in enumerate(e.chunk_sha256)]
+            jobs += [
+                (path, i * e.chunk_bytes, e.chunk_bytes, d, f"chunk {i} (bytes {i * e.chunk_bytes}…)")
+                for i, d in enumerate(e.chunk_sha256)
+            ]
         else:
             jobs.append((path, 0, e.bytes, e.sha256, "sha256"))
     if workers is None:
@@ -679,8 +774,10 @@ def check_files(root: Path, entries: list[FileEntry], workers: int | None = None
         got = [sha256_of(*j[:3]) for j in jobs]
     for (path, _off, _len, want, what), digest in zip(jobs, got):
         if digest != want:
-            raise IntegrityError(f"{path}: {what} sha256 {digest[:16]}… differs from the manifest's {want[:16]}… "
-                                 "(corrupt or tampered); rebuild the artifact")
+            raise IntegrityError(
+                f"{path}: {what} sha256 {digest[:16]}… differs from the manifest's {want[:16]}… "
+                "(corrupt or tampered); rebuild the artifact"
+            )
     return paths
 
 
@@ -698,34 +795,45 @@ def check_compatible(m: Manifest, device: torch.device) -> None:
     env = m.build_env
     rebuild = f"rebuild with `build-artifacts build {m.family} --device {device.type}` on this machine"
     if m.device != device.type:
-        raise CompatibilityError(f"artifact {m.family!r} was built for device {m.device!r}, "
-                                 f"loading on {device.type!r}; {rebuild}")
+        raise CompatibilityError(
+            f"artifact {m.family!r} was built for device {m.device!r}, loading on {device.type!r}; {rebuild}"
+        )
     built_torch = str(env.get("torch"))
     if built_torch != torch.__version__:
-        raise CompatibilityError(f"artifact {m.family!r} was built with torch {built_torch}, this process has "
-                                 f"torch {torch.__version__} (AOTI packages are not promised across versions); "
-                                 f"{rebuild}")
+        raise CompatibilityError(
+            f"artifact {m.family!r} was built with torch {built_torch}, this process has "
+            f"torch {torch.__version__} (AOTI packages are not promised across versions); "
+            f"{rebuild}"
+        )
     abi = env.get("cxx11_abi")
     if abi is not None and bool(abi) != bool(torch._C._GLIBCXX_USE_CXX11_ABI):
-        raise CompatibilityError(f"artifact {m.family!r} was built against the {'new' if abi else 'old'} C++ ABI, "
-                                 f"this torch uses the other one; {rebuild}")
+        raise CompatibilityError(
+            f"artifact {m.family!r} was built against the {'new' if abi else 'old'} C++ ABI, "
+            f"this torch uses the other one; {rebuild}"
+        )
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise CompatibilityError("artifact needs CUDA but torch.cuda.is_available() is False")
         major, minor = torch.cuda.get_device_capability(device)
         here = f"{major}.{minor}"
         if str(env.get("sm")) != here:
-            raise CompatibilityError(f"artifact {m.family!r} was built for GPU architecture sm_{env.get('sm')} "
-                                     f"({env.get('gpu_name')}), this GPU is sm_{here} "
-                                     f"({torch.cuda.get_device_name(device)}); {rebuild}")
+            raise CompatibilityError(
+                f"artifact {m.family!r} was built for GPU architecture sm_{env.get('sm')} "
+                f"({env.get('gpu_name')}), this GPU is sm_{here} "
+                f"({torch.cuda.get_device_name(device)}); {rebuild}"
+            )
         built_cuda = env.get("cuda")
         if built_cuda and torch.version.cuda and built_cuda.split(".")[0] != torch.version.cuda.split(".")[0]:
-            raise CompatibilityError(f"artifact {m.family!r} was built with CUDA {built_cuda}, this torch uses "
-                                     f"CUDA {torch.version.cuda}; {rebuild}")
+            raise CompatibilityError(
+                f"artifact {m.family!r} was built with CUDA {built_cuda}, this torch uses "
+                f"CUDA {torch.version.cuda}; {rebuild}"
+            )
     else:
         built_isa = str(env.get("cpu_isa", ""))
         here = torch.backends.cpu.get_cpu_capability()
         need = max((_ISA_RANK.get(tok, 0) for tok in built_isa.split()), default=0)
         if need > _ISA_RANK.get(here, 0):
-            raise CompatibilityError(f"artifact {m.family!r} was compiled for CPU ISA {built_isa!r}, this CPU "
-                                     f"supports {here!r} (would crash with an illegal instruction); {rebuild}")
+            raise CompatibilityError(
+                f"artifact {m.family!r} was compiled for CPU ISA {built_isa!r}, this CPU "
+                f"supports {here!r} (would crash with an illegal instruction); {rebuild}"
+            )

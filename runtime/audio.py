@@ -12,7 +12,7 @@ import torch
 
 from .errors import InputError, InputShapeError, InputValueError
 
-MAX_CHANNELS = 8   # a dimension this small next to a long one is the channel axis
+MAX_CHANNELS = 8  # a dimension this small next to a long one is the channel axis
 
 
 class AudioReadError(InputError):
@@ -25,8 +25,7 @@ def _need(module: str):
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise ImportError(f"reading/resampling reference audio needs {module!r}: "
-                          "pip install 'ttsaot[audio]'") from None
+        raise ImportError(f"reading/resampling reference audio needs {module!r}: pip install 'ttsaot[audio]'") from None
 
 
 def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
@@ -58,8 +57,10 @@ def to_mono(x: np.ndarray) -> np.ndarray:
             return x.mean(axis=1, dtype=np.float64).astype(np.float32)
         if c0 == c1 == 1:
             return x.reshape(1).astype(np.float32)
-    raise InputShapeError(f"audio of shape {tuple(x.shape)}: expected [T], [C, T], [T, C] or [1, C, T] with "
-                          f"at most {MAX_CHANNELS} channels")
+    raise InputShapeError(
+        f"audio of shape {tuple(x.shape)}: expected [T], [C, T], [T, C] or [1, C, T] with "
+        f"at most {MAX_CHANNELS} channels"
+    )
 
 
 def resample(x: np.ndarray, sr: int, target_sr: int) -> np.ndarray:
@@ -69,8 +70,7 @@ def resample(x: np.ndarray, sr: int, target_sr: int) -> np.ndarray:
     return soxr.resample(x, sr, target_sr, quality="HQ").astype(np.float32, copy=False)
 
 
-def prepare_audio(audio: str | Path | np.ndarray | torch.Tensor, sample_rate: int | None,
-                  target_sr: int) -> np.ndarray:
+def prepare_audio(audio: str | Path | np.ndarray | torch.Tensor, sample_rate: int | None, target_sr: int) -> np.ndarray:
     """Any accepted input → mono float32 [T] at `target_sr`. Arrays without `sample_rate` are taken to be at
     `target_sr` already. Raises typed InputErrors for empty, non-finite or unreadable input."""
     if isinstance(audio, (str, Path)):
@@ -85,11 +85,11 @@ def prepare_audio(audio: str | Path | np.ndarray | torch.Tensor, sample_rate: in
     else:
         raise InputValueError(f"audio must be a path, numpy array or tensor, not {type(audio).__name__}")
     where = f"{audio}: " if isinstance(audio, (str, Path)) else ""
-    if data.size == 0:                # before mixing down: the mean of no samples is NaN (and a NumPy warning)
+    if data.size == 0:  # before mixing down: the mean of no samples is NaN (and a NumPy warning)
         raise InputValueError(f"{where}audio is empty (shape {tuple(data.shape)}, no samples)")
     if data.dtype.kind not in "fiu":
         raise InputValueError(f"audio has dtype {data.dtype}; expected float or integer PCM")
-    if data.dtype.kind in "iu":       # integer PCM → [-1, 1)
+    if data.dtype.kind in "iu":  # integer PCM → [-1, 1)
         data = data.astype(np.float32) / float(2 ** (8 * data.dtype.itemsize - 1))
     mono = to_mono(data)
     if not np.isfinite(mono).all():

@@ -61,11 +61,11 @@ class OverloadedError(TTSAOTError):
 
 @dataclass
 class BatcherConfig:
-    max_wait_s: float = DEFAULT_MAX_WAIT_S   # longest a batch's first request waits for more (only if more expected)
-    max_queue: int = 256                     # requests waiting for the worker; more → OverloadedError
-    max_streams: int = 256                   # open streaming sessions; more → OverloadedError
-    max_batch: int | None = None             # rows per stage call; default: the stage's largest batch bucket
-    output_device: str | None = None         # e.g. "cpu": copy each batch's outputs off the device once, in the worker
+    max_wait_s: float = DEFAULT_MAX_WAIT_S  # longest a batch's first request waits for more (only if more expected)
+    max_queue: int = 256  # requests waiting for the worker; more → OverloadedError
+    max_streams: int = 256  # open streaming sessions; more → OverloadedError
+    max_batch: int | None = None  # rows per stage call; default: the stage's largest batch bucket
+    output_device: str | None = None  # e.g. "cpu": copy each batch's outputs off the device once, in the worker
 
     def __post_init__(self) -> None:
         if self.max_wait_s < 0 or self.max_queue < 1 or self.max_streams < 0:
@@ -79,12 +79,12 @@ class BatchRecord:
     """One stage call, as the metrics hook sees it (called in the worker thread after the results are out)."""
 
     stage: str
-    requests: int              # callers served by this call
-    rows: int                  # rows of the call (before the stage pads to its bucket)
+    requests: int  # callers served by this call
+    rows: int  # rows of the call (before the stage pads to its bucket)
     waits_s: tuple[float, ...]  # per request: enqueue → start of the call
-    run_s: float               # the stage call (including the isolation re-runs after an InputError)
-    queue_depth: int           # requests still waiting when the call started
-    failed: int = 0            # requests that ended in an exception
+    run_s: float  # the stage call (including the isolation re-runs after an InputError)
+    queue_depth: int  # requests still waiting when the call started
+    failed: int = 0  # requests that ended in an exception
 
 
 Observer = Callable[[BatchRecord], None]
@@ -97,8 +97,8 @@ class BatcherStats:
     rejected: int = 0
     cancelled: int = 0
     failed: int = 0
-    isolated_batches: int = 0                                   # batches re-run request by request
-    rows_histogram: dict[int, int] = field(default_factory=dict)   # rows per call → number of calls
+    isolated_batches: int = 0  # batches re-run request by request
+    rows_histogram: dict[int, int] = field(default_factory=dict)  # rows per call → number of calls
     wait_s_total: float = 0.0
     run_s_total: float = 0.0
 
@@ -119,25 +119,36 @@ class ContextWindow:
             shape = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
             raise InputShapeError(f"{self.name}: each chunk must be [B, K, frames], got {shape}")
         if self.history is not None and self.history.shape[:-1] != new.shape[:-1]:
-            raise InputShapeError(f"{self.name}: chunk {tuple(new.shape)} does not continue the stream's "
-                                  f"[B, K] = {tuple(self.history.shape[:-1])}")
+            raise InputShapeError(
+                f"{self.name}: chunk {tuple(new.shape)} does not continue the stream's "
+                f"[B, K] = {tuple(self.history.shape[:-1])}"
+            )
         window = new if self.history is None else torch.cat([self.history.to(new.device), new], dim=-1)
         used = window.shape[-1] - new.shape[-1]
         if window.shape[-1] > self.max_frames:
-            raise InputShapeError(f"{self.name}: chunk of {new.shape[-1]} frames + {used} context exceeds the "
-                                  f"largest bucket ({self.max_frames}); send smaller chunks")
+            raise InputShapeError(
+                f"{self.name}: chunk of {new.shape[-1]} frames + {used} context exceeds the "
+                f"largest bucket ({self.max_frames}); send smaller chunks"
+            )
         keep = min(self.left_context, window.shape[-1])
-        self.history = window[..., window.shape[-1] - keep:] if keep else None
+        self.history = window[..., window.shape[-1] - keep :] if keep else None
         return window, used
 
 
 class _Request:
     __slots__ = ("named", "rows", "sizes", "key", "alone", "post", "future", "t_enqueue")
 
-    def __init__(self, named: dict[str, torch.Tensor] | None, rows: int, sizes: dict[str, int], key: Any,
-                 alone: Callable[[], Any], post: Callable[[Any], Any] | None) -> None:
+    def __init__(
+        self,
+        named: dict[str, torch.Tensor] | None,
+        rows: int,
+        sizes: dict[str, int],
+        key: Any,
+        alone: Callable[[], Any],
+        post: Callable[[Any], Any] | None,
+    ) -> None:
         self.named, self.rows, self.sizes, self.key = named, rows, sizes, key
-        self.alone, self.post = alone, post      # alone(): this request by itself, straight through the stage
+        self.alone, self.post = alone, post  # alone(): this request by itself, straight through the stage
         self.future: Future = Future()
         self.t_enqueue = 0.0
 
@@ -147,8 +158,10 @@ class Batcher:
 
     def __init__(self, stage, config: BatcherConfig | None = None, observer: Observer | None = None) -> None:
         if stage.kind in NOT_BATCHABLE_KINDS:
-            raise ValueError(f"{stage.name}: {stage.kind} stages keep per-row state in their KV caches; batch "
-                             "their rows with step(rows=...)/prefill(rows=...) on one cache, not with a Batcher")
+            raise ValueError(
+                f"{stage.name}: {stage.kind} stages keep per-row state in their KV caches; batch "
+                "their rows with step(rows=...)/prefill(rows=...) on one cache, not with a Batcher"
+            )
         self.stage = stage
         self.config = config or BatcherConfig()
         self.observers: list[Observer] = [observer] if observer is not None else []
@@ -160,8 +173,9 @@ class Batcher:
         input_axes = {a for s in self._inputs for _, a, _ in s.axes()}
         output_axes = {a for s in stage.entry.outputs for _, a, _ in s.axes()}
         # Batchable: every input and output has a batch axis, and outputs are trimmed by input axes only.
-        self.batchable = (None not in self._batch_dim.values() and None not in self._out_batch_dim
-                          and output_axes <= input_axes)
+        self.batchable = (
+            None not in self._batch_dim.values() and None not in self._out_batch_dim and output_axes <= input_axes
+        )
         largest = int(stage.max_sizes.get("batch", 1))
         self.max_rows = min(self.config.max_batch or largest, largest) if self.batchable else 1
         self._cond = threading.Condition()
@@ -198,9 +212,17 @@ class Batcher:
     async def acall(self, *args, **named):
         return await asyncio.wrap_future(self.submit(*args, **named))
 
-    def submit_generate(self, hidden, code0_or_token, temperature=None, top_k=None, top_p=None,
-                        generator: torch.Generator | list[torch.Generator] | None = None,
-                        noise: torch.Tensor | None = None, **extra) -> Future:
+    def submit_generate(
+        self,
+        hidden,
+        code0_or_token,
+        temperature=None,
+        top_k=None,
+        top_p=None,
+        generator: torch.Generator | list[torch.Generator] | None = None,
+        noise: torch.Tensor | None = None,
+        **extra,
+    ) -> Future:
         """`CodebookPredictorStage.generate` as a Future. The request's noise is drawn here, in the caller's
         thread, with its own generator(s) (`draw_noise`), so its codes do not depend on the batch it joins."""
         stage = self.stage
@@ -232,11 +254,15 @@ class Batcher:
                 raise OverloadedError(f"{self.stage.name}: the batcher is shut down")
             if self._open_streams >= self.config.max_streams:
                 self.stats.rejected += 1
-                raise OverloadedError(f"{self.stage.name}: all {self.config.max_streams} stream slots are taken; "
-                                      "retry later")
+                raise OverloadedError(
+                    f"{self.stage.name}: all {self.config.max_streams} stream slots are taken; retry later"
+                )
             self._open_streams += 1
-        ctx = (self.stage.metadata.get("streaming", {}).get("left_context_frames", 0)
-               if left_context_frames is None else left_context_frames)
+        ctx = (
+            self.stage.metadata.get("streaming", {}).get("left_context_frames", 0)
+            if left_context_frames is None
+            else left_context_frames
+        )
         try:
             return StreamSession(self, ContextWindow(ctx, int(self.stage.max_sizes["frames"]), self.stage.name))
         except BaseException:
@@ -263,8 +289,10 @@ class Batcher:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"Batcher({self.stage.name!r}, max_rows={self.max_rows}, max_wait_s={self.config.max_wait_s}, "
-                f"queue={self.queue_depth}, streams={self.open_streams})")
+        return (
+            f"Batcher({self.stage.name!r}, max_rows={self.max_rows}, max_wait_s={self.config.max_wait_s}, "
+            f"queue={self.queue_depth}, streams={self.open_streams})"
+        )
 
     # ---------------------------------------------------------------------------------------- intake
     def _request(self, args: tuple, kwargs: dict, post: Callable[[Any], Any] | None = None) -> _Request:
@@ -311,13 +339,17 @@ class Batcher:
         named.update(extra)
         return named if set(named) == set(names) else None
 
-    def _describe(self, named: dict | None, alone: Callable[[], Any], mode: str,
-                  post: Callable[[Any], Any] | None = None) -> _Request:
+    def _describe(
+        self, named: dict | None, alone: Callable[[], Any], mode: str, post: Callable[[Any], Any] | None = None
+    ) -> _Request:
         """Sizes and batching key of a request. A request that does not match the stage's input structure, or
         that the stage would split or chunk by itself, gets a unique key: it runs alone."""
         sizes = self._sizes(named) if named is not None and self.batchable else None
-        if sizes is None or sizes["batch"] > self.max_rows or \
-                any(n > self.stage.max_sizes[a] for a, n in sizes.items() if a != "batch"):
+        if (
+            sizes is None
+            or sizes["batch"] > self.max_rows
+            or any(n > self.stage.max_sizes[a] for a, n in sizes.items() if a != "batch")
+        ):
             return _Request(None, 1, {"batch": 1}, ("alone", next(self._keys)), alone, post)
         key = (mode, tuple(str(named[n].device) for n in self._names))
         return _Request(named, sizes["batch"], sizes, key, alone, post)
@@ -342,8 +374,10 @@ class Batcher:
                 raise OverloadedError(f"{self.stage.name}: the batcher is shut down")
             if len(self._queue) >= self.config.max_queue:
                 self.stats.rejected += 1
-                raise OverloadedError(f"{self.stage.name}: {len(self._queue)} requests already queued "
-                                      f"(max_queue={self.config.max_queue}); retry later")
+                raise OverloadedError(
+                    f"{self.stage.name}: {len(self._queue)} requests already queued "
+                    f"(max_queue={self.config.max_queue}); retry later"
+                )
             req.t_enqueue = time.perf_counter()
             self._queue.append(req)
             self._queued_rows += req.rows
@@ -369,14 +403,14 @@ class Batcher:
     # ---------------------------------------------------------------------------------------- worker
     def _work(self) -> None:
         try:
-            if self.stage.device.type == "cuda":   # a thread starts on device 0; the stage's graphs may be elsewhere
+            if self.stage.device.type == "cuda":  # a thread starts on device 0; the stage's graphs may be elsewhere
                 torch.cuda.set_device(self.stage.device)
             while True:
                 group = self._next_group()
                 if group is None:
                     return
                 self._run_group(group)
-        except BaseException as e:   # the worker must never leave a caller waiting
+        except BaseException as e:  # the worker must never leave a caller waiting
             log.exception("%s: batcher worker died", self.stage.name)
             with self._cond:
                 self._closed = True
@@ -414,12 +448,15 @@ class Batcher:
         while self._queue and rows < self.max_rows:
             r = self._queue.popleft()
             self._queued_rows -= r.rows
-            if group and (r.key != group[0].key or rows + r.rows > self.max_rows
-                          or self.stage.pick_bucket(merged := _merge(sizes, r.sizes)) is None):
+            if group and (
+                r.key != group[0].key
+                or rows + r.rows > self.max_rows
+                or self.stage.pick_bucket(merged := _merge(sizes, r.sizes)) is None
+            ):
                 skipped.append(r)
                 continue
             if not r.future.set_running_or_notify_cancel():
-                continue   # cancelled while queued
+                continue  # cancelled while queued
             if not group:
                 merged = dict(r.sizes)
             group.append(r)
@@ -445,14 +482,14 @@ class Batcher:
                     # someone's request is bad: re-run each alone so only it gets the error
                     self.stats.isolated_batches += 1
                     failed = sum(self._run_alone(r) for r in group)
-                except Exception as e:   # noqa: BLE001 - a stage failure is every member's failure
+                except Exception as e:  # noqa: BLE001 - a stage failure is every member's failure
                     failed = len(group)
                     for r in group:
                         _fail(r.future, e)
                 else:
                     failed = self._deliver(group, outs)
         finally:
-            for r in group:   # nothing may be left pending, whatever happened above
+            for r in group:  # nothing may be left pending, whatever happened above
                 if not r.future.done():
                     _fail(r.future, OverloadedError(f"{self.stage.name}: the request was dropped"))
         run_s = time.perf_counter() - t0
@@ -469,7 +506,7 @@ class Batcher:
         for obs in self.observers:
             try:
                 obs(record)
-            except Exception:   # noqa: BLE001 - metrics must not stop serving
+            except Exception:  # noqa: BLE001 - metrics must not stop serving
                 log.exception("%s: batch observer failed", self.stage.name)
 
     def _run_alone(self, r: _Request) -> int:
@@ -479,7 +516,7 @@ class Batcher:
                 out = _to(out, self.config.output_device)
             r.future.set_result(r.post(out) if r.post else out)
             return 0
-        except Exception as e:   # noqa: BLE001 - handed to the caller
+        except Exception as e:  # noqa: BLE001 - handed to the caller
             _fail(r.future, e)
             return 1
 
@@ -493,11 +530,18 @@ class Batcher:
             batched[spec.name] = torch.cat(parts, dim=self._batch_dim[spec.name])
         if group[0].key[0] == "generate":
             n = self._names
-            extra = {k: v for k, v in batched.items() if k not in (n[0], n[1], "noise", "temperature", "top_k",
-                                                                     "top_p")}
-            out = self.stage.generate(batched[n[0]], batched[n[1]], temperature=batched["temperature"],
-                                      top_k=batched["top_k"], top_p=batched["top_p"], noise=batched["noise"],
-                                      **extra)
+            extra = {
+                k: v for k, v in batched.items() if k not in (n[0], n[1], "noise", "temperature", "top_k", "top_p")
+            }
+            out = self.stage.generate(
+                batched[n[0]],
+                batched[n[1]],
+                temperature=batched["temperature"],
+                top_k=batched["top_k"],
+                top_p=batched["top_p"],
+                noise=batched["noise"],
+                **extra,
+            )
         else:
             out = self.stage(**batched)
         outs = list(out) if isinstance(out, tuple) else [out]
@@ -521,7 +565,7 @@ class Batcher:
             value = parts[0] if len(parts) == 1 else tuple(parts)
             try:
                 r.future.set_result(r.post(value) if r.post else value)
-            except Exception as e:   # noqa: BLE001 - a failing post-processing step is that caller's error
+            except Exception as e:  # noqa: BLE001 - a failing post-processing step is that caller's error
                 _fail(r.future, e)
                 failed += 1
         return failed
@@ -539,7 +583,7 @@ class StreamSession:
         self.sample_rate = int(batcher.stage.sample_rate)
         self.closed = False
         self.error: BaseException | None = None
-        self._lock = threading.RLock()   # an error inside submit ends the stream under this lock
+        self._lock = threading.RLock()  # an error inside submit ends the stream under this lock
         self._pending: set[Future] = set()
         self._finalizer = weakref.finalize(self, batcher._release_stream)
 
@@ -549,8 +593,10 @@ class StreamSession:
             codes = torch.from_numpy(codes)
         with self._lock:
             if self.closed:
-                raise InputShapeError(f"{self.batcher.stage.name}: stream is closed"
-                                      + (f" after an error ({self.error})" if self.error else ""))
+                raise InputShapeError(
+                    f"{self.batcher.stage.name}: stream is closed"
+                    + (f" after an error ({self.error})" if self.error else "")
+                )
             before = self.window.history
             try:
                 window, used = self.window.next(codes)
@@ -562,7 +608,7 @@ class StreamSession:
             try:
                 fut = self.batcher._enqueue(req)
             except OverloadedError:
-                self.window.history = before   # not queued: the stream goes on as if this chunk was never sent
+                self.window.history = before  # not queued: the stream goes on as if this chunk was never sent
                 raise
             self._pending.add(fut)
         fut.add_done_callback(self._done)
@@ -574,7 +620,7 @@ class StreamSession:
         try:
             return fut.result(timeout)
         except InputError as e:
-            self._end(e)   # (the done-callback does it too, but may run after the caller has woken up)
+            self._end(e)  # (the done-callback does it too, but may run after the caller has woken up)
             raise
 
     async def apush(self, codes: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -582,7 +628,7 @@ class StreamSession:
         try:
             return await asyncio.wrap_future(fut)
         except asyncio.CancelledError:
-            self.close()   # the caller went away: the stream's slot and queued chunks are freed
+            self.close()  # the caller went away: the stream's slot and queued chunks are freed
             raise
         except InputError as e:
             self._end(e)
@@ -655,9 +701,16 @@ def _fail(fut: Future, error: BaseException) -> None:
     if not fut.done():
         try:
             fut.set_exception(error)
-        except Exception:   # noqa: BLE001 - raced with a cancel: nothing left to tell
+        except Exception:  # noqa: BLE001 - raced with a cancel: nothing left to tell
             pass
 
 
-__all__ = ["BatchRecord", "Batcher", "BatcherConfig", "BatcherStats", "ContextWindow", "OverloadedError",
-           "StreamSession"]
+__all__ = [
+    "BatchRecord",
+    "Batcher",
+    "BatcherConfig",
+    "BatcherStats",
+    "ContextWindow",
+    "OverloadedError",
+    "StreamSession",
+]

@@ -16,9 +16,12 @@ DTYPE_NAMES: tuple[str, ...] = ("float32", "bfloat16", "float16", "int64", "int3
 
 # What a user may type for a compute dtype (CLI `--dtype`, bench `--dtype`) → the format's name.
 DTYPE_ALIASES: dict[str, str] = {
-    "fp32": "float32", "float32": "float32",
-    "bf16": "bfloat16", "bfloat16": "bfloat16",
-    "fp16": "float16", "float16": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
 }
 # The aliases a compute dtype is usually given by (`--dtype bf16`), in the order the CLI lists them.
 SHORT_DTYPE_NAMES: tuple[str, ...] = ("bf16", "fp32", "fp16")

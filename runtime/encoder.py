@@ -45,11 +45,13 @@ class CodecEncoderStage(Stage):
             raise InputShapeError(
                 f"{self.name}: audio of {n} samples ({n / sr:.2f} s) exceeds the largest bucket "
                 f"({self.max_samples} samples, {self.max_samples / sr:.2f} s); trim the reference audio or "
-                f"rebuild with longer encoder buckets")
+                f"rebuild with longer encoder buckets"
+            )
         return self._run_bucket(named, sizes)
 
-    def encode(self, audio: str | Path | np.ndarray | torch.Tensor, sample_rate: int | None = None,
-               keep_batch: bool = False) -> torch.Tensor:
+    def encode(
+        self, audio: str | Path | np.ndarray | torch.Tensor, sample_rate: int | None = None, keep_batch: bool = False
+    ) -> torch.Tensor:
         """Read/mix down/resample `audio` (a path, or an array at `sample_rate`, default the codec's rate) and
         return its codes [K, ⌈T/spf⌉] (or [1, K, F] with `keep_batch`) on the stage device."""
         from .audio import prepare_audio
@@ -60,6 +62,7 @@ class CodecEncoderStage(Stage):
             raise InputShapeError(
                 f"{self.name}: reference audio is {wav.shape[0] / sr:.2f} s at {sr} Hz, longer than the "
                 f"largest bucket ({self.max_samples / sr:.2f} s); trim it or rebuild with longer encoder "
-                "buckets")
+                "buckets"
+            )
         codes = self(torch.from_numpy(wav).view(1, 1, -1))
         return codes if keep_batch else codes[0]

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-WARMUP_CALLS = 3   # calls before capture: enough for lazy kernel loads and the allocator to settle
+WARMUP_CALLS = 3  # calls before capture: enough for lazy kernel loads and the allocator to settle
 
 _WARMUP_STREAMS: dict[int, Any] = {}
 _WARMUP_STREAMS_LOCK = threading.Lock()
@@ -48,9 +48,16 @@ class StaticGraph:
     use static buffers; exercises the same scatter/gather code without a GPU). keep_alive: an object the graph
     must not outlive (e.g. the KV cache whose tensors are among the static inputs)."""
 
-    def __init__(self, fn: Callable[[list[torch.Tensor]], Any], static_inputs: Sequence[torch.Tensor],
-                 device: torch.device | None = None, pool: Any = None, capture: bool = True,
-                 warmup_calls: int = WARMUP_CALLS, keep_alive: Any = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[[list[torch.Tensor]], Any],
+        static_inputs: Sequence[torch.Tensor],
+        device: torch.device | None = None,
+        pool: Any = None,
+        capture: bool = True,
+        warmup_calls: int = WARMUP_CALLS,
+        keep_alive: Any = None,
+    ) -> None:
         self.fn = fn
         self.inputs = list(static_inputs)
         self.keep_alive = keep_alive

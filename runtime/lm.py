@@ -41,17 +41,23 @@ class KVCache:
         if k.shape != v.shape or k.dtype != v.dtype or k.device != v.device:
             raise InputShapeError("KVCache: k and v must have the same shape, dtype and device")
         if k.dim() != 5 or k.shape[3] != max_len + 1:
-            raise InputShapeError(f"KVCache: expected [layers, batch, kv_heads, {max_len + 1}, head_dim], "
-                                  f"got {tuple(k.shape)}")
+            raise InputShapeError(
+                f"KVCache: expected [layers, batch, kv_heads, {max_len + 1}, head_dim], got {tuple(k.shape)}"
+            )
         self.k, self.v, self.max_len, self.lm = k, v, int(max_len), lm
         self.batch = int(k.shape[1])
-        self.positions = torch.zeros(self.batch, dtype=torch.int64)   # host-side: tokens held per row
+        self.positions = torch.zeros(self.batch, dtype=torch.int64)  # host-side: tokens held per row
 
     @classmethod
-    def allocate(cls, shape: Sequence[int], dtype: torch.dtype, device: torch.device, max_len: int,
-                 lm: str = "") -> KVCache:
-        return cls(torch.zeros(tuple(shape), dtype=dtype, device=device),
-                   torch.zeros(tuple(shape), dtype=dtype, device=device), max_len, lm)
+    def allocate(
+        cls, shape: Sequence[int], dtype: torch.dtype, device: torch.device, max_len: int, lm: str = ""
+    ) -> KVCache:
+        return cls(
+            torch.zeros(tuple(shape), dtype=dtype, device=device),
+            torch.zeros(tuple(shape), dtype=dtype, device=device),
+            max_len,
+            lm,
+        )
 
     def reset(self, rows: Sequence[int] | None = None) -> None:
         """Forget the rows' tokens (no memory is cleared: positions past a row's length are never read)."""
@@ -76,8 +82,10 @@ class KVCache:
         return 2 * self.k.numel() * self.k.element_size()
 
     def __repr__(self) -> str:
-        return (f"KVCache({self.lm!r}, batch={self.batch}, max_len={self.max_len}, shape={tuple(self.k.shape)}, "
-                f"dtype={self.k.dtype}, device={self.k.device})")
+        return (
+            f"KVCache({self.lm!r}, batch={self.batch}, max_len={self.max_len}, shape={tuple(self.k.shape)}, "
+            f"dtype={self.k.dtype}, device={self.k.device})"
+        )
 
 
 # The prefill and the step stage of one LM hold the same layer weights under the same constant names (e.g.
@@ -100,8 +108,17 @@ def _share_weights(root, device: torch.device, weights: dict[str, torch.Tensor])
     return shared
 
 
-def _cache_graph(run_fn, specs: list[TensorSpec], shapes: list[tuple], cache: KVCache, cache_idx: list[int],
-                 idle: dict[int, int], device: torch.device, pool, capture: bool) -> StaticGraph:
+def _cache_graph(
+    run_fn,
+    specs: list[TensorSpec],
+    shapes: list[tuple],
+    cache: KVCache,
+    cache_idx: list[int],
+    idle: dict[int, int],
+    device: torch.device,
+    pool,
+    capture: bool,
+) -> StaticGraph:
     """Static inputs of one bucket package bound to one cache: row-input buffers + the cache tensors themselves.
     On CUDA a graph is captured over them; without capture (CPU) `replay` runs the package on the same buffers,
     which exercises the identical scatter/gather path."""
@@ -118,7 +135,7 @@ def _cache_graph(run_fn, specs: list[TensorSpec], shapes: list[tuple], cache: KV
 class _LMStage(Stage):
     """Shared machinery of the two LM kinds: cache checks, row scatter/gather, per-(bucket, cache) graphs."""
 
-    control_key = ""   # metadata key naming the positions / lengths input
+    control_key = ""  # metadata key naming the positions / lengths input
 
     def __init__(self, root, entry, device, weights, cuda_graphs: bool = True, cpu_threads: int | None = None) -> None:
         _share_weights(root, device, weights)
@@ -184,8 +201,10 @@ class _LMStage(Stage):
             raise InputShapeError(f"{self.name}: cache batch {cache.batch} is not a bucket ({self.batch_buckets})")
         want = self.cache_shape(cache.batch)
         if tuple(cache.k.shape) != want or cache.k.dtype != self.cache_dtype or cache.max_len != self.max_len:
-            raise InputShapeError(f"{self.name}: cache {tuple(cache.k.shape)} {cache.k.dtype} does not fit this "
-                                  f"stage ({want} {self.cache_dtype}, max_len {self.max_len})")
+            raise InputShapeError(
+                f"{self.name}: cache {tuple(cache.k.shape)} {cache.k.dtype} does not fit this "
+                f"stage ({want} {self.cache_dtype}, max_len {self.max_len})"
+            )
         if cache.k.device != self.device:
             raise InputShapeError(f"{self.name}: cache is on {cache.k.device}, the stage runs on {self.device}")
         if self.lm and cache.lm and cache.lm != self.lm:
@@ -198,14 +217,23 @@ class _LMStage(Stage):
         """Validate the per-row inputs (leading dim n; other axes as in `sizes`) and return them on the device."""
         specs = [self.entry.inputs[i] for i in self._row_idx]
         if len(args) != len(specs):
-            raise InputShapeError(f"{self.name}: takes {len(specs)} row inputs "
-                                  f"({', '.join(s.name for s in specs)}), got {len(args)}")
+            raise InputShapeError(
+                f"{self.name}: takes {len(specs)} row inputs ({', '.join(s.name for s in specs)}), got {len(args)}"
+            )
         named = {spec.name: x if isinstance(x, torch.Tensor) else torch.as_tensor(x) for spec, x in zip(specs, args)}
         self._inputs.check(specs, named, sizes={"batch": n, **sizes}, values=self.validate_inputs)
         return [named[spec.name] for spec in specs]
 
-    def _run_rows(self, bucket, cache: KVCache, rows: torch.Tensor, row_inputs: list[torch.Tensor],
-                  control: torch.Tensor, idle_control: int, out_sizes: dict[str, int]) -> list[torch.Tensor]:
+    def _run_rows(
+        self,
+        bucket,
+        cache: KVCache,
+        rows: torch.Tensor,
+        row_inputs: list[torch.Tensor],
+        control: torch.Tensor,
+        idle_control: int,
+        out_sizes: dict[str, int],
+    ) -> list[torch.Tensor]:
         """Scatter the rows into bucket-shaped inputs, run (graph or direct) on the cache, gather the rows."""
         runner = self._runners[bucket.key]
         B = bucket.sizes["batch"]
@@ -216,9 +244,17 @@ class _LMStage(Stage):
             if self.static_buffers or self.uses_cuda_graphs:
                 g = self._graphs.get((bucket.key, id(cache)))
                 if g is None:
-                    g = _cache_graph(runner.call, self.entry.inputs, runner.shapes, cache, self._cache_idx,
-                                     {self._control_idx: idle_control}, self.device, self._graph_pool,
-                                     capture=self.uses_cuda_graphs)
+                    g = _cache_graph(
+                        runner.call,
+                        self.entry.inputs,
+                        runner.shapes,
+                        cache,
+                        self._cache_idx,
+                        {self._control_idx: idle_control},
+                        self.device,
+                        self._graph_pool,
+                        capture=self.uses_cuda_graphs,
+                    )
                     self._graphs[(bucket.key, id(cache))] = g
                 for i, x in zip(self._row_idx, row_inputs):
                     dst = g.inputs[i]
@@ -237,9 +273,11 @@ class _LMStage(Stage):
                 outs = list(runner.call(full))
             result = []
             for spec, o in zip(self.entry.outputs, outs):
-                idx = [rows_d] + [slice(0, out_sizes[s]) if isinstance(s, str) and s != "batch" else slice(None)
-                                  for s in spec.shape[1:]]
-                result.append(o[tuple(idx)])   # advanced indexing copies: safe from the next replay
+                idx = [rows_d] + [
+                    slice(0, out_sizes[s]) if isinstance(s, str) and s != "batch" else slice(None)
+                    for s in spec.shape[1:]
+                ]
+                result.append(o[tuple(idx)])  # advanced indexing copies: safe from the next replay
         return result
 
     def _resolve_rows(self, cache: KVCache, rows: Sequence[int] | None, n: int) -> torch.Tensor:
@@ -254,8 +292,10 @@ class _LMStage(Stage):
         other axes are padded. The caches are written in place."""
         bucket = self.pick_bucket(sizes)
         if bucket is None or bucket.sizes["batch"] != sizes["batch"]:
-            raise InputShapeError(f"{self.name}: explicit caches need a batch equal to a bucket "
-                                  f"({self.batch_buckets}), got {sizes['batch']}")
+            raise InputShapeError(
+                f"{self.name}: explicit caches need a batch equal to a bucket "
+                f"({self.batch_buckets}), got {sizes['batch']}"
+            )
         for n in self._cache_names:
             if not named[n].is_contiguous():
                 raise InputShapeError(f"{self.name}: cache input {n!r} must be contiguous")
@@ -300,9 +340,11 @@ class LMStepStage(_LMStage):
         full = pos >= self.max_len
         if bool(full.any()):
             row = int(r[full.nonzero()[0, 0]])
-            raise InputRangeError(f"{self.name}: row {row} already holds {int(cache.positions[row])} tokens, the "
-                                  f"cache holds max_len={self.max_len}; finish or reset the request, or rebuild "
-                                  f"with a larger --max-len")
+            raise InputRangeError(
+                f"{self.name}: row {row} already holds {int(cache.positions[row])} tokens, the "
+                f"cache holds max_len={self.max_len}; finish or reset the request, or rebuild "
+                f"with a larger --max-len"
+            )
         x = self._row_inputs(row_inputs, n, {})
         bucket = next(b for b in self.entry.buckets if b.sizes["batch"] == cache.batch)
         outs = self._run_rows(bucket, cache, r, x, pos, self.max_len, {})
@@ -336,12 +378,14 @@ class LMPrefillStage(_LMStage):
         if bool(((lengths < 1) | (lengths > T)).any()):
             raise InputRangeError(f"{self.name}: lengths {lengths.tolist()} must be in [1, {T}]")
         if bool((lengths > self.max_len).any()):
-            raise InputRangeError(f"{self.name}: a prompt of {int(lengths.max())} tokens exceeds "
-                                  f"max_len={self.max_len}")
+            raise InputRangeError(
+                f"{self.name}: a prompt of {int(lengths.max())} tokens exceeds max_len={self.max_len}"
+            )
         x = self._row_inputs(row_inputs, n, {"tokens": T})
-        bucket = min((b for b in self.entry.buckets if b.sizes["batch"] == cache.batch and b.sizes["tokens"] >= T),
-                     key=lambda b: b.sizes["tokens"])
+        bucket = min(
+            (b for b in self.entry.buckets if b.sizes["batch"] == cache.batch and b.sizes["tokens"] >= T),
+            key=lambda b: b.sizes["tokens"],
+        )
         outs = self._run_rows(bucket, cache, r, x, lengths, 0, {"tokens": T})
         cache.positions[r] = lengths
         return outs[0] if len(outs) == 1 else tuple(outs)
-

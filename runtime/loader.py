@@ -67,9 +67,14 @@ def _resolve_device(device: str | torch.device | None, manifest: Manifest) -> to
     return d
 
 
-def load(path: str | Path, device: str | torch.device | None = None, stages: list[str] | None = None,
-         cuda_graphs: bool = True, trusted_sha256: str | None = None,
-         cpu_threads: int | None = DEFAULT_CPU_THREADS) -> Bundle:
+def load(
+    path: str | Path,
+    device: str | torch.device | None = None,
+    stages: list[str] | None = None,
+    cuda_graphs: bool = True,
+    trusted_sha256: str | None = None,
+    cpu_threads: int | None = DEFAULT_CPU_THREADS,
+) -> Bundle:
     """Validate, load weights once per stage, bind them into every bucket package, capture graphs (CUDA).
 
     Order matters for safety: manifest schema → compatibility → sha256 of every file of the selected stages →
@@ -78,7 +83,7 @@ def load(path: str | Path, device: str | torch.device | None = None, stages: lis
     cpu_threads (CPU artifacts): OpenMP threads of every package call, set around the call in the calling thread
     (README "CPU threads"); None leaves the process's torch/OMP setting in charge."""
     t_start = time.perf_counter()
-    cpu_threads_mode(cpu_threads)   # refuses a bad value before anything is read
+    cpu_threads_mode(cpu_threads)  # refuses a bad value before anything is read
     root = Path(path)
     manifest = read_manifest(root, trusted_sha256=trusted_sha256)
     dev = _resolve_device(device, manifest)
@@ -89,9 +94,11 @@ def load(path: str | Path, device: str | torch.device | None = None, stages: lis
             raise ManifestError(f"{root}: no stage {n!r} (have: {', '.join(manifest.stages)})")
     for n in names:
         if not manifest.stages[n].buckets:
-            raise ManifestError(f"{root}: stage {n!r} has only an ONNX model (built with --format onnx), no AOTI "
-                                "packages for this runtime; run it with onnxruntime, or rebuild with "
-                                "--format aoti,onnx")
+            raise ManifestError(
+                f"{root}: stage {n!r} has only an ONNX model (built with --format onnx), no AOTI "
+                "packages for this runtime; run it with onnxruntime, or rebuild with "
+                "--format aoti,onnx"
+            )
     check_files(root, [f for n in names for f in manifest.stages[n].files()])
     stats = {"validate_s": time.perf_counter() - t_start}
     loaded: dict[str, Stage] = {}
@@ -108,5 +115,3 @@ def load(path: str | Path, device: str | torch.device | None = None, stages: lis
     bundle = Bundle(root, manifest, dev, loaded)
     bundle.load_stats = {k: round(v, 3) for k, v in stats.items()}
     return bundle
-
-

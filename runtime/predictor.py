@@ -25,8 +25,9 @@ class CodebookPredictorStage(Stage):
         spec = next(s for s in self.entry.inputs if s.name == "noise")
         return int(spec.shape[1]), int(spec.shape[2])
 
-    def draw_noise(self, batch: int,
-                   generator: torch.Generator | Sequence[torch.Generator] | None = None) -> torch.Tensor:
+    def draw_noise(
+        self, batch: int, generator: torch.Generator | Sequence[torch.Generator] | None = None
+    ) -> torch.Tensor:
         """Uniforms [B, steps, width] in [0,1) (0 is clamped inside the graph). One generator for the batch, or
         one per row (each request keeps its own stream when batched with others). Noise is drawn on the
         generator's device: on a GPU stage pass `torch.Generator(device="cuda")` to avoid a host→device copy of
@@ -38,22 +39,29 @@ class CodebookPredictorStage(Stage):
         gens = list(generator)
         if len(gens) != batch:
             raise InputValueError(f"{self.name}: {len(gens)} generators for a batch of {batch}")
-        return torch.stack([torch.rand((steps, width), generator=g, device=g.device).to(self.device)
-                            for g in gens])
+        return torch.stack([torch.rand((steps, width), generator=g, device=g.device).to(self.device) for g in gens])
 
     def _rows(self, value: Param, batch: int, dtype: torch.dtype, what: str) -> torch.Tensor:
         t = torch.as_tensor(value, dtype=dtype)
         if t.dim() == 0:
             t = t.expand(batch)
         if tuple(t.shape) != (batch,):
-            raise InputValueError(f"{self.name}: {what} must be a scalar or have one value per row ({batch}), "
-                                  f"got shape {tuple(t.shape)}")
+            raise InputValueError(
+                f"{self.name}: {what} must be a scalar or have one value per row ({batch}), got shape {tuple(t.shape)}"
+            )
         return t.contiguous().to(self.device)
 
-    def generate(self, hidden: torch.Tensor, code0_or_token: torch.Tensor, temperature: Param | None = None,
-                 top_k: Param | None = None, top_p: Param | None = None,
-                 generator: torch.Generator | Sequence[torch.Generator] | None = None,
-                 noise: torch.Tensor | None = None, **extra: torch.Tensor):
+    def generate(
+        self,
+        hidden: torch.Tensor,
+        code0_or_token: torch.Tensor,
+        temperature: Param | None = None,
+        top_k: Param | None = None,
+        top_p: Param | None = None,
+        generator: torch.Generator | Sequence[torch.Generator] | None = None,
+        noise: torch.Tensor | None = None,
+        **extra: torch.Tensor,
+    ):
         """Codes [B, num_codebooks] int64 (and the next input embedding when the artifact has that output).
 
         temperature ≤ 0 is greedy; top_k = 0 disables top-k; top_p = 1 disables top-p; each may be a scalar
@@ -74,8 +82,15 @@ class CodebookPredictorStage(Stage):
         if noise is None:
             noise = self.draw_noise(B, generator)
         names = self.input_names
-        named = {names[0]: hidden, names[1]: code0_or_token, "noise": noise, "temperature": t, "top_k": k,
-                 "top_p": p, **extra}
+        named = {
+            names[0]: hidden,
+            names[1]: code0_or_token,
+            "noise": noise,
+            "temperature": t,
+            "top_k": k,
+            "top_p": p,
+            **extra,
+        }
         return self(**named)
 
 

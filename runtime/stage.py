@@ -36,7 +36,7 @@ class fp32_mode:
 
     def __init__(self, active: bool, tf32: bool) -> None:
         self.active, self.tf32 = active, tf32
-        self._saved: list[tuple[bool, bool]] = []   # a stack: the same stage may re-enter from a nested call
+        self._saved: list[tuple[bool, bool]] = []  # a stack: the same stage may re-enter from a nested call
 
     def __enter__(self):
         if self.active:
@@ -114,21 +114,25 @@ def load_weights(path: Path, entry: StageEntry, device: torch.device) -> dict[st
                     out[name] = t
                     continue
                 if t.dtype != DTYPES[spec.dtype] or list(t.shape) != list(spec.shape):
-                    raise BindingError(f"stage {entry.name!r} weight {name!r} is {t.dtype} {list(t.shape)} in the "
-                                       f"file, the manifest says {spec.dtype} {spec.shape}")
+                    raise BindingError(
+                        f"stage {entry.name!r} weight {name!r} is {t.dtype} {list(t.shape)} in the "
+                        f"file, the manifest says {spec.dtype} {spec.shape}"
+                    )
                 dst = torch.empty_strided(spec.shape, spec.stride, dtype=t.dtype, device=device)
                 try:
                     dst.copy_(t)
-                except RuntimeError as e:   # a layout the manifest checks missed: still a typed error
-                    raise BindingError(f"stage {entry.name!r} weight {name!r} cannot be laid out with stride "
-                                       f"{spec.stride}: {str(e).splitlines()[0]}") from None
+                except RuntimeError as e:  # a layout the manifest checks missed: still a typed error
+                    raise BindingError(
+                        f"stage {entry.name!r} weight {name!r} cannot be laid out with stride "
+                        f"{spec.stride}: {str(e).splitlines()[0]}"
+                    ) from None
                 out[name] = dst
     except SafetensorError as e:
         raise BindingError(f"{path}: unreadable weights ({e})") from None
     return out
 
 
-CPU_INPUT_SLACK = 64   # elements
+CPU_INPUT_SLACK = 64  # elements
 
 
 def _with_slack(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -142,8 +146,17 @@ def _with_slack(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
 class _BucketRunner:
     """One AOTI package bound to the stage weights; on CUDA, its static buffers and captured graph."""
 
-    def __init__(self, path: Path, bucket: BucketEntry, entry: StageEntry, device: torch.device,
-                 weights: dict[str, torch.Tensor], use_graph: bool, pool, cpu_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        bucket: BucketEntry,
+        entry: StageEntry,
+        device: torch.device,
+        weights: dict[str, torch.Tensor],
+        use_graph: bool,
+        pool,
+        cpu_threads: int | None = None,
+    ) -> None:
         self.bucket = bucket
         self.device = device
         t0 = time.perf_counter()
@@ -157,15 +170,18 @@ class _BucketRunner:
         self.model.load_constants({k: weights[k] for k in fqns}, check_full_update=True, user_managed=True)
         self.run_fn = self.model.loader.run
         self.shapes = [spec.concrete(bucket.sizes) for spec in entry.inputs]
-        self.fp32 = fp32_mode(device.type == "cuda" and entry.dtype == "float32",
-                              tf32=bool(entry.metadata.get("allow_tf32", False)))
+        self.fp32 = fp32_mode(
+            device.type == "cuda" and entry.dtype == "float32", tf32=bool(entry.metadata.get("allow_tf32", False))
+        )
         self.threads = cpu_threads_mode(cpu_threads if device.type == "cpu" else None)
         self.graph: StaticGraph | None = None
         self.outputs_checked = False
         t0 = time.perf_counter()
         if use_graph:
-            static = [torch.full(shape, spec.pad if spec.pad is not None else 0, dtype=spec.torch_dtype,
-                                 device=device) for spec, shape in zip(entry.inputs, self.shapes)]
+            static = [
+                torch.full(shape, spec.pad if spec.pad is not None else 0, dtype=spec.torch_dtype, device=device)
+                for spec, shape in zip(entry.inputs, self.shapes)
+            ]
             self.graph = StaticGraph(self.call, static, device, pool)
         self.capture_s = time.perf_counter() - t0
 
@@ -176,12 +192,16 @@ class _BucketRunner:
         want = [[list(spec.concrete(bucket.sizes)), spec.dtype] for spec in entry.inputs]
         stamped = meta.get("ttsaot_inputs")
         if meta.get("ttsaot_bucket") != bucket.key or stamped is None:
-            raise BindingError(f"{path}: package was compiled for bucket {meta.get('ttsaot_bucket')!r}, the manifest "
-                               f"lists it as {bucket.key!r}")
+            raise BindingError(
+                f"{path}: package was compiled for bucket {meta.get('ttsaot_bucket')!r}, the manifest "
+                f"lists it as {bucket.key!r}"
+            )
         got = json.loads(stamped)
         if got != want:
-            raise BindingError(f"{path}: package inputs {got} differ from the manifest's {want} for bucket "
-                               f"{bucket.key!r}; the manifest was edited or belongs to another build")
+            raise BindingError(
+                f"{path}: package inputs {got} differ from the manifest's {want} for bucket "
+                f"{bucket.key!r}; the manifest was edited or belongs to another build"
+            )
 
     def call(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """One package call under the TF32 setting the stage was built for and, on CPU, the stage's thread count:
@@ -199,8 +219,11 @@ class _BucketRunner:
             return self.graph.replay()
         padded = []
         for src, shape, pad in zip(inputs, self.shapes, pads):
-            buf = _with_slack(shape, src.dtype, self.device) if self.device.type == "cpu" else \
-                torch.empty(shape, dtype=src.dtype, device=self.device)
+            buf = (
+                _with_slack(shape, src.dtype, self.device)
+                if self.device.type == "cpu"
+                else torch.empty(shape, dtype=src.dtype, device=self.device)
+            )
             if tuple(src.shape) != shape:
                 buf.fill_(pad if pad is not None else 0)
             buf[tuple(slice(0, n) for n in src.shape)].copy_(src)
@@ -222,8 +245,15 @@ class Stage:
     cpu_threads (CPU stages): OpenMP threads each package call runs with, set around the call in the calling
     thread and restored after it; None leaves the process's setting (torch.set_num_threads / OMP_NUM_THREADS)."""
 
-    def __init__(self, root: Path, entry: StageEntry, device: torch.device, weights: dict[str, torch.Tensor],
-                 cuda_graphs: bool = True, cpu_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        entry: StageEntry,
+        device: torch.device,
+        weights: dict[str, torch.Tensor],
+        cuda_graphs: bool = True,
+        cpu_threads: int | None = None,
+    ) -> None:
         self.root, self.entry, self.device = root, entry, device
         self.name, self.kind = entry.name, entry.kind
         self.metadata = entry.metadata
@@ -231,7 +261,7 @@ class Stage:
         self.cpu_threads = cpu_threads if device.type == "cpu" else None
         self._lock = threading.RLock()
         self._inputs = InputChecker(self.name, device)
-        self._weights = weights   # owned here: AOTI keeps raw handles, so these must outlive every runner
+        self._weights = weights  # owned here: AOTI keeps raw handles, so these must outlive every runner
         use_graph = cuda_graphs and device.type == "cuda"
         self.uses_cuda_graphs = use_graph
         self._pool = new_pool() if use_graph else None
@@ -244,19 +274,24 @@ class Stage:
         self.bucket_load_stats: dict[str, dict[str, float | int | bool]] = {}
         for b in order:
             mem0 = _allocator_bytes(device)
-            runner = _BucketRunner(root / b.file, b, entry, device, weights, use_graph, self._pool,
-                                   cpu_threads=self.cpu_threads)
+            runner = _BucketRunner(
+                root / b.file, b, entry, device, weights, use_graph, self._pool, cpu_threads=self.cpu_threads
+            )
             self._runners[b.key] = runner
-            st: dict[str, float | int | bool] = {"package_load_s": round(runner.load_s, 4),
-                                                 "capture_s": round(runner.capture_s, 4),
-                                                 "graph": runner.graph is not None}
+            st: dict[str, float | int | bool] = {
+                "package_load_s": round(runner.load_s, 4),
+                "capture_s": round(runner.capture_s, 4),
+                "graph": runner.graph is not None,
+            }
             if mem0 is not None:
                 mem1 = _allocator_bytes(device)
                 st.update(allocated_bytes=mem1[0] - mem0[0], reserved_bytes=mem1[1] - mem0[1])
             self.bucket_load_stats[b.key] = st
         # Where start-up time goes, per phase (seconds): users tune cold start with this.
-        self.load_stats = {"package_load_s": round(sum(r.load_s for r in self._runners.values()), 3),
-                           "warmup_capture_s": round(sum(r.capture_s for r in self._runners.values()), 3)}
+        self.load_stats = {
+            "package_load_s": round(sum(r.load_s for r in self._runners.values()), 3),
+            "warmup_capture_s": round(sum(r.capture_s for r in self._runners.values()), 3),
+        }
         self._axes = entry.axis_names()
         self.max_sizes = {a: max(b.sizes[a] for b in entry.buckets) for a in self._axes}
 
@@ -281,8 +316,10 @@ class Stage:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def __repr__(self) -> str:
-        return (f"Stage({self.name!r}, kind={self.kind!r}, device={self.device}, buckets={len(self._runners)}, "
-                f"graphs={self.uses_cuda_graphs})")
+        return (
+            f"Stage({self.name!r}, kind={self.kind!r}, device={self.device}, buckets={len(self._runners)}, "
+            f"graphs={self.uses_cuda_graphs})"
+        )
 
     # ---------------------------------------------------------------------------- internals
     def _bind(self, args: Sequence, kwargs: dict) -> dict[str, torch.Tensor]:
@@ -303,8 +340,9 @@ class Stage:
             if isinstance(v, np.ndarray):
                 named[k] = torch.from_numpy(v)
             elif not isinstance(v, torch.Tensor):
-                raise InputDTypeError(f"{self.name}: input {k!r} must be a torch.Tensor or numpy array, "
-                                      f"got {type(v).__name__}")
+                raise InputDTypeError(
+                    f"{self.name}: input {k!r} must be a torch.Tensor or numpy array, got {type(v).__name__}"
+                )
         return named
 
     def _validate(self, named: dict[str, torch.Tensor]) -> dict[str, int]:
@@ -349,8 +387,9 @@ class Stage:
 
     def _check_outputs(self, runner: _BucketRunner, outs: list[torch.Tensor]) -> None:
         """Once per bucket: the package's outputs must be what the manifest says, or trimming would be wrong."""
-        check_outputs(self.name, runner.bucket.key, self.entry.outputs, self._derived_sizes(dict(runner.bucket.sizes)),
-                      outs)
+        check_outputs(
+            self.name, runner.bucket.key, self.entry.outputs, self._derived_sizes(dict(runner.bucket.sizes)), outs
+        )
         runner.outputs_checked = True
 
     def _batch_dim(self, spec: TensorSpec) -> int | None:
@@ -365,9 +404,12 @@ class Stage:
                 d = self._batch_dim(spec)
                 sub[spec.name] = named[spec.name].narrow(d, start, min(step, sizes["batch"] - start))
             parts.append(self._run(sub, {**sizes, "batch": min(step, sizes["batch"] - start)}))
-        return [torch.cat([p[i] for p in parts], dim=self._batch_dim(spec))
-                for i, spec in enumerate(self.entry.outputs)]
+        return [
+            torch.cat([p[i] for p in parts], dim=self._batch_dim(spec)) for i, spec in enumerate(self.entry.outputs)
+        ]
 
     def _run_overflow(self, named, sizes, axis: str) -> list[torch.Tensor]:
-        raise InputShapeError(f"{self.name}: {axis} = {sizes[axis]} exceeds the largest bucket "
-                              f"({self.max_sizes[axis]}); rebuild with larger buckets")
+        raise InputShapeError(
+            f"{self.name}: {axis} = {sizes[axis]} exceeds the largest bucket "
+            f"({self.max_sizes[axis]}); rebuild with larger buckets"
+        )

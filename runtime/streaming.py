@@ -34,8 +34,9 @@ class CodecDecoderStage(Stage):
         (codes,) = named.values()
         return [self.decode_chunked(codes)]
 
-    def decode_chunked(self, codes: torch.Tensor, chunk_frames: int | None = None,
-                       left_context_frames: int | None = None) -> torch.Tensor:
+    def decode_chunked(
+        self, codes: torch.Tensor, chunk_frames: int | None = None, left_context_frames: int | None = None
+    ) -> torch.Tensor:
         """Decode a long request in chunks of new frames, each with left context, in buckets we have."""
         st = self._streaming()
         ctx = st.get("left_context_frames", 0) if left_context_frames is None else left_context_frames
@@ -58,8 +59,10 @@ class CodecDecoderStage(Stage):
             window = new if history is None else torch.cat([history.to(new.device), new], dim=-1)
             used_ctx = window.shape[-1] - new.shape[-1]
             if window.shape[-1] > self.max_sizes["frames"]:
-                raise InputShapeError(f"{self.name}: chunk of {new.shape[-1]} frames + {used_ctx} context exceeds "
-                                      f"the largest bucket ({self.max_sizes['frames']}); send smaller chunks")
+                raise InputShapeError(
+                    f"{self.name}: chunk of {new.shape[-1]} frames + {used_ctx} context exceeds "
+                    f"the largest bucket ({self.max_sizes['frames']}); send smaller chunks"
+                )
             wav = self(window)
-            yield wav[..., used_ctx * spf:]
-            history = window[..., window.shape[-1] - min(ctx, window.shape[-1]):] if ctx else None
+            yield wav[..., used_ctx * spf :]
+            history = window[..., window.shape[-1] - min(ctx, window.shape[-1]) :] if ctx else None

@@ -21,7 +21,7 @@ class cpu_threads_mode:
         if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
             raise ValueError(f"cpu_threads must be a positive int or None, got {threads!r}")
         self.threads = threads
-        self._saved: list[int] = []   # a stack: calls may nest (a stage calling itself for chunks)
+        self._saved: list[int] = []  # a stack: calls may nest (a stage calling itself for chunks)
 
     def __enter__(self):
         if self.threads is not None:

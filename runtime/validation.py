@@ -17,8 +17,13 @@ from .errors import BindingError, InputDeviceError, InputDTypeError, InputRangeE
 
 def shape_str(spec: TensorSpec) -> str:
     """`[batch, 16, frames·64]`: a descriptor's shape as users read it in error messages."""
-    return "[" + ", ".join(s if isinstance(s, str) else (f"{s[0]}·{s[1]}" if isinstance(s, list) else str(s))
-                           for s in spec.shape) + "]"
+    return (
+        "["
+        + ", ".join(
+            s if isinstance(s, str) else (f"{s[0]}·{s[1]}" if isinstance(s, list) else str(s)) for s in spec.shape
+        )
+        + "]"
+    )
 
 
 class InputChecker:
@@ -26,10 +31,15 @@ class InputChecker:
 
     def __init__(self, stage: str, device: torch.device) -> None:
         self.stage, self.device = stage, device
-        self._high: dict[str, torch.Tensor] = {}   # per-input range bounds, built once on the stage device
+        self._high: dict[str, torch.Tensor] = {}  # per-input range bounds, built once on the stage device
 
-    def check(self, specs: Sequence[TensorSpec], named: dict[str, torch.Tensor], sizes: dict[str, int] | None = None,
-              values: bool = True) -> dict[str, int]:
+    def check(
+        self,
+        specs: Sequence[TensorSpec],
+        named: dict[str, torch.Tensor],
+        sizes: dict[str, int] | None = None,
+        values: bool = True,
+    ) -> dict[str, int]:
         """Check `named[spec.name]` for every spec; replace each by its copy on the stage device. `sizes`: axis
         sizes already decided by the caller (an LM's row count, its prompt length); the others are read from the
         inputs, which must agree. `values=False` skips the range and NaN/Inf scans (structure is always checked).
@@ -57,14 +67,16 @@ class InputChecker:
             raise InputShapeError(f"{where} must have {len(spec.shape)} dims {shape_str(spec)}, got {tuple(x.shape)}")
         for d, s in enumerate(spec.shape):
             if isinstance(s, int) and x.shape[d] != s:
-                raise InputShapeError(f"{where} must have shape {shape_str(spec)} (dim {d} must be {s}), got "
-                                      f"{tuple(x.shape)}")
+                raise InputShapeError(
+                    f"{where} must have shape {shape_str(spec)} (dim {d} must be {s}), got {tuple(x.shape)}"
+                )
         for d, axis, _ in spec.axes():
             n = int(x.shape[d])
             if axis in fixed:
                 if n != sizes[axis]:
-                    raise InputShapeError(f"{where} must have shape {shape_str(spec)} with {axis} = {sizes[axis]}, "
-                                          f"got {tuple(x.shape)}")
+                    raise InputShapeError(
+                        f"{where} must have shape {shape_str(spec)} with {axis} = {sizes[axis]}, got {tuple(x.shape)}"
+                    )
                 continue
             if n == 0:
                 raise InputValueError(f"{where} is empty along {axis!r}")
@@ -88,16 +100,20 @@ class InputChecker:
             at = idx[rng["dim"]]
             limit = rng["high"][at if len(rng["high"]) > 1 else 0]
             where = f" (codebook {at})" if len(rng["high"]) > 1 else ""
-            raise InputRangeError(f"{self.stage}: input {spec.name!r}{list(idx)} = {int(x[idx])} is outside "
-                                  f"[{low}, {limit}){where}")
+            raise InputRangeError(
+                f"{self.stage}: input {spec.name!r}{list(idx)} = {int(x[idx])} is outside [{low}, {limit}){where}"
+            )
 
 
-def check_outputs(stage: str, bucket_key: str, specs: Sequence[TensorSpec], sizes: dict[str, int],
-                  outs: Sequence[torch.Tensor]) -> None:
+def check_outputs(
+    stage: str, bucket_key: str, specs: Sequence[TensorSpec], sizes: dict[str, int], outs: Sequence[torch.Tensor]
+) -> None:
     """A package's outputs for a bucket of `sizes` (bucket axes plus any axes the stage derives from them, e.g. an
     encoder's `frames`) must have the manifest's shapes and dtypes, or trimming would hand out wrong data."""
     want = [(spec.concrete(sizes), spec.torch_dtype) for spec in specs]
     got = [(tuple(o.shape), o.dtype) for o in outs]
     if got != want:
-        raise BindingError(f"{stage}/{bucket_key}: package outputs {got} differ from the manifest's {want}; the "
-                           "manifest was edited or belongs to another build")
+        raise BindingError(
+            f"{stage}/{bucket_key}: package outputs {got} differ from the manifest's {want}; the "
+            "manifest was edited or belongs to another build"
+        )

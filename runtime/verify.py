@@ -22,11 +22,11 @@ class CaseResult:
     stage: str
     case: str
     output: str
-    metric: str          # "rel" (‖out−ref‖/‖ref‖) or "mismatches" (integer outputs: count of differing entries)
+    metric: str  # "rel" (‖out−ref‖/‖ref‖) or "mismatches" (integer outputs: count of differing entries)
     value: float
     limit: float
     ok: bool
-    near_ties: int = 0   # sampled rows that left the reference at a near-tie (allowed; see compare_sampled)
+    near_ties: int = 0  # sampled rows that left the reference at a near-tie (allowed; see compare_sampled)
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor, tolerance: float) -> tuple[str, float, float, bool]:
@@ -41,8 +41,9 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tolerance: float) -> tuple[str
     return "rel", rel, tolerance, ok
 
 
-def compare_sampled(out: torch.Tensor, ref: torch.Tensor, margin: torch.Tensor,
-                    tolerance: float) -> tuple[str, float, float, bool, torch.Tensor]:
+def compare_sampled(
+    out: torch.Tensor, ref: torch.Tensor, margin: torch.Tensor, tolerance: float
+) -> tuple[str, float, float, bool, torch.Tensor]:
     """Sampled codes [B, codes] against the reference, given the reference draws' near-tie margins (stored by the
     builder: the gap between the two best noisy scores relative to the logits' size). A row may leave the
     reference only at a draw whose margin is below the stage's tolerance: there the math does not decide the code
@@ -86,10 +87,14 @@ def verify_bundle(bundle, stages: list[str] | None = None) -> list[CaseResult]:
             outs = stage(**inputs)
             outs = dict(zip((s.name for s in entry.outputs), outs if isinstance(outs, tuple) else (outs,)))
             sampled = [n for n in outs if f"{case}/margin/{n}" in golden]
-            left = None         # rows that left the reference at a near-tie: their other outputs have no reference
+            left = None  # rows that left the reference at a near-tie: their other outputs have no reference
             for out_name in sampled:
-                metric, value, limit, ok, near = compare_sampled(outs[out_name], golden[f"{case}/out/{out_name}"],
-                                                                 golden[f"{case}/margin/{out_name}"], entry.tolerance)
+                metric, value, limit, ok, near = compare_sampled(
+                    outs[out_name],
+                    golden[f"{case}/out/{out_name}"],
+                    golden[f"{case}/margin/{out_name}"],
+                    entry.tolerance,
+                )
                 left = near if left is None else left | near
                 results.append(CaseResult(name, case, out_name, metric, value, limit, ok, int(near.sum())))
             for out_name, o in outs.items():
@@ -121,8 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for r in results:
             ties = f", {r.near_ties} near-tie row(s)" if r.near_ties else ""
-            print(f"{'ok ' if r.ok else 'BAD'} {r.stage}/{r.case}/{r.output}: {r.metric}={r.value:.3g} "
-                  f"(limit {r.limit:.3g}{ties})")
+            print(
+                f"{'ok ' if r.ok else 'BAD'} {r.stage}/{r.case}/{r.output}: {r.metric}={r.value:.3g} "
+                f"(limit {r.limit:.3g}{ties})"
+            )
     return 0 if results and all(r.ok for r in results) else 1
 
 

@@ -27,10 +27,17 @@ if not torch.cuda.is_available():
 
 # Property tests: CI runs a fixed, reproducible set (derandomized, hypothesis pinned in pyproject's `test` extra);
 # `HYPOTHESIS_PROFILE=explore make test` searches freely with more, random examples on a developer's machine.
-settings.register_profile("ci", max_examples=30, derandomize=True, deadline=None,
-                          suppress_health_check=list(HealthCheck), print_blob=True)
-settings.register_profile("explore", max_examples=300, derandomize=False, deadline=None,
-                          suppress_health_check=list(HealthCheck), print_blob=True)
+settings.register_profile(
+    "ci", max_examples=30, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck), print_blob=True
+)
+settings.register_profile(
+    "explore",
+    max_examples=300,
+    derandomize=False,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    print_blob=True,
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("TTSAOT_TEST_ARTIFACTS", ROOT / ".pytest_artifacts"))
@@ -76,8 +83,12 @@ def qwen_tiny_fp32() -> Path:
     from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
 
     def build(root: Path) -> Path:
-        opts = QWEN.options(dtype=torch.float32, batch_buckets=(1, 2), frame_buckets=(8, 16, 48),
-                            streaming=StreamingConfig(16, 32, 0, 0))
+        opts = QWEN.options(
+            dtype=torch.float32,
+            batch_buckets=(1, 2),
+            frame_buckets=(8, 16, 48),
+            streaming=StreamingConfig(16, 32, 0, 0),
+        )
         return build_family(QWEN.name, QWEN.specs(opts, ["code2wav"]), root, "cpu").path
 
     return built_artifact("qwen-tiny-fp32", build)
@@ -90,8 +101,9 @@ def qwen_tiny_bf16() -> Path:
     from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
 
     def build(root: Path) -> Path:
-        opts = QWEN.options(dtype=torch.bfloat16, batch_buckets=(1,), frame_buckets=(16,),
-                            streaming=StreamingConfig(16, 0, 0, 0))
+        opts = QWEN.options(
+            dtype=torch.bfloat16, batch_buckets=(1,), frame_buckets=(16,), streaming=StreamingConfig(16, 0, 0, 0)
+        )
         return build_family(QWEN.name, QWEN.specs(opts, ["code2wav"]), root, "cpu").path
 
     return built_artifact("qwen-tiny-bf16", build)

@@ -13,15 +13,14 @@ from .conftest import built_artifact
 SEED = 7
 DECODER_BATCH = (2,)
 DECODER_FRAMES = (8, 16)
-ENCODER_SECONDS = (1.0,)        # one bucket: 45056 samples = 22 frames
+ENCODER_SECONDS = (1.0,)  # one bucket: 45056 samples = 22 frames
 
 
 def _streaming():
     from ttsaot.builder.buckets import StreamingConfig
 
     # first chunks of 4 frames with the whole history, then 8 new + 8 context: every window fits a bucket
-    return StreamingConfig(chunk_frames=8, left_context_frames=8, first_chunk_frames=4,
-                           nonstreaming_chunk_frames=0)
+    return StreamingConfig(chunk_frames=8, left_context_frames=8, first_chunk_frames=4, nonstreaming_chunk_frames=0)
 
 
 def tiny_codec():
@@ -57,11 +56,17 @@ def fish_dac_tiny(fish_dac_ckpt) -> Path:
     from ttsaot.builder.families.fish_s2_pro import FAMILY as FISH
 
     def build(root: Path) -> Path:
-        opts = FISH.options(preset="tiny", checkpoint=str(fish_dac_ckpt), batch_buckets=DECODER_BATCH,
-                            frame_buckets=DECODER_FRAMES, streaming=_streaming(), encoder_seconds=ENCODER_SECONDS)
+        opts = FISH.options(
+            preset="tiny",
+            checkpoint=str(fish_dac_ckpt),
+            batch_buckets=DECODER_BATCH,
+            frame_buckets=DECODER_FRAMES,
+            streaming=_streaming(),
+            encoder_seconds=ENCODER_SECONDS,
+        )
         specs = FISH.specs(opts)
         assert [s.name for s in specs] == ["dac_decoder", "dac_encoder"]
-        assert specs[0].dtype == specs[1].dtype == torch.float32          # the stages' own defaults
+        assert specs[0].dtype == specs[1].dtype == torch.float32  # the stages' own defaults
         return build_family(FISH.name, specs, root, "cpu").path
 
     return built_artifact("fish-dac-tiny", build)

@@ -29,8 +29,10 @@ def require_kernel_runtime() -> None:
     from triton.runtime.interpreter import InterpretedFunction
 
     if not isinstance(tl.zeros, InterpretedFunction):
-        pytest.fail("Triton was imported without TRITON_INTERPRET=1 (tests/conftest.py sets it before any import of "
-                    "triton; run the kernel tests through pytest from the repository root)")
+        pytest.fail(
+            "Triton was imported without TRITON_INTERPRET=1 (tests/conftest.py sets it before any import of "
+            "triton; run the kernel tests through pytest from the repository root)"
+        )
 
 
 def _round_to_zero(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -18,7 +18,7 @@ from . import fish_fixtures
 from .conftest import rel_err
 from .fish_fixtures import tiny_codec
 
-fish_dac_ckpt = fish_fixtures.fish_dac_ckpt      # session fixtures shared with the oracle tests
+fish_dac_ckpt = fish_fixtures.fish_dac_ckpt  # session fixtures shared with the oracle tests
 fish_dac_tiny = fish_fixtures.fish_dac_tiny
 
 CFG = fcfg.DAC_PRESETS["tiny"]
@@ -83,14 +83,14 @@ def test_every_decoder_bucket_matches_eager(bundle, eager_dec):
         out = stage(x)
         assert out.shape == (sizes["batch"], 1, sizes["frames"] * SPF) and out.dtype == torch.float32
         ref = _eager(eager_dec, x)
-        assert 0.01 < ref.abs().max() < 0.99           # audio range, not saturated by tanh
-        assert rel_err(out, ref) < 1e-5, sizes          # measured ~1e-7
+        assert 0.01 < ref.abs().max() < 0.99  # audio range, not saturated by tanh
+        assert rel_err(out, ref) < 1e-5, sizes  # measured ~1e-7
 
 
 def test_padding_batch_splitting_and_trimming(bundle, eager_dec):
     stage = bundle["dac_decoder"]
     assert stage.pick_bucket({"batch": 1, "frames": 9}).key == "b2_f16"
-    for B, F in ((1, 5), (3, 11)):                      # batch padded to 2; batch 3 split into 2 + 1
+    for B, F in ((1, 5), (3, 11)):  # batch padded to 2; batch 3 split into 2 + 1
         x = _codes(B, F, seed=B * 10 + F)
         out = stage(x)
         assert out.shape == (B, 1, F * SPF)
@@ -101,13 +101,13 @@ def test_streaming_with_whole_history_equals_one_shot(bundle):
     stage = bundle["dac_decoder"]
     x = _codes(1, 16, seed=3)
     one_shot = stage(x)
-    pieces = list(stage.stream(x.split(4, dim=-1), left_context_frames=16))   # Fish first-chunk pattern
+    pieces = list(stage.stream(x.split(4, dim=-1), left_context_frames=16))  # Fish first-chunk pattern
     assert [p.shape[-1] for p in pieces] == [4 * SPF] * 4
     assert rel_err(torch.cat(pieces, -1), one_shot) < 1e-6
 
 
 def test_long_requests_are_decoded_in_chunks(bundle):
-    out = bundle["dac_decoder"](_codes(1, 30, seed=4))   # > the 16-frame bucket: chunks of 8 new + 8 context
+    out = bundle["dac_decoder"](_codes(1, 30, seed=4))  # > the 16-frame bucket: chunks of 8 new + 8 context
     assert out.shape == (1, 1, 30 * SPF) and torch.isfinite(out).all()
 
 
@@ -172,8 +172,9 @@ def test_files_are_read_mixed_down_and_resampled(bundle, tmp_path):
     sf.write(path, stereo.astype(np.float32), sr, subtype="FLOAT")
     stage = bundle["dac_encoder"]
     from_file = stage.encode(path)
-    mono = soxr.resample(stereo.astype(np.float32).mean(axis=1, dtype=np.float64).astype(np.float32), sr, SR,
-                         quality="HQ")
+    mono = soxr.resample(
+        stereo.astype(np.float32).mean(axis=1, dtype=np.float64).astype(np.float32), sr, SR, quality="HQ"
+    )
     assert torch.equal(from_file, stage.encode(mono))
     assert from_file.shape[1] == -(-mono.shape[0] // SPF)
     # the same audio given as an array at its own rate, channels-first

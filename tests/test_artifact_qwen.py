@@ -33,7 +33,7 @@ def bundle(qwen_tiny_fp32):
 
 @pytest.fixture(scope="module")
 def eager():
-    return qck.init_random_code2wav(qm.Code2Wav(CFG), seed=0)   # the same weights the artifact was built from (seed 0)
+    return qck.init_random_code2wav(qm.Code2Wav(CFG), seed=0)  # the same weights the artifact was built from (seed 0)
 
 
 def _codes(B, F, seed=0):
@@ -122,7 +122,7 @@ def test_typed_input_errors_and_stage_stays_usable(bundle, eager):
         stage(wrong=good)
     with pytest.raises(InputDTypeError):
         stage([1, 2, 3])
-    assert rel_err(stage(good), eager(good)) < 1e-4   # no poisoned state
+    assert rel_err(stage(good), eager(good)) < 1e-4  # no poisoned state
 
 
 def test_numpy_input_accepted(bundle):
@@ -169,8 +169,12 @@ def test_manifest_roundtrip_and_contents(qwen_tiny_fp32):
     assert st.weights.file == "code2wav.safetensors"
     # weights are stored ONCE per stage, packages carry code only
     assert all(b.bytes < 5 * 2**20 for b in st.buckets)
-    assert [p["pass"] for p in st.passes] == ["bake_codebooks", "bake_snake", "fuse_projections",
-                                              "depthwise_conv_as_shifts"]
+    assert [p["pass"] for p in st.passes] == [
+        "bake_codebooks",
+        "bake_snake",
+        "fuse_projections",
+        "depthwise_conv_as_shifts",
+    ]
 
 
 def test_bf16_artifact_within_policy_tolerance(qwen_tiny_bf16):

@@ -19,8 +19,8 @@ from ttsaot.runtime.batching import Batcher, BatcherConfig, ContextWindow, Overl
 from . import test_code_predictor as _cp
 from .conftest import rel_err
 
-code_predictor_fp32 = _cp.code_predictor_fp32   # the session artifact of tests/test_code_predictor.py
-T = 30   # seconds: every wait in these tests is bounded
+code_predictor_fp32 = _cp.code_predictor_fp32  # the session artifact of tests/test_code_predictor.py
+T = 30  # seconds: every wait in these tests is bounded
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -70,7 +70,7 @@ def _codes(stage, frames: int, seed: int, batch: int = 1) -> torch.Tensor:
 
 def _pad(codes: torch.Tensor, frames: int, value: int) -> torch.Tensor:
     out = torch.full((*codes.shape[:-1], frames), value, dtype=codes.dtype)
-    out[..., :codes.shape[-1]] = codes
+    out[..., : codes.shape[-1]] = codes
     return out
 
 
@@ -85,11 +85,11 @@ def test_threads_mixed_lengths_get_exactly_their_rows(code2wav):
         gate.hold(b, reqs[0])
         with ThreadPoolExecutor(len(reqs)) as pool:
             futs = []
-            for r in reqs:   # submitted in order from one thread, run from many: FIFO pairs
+            for r in reqs:  # submitted in order from one thread, run from many: FIFO pairs
                 futs.append(b.submit(r))
             gate.open()
             outs = list(pool.map(lambda f: f.result(T), futs))
-    assert [rec.rows for rec in gate.records[1:]] == [2, 2, 2, 2]   # read after close: the worker has finished
+    assert [rec.rows for rec in gate.records[1:]] == [2, 2, 2, 2]  # read after close: the worker has finished
     for i in range(0, len(reqs), 2):
         a, c = reqs[i], reqs[i + 1]
         n = max(a.shape[-1], c.shape[-1])
@@ -97,7 +97,7 @@ def test_threads_mixed_lengths_get_exactly_their_rows(code2wav):
         for j, r in ((0, a), (1, c)):
             got = outs[i + j]
             assert got.shape == (1, 1, r.shape[-1] * spf)
-            assert torch.equal(got, direct[j:j + 1, :, :r.shape[-1] * spf])
+            assert torch.equal(got, direct[j : j + 1, :, : r.shape[-1] * spf])
             assert rel_err(got, code2wav(r)) <= code2wav.entry.tolerance
 
 
@@ -122,7 +122,7 @@ def test_asyncio_callers_share_calls(code2wav):
     with Batcher(code2wav) as b:
         gate = Gate(b)
         gate.hold(b, reqs[0])
-        threading.Timer(0.2, gate.open).start()   # the coroutines queue while the worker is held
+        threading.Timer(0.2, gate.open).start()  # the coroutines queue while the worker is held
         outs = asyncio.run(asyncio.wait_for(main(b), T))
     assert [rec.rows for rec in gate.records[1:]] == [2, 2, 2]
     for i in range(0, len(reqs), 2):
@@ -130,7 +130,7 @@ def test_asyncio_callers_share_calls(code2wav):
         direct = code2wav(torch.cat([_pad(reqs[i], n, pad), _pad(reqs[i + 1], n, pad)]))
         for j in (0, 1):
             f = reqs[i + j].shape[-1]
-            assert torch.equal(outs[i + j], direct[j:j + 1, :, :f * spf])
+            assert torch.equal(outs[i + j], direct[j : j + 1, :, : f * spf])
 
 
 def test_streams_keep_their_own_context(code2wav):
@@ -144,14 +144,14 @@ def test_streams_keep_their_own_context(code2wav):
 
     def run(i: int):
         if i % 2:
-            threading.Event().wait(0.01 * i)   # staggered starts
+            threading.Event().wait(0.01 * i)  # staggered starts
         with b.open_stream() as s:
             return torch.cat([s.push(c, timeout=T) for c in utts[i].split(chunk - i % 3, dim=-1)], dim=-1)
 
     with b, ThreadPoolExecutor(len(utts)) as pool:
         outs = list(pool.map(run, range(len(utts))))
         assert b.open_streams == 0
-    assert max(b.stats.rows_histogram) == 2   # chunks of different streams did share calls
+    assert max(b.stats.rows_histogram) == 2  # chunks of different streams did share calls
     for i, got in enumerate(outs):
         ref = torch.cat(list(code2wav.stream(utts[i].split(chunk - i % 3, dim=-1))), dim=-1)
         assert got.shape == ref.shape == (1, 1, lengths[i] * code2wav.samples_per_frame)
@@ -183,7 +183,7 @@ def test_context_window_is_the_stage_stream_windowing(code2wav):
     pieces = []
     for c in codes.split(16, dim=-1):
         window, used = w.next(c)
-        pieces.append(code2wav(window)[..., used * spf:])
+        pieces.append(code2wav(window)[..., used * spf :])
     assert torch.equal(torch.cat(pieces, -1), torch.cat(list(code2wav.stream(codes.split(16, dim=-1))), -1))
     with pytest.raises(InputShapeError, match="largest bucket"):
         ContextWindow(32, 48).next(_codes(code2wav, 49, seed=1))
@@ -196,9 +196,14 @@ def test_bad_requests_get_their_own_typed_errors(code2wav):
     good = [_codes(code2wav, n, seed=500 + n) for n in (10, 14, 16)]
     bad_range = good[0].clone()
     bad_range[0, 3, 2] = code2wav.entry.inputs[0].range["high"][3] + 7
-    bad = {"range": (bad_range, InputRangeError), "dtype": (good[1].to(torch.int32), InputDTypeError),
-           "rank": (good[1][0], InputShapeError), "empty": (good[1][..., :0], InputValueError),
-           "type": ([1, 2, 3], InputDTypeError), "two": ((good[0], good[1]), InputShapeError)}
+    bad = {
+        "range": (bad_range, InputRangeError),
+        "dtype": (good[1].to(torch.int32), InputDTypeError),
+        "rank": (good[1][0], InputShapeError),
+        "empty": (good[1][..., :0], InputValueError),
+        "type": ([1, 2, 3], InputDTypeError),
+        "two": ((good[0], good[1]), InputShapeError),
+    }
     with Batcher(code2wav) as b:
         gate = Gate(b)
         gate.hold(b, good[0])
@@ -212,7 +217,7 @@ def test_bad_requests_get_their_own_typed_errors(code2wav):
                 futs[i].result(T)
             g = good[(i + 1) % 3]
             assert rel_err(futs[i + 1].result(T), code2wav(g)) <= code2wav.entry.tolerance, name
-        assert rel_err(b(good[2]), code2wav(good[2])) <= code2wav.entry.tolerance   # still serving
+        assert rel_err(b(good[2]), code2wav(good[2])) <= code2wav.entry.tolerance  # still serving
     assert b.stats.isolated_batches >= 1 and b.stats.failed == len(bad)
 
 
@@ -248,7 +253,7 @@ def test_overload_is_a_typed_error_and_slots_free_up(code2wav):
             b.open_stream()
         s1.close()
         s3 = b.open_stream()
-        del s2                      # abandoned without close: garbage collection frees the slot
+        del s2  # abandoned without close: garbage collection frees the slot
         gc.collect()
         assert b.open_streams == 1
         s3.close()
@@ -286,7 +291,7 @@ def test_cancelled_async_stream_frees_its_slot(code2wav):
             await task
         assert s.closed and b.open_streams == 0 and b.queue_depth == 0
         gate.open()
-        return await b.acall(x)   # the batcher goes on serving
+        return await b.acall(x)  # the batcher goes on serving
 
     with Batcher(code2wav) as b:
         gate = Gate(b)
@@ -358,8 +363,12 @@ def test_sampled_codes_depend_only_on_the_request_generator(predictor):
             codes, _ = f.result(T)
             pcodes, _ = f_partner.result(T)
         assert gate.records[1].requests == 2
-        noise = torch.cat([predictor.draw_noise(ph.shape[0], torch.Generator().manual_seed(ps)),
-                           predictor.draw_noise(h.shape[0], torch.Generator().manual_seed(s))])
+        noise = torch.cat(
+            [
+                predictor.draw_noise(ph.shape[0], torch.Generator().manual_seed(ps)),
+                predictor.draw_noise(h.shape[0], torch.Generator().manual_seed(s)),
+            ]
+        )
         direct, _ = predictor.generate(torch.cat([ph, h]), torch.cat([pc, c]), noise=noise, **params)
         assert torch.equal(torch.cat([pcodes, codes]), direct)
         assert torch.equal(codes, outs[1][0])
@@ -382,7 +391,7 @@ def test_bad_sampling_parameters_fail_only_their_request(predictor):
         want, _ = predictor.generate(h, c, generator=torch.Generator().manual_seed(2))
         assert torch.equal(good.result(T)[0], want)
         with pytest.raises(InputValueError, match="generators"):
-            b.submit_generate(h, c, generator=[torch.Generator()])   # raised in the caller, nothing queued
+            b.submit_generate(h, c, generator=[torch.Generator()])  # raised in the caller, nothing queued
 
 
 def test_a_refused_chunk_leaves_the_stream_usable(code2wav):
@@ -391,7 +400,7 @@ def test_a_refused_chunk_leaves_the_stream_usable(code2wav):
     with Batcher(code2wav, BatcherConfig(max_queue=1)) as b:
         gate = Gate(b)
         gate.hold(b, codes[..., :8])
-        blocker = b.submit(codes[..., :8])                 # fills the queue while the worker is held
+        blocker = b.submit(codes[..., :8])  # fills the queue while the worker is held
         with b.open_stream() as s:
             with pytest.raises(OverloadedError):
                 s.submit(codes[..., :16])

@@ -12,17 +12,38 @@ from bench.report import write_report
 
 
 def test_reuse_notes_parse_per_stage():
-    log = ("code2wav: 3 of 27 packages reused from the package cache\n"
-           "noise\ncode_predictor: 3 of 3 packages reused from the package cache\n")
-    assert parse_reuse(log) == {"code2wav": {"packages": 27, "reused": 3, "compiled": 24},
-                                "code_predictor": {"packages": 3, "reused": 3, "compiled": 0}}
+    log = (
+        "code2wav: 3 of 27 packages reused from the package cache\n"
+        "noise\ncode_predictor: 3 of 3 packages reused from the package cache\n"
+    )
+    assert parse_reuse(log) == {
+        "code2wav": {"packages": 27, "reused": 3, "compiled": 24},
+        "code_predictor": {"packages": 3, "reused": 3, "compiled": 0},
+    }
 
 
 def test_a_used_up_budget_records_every_section_skipped(tmp_path):
     out = tmp_path / "builds.json"
-    proc = subprocess.run([sys.executable, "-m", "bench", "builds", "--families", "voxcpm2", "--device", "cpu",
-                           "--budget", "0", "--result", str(out)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1, proc.stderr[-2000:]      # nothing measured: incomplete
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "builds",
+            "--families",
+            "voxcpm2",
+            "--device",
+            "cpu",
+            "--budget",
+            "0",
+            "--result",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]  # nothing measured: incomplete
     res = json.loads(out.read_text())
     fam = res["families"]["voxcpm2"]
     assert res["kind"] == "builds" and res["status"] == "incomplete" and res["default_build"]
@@ -35,8 +56,26 @@ def test_cold_then_cached_build_and_cold_start(tmp_path):
     """One family, one stage, one bucket: the cold build compiles it, the cached one reuses it, and the stage's
     fresh process gives its first output; the report renders the section."""
     out = tmp_path / "cpu" / "builds.json"
-    cmd = [sys.executable, "-m", "bench", "builds", "--families", "qwen3-tts-12hz", "--stages", "code_predictor",
-           "--build-args", "--max-batch 1", "--device", "cpu", "--jobs", "1", "--budget", "550", "--result", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench",
+        "builds",
+        "--families",
+        "qwen3-tts-12hz",
+        "--stages",
+        "code_predictor",
+        "--build-args",
+        "--max-batch 1",
+        "--device",
+        "cpu",
+        "--jobs",
+        "1",
+        "--budget",
+        "550",
+        "--result",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     res = json.loads(out.read_text())
@@ -58,12 +97,11 @@ def test_stream_chunks_produce_exactly_the_plans_streaming_windows():
     list (24 pads to 32)."""
     from ttsaot.builder.buckets import StreamingConfig
 
-    for family, stage in (("qwen3-tts-12hz", "code2wav"), ("fish-s2-pro", "dac_decoder"),
-                          ("voxcpm2", "vae_decoder")):
+    for family, stage in (("qwen3-tts-12hz", "code2wav"), ("fish-s2-pro", "dac_decoder"), ("voxcpm2", "vae_decoder")):
         _, meta = default_plan(family, stage, "tiny")
         st = meta["streaming"]
         windows, history = set(), 0
-        for n in chunk_plan(10 * st["chunk_frames"], st):   # whole chunks: no tail
+        for n in chunk_plan(10 * st["chunk_frames"], st):  # whole chunks: no tail
             windows.add(history + n)
             history = min(st["left_context_frames"], history + n)
         steady = StreamingConfig(**{**st, "nonstreaming_chunk_frames": 0}).window_sizes()
@@ -98,6 +136,10 @@ def test_streams_through_the_batcher_ask_for_the_windows_of_the_stream(tmp_path)
     rec = Recorder(stage)
     drive_streams(stage, [44, 20], 2, meta["streaming"], random.Random(0))
     # 44 = 12 + 12 + 12 + 8 and 20 = 12 + 8, in lock-step: round 2 merges windows 24 (stream 1) and 20 (stream 2)
-    assert rec.calls == [{"batch": 2, "frames": 12}, {"batch": 2, "frames": 24}, {"batch": 1, "frames": 36},
-                         {"batch": 1, "frames": 32}]
-    assert tally(rec.calls, plan)["buckets"]["b2_f32"]["calls"] == 1   # the 24-frame window pads to 32
+    assert rec.calls == [
+        {"batch": 2, "frames": 12},
+        {"batch": 2, "frames": 24},
+        {"batch": 1, "frames": 36},
+        {"batch": 1, "frames": 32},
+    ]
+    assert tally(rec.calls, plan)["buckets"]["b2_f32"]["calls"] == 1  # the 24-frame window pads to 32

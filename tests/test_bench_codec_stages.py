@@ -31,7 +31,7 @@ def test_tasks_run_in_priority_order_and_unknown_ones_are_refused():
 
 def test_compare_applies_the_criteria():
     ref = torch.ones(1, 1, 1000)
-    r = C.compare(ref + 1e-2, ref, {"snr_db_min": 35.0})        # rel 1e-2: 40 dB
+    r = C.compare(ref + 1e-2, ref, {"snr_db_min": 35.0})  # rel 1e-2: 40 dB
     assert math.isclose(r["snr_db"], 40.0, abs_tol=0.01) and r["meets"]
     assert not C.compare(ref + 1e-3, ref, {"rel_error_max": 1e-4})["meets"]
     codes = torch.arange(10).view(1, 10, 1)
@@ -48,9 +48,29 @@ def test_compare_applies_the_criteria():
 def test_cpu_smoke_run_end_to_end(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     C.add_parser(parser.add_subparsers(dest="cmd"))
-    a = parser.parse_args(["codec-stages", "--device", "cpu", "--preset", "tiny", "--stages", "code2wav:fp32",
-                           "--batches", "1", "--code2wav-frames", "8", "--variants", "eager", "--reps", "2",
-                           "--budget", "1500", "--out", str(tmp_path)])   # a loaded 2-core CI box: minutes
+    a = parser.parse_args(
+        [
+            "codec-stages",
+            "--device",
+            "cpu",
+            "--preset",
+            "tiny",
+            "--stages",
+            "code2wav:fp32",
+            "--batches",
+            "1",
+            "--code2wav-frames",
+            "8",
+            "--variants",
+            "eager",
+            "--reps",
+            "2",
+            "--budget",
+            "1500",
+            "--out",
+            str(tmp_path),
+        ]
+    )  # a loaded 2-core CI box: minutes
     assert C.main(a) == 0
     res = json.loads((tmp_path / "codec_stages.json").read_text())
     (task,) = res["tasks"]
@@ -68,8 +88,9 @@ def test_a_step_out_of_budget_is_recorded_skipped_not_failed(tmp_path, monkeypat
     monkeypatch.setattr(C, "_build", slow_build)
     parser = argparse.ArgumentParser()
     C.add_parser(parser.add_subparsers(dest="cmd"))
-    a = parser.parse_args(["codec-stages", "--device", "cpu", "--stages", "code2wav,dac_encoder", "--out",
-                           str(tmp_path)])
+    a = parser.parse_args(
+        ["codec-stages", "--device", "cpu", "--stages", "code2wav,dac_encoder", "--out", str(tmp_path)]
+    )
     assert C.main(a) == 0
     res = json.loads((tmp_path / "codec_stages.json").read_text())
     assert [(t["task"], t["status"]) for t in res["tasks"]] == [("code2wav", "skipped"), ("dac_encoder", "skipped")]

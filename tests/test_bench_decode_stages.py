@@ -16,8 +16,26 @@ from bench.__main__ import main as bench_main
 @pytest.mark.parametrize("stage,layers", [("base_lm_step", 3), ("residual_lm_step", 2)])
 def test_decode_stages_smoke_on_cpu(tmp_path, stage, layers):
     out = tmp_path / "r.json"
-    rc = bench_main(["decode-stages", "--stage", stage, "--device", "cpu", "--preset", "tiny", "--batches", "2",
-                     "--no-compile", "--reps", "2", "--result", str(out), "--work", str(tmp_path)])
+    rc = bench_main(
+        [
+            "decode-stages",
+            "--stage",
+            stage,
+            "--device",
+            "cpu",
+            "--preset",
+            "tiny",
+            "--batches",
+            "2",
+            "--no-compile",
+            "--reps",
+            "2",
+            "--result",
+            str(out),
+            "--work",
+            str(tmp_path),
+        ]
+    )
     res = json.loads(out.read_text())
     assert rc == 0 and res["status"] == "ok", res
     assert res["kernels_recorded"] == {"ttsaot": "ttsaot", "inductor": "inductor"}

@@ -22,8 +22,19 @@ def test_targets_parse_and_bad_ones_are_refused():
 def test_build_lands_where_bench_run_looks(tmp_path):
     import torch
 
-    cmd = [sys.executable, "-m", "bench", "build", "voxcpm2/local_encoder", "--device", "cpu", "--jobs", "1",
-           "--cache-dir", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench",
+        "build",
+        "voxcpm2/local_encoder",
+        "--device",
+        "cpu",
+        "--jobs",
+        "1",
+        "--cache-dir",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     spec, desc = make_spec("voxcpm2", "local_encoder", "tiny")
@@ -47,4 +58,4 @@ def test_a_second_kernel_choice_is_built_only_where_it_changes_the_program():
     assert "no kernel passes" in same_program_as_auto(plain, "inductor", cuda)
     assert same_program_as_auto(wired, "inductor", cuda) is None
     assert same_program_as_auto(plain, "auto", cuda) is None and same_program_as_auto(plain, "ttsaot", cuda) is None
-    assert same_program_as_auto(plain, "inductor", cpu) is None   # one shared artifact on CPU (keys equal)
+    assert same_program_as_auto(plain, "inductor", cpu) is None  # one shared artifact on CPU (keys equal)

@@ -23,8 +23,10 @@ from bench.predictor_loops import (
 from bench.variants import VariantContext, make_variant
 
 CPU = torch.device("cpu")
-PREDICTORS = [("fish-s2-pro", "fast_ar", "fast_ar_with_embedding"),
-              ("qwen3-tts-12hz", "code_predictor", "code_predictor_with_embedding")]
+PREDICTORS = [
+    ("fish-s2-pro", "fast_ar", "fast_ar_with_embedding"),
+    ("qwen3-tts-12hz", "code_predictor", "code_predictor_with_embedding"),
+]
 
 
 def _context(family: str, stage: str, emb_option: str, with_embedding: bool) -> VariantContext:
@@ -37,12 +39,23 @@ def _context(family: str, stage: str, emb_option: str, with_embedding: bool) -> 
     rewritten = copy.deepcopy(original)
     for p in spec.passes:
         p(rewritten)
-    return VariantContext(family=family, stage=stage, spec=spec, device=CPU, original=original,
-                          rewritten=rewritten, artifact=None, artifact_error=None)
+    return VariantContext(
+        family=family,
+        stage=stage,
+        spec=spec,
+        device=CPU,
+        original=original,
+        rewritten=rewritten,
+        artifact=None,
+        artifact_error=None,
+    )
 
 
-@pytest.fixture(scope="module", params=[(*p, emb) for p in PREDICTORS for emb in (False, True)],
-                ids=lambda p: f"{p[1]}{'+emb' if p[3] else ''}")
+@pytest.fixture(
+    scope="module",
+    params=[(*p, emb) for p in PREDICTORS for emb in (False, True)],
+    ids=lambda p: f"{p[1]}{'+emb' if p[3] else ''}",
+)
 def ctx(request) -> VariantContext:
     torch.set_grad_enabled(False)
     return _context(*request.param)
@@ -141,7 +154,7 @@ def test_one_new_position_per_step(ctx):
         return steps.first_step(hidden, first, *kv)
 
     def nxt(code, pos, *rest):
-        widths.append(steps.a.embed(code, *rest[:steps.n_embed_w]).shape[1])
+        widths.append(steps.a.embed(code, *rest[: steps.n_embed_w]).shape[1])
         return steps.next_step(code, pos, *rest)
 
     _assert_same(loop.run(xs, loop.direct(first, nxt), host_sync=True), ctx.original(*xs))
@@ -152,9 +165,16 @@ def test_non_predictor_stage_is_skipped():
     from bench.specs import make_spec
 
     spec, _ = make_spec("qwen3-tts-12hz", "code2wav", "tiny", dtype="fp32")
-    ctx = VariantContext(family="qwen3-tts-12hz", stage="code2wav", spec=spec, device=CPU,
-                         original=torch.nn.Identity(), rewritten=torch.nn.Identity(), artifact=None,
-                         artifact_error=None)
+    ctx = VariantContext(
+        family="qwen3-tts-12hz",
+        stage="code2wav",
+        spec=spec,
+        device=CPU,
+        original=torch.nn.Identity(),
+        rewritten=torch.nn.Identity(),
+        artifact=None,
+        artifact_error=None,
+    )
     for cls in (LoopEagerHostVariant, LoopCompileGraphVariant):
         with pytest.raises(Skipped, match="only for codebook_predictor stages"):
             cls(ctx)
@@ -166,7 +186,7 @@ def test_registered_in_harness():
     from bench.variants import ALL_VARIANTS, COMPILED, CUDA_ONLY
 
     i = ALL_VARIANTS.index("compile_ro")
-    assert ALL_VARIANTS[i + 1:i + 3] == ("loop_eager_host", "loop_compile_graph")
+    assert ALL_VARIANTS[i + 1 : i + 3] == ("loop_eager_host", "loop_compile_graph")
     assert "loop_compile_graph" in COMPILED and "loop_compile_graph" in CUDA_ONLY
     ctx = _context("fish-s2-pro", "fast_ar", "fast_ar_with_embedding", False)
     assert isinstance(make_variant("loop_eager_host", ctx), LoopEagerHostVariant)

@@ -14,11 +14,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_local_encoder_profile_on_cpu(tmp_path):
-    res = profile_stage("voxcpm2", "local_encoder", device=torch.device("cpu"), axes={"batch": (1,)}, calls=2,
-                        reps=3, cache=tmp_path / "cache")
+    res = profile_stage(
+        "voxcpm2",
+        "local_encoder",
+        device=torch.device("cpu"),
+        axes={"batch": (1,)},
+        calls=2,
+        reps=3,
+        cache=tmp_path / "cache",
+    )
     assert res["status"] == "ok" and res["kernels"] == "inductor" == res["manifest_kernels"]
     assert res["stage"]["dtype"] == "float32" and res["settings"]["graphs"] is False
-    assert res["layers"] == {"passes": 2, "how": "encoder layers"}   # the tiny preset's encoder
+    assert res["layers"] == {"passes": 2, "how": "encoder layers"}  # the tiny preset's encoder
     assert res["weight_bytes"] > 0 and res["copy"]["gb_per_s"] > 0
     (key,) = res["buckets"]
     b = res["buckets"][key]
@@ -58,6 +65,11 @@ def test_kernel_rows_count_per_call_and_drop_the_marker():
 
 
 def test_unknown_stage_is_a_usage_error():
-    proc = subprocess.run([sys.executable, "-m", "bench", "profile", "voxcpm2/nope", "--device", "cpu"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "profile", "voxcpm2/nope", "--device", "cpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "nope" in proc.stderr

@@ -163,8 +163,10 @@ def test_artifact_cache_key_follows_the_build_options():
     assert artifact_key(a, da, cpu) == artifact_key(b, db, cpu)
     assert len({artifact_key(a, da, cpu), artifact_key(c, dc, cpu), artifact_key(d, dd, cpu)}) == 3
     # the kernel choice is keyed as resolved: on CPU auto is inductor (one artifact), ttsaot another
-    keys = {k: artifact_key(*make_spec("qwen3-tts-12hz", "code2wav", "tiny", dtype="fp32", kernels=k), cpu)
-            for k in ("auto", "inductor", "ttsaot")}
+    keys = {
+        k: artifact_key(*make_spec("qwen3-tts-12hz", "code2wav", "tiny", dtype="fp32", kernels=k), cpu)
+        for k in ("auto", "inductor", "ttsaot")
+    }
     assert keys["auto"] == keys["inductor"] == artifact_key(a, da, cpu) != keys["ttsaot"]
 
 

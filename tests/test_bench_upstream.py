@@ -33,7 +33,7 @@ def _build(family: str, stage: str, axes: dict | None = None):
 
 
 def _clones(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [x.clone() for x in xs]      # our LM steps write into their cache inputs
+    return [x.clone() for x in xs]  # our LM steps write into their cache inputs
 
 
 @pytest.mark.parametrize("family,stage", list(UPSTREAM))
@@ -61,12 +61,16 @@ def test_lm_step_fills_upstream_cache_once_per_cache_inputs(family, stage):
     k_in, v_in = xs[-2].clone(), xs[-1].clone()
     first = up(*xs)
     cache = up.lm.kv_cache
-    again = up(*xs)                        # same cache tensors: upstream's own cache is reused, not refilled
+    again = up(*xs)  # same cache tensors: upstream's own cache is reused, not refilled
     assert up.lm.kv_cache is cache
-    assert all(torch.equal(a, b) for a, b in zip(first if isinstance(first, tuple) else (first,),
-                                                 again if isinstance(again, tuple) else (again,)))
-    assert torch.equal(xs[-2], k_in) and torch.equal(xs[-1], v_in)     # upstream writes its own cache only
-    other = make_bucket_inputs(spec, spec.plan.buckets()[0], 6, CPU)    # new caches: filled again
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            first if isinstance(first, tuple) else (first,), again if isinstance(again, tuple) else (again,)
+        )
+    )
+    assert torch.equal(xs[-2], k_in) and torch.equal(xs[-1], v_in)  # upstream writes its own cache only
+    other = make_bucket_inputs(spec, spec.plan.buckets()[0], 6, CPU)  # new caches: filled again
     assert parity(up(*_clones(other)), ours(*_clones(other))) <= 1e-4
     assert up.lm.kv_cache is not cache
 
@@ -87,7 +91,7 @@ def test_fish_decoder_is_prepared_as_vllm_omni_serves_it():
     _, _, up = _build("fish-s2-pro", "dac_decoder")
     codec = up.codec
     assert codec.encoder is None and codec.quantizer.pre_module is None
-    assert not any(getattr(m, "parametrizations", None) for m in codec.modules())    # weight norm baked
+    assert not any(getattr(m, "parametrizations", None) for m in codec.modules())  # weight norm baked
 
 
 def test_unavailable_upstream_is_skipped_not_crashed():

@@ -37,9 +37,19 @@ def loop_run(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp("voxcpm-loop")
-    s = LoopSettings(device="cpu", preset="tiny", dtype="fp32", batches=(1, 2), buckets=(2,), timesteps=2,
-                     quick=True, parity_steps=4, stream_steps=6, cache_dir=str(CACHE / "bench-voxcpm-loop"),
-                     out=str(tmp / "results"))
+    s = LoopSettings(
+        device="cpu",
+        preset="tiny",
+        dtype="fp32",
+        batches=(1, 2),
+        buckets=(2,),
+        timesteps=2,
+        quick=True,
+        parity_steps=4,
+        stream_steps=6,
+        cache_dir=str(CACHE / "bench-voxcpm-loop"),
+        out=str(tmp / "results"),
+    )
     try:
         run = LoopRun(s)
         res = run.run()
@@ -56,7 +66,7 @@ def test_json_written_with_ttsaot_step_figures(loop_run):
     assert saved["status"] == "ok" and saved["kind"] == "decode_loop"
     assert saved["stage"]["family"] == "voxcpm2" and saved["stage"]["n_timesteps"] == 2
     assert all(saved["build"]["stages"][n]["path"] for n in ("base_lm_step", "locdit", "vae_decoder"))
-    assert saved["audio"]["audio_ms_per_step"] == pytest.approx(4 * 192 / 48000 * 1e3)   # tiny VAE: 192 spf
+    assert saved["audio"]["audio_ms_per_step"] == pytest.approx(4 * 192 / 48000 * 1e3)  # tiny VAE: 192 spf
     steps = saved["ttsaot"]["steps"]
     assert steps["status"] == "ok", steps
     for b in ("1", "2"):
@@ -85,7 +95,7 @@ def test_upstream_loop_matches_the_ttsaot_loop(loop_run):
         p = res["parity"]["batches"][b]
         assert p["steps"] == 4 and len(p["patch_rel_err"]) == 4, p
         assert p["max_rel_err"] <= 1e-3, p
-        assert p["control_rel_err_other_noise"] > 0.1, p     # other noise: far off, so the match means something
+        assert p["control_rel_err_other_noise"] > 0.1, p  # other noise: far off, so the match means something
     # CPU: optimize() cannot run; recorded with its reason, not dropped
     assert res["upstream"]["optimize"]["status"] == "skipped"
     assert "CUDA" in res["upstream"]["optimize"]["reason"]
@@ -101,8 +111,16 @@ def test_upstream_first_step_process_detects_the_eager_fallback(loop_run):
     from bench.families.voxcpm2_loop import upstream_config
 
     s = LoopSettings(device="cpu", preset="tiny")
-    cfg = {"device": "cpu", "dtype": "float32", "batch": 1, "context": 8, "seed": 0, "timesteps": 2,
-           "cfg_value": 2.0, "config": upstream_config(s, torch.float32)}
+    cfg = {
+        "device": "cpu",
+        "dtype": "float32",
+        "batch": 1,
+        "context": 8,
+        "seed": 0,
+        "timesteps": 2,
+        "cfg_value": 2.0,
+        "config": upstream_config(s, torch.float32),
+    }
     r = _spawn_child(["upstream", json.dumps(cfg)], timeout=120)
     assert r["status"] == "skipped" and "fell back to eager" in r["reason"], r
 
@@ -114,7 +132,7 @@ def test_report_renders_the_decode_loop_section(loop_run):
     out = write_report(tmp / "results", tmp / "BENCHMARKS.md", tmp / "plots", include_cpu=True)
     text = out.read_text()
     assert "### VoxCPM2 decode loop" in text
-    assert "### voxcpm2 / decode_loop" not in text          # not also rendered as a per-stage section
+    assert "### voxcpm2 / decode_loop" not in text  # not also rendered as a per-stage section
     table = text.split("Per decode step, ms (RTF):", 1)[1]
     b1 = next(ln for ln in table.splitlines() if ln.startswith("| 1 |"))
     from bench.report import _fmt_ms
@@ -132,8 +150,17 @@ def test_merge_keeps_the_phases_a_second_call_does_not_redo(loop_run, tmp_path):
     run, res, _ = loop_run
     path = tmp_path / RESULT_NAME
     path.write_text(run.path.read_text())
-    s = LoopSettings(device="cpu", preset="tiny", dtype="fp32", batches=(1,), timesteps=2, quick=True,
-                     phases=("upstream_optimize",), merge=True, result=str(path))
+    s = LoopSettings(
+        device="cpu",
+        preset="tiny",
+        dtype="fp32",
+        batches=(1,),
+        timesteps=2,
+        quick=True,
+        phases=("upstream_optimize",),
+        merge=True,
+        result=str(path),
+    )
     merged = LoopRun(s).run()
     assert merged["ttsaot"]["steps"]["batches"]["1"]["step_ms"] == res["ttsaot"]["steps"]["batches"]["1"]["step_ms"]
     assert merged["stage"]["n_timesteps"] == 2 and merged["upstream"]["optimize"]["status"] == "skipped"
@@ -155,8 +182,11 @@ def test_budgets_and_failures_become_recorded_reasons(tmp_path):
         raise RuntimeError("kernel exploded")
 
     run.phase("boom", boom, None, "upstream")
-    assert run.res["upstream"]["boom"] == {"status": "failed", "reason": "RuntimeError: kernel exploded",
-                                           "seconds": run.res["upstream"]["boom"]["seconds"]}
+    assert run.res["upstream"]["boom"] == {
+        "status": "failed",
+        "reason": "RuntimeError: kernel exploded",
+        "seconds": run.res["upstream"]["boom"]["seconds"],
+    }
     assert json.loads((tmp_path / "r.json").read_text())["upstream"]["boom"]["status"] == "failed"
     # a time box firing at one batch keeps the batches measured before it and skips the ones after it
     run.s.batches, run.s.buckets = (1, 2, 4), (4,)
@@ -171,13 +201,13 @@ def test_budgets_and_failures_become_recorded_reasons(tmp_path):
     assert rec["batches"]["1"] == {"step_ms": 1.0}
     assert rec["batches"]["2"]["status"] == "timeout" and rec["batches"]["4"]["status"] == "skipped"
     assert "optimize_partial" not in run.res["upstream"]
-    assert failure(RuntimeError("compile: optimize exceeded its 9 s budget"))["status"] == "timeout"   # wrapped
+    assert failure(RuntimeError("compile: optimize exceeded its 9 s budget"))["status"] == "timeout"  # wrapped
     assert failure(Skipped("unavailable: x"))["status"] == "skipped"
 
     cfg = {"device": "cpu", "artifacts": {}, "batch": 1, "context": 8, "seed": 0}
     r = _spawn_child(["ttsaot", json.dumps(cfg)], timeout=0.2)
     assert r["status"] == "timeout" and "0 s budget" in r["reason"]
-    r = _spawn_child(["ttsaot", json.dumps(cfg)], timeout=120)     # no artifacts: fails inside, reason recorded
+    r = _spawn_child(["ttsaot", json.dumps(cfg)], timeout=120)  # no artifacts: fails inside, reason recorded
     assert r["status"] == "failed" and "KeyError" in r["reason"]
 
 

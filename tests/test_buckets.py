@@ -23,7 +23,7 @@ def test_frame_sizes_adds_powers_of_two_up_to_largest_window():
 
 def test_batch_sizes():
     assert batch_sizes(8) == (1, 2, 4, 8)
-    assert batch_sizes(6) == (1, 2, 4, 6)   # the admitted maximum is always a bucket
+    assert batch_sizes(6) == (1, 2, 4, 6)  # the admitted maximum is always a bucket
     assert batch_sizes(1) == (1,)
     assert batch_sizes(8, (4, 1)) == (1, 4)
     with pytest.raises(ValueError):
@@ -32,8 +32,12 @@ def test_batch_sizes():
 
 def test_plan_cross_product_and_keys():
     plan = BucketPlan({"batch": (1, 4), "frames": (25, 50)})
-    assert plan.buckets() == [{"batch": 1, "frames": 25}, {"batch": 1, "frames": 50},
-                              {"batch": 4, "frames": 25}, {"batch": 4, "frames": 50}]
+    assert plan.buckets() == [
+        {"batch": 1, "frames": 25},
+        {"batch": 1, "frames": 50},
+        {"batch": 4, "frames": 25},
+        {"batch": 4, "frames": 50},
+    ]
     assert BucketPlan.key({"batch": 4, "frames": 50}) == "b4_f50"
 
 

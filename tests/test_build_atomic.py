@@ -23,8 +23,9 @@ from ttsaot.builder.families.qwen3_tts_12hz.options import Qwen3TTSOptions
 
 
 def _specs(**kw):
-    opts = Qwen3TTSOptions(dtype=torch.float32, batch_buckets=(1,), frame_buckets=(8,),
-                             streaming=StreamingConfig(8, 0, 0, 0), **kw)
+    opts = Qwen3TTSOptions(
+        dtype=torch.float32, batch_buckets=(1,), frame_buckets=(8,), streaming=StreamingConfig(8, 0, 0, 0), **kw
+    )
     return [qst.code2wav_stage(opts)]
 
 
@@ -103,10 +104,10 @@ def test_rebuild_replaces_and_keeps_permissions(previous):
     assert (res.path / "manifest.json").read_text() != before
     paths = [res.path, *res.path.rglob("*")]
     modes = {str(p.relative_to(res.path)): oct(stat.S_IMODE(p.stat().st_mode)) for p in paths}
-    assert modes["."] == "0o755" and modes["code2wav.safetensors"] == "0o644"     # safetensors alone writes 0600
+    assert modes["."] == "0o755" and modes["code2wav.safetensors"] == "0o644"  # safetensors alone writes 0600
     assert all(m == ("0o755" if (res.path / p).is_dir() else "0o644") for p, m in modes.items()), modes
     assert _no_temp(out)
-    assert sorted(p.name for p in out.iterdir()) == ["qwen3-tts-12hz"]          # no lock file left behind
+    assert sorted(p.name for p in out.iterdir()) == ["qwen3-tts-12hz"]  # no lock file left behind
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,15 +123,19 @@ build_family("qwen3-tts-12hz", _specs(), {out!r}, "cpu")
 def test_sigterm_mid_build_leaves_nothing_behind(previous):
     """A scheduler or `kill` stopping a build is handled like Ctrl-C: temp dir and lock file removed."""
     out, before = previous
-    child = subprocess.Popen([sys.executable, "-c", _CHILD_BUILD.format(root=str(ROOT), out=str(out))],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD_BUILD.format(root=str(ROOT), out=str(out))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 600
         while not [p for p in out.iterdir() if ".tmp-" in p.name]:
             assert child.poll() is None, child.communicate()
             assert time.time() < deadline, "the build never created its temp dir"
             time.sleep(0.05)
-        time.sleep(0.5)                      # inside build_stage (eager reference, export, compile)
+        time.sleep(0.5)  # inside build_stage (eager reference, export, compile)
         child.send_signal(signal.SIGTERM)
         _, err = child.communicate(timeout=300)
     finally:

@@ -52,7 +52,7 @@ def test_an_llm_only_fish_folder_sets_up_the_fast_ar(tmp_path):
     opts = FISH.options(checkpoint=str(tmp_path))
     assert FISH.default_stages(opts) == ("fast_ar",)
     [spec] = FISH.specs(opts)
-    assert spec.name == "fast_ar" and spec.checkpoint_report == {}        # the checkpoint is read at build time
+    assert spec.name == "fast_ar" and spec.checkpoint_report == {}  # the checkpoint is read at build time
     with pytest.raises(FileNotFoundError, match="codec.pth"):
         FISH.specs(opts, ["dac_decoder"])
 

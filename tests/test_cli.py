@@ -13,9 +13,26 @@ from ttsaot.builder.cli import main
 @pytest.fixture(scope="module")
 def cli_artifact(tmp_path_factory):
     out = tmp_path_factory.mktemp("cli")
-    r = CliRunner().invoke(main, ["build", "qwen3-tts-12hz", "--stages", "code2wav", "--preset", "tiny",
-                                  "--random-weights", "--dtype", "fp32", "--batch-buckets", "1",
-                                  "--frame-buckets", "8", "--out", str(out)])
+    r = CliRunner().invoke(
+        main,
+        [
+            "build",
+            "qwen3-tts-12hz",
+            "--stages",
+            "code2wav",
+            "--preset",
+            "tiny",
+            "--random-weights",
+            "--dtype",
+            "fp32",
+            "--batch-buckets",
+            "1",
+            "--frame-buckets",
+            "8",
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     return out / "qwen3-tts-12hz"
 
@@ -32,7 +49,7 @@ def test_inspect_json(cli_artifact):
     d = json.loads(r.output)
     st = d["stages"][0]
     assert st["stage"] == "code2wav" and st["buckets"] == ["b1_f8"]
-    assert "decoder.quantizer.rvq_first.input_proj.weight" not in st["dropped"]   # random weights: no checkpoint
+    assert "decoder.quantizer.rvq_first.input_proj.weight" not in st["dropped"]  # random weights: no checkpoint
     assert st["params_after"]["params"] > 0
 
 
@@ -68,12 +85,15 @@ def test_list():
     assert r.exit_code == 0 and "qwen3-tts-12hz" in r.output and "code2wav" in r.output
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["build", "no-such-family", "--random-weights"], "unknown family"),
-    (["build", "qwen3-tts-12hz"], "exactly one of"),
-    (["build", "qwen3-tts-12hz", "--random-weights", "--stages", "vocoder"], "unknown stage"),
-    (["build", "qwen3-tts-12hz", "--random-weights", "--frame-buckets", "8,x"], "comma-separated"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["build", "no-such-family", "--random-weights"], "unknown family"),
+        (["build", "qwen3-tts-12hz"], "exactly one of"),
+        (["build", "qwen3-tts-12hz", "--random-weights", "--stages", "vocoder"], "unknown stage"),
+        (["build", "qwen3-tts-12hz", "--random-weights", "--frame-buckets", "8,x"], "comma-separated"),
+    ],
+)
 def test_errors_are_one_line(args, needle):
     r = CliRunner().invoke(main, args)
     assert r.exit_code != 0
@@ -118,33 +138,36 @@ def _probe(*args: str) -> tuple[int, bool, str, str]:
     return int(code), torch_loaded == "True", parts, p.stdout + p.stderr
 
 
-@pytest.mark.parametrize("args, code", [
-    (["--help"], 0),
-    (["build", "--help"], 0),
-    (["list"], 0),
-    (["--debug", "list"], 0),
-    (["list", "--debug"], 0),
-    (["build", "qwen3-tts-12hz", "--random-weights", "--max-batch", "0"], 2),
-    (["build", "qwen3-tts-12hz", "--random-weights", "--batch-buckets", "0,4"], 2),
-    (["build", "fish-s2-pro", "--random-weights", "--max-len", "64"], 2),
-    (["build", "voxcpm2", "--random-weights", "--n-timesteps", "1", "--debug"], 2),
-    (["--debug", "build", "voxcpm2", "--random-weights", "--chunk-frames", "0"], 2),
-    (["build", "no-such-family", "--random-weights"], 2),
-    (["build", "qwen3-tts-12hz"], 2),
-    (["build", "qwen3-tts-12hz", "--random-weights", "--stages", "vocoder"], 2),
-    (["build", "qwen3-tts-12hz", "--random-weights", "--preset", "huge"], 2),
-    (["build", "qwen3-tts-12hz", "--random-weights", "--talker-size", "3B"], 2),
-    (["build", "qwen3-tts-12hz", "--random-weights", "--format", "tflite"], 2),
-    (["build", "qwen3-tts-12hz", "--random-weights", "--dtype", "int8"], 2),
-    (["build", "qwen3-tts-12hz", "--random-weights", "--no-such-flag"], 2),
-])
+@pytest.mark.parametrize(
+    "args, code",
+    [
+        (["--help"], 0),
+        (["build", "--help"], 0),
+        (["list"], 0),
+        (["--debug", "list"], 0),
+        (["list", "--debug"], 0),
+        (["build", "qwen3-tts-12hz", "--random-weights", "--max-batch", "0"], 2),
+        (["build", "qwen3-tts-12hz", "--random-weights", "--batch-buckets", "0,4"], 2),
+        (["build", "fish-s2-pro", "--random-weights", "--max-len", "64"], 2),
+        (["build", "voxcpm2", "--random-weights", "--n-timesteps", "1", "--debug"], 2),
+        (["--debug", "build", "voxcpm2", "--random-weights", "--chunk-frames", "0"], 2),
+        (["build", "no-such-family", "--random-weights"], 2),
+        (["build", "qwen3-tts-12hz"], 2),
+        (["build", "qwen3-tts-12hz", "--random-weights", "--stages", "vocoder"], 2),
+        (["build", "qwen3-tts-12hz", "--random-weights", "--preset", "huge"], 2),
+        (["build", "qwen3-tts-12hz", "--random-weights", "--talker-size", "3B"], 2),
+        (["build", "qwen3-tts-12hz", "--random-weights", "--format", "tflite"], 2),
+        (["build", "qwen3-tts-12hz", "--random-weights", "--dtype", "int8"], 2),
+        (["build", "qwen3-tts-12hz", "--random-weights", "--no-such-flag"], 2),
+    ],
+)
 def test_help_list_and_usage_errors_answer_before_torch_is_imported(args, code):
     """Issue 19: --help, list and every usage error answer at once (torch and the family modules are imported only
     once the arguments are valid); usage errors exit 2."""
     got, torch_loaded, parts, out = _probe(*args)
     assert got == code, out
     assert not torch_loaded, out
-    assert set(filter(None, parts.split(","))) <= {"options"}, parts     # the families' options, nothing else
+    assert set(filter(None, parts.split(","))) <= {"options"}, parts  # the families' options, nothing else
 
 
 def test_failures_exit_1_and_say_what_to_do():
@@ -152,7 +175,7 @@ def test_failures_exit_1_and_say_what_to_do():
 
     hint = cli._hint("code_predictor/b3: artifact output 'codes' differs from eager (mismatches 1 > 0)")
     assert "--dtype fp32" in hint and "--no-verify" in hint
-    r = CliRunner().invoke(main, ["inspect", "."])       # a folder without a manifest
+    r = CliRunner().invoke(main, ["inspect", "."])  # a folder without a manifest
     assert r.exit_code == 1 and "error:" in r.output and "Traceback" not in r.output
 
 
@@ -175,7 +198,7 @@ def test_inspect_accounts_for_every_parameter(cli_artifact):
     r = CliRunner().invoke(main, ["inspect", str(cli_artifact), "--json"])
     p = json.loads(r.output)["stages"][0]["params"]
     assert p["loaded"] == p["kept"] + p["pruned"] + p["folded"] and p["unaccounted"] == 0
-    assert p["folded"] == 16 * 64                         # 16 books × 64 codes of cluster_usage (tiny preset)
+    assert p["folded"] == 16 * 64  # 16 books × 64 codes of cluster_usage (tiny preset)
     r = CliRunner().invoke(main, ["inspect", str(cli_artifact)])
     assert "None" not in r.output and "folded" in r.output and "1024" in r.output
 
@@ -192,10 +215,19 @@ def test_readme_lists_every_build_option_and_every_error():
     from ttsaot.runtime import audio, errors
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    flags = {o for p in cli.build.get_params(click.Context(cli.build)) if isinstance(p, click.Option)
-             for o in p.opts if o.startswith("--") and o != "--help"}
+    flags = {
+        o
+        for p in cli.build.get_params(click.Context(cli.build))
+        if isinstance(p, click.Option)
+        for o in p.opts
+        if o.startswith("--") and o != "--help"
+    }
     assert flags and not [f for f in sorted(flags) if f"`{f}" not in readme]
-    typed = [c.__name__ for mod in (errors, audio) for _, c in pyinspect.getmembers(mod, pyinspect.isclass)
-             if issubclass(c, errors.TTSAOTError) and c.__module__ == mod.__name__]
+    typed = [
+        c.__name__
+        for mod in (errors, audio)
+        for _, c in pyinspect.getmembers(mod, pyinspect.isclass)
+        if issubclass(c, errors.TTSAOTError) and c.__module__ == mod.__name__
+    ]
     typed += ["OptionsError", "CheckpointError", "BuildError", "CompileError", "OnnxExportError"]
     assert not [e for e in typed if f"`{e}`" not in readme and f"`{e}`," not in readme]

@@ -50,16 +50,18 @@ def _inputs(B, seed, T=None, k=None, p=None):
     for name, v, dt in (("temperature", T, torch.float32), ("top_k", k, torch.int64), ("top_p", p, torch.float32)):
         if v is not None:
             samp[name] = torch.full((B,), v, dtype=dt)
-    return {"hidden": torch.randn(B, CFG.talker_hidden_size, generator=g),
-            "code0": torch.randint(0, CFG.vocab_size, (B,), generator=g), **samp}
+    return {
+        "hidden": torch.randn(B, CFG.talker_hidden_size, generator=g),
+        "code0": torch.randint(0, CFG.vocab_size, (B,), generator=g),
+        **samp,
+    }
 
 
 def _args(x):
     return [x[n] for n in ("hidden", "code0", "noise", "temperature", "top_k", "top_p")]
 
 
-@pytest.mark.parametrize("seed,T,k,p", [(0, None, None, None), (1, 0.9, 50, 1.0), (2, 0.0, 0, 1.0),
-                                        (3, 1.3, 5, 0.8)])
+@pytest.mark.parametrize("seed,T,k,p", [(0, None, None, None), (1, 0.9, 50, 1.0), (2, 0.0, 0, 1.0), (3, 1.3, 5, 0.8)])
 def test_traced_sampler_equals_host_sampling_loop(model, seed, T, k, p):
     """The same loop with host-side sampling (row by row, the vLLM-Omni algorithm) gives the same codes."""
     x = _inputs(5, seed, T, k, p)
@@ -67,21 +69,32 @@ def test_traced_sampler_equals_host_sampling_loop(model, seed, T, k, p):
         codes, emb = model(*_args(x))
 
         def host(step, logits):
-            return torch.tensor([reference_draw(logits[b], x["noise"][b, step - 1], float(x["temperature"][b]),
-                                                int(x["top_k"][b]), float(x["top_p"][b])) for b in range(5)])
+            return torch.tensor(
+                [
+                    reference_draw(
+                        logits[b],
+                        x["noise"][b, step - 1],
+                        float(x["temperature"][b]),
+                        int(x["top_k"][b]),
+                        float(x["top_p"][b]),
+                    )
+                    for b in range(5)
+                ]
+            )
 
         ref, _, summed = model.decode(x["hidden"], x["code0"], host, collect_embedding=True)
     assert codes.shape == (5, NG) and torch.equal(codes, ref)
     assert torch.equal(codes[:, 0], x["code0"])
     # the embedding output: talker row of code0 + the 15 predictor rows of codes 1..15
     want = model.talker_codec_embedding.weight[codes[:, 0]] + sum(
-        model.model.codec_embedding[i].weight[codes[:, i + 1]] for i in range(NG - 1))
+        model.model.codec_embedding[i].weight[codes[:, i + 1]] for i in range(NG - 1)
+    )
     assert rel_err(emb, want) < 1e-6 and rel_err(summed, want) < 1e-6
 
 
 def test_invalid_code0_rows_are_zeroed(model):
     x = _inputs(3, 7)
-    x["code0"] = torch.tensor([CFG.vocab_size + 5, 3, CFG.talker_vocab_size - 1])    # special tokens (EOS…)
+    x["code0"] = torch.tensor([CFG.vocab_size + 5, 3, CFG.talker_vocab_size - 1])  # special tokens (EOS…)
     with torch.no_grad():
         codes, emb = model(*_args(x))
     assert (codes[0] == 0).all() and (codes[2] == 0).all() and (emb[0] == 0).all() and (emb[2] == 0).all()
@@ -90,14 +103,25 @@ def test_invalid_code0_rows_are_zeroed(model):
 
 def test_projection_only_when_talker_is_wider():
     assert isinstance(qpm.CodePredictor(CFG).small_to_mtp_projection, torch.nn.Linear)
-    same = qcfg.CodePredictorConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                                  num_key_value_heads=2, head_dim=8, vocab_size=64, talker_hidden_size=32,
-                                  talker_vocab_size=96)
+    same = qcfg.CodePredictorConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=64,
+        talker_hidden_size=32,
+        talker_vocab_size=96,
+    )
     m = qck.init_random_code_predictor(qpm.CodePredictor(same), 1)
     assert isinstance(m.small_to_mtp_projection, torch.nn.Identity)
     g = torch.Generator().manual_seed(0)
-    x = {"hidden": torch.randn(2, 32, generator=g), "code0": torch.tensor([1, 2]),
-         **random_sampling_inputs(2, NG - 1, 64, g)}
+    x = {
+        "hidden": torch.randn(2, 32, generator=g),
+        "code0": torch.tensor([1, 2]),
+        **random_sampling_inputs(2, NG - 1, 64, g),
+    }
     with torch.no_grad():
         assert m(*_args(x)).shape == (2, NG)
 
@@ -110,12 +134,14 @@ def test_checkpoint_roundtrip_is_strict(model, tmp_path):
     loaded, report = qck.load_code_predictor(ck, cfg, with_embedding=True)
     for k, v in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v), k
-    assert report["ignored"]["tensors"] == 2                      # talker.model.norm, speaker_encoder
+    assert report["ignored"]["tensors"] == 2  # talker.model.norm, speaker_encoder
     W = load_file(str(ck / "model.safetensors"))
     assert "talker.code_predictor.small_to_mtp_projection.bias" in W
     assert "talker.code_predictor.model.layers.0.self_attn.q_norm.weight" in W
-    save_file({**W, "talker.code_predictor.model.layers.0.self_attn.rotary.weight": torch.ones(2)},
-              str(ck / "model.safetensors"))
+    save_file(
+        {**W, "talker.code_predictor.model.layers.0.self_attn.rotary.weight": torch.ones(2)},
+        str(ck / "model.safetensors"),
+    )
     with pytest.raises(CheckpointError, match="rotary"):
         qck.load_code_predictor(ck, cfg, with_embedding=True)
     W.pop("talker.model.codec_embedding.weight")
@@ -172,12 +198,20 @@ def stage(code_predictor_fp32):
     return load(code_predictor_fp32)["code_predictor"]
 
 
-@pytest.mark.parametrize("B,seed,T,k,p", [(1, 0, None, None, None), (4, 1, 0.9, 50, 1.0), (3, 2, 0.0, 0, 1.0),
-                                          (2, 3, 1.2, 4, 0.7), (5, 4, None, None, None)])
+@pytest.mark.parametrize(
+    "B,seed,T,k,p",
+    [
+        (1, 0, None, None, None),
+        (4, 1, 0.9, 50, 1.0),
+        (3, 2, 0.0, 0, 1.0),
+        (2, 3, 1.2, 4, 0.7),
+        (5, 4, None, None, None),
+    ],
+)
 def test_artifact_codes_equal_eager(stage, model, B, seed, T, k, p):
     x = _inputs(B, seed, T, k, p)
     if B >= 3:
-        x["code0"][1] = CFG.vocab_size + 3          # an EOS-like row inside the batch
+        x["code0"][1] = CFG.vocab_size + 3  # an EOS-like row inside the batch
     codes, emb = stage(*_args(x))
     with torch.no_grad():
         ref_codes, ref_emb = model(*_args(x))

@@ -56,26 +56,26 @@ def test_kernel_pass_keeps_outputs_and_leaves_no_layout_change_between_convs(cas
     m = copy.deepcopy(faithful)
     reports = [p(m) for p in spec.kernel_passes]
     rep = reports[-1]
-    assert rep["pass"] == "channels_last_kernels" and len(rep["layout_changes"]) <= 2     # the two ends at most
+    assert rep["pass"] == "channels_last_kernels" and len(rep["layout_changes"]) <= 2  # the two ends at most
     sizes = spec.plan.buckets()[0]
     inputs = spec.make_inputs(sizes, torch.Generator().manual_seed(3))
     args = tuple(inputs[n] for n in spec.input_names)
     with torch.no_grad():
         ref, out = original(*args), m(*args)
     if ref.is_floating_point():
-        assert rel_err(out, ref) < min(spec.tolerance, 1e-4)        # fp32 here: only the summation order differs
+        assert rel_err(out, ref) < min(spec.tolerance, 1e-4)  # fp32 here: only the summation order differs
     else:
-        assert torch.equal(out, ref)                                # the encoder's codes
+        assert torch.equal(out, ref)  # the encoder's codes
     before = conv_graph_report(torch.export.export(faithful, args))
     after = conv_graph_report(torch.export.export(m, args))
-    assert not before.conv_ops                                      # the faithful graph: aten convs
+    assert not before.conv_ops  # the faithful graph: aten convs
     assert len(after.conv_ops) >= 20
-    assert "conv1d_dual" in after.conv_ops and "dwconv1d" in after.conv_ops     # residual units, ConvNeXt
+    assert "conv1d_dual" in after.conv_ops and "dwconv1d" in after.conv_ops  # residual units, ConvNeXt
     assert after.layout_changes == [], after.layout_changes
-    assert len(after.entry) <= 1                                    # [B, C, T] → rows once, at the input
+    assert len(after.entry) <= 1  # [B, C, T] → rows once, at the input
     if spec.name != "dac_encoder":
         assert "conv_transpose1d_dual" in after.conv_ops
-        assert len(after.exit) <= 1                                 # the wave's [B, T, 1] → [B, 1, T] view
+        assert len(after.exit) <= 1  # the wave's [B, T, 1] → [B, 1, T] view
     else:
         # after the last conv the quantizers run the reference's own ops on the latent's [B, D, T] view
         assert after.exit and len(after.exit) < len(before.entry)
@@ -83,7 +83,7 @@ def test_kernel_pass_keeps_outputs_and_leaves_no_layout_change_between_convs(cas
 
 def test_inductor_builds_do_not_take_the_kernel_passes():
     spec = _spec("code2wav", kernels="inductor")
-    assert spec.kernels == "inductor" and spec.kernel_passes      # wired; build_stage applies them only on ttsaot
+    assert spec.kernels == "inductor" and spec.kernel_passes  # wired; build_stage applies them only on ttsaot
 
 
 def test_dac_decoder_precision_option():
@@ -125,8 +125,13 @@ def qwen_ttsaot() -> Path:
 
     def build(root: Path) -> Path:
         fam = get_family("qwen3-tts-12hz")
-        opts = fam.options(dtype=torch.float32, batch_buckets=(1,), frame_buckets=(48,),
-                           streaming=StreamingConfig(16, 32, 0, 0), kernels="ttsaot")
+        opts = fam.options(
+            dtype=torch.float32,
+            batch_buckets=(1,),
+            frame_buckets=(48,),
+            streaming=StreamingConfig(16, 32, 0, 0),
+            kernels="ttsaot",
+        )
         return build_family(fam.name, fam.specs(opts, ["code2wav"]), root, "cpu").path
 
     return built_artifact("qwen-tiny-fp32-ttsaot", build)
@@ -156,9 +161,15 @@ def fish_ttsaot(fish_dac_ckpt) -> Path:
 
     def build(root: Path) -> Path:
         fam = get_family("fish-s2-pro")
-        opts = fam.options(preset="tiny", checkpoint=str(fish_dac_ckpt), batch_buckets=(2,), frame_buckets=(16,),
-                           streaming=fish_fixtures._streaming(), encoder_seconds=fish_fixtures.ENCODER_SECONDS,
-                           kernels="ttsaot")
+        opts = fam.options(
+            preset="tiny",
+            checkpoint=str(fish_dac_ckpt),
+            batch_buckets=(2,),
+            frame_buckets=(16,),
+            streaming=fish_fixtures._streaming(),
+            encoder_seconds=fish_fixtures.ENCODER_SECONDS,
+            kernels="ttsaot",
+        )
         return build_family(fam.name, fam.specs(opts), root, "cpu").path
 
     return built_artifact("fish-dac-tiny-ttsaot", build)
@@ -168,20 +179,23 @@ def fish_ttsaot(fish_dac_ckpt) -> Path:
 @pytest.mark.heavy
 def test_fish_dac_ttsaot_artifacts_match_the_inductor_ones(fish_ttsaot, fish_dac_tiny):
     manifest = json.loads((fish_ttsaot / "manifest.json").read_text())
-    assert {n: s["kernels"] for n, s in manifest["stages"].items()} == {"dac_decoder": "ttsaot",
-                                                                        "dac_encoder": "ttsaot"}
+    assert {n: s["kernels"] for n, s in manifest["stages"].items()} == {
+        "dac_decoder": "ttsaot",
+        "dac_encoder": "ttsaot",
+    }
     assert manifest["stages"]["dac_decoder"]["metadata"]["numerics"]["precision"] == "fp32"
     mine, theirs = load(fish_ttsaot), load(fish_dac_tiny)
     g = torch.Generator().manual_seed(5)
-    codes = torch.cat([torch.randint(0, 4096, (2, 1, 16), generator=g),
-                       torch.randint(0, 1024, (2, 9, 16), generator=g)], dim=1)
+    codes = torch.cat(
+        [torch.randint(0, 4096, (2, 1, 16), generator=g), torch.randint(0, 1024, (2, 9, 16), generator=g)], dim=1
+    )
     wav = mine["dac_decoder"](codes)
     assert rel_err(wav, theirs["dac_decoder"](codes)) < manifest["stages"]["dac_decoder"]["tolerance"]
     x = codes[:1]
     pieces = list(mine["dac_decoder"].stream(x.split(4, dim=-1), left_context_frames=16))
     assert rel_err(torch.cat(pieces, -1), mine["dac_decoder"](x)) < 1e-6
     audio = torch.randn(1, 1, 30_001, generator=g) * 0.3
-    assert torch.equal(mine["dac_encoder"](audio), theirs["dac_encoder"](audio))    # voice-clone codes unchanged
+    assert torch.equal(mine["dac_encoder"](audio), theirs["dac_encoder"](audio))  # voice-clone codes unchanged
     results = verify_bundle(mine)
     assert results and all(r.ok for r in results)
 
@@ -194,8 +208,9 @@ def vae_ttsaot() -> Path:
 
     def build(root: Path) -> Path:
         fam = get_family("voxcpm2")
-        opts = fam.options(batch_buckets=(2,), frame_buckets=(36,), streaming=StreamingConfig(12, 24, 0, 0),
-                           kernels="ttsaot")
+        opts = fam.options(
+            batch_buckets=(2,), frame_buckets=(36,), streaming=StreamingConfig(12, 24, 0, 0), kernels="ttsaot"
+        )
         return build_family(fam.name, fam.specs(opts, ["vae_decoder"]), root, "cpu").path
 
     return built_artifact("voxcpm2-vae-ttsaot", build)
@@ -208,7 +223,7 @@ def test_vae_decoder_ttsaot_artifact_matches_eager_and_streams(vae_ttsaot):
     st = manifest["stages"]["vae_decoder"]
     assert st["kernels"] == "ttsaot" and st["dtype"] == "float32"
     stage = load(vae_ttsaot)["vae_decoder"]
-    eager = _spec("vae_decoder", kernels="inductor").make_module().eval()   # what the inductor build is held to
+    eager = _spec("vae_decoder", kernels="inductor").make_module().eval()  # what the inductor build is held to
     z = torch.randn(2, 16, 48, generator=torch.Generator().manual_seed(7))
     one_shot = stage(z)
     with torch.no_grad():

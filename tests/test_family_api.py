@@ -36,7 +36,7 @@ def test_every_family_is_a_family_object_with_one_layout(name):
         value = defaults
         for attr in fl.path:
             value = getattr(value, attr)
-        if not fl.is_switch and value is not None:   # a default can be given back on the command line
+        if not fl.is_switch and value is not None:  # a default can be given back on the command line
             shown = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
             assert fl.parse(shown) == value, fl.name
 
@@ -85,22 +85,22 @@ TOY = {
         FAMILY = Family(name="toy-scaler", presets=("tiny",), Options=ToyOptions, stages=("scale",),
                         package=__name__)
         ''',
-    "options.py": '''
+    "options.py": """
         from dataclasses import dataclass
         from ttsaot.builder.options import BuildOptions, flag, positive_int
 
         @dataclass
         class ToyOptions(BuildOptions):
             width: int = flag(8, parse=positive_int, help="Features per row.")
-        ''',
-    "config.py": '''
+        """,
+    "config.py": """
         from dataclasses import dataclass
 
         @dataclass(frozen=True)
         class ToyConfig:
             width: int
-        ''',
-    "modules.py": '''
+        """,
+    "modules.py": """
         import torch
         from torch import nn
 
@@ -111,8 +111,8 @@ TOY = {
 
             def forward(self, x):
                 return torch.relu(self.proj(x))
-        ''',
-    "checkpoint.py": '''
+        """,
+    "checkpoint.py": """
         import torch
 
         def init_random(module, seed):
@@ -121,8 +121,8 @@ TOY = {
                 for p in module.parameters():
                     p.copy_(torch.randn(p.shape, generator=g) * 0.3)
             return module.eval()
-        ''',
-    "stages.py": '''
+        """,
+    "stages.py": """
         import torch
         from ttsaot.builder.buckets import BucketPlan, batch_sizes
         from ttsaot.builder.stage_spec import StageSpec
@@ -148,7 +148,7 @@ TOY = {
 
         def default_stages(opts):
             return tuple(STAGES)
-        ''',
+        """,
 }
 
 
@@ -178,8 +178,20 @@ def test_a_family_outside_the_repository_builds_and_loads(toy_family, tmp_path):
     assert r.exit_code == 2 and "--max-len is not an option of toy-scaler" in r.output
     r = runner.invoke(main, ["build", "qwen3-tts-12hz", "--random-weights", "--width", "4"])
     assert r.exit_code == 2 and "--width is not an option of qwen3-tts-12hz" in r.output
-    r = runner.invoke(main, ["build", "toy-scaler", "--random-weights", "--width", "6", "--batch-buckets", "2",
-                             "--out", str(tmp_path / "out")])
+    r = runner.invoke(
+        main,
+        [
+            "build",
+            "toy-scaler",
+            "--random-weights",
+            "--width",
+            "6",
+            "--batch-buckets",
+            "2",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     stage = load(tmp_path / "out" / "toy-scaler")["scale"]
     x = torch.randn(1, 6)
@@ -211,11 +223,16 @@ def test_auto_kernels_on_cuda_follow_what_the_gpu_verified():
     (bf16 code2wav, bf16 dac_decoder, bf16 base_lm_step); the other wired stages keep Inductor unless asked
     (`--kernels ttsaot`); CPU is Inductor."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    expect = {("qwen3-tts-12hz", "code2wav"): "ttsaot", ("fish-s2-pro", "dac_decoder"): "inductor",   # exact fp32
-              ("qwen3-tts-12hz", "code_predictor"): "inductor", ("fish-s2-pro", "fast_ar"): "inductor",
-              ("fish-s2-pro", "dac_encoder"): "inductor", ("voxcpm2", "base_lm_step"): "ttsaot",
-              ("voxcpm2", "residual_lm_step"): "inductor",
-              ("voxcpm2", "vae_decoder"): "inductor"}
+    expect = {
+        ("qwen3-tts-12hz", "code2wav"): "ttsaot",
+        ("fish-s2-pro", "dac_decoder"): "inductor",  # exact fp32
+        ("qwen3-tts-12hz", "code_predictor"): "inductor",
+        ("fish-s2-pro", "fast_ar"): "inductor",
+        ("fish-s2-pro", "dac_encoder"): "inductor",
+        ("voxcpm2", "base_lm_step"): "ttsaot",
+        ("voxcpm2", "residual_lm_step"): "inductor",
+        ("voxcpm2", "vae_decoder"): "inductor",
+    }
     for (family, stage), on_cuda in expect.items():
         fam = get_family(family)
         for kernels, want_cuda in (("auto", on_cuda), ("ttsaot", "ttsaot"), ("inductor", "inductor")):

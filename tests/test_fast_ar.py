@@ -31,7 +31,7 @@ START = CFG.semantic_start_token_id
 
 @pytest.fixture(scope="module")
 def model():
-    return fck.init_random_fast_ar(far.FastAR(CFG, with_embedding=True), seed=0)   # = the artifact's weights (seed 0)
+    return fck.init_random_fast_ar(far.FastAR(CFG, with_embedding=True), seed=0)  # = the artifact's weights (seed 0)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def fast_ar_fp32():
 def _inputs(B, seed, T=None, k=None, p=None):
     g = torch.Generator().manual_seed(seed)
     token = torch.randint(START, START + CFG.vocab_size, (B,), generator=g)
-    token[torch.rand(B, generator=g) < 0.25] = 151645                    # non-semantic rows
+    token[torch.rand(B, generator=g) < 0.25] = 151645  # non-semantic rows
     samp = random_sampling_inputs(B, CFG.num_codebooks - 1, CFG.residual_codebook_size, g)
     if T is not None:
         samp["temperature"] = torch.full((B,), float(T))
@@ -61,8 +61,12 @@ def _inputs(B, seed, T=None, k=None, p=None):
         samp["top_k"] = torch.full((B,), int(k))
     if p is not None:
         samp["top_p"] = torch.full((B,), float(p))
-    return {"hidden": torch.randn(B, CFG.dim, generator=g) * 2, "token": token, **samp,
-            "token_embed": torch.randn(B, CFG.dim, generator=g)}
+    return {
+        "hidden": torch.randn(B, CFG.dim, generator=g) * 2,
+        "token": token,
+        **samp,
+        "token_embed": torch.randn(B, CFG.dim, generator=g),
+    }
 
 
 def _args(x):
@@ -85,7 +89,7 @@ def reference_frame(W, cfg, hidden, token, noise, T, k, p, token_embed):
     H, Hkv, hd, D = cfg.n_head, cfg.n_local_heads, cfg.head_dim, cfg.dim
     inv = 1.0 / cfg.rope_base ** (torch.arange(0, hd, 2).float() / hd)
     ang = torch.outer(torch.arange(cfg.max_seq_len).float(), inv)
-    cis = torch.complex(ang.cos().bfloat16().float(), ang.sin().bfloat16().float())   # bf16-rounded caches
+    cis = torch.complex(ang.cos().bfloat16().float(), ang.sin().bfloat16().float())  # bf16-rounded caches
     B, L = hidden.shape[0], cfg.max_seq_len
     emb = W["audio_decoder.embeddings.weight"]
 
@@ -112,8 +116,9 @@ def reference_frame(W, cfg, hidden, token, noise, T, k, p, token_embed):
     codes, logits_all = [code0], []
     for s in range(1, cfg.num_codebooks):
         logits = (forward(buf)[:, s] @ W["audio_decoder.output.weight"].T)[:, : cfg.residual_codebook_size]
-        code = torch.tensor([reference_draw(logits[b], noise[b, s - 1], float(T[b]), int(k[b]), float(p[b]))
-                             for b in range(B)])
+        code = torch.tensor(
+            [reference_draw(logits[b], noise[b, s - 1], float(T[b]), int(k[b]), float(p[b])) for b in range(B)]
+        )
         codes.append(code)
         logits_all.append(logits)
         if s + 1 < L:
@@ -127,8 +132,9 @@ def reference_frame(W, cfg, hidden, token, noise, T, k, p, token_embed):
 
 
 # ------------------------------------------------------------------------------------------- module tests
-@pytest.mark.parametrize("seed,T,k,p", [(0, None, None, None), (1, 0.8, 30, 0.9), (2, 0.0, 0, 1.0),
-                                        (3, 1.2, 4, 1.0), (4, 1.0, 0, 0.6)])
+@pytest.mark.parametrize(
+    "seed,T,k,p", [(0, None, None, None), (1, 0.8, 30, 0.9), (2, 0.0, 0, 1.0), (3, 1.2, 4, 1.0), (4, 1.0, 0, 0.6)]
+)
 def test_module_matches_reference_loop(model, ckpt, seed, T, k, p):
     W = load_file(str(ckpt / "model.safetensors"))
     x = _inputs(6, seed, T, k, p)
@@ -138,7 +144,7 @@ def test_module_matches_reference_loop(model, ckpt, seed, T, k, p):
     ref_codes, ref_logits, ref_emb = reference_frame(W, CFG, *_args(x))
     assert codes.shape == (6, CFG.num_codebooks) and codes.dtype == torch.int64
     assert torch.equal(codes, ref_codes)
-    for a, b in zip(logits, ref_logits):       # teacher-forced on the same codes
+    for a, b in zip(logits, ref_logits):  # teacher-forced on the same codes
         assert rel_err(a, b) < 1e-5
     assert rel_err(emb, ref_emb) < 1e-6
     assert ((codes[:, 1:] >= 0) & (codes[:, 1:] < CFG.residual_codebook_size)).all()
@@ -158,7 +164,7 @@ def test_checkpoint_roundtrip_is_strict(model, ckpt, tmp_path):
     loaded, report = fck.load_fast_ar(ckpt, fcfg.fast_ar_config_from_checkpoint(ckpt), with_embedding=True)
     for k, v in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v), k
-    assert report["ignored"]["tensors"] == 1                      # text_model.*
+    assert report["ignored"]["tensors"] == 1  # text_model.*
     plain, rep2 = fck.load_fast_ar(ckpt, CFG, with_embedding=False)
     assert list(rep2["dropped"]) == ["audio_decoder.codebook_embeddings.weight"]
     assert not hasattr(plain, "codebook_embeddings")
@@ -168,8 +174,10 @@ def test_checkpoint_roundtrip_is_strict(model, ckpt, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text((ckpt / "config.json").read_text())
-    save_file({**W, "audio_decoder.layers.0.attention.q_norm.weight": torch.ones(CFG.head_dim)},
-              str(bad / "model.safetensors"))
+    save_file(
+        {**W, "audio_decoder.layers.0.attention.q_norm.weight": torch.ones(CFG.head_dim)},
+        str(bad / "model.safetensors"),
+    )
     with pytest.raises(CheckpointError, match="q_norm"):
         fck.load_fast_ar(bad, CFG, with_embedding=True)
     W.pop("audio_decoder.layers.0.feed_forward.w3.weight")
@@ -187,8 +195,10 @@ def test_passes_prune_and_fuse_without_changing_codes(model):
     rep = far.prune_fast_ar(m)
     fuse_projections(m)
     R, D, nc = CFG.residual_codebook_size, CFG.dim, CFG.num_codebooks
-    assert rep["dropped"] == {"output": (CFG.vocab_size - R) * D,
-                                     "codebook_embeddings": (nc - 1) * (CFG.codebook_size - R) * D}
+    assert rep["dropped"] == {
+        "output": (CFG.vocab_size - R) * D,
+        "codebook_embeddings": (nc - 1) * (CFG.codebook_size - R) * D,
+    }
     names = set(m.state_dict())
     assert "layers.0.mlp.gate_up_proj.weight" in names and "layers.0.mlp.gate_proj.weight" not in names
     assert "layers.0.self_attn.qkv_proj.weight" in names and "layers.0.self_attn.q_proj.weight" not in names
@@ -218,8 +228,17 @@ def stage(fast_ar_fp32):
     return load(fast_ar_fp32)["fast_ar"]
 
 
-@pytest.mark.parametrize("B,seed,T,k,p", [(1, 0, None, None, None), (4, 1, 0.8, 30, 0.9), (3, 2, 0.0, 0, 1.0),
-                                          (2, 3, 1.3, 3, 1.0), (4, 4, 0.9, 0, 0.5), (6, 5, None, None, None)])
+@pytest.mark.parametrize(
+    "B,seed,T,k,p",
+    [
+        (1, 0, None, None, None),
+        (4, 1, 0.8, 30, 0.9),
+        (3, 2, 0.0, 0, 1.0),
+        (2, 3, 1.3, 3, 1.0),
+        (4, 4, 0.9, 0, 0.5),
+        (6, 5, None, None, None),
+    ],
+)
 def test_artifact_codes_equal_eager(stage, model, B, seed, T, k, p):
     """Same noise ⇒ identical codes; B < 4 pads to the bucket (padded rows dropped), B=6 splits 4 + 2."""
     x = _inputs(B, seed, T, k, p)
@@ -235,47 +254,57 @@ def test_generate_is_reproducible_per_request(stage, model):
     g = torch.Generator().manual_seed(0)
     hidden, token = torch.randn(3, CFG.dim, generator=g), torch.randint(START, START + 100, (3,), generator=g)
     te = torch.randn(3, CFG.dim, generator=g)
-    a = stage.generate(hidden, token, temperature=0.9, top_k=20, top_p=1.0,
-                       generator=torch.Generator().manual_seed(7), token_embed=te)
-    b = stage.generate(hidden, token, temperature=0.9, top_k=20, top_p=1.0,
-                       generator=torch.Generator().manual_seed(7), token_embed=te)
+    a = stage.generate(
+        hidden, token, temperature=0.9, top_k=20, top_p=1.0, generator=torch.Generator().manual_seed(7), token_embed=te
+    )
+    b = stage.generate(
+        hidden, token, temperature=0.9, top_k=20, top_p=1.0, generator=torch.Generator().manual_seed(7), token_embed=te
+    )
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     # the same noise through the eager module
-    noise = torch.rand((3, CFG.num_codebooks - 1, CFG.residual_codebook_size),
-                       generator=torch.Generator().manual_seed(7))
+    noise = torch.rand(
+        (3, CFG.num_codebooks - 1, CFG.residual_codebook_size), generator=torch.Generator().manual_seed(7)
+    )
     with torch.no_grad():
         ref = model(hidden, token, noise, torch.full((3,), 0.9), torch.full((3,), 20), torch.ones(3), te)
     assert torch.equal(a[0], ref[0])
     # one generator per row: a request's codes do not depend on what it is batched with
     gens = [torch.Generator().manual_seed(s) for s in (11, 12, 13)]
-    batched = stage.generate(hidden, token, temperature=[0.7, 1.1, 0.0], top_p=[0.9, 1.0, 1.0], generator=gens,
-                             token_embed=te)[0]
-    alone = stage.generate(hidden[1:2], token[1:2], temperature=1.1, top_p=1.0,
-                           generator=torch.Generator().manual_seed(12), token_embed=te[1:2])[0]
+    batched = stage.generate(
+        hidden, token, temperature=[0.7, 1.1, 0.0], top_p=[0.9, 1.0, 1.0], generator=gens, token_embed=te
+    )[0]
+    alone = stage.generate(
+        hidden[1:2],
+        token[1:2],
+        temperature=1.1,
+        top_p=1.0,
+        generator=torch.Generator().manual_seed(12),
+        token_embed=te[1:2],
+    )[0]
     assert torch.equal(batched[1:2], alone)
     with pytest.raises(ValueError, match="top_p"):
         stage.generate(hidden, token, top_p=0.0, token_embed=te)
     # unset parameters take the family's serving defaults (T 0.8, top-k 30, top-p 0.9)
     d = stage.generate(hidden, token, generator=torch.Generator().manual_seed(7), token_embed=te)[0]
-    e = stage.generate(hidden, token, temperature=0.8, top_k=30, top_p=0.9,
-                       generator=torch.Generator().manual_seed(7), token_embed=te)[0]
+    e = stage.generate(
+        hidden, token, temperature=0.8, top_k=30, top_p=0.9, generator=torch.Generator().manual_seed(7), token_embed=te
+    )[0]
     assert torch.equal(d, e)
 
 
 def test_artifact_golden_and_manifest(stage, fast_ar_fp32):
     results = verify_bundle(load(fast_ar_fp32))
     assert results and all(r.ok for r in results), [r for r in results if not r.ok]
-    assert {r.case for r in results} == {"b4", "b1"}                # b1: off-bucket, padded
+    assert {r.case for r in results} == {"b4", "b1"}  # b1: off-bucket, padded
     e = stage.entry
     assert e.kind == "codebook_predictor" and [b.sizes["batch"] for b in e.buckets] == [4]
-    assert [s.name for s in e.inputs] == ["hidden", "token", "noise", "temperature", "top_k", "top_p",
-                                          "token_embed"]
+    assert [s.name for s in e.inputs] == ["hidden", "token", "noise", "temperature", "top_k", "top_p", "token_embed"]
     dropped = e.passes[0]["dropped"]
     assert dropped["output"] == (CFG.vocab_size - CFG.residual_codebook_size) * CFG.dim
     shapes = [tuple(c.shape) for c in e.constants.values()]
-    assert (CFG.residual_codebook_size, CFG.dim) in shapes                      # the pruned head
+    assert (CFG.residual_codebook_size, CFG.dim) in shapes  # the pruned head
     packed = CFG.codebook_size + (CFG.num_codebooks - 1) * CFG.residual_codebook_size
-    assert (packed, CFG.dim) in shapes                                          # the pruned codebook table
+    assert (packed, CFG.dim) in shapes  # the pruned codebook table
     assert (CFG.num_codebooks * CFG.codebook_size, CFG.dim) not in shapes
 
 
@@ -288,5 +317,5 @@ def test_tokens_outside_the_text_vocabulary_are_refused(stage, token):
     hidden, te = torch.randn(2, CFG.dim), torch.randn(2, CFG.dim)
     with pytest.raises(InputRangeError, match="token"):
         stage.generate(hidden, torch.tensor([START, token]), token_embed=te)
-    codes, _ = stage.generate(hidden, torch.tensor([START, 151645]), token_embed=te)     # <|im_end|>: clamped
+    codes, _ = stage.generate(hidden, torch.tensor([START, 151645]), token_embed=te)  # <|im_end|>: clamped
     assert codes[1, 0] == 0

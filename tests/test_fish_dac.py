@@ -49,7 +49,7 @@ def test_full_config_parameter_counts_match_the_reference():
     counts = fst.count_stage_params(FULL)
     assert counts["codec"]["params"] == 391_430_530
     dec, enc = counts["dac_decoder"], counts["dac_encoder"]
-    assert dec["kept"]["params"] == 184_405_090                       # STAGES.md §1.4: 703.4 MiB fp32
+    assert dec["kept"]["params"] == 184_405_090  # STAGES.md §1.4: 703.4 MiB fp32
     assert round(dec["kept"]["params"] * 4 / 2**20, 1) == 703.4
     assert dec["dropped"]["encoder"] == 76_851_328
     assert dec["dropped"]["quantizer.pre_module"] == 109_085_696
@@ -64,16 +64,20 @@ def test_full_config_parameter_counts_match_the_reference():
 def test_full_module_tree_has_the_checkpoint_names():
     with torch.device("meta"):
         sd = fdac.DAC(FULL).state_dict()
-    assert len(sd) == 541 - 6        # + 3 transformers × (freqs_cis, causal_mask) buffers in codec.pth
-    for k in ("encoder.block.0.conv.parametrizations.weight.original0",
-              "encoder.block.4.block.5.layers.3.attention.wqkv.weight",
-              "encoder.block.4.block.5.layers.0.attention_layer_scale.gamma",
-              "quantizer.semantic_quantizer.quantizers.0.in_proj.parametrizations.weight.original1",
-              "quantizer.quantizer.quantizers.8.codebook.weight",
-              "quantizer.post_module.layers.7.feed_forward.w3.weight",
-              "quantizer.upsample.1.1.dwconv.conv.weight", "quantizer.downsample.0.0.conv.weight",
-              "decoder.model.1.block.1.conv.parametrizations.weight.original0", "decoder.model.5.alpha",
-              "decoder.model.6.conv.bias"):
+    assert len(sd) == 541 - 6  # + 3 transformers × (freqs_cis, causal_mask) buffers in codec.pth
+    for k in (
+        "encoder.block.0.conv.parametrizations.weight.original0",
+        "encoder.block.4.block.5.layers.3.attention.wqkv.weight",
+        "encoder.block.4.block.5.layers.0.attention_layer_scale.gamma",
+        "quantizer.semantic_quantizer.quantizers.0.in_proj.parametrizations.weight.original1",
+        "quantizer.quantizer.quantizers.8.codebook.weight",
+        "quantizer.post_module.layers.7.feed_forward.w3.weight",
+        "quantizer.upsample.1.1.dwconv.conv.weight",
+        "quantizer.downsample.0.0.conv.weight",
+        "decoder.model.1.block.1.conv.parametrizations.weight.original0",
+        "decoder.model.5.alpha",
+        "decoder.model.6.conv.bias",
+    ):
         assert k in sd, k
     vq_v = "quantizer.semantic_quantizer.quantizers.0.in_proj.parametrizations.weight.original1"
     assert tuple(sd[vq_v].shape) == (8, 1024, 1)
@@ -93,9 +97,15 @@ def _baked(model):
     return m.state_dict()
 
 
-@pytest.mark.parametrize("style", [dict(), dict(legacy_vq=False, with_buffers=False),
-                                   dict(legacy_all=True, with_buffers=False),
-                                   dict(generator_wrapper=False, with_buffers=False)])
+@pytest.mark.parametrize(
+    "style",
+    [
+        dict(),
+        dict(legacy_vq=False, with_buffers=False),
+        dict(legacy_all=True, with_buffers=False),
+        dict(generator_wrapper=False, with_buffers=False),
+    ],
+)
 def test_both_weight_norm_styles_load_to_identical_baked_weights(tiny, tmp_path, style):
     p = fck.write_codec_pth(tiny, tmp_path / "codec.pth", **style)
     raw = torch.load(p, weights_only=True)
@@ -168,11 +178,27 @@ def test_preset_is_detected_from_the_checkpoint(tiny, tmp_path):
 
 # Sizes no preset has: every inferable field differs from both presets (other codebooks, strides, transformer depths
 # and widths); what the tensors cannot tell (windows, RoPE base, eps, rate) at the upstream defaults.
-ODD = replace(fcfg.DACConfig(), encoder_block_size=TINY.encoder_block_size, quantizer_block_size=512,
-              encoder_dim=8, encoder_rates=(2, 4, 4), latent_dim=64, decoder_dim=48, decoder_rates=(4, 4, 2),
-              encoder_transformer_layers=(0, 0, 2), transformer_head_dim=32, n_codebooks=5, codebook_size=64,
-              semantic_codebook_size=128, codebook_dim=4, downsample_factor=(2,), quantizer_layers=2,
-              quantizer_heads=4, quantizer_head_dim=16, quantizer_intermediate=96)
+ODD = replace(
+    fcfg.DACConfig(),
+    encoder_block_size=TINY.encoder_block_size,
+    quantizer_block_size=512,
+    encoder_dim=8,
+    encoder_rates=(2, 4, 4),
+    latent_dim=64,
+    decoder_dim=48,
+    decoder_rates=(4, 4, 2),
+    encoder_transformer_layers=(0, 0, 2),
+    transformer_head_dim=32,
+    n_codebooks=5,
+    codebook_size=64,
+    semantic_codebook_size=128,
+    codebook_dim=4,
+    downsample_factor=(2,),
+    quantizer_layers=2,
+    quantizer_heads=4,
+    quantizer_head_dim=16,
+    quantizer_intermediate=96,
+)
 
 
 @pytest.mark.parametrize("with_buffers", [True, False])
@@ -184,9 +210,10 @@ def test_any_consistent_codec_builds_its_config_from_the_tensors(tmp_path, with_
     cfg = fcfg.dac_config_from_checkpoint(tmp_path)
     if with_buffers:
         assert cfg == ODD
-    else:    # no RoPE tables stored: head dims and block sizes keep the preset-of-origin / upstream values
-        assert {f: getattr(cfg, f) for f in ("encoder_rates", "decoder_rates", "n_codebooks", "latent_dim")} == \
-            {f: getattr(ODD, f) for f in ("encoder_rates", "decoder_rates", "n_codebooks", "latent_dim")}
+    else:  # no RoPE tables stored: head dims and block sizes keep the preset-of-origin / upstream values
+        assert {f: getattr(cfg, f) for f in ("encoder_rates", "decoder_rates", "n_codebooks", "latent_dim")} == {
+            f: getattr(ODD, f) for f in ("encoder_rates", "decoder_rates", "n_codebooks", "latent_dim")
+        }
     loaded, _ = fck.load_codec(tmp_path, cfg, DACDecoder)
     codes = fst.random_codes(cfg, 1, 4, torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -199,17 +226,21 @@ def test_a_sibling_codec_yaml_gives_what_the_tensors_cannot(tmp_path):
     fck.write_codec_pth(model, tmp_path / "codec.pth")
     (tmp_path / "modded_dac_vq.yaml").write_text(
         "sample_rate: 22050\ntransformer_general_config:\n  rope_base: 5000\n  norm_eps: 1.0e-6\n"
-        "quantizer:\n  post_module:\n    window_size: 16\n")
+        "quantizer:\n  post_module:\n    window_size: 16\n"
+    )
     cfg = fcfg.dac_config_from_checkpoint(tmp_path)
     assert (cfg.sample_rate, cfg.rope_base, cfg.norm_eps, cfg.quantizer_window) == (22050, 5000.0, 1e-6, 16)
     assert cfg.n_codebooks == ODD.n_codebooks
 
 
-@pytest.mark.parametrize("key, shape, needle", [
-    ("quantizer.quantizer.quantizers.3.codebook.weight", (32, 4), "quantizers.3.codebook.weight"),
-    ("decoder.model.2.block.1.conv.parametrizations.weight.original1", None, "decoder.model.2.block.1.conv"),
-    ("quantizer.pre_module.layers.1.feed_forward.w1.weight", (80, 64), "layers.1.feed_forward.w1.weight"),
-])
+@pytest.mark.parametrize(
+    "key, shape, needle",
+    [
+        ("quantizer.quantizer.quantizers.3.codebook.weight", (32, 4), "quantizers.3.codebook.weight"),
+        ("decoder.model.2.block.1.conv.parametrizations.weight.original1", None, "decoder.model.2.block.1.conv"),
+        ("quantizer.pre_module.layers.1.feed_forward.w1.weight", (80, 64), "layers.1.feed_forward.w1.weight"),
+    ],
+)
 def test_an_inconsistent_codec_is_refused_naming_the_key(tmp_path, key, shape, needle):
     sd = fck.init_random_dac(fdac.DAC(ODD), seed=4).state_dict()
     if shape is None:
@@ -277,13 +308,14 @@ def test_bf16_decoder_error_is_within_its_tolerance():
     with torch.no_grad():
         out, ref = low(codes), model(codes)
     assert out.dtype == torch.float32
-    assert rel_err(out, ref) < spec.tolerance       # measured ~1.5e-2 on the tiny preset
+    assert rel_err(out, ref) < spec.tolerance  # measured ~1.5e-2 on the tiny preset
 
 
 def test_encoder_stage_is_fp32_only(tmp_path):
     spec = fst.dac_encoder_stage(FishS2Options(encoder_seconds=(1.0,), dtype=torch.bfloat16))
     assert spec.fp32_only
     from ttsaot.builder.build import Reporter
+
     with pytest.raises(BuildError, match="fp32 only"):
         build_stage(spec, tmp_path, torch.device("cpu"), 0, Reporter())
 
@@ -321,7 +353,7 @@ def test_encoder_codes_of_real_frames_do_not_depend_on_right_padding():
     x = _audio(10_000, seed=1)
     with torch.no_grad():
         ref = model(x)
-        assert ref.shape == (1, 10, 5)           # ⌈10000 / 2048⌉
+        assert ref.shape == (1, 10, 5)  # ⌈10000 / 2048⌉
         for n in (10_240, 16_384, 45_056):
             padded = model(F.pad(x, (0, n - x.shape[-1])))
             assert torch.equal(padded[..., : ref.shape[-1]], ref), n
@@ -341,6 +373,6 @@ def test_window_limited_attention_sees_exactly_window_keys():
     with torch.no_grad():
         base = tr(x)
         y = x.clone()
-        y[..., 5] += 10.0                         # visible to queries 5..8 only (i − 4 < 5 ≤ i)
+        y[..., 5] += 10.0  # visible to queries 5..8 only (i − 4 < 5 ≤ i)
         changed = (tr(y) - base).abs().amax(dim=1)[0] > 0
     assert changed.nonzero().flatten().tolist() == [5, 6, 7, 8]

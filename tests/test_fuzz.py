@@ -36,8 +36,13 @@ def _fresh_copy(src, workdir, name):
 DTYPES = [torch.int64, torch.int32, torch.float32, torch.bool, torch.uint8]
 
 
-@given(dtype=st.sampled_from(DTYPES), shape=st.lists(st.integers(0, 20), min_size=0, max_size=4),
-       low=st.integers(-5, 70), span=st.integers(1, 80), nan=st.booleans())
+@given(
+    dtype=st.sampled_from(DTYPES),
+    shape=st.lists(st.integers(0, 20), min_size=0, max_size=4),
+    low=st.integers(-5, 70),
+    span=st.integers(1, 80),
+    nan=st.booleans(),
+)
 def test_random_requests_get_output_or_typed_error(bundle, dtype, shape, low, span, nan):
     stage = bundle["code2wav"]
     if dtype.is_floating_point:
@@ -106,9 +111,15 @@ def _paths(obj, prefix=()):
             yield from _paths(v, prefix + (i,))
 
 
-JUNK = st.one_of(st.none(), st.booleans(), st.integers(-3, 100), st.floats(allow_nan=True), st.text(max_size=8),
-                 st.lists(st.integers(0, 4), max_size=3),
-                 st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+JUNK = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 100),
+    st.floats(allow_nan=True),
+    st.text(max_size=8),
+    st.lists(st.integers(0, 4), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
 
 
 @given(data=st.data())
@@ -135,7 +146,7 @@ def test_edited_bucket_sizes_are_caught_by_the_package_signature(qwen_tiny_fp32,
     art = _fresh_copy(qwen_tiny_fp32, workdir, "sizes")
     m = json.loads((art / "manifest.json").read_text())
     b = m["stages"]["code2wav"]["buckets"][0]
-    b["sizes"]["frames"] *= 2          # the manifest lies; the .pt2 (and its sha) are untouched
+    b["sizes"]["frames"] *= 2  # the manifest lies; the .pt2 (and its sha) are untouched
     (art / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(BindingError, match="compiled for bucket|differ"):
         load(art)
@@ -144,7 +155,7 @@ def test_edited_bucket_sizes_are_caught_by_the_package_signature(qwen_tiny_fp32,
 def test_edited_output_scale_is_caught_on_first_use(qwen_tiny_fp32, workdir):
     art = _fresh_copy(qwen_tiny_fp32, workdir, "outs")
     m = json.loads((art / "manifest.json").read_text())
-    m["stages"]["code2wav"]["outputs"][0]["shape"][2][1] = 32     # claim 32 samples per frame instead of 64
+    m["stages"]["code2wav"]["outputs"][0]["shape"][2][1] = 32  # claim 32 samples per frame instead of 64
     (art / "manifest.json").write_text(json.dumps(m))
     stage = load(art)["code2wav"]
     with pytest.raises(BindingError, match="package outputs"):
@@ -153,7 +164,7 @@ def test_edited_output_scale_is_caught_on_first_use(qwen_tiny_fp32, workdir):
 
 def test_numpy_and_noncontiguous_inputs(bundle):
     stage = bundle["code2wav"]
-    x = torch.randint(0, 64, (1, 8, 16)).transpose(1, 2)    # [1,16,8] non-contiguous
+    x = torch.randint(0, 64, (1, 8, 16)).transpose(1, 2)  # [1,16,8] non-contiguous
     assert not x.is_contiguous()
     torch.testing.assert_close(stage(x), stage(x.contiguous()))
     torch.testing.assert_close(stage(np.ascontiguousarray(x.numpy())), stage(x.contiguous()))

@@ -58,28 +58,50 @@ def test_missing_file(qwen_tiny_fp32, artifact_copy):
         load(art / "nope")
 
 
-@pytest.mark.parametrize("mutate, err, match", [
-    (lambda m: m.__setitem__("format_version", 2), ManifestError, "format_version 2"),
-    (lambda m: m.pop("stages"), ManifestError, "stages is missing"),
-    (lambda m: m["stages"]["code2wav"].__setitem__("kind", "teleporter"), ManifestError, "unknown"),
-    (lambda m: m["stages"]["code2wav"]["buckets"][0].__setitem__("file", "../../etc/passwd"), ManifestError,
-     "outside the artifact"),
-    (lambda m: m["stages"]["code2wav"].__setitem__("tolerance", "small"), ManifestError, "tolerance"),
-    # found by the explore profile of the manifest fuzz test: both used to reach a call (KeyError, NaN output)
-    (lambda m: m["stages"]["code2wav"]["inputs"][0]["shape"].__setitem__(0, ""), ManifestError,
-     "names axis '', which is not a bucket axis"),
-    (lambda m: next(c for c in m["stages"]["code2wav"]["constants"].values() if len(c["shape"]) == 1)
-     .__setitem__("stride", [2]), ManifestError, "not the contiguous layout"),
-    (lambda m: m["stages"]["code2wav"]["outputs"][0]["shape"].__setitem__(2, ["samples", 64]), ManifestError,
-     "neither a bucket axis nor derived"),
-    (lambda m: m["stages"]["code2wav"]["outputs"][0]["shape"][2].__setitem__(1, 0), ManifestError,
-     "invalid entry"),
-    (lambda m: m["build_env"].__setitem__("torch", "1.0.0"), CompatibilityError, "torch 1.0.0"),
-    (lambda m: m.__setitem__("device", "cuda"), CompatibilityError, "built for device 'cuda'"),
-    (lambda m: m["build_env"].__setitem__("cpu_isa", "AVX512 AMX_TILE")
-     if torch.backends.cpu.get_cpu_capability() != "AVX512" else m["build_env"].__setitem__("torch", "0"),
-     CompatibilityError, ""),
-])
+@pytest.mark.parametrize(
+    "mutate, err, match",
+    [
+        (lambda m: m.__setitem__("format_version", 2), ManifestError, "format_version 2"),
+        (lambda m: m.pop("stages"), ManifestError, "stages is missing"),
+        (lambda m: m["stages"]["code2wav"].__setitem__("kind", "teleporter"), ManifestError, "unknown"),
+        (
+            lambda m: m["stages"]["code2wav"]["buckets"][0].__setitem__("file", "../../etc/passwd"),
+            ManifestError,
+            "outside the artifact",
+        ),
+        (lambda m: m["stages"]["code2wav"].__setitem__("tolerance", "small"), ManifestError, "tolerance"),
+        # found by the explore profile of the manifest fuzz test: both used to reach a call (KeyError, NaN output)
+        (
+            lambda m: m["stages"]["code2wav"]["inputs"][0]["shape"].__setitem__(0, ""),
+            ManifestError,
+            "names axis '', which is not a bucket axis",
+        ),
+        (
+            lambda m: next(
+                c for c in m["stages"]["code2wav"]["constants"].values() if len(c["shape"]) == 1
+            ).__setitem__("stride", [2]),
+            ManifestError,
+            "not the contiguous layout",
+        ),
+        (
+            lambda m: m["stages"]["code2wav"]["outputs"][0]["shape"].__setitem__(2, ["samples", 64]),
+            ManifestError,
+            "neither a bucket axis nor derived",
+        ),
+        (lambda m: m["stages"]["code2wav"]["outputs"][0]["shape"][2].__setitem__(1, 0), ManifestError, "invalid entry"),
+        (lambda m: m["build_env"].__setitem__("torch", "1.0.0"), CompatibilityError, "torch 1.0.0"),
+        (lambda m: m.__setitem__("device", "cuda"), CompatibilityError, "built for device 'cuda'"),
+        (
+            lambda m: (
+                m["build_env"].__setitem__("cpu_isa", "AVX512 AMX_TILE")
+                if torch.backends.cpu.get_cpu_capability() != "AVX512"
+                else m["build_env"].__setitem__("torch", "0")
+            ),
+            CompatibilityError,
+            "",
+        ),
+    ],
+)
 def test_bad_manifest_fields(qwen_tiny_fp32, artifact_copy, mutate, err, match):
     art = artifact_copy(qwen_tiny_fp32)
     m = _manifest(art)
@@ -93,10 +115,13 @@ def _first_matrix_constant(stage: dict) -> dict:
     return next(c for c in stage["constants"].values() if sum(n > 1 for n in c["shape"]) >= 2)
 
 
-@pytest.mark.parametrize("stride_of", [
-    lambda c: [0] + c["stride"][1:],                       # the fuzzer's case: one element broadcast over a dim
-    lambda c: [1] * len(c["stride"]),                       # rows overlapping columns
-])
+@pytest.mark.parametrize(
+    "stride_of",
+    [
+        lambda c: [0] + c["stride"][1:],  # the fuzzer's case: one element broadcast over a dim
+        lambda c: [1] * len(c["stride"]),  # rows overlapping columns
+    ],
+)
 def test_overlapping_weight_strides_are_a_manifest_error(qwen_tiny_fp32, artifact_copy, stride_of):
     """Hypothesis found a stride of 0 in a constant's layout reaching `copy_` as an untyped RuntimeError."""
     art = artifact_copy(qwen_tiny_fp32)
@@ -187,7 +212,7 @@ def _chunk_weights(art, chunk_bytes):
 def test_chunked_weights_load_and_a_flipped_byte_names_its_chunk(qwen_tiny_fp32, artifact_copy):
     art = artifact_copy(qwen_tiny_fp32)
     w, n = _chunk_weights(art, 1 << 12)
-    load(art)   # every slice verified (on a thread pool), then bound
+    load(art)  # every slice verified (on a thread pool), then bound
     data = bytearray(w.read_bytes())
     data[(n // 2) * 4096 + 7] ^= 0x01
     w.write_bytes(bytes(data))
@@ -195,12 +220,15 @@ def test_chunked_weights_load_and_a_flipped_byte_names_its_chunk(qwen_tiny_fp32,
         load(art)
 
 
-@pytest.mark.parametrize("mutate, match", [
-    (lambda e: e.update(chunk_sha256=e["chunk_sha256"][:-1]), "chunk digests"),
-    (lambda e: e.update(chunk_bytes=0), "chunk digests"),
-    (lambda e: e.update(chunk_bytes="4096"), "chunk_bytes"),
-    (lambda e: e.update(chunk_sha256=[1] * len(e["chunk_sha256"])), "chunk_sha256"),
-])
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda e: e.update(chunk_sha256=e["chunk_sha256"][:-1]), "chunk digests"),
+        (lambda e: e.update(chunk_bytes=0), "chunk digests"),
+        (lambda e: e.update(chunk_bytes="4096"), "chunk_bytes"),
+        (lambda e: e.update(chunk_sha256=[1] * len(e["chunk_sha256"])), "chunk_sha256"),
+    ],
+)
 def test_bad_chunk_fields_are_manifest_errors(qwen_tiny_fp32, artifact_copy, mutate, match):
     art = artifact_copy(qwen_tiny_fp32)
     _chunk_weights(art, 1 << 12)
@@ -214,11 +242,11 @@ def test_bad_chunk_fields_are_manifest_errors(qwen_tiny_fp32, artifact_copy, mut
 def test_builder_writes_chunk_digests_for_large_weights(tmp_path):
     from ttsaot.runtime.artifact import FileEntry, check_files
 
-    (tmp_path / "w.bin").write_bytes(bytes(range(256)) * 100)   # 25,600 bytes
+    (tmp_path / "w.bin").write_bytes(bytes(range(256)) * 100)  # 25,600 bytes
     e = FileEntry.of(tmp_path, "w.bin", chunk_bytes=4096)
     assert e.chunk_bytes == 4096 and len(e.chunk_sha256) == 7
     assert e.sha256 == hashlib.sha256((tmp_path / "w.bin").read_bytes()).hexdigest()
-    assert not FileEntry.of(tmp_path, "w.bin").chunk_sha256   # packages, golden files: whole digest
+    assert not FileEntry.of(tmp_path, "w.bin").chunk_sha256  # packages, golden files: whole digest
     check_files(tmp_path, [e], workers=4)
 
 

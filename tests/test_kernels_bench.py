@@ -18,22 +18,37 @@ from .kernel_fixtures import ON_GPU, require_kernel_runtime
 @pytest.mark.skipif(ON_GPU, reason="the GPU runs the real bench")
 def test_kernels_bench_smoke_on_cpu(monkeypatch, tmp_path):
     require_kernel_runtime()
-    monkeypatch.setattr(kb, "SKINNY_SHAPES", {"voxcpm2_qkv": (40, 48, {"norm": True}, (1, 3)),
-                                              "voxcpm2_gate_up": (64, 32, {"norm": True, "gated": True}, (2, 20)),
-                                              "voxcpm2_down": (24, 96, {"residual": True}, (5,))})
+    monkeypatch.setattr(
+        kb,
+        "SKINNY_SHAPES",
+        {
+            "voxcpm2_qkv": (40, 48, {"norm": True}, (1, 3)),
+            "voxcpm2_gate_up": (64, 32, {"norm": True, "gated": True}, (2, 20)),
+            "voxcpm2_down": (24, 96, {"residual": True}, (5,)),
+        },
+    )
     monkeypatch.setattr(kb, "PREDICTOR_SHAPES", {"fish_fast_ar_down": (24, 40, {"residual": True}, (33,))})
     monkeypatch.setattr(kb, "ATTENTION", {"hq": 4, "hkv": 2, "hd": 16, "cache_positions": 40, "contexts": (7, 30)})
     monkeypatch.setattr(kb, "LAYER", {"preset": "tiny", "cache_positions": 40, "context": 9, "layers": 2})
     seen = []
-    res = kb.run_kernels(torch.device("cpu"), quick=True, budget_s=600,
-                         sections=("copy", "skinny", "attention", "layer", "predictors"),
-                         progress=lambda r: seen.append(1))
+    res = kb.run_kernels(
+        torch.device("cpu"),
+        quick=True,
+        budget_s=600,
+        sections=("copy", "skinny", "attention", "layer", "predictors"),
+        progress=lambda r: seen.append(1),
+    )
     assert res["status"] == "ok" and seen
     sec = res["sections"]
     assert sec["copy"]["gb_per_s"] > 0
     skinny = sec["skinny"]
-    assert set(skinny) == {"voxcpm2_qkv/M=1", "voxcpm2_qkv/M=3", "voxcpm2_gate_up/M=2", "voxcpm2_gate_up/M=20",
-                           "voxcpm2_down/M=5"}, skinny
+    assert set(skinny) == {
+        "voxcpm2_qkv/M=1",
+        "voxcpm2_qkv/M=3",
+        "voxcpm2_gate_up/M=2",
+        "voxcpm2_gate_up/M=20",
+        "voxcpm2_down/M=5",
+    }, skinny
     assert set(sec["predictors"]) == {"fish_fast_ar_down/M=33"}
     for key, case in {**skinny, **sec["predictors"]}.items():
         assert "error" not in case, (key, case)

@@ -100,8 +100,9 @@ SCRIPT = textwrap.dedent(r"""
 @pytest.fixture(scope="module")
 def sm90() -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -110,11 +111,11 @@ def sm90() -> dict:
 @pytest.mark.skipif(ON_GPU, reason="the GPU tests compile and run the kernels for real")
 def test_kernels_compile_for_sm90_with_the_intended_machine_code(sm90):
     for key, r in sm90.items():
-        assert r["local"] == 0 and r["LDL"] == 0 and r["STL"] == 0, (key, r)        # no spills
+        assert r["local"] == 0 and r["LDL"] == 0 and r["STL"] == 0, (key, r)  # no spills
         if key.startswith("skinny/gemv"):
-            assert r["LDG.E.128"] > 0, (key, r)                # W streamed with 16-byte loads
+            assert r["LDG.E.128"] > 0, (key, r)  # W streamed with 16-byte loads
         elif key.startswith("skinny/dot"):
-            assert r["HMMA"] + r["HGMMA"] > 0 and r["LDGSTS"] > 0, (key, r)    # tensor cores, cp.async pipeline
+            assert r["HMMA"] + r["HGMMA"] > 0 and r["LDGSTS"] > 0, (key, r)  # tensor cores, cp.async pipeline
         elif key.startswith("attention/") and key != "attention/combine":
             assert r["HMMA"] > 0 and r["LDGSTS"] > 0, (key, r)
-    assert sum(k.startswith("skinny/dot64") and sm90[k]["HGMMA"] > 0 for k in sm90) > 0     # wgmma at 64 rows
+    assert sum(k.startswith("skinny/dot64") and sm90[k]["HGMMA"] > 0 for k in sm90) > 0  # wgmma at 64 rows

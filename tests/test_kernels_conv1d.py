@@ -69,9 +69,21 @@ def _nlc(x: torch.Tensor) -> torch.Tensor:
 # (Cin, Cout, K, stride, dilation, T): odd channels, Cin = 1, Cout = 1, dilations 1/3/9, strides with K = 2s and
 # K = s, odd lengths, lengths far below the receptive field (55 samples for k7 d9), channel counts that are and are
 # not multiples of the reduction block (a tap's channels in one or several steps, with a masked tail).
-GEOMETRIES = [(5, 7, 7, 1, 1, 40), (1, 9, 7, 1, 1, 33), (6, 1, 7, 1, 9, 20), (5, 6, 7, 1, 3, 3), (8, 12, 4, 2, 1, 31),
-              (3, 5, 8, 4, 1, 37), (4, 4, 2, 2, 1, 9), (20, 40, 1, 1, 1, 50), (7, 3, 16, 8, 1, 5), (18, 10, 3, 1, 1, 1),
-              (32, 24, 7, 1, 3, 45), (32, 20, 7, 1, 9, 70), (48, 16, 8, 4, 1, 29)]
+GEOMETRIES = [
+    (5, 7, 7, 1, 1, 40),
+    (1, 9, 7, 1, 1, 33),
+    (6, 1, 7, 1, 9, 20),
+    (5, 6, 7, 1, 3, 3),
+    (8, 12, 4, 2, 1, 31),
+    (3, 5, 8, 4, 1, 37),
+    (4, 4, 2, 2, 1, 9),
+    (20, 40, 1, 1, 1, 50),
+    (7, 3, 16, 8, 1, 5),
+    (18, 10, 3, 1, 1, 1),
+    (32, 24, 7, 1, 3, 45),
+    (32, 20, 7, 1, 9, 70),
+    (48, 16, 8, 4, 1, 29),
+]
 
 
 @pytest.mark.parametrize("cin,cout,k,s,d,T", GEOMETRIES)
@@ -103,8 +115,18 @@ def test_conv1d_bake_layout_and_vox_style_conv():
     assert w.shape == (5, 8, 3) and m.stride == 4 and torch.equal(w, strided.conv.weight.permute(0, 2, 1))
 
 
-@pytest.mark.parametrize("cin,cout,k,s,T", [(5, 7, 4, 2, 9), (3, 6, 2, 2, 7), (6, 5, 10, 5, 11), (4, 3, 6, 3, 1),
-                                            (7, 9, 16, 8, 3), (3, 4, 5, 2, 6), (4, 4, 3, 3, 5)])
+@pytest.mark.parametrize(
+    "cin,cout,k,s,T",
+    [
+        (5, 7, 4, 2, 9),
+        (3, 6, 2, 2, 7),
+        (6, 5, 10, 5, 11),
+        (4, 3, 6, 3, 1),
+        (7, 9, 16, 8, 3),
+        (3, 4, 5, 2, 6),
+        (4, 4, 3, 3, 5),
+    ],
+)
 def test_conv_transpose1d_reference_and_bake(cin, cout, k, s, T):
     m = _randomize(CausalConvTranspose1d(cin, cout, k, s))
     w, b, stride = bake_conv_transpose1d(m)
@@ -118,8 +140,22 @@ def test_conv_transpose1d_reference_and_bake(cin, cout, k, s, T):
     torch.testing.assert_close(y, m(x).transpose(1, 2), rtol=1e-5, atol=1e-6)
     # the polyphase GEMM's claim: row t of the stride-1 conv with s·Cout channels (n = p·Cout + co) is output
     # rows t·s .. t·s + s − 1, i.e. the [B, T, s·Cout] result IS [B, T·s, Cout]
-    poly = conv1d_reference(_nlc(x), w.reshape(s * cout, M, cin), None if b is None else b.repeat(s), None, None,
-                            None, None, None, 1, 1, M - 1, "none", None, "ieee")
+    poly = conv1d_reference(
+        _nlc(x),
+        w.reshape(s * cout, M, cin),
+        None if b is None else b.repeat(s),
+        None,
+        None,
+        None,
+        None,
+        None,
+        1,
+        1,
+        M - 1,
+        "none",
+        None,
+        "ieee",
+    )
     torch.testing.assert_close(poly.reshape(2, T * s, cout), y, rtol=1e-5, atol=1e-6)
 
 
@@ -141,8 +177,9 @@ def test_epilogue_follows_the_eager_chain_in_bf16():
     x, res = torch.randn(2, 16, 64), torch.randn(2, 12, 64)
     w, b, m = bake_conv1d(conv)
     xb, wb, bb, rb = x.bfloat16(), w.bfloat16(), b.bfloat16(), res.bfloat16()
-    pre, out = conv1d_dual_reference(_nlc(xb), wb, bb, _nlc(rb), None, None, snake.alpha, snake.inv_beta, 1, 3, 18,
-                                     "snake", None, "ieee")
+    pre, out = conv1d_dual_reference(
+        _nlc(xb), wb, bb, _nlc(rb), None, None, snake.alpha, snake.inv_beta, 1, 3, 18, "snake", None, "ieee"
+    )
     with torch.no_grad():
         conv_b = conv.to(torch.bfloat16)
         eager_pre = rb + conv_b(xb)
@@ -152,8 +189,9 @@ def test_epilogue_follows_the_eager_chain_in_bf16():
     # the eager bf16 conv sums in another order: equal almost everywhere, one bf16 step at most elsewhere
     assert (pre == eager_pre).float().mean() > 0.98 and _rel(pre, eager_pre) < 4e-3
     assert (out == eager).float().mean() > 0.98 and _rel(out, eager) < 4e-3
-    clamp = conv1d_reference(_nlc(xb), wb, bb, _nlc(rb), None, None, None, None, 1, 3, 18, "clamp", torch.float32,
-                             "ieee")
+    clamp = conv1d_reference(
+        _nlc(xb), wb, bb, _nlc(rb), None, None, None, None, 1, 3, 18, "clamp", torch.float32, "ieee"
+    )
     assert clamp.dtype == torch.float32 and torch.equal(clamp, pre.clamp(-1, 1).float())
     sc, sh = torch.rand(12) + 0.5, torch.randn(12)
     aff = conv1d_reference(_nlc(xb), wb, bb, None, sc, sh, None, None, 1, 3, 18, "tanh", None, "ieee")
@@ -169,7 +207,7 @@ def test_op_input_checks():
     args = (None, None, None, None, None, None, 1, 1, 6)
     with pytest.raises(RuntimeError, match="input channels"):
         ops.conv1d(torch.randn(1, 20, 5), w, *args, "none", None, "ieee")
-    with pytest.raises(RuntimeError, match="input channels"):         # an NCL tensor given where [B,T,C] is due
+    with pytest.raises(RuntimeError, match="input channels"):  # an NCL tensor given where [B,T,C] is due
         ops.conv1d(x.transpose(1, 2), w, *args, "none", None, "ieee")
     with pytest.raises(RuntimeError, match="weight dtype"):
         ops.conv1d(x.bfloat16(), w, *args, "none", None, "ieee")
@@ -203,17 +241,27 @@ def test_bake_rejects_what_the_kernels_do_not_compute():
 
 
 def test_round_to_tf32_is_round_to_nearest_even():
-    one_ulp = 2.0 ** -10
-    x = torch.tensor([1.0, 1.0 + one_ulp * 0.49, 1.0 + one_ulp * 0.51, 1.0 + one_ulp * 0.5, 1.0 + one_ulp * 1.5,
-                      -3.0 - 3 * one_ulp * 0.51, 0.0, float("inf")])
+    one_ulp = 2.0**-10
+    x = torch.tensor(
+        [
+            1.0,
+            1.0 + one_ulp * 0.49,
+            1.0 + one_ulp * 0.51,
+            1.0 + one_ulp * 0.5,
+            1.0 + one_ulp * 1.5,
+            -3.0 - 3 * one_ulp * 0.51,
+            0.0,
+            float("inf"),
+        ]
+    )
     want = torch.tensor([1.0, 1.0, 1.0 + one_ulp, 1.0, 1.0 + 2 * one_ulp, -3.0 - 2 * one_ulp, 0.0, float("inf")])
     assert torch.equal(round_to_tf32(x), want)
     r = torch.randn(10000) * 100
     t = round_to_tf32(r)
-    assert torch.equal(round_to_tf32(t), t)                           # TF32 values are fixed points
+    assert torch.equal(round_to_tf32(t), t)  # TF32 values are fixed points
     rel = ((t - r).abs() / r.abs()).max().item()
-    assert 2.0 ** -13 < rel <= 2.0 ** -11                             # half a TF32 ulp at most, and it rounds
-    assert abs(((t - r) / r).mean().item()) < 2e-5                    # unbiased (truncation: −2.4e-4)
+    assert 2.0**-13 < rel <= 2.0**-11  # half a TF32 ulp at most, and it rounds
+    assert abs(((t - r) / r).mean().item()) < 2e-5  # unbiased (truncation: −2.4e-4)
 
 
 def test_tile_pruning_keeps_few_fitting_configs():
@@ -221,12 +269,17 @@ def test_tile_pruning_keeps_few_fitting_configs():
     tiles only for a narrow output, no fp32 tile beyond the register budget; wide tiles for the long layers."""
     for dtype, elem in ((torch.bfloat16, 2), (torch.float32, 4)):
         cfgs = gemm_kernel_configs(dtype)
-        assert {c.block_r * elem for c in cfgs} == {128}                  # 128-byte rows per reduction step
-        for B, tout, n, cin, k in [(1, 96000, 1, 96, 7), (1, 200, 1536, 1024, 7), (4, 32000, 192, 192, 7),
-                                   (1, 29, 1024, 8, 1), (1, 1600, 6144, 1536, 2), (1, 442368, 64, 1, 7)]:
-            for prec in (("ieee",) if elem == 2 else ("ieee", "tf32", "tf32x3")):
-                kept = prune_gemm_configs(cfgs, batch=B, tout=tout, n=n, cin=cin, ksize=k, elem=elem,
-                                          precision=prec)
+        assert {c.block_r * elem for c in cfgs} == {128}  # 128-byte rows per reduction step
+        for B, tout, n, cin, k in [
+            (1, 96000, 1, 96, 7),
+            (1, 200, 1536, 1024, 7),
+            (4, 32000, 192, 192, 7),
+            (1, 29, 1024, 8, 1),
+            (1, 1600, 6144, 1536, 2),
+            (1, 442368, 64, 1, 7),
+        ]:
+            for prec in ("ieee",) if elem == 2 else ("ieee", "tf32", "tf32x3"):
+                kept = prune_gemm_configs(cfgs, batch=B, tout=tout, n=n, cin=cin, ksize=k, elem=elem, precision=prec)
                 assert 1 <= len(kept) <= MAX_TUNED_CONFIGS, (tout, n, kept)
                 for c in kept:
                     assert c.block_n <= max(16, 1 << (n - 1).bit_length()) and c.block_t <= max(64, 2 * tout)
@@ -235,11 +288,11 @@ def test_tile_pruning_keeps_few_fitting_configs():
                         assert c.block_t * c.block_n <= 128 * 128
                     if prec == "tf32x3":
                         assert max(c.block_t, c.block_n) <= 128
-    long = prune_gemm_configs(gemm_kernel_configs(torch.bfloat16), batch=1, tout=32000, n=192, cin=192, ksize=7,
-                              elem=2)
+    long = prune_gemm_configs(gemm_kernel_configs(torch.bfloat16), batch=1, tout=32000, n=192, cin=192, ksize=7, elem=2)
     assert max(c.block_t * c.block_n for c in long) >= 128 * 128
-    assert estimate_us(ConvKernelConfig(128, 128, 64), batch=1, tout=32000, n=192, cin=192, ksize=7, elem=2) < \
-        estimate_us(ConvKernelConfig(64, 64, 64), batch=1, tout=32000, n=192, cin=192, ksize=7, elem=2)
+    assert estimate_us(
+        ConvKernelConfig(128, 128, 64), batch=1, tout=32000, n=192, cin=192, ksize=7, elem=2
+    ) < estimate_us(ConvKernelConfig(64, 64, 64), batch=1, tout=32000, n=192, cin=192, ksize=7, elem=2)
 
 
 class _AllOps(nn.Module):
@@ -253,14 +306,15 @@ class _AllOps(nn.Module):
 
     def forward(self, x):
         ops = torch.ops.ttsaot
-        pre, h = ops.conv1d_dual(x, self.w1, self.b1, None, None, None, self.a, self.ib, 1, 3, 18, "snake", None,
-                                 "ieee")
+        pre, h = ops.conv1d_dual(
+            x, self.w1, self.b1, None, None, None, self.a, self.ib, 1, 3, 18, "snake", None, "ieee"
+        )
         h = ops.conv1d(h, self.w2, None, pre, None, None, None, None, 1, 1, 0, "none", None, "ieee")
         u = ops.conv_transpose1d(h, self.wt, self.bt, None, None, None, None, None, "none", None, "ieee")
-        pre_t, u2 = ops.conv_transpose1d_dual(h, self.wt, self.bt, None, None, None, None, None, "tanh", None,
-                                              "ieee")
-        d = ops.dwconv1d(u + u2 + pre_t, self.wd, self.bd, None, None, None, None, None, self.dil, self.left,
-                         "clamp", torch.float32)
+        pre_t, u2 = ops.conv_transpose1d_dual(h, self.wt, self.bt, None, None, None, None, None, "tanh", None, "ieee")
+        d = ops.dwconv1d(
+            u + u2 + pre_t, self.wd, self.bd, None, None, None, None, None, self.dil, self.left, "clamp", torch.float32
+        )
         return d
 
 
@@ -344,10 +398,12 @@ _HARNESS = textwrap.dedent("""
 
 
 GROUPS = {
-    "conv1d[float32]": ("conv1d", "float32"), "conv1d[bfloat16]": ("conv1d", "bfloat16"),
+    "conv1d[float32]": ("conv1d", "float32"),
+    "conv1d[bfloat16]": ("conv1d", "bfloat16"),
     "conv1d[float16]": ("conv1d", "float16"),
     "conv_transpose1d[float32]": ("conv_transpose1d", "float32"),
-    "conv_transpose1d[bfloat16]": ("conv_transpose1d", "bfloat16"), "split_scratch": ("split_scratch", None),
+    "conv_transpose1d[bfloat16]": ("conv_transpose1d", "bfloat16"),
+    "split_scratch": ("split_scratch", None),
     "dwconv1d": ("dwconv1d", None),
 }
 
@@ -468,19 +524,57 @@ def _sm90_ptx(dtype: str, precision: str, tile: tuple[int, int, int, int, int]) 
     from ttsaot.builder.kernels import conv1d as K
 
     bt, bn, br, warps, stages = tile
-    names = ["x_ptr", "w_ptr", "bias_ptr", "res_ptr", "scale_ptr", "shift_ptr", "alpha_ptr", "ib_ptr", "out_ptr",
-             "pre_ptr", "ws_ptr", "cnt_ptr", "B", "T", "CIN", "TOUT", "N", "COUT", "KSIZE", "DIL", "STRIDE", "PAD"]
+    names = [
+        "x_ptr",
+        "w_ptr",
+        "bias_ptr",
+        "res_ptr",
+        "scale_ptr",
+        "shift_ptr",
+        "alpha_ptr",
+        "ib_ptr",
+        "out_ptr",
+        "pre_ptr",
+        "ws_ptr",
+        "cnt_ptr",
+        "B",
+        "T",
+        "CIN",
+        "TOUT",
+        "N",
+        "COUT",
+        "KSIZE",
+        "DIL",
+        "STRIDE",
+        "PAD",
+    ]
     sig = {n: ("i32" if n.isupper() else f"*{dtype}") for n in names}
     sig.update(alpha_ptr="*fp32", ib_ptr="*fp32", ws_ptr="*fp32", cnt_ptr="*i32")
-    cons = dict(HAS_PHASES=False, HAS_BIAS=True, HAS_RES=True, HAS_AFFINE=False, ACT=1, WRITE_PRE=True,
-                PRECISION=precision, UPCAST_DOT=False, FAST_SIN=dtype != "fp32", GPU_MATH=True, EMULATE_RNE=False,
-                BLOCK_T=bt, BLOCK_N=bn, BLOCK_R=br, GROUP_T=8, SPLIT_K=1)
+    cons = dict(
+        HAS_PHASES=False,
+        HAS_BIAS=True,
+        HAS_RES=True,
+        HAS_AFFINE=False,
+        ACT=1,
+        WRITE_PRE=True,
+        PRECISION=precision,
+        UPCAST_DOT=False,
+        FAST_SIN=dtype != "fp32",
+        GPU_MATH=True,
+        EMULATE_RNE=False,
+        BLOCK_T=bt,
+        BLOCK_N=bn,
+        BLOCK_R=br,
+        GROUP_T=8,
+        SPLIT_K=1,
+    )
     sig.update({k: "constexpr" for k in cons})
     div16 = [names.index(n) for n in names if n.endswith("_ptr") or n in ("CIN", "N", "COUT")]
     attrs = {(i,): [["tt.divisibility", 16]] for i in div16}
     src = ASTSource(fn=K._conv_gemm_jit, signature=sig, constexprs=cons, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": warps, "num_stages": stages}).asm["ptx"]
+    return triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
+    ).asm["ptx"]
 
 
 def _nvidia_backend() -> bool:
@@ -492,10 +586,14 @@ def _nvidia_backend() -> bool:
 
 
 @pytest.mark.skipif(not _nvidia_backend(), reason="needs Triton's NVIDIA backend (no GPU needed)")
-@pytest.mark.parametrize("dtype,precision,tile,mma", [
-    ("bf16", "ieee", (128, 128, 64, 8, 4), "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"),
-    ("fp32", "tf32", (128, 128, 32, 8, 3), "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
-    ("fp32", "tf32x3", (64, 64, 32, 4, 4), "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32")])
+@pytest.mark.parametrize(
+    "dtype,precision,tile,mma",
+    [
+        ("bf16", "ieee", (128, 128, 64, 8, 4), "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"),
+        ("fp32", "tf32", (128, 128, 32, 8, 3), "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
+        ("fp32", "tf32x3", (64, 64, 32, 4, 4), "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32"),
+    ],
+)
 def test_channels_last_gemm_gets_hopper_tensor_cores(dtype, precision, tile, mma):
     """On sm_90 the NLC kernel's dot is a wgmma (TF32 for fp32's "tf32"/"tf32x3") fed by 16-byte cp.async loads
     of the time-shifted input rows, and its output tile leaves in 16-byte stores."""

@@ -99,7 +99,7 @@ def _randomize(m: nn.Module, seed: int = 0) -> nn.Module:
                 p.copy_(torch.rand(p.shape, generator=g) + 0.5)
             else:
                 fan = p[0].numel() if p.dim() > 1 else 1
-                p.copy_(torch.randn(p.shape, generator=g) * (0.6 / fan ** 0.5 if p.dim() > 1 else 0.05))
+                p.copy_(torch.randn(p.shape, generator=g) * (0.6 / fan**0.5 if p.dim() > 1 else 0.05))
     return m.eval()
 
 
@@ -109,8 +109,10 @@ def qwen_like(snake=SnakeBeta):
     items: list = [mods[0]]
     for cin, cout, r in ((12, 6, 2), (6, 5, 3)):
         s, ct = snake(cin), CausalConvTranspose1d(cin, cout, 2 * r, r)
-        units = [Unit([snake(cout), CausalConv1d(cout, cout, 7, dilation=d), snake(cout), CausalConv1d(cout, cout, 1)])
-                 for d in (1, 3, 9)]
+        units = [
+            Unit([snake(cout), CausalConv1d(cout, cout, 7, dilation=d), snake(cout), CausalConv1d(cout, cout, 1)])
+            for d in (1, 3, 9)
+        ]
         mods += [s, ct, *units]
         items += [s, ct, *[u.item() for u in units]]
     s, c = snake(5), CausalConv1d(5, 1, 7)
@@ -126,8 +128,17 @@ def vox_like():
     for cin, cout, r in ((8, 6, 2),):
         aff, s = ChannelAffine(cin), Snake1d(cin)
         ct = TrimConvTranspose1d(cin, cout, 2 * r, stride=r, trim=r)
-        units = [Unit([Snake1d(cout), LeftPadConv1d(cout, cout, 7, dilation=d, groups=cout, left_pad=6 * d),
-                       Snake1d(cout), LeftPadConv1d(cout, cout, 1)]) for d in (1, 3, 9)]
+        units = [
+            Unit(
+                [
+                    Snake1d(cout),
+                    LeftPadConv1d(cout, cout, 7, dilation=d, groups=cout, left_pad=6 * d),
+                    Snake1d(cout),
+                    LeftPadConv1d(cout, cout, 1),
+                ]
+            )
+            for d in (1, 3, 9)
+        ]
         mods += [aff, s, ct, *units]
         items += [Affine(aff.scale, aff.shift), s, ct, *[u.item() for u in units]]
     s, c = Snake1d(6), LeftPadConv1d(6, 1, 7, left_pad=6)
@@ -139,8 +150,9 @@ def vox_like():
 def encoder_like(mixer_layout: str = "NCL"):
     """conv(1→4) → unit × 3 → snake → strided conv(k=2s) → mixer → snake → conv(k3)."""
     mods: list[nn.Module] = [CausalConv1d(1, 4, 7)]
-    units = [Unit([Snake1d(4), CausalConv1d(4, 4, 7, dilation=d), Snake1d(4), CausalConv1d(4, 4, 1)])
-             for d in (1, 3, 9)]
+    units = [
+        Unit([Snake1d(4), CausalConv1d(4, 4, 7, dilation=d), Snake1d(4), CausalConv1d(4, 4, 1)]) for d in (1, 3, 9)
+    ]
     mixer = Mixer(8)
     mods += [*units, Snake1d(4), CausalConv1d(4, 8, 8, stride=4), mixer, Snake1d(8), CausalConv1d(8, 6, 3)]
     eager = _randomize(nn.Sequential(*mods))
@@ -151,19 +163,27 @@ def encoder_like(mixer_layout: str = "NCL"):
 
 def test_qwen_like_chain_plan_and_fp32_numerics():
     items, eager = qwen_like()
-    chain = fuse_conv_chain(items, out_dtype=torch.float32)          # NCL in and out, like the eager modules
+    chain = fuse_conv_chain(items, out_dtype=torch.float32)  # NCL in and out, like the eager modules
     unit = ["conv(+snake)", "conv(+skip+snake, pre→skip)"] * 2 + ["conv(+snake)", "conv(+skip+snake)"]
-    assert chain.plan.steps == ["to_nlc", "conv(+snake)", "convT(+snake, pre→skip)", *unit,
-                                "convT(+snake, pre→skip)", *unit, "conv(+clamp)", "to_ncl"]
-    assert chain.plan.launches == 17            # eager: 31 convs + pads, 15 snakes, 6 adds, clamp, cast
+    assert chain.plan.steps == [
+        "to_nlc",
+        "conv(+snake)",
+        "convT(+snake, pre→skip)",
+        *unit,
+        "convT(+snake, pre→skip)",
+        *unit,
+        "conv(+clamp)",
+        "to_ncl",
+    ]
+    assert chain.plan.launches == 17  # eager: 31 convs + pads, 15 snakes, 6 adds, clamp, cast
     assert chain.plan.layout_changes == [0, 17]
     x = torch.randn(2, 8, 10)
     with torch.no_grad():
         ref = eager(x).clamp(-1, 1)
         y = chain(x)
     assert y.shape == (2, 1, 60) and y.dtype == torch.float32
-    assert y.is_contiguous()                    # the 1-channel [B, T, 1] result is the [B, 1, T] wave as it is
-    assert (ref.abs() < 1).float().mean() > 0.8 and ref.std() > 0.05   # the clamp must not hide the comparison
+    assert y.is_contiguous()  # the 1-channel [B, T, 1] result is the [B, 1, T] wave as it is
+    assert (ref.abs() < 1).float().mean() > 0.8 and ref.std() > 0.05  # the clamp must not hide the comparison
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5)
     # the same chain between channels-last neighbours (a transformer before it): no layout change at all
     nlc = fuse_conv_chain(items, input_layout="NLC", output_layout="NLC", out_dtype=torch.float32)
@@ -177,8 +197,9 @@ def test_qwen_like_chain_plan_and_fp32_numerics():
 def test_residual_chain_bf16_follows_the_eager_bf16_modules():
     """Units + head in bf16: the fused epilogues round where the eager bf16 modules round. (Without a transposed
     conv: PyTorch's CPU bf16 conv_transpose1d rounds differently from an fp32-accumulating GEMM, unlike cuDNN.)"""
-    units = [Unit([SnakeBeta(6), CausalConv1d(6, 6, 7, dilation=d), SnakeBeta(6), CausalConv1d(6, 6, 1)])
-             for d in (1, 3, 9)]
+    units = [
+        Unit([SnakeBeta(6), CausalConv1d(6, 6, 7, dilation=d), SnakeBeta(6), CausalConv1d(6, 6, 1)]) for d in (1, 3, 9)
+    ]
     s, c = SnakeBeta(6), CausalConv1d(6, 1, 7)
     eager = _randomize(nn.Sequential(*units, s, c))
     items = [*[u.item() for u in units], s, c, "clamp"]
@@ -189,7 +210,7 @@ def test_residual_chain_bf16_follows_the_eager_bf16_modules():
         bake_snake(eager)
         e16 = cast_to_compute_dtype(eager, torch.bfloat16)(x.bfloat16()).clamp(-1, 1).float()
         y = chain(x.bfloat16())
-    assert chain.plan.launches == 9 and y.dtype == torch.float32          # 8 + the copy to channels-last
+    assert chain.plan.launches == 9 and y.dtype == torch.float32  # 8 + the copy to channels-last
     snakes = [m for m in chain.modules() if hasattr(m, "alpha") and m.alpha is not None]
     assert snakes and all(m.alpha.dtype == torch.float32 and m.inv_beta.dtype == torch.float32 for m in snakes)
     convs = [m for m in chain.modules() if isinstance(m, (KernelConv1d, KernelConvTranspose1d))]
@@ -220,7 +241,7 @@ def test_encoder_like_chain_strided_and_opaque(mixer_layout):
     assert len(chain.plan.layout_changes) == (3 if mixer_layout == "NCL" else 2)
     strided = [m for m in chain.modules() if isinstance(m, KernelConv1d) and m.meta.stride == 4]
     assert len(strided) == 1 and strided[0].weight.shape == (8, 8, 4) and strided[0].precision == "tf32x3"
-    for T in (64, 61, 3):                                   # whole strides, a ragged tail, shorter than one window
+    for T in (64, 61, 3):  # whole strides, a ragged tail, shorter than one window
         x = torch.randn(1, 1, T)
         with torch.no_grad():
             ref = eager(x)
@@ -229,17 +250,17 @@ def test_encoder_like_chain_strided_and_opaque(mixer_layout):
 
 def test_chain_edges_unabsorbed_steps():
     s1, c1, s2 = SnakeBeta(4), CausalConv1d(4, 4, 3), SnakeBeta(4)
-    ends_in_snake = Residual([s1, c1, s2])             # branch ends in a snake: the add cannot be fused
+    ends_in_snake = Residual([s1, c1, s2])  # branch ends in a snake: the add cannot be fused
     chain = fuse_conv_chain([ends_in_snake, nn.Tanh()])
     assert chain.plan.steps == ["to_nlc", "set_skip", "snake", "conv(+snake)", "add_skip", "act(tanh)", "to_ncl"]
     eager = _randomize(nn.Sequential(s1, c1, s2))
     chain = fuse_conv_chain([ends_in_snake, nn.Tanh()])
-    assert isinstance(chain.steps[2].mod, SnakeNLC)                 # the standalone snake is channels-last
+    assert isinstance(chain.steps[2].mod, SnakeNLC)  # the standalone snake is channels-last
     x = torch.randn(2, 4, 9)
     with torch.no_grad():
         torch.testing.assert_close(chain(x), torch.tanh(x + eager(x)), rtol=1e-5, atol=1e-6)
     with pytest.raises(ConvBakeError, match="Opaque"):
-        fuse_conv_chain([c1, Mixer(4)])                              # a bare module: which layout does it take?
+        fuse_conv_chain([c1, Mixer(4)])  # a bare module: which layout does it take?
     with pytest.raises(ConvBakeError, match="layout"):
         fuse_conv_chain([c1], input_layout="NTC")
     with pytest.raises(ConvBakeError, match="layout"):
@@ -268,13 +289,29 @@ def test_chain_exports_one_node_per_launch():
     items, _ = qwen_like()
     chain = fuse_conv_chain(items, out_dtype=torch.float32)
     ep = torch.export.export(chain, (torch.randn(1, 8, 10),), strict=False)
-    assert _ops_in(ep) == {"ttsaot.conv1d.default": 10, "ttsaot.conv1d_dual.default": 4,
-                           "ttsaot.conv_transpose1d_dual.default": 2}
+    assert _ops_in(ep) == {
+        "ttsaot.conv1d.default": 10,
+        "ttsaot.conv1d_dual.default": 4,
+        "ttsaot.conv_transpose1d_dual.default": 2,
+    }
 
 
 # aten ops that change or copy a layout (views included: a strided view handed to a kernel becomes a copy)
-_LAYOUT_OPS = ("permute", "transpose", "clone", "contiguous", "copy", "view", "reshape", "_to_copy", "as_strided",
-               "expand", "t.default", "unsqueeze", "squeeze")
+_LAYOUT_OPS = (
+    "permute",
+    "transpose",
+    "clone",
+    "contiguous",
+    "copy",
+    "view",
+    "reshape",
+    "_to_copy",
+    "as_strided",
+    "expand",
+    "t.default",
+    "unsqueeze",
+    "squeeze",
+)
 
 
 def _layout_ops_between_convs(ep) -> tuple[list[str], list[str], list[str]]:
@@ -285,8 +322,8 @@ def _layout_ops_between_convs(ep) -> tuple[list[str], list[str], list[str]]:
 
     def layout(sl):
         return [t for t in sl if t.startswith("aten.") and any(k in t for k in _LAYOUT_OPS)]
-    return (layout(names[: conv_at[0]]), layout(names[conv_at[0]: conv_at[-1] + 1]),
-            layout(names[conv_at[-1] + 1:]))
+
+    return (layout(names[: conv_at[0]]), layout(names[conv_at[0] : conv_at[-1] + 1]), layout(names[conv_at[-1] + 1 :]))
 
 
 @pytest.mark.parametrize("family", ["qwen", "vox", "encoder"])
@@ -305,8 +342,9 @@ def test_exported_chain_has_no_layout_conversion_between_conv_layers(family):
     with torch.no_grad():
         torch.testing.assert_close(ep.module()(x), chain(x))
     # channels-last neighbours on both sides: no layout op anywhere
-    nlc = fuse_conv_chain(items, input_layout="NLC", output_layout="NLC",
-                          out_dtype=torch.float32 if family == "qwen" else None)
+    nlc = fuse_conv_chain(
+        items, input_layout="NLC", output_layout="NLC", out_dtype=torch.float32 if family == "qwen" else None
+    )
     ep = torch.export.export(nlc, (x.transpose(1, 2).contiguous(),), strict=False)
     assert _layout_ops_between_convs(ep) == ([], [], [])
 
@@ -314,7 +352,7 @@ def test_exported_chain_has_no_layout_conversion_between_conv_layers(family):
 @pytest.mark.slow
 def test_chain_aoti_cpu_build_matches_eager(tmp_path):
     items, _ = qwen_like()
-    chain = fuse_conv_chain(items[:4], out_dtype=torch.float32)      # conv, snake, convT, one unit
+    chain = fuse_conv_chain(items[:4], out_dtype=torch.float32)  # conv, snake, convT, one unit
     x = torch.randn(2, 8, 10)
     with torch.no_grad():
         ref = chain(x)

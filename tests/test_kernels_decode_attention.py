@@ -40,14 +40,19 @@ def _kernel_runtime():
 def _case(B, hq, hkv, hd, S, L, dtype, rope, qk_norm, seed=0):
     g = torch.Generator().manual_seed(seed)
     pos = torch.randint(0, S, (B,), generator=g)
-    pos[0], pos[-1] = 0, S - 1                       # first position, and an idle row on the scratch slot
-    t = {"qkv": torch.randn(B, (hq + 2 * hkv) * hd, generator=g).to(dtype),
-         "positions": pos,
-         "k_cache": torch.randn(L, B, hkv, S, hd, generator=g).to(dtype),
-         "v_cache": torch.randn(L, B, hkv, S, hd, generator=g).to(dtype),
-         "cos": None, "sin": None, "q_norm": None, "k_norm": None}
+    pos[0], pos[-1] = 0, S - 1  # first position, and an idle row on the scratch slot
+    t = {
+        "qkv": torch.randn(B, (hq + 2 * hkv) * hd, generator=g).to(dtype),
+        "positions": pos,
+        "k_cache": torch.randn(L, B, hkv, S, hd, generator=g).to(dtype),
+        "v_cache": torch.randn(L, B, hkv, S, hd, generator=g).to(dtype),
+        "cos": None,
+        "sin": None,
+        "q_norm": None,
+        "k_norm": None,
+    }
     if rope == "neox":
-        t["cos"], t["sin"] = rope_table(hd, S + 5, 10000.0)         # tables may be longer than the cache
+        t["cos"], t["sin"] = rope_table(hd, S + 5, 10000.0)  # tables may be longer than the cache
     elif rope == "interleaved":
         t["cos"], t["sin"] = rope_table_interleaved(hd, S, 1e6, round_to=torch.bfloat16)
     if qk_norm:
@@ -59,7 +64,7 @@ def _case(B, hq, hkv, hd, S, L, dtype, rope, qk_norm, seed=0):
 def _written_k_mirror(t, hq, hkv, hd, rope, rnd):
     """This token's k as the kernel must write it: RMSNorm (project rounding), fp32 rotation, cast back."""
     B = t["qkv"].shape[0]
-    k = t["qkv"].cpu().float().view(B, hq + 2 * hkv, hd)[:, hq:hq + hkv]
+    k = t["qkv"].cpu().float().view(B, hq + 2 * hkv, hd)[:, hq : hq + hkv]
     if t["k_norm"] is not None:
         rstd = 1.0 / torch.sqrt((k * k).sum(-1, keepdim=True) / hd + 1e-6)
         k = rnd(t["k_norm"].cpu().float() * rnd(k * rstd))
@@ -88,7 +93,7 @@ def test_kernel_matches_reference_and_writes_only_its_slots(rope, qk_norm, dtype
         o = launch_decode_attention(**t, **args, split_size=split, block_s=16, config={"num_warps": 4})
         ref = decode_attention_reference(**ref_t, **args)
         assert o.shape == (B, hq * hd) and o.dtype == dtype
-        tol = 1e-5 if dtype == torch.float32 else (1e-2 if ON_GPU else 3e-2)     # CPU: truncating casts
+        tol = 1e-5 if dtype == torch.float32 else (1e-2 if ON_GPU else 3e-2)  # CPU: truncating casts
         assert rel_err(o.cpu().float(), ref.cpu().float()) < tol, (B, hq, hkv, S, split)
 
         written = torch.zeros(L, B, hkv, S, dtype=torch.bool)
@@ -97,7 +102,7 @@ def test_kernel_matches_reference_and_writes_only_its_slots(rope, qk_norm, dtype
             assert torch.equal(new.cpu()[~written], old.cpu()[~written]), "wrote outside this step's slots"
         rows = torch.arange(B)
         pos = t["positions"].cpu()
-        v_new = t["qkv"].cpu().view(B, hq + 2 * hkv, hd)[:, hq + hkv:]
+        v_new = t["qkv"].cpu().view(B, hq + 2 * hkv, hd)[:, hq + hkv :]
         assert torch.equal(t["v_cache"].cpu()[L - 1, rows, :, pos], v_new)
         k_new = t["k_cache"].cpu()[L - 1, rows, :, pos].float()
         mirror = _written_k_mirror(t, hq, hkv, hd, rope, kernel_rounding(dtype))
@@ -113,8 +118,9 @@ def test_split_count_does_not_change_the_result_and_runs_are_deterministic():
     outs = []
     for split in (16, 48, 128, 16):
         tt = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
-        outs.append(launch_decode_attention(**tt, layer=0, scale=0.1, split_size=split, block_s=16,
-                                            config={"num_warps": 4}))
+        outs.append(
+            launch_decode_attention(**tt, layer=0, scale=0.1, split_size=split, block_s=16, config={"num_warps": 4})
+        )
     assert torch.equal(outs[0], outs[3])
     for o in outs[1:3]:
         assert rel_err(o.cpu(), outs[0].cpu()) < 1e-6
@@ -133,7 +139,7 @@ def test_positions_outside_the_cache_are_clamped_like_the_reference():
 
 
 def test_split_plan():
-    assert plan_split_size(513, 2, 132) == 64                 # VoxCPM2 B=1: every 64 positions its own program
+    assert plan_split_size(513, 2, 132) == 64  # VoxCPM2 B=1: every 64 positions its own program
     for S, rows in ((513, 32), (8193, 2), (8193, 32), (100_001, 128)):
         size = plan_split_size(S, rows, 132)
         assert size >= 64 and size & (size - 1) == 0
@@ -184,8 +190,12 @@ class _TwoLayerStep(torch.nn.Module):
 
 def _step_inputs(B=3, S=24, device="cpu"):
     g = torch.Generator().manual_seed(1)
-    return (torch.randn(B, 32, generator=g).to(device), torch.tensor([0, 7, S - 1][:B]).to(device),
-            torch.randn(2, B, 2, S, 16, generator=g).to(device), torch.randn(2, B, 2, S, 16, generator=g).to(device))
+    return (
+        torch.randn(B, 32, generator=g).to(device),
+        torch.tensor([0, 7, S - 1][:B]).to(device),
+        torch.randn(2, B, 2, S, 16, generator=g).to(device),
+        torch.randn(2, B, 2, S, 16, generator=g).to(device),
+    )
 
 
 def _targets(ep) -> list:
@@ -231,14 +241,14 @@ def test_aoti_cpu_package_writes_the_callers_cache_in_place(tmp_path):
     with torch.no_grad():
         got, want = runner(*got_args), m(*want_args)
     torch.testing.assert_close(got, want)
-    torch.testing.assert_close(got_args[2], want_args[2])      # the caller's tensors, written in place
+    torch.testing.assert_close(got_args[2], want_args[2])  # the caller's tensors, written in place
     torch.testing.assert_close(got_args[3], want_args[3])
     assert [a.data_ptr() for a in got_args[2:]] == ptrs
     import zipfile
 
     with zipfile.ZipFile(path) as z:
         wrapper = "".join(z.read(n).decode() for n in z.namelist() if n.endswith(".wrapper.cpp"))
-    assert wrapper and "proxy_executor_call_function" not in wrapper    # nothing left for a registered op
+    assert wrapper and "proxy_executor_call_function" not in wrapper  # nothing left for a registered op
 
 
 def test_cpu_install_without_triton_exports_and_lowers():
@@ -269,14 +279,13 @@ def test_cpu_install_without_triton_exports_and_lowers():
         print("ok")
     """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
 
 
 # ------------------------------------------------------------------------------------ GPU, real shapes
-REAL = {   # name: (Hq, Hkv, rope, qk_norm)
+REAL = {  # name: (Hq, Hkv, rope, qk_norm)
     "voxcpm2_base_lm": (16, 2, "neox", False),
     "voxcpm2_residual_lm": (16, 2, None, False),
     "fish_slow_ar_like": (32, 8, "interleaved", False),
@@ -301,7 +310,7 @@ def test_gpu_real_shapes_autotuned(name, B, S):
     k_mirror = _written_k_mirror(t, hq, hkv, 128, rope, kernel_rounding(torch.bfloat16))
     k_new = t["k_cache"].cpu()[2, torch.arange(B), :, t["positions"].cpu()].float()
     assert (k_new == k_mirror).float().mean().item() >= 0.99
-    again = decode_attention(**t, **args)             # same inputs (the slot now holds the same k/v)
+    again = decode_attention(**t, **args)  # same inputs (the slot now holds the same k/v)
     assert torch.equal(o, again)
 
 
@@ -320,7 +329,7 @@ def test_gpu_aoti_package_updates_the_cache_in_place_without_copying_it(tmp_path
     runner = aoti_load_package(path, run_single_threaded=True)
     got_args, want_args = _step_inputs(S=8192, device="cuda"), _step_inputs(S=8192, device="cuda")
     with torch.no_grad():
-        runner(*got_args)                              # warm-up (lazy kernel loads)
+        runner(*got_args)  # warm-up (lazy kernel loads)
         got_args = _step_inputs(S=8192, device="cuda")
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

@@ -34,11 +34,13 @@ def _inputs(M, N, K, dtype, *, bias=False, norm=False, gated=False, residual=Fal
     g = torch.Generator().manual_seed(seed)
     n_out = N // 2 if gated else N
     shape = lead if lead is not None else (M,)
-    t = {"x": torch.randn(*shape, K, generator=g),
-         "weight": torch.randn(N, K, generator=g) / K**0.5,
-         "bias": torch.randn(N, generator=g) if bias else None,
-         "norm_weight": torch.rand(K, generator=g) + 0.5 if norm else None,
-         "residual": torch.randn(*shape, n_out, generator=g) if residual else None}
+    t = {
+        "x": torch.randn(*shape, K, generator=g),
+        "weight": torch.randn(N, K, generator=g) / K**0.5,
+        "bias": torch.randn(N, generator=g) if bias else None,
+        "norm_weight": torch.rand(K, generator=g) + 0.5 if norm else None,
+        "residual": torch.randn(*shape, n_out, generator=g) if residual else None,
+    }
     return {k: None if v is None else v.to(dtype).to(DEVICE) for k, v in t.items()}
 
 
@@ -70,7 +72,7 @@ def test_reference_is_the_eager_modules_math():
         norm.weight.uniform_(0.5, 1.5)
         mlp.fuse_projections()
         x = torch.randn(3, 5, D).bfloat16()
-        h = x + lin(norm(x)) * 0.37                                   # MiniCPM's muP branch scaling
+        h = x + lin(norm(x)) * 0.37  # MiniCPM's muP branch scaling
         got = skinny_linear_reference(x, lin.weight, lin.bias, norm.weight, 1e-5, residual=x, residual_scale=0.37)
         assert torch.equal(got, h)
         assert torch.equal(skinny_linear_reference(x, lin.weight, lin.bias, residual=x), x + lin(x))
@@ -97,8 +99,13 @@ EPILOGUES = {
 }
 # (rows, N, K, form, split-K): GEMV and tensor-core forms, N and K off the block sizes, B = 3 and 5, M > 16,
 # leading dims [2, 3] (a re-prefill's [B, T, D]).
-CASES = [((1,), 40, 100, "gemv", 1), ((3,), 34, 70, "gemv", 2), ((5,), 24, 130, "dot", 1),
-         ((20,), 48, 96, "dot", 3), ((2, 3), 32, 80, "dot", 2)]
+CASES = [
+    ((1,), 40, 100, "gemv", 1),
+    ((3,), 34, 70, "gemv", 2),
+    ((5,), 24, 130, "dot", 1),
+    ((20,), 48, 96, "dot", 3),
+    ((2, 3), 32, 80, "dot", 2),
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -111,12 +118,10 @@ def test_kernel_matches_reference_with_its_rounding_order(epilogue, dtype):
         t = _inputs(None, N, K, dtype, lead=lead, seed=i, **spec)
         kw = dict(norm_eps=1e-5, gated=spec.get("gated", False), residual_scale=scale)
         # BLOCK_K 32 makes several K steps per split, and split boundaries fall inside K
-        y = launch_skinny_linear(**t, **kw, config={"BLOCK_N": 16, "BLOCK_K": 32}, split_k=split,
-                                 use_dot=form == "dot")
+        y = launch_skinny_linear(**t, **kw, config={"BLOCK_N": 16, "BLOCK_K": 32}, split_k=split, use_dot=form == "dot")
         ref = skinny_linear_reference(**t, **kw)
         assert y.shape == ref.shape and y.dtype == dtype, (lead, N, K)
-        mirror = _mirror(t["x"], t["weight"], t["bias"], t["norm_weight"], 1e-5, kw["gated"], t["residual"],
-                         scale, rnd)
+        mirror = _mirror(t["x"], t["weight"], t["bias"], t["norm_weight"], 1e-5, kw["gated"], t["residual"], scale, rnd)
         if dtype == torch.float32:
             assert rel_err(y.cpu(), ref.cpu()) < 1e-5, (lead, N, K, form, split)
         else:
@@ -130,8 +135,10 @@ def test_kernel_matches_reference_with_its_rounding_order(epilogue, dtype):
 
 def test_kernel_is_deterministic_with_split_k():
     t = _inputs(None, 64, 300, torch.bfloat16, lead=(4,), norm=True, residual=True, gated=True)
-    runs = [launch_skinny_linear(**t, gated=True, config={"BLOCK_N": 16, "BLOCK_K": 32}, split_k=4, use_dot=False)
-            for _ in range(2)]
+    runs = [
+        launch_skinny_linear(**t, gated=True, config={"BLOCK_N": 16, "BLOCK_K": 32}, split_k=4, use_dot=False)
+        for _ in range(2)
+    ]
     assert torch.equal(runs[0], runs[1])
 
 
@@ -147,10 +154,12 @@ def test_launches_pass_each_kernel_only_its_own_arguments(epilogue):
         def launcher(grid):
             def call(*args, **kw):
                 names = kernel.arg_names
-                assert len(args) + len(kw) <= len(names) and set(kw) <= set(names[len(args):]), (
-                    sorted(set(kw) - set(names)))
+                assert len(args) + len(kw) <= len(names) and set(kw) <= set(names[len(args) :]), sorted(
+                    set(kw) - set(names)
+                )
                 launched.append(kernel)
                 return kernel[grid](*args, **kw)
+
             return call
 
         class _Wrapped:
@@ -159,9 +168,15 @@ def test_launches_pass_each_kernel_only_its_own_arguments(epilogue):
 
         return _Wrapped()
 
-    launch_skinny_linear(**t, gated=spec.get("gated", False), split_k=2, use_dot=True, wrap=checked,
-                         config={"BLOCK_N": 16, "BLOCK_K": 32})
-    assert len(launched) == 2                                   # the split-K pass and its epilogue
+    launch_skinny_linear(
+        **t,
+        gated=spec.get("gated", False),
+        split_k=2,
+        use_dot=True,
+        wrap=checked,
+        config={"BLOCK_N": 16, "BLOCK_K": 32},
+    )
+    assert len(launched) == 2  # the split-K pass and its epilogue
 
 
 def test_rows_above_the_threshold_take_the_aten_path():
@@ -170,13 +185,17 @@ def test_rows_above_the_threshold_take_the_aten_path():
 
 
 def test_split_k_plan():
-    for m, n, k, dot in ((1, 2048, 2048, False), (16, 1024, 3072, True), (1, 256, 8192, False),
-                         (176, 6144, 2560, True)):
+    for m, n, k, dot in (
+        (1, 2048, 2048, False),
+        (16, 1024, 3072, True),
+        (1, 256, 8192, False),
+        (176, 6144, 2560, True),
+    ):
         s = plan_split_k(m, n, k, 132, dot)
         assert s >= 1 and s & (s - 1) == 0 and (s == 1 or k // s >= MIN_SPLIT_K_CHUNK)
-    assert plan_split_k(1, 2048, 2048, 132, False) == 1     # VoxCPM2 o_proj: 256 GEMV programs fill the GPU
-    assert plan_split_k(16, 1024, 3072, 132, True) == 2     # Qwen predictor down: 64 tensor-core tiles do not
-    assert plan_split_k(176, 19456, 2560, 132, True) == 1   # Fish gate_up with 176 rows fills the GPU
+    assert plan_split_k(1, 2048, 2048, 132, False) == 1  # VoxCPM2 o_proj: 256 GEMV programs fill the GPU
+    assert plan_split_k(16, 1024, 3072, 132, True) == 2  # Qwen predictor down: 64 tensor-core tiles do not
+    assert plan_split_k(176, 19456, 2560, 132, True) == 1  # Fish gate_up with 176 rows fills the GPU
 
 
 def test_shape_and_dtype_errors():
@@ -214,8 +233,10 @@ def test_export_keeps_one_node_per_call_and_cpu_lowers_to_aten():
         ep = torch.export.export(m, (x,), strict=False)
         ops = [n.target for n in ep.graph.nodes if n.op == "call_function"]
         assert ops.count(SL) == 2 and len(ops) == 2
-        for lowered in (ep.run_decompositions({**torch.export.default_decompositions(), **CPU_DECOMPOSITIONS}),
-                        lower_for_cpu(ep)):        # export.py's table today, and the lowering for mutating ops
+        for lowered in (
+            ep.run_decompositions({**torch.export.default_decompositions(), **CPU_DECOMPOSITIONS}),
+            lower_for_cpu(ep),
+        ):  # export.py's table today, and the lowering for mutating ops
             targets = {str(n.target) for n in lowered.graph.nodes if n.op == "call_function"}
             assert not any("ttsaot" in t for t in targets)
             assert any("mm" in t for t in targets)
@@ -223,7 +244,7 @@ def test_export_keeps_one_node_per_call_and_cpu_lowers_to_aten():
 
 
 # ------------------------------------------------------------------------------------ GPU, real shapes
-REAL_SHAPES = {   # name: (N, K, epilogue) as the stages use them
+REAL_SHAPES = {  # name: (N, K, epilogue) as the stages use them
     "voxcpm2_qkv_norm": (2560, 2048, {"norm": True}),
     "voxcpm2_o_residual": (2048, 2048, {"residual": True}),
     "voxcpm2_gate_up_norm_silu": (12288, 2048, {"norm": True, "gated": True}),
@@ -245,11 +266,19 @@ def test_gpu_real_shapes_autotuned(name, M):
     t = _inputs(M, N, K, torch.bfloat16, **spec)
     gated = spec.get("gated", False)
     y = skinny_linear(**t, norm_eps=1e-5, gated=gated, residual_scale=0.7 if spec.get("residual") else 1.0)
-    ref = skinny_linear_reference(**t, norm_eps=1e-5, gated=gated,
-                                  residual_scale=0.7 if spec.get("residual") else 1.0)
+    ref = skinny_linear_reference(**t, norm_eps=1e-5, gated=gated, residual_scale=0.7 if spec.get("residual") else 1.0)
     assert rel_err(y.float(), ref.float()) < 1e-2
-    mirror = _mirror(t["x"], t["weight"], t["bias"], t["norm_weight"], 1e-5, gated, t["residual"],
-                     0.7 if spec.get("residual") else 1.0, kernel_rounding(torch.bfloat16))
+    mirror = _mirror(
+        t["x"],
+        t["weight"],
+        t["bias"],
+        t["norm_weight"],
+        1e-5,
+        gated,
+        t["residual"],
+        0.7 if spec.get("residual") else 1.0,
+        kernel_rounding(torch.bfloat16),
+    )
     assert (y.cpu().float() == mirror).float().mean().item() >= 0.99
     again = skinny_linear(**t, norm_eps=1e-5, gated=gated, residual_scale=0.7 if spec.get("residual") else 1.0)
     assert torch.equal(y, again)

@@ -62,11 +62,19 @@ def _small_spec(module_fn, dtype=torch.float32, frames=(8, 16)) -> StageSpec:
     def make_inputs(sizes, g):
         return {"x": torch.randn(sizes["batch"], 2, sizes["frames"], generator=g)}
 
-    return StageSpec(family="test", name="convsnake", kind="generic", make_module=module_fn, passes=[],
-                     plan=BucketPlan({"batch": (1, 2), "frames": frames}), make_inputs=make_inputs,
-                     inputs=[{"name": "x", "dtype": "float32", "shape": ["batch", 2, "frames"], "pad": 0.0}],
-                     outputs=[{"name": "y", "dtype": "float32", "shape": ["batch", 1, "frames"]}],
-                     dtype=dtype, tolerance=1e-5)
+    return StageSpec(
+        family="test",
+        name="convsnake",
+        kind="generic",
+        make_module=module_fn,
+        passes=[],
+        plan=BucketPlan({"batch": (1, 2), "frames": frames}),
+        make_inputs=make_inputs,
+        inputs=[{"name": "x", "dtype": "float32", "shape": ["batch", 2, "frames"], "pad": 0.0}],
+        outputs=[{"name": "y", "dtype": "float32", "shape": ["batch", 1, "frames"]}],
+        dtype=dtype,
+        tolerance=1e-5,
+    )
 
 
 def test_snake_beta_lowers_to_standard_ops_fp32(tmp_path):
@@ -102,7 +110,7 @@ def test_snake_beta_bf16_graph_casts_around_sin(tmp_path):
 
 
 def test_unknown_custom_op_is_refused_then_lowered_through_the_registry(tmp_path):
-    lib = torch.library.Library("ttsaot_onnxtest", "FRAGMENT")   # noqa: F841 - keeps the namespace alive
+    lib = torch.library.Library("ttsaot_onnxtest", "FRAGMENT")  # noqa: F841 - keeps the namespace alive
     torch.library.define("ttsaot_onnxtest::twice_plus", "(Tensor x) -> Tensor", lib=lib)
     torch.library.impl("ttsaot_onnxtest::twice_plus", "CompositeExplicitAutograd", lambda x: 2 * x + 1, lib=lib)
     torch.library.register_fake("ttsaot_onnxtest::twice_plus", lambda x: torch.empty_like(x), lib=lib)
@@ -152,16 +160,29 @@ class _CacheStep(torch.nn.Module):
 def test_inputs_written_in_place_become_outputs(tmp_path):
     def make_inputs(sizes, g):
         b = sizes["batch"]
-        return {"x": torch.randn(b, generator=g), "pos": torch.randint(0, 6, (b,), generator=g),
-                "cache": torch.randn(b, 6, generator=g)}
+        return {
+            "x": torch.randn(b, generator=g),
+            "pos": torch.randint(0, 6, (b,), generator=g),
+            "cache": torch.randn(b, 6, generator=g),
+        }
 
-    spec = StageSpec(family="test", name="step", kind="generic", make_module=_CacheStep, passes=[],
-                     plan=BucketPlan({"batch": (1, 4)}), make_inputs=make_inputs,
-                     inputs=[{"name": "x", "dtype": "float32", "shape": ["batch"]},
-                             {"name": "pos", "dtype": "int64", "shape": ["batch"]},
-                             {"name": "cache", "dtype": "float32", "shape": ["batch", 6]}],
-                     outputs=[{"name": "total", "dtype": "float32", "shape": ["batch"]}],
-                     dtype=torch.float32, tolerance=1e-6)
+    spec = StageSpec(
+        family="test",
+        name="step",
+        kind="generic",
+        make_module=_CacheStep,
+        passes=[],
+        plan=BucketPlan({"batch": (1, 4)}),
+        make_inputs=make_inputs,
+        inputs=[
+            {"name": "x", "dtype": "float32", "shape": ["batch"]},
+            {"name": "pos", "dtype": "int64", "shape": ["batch"]},
+            {"name": "cache", "dtype": "float32", "shape": ["batch", 6]},
+        ],
+        outputs=[{"name": "total", "dtype": "float32", "shape": ["batch"]}],
+        dtype=torch.float32,
+        tolerance=1e-6,
+    )
     res = ox.export_stage_onnx(spec, _CacheStep(), tmp_path / "step.onnx")
     assert res.updated_inputs == {"cache_out": "cache"}
     ins = make_inputs({"batch": 3}, torch.Generator().manual_seed(1))
@@ -169,19 +190,20 @@ def test_inputs_written_in_place_become_outputs(tmp_path):
     cache = ins["cache"].clone()
     ref = _CacheStep()(ins["x"], ins["pos"], cache)
     np.testing.assert_allclose(total, ref.numpy(), rtol=1e-6)
-    np.testing.assert_array_equal(cache_out, cache.numpy())      # the eager in-place write, as an output
+    np.testing.assert_array_equal(cache_out, cache.numpy())  # the eager in-place write, as an output
 
 
 def test_external_data_is_listed_and_integrity_checked(tmp_path):
-    m = _ConvSnake(c=256).eval()         # conv weights of 6 KiB: above the inline limit of 1 KiB per tensor
+    m = _ConvSnake(c=256).eval()  # conv weights of 6 KiB: above the inline limit of 1 KiB per tensor
     spec = _small_spec(lambda: m)
     inline = ox.export_stage_onnx(spec, m, tmp_path / "inline" / "s.onnx")
     res = ox.export_stage_onnx(spec, m, tmp_path / "ext" / "s.onnx", external_threshold=0)
     assert inline.external_data == [] and [p.name for p in res.external_data] == ["s.onnx.data"]
     onnx.checker.check_model(str(res.path), full_check=True)
     x = torch.randn(1, 2, 11).numpy()
-    np.testing.assert_array_equal(_session(res.path).run(None, {"x": x})[0],
-                                  _session(inline.path).run(None, {"x": x})[0])
+    np.testing.assert_array_equal(
+        _session(res.path).run(None, {"x": x})[0], _session(inline.path).run(None, {"x": x})[0]
+    )
     entry = ox.manifest_entry(res, tmp_path / "ext")
     assert entry["external_data"][0]["file"] == "s.onnx.data" and entry["external_data"][0]["bytes"] > 0
     # The runtime schema parses it and lists the data file among the stage's files (load() hashes them).
@@ -192,21 +214,56 @@ def test_external_data_is_listed_and_integrity_checked(tmp_path):
 
 def _manifest_with_onnx(onnx_entry: dict):
     fe = {"file": "g.safetensors", "sha256": "0" * 64, "bytes": 1}
-    return {"stages": parse_manifest({
-        "format_version": 1, "family": "t", "device": "cpu", "build_env": {},
-        "stages": {"convsnake": {"kind": "generic", "dtype": "float32", "inputs": [], "outputs": [],
-                                 "weights": None, "constants": {}, "buckets": [], "golden": fe,
-                                 "tolerance": 1e-5, "onnx": onnx_entry}}}).stages}
+    return {
+        "stages": parse_manifest(
+            {
+                "format_version": 1,
+                "family": "t",
+                "device": "cpu",
+                "build_env": {},
+                "stages": {
+                    "convsnake": {
+                        "kind": "generic",
+                        "dtype": "float32",
+                        "inputs": [],
+                        "outputs": [],
+                        "weights": None,
+                        "constants": {},
+                        "buckets": [],
+                        "golden": fe,
+                        "tolerance": 1e-5,
+                        "onnx": onnx_entry,
+                    }
+                },
+            }
+        ).stages
+    }
 
 
 def test_schema_requires_buckets_or_onnx():
-    base = {"format_version": 1, "family": "t", "device": "cpu", "build_env": {},
-            "stages": {"s": {"kind": "generic", "dtype": "float32", "inputs": [], "outputs": [], "weights": None,
-                             "constants": {}, "buckets": [], "tolerance": 1e-5}}}
+    base = {
+        "format_version": 1,
+        "family": "t",
+        "device": "cpu",
+        "build_env": {},
+        "stages": {
+            "s": {
+                "kind": "generic",
+                "dtype": "float32",
+                "inputs": [],
+                "outputs": [],
+                "weights": None,
+                "constants": {},
+                "buckets": [],
+                "tolerance": 1e-5,
+            }
+        },
+    }
     with pytest.raises(ManifestError, match="buckets is empty"):
         parse_manifest(base)
-    base["stages"]["s"]["buckets"] = [{"key": "b1", "sizes": {"batch": 1}, "file": "s/b1.pt2", "sha256": "0",
-                                       "bytes": 1}]
+    base["stages"]["s"]["buckets"] = [
+        {"key": "b1", "sizes": {"batch": 1}, "file": "s/b1.pt2", "sha256": "0", "bytes": 1}
+    ]
     with pytest.raises(ManifestError, match="weights is missing"):
         parse_manifest(base)
     base["stages"]["s"]["onnx"] = {"file": "../x.onnx", "sha256": "0", "bytes": 1, "opset": 20}
@@ -225,8 +282,15 @@ def _registered_stages():
         try:
             names = get_family(fam_name).stages
         except Exception as e:  # noqa: BLE001 - a family not in this checkout (yet)
-            out.append(pytest.param(fam_name, None, marks=pytest.mark.skip(
-                reason=f"{fam_name}: stages unavailable in this checkout ({type(e).__name__}: {e})")))
+            out.append(
+                pytest.param(
+                    fam_name,
+                    None,
+                    marks=pytest.mark.skip(
+                        reason=f"{fam_name}: stages unavailable in this checkout ({type(e).__name__}: {e})"
+                    ),
+                )
+            )
             continue
         out += [pytest.param(fam_name, s, id=f"{fam_name}:{s}") for s in names]
     return out
@@ -257,7 +321,7 @@ def test_every_stage_exports_checks_and_matches_eager(fam_name, stage, tmp_path)
     model = onnx.load(str(path), load_external_data=False)
     assert _domains(model) <= {"", "ai.onnx"}
     assert [i.name for i in model.graph.input] == spec.input_names
-    updated = entry.onnx.updated_inputs     # KV caches written in place → returned as `<input>_out`
+    updated = entry.onnx.updated_inputs  # KV caches written in place → returned as `<input>_out`
     assert [o.name for o in model.graph.output] == [o["name"] for o in spec.outputs] + list(updated)
     if updated:
         _check_updated_inputs(spec, path, updated)
@@ -266,7 +330,7 @@ def test_every_stage_exports_checks_and_matches_eager(fam_name, stage, tmp_path)
     bad = [r for r in results if not r.ok]
     assert not bad, bad
     for r in results:
-        if r.metric == "mismatches":    # codes: exactly the eager codes for the same noise
+        if r.metric == "mismatches":  # codes: exactly the eager codes for the same noise
             assert r.value == 0
 
 
@@ -275,13 +339,14 @@ def test_every_stage_default_dtype_passes_the_checker(fam_name, stage, tmp_path)
     """The stage's default compute dtype (bf16 for most): the written model passes onnx.checker's full check at
     the recorded opset and uses default-domain ops only. (onnxruntime's CPU provider lacks bf16 kernels.)"""
     if stage != "code2wav" and not os.environ.get("TTSAOT_ONNX_ALL_DTYPES"):
-        pytest.skip("one more export per stage: set TTSAOT_ONNX_ALL_DTYPES=1 (code2wav, the bf16 SnakeBeta path, "
-                    "always runs)")
+        pytest.skip(
+            "one more export per stage: set TTSAOT_ONNX_ALL_DTYPES=1 (code2wav, the bf16 SnakeBeta path, always runs)"
+        )
     spec = _tiny_spec(fam_name, stage, None)
     if spec.dtype == torch.float32:
         pytest.skip(f"{stage}: default dtype is fp32, covered by the fp32 test")
     module = cast_to_compute_dtype(_rewritten(spec), spec.dtype).eval()
-    res = ox.export_stage_onnx(spec, module, tmp_path / f"{stage}.onnx")   # runs the full check itself
+    res = ox.export_stage_onnx(spec, module, tmp_path / f"{stage}.onnx")  # runs the full check itself
     assert res.opset == ox.LOW_PRECISION_OPSET
     onnx.checker.check_model(str(res.path), full_check=True)
     assert _domains(onnx.load(str(res.path), load_external_data=False)) <= {"", "ai.onnx"}
@@ -329,14 +394,13 @@ def test_dynamic_frames_match_the_aoti_buckets(code2wav_aoti_onnx):
     m = json.loads((code2wav_aoti_onnx / "manifest.json").read_text())
     st = m["stages"]["code2wav"]
     assert [b["key"] for b in st["buckets"]] == ["b1_f8", "b1_f16"]
-    assert st["onnx"]["dynamic_axes"] == {"frames": {"min": 1, "max": 16}} and st["onnx"]["static_axes"] == {
-        "batch": 1}
+    assert st["onnx"]["dynamic_axes"] == {"frames": {"min": 1, "max": 16}} and st["onnx"]["static_axes"] == {"batch": 1}
     stage = load(code2wav_aoti_onnx, stages=["code2wav"])["code2wav"]
     sess = _session(code2wav_aoti_onnx / st["onnx"]["file"])
     g = torch.Generator().manual_seed(7)
     spf = st["metadata"]["samples_per_frame"]
     outs = {}
-    for frames in (8, 16, 11):           # two bucket lengths, and one the AOTI stage pads into the 16 bucket
+    for frames in (8, 16, 11):  # two bucket lengths, and one the AOTI stage pads into the 16 bucket
         codes = torch.randint(0, 64, (1, 16, frames), generator=g)
         aoti = stage(codes)
         onx = torch.from_numpy(sess.run(None, {"codes": codes.numpy()})[0])
@@ -380,9 +444,28 @@ def test_tampered_onnx_is_refused(code2wav_aoti_onnx, artifact_copy):
 def test_onnx_only_build_via_cli(tmp_path):
     from ttsaot.runtime import load
 
-    r = CliRunner().invoke(main, ["build", "qwen3-tts-12hz", "--preset", "tiny", "--random-weights", "--dtype", "fp32",
-                                  "--stages", "code2wav", "--batch-buckets", "1,2", "--frame-buckets", "8,16",
-                                  "--format", "onnx", "--out", str(tmp_path)])
+    r = CliRunner().invoke(
+        main,
+        [
+            "build",
+            "qwen3-tts-12hz",
+            "--preset",
+            "tiny",
+            "--random-weights",
+            "--dtype",
+            "fp32",
+            "--stages",
+            "code2wav",
+            "--batch-buckets",
+            "1,2",
+            "--frame-buckets",
+            "8,16",
+            "--format",
+            "onnx",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert r.exit_code == 0, r.output
     art = tmp_path / "qwen3-tts-12hz"
     st = json.loads((art / "manifest.json").read_text())["stages"]["code2wav"]
@@ -392,10 +475,11 @@ def test_onnx_only_build_via_cli(tmp_path):
         load(art)
     r = CliRunner().invoke(main, ["verify", str(art)])
     assert r.exit_code == 0, r.output
-    assert r.output.count("onnx CPU") >= 4     # golden cases b1_f8, b1_f16, b2_f8, b1_f5
+    assert r.output.count("onnx CPU") >= 4  # golden cases b1_f8, b1_f16, b2_f8, b1_f5
 
 
 def test_unknown_format_is_a_usage_error(tmp_path):
-    r = CliRunner().invoke(main, ["build", "qwen3-tts-12hz", "--random-weights", "--format", "tflite",
-                                  "--out", str(tmp_path)])
+    r = CliRunner().invoke(
+        main, ["build", "qwen3-tts-12hz", "--random-weights", "--format", "tflite", "--out", str(tmp_path)]
+    )
     assert r.exit_code == 2 and "tflite" in r.output

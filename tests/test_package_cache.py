@@ -62,7 +62,7 @@ def test_rebuild_with_no_change_reuses_every_package(cached, monkeypatch, tmp_pa
     cache, first = cached
     calls = _no_compile(monkeypatch)
     rep = Notes()
-    res = build_family(QWEN.name, _specs(), tmp_path, "cpu", cache_dir=cache, reporter=rep)   # verified in a child
+    res = build_family(QWEN.name, _specs(), tmp_path, "cpu", cache_dir=cache, reporter=rep)  # verified in a child
     assert calls == [] and "code2wav: 1 of 1 packages reused from the package cache" in rep.notes
     for rel in ("code2wav/b1_f8.pt2", "code2wav.safetensors", "golden/code2wav.safetensors"):
         assert (res.path / rel).read_bytes() == (first / rel).read_bytes(), rel
@@ -86,7 +86,7 @@ def test_changed_bucket_or_dtype_misses(cached, monkeypatch, tmp_path):
 
 def test_changed_kernel_source_misses(cached, monkeypatch, tmp_path):
     cache, _ = cached
-    builder = tmp_path / "builder"            # a copy of the sources the key reads, one kernel file edited
+    builder = tmp_path / "builder"  # a copy of the sources the key reads, one kernel file edited
     shutil.copytree(package_cache._BUILDER / "kernels", builder / "kernels")
     shutil.copy(package_cache._BUILDER / "export.py", builder / "export.py")
     src = builder / "kernels" / "skinny_linear.py"
@@ -110,8 +110,9 @@ def test_changed_inlined_value_misses(cached):
     module = build_mod.cast_to_compute_dtype(module, spec.dtype).eval()
     sizes = spec.plan.buckets()[0]
     ex = spec.make_inputs(sizes, torch.Generator().manual_seed(0))
-    sources = program_sources(build_mod.export_bucket(module, tuple(ex[n] for n in spec.input_names),
-                                                      torch.device("cpu")))
+    sources = program_sources(
+        build_mod.export_bucket(module, tuple(ex[n] for n in spec.input_names), torch.device("cpu"))
+    )
     pc = PackageCache(cache)
     assert pc.fetch(entry.name, sources, first.parent / "probe.pt2").weights is not None
     if meta["unbound"]:
@@ -147,19 +148,26 @@ def test_corrupted_entry_is_rebuilt_by_one_of_two_concurrent_builds(cached, tmp_
     data = bytearray(pkg.read_bytes())
     data[len(data) // 2] ^= 0xFF
     pkg.write_bytes(bytes(data))
-    children = [subprocess.Popen([sys.executable, "-c", _CHILD.format(root=str(ROOT), out=str(tmp_path / f"o{i}"),
-                                                                       cache=str(cache))],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD.format(root=str(ROOT), out=str(tmp_path / f"o{i}"), cache=str(cache))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     outs = [c.communicate(timeout=1500) for c in children]
     for c, (_, err) in zip(children, outs):
         assert c.returncode == 0, err[-3000:]
     discarded = [out for out, _ in outs if "does not match its recorded sha256" in out]
     reused = [out for out, _ in outs if "1 of 1 packages reused" in out]
-    assert len(discarded) == 1 and len(reused) == 1, outs          # one rebuilt it, the other waited and reused
+    assert len(discarded) == 1 and len(reused) == 1, outs  # one rebuilt it, the other waited and reused
     meta = json.loads((entry / ENTRY).read_text())
     assert package_cache._sha256_file(entry / PACKAGE) == meta["sha256"]
-    assert (tmp_path / "o0/qwen3-tts-12hz/code2wav/b1_f8.pt2").read_bytes() == \
-        (tmp_path / "o1/qwen3-tts-12hz/code2wav/b1_f8.pt2").read_bytes()
+    assert (tmp_path / "o0/qwen3-tts-12hz/code2wav/b1_f8.pt2").read_bytes() == (
+        tmp_path / "o1/qwen3-tts-12hz/code2wav/b1_f8.pt2"
+    ).read_bytes()
 
 
 @pytest.mark.heavy

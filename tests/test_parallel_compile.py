@@ -37,8 +37,9 @@ def test_jobs_2_builds_the_same_artifact_as_jobs_1(tmp_path):
     assert [b["key"] for b in m2["buckets"]] == ["b1_f8", "b1_f16"]
     drop = ("sha256", "bytes", "created")
     assert {k: v for k, v in m1.items() if k != "buckets"} == {k: v for k, v in m2.items() if k != "buckets"}
-    assert [{k: v for k, v in b.items() if k not in drop} for b in m1["buckets"]] == \
-        [{k: v for k, v in b.items() if k not in drop} for b in m2["buckets"]]
+    assert [{k: v for k, v in b.items() if k not in drop} for b in m1["buckets"]] == [
+        {k: v for k, v in b.items() if k not in drop} for b in m2["buckets"]
+    ]
     for b in m1["buckets"]:
         meta1, meta2 = _package_metadata(serial / b["file"]), _package_metadata(parallel / b["file"])
         keys = [k for k in meta1 if k.startswith("ttsaot_")]
@@ -47,8 +48,16 @@ def test_jobs_2_builds_the_same_artifact_as_jobs_1(tmp_path):
 
 
 def test_a_failing_worker_names_its_bucket(tmp_path):
-    task = CompileTask("code2wav/b1_f8", tmp_path / "missing.pt2", (torch.zeros(1),), torch.device("cpu"),
-                       tmp_path / "out.pt2", "m", {}, None)
+    task = CompileTask(
+        "code2wav/b1_f8",
+        tmp_path / "missing.pt2",
+        (torch.zeros(1),),
+        torch.device("cpu"),
+        tmp_path / "out.pt2",
+        "m",
+        {},
+        None,
+    )
     done = []
     with pytest.raises(CompileError, match="code2wav/b1_f8: compile worker failed: FileNotFoundError"):
         compile_in_workers([task], 2, lambda t, w: done.append(t.label))
@@ -65,15 +74,15 @@ def test_a_failure_stops_the_compiles_still_running(tmp_path):
     os.mkfifo(fifo)
 
     def task(label: str, program: Path) -> CompileTask:
-        return CompileTask(label, program, (torch.zeros(1),), torch.device("cpu"), tmp_path / f"{label}.pt2", "m",
-                           {}, None)
+        return CompileTask(
+            label, program, (torch.zeros(1),), torch.device("cpu"), tmp_path / f"{label}.pt2", "m", {}, None
+        )
 
     raised: list[BaseException] = []
 
     def run() -> None:
         try:
-            compile_in_workers([task("blocked", fifo), task("failing", tmp_path / "missing.pt2")], 2,
-                               lambda t, w: None)
+            compile_in_workers([task("blocked", fifo), task("failing", tmp_path / "missing.pt2")], 2, lambda t, w: None)
         except BaseException as e:  # noqa: BLE001 - recorded for the assertion below
             raised.append(e)
 
@@ -84,7 +93,7 @@ def test_a_failure_stops_the_compiles_still_running(tmp_path):
         assert not t.is_alive(), "compile_in_workers waited on a running compile after a failure"
         assert len(raised) == 1 and isinstance(raised[0], CompileError) and "failing" in str(raised[0])
     finally:
-        if t.is_alive():   # unblock the worker so the test process can exit
+        if t.is_alive():  # unblock the worker so the test process can exit
             with open(fifo, "wb"):
                 pass
 

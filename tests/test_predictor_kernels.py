@@ -46,8 +46,7 @@ def _greedy_logits(m, hidden, first):
 
 
 def test_fast_ar_frame_on_kernels_equals_eager():
-    ref, kern, report = _pair(fck.init_random_fast_ar(far.FastAR(FISH_TINY, with_embedding=True), 0),
-                              fst.prune_fast_ar)
+    ref, kern, report = _pair(fck.init_random_fast_ar(far.FastAR(FISH_TINY, with_embedding=True), 0), fst.prune_fast_ar)
     assert report["layers"] == FISH_TINY.n_layer and isinstance(kern.layers[0].self_attn, KernelAttention)
     assert kern.layers[0].self_attn.rope_interleaved
     for B, seed, T in ((1, 0, None), (3, 1, 0.8), (4, 2, 0.0)):
@@ -80,7 +79,7 @@ def test_code_predictor_frame_on_kernels_equals_eager():
 
 
 def test_head_dims_the_kernel_refuses_leave_the_stage_eager():
-    m = qck.init_random_code_predictor(CodePredictor(QWEN_TINY), 0)        # head_dim 8
+    m = qck.init_random_code_predictor(CodePredictor(QWEN_TINY), 0)  # head_dim 8
     report = use_predictor_kernels(m)
     assert report["layers"] == 0 and "skipped" in report
     assert not isinstance(m.model.layers[0].self_attn, KernelAttention)
@@ -98,7 +97,7 @@ def fast_ar_kernels():
 
 def test_fast_ar_artifact_on_kernels_matches_the_inductor_build(fast_ar_kernels, fast_ar_fp32):  # noqa: F811
     path, seen = fast_ar_kernels
-    positions = 2 + FISH_TINY.num_codebooks - 2                      # rows 0, 1 and one per fed-back code
+    positions = 2 + FISH_TINY.num_codebooks - 2  # rows 0, 1 and one per fed-back code
     (targets,) = seen
     assert targets.count("ttsaot.decode_attention.default") == positions * FISH_TINY.n_layer
     assert targets.count("ttsaot.skinny_linear.default") == 4 * positions * FISH_TINY.n_layer

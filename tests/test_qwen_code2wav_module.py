@@ -39,7 +39,7 @@ def test_output_shape_range_dtype(tiny_model):
     y = tiny_model(_codes())
     cfg = qcfg.CODE2WAV_PRESETS["tiny"]
     assert y.shape == (2, 1, 12 * cfg.samples_per_frame) and y.dtype == torch.float32
-    assert y.abs().max() <= 1.0 and y.std() > 1e-3   # random weights still give a non-trivial signal
+    assert y.abs().max() <= 1.0 and y.std() > 1e-3  # random weights still give a non-trivial signal
 
 
 def test_passes_preserve_output(tiny_model):
@@ -52,7 +52,7 @@ def test_passes_preserve_output(tiny_model):
     fuse_projections(m)
     assert rel_err(m(x), ref) < 1e-5
     names = set(m.state_dict())
-    assert not any(".q_proj." in n or ".gate_proj." in n for n in names)       # no duplicate weights kept
+    assert not any(".q_proj." in n or ".gate_proj." in n for n in names)  # no duplicate weights kept
     assert any(".qkv_proj." in n for n in names) and any(".gate_up_proj." in n for n in names)
     assert not any("embedding_sum" in n for n in names)
 
@@ -73,9 +73,11 @@ def test_checkpoint_roundtrip_real_layout(tiny_model, tmp_path):
     assert "decoder.pre_transformer.layers.0.self_attn.q_proj.weight" in keys
     assert "decoder.quantizer.rvq_rest.vq.layers.14._codebook.embedding_sum" in keys
     model, report = qck.load_code2wav(tmp_path)
-    assert report["ignored"]["tensors"] >= 1                       # encoder.* never read
-    assert set(report["dropped"]) == {"decoder.quantizer.rvq_first.input_proj.weight",
-                                      "decoder.quantizer.rvq_rest.input_proj.weight"}
+    assert report["ignored"]["tensors"] >= 1  # encoder.* never read
+    assert set(report["dropped"]) == {
+        "decoder.quantizer.rvq_first.input_proj.weight",
+        "decoder.quantizer.rvq_rest.input_proj.weight",
+    }
     x = _codes()
     assert torch.equal(model(x), tiny_model(x))
     assert qcfg.code2wav_config_from_checkpoint(tmp_path) == qcfg.CODE2WAV_PRESETS["tiny"]
@@ -107,10 +109,21 @@ def test_strict_loading_names_the_key(tiny_model, tmp_path):
 
 
 def test_config_from_json_reads_real_field_names(tmp_path):
-    d = {"decoder_config": {"codebook_size": 2048, "hidden_size": 512, "num_attention_heads": 16, "head_dim": 64,
-                            "latent_dim": 1024, "codebook_dim": 512, "decoder_dim": 1536,
-                            "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2], "sliding_window": 72,
-                            "unrelated_field": 1}}
+    d = {
+        "decoder_config": {
+            "codebook_size": 2048,
+            "hidden_size": 512,
+            "num_attention_heads": 16,
+            "head_dim": 64,
+            "latent_dim": 1024,
+            "codebook_dim": 512,
+            "decoder_dim": 1536,
+            "upsample_rates": [8, 5, 4, 3],
+            "upsampling_ratios": [2, 2],
+            "sliding_window": 72,
+            "unrelated_field": 1,
+        }
+    }
     (tmp_path / "speech_tokenizer").mkdir()
     (tmp_path / "speech_tokenizer" / "config.json").write_text(json.dumps(d))
     cfg = qcfg.code2wav_config_from_checkpoint(tmp_path)

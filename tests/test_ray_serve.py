@@ -28,9 +28,10 @@ def local_ray():
     # a short private temp dir: Ray's socket paths must fit in 107 bytes, and /tmp/ray may be another run's
     tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     try:
-        ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False, _temp_dir=tmp,
-                 configure_logging=False)
-    except Exception as e:   # noqa: BLE001 - the reason is the skip message
+        ray.init(
+            num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False, _temp_dir=tmp, configure_logging=False
+        )
+    except Exception as e:  # noqa: BLE001 - the reason is the skip message
         shutil.rmtree(tmp, ignore_errors=True)
         pytest.skip(f"Ray cannot start here: {type(e).__name__}: {e}")
     try:
@@ -53,11 +54,15 @@ def test_ray_serve_replica_streams_a_request(local_ray, qwen_tiny_fp32):
     stage = load(qwen_tiny_fp32)["code2wav"]
     spec = stage.entry.inputs[0]
     codes = torch.randint(0, spec.range["high"][0], (spec.shape[1], 30), generator=torch.Generator().manual_seed(0))
-    serve.run(build({"artifacts": str(qwen_tiny_fp32), "replicas": "1", "max_wait_ms": "1"}), name="ttsaot",
-              route_prefix="/", blocking=False)
+    serve.run(
+        build({"artifacts": str(qwen_tiny_fp32), "replicas": "1", "max_wait_ms": "1"}),
+        name="ttsaot",
+        route_prefix="/",
+        blocking=False,
+    )
     with httpx.Client(base_url=local_ray, timeout=60) as c:
         deadline = time.monotonic() + 120
-        while True:   # the proxy answers before the replica is ready
+        while True:  # the proxy answers before the replica is ready
             try:
                 h = c.get("/health")
                 if h.status_code == 200:
@@ -81,5 +86,9 @@ def test_build_rejects_unknown_arguments():
 
     with pytest.raises(ValueError, match="unknown argument"):
         _config({"artifacts": "a", "max_wiat_ms": "2"})
-    assert _config({"artifacts": "a", "batching": "false", "max_wait_ms": "0.5", "max_queue": "9"}) == \
-        {"artifacts": "a", "batching": False, "max_wait_ms": 0.5, "max_queue": 9}
+    assert _config({"artifacts": "a", "batching": "false", "max_wait_ms": "0.5", "max_queue": "9"}) == {
+        "artifacts": "a",
+        "batching": False,
+        "max_wait_ms": 0.5,
+        "max_queue": 9,
+    }

@@ -14,7 +14,7 @@ def test_exact_fp32_mode_disables_and_restores_tf32():
             assert torch.backends.cuda.matmul.allow_tf32 is False
         assert torch.backends.cudnn.allow_tf32 is True and torch.backends.cuda.matmul.allow_tf32 is True
         with fp32_mode(False, tf32=False):
-            assert torch.backends.cudnn.allow_tf32 is True     # bf16 stages leave the process flags alone
+            assert torch.backends.cudnn.allow_tf32 is True  # bf16 stages leave the process flags alone
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
 

@@ -29,22 +29,28 @@ def _sources(*dirs: str):
                 yield py, py.read_text()
 
 
-@pytest.mark.parametrize("pattern, home", [
-    (r"torch\.cuda\.CUDAGraph\(|torch\.cuda\.graph\(", "runtime/graphs.py"),
-    (r"graph_pool_handle\(", "runtime/graphs.py"),
-    (r"\(o - r\)\.norm\(\)|\(a - b\)\.norm\(\)", "runtime/metrics.py"),
-    (r"\"bf16\": ", "runtime/dtypes.py"),
-])
+@pytest.mark.parametrize(
+    "pattern, home",
+    [
+        (r"torch\.cuda\.CUDAGraph\(|torch\.cuda\.graph\(", "runtime/graphs.py"),
+        (r"graph_pool_handle\(", "runtime/graphs.py"),
+        (r"\(o - r\)\.norm\(\)|\(a - b\)\.norm\(\)", "runtime/metrics.py"),
+        (r"\"bf16\": ", "runtime/dtypes.py"),
+    ],
+)
 def test_each_contract_has_one_definition(pattern, home):
-    where = sorted({str(py.relative_to(ROOT)) for py, text in _sources("runtime", "builder", "bench")
-                    if re.search(pattern, text)})
+    where = sorted(
+        {str(py.relative_to(ROOT)) for py, text in _sources("runtime", "builder", "bench") if re.search(pattern, text)}
+    )
     assert where == [home], where
 
 
 # ------------------------------------------------------------------------------------------------ dtypes
 def test_dtype_table_is_importable_without_torch():
-    code = ("import sys, ttsaot.runtime.dtypes as d, ttsaot.runtime.errors; "
-            "assert d.canonical_dtype_name('bf16') == 'bfloat16'; sys.exit('torch' in sys.modules)")
+    code = (
+        "import sys, ttsaot.runtime.dtypes as d, ttsaot.runtime.errors; "
+        "assert d.canonical_dtype_name('bf16') == 'bfloat16'; sys.exit('torch' in sys.modules)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -64,10 +70,10 @@ def test_dtype_names_and_aliases():
 def test_rel_error_is_double_precision_and_safe_on_zero_reference():
     ref = torch.tensor([1e8, 1.0], dtype=torch.float32)
     out = ref + torch.tensor([0.0, 1.0])
-    assert rel_error(out, ref) == pytest.approx(1.0 / 1e8, rel=1e-6)    # float32 norms would lose the 1.0
-    assert rel_error(torch.ones(3), torch.zeros(3)) == pytest.approx(3 ** 0.5)
+    assert rel_error(out, ref) == pytest.approx(1.0 / 1e8, rel=1e-6)  # float32 norms would lose the 1.0
+    assert rel_error(torch.ones(3), torch.zeros(3)) == pytest.approx(3**0.5)
     assert rel_error(torch.zeros(3), torch.zeros(3)) == 0.0
-    assert math.isnan(rel_error(torch.tensor([float("nan")]), torch.ones(1)))   # NaN never passes a bound
+    assert math.isnan(rel_error(torch.tensor([float("nan")]), torch.ones(1)))  # NaN never passes a bound
 
 
 # ------------------------------------------------------------------------------------------------ graphs
@@ -80,8 +86,8 @@ def test_static_graph_without_capture_runs_on_its_buffers():
 
     a, b = torch.zeros(3), torch.ones(3)
     g = StaticGraph(fn, [a, b], capture=False, keep_alive="cache")
-    assert not g.captured and calls == []                        # no warm-up without capture
-    out = g([torch.arange(3.0), b])                              # copied into the static buffers, b not copied
+    assert not g.captured and calls == []  # no warm-up without capture
+    out = g([torch.arange(3.0), b])  # copied into the static buffers, b not copied
     assert torch.equal(out[0], torch.tensor([1.0, 3.0, 5.0])) and torch.equal(a, torch.arange(3.0))
     assert calls == [[a.data_ptr(), b.data_ptr()]]
     a.fill_(1)
@@ -100,25 +106,50 @@ def test_static_graph_capture_and_replay_on_cuda():
 
 # ------------------------------------------------------------------------------------------ validation
 def _specs():
-    return [TensorSpec("codes", "int64", ["batch", 2, "frames"], pad=0, range={"dim": 1, "low": 0, "high": [4, 8]}),
-            TensorSpec("scale", "float32", ["batch"])]
+    return [
+        TensorSpec("codes", "int64", ["batch", 2, "frames"], pad=0, range={"dim": 1, "low": 0, "high": [4, 8]}),
+        TensorSpec("scale", "float32", ["batch"]),
+    ]
 
 
-@pytest.mark.parametrize("named, sizes, err, match", [
-    ({"codes": torch.zeros(1, 2, 3), "scale": torch.ones(1)}, None, InputDTypeError, "must be int64"),
-    ({"codes": torch.zeros(1, 2, dtype=torch.long), "scale": torch.ones(1)}, None, InputShapeError, "3 dims"),
-    ({"codes": torch.zeros(1, 3, 3, dtype=torch.long), "scale": torch.ones(1)}, None, InputShapeError,
-     r"must have shape \[batch, 2, frames\] \(dim 1 must be 2\)"),
-    ({"codes": torch.zeros(2, 2, 3, dtype=torch.long), "scale": torch.ones(1)}, None, InputShapeError,
-     "disagree on 'batch'"),
-    ({"codes": torch.zeros(1, 2, 3, dtype=torch.long), "scale": torch.ones(1)}, {"batch": 2}, InputShapeError,
-     "with batch = 2"),
-    ({"codes": torch.zeros(1, 2, 0, dtype=torch.long), "scale": torch.ones(1)}, None, InputValueError, "empty"),
-    ({"codes": torch.tensor([[[0], [8]]]), "scale": torch.ones(1)}, None, InputRangeError,
-     r"\[0, 1, 0\] = 8 is outside \[0, 8\) \(codebook 1\)"),
-    ({"codes": torch.zeros(1, 2, 3, dtype=torch.long), "scale": torch.tensor([float("inf")])}, None,
-     InputValueError, "NaN or Inf"),
-])
+@pytest.mark.parametrize(
+    "named, sizes, err, match",
+    [
+        ({"codes": torch.zeros(1, 2, 3), "scale": torch.ones(1)}, None, InputDTypeError, "must be int64"),
+        ({"codes": torch.zeros(1, 2, dtype=torch.long), "scale": torch.ones(1)}, None, InputShapeError, "3 dims"),
+        (
+            {"codes": torch.zeros(1, 3, 3, dtype=torch.long), "scale": torch.ones(1)},
+            None,
+            InputShapeError,
+            r"must have shape \[batch, 2, frames\] \(dim 1 must be 2\)",
+        ),
+        (
+            {"codes": torch.zeros(2, 2, 3, dtype=torch.long), "scale": torch.ones(1)},
+            None,
+            InputShapeError,
+            "disagree on 'batch'",
+        ),
+        (
+            {"codes": torch.zeros(1, 2, 3, dtype=torch.long), "scale": torch.ones(1)},
+            {"batch": 2},
+            InputShapeError,
+            "with batch = 2",
+        ),
+        ({"codes": torch.zeros(1, 2, 0, dtype=torch.long), "scale": torch.ones(1)}, None, InputValueError, "empty"),
+        (
+            {"codes": torch.tensor([[[0], [8]]]), "scale": torch.ones(1)},
+            None,
+            InputRangeError,
+            r"\[0, 1, 0\] = 8 is outside \[0, 8\) \(codebook 1\)",
+        ),
+        (
+            {"codes": torch.zeros(1, 2, 3, dtype=torch.long), "scale": torch.tensor([float("inf")])},
+            None,
+            InputValueError,
+            "NaN or Inf",
+        ),
+    ],
+)
 def test_input_checker_errors(named, sizes, err, match):
     with pytest.raises(err, match=match):
         InputChecker("s", torch.device("cpu")).check(_specs(), dict(named), sizes=sizes)
@@ -127,7 +158,7 @@ def test_input_checker_errors(named, sizes, err, match):
 def test_input_checker_sizes_and_value_switch():
     chk = InputChecker("s", torch.device("cpu"))
     named = {"codes": torch.full((2, 2, 5), 9, dtype=torch.long), "scale": torch.ones(2)}
-    assert chk.check(_specs(), named, values=False) == {"batch": 2, "frames": 5}   # structure only
+    assert chk.check(_specs(), named, values=False) == {"batch": 2, "frames": 5}  # structure only
     with pytest.raises(InputRangeError):
         chk.check(_specs(), named)
 

@@ -9,9 +9,11 @@ RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
 
 
 def test_runtime_imports_neither_builder_nor_triton():
-    code = ("import sys, ttsaot.runtime, ttsaot.runtime.verify, ttsaot.runtime.streaming; "
-            "bad = [m for m in sys.modules if m.startswith(('ttsaot.builder', 'triton', 'click', 'rich'))]; "
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, ttsaot.runtime, ttsaot.runtime.verify, ttsaot.runtime.streaming; "
+        "bad = [m for m in sys.modules if m.startswith(('ttsaot.builder', 'triton', 'click', 'rich'))]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

@@ -35,22 +35,22 @@ def test_compare_sampled_allows_a_row_to_leave_only_at_a_near_tie():
     margin = torch.tensor([[9.0, 1e-3, 9.0, 9.0], [9.0, 9.0, 9.0, 9.0], [9.0, 9.0, 1e-3, 9.0]])
     out = ref.clone()
     assert compare_sampled(out, ref, margin, 2e-2)[3]
-    out[0, 1:] = torch.tensor([7, 7, 7])        # row 0 leaves at a near-tie: its later codes are not compared
+    out[0, 1:] = torch.tensor([7, 7, 7])  # row 0 leaves at a near-tie: its later codes are not compared
     metric, value, _, ok, left = compare_sampled(out, ref, margin, 2e-2)
     assert ok and value == 0 and left.tolist() == [True, False, False]
-    out[1, 2] = 0                               # row 1 differs where the reference was decided
+    out[1, 2] = 0  # row 1 differs where the reference was decided
     _, value, _, ok, left = compare_sampled(out, ref, margin, 2e-2)
     assert not ok and value == 1 and left.tolist() == [True, False, False]
     out = ref.clone()
-    out[2, 1] = 0                               # row 2 differs BEFORE its near-tie: a real mismatch
+    out[2, 1] = 0  # row 2 differs BEFORE its near-tie: a real mismatch
     assert not compare_sampled(out, ref, margin, 2e-2)[3]
 
 
 def test_draw_margin_measures_how_decided_the_draw_is():
     logits = torch.tensor([[3.0, 1.0, 0.0, -1.0], [2.0, 2.0, 0.0, 0.0], [5.0, 1.0, 1.0, 1.0]])
-    u = torch.full((3, 4), 0.5)                 # equal noise: the draw is the argmax of the scaled logits
+    u = torch.full((3, 4), 0.5)  # equal noise: the draw is the argmax of the scaled logits
     t = torch.tensor([1.0, 0.0, 1.0])
-    k = torch.tensor([0, 0, 1])                 # row 2: top-k 1 keeps one token → decided whatever the noise
+    k = torch.tensor([0, 0, 1])  # row 2: top-k 1 keeps one token → decided whatever the noise
     p = torch.ones(3)
     m = draw_margin(logits, u, t, k, p)
     assert m[0] == pytest.approx(2.0 / 3.0) and m[1] == 0.0 and m[2] == float("inf")
@@ -69,7 +69,7 @@ def test_padded_rows_do_not_interact_and_bf16_differs_only_at_near_ties(family, 
     for p in spec.passes:
         p(rewritten)
     bf16 = cast_to_compute_dtype(rewritten, torch.bfloat16).eval()
-    x = spec.make_inputs({"batch": 3}, torch.Generator().manual_seed(2))      # build_stage's seed for case b3
+    x = spec.make_inputs({"batch": 3}, torch.Generator().manual_seed(2))  # build_stage's seed for case b3
     pads = {d["name"]: d.get("pad", 0) for d in spec.inputs}
     padded = {n: torch.cat([v, torch.full_like(v[:1], pads[n])]) for n, v in x.items()}
     with torch.no_grad():

@@ -69,10 +69,10 @@ def test_greedy_and_degenerate_parameters():
     zeros, ones = torch.zeros(8), torch.ones(8)
     kzero = torch.zeros(8, dtype=torch.int64)
     arg = logits.argmax(-1)
-    assert torch.equal(sample(logits, u, zeros, kzero, ones), arg)                       # T = 0: greedy
-    assert torch.equal(sample(logits, u, -ones, kzero, ones), arg)                       # T < 0: greedy
-    assert torch.equal(sample(logits, u, ones, torch.ones(8, dtype=torch.int64), ones), arg)   # top-k 1
-    assert torch.equal(sample(logits, u, ones, kzero, torch.full((8,), 1e-6)), arg)      # tiny top-p
+    assert torch.equal(sample(logits, u, zeros, kzero, ones), arg)  # T = 0: greedy
+    assert torch.equal(sample(logits, u, -ones, kzero, ones), arg)  # T < 0: greedy
+    assert torch.equal(sample(logits, u, ones, torch.ones(8, dtype=torch.int64), ones), arg)  # top-k 1
+    assert torch.equal(sample(logits, u, ones, kzero, torch.full((8,), 1e-6)), arg)  # tiny top-p
     # noise at the edges of (0,1) stays finite and valid
     for edge in (0.0, 1.0):
         out = sample(logits, torch.full((8, 30), edge), ones, kzero, ones)
@@ -88,7 +88,9 @@ def test_rows_are_independent():
     logits, u = torch.randn(B, V, generator=g) * 2, torch.rand(B, V, generator=g)
     T, k, p = _params(B, V, g)
     together = sample(logits, u, T, k, p)
-    alone = torch.cat([sample(logits[i:i + 1], u[i:i + 1], T[i:i + 1], k[i:i + 1], p[i:i + 1]) for i in range(B)])
+    alone = torch.cat(
+        [sample(logits[i : i + 1], u[i : i + 1], T[i : i + 1], k[i : i + 1], p[i : i + 1]) for i in range(B)]
+    )
     assert torch.equal(together, alone)
 
 
@@ -104,8 +106,11 @@ def test_distribution_chi_square(T, k, p):
     counts = torch.bincount(draws, minlength=V).double()
     keep = reference_support(row, T, k, p)
     expected_p = torch.softmax((row.double() / T).masked_fill(~keep, float("-inf")), -1)
-    assert torch.allclose(kept_distribution(row[None], torch.tensor([T]), torch.tensor([k]),
-                                            torch.tensor([p]))[0].double(), expected_p, atol=1e-6)
+    assert torch.allclose(
+        kept_distribution(row[None], torch.tensor([T]), torch.tensor([k]), torch.tensor([p]))[0].double(),
+        expected_p,
+        atol=1e-6,
+    )
     assert counts[~keep].sum() == 0, "drew a token outside the support"
     obs, exp = counts[keep], expected_p[keep] * N
     stat = float(((obs - exp) ** 2 / exp).sum())
@@ -114,7 +119,7 @@ def test_distribution_chi_square(T, k, p):
         from scipy.stats import chi2
 
         pvalue = float(chi2.sf(stat, dof))
-    except ImportError:   # Wilson–Hilferty approximation of the chi-square tail
+    except ImportError:  # Wilson–Hilferty approximation of the chi-square tail
         z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
         pvalue = 0.5 * math.erfc(z / math.sqrt(2))
     assert dof >= 1
@@ -129,12 +134,27 @@ class _Sampler(nn.Module):
 def test_exports_without_rng_or_host_sync():
     g = torch.Generator().manual_seed(5)
     B, V = 4, 64
-    args = (torch.randn(B, V, generator=g), torch.rand(B, V, generator=g), torch.tensor([0.0, 0.8, 1.2, 0.5]),
-            torch.tensor([0, 5, 70, 2]), torch.tensor([1.0, 0.9, 0.3, 1.0]))
+    args = (
+        torch.randn(B, V, generator=g),
+        torch.rand(B, V, generator=g),
+        torch.tensor([0.0, 0.8, 1.2, 0.5]),
+        torch.tensor([0, 5, 70, 2]),
+        torch.tensor([1.0, 0.9, 0.3, 1.0]),
+    )
     ep = torch.export.export(_Sampler(), args, strict=False)
     ops = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
-    banned = ("multinomial", "nonzero", "index_put", "rand", "uniform", "normal", "exponential", "bernoulli",
-              "item", "_local_scalar_dense")
+    banned = (
+        "multinomial",
+        "nonzero",
+        "index_put",
+        "rand",
+        "uniform",
+        "normal",
+        "exponential",
+        "bernoulli",
+        "item",
+        "_local_scalar_dense",
+    )
     assert not [o for o in ops if any(o.startswith(f"aten.{b}") for b in banned)], ops
-    assert any(o.startswith("aten.sort") for o in ops)    # the check sees aten ops at all
+    assert any(o.startswith("aten.sort") for o in ops)  # the check sees aten ops at all
     assert torch.equal(ep.module()(*args), sample(*args))

@@ -20,9 +20,9 @@ from ttsaot.runtime import load
 from . import test_voxcpm2_audio as _audio
 from . import test_voxcpm2_lm as _lm
 
-voxcpm2_lm_tiny = _lm.voxcpm2_lm_tiny            # session artifacts of the VoxCPM2 tests, reused
+voxcpm2_lm_tiny = _lm.voxcpm2_lm_tiny  # session artifacts of the VoxCPM2 tests, reused
 voxcpm2_audio_fp32 = _audio.voxcpm2_audio_fp32
-T = 60   # seconds: the bound on every client call
+T = 60  # seconds: the bound on every client call
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -73,7 +73,7 @@ def test_streamed_request_end_to_end(qwen_tiny_fp32, code2wav):
         assert struct.unpack("<I", body[24:28])[0] == code2wav.sample_rate
         pcm = _pcm(body[44:])
         assert len(pcm) == 40 * code2wav.samples_per_frame
-        assert np.abs(pcm - _want(code2wav, codes)).max() <= 1   # streamed = one-shot, to the int16 LSB
+        assert np.abs(pcm - _want(code2wav, codes)).max() <= 1  # streamed = one-shot, to the int16 LSB
         raw = c.post("/v1/code2wav/stream", json={"codes": codes.tolist(), "format": "pcm"})
         assert raw.headers["content-type"].startswith("audio/L16") and len(raw.content) == len(pcm) * 2
         text = c.get("/metrics").text
@@ -86,8 +86,9 @@ def test_concurrent_streams_share_stage_calls(qwen_tiny_fp32, code2wav):
     reqs = [_codes(code2wav, n, seed=10 + n) for n in (30, 48, 17, 40)]
 
     async def one(client: httpx.AsyncClient, codes: torch.Tensor) -> bytes:
-        async with client.stream("POST", "/v1/code2wav/stream",
-                                 json={"codes": codes.tolist(), "chunk_frames": 16, "format": "pcm"}) as r:
+        async with client.stream(
+            "POST", "/v1/code2wav/stream", json={"codes": codes.tolist(), "chunk_frames": 16, "format": "pcm"}
+        ) as r:
             assert r.status_code == 200
             return b"".join([p async for p in r.aiter_bytes()])
 
@@ -102,26 +103,28 @@ def test_concurrent_streams_share_stage_calls(qwen_tiny_fp32, code2wav):
     chunks = sum(-(-r.shape[-1] // 16) for r in reqs)
     with serve(qwen_tiny_fp32, max_wait_ms=50) as url:
         outs = asyncio.run(asyncio.wait_for(main(url), T))
-        for _ in range(100):   # the metrics hook runs after a batch's results are out: let the last one land
+        for _ in range(100):  # the metrics hook runs after a batch's results are out: let the last one land
             rows, calls = batches(httpx.get(url + "/metrics", timeout=T).text)
             if rows == chunks:
                 break
             threading.Event().wait(0.05)
     for codes, body in zip(reqs, outs):
         assert np.abs(_pcm(body) - _want(code2wav, codes)).max() <= 1
-    assert rows == chunks and calls < rows   # every chunk decoded once; chunks of different streams shared calls
+    assert rows == chunks and calls < rows  # every chunk decoded once; chunks of different streams shared calls
 
 
 def test_websocket_codes_arrive_over_time(qwen_tiny_fp32, code2wav):
     from websockets.sync.client import connect
 
     codes = _codes(code2wav, 37, seed=3)
-    with serve(qwen_tiny_fp32) as url, connect(url.replace("http", "ws") + "/v1/code2wav/ws",
-                                               open_timeout=T, close_timeout=T) as ws:
+    with (
+        serve(qwen_tiny_fp32) as url,
+        connect(url.replace("http", "ws") + "/v1/code2wav/ws", open_timeout=T, close_timeout=T) as ws,
+    ):
         hello = json.loads(ws.recv(timeout=T))
         assert hello["sample_rate"] == code2wav.sample_rate and hello["format"] == "pcm_s16le"
         got = []
-        for part in codes.split([5, 16, 16], dim=-1):   # as a talker would produce them
+        for part in codes.split([5, 16, 16], dim=-1):  # as a talker would produce them
             threading.Event().wait(0.05)
             ws.send(json.dumps({"codes": part.tolist()}))
             got.append(ws.recv(timeout=T))
@@ -137,21 +140,23 @@ def test_bad_requests_are_4xx_with_the_runtime_error(qwen_tiny_fp32, code2wav):
     out_of_range = good.clone()
     out_of_range[5, 17] = 64
     cases = [
-        ({"codes": good[:3].tolist()}, 422, "InputShapeError"),                 # wrong number of codebooks
-        ({"codes": good[0].tolist()}, 422, "InputShapeError"),                  # 1-D
-        ({"codes": [[1, 2], [3]] + [[0, 0]] * 14}, 422, "InputShapeError"),     # ragged
-        ({"codes": out_of_range.tolist()}, 422, "InputRangeError"),             # a code past its codebook
+        ({"codes": good[:3].tolist()}, 422, "InputShapeError"),  # wrong number of codebooks
+        ({"codes": good[0].tolist()}, 422, "InputShapeError"),  # 1-D
+        ({"codes": [[1, 2], [3]] + [[0, 0]] * 14}, 422, "InputShapeError"),  # ragged
+        ({"codes": out_of_range.tolist()}, 422, "InputRangeError"),  # a code past its codebook
         ({"codes": (-good).tolist()}, 422, "InputRangeError"),
         ({"codes": (good.float() + 0.5).tolist()}, 422, "InputDTypeError"),
         ({"codes": good[:, :0].tolist()}, 422, "InputValueError"),
-        ({"codes": _codes(code2wav, 101, seed=5).tolist()}, 413, "InputShapeError"),   # over max_request_frames
+        ({"codes": _codes(code2wav, 101, seed=5).tolist()}, 413, "InputShapeError"),  # over max_request_frames
         ({"codes": good.tolist(), "chunk_frames": 40}, 422, "InputShapeError"),  # chunk + context > largest bucket
         ({"codes": good.tolist(), "chunk_frames": 0}, 422, "InputValueError"),
         ({"codes": good.tolist(), "format": "mp3"}, 422, "InputValueError"),
         ({}, 422, "InputValueError"),
     ]
-    with serve(qwen_tiny_fp32, max_request_frames=100, max_body_bytes=100_000) as url, \
-            httpx.Client(base_url=url, timeout=T) as c:
+    with (
+        serve(qwen_tiny_fp32, max_request_frames=100, max_body_bytes=100_000) as url,
+        httpx.Client(base_url=url, timeout=T) as c,
+    ):
         for body, status, error in cases:
             r = c.post("/v1/code2wav/stream", json=body)
             assert (r.status_code, r.json()["error"]) == (status, error), (body, r.text)
@@ -162,12 +167,12 @@ def test_bad_requests_are_4xx_with_the_runtime_error(qwen_tiny_fp32, code2wav):
         assert c.post("/v1/dac_decoder/stream", json={"codes": good.tolist()}).status_code == 404
         with connect(url.replace("http", "ws") + "/v1/code2wav/ws", open_timeout=T, close_timeout=T) as ws:
             ws.recv(timeout=T)
-            ws.send(json.dumps({"codes": out_of_range[:, 10:].tolist()}))   # 10 frames, the bad code among them
+            ws.send(json.dumps({"codes": out_of_range[:, 10:].tolist()}))  # 10 frames, the bad code among them
             assert json.loads(ws.recv(timeout=T))["error"] == "InputRangeError"
         # still serving, nothing left open
         r = c.post("/v1/code2wav/stream", json={"codes": good.tolist(), "format": "pcm"})
         assert r.status_code == 200 and np.abs(_pcm(r.content) - _want(code2wav, good)).max() <= 1
-        for _ in range(100):   # the socket's stream closes when the server's handler returns
+        for _ in range(100):  # the socket's stream closes when the server's handler returns
             h = c.get("/health").json()
             if h["stages"]["code2wav"]["open_streams"] == 0:
                 break
@@ -182,10 +187,10 @@ def test_overload_is_503_and_recovers(qwen_tiny_fp32, code2wav):
     good = _codes(code2wav, 10, seed=6)
     with serve(qwen_tiny_fp32, max_streams=1) as url, httpx.Client(base_url=url, timeout=T) as c:
         with connect(url.replace("http", "ws") + "/v1/code2wav/ws", open_timeout=T, close_timeout=T) as ws:
-            ws.recv(timeout=T)                                  # holds the only stream slot
+            ws.recv(timeout=T)  # holds the only stream slot
             r = c.post("/v1/code2wav/stream", json={"codes": good.tolist()})
             assert (r.status_code, r.json()["error"], r.headers["retry-after"]) == (503, "OverloadedError", "1")
-        for _ in range(100):                                    # the slot frees when the socket closes
+        for _ in range(100):  # the slot frees when the socket closes
             if c.get("/health").json()["stages"]["code2wav"]["open_streams"] == 0:
                 break
             threading.Event().wait(0.05)
@@ -214,8 +219,15 @@ def _reference_voxcpm2(stages: dict, tokens: list[int], seed: int, max_steps: in
     lm = bp.prefill(torch.tensor([tokens]), torch.ones(1, n), fe, fm, lengths=[n], cache=bc)
     res = rp.prefill(lm, fe, fm, lengths=[n], cache=rc)
     dec = voxcpm2_pipeline().VoxCPM2Decoder(stages)
-    wavs = dec.generate(lm[:, n - 1], res[:, n - 1], torch.zeros(1, C, P), base_cache=bc, residual_cache=rc,
-                        generators=[torch.Generator().manual_seed(seed)], max_steps=max_steps)
+    wavs = dec.generate(
+        lm[:, n - 1],
+        res[:, n - 1],
+        torch.zeros(1, C, P),
+        base_cache=bc,
+        residual_cache=rc,
+        generators=[torch.Generator().manual_seed(seed)],
+        max_steps=max_steps,
+    )
     return _pcm(pcm16(wavs[0]))
 
 
@@ -226,8 +238,11 @@ def test_voxcpm2_endpoint_streams_the_decode_loop(voxcpm2_dir, voxcpm2_lm_tiny, 
     vocab = {s.name: s for s in stages["base_lm_prefill"].entry.inputs}["text_tokens"].range["high"][0]
     with serve(voxcpm2_dir, voxcpm2_slots=1) as url, httpx.Client(base_url=url, timeout=T) as c:
         assert c.get("/health").json()["voxcpm2"]["free_slots"] == 1
-        with c.stream("POST", "/v1/voxcpm2/stream",
-                      json={"text_tokens": tokens, "seed": seed, "max_steps": steps, "format": "pcm"}) as r:
+        with c.stream(
+            "POST",
+            "/v1/voxcpm2/stream",
+            json={"text_tokens": tokens, "seed": seed, "max_steps": steps, "format": "pcm"},
+        ) as r:
             assert r.status_code == 200 and int(r.headers["x-sample-rate"]) == stages["vae_decoder"].sample_rate
             body = b"".join(r.iter_bytes())
         got = _pcm(body)
@@ -236,9 +251,13 @@ def test_voxcpm2_endpoint_streams_the_decode_loop(voxcpm2_dir, voxcpm2_lm_tiny, 
         assert (r.status_code, r.json()["error"]) == (422, "InputRangeError")
         r = c.post("/v1/voxcpm2/stream", json={"text_tokens": [[1, 2]]})
         assert (r.status_code, r.json()["error"]) == (422, "InputShapeError")
-        assert c.get("/health").json()["voxcpm2"]["free_slots"] == 1     # refused requests returned their slot
-        assert c.post("/v1/voxcpm2/stream", json={"text_tokens": tokens, "seed": seed, "max_steps": steps,
-                                                  "format": "pcm"}).content == body
+        assert c.get("/health").json()["voxcpm2"]["free_slots"] == 1  # refused requests returned their slot
+        assert (
+            c.post(
+                "/v1/voxcpm2/stream", json={"text_tokens": tokens, "seed": seed, "max_steps": steps, "format": "pcm"}
+            ).content
+            == body
+        )
 
 
 # --------------------------------------------------------------------------------------------- load generator
@@ -248,8 +267,16 @@ def test_load_generator_runs_both_modes_and_reports(qwen_tiny_fp32, tmp_path):
     from bench.report import serve_load_section
     from examples.serve.load import LoadSettings, run, write
 
-    settings = LoadSettings(artifacts=str(qwen_tiny_fp32.parent), concurrency=(1, 3), seconds=1.0, warmup_s=0.3,
-                            utterance_s=0.1, server="thread", overhead_reps=10, out=str(tmp_path))
+    settings = LoadSettings(
+        artifacts=str(qwen_tiny_fp32.parent),
+        concurrency=(1, 3),
+        seconds=1.0,
+        warmup_s=0.3,
+        utterance_s=0.1,
+        server="thread",
+        overhead_reps=10,
+        out=str(tmp_path),
+    )
     res = run(settings)
     assert res["overhead"]["same_output"] and res["overhead"]["direct_ms"]["p50"] > 0
     for mode in ("batched", "unbatched"):

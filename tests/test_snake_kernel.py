@@ -80,7 +80,7 @@ def test_nlc_op_is_the_transposed_snake_and_exports_as_one_node():
     assert not any("ttsaot" in str(n.target) for n in dec.graph.nodes if n.op == "call_function")
     torch.testing.assert_close(dec.module()(xn), y)
     with pytest.raises(RuntimeError, match="alpha must be"):
-        torch.ops.ttsaot.snake_beta_nlc(x, baked.alpha, baked.inv_beta)      # NCL given: C is the last dim
+        torch.ops.ttsaot.snake_beta_nlc(x, baked.alpha, baked.inv_beta)  # NCL given: C is the last dim
 
 
 def test_shape_errors():

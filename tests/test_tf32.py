@@ -22,7 +22,7 @@ def test_only_fp32_stages_that_are_not_fp32_by_policy_opt_in():
     specs = _fish_specs()
     dec = with_tf32(specs["dac_decoder"])
     assert dec.metadata["allow_tf32"] is True and dec.tolerance == max(specs["dac_decoder"].tolerance, TF32_TOLERANCE)
-    assert with_tf32(specs["dac_encoder"]) is specs["dac_encoder"]          # codes stay exact
+    assert with_tf32(specs["dac_encoder"]) is specs["dac_encoder"]  # codes stay exact
     bf16 = _fish_specs(torch.bfloat16)["dac_decoder"]
     assert with_tf32(bf16) is bf16
 
@@ -35,7 +35,7 @@ def test_fp32_mode_sets_the_built_for_flags_and_restores_the_callers(tf32):
         with fp32_mode(True, tf32=tf32):
             assert torch.backends.cudnn.allow_tf32 is tf32 and torch.backends.cuda.matmul.allow_tf32 is tf32
         assert torch.backends.cudnn.allow_tf32 is (not tf32)
-        with fp32_mode(False, tf32=tf32):                                   # bf16 / CPU stages: untouched
+        with fp32_mode(False, tf32=tf32):  # bf16 / CPU stages: untouched
             assert torch.backends.cudnn.allow_tf32 is (not tf32)
         with fp32_mode(True, tf32=False):
             assert torch.backends.cudnn.allow_tf32 is False
@@ -45,9 +45,27 @@ def test_fp32_mode_sets_the_built_for_flags_and_restores_the_callers(tf32):
 
 @pytest.mark.slow
 def test_cli_tf32_is_recorded_in_the_manifest(tmp_path):
-    r = CliRunner().invoke(main, ["build", "fish-s2-pro", "--stages", "dac_decoder,dac_encoder", "--preset", "tiny",
-                                  "--random-weights", "--batch-buckets", "1", "--frame-buckets", "8",
-                                  "--encoder-seconds", "0.5", "--tf32", "--out", str(tmp_path)])
+    r = CliRunner().invoke(
+        main,
+        [
+            "build",
+            "fish-s2-pro",
+            "--stages",
+            "dac_decoder,dac_encoder",
+            "--preset",
+            "tiny",
+            "--random-weights",
+            "--batch-buckets",
+            "1",
+            "--frame-buckets",
+            "8",
+            "--encoder-seconds",
+            "0.5",
+            "--tf32",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert r.exit_code == 0, r.output
     stages = json.loads((tmp_path / "fish-s2-pro" / "manifest.json").read_text())["stages"]
     assert stages["dac_decoder"]["metadata"]["allow_tf32"] is True
@@ -82,7 +100,7 @@ def test_regions_of_different_settings_never_interleave_across_threads():
     t2 = threading.Thread(target=run_fast)
     t2.start()
     t2.join(0.3)
-    assert t2.is_alive()                     # blocked until the exact region ends
+    assert t2.is_alive()  # blocked until the exact region ends
     release.set()
     t1.join(5)
     t2.join(5)

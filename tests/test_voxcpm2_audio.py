@@ -24,7 +24,7 @@ from ttsaot.builder.passes import bake_snake, bake_weight_norm, cast_to_compute_
 from .conftest import built_artifact, rel_err
 
 CFG = vcfg.AUDIO_PRESETS["tiny"]
-STREAM = StreamingConfig(12, 24, 0, 0)     # the serving pattern: 3 LM steps = 12 frames, 24 frames of context
+STREAM = StreamingConfig(12, 24, 0, 0)  # the serving pattern: 3 LM steps = 12 frames, 24 frames of context
 
 
 def _opts(**kw) -> VoxCPM2Options:
@@ -49,15 +49,19 @@ def voxcpm2_audio_fp32():
 def _dit_inputs(B: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     H, C, P = CFG.lm_hidden_size, CFG.feat_dim, CFG.patch_size
-    return (torch.randn(B, H, generator=g), torch.randn(B, H, generator=g), torch.randn(B, C, P, generator=g),
-            torch.randn(B, C, P, generator=g))
+    return (
+        torch.randn(B, H, generator=g),
+        torch.randn(B, H, generator=g),
+        torch.randn(B, C, P, generator=g),
+        torch.randn(B, C, P, generator=g),
+    )
 
 
 # ------------------------------------------------------------------------------------------ eager semantics
 def test_time_grid_and_step_count_in_model_dtype():
     for dtype in (torch.float32, torch.bfloat16):
         sched = va.euler_schedule(10, dtype)
-        assert len(sched) == 10 and [z for *_, z in sched].count(True) == 1     # zero-init first step
+        assert len(sched) == 10 and [z for *_, z in sched].count(True) == 1  # zero-init first step
         u = torch.linspace(1, 0, 11, dtype=dtype)
         grid = u + (torch.cos(torch.pi / 2 * u) - 1 + u)
         assert sched[0][0] == float(grid[0]) == 1.0
@@ -65,7 +69,7 @@ def test_time_grid_and_step_count_in_model_dtype():
         for t, dt, _ in sched:
             assert float(torch.tensor(t, dtype=dtype)) == t and float(torch.tensor(dt, dtype=dtype)) == dt
     bf, f32 = va.euler_schedule(10, torch.bfloat16), va.euler_schedule(10, torch.float32)
-    assert bf[1][0] != f32[1][0]                          # the bf16 grid is really the bf16 one
+    assert bf[1][0] != f32[1][0]  # the bf16 grid is really the bf16 one
     assert sum(1 for *_, z in va.euler_schedule(10, torch.float32) if not z) == 9
 
 
@@ -79,8 +83,13 @@ def _stepwise_solve(stage: va.LocDiTStage, lm, res, cond, noise, n: int, cfg_rat
     B = x.shape[0]
     for step in range(1, n + 1):
         if step > max(1, int((n + 1) * 0.04)):
-            out = est(torch.cat([x, x]), torch.cat([mu, torch.zeros_like(mu)]), t.repeat(2 * B),
-                      torch.cat([cond, cond]), torch.zeros(2 * B))
+            out = est(
+                torch.cat([x, x]),
+                torch.cat([mu, torch.zeros_like(mu)]),
+                t.repeat(2 * B),
+                torch.cat([cond, cond]),
+                torch.zeros(2 * B),
+            )
             vc, vu = out[:B], out[B:]
             s = (vc * vu).flatten(1).sum(1) / (vu.flatten(1).pow(2).sum(1) + 1e-8)
             s = s[:, None, None]
@@ -100,7 +109,7 @@ def test_cfm_solve_equals_stepwise_loop(n, cfg_rate):
         ref = _stepwise_solve(stage, *inputs, n=n, cfg_rate=cfg_rate)
     assert out.shape == (3, CFG.feat_dim, CFG.patch_size) and out.dtype == torch.float32
     assert rel_err(out, ref) < 1e-6
-    with torch.no_grad():   # different noise → different patch: the noise input is really used
+    with torch.no_grad():  # different noise → different patch: the noise input is really used
         other = stage(*inputs[:3], torch.randn_like(inputs[3]))
     assert rel_err(other, out) > 0.1
 
@@ -113,7 +122,7 @@ def test_cfg_rate_and_rows_are_independent():
         single = stage(lm[1:2], res[1:2], cond[1:2], noise[1:2])
         stage.feat_decoder.cfg_rate = 1.0
         no_cfg = stage(lm, res, cond, noise)
-    assert rel_err(single, full[1:2]) < 1e-5          # CFG-zero* scale is per sample, not per batch
+    assert rel_err(single, full[1:2]) < 1e-5  # CFG-zero* scale is per sample, not per batch
     assert rel_err(no_cfg, full) > 1e-3
 
 
@@ -127,7 +136,7 @@ def test_local_encoder_uses_token_zero_of_five():
         ref = enc.enc_to_lm_proj(fe.encoder(h)[:, 0])
     assert out.shape == (2, CFG.lm_hidden_size)
     assert rel_err(out, ref) < 1e-6
-    with torch.no_grad():   # bidirectional: every patch frame reaches token 0
+    with torch.no_grad():  # bidirectional: every patch frame reaches token 0
         p2 = patch.clone()
         p2[:, :, -1] += 1.0
         assert rel_err(enc(p2), out) > 1e-3
@@ -160,15 +169,15 @@ def test_vae_topology_and_bakes():
     with torch.no_grad():
         ref = m(z)
     assert ref.shape == (2, 1, 10 * CFG.vae.samples_per_frame)
-    assert 1e-3 < ref.abs().max() < 0.9                     # audio-range, tanh not saturated
+    assert 1e-3 < ref.abs().max() < 0.9  # audio-range, tanh not saturated
     baked = copy.deepcopy(m)
     reports = [bake_weight_norm(baked), bake_snake(baked), vvae.bake_sample_rate(baked)]
     assert [r.get("baked", r.get("replaced")) for r in reports] == [31, snakes, len(CFG.vae.decoder_rates)]
-    assert reports[2]["bin"] == 3                           # 48 kHz > 40 kHz boundary
+    assert reports[2]["bin"] == 3  # 48 kHz > 40 kHz boundary
     assert not any("parametrizations" in k or "sr_bin" in k or "embed" in k for k in baked.state_dict())
     with torch.no_grad():
         assert rel_err(baked(z), ref) < 1e-6
-        assert rel_err(m(z), ref) == 0.0                     # baking a copy leaves the original intact
+        assert rel_err(m(z), ref) == 0.0  # baking a copy leaves the original intact
 
 
 def test_vae_receptive_field_measured():
@@ -179,12 +188,12 @@ def test_vae_receptive_field_measured():
     spf, F0 = CFG.vae.samples_per_frame, 24
     z = torch.randn(1, CFG.vae.latent_dim, F0 + 4, dtype=torch.float64)
     with torch.no_grad():
-        base = m(z)[..., F0 * spf:]
+        base = m(z)[..., F0 * spf :]
 
         def moved(j: int) -> float:
             zp = z.clone()
             zp[:, :, j] += 1.0
-            return float((m(zp)[..., F0 * spf:] - base).abs().max())
+            return float((m(zp)[..., F0 * spf :] - base).abs().max())
 
         assert moved(F0 - rf - 1) == 0.0
         assert moved(F0 - rf + 2) > 0.0
@@ -193,16 +202,19 @@ def test_vae_receptive_field_measured():
 
 # --------------------------------------------------------------------------------------------- checkpoints
 def _modules(seed: int = 0):
-    return (vck.init_random_audio(va.LocDiTStage(CFG), seed + 1),
-            vck.init_random_audio(va.LocalEncoderStage(CFG), seed + 2),
-            vck.init_random_vae(vvae.AudioVAEDecoder(CFG.vae), seed + 3))
+    return (
+        vck.init_random_audio(va.LocDiTStage(CFG), seed + 1),
+        vck.init_random_audio(va.LocalEncoderStage(CFG), seed + 2),
+        vck.init_random_vae(vvae.AudioVAEDecoder(CFG.vae), seed + 3),
+    )
 
 
 @pytest.mark.parametrize("vae_format", ["safetensors", "pth"])
 def test_checkpoint_roundtrip_real_layout(tmp_path, vae_format):
     dit, enc, dec = _modules()
-    ckpt = vck.write_audio_checkpoint(tmp_path / "ckpt", CFG, dit, enc, dec, dtype=torch.bfloat16,
-                              vae_format=vae_format)
+    ckpt = vck.write_audio_checkpoint(
+        tmp_path / "ckpt", CFG, dit, enc, dec, dtype=torch.bfloat16, vae_format=vae_format
+    )
     assert vcfg.audio_config_from_checkpoint(ckpt) == CFG
     specs = {s.name: s for s in VOX.specs(_opts(checkpoint=str(ckpt)), vst.AUDIO_STAGES)}
     for name, ref in (("locdit", dit), ("local_encoder", enc), ("vae_decoder", dec)):
@@ -216,6 +228,7 @@ def test_checkpoint_roundtrip_real_layout(tmp_path, vae_format):
         rep = specs[name].checkpoint_report
         assert rep["sha256"] and rep["ignored"]["tensors"] > 0
     from safetensors.torch import load_file
+
     keys = set(load_file(str(ckpt / "audiovae.safetensors"))) if vae_format == "safetensors" else set()
     if keys:
         assert "decoder.model.2.block.1.weight_v" in keys and "decoder.sr_bin_boundaries" in keys
@@ -231,7 +244,7 @@ def test_checkpoint_strictness(tmp_path):
     save_file(sd, str(ckpt / "model.safetensors"))
     with pytest.raises(CheckpointError, match="feat_decoder.estimator.extra.weight"):
         vst.locdit_stage(_opts(checkpoint=str(ckpt))).make_module()
-    vst.local_encoder_stage(_opts(checkpoint=str(ckpt))).make_module()     # other stage: unaffected
+    vst.local_encoder_stage(_opts(checkpoint=str(ckpt))).make_module()  # other stage: unaffected
     vsd = load_file(str(ckpt / "audiovae.safetensors"))
     del vsd["decoder.model.0.weight_g"]
     save_file(vsd, str(ckpt / "audiovae.safetensors"))
@@ -248,8 +261,7 @@ def test_stage_specs_and_options():
     assert v.metadata["sample_rate"] == 48000 and v.metadata["samples_per_frame"] == CFG.vae.samples_per_frame
     assert v.metadata["receptive_field_frames"] <= STREAM.left_context_frames
     assert v.metadata["streaming_exact"]
-    assert v.inputs == [{"name": "latents", "dtype": "float32", "shape": ["batch", CFG.feat_dim, "frames"],
-                         "pad": 0}]
+    assert v.inputs == [{"name": "latents", "dtype": "float32", "shape": ["batch", CFG.feat_dim, "frames"], "pad": 0}]
     dflt = {s.name: s for s in VOX.specs(VoxCPM2Options(), vst.AUDIO_STAGES)}
     assert dflt["locdit"].dtype == torch.bfloat16 and dflt["vae_decoder"].dtype == torch.float32
     assert dflt["locdit"].metadata["estimator_calls"] == 9
@@ -322,8 +334,9 @@ def test_pipeline_audio_half(voxcpm2_audio_fp32):
     patch, embed = pg(lm, res, cond, gens)
     alone, _ = pg(lm[1:], res[1:], cond[1:], [torch.Generator().manual_seed(200)])
     assert rel_err(alone, patch[1:]) < 1e-5
-    noise = draw_noise(2, CFG.feat_dim, CFG.patch_size, torch.device("cpu"),
-                       [torch.Generator().manual_seed(s) for s in (100, 200)])
+    noise = draw_noise(
+        2, CFG.feat_dim, CFG.patch_size, torch.device("cpu"), [torch.Generator().manual_seed(s) for s in (100, 200)]
+    )
     dit, enc, _ = _modules_from_build()
     with torch.no_grad():
         ref = dit(lm, res, cond, noise)

@@ -34,8 +34,14 @@ TINY = vcfg.AUDIO_PRESETS["tiny"]
 # Odd sizes everywhere: widths, FFN, head_dim, feat_dim, patch (so the DiT sequence is 2 + 1 + 2·3 = 9 tokens and
 # the encoder's 4); the encoder with mup residual scaling (the residual_scale epilogue).
 _ODD_T = replace(TINY.dit, hidden_size=40, intermediate_size=72, head_dim=12, rope_factors=None)
-ODD = replace(TINY, lm_hidden_size=56, feat_dim=6, patch_size=3, dit=_ODD_T,
-              encoder=replace(_ODD_T, num_attention_heads=6, num_key_value_heads=3, use_mup=True))
+ODD = replace(
+    TINY,
+    lm_hidden_size=56,
+    feat_dim=6,
+    patch_size=3,
+    dit=_ODD_T,
+    encoder=replace(_ODD_T, num_attention_heads=6, num_key_value_heads=3, use_mup=True),
+)
 
 
 def _module(name: str, cfg: vcfg.AudioConfig, n_timesteps: int = 3) -> torch.nn.Module:
@@ -54,8 +60,12 @@ def _inputs(name: str, cfg: vcfg.AudioConfig, B: int, seed: int) -> tuple[torch.
     g = torch.Generator().manual_seed(seed)
     H, C, P = cfg.lm_hidden_size, cfg.feat_dim, cfg.patch_size
     if name == "locdit":
-        return (torch.randn(B, H, generator=g), torch.randn(B, H, generator=g), torch.randn(B, C, P, generator=g),
-                torch.randn(B, C, P, generator=g))
+        return (
+            torch.randn(B, H, generator=g),
+            torch.randn(B, H, generator=g),
+            torch.randn(B, C, P, generator=g),
+            torch.randn(B, C, P, generator=g),
+        )
     return (torch.randn(B, 1, P, C, generator=g),)
 
 
@@ -71,10 +81,10 @@ def test_pass_swaps_every_layer_and_projection_and_keeps_parameter_names(name):
     assert all(id(m) in in_blocks for m in kern.modules() if type(m) is torch.nn.Linear)
     fused = copy.deepcopy(orig)
     fuse_projections(fused)
-    assert sorted(kern.state_dict()) == sorted(fused.state_dict())    # same constants as the inductor build
+    assert sorted(kern.state_dict()) == sorted(fused.state_dict())  # same constants as the inductor build
     assert isinstance(kern.enc_to_lm_proj if name == "local_encoder" else kern.lm_to_dit_proj, KernelLinear)
     again = va.use_sequence_kernels(kern)
-    assert again["layers"] == again["linears"] == 0                   # idempotent
+    assert again["layers"] == again["linears"] == 0  # idempotent
 
 
 @pytest.mark.parametrize("name", STAGES)
@@ -82,17 +92,28 @@ def test_stage_specs_install_the_pass_for_ttsaot_only(name):
     for kernels, want in (("ttsaot", "ttsaot"), ("inductor", "inductor"), ("auto", "inductor")):
         (spec,) = VOX.specs(_opts(kernels=kernels), [name])
         assert spec.kernel_passes == [va.use_sequence_kernels]
-        assert spec.cuda_auto_kernels == "inductor"                  # opt-in until built and timed on a GPU
+        assert spec.cuda_auto_kernels == "inductor"  # opt-in until built and timed on a GPU
         assert spec.kernels_on(torch.device("cpu")) == want
-    assert spec.kernels_on(torch.device("cuda")) == "inductor"        # auto on CUDA
+    assert spec.kernels_on(torch.device("cuda")) == "inductor"  # auto on CUDA
 
 
 def _interpreted(calls: list):
     """skinny_linear that always runs the Triton kernels (the interpreter on CPU), whatever the row count."""
+
     def run(x, weight, bias=None, norm_weight=None, norm_eps=1e-6, gated=False, residual=None, residual_scale=1.0):
         calls.append(x.numel() // x.shape[-1])
-        return launch_skinny_linear(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale,
-                                    config={"BLOCK_N": 16, "BLOCK_K": 32})
+        return launch_skinny_linear(
+            x,
+            weight,
+            bias,
+            norm_weight,
+            norm_eps,
+            gated,
+            residual,
+            residual_scale,
+            config={"BLOCK_N": 16, "BLOCK_K": 32},
+        )
+
     return run
 
 
@@ -111,7 +132,7 @@ def test_kernel_modules_on_the_triton_kernels_equal_eager(name, monkeypatch):
         with torch.no_grad():
             want, got = orig(*xs), kern(*xs)
         assert rel_err(got, want) < 1e-5, (B, rel_err(got, want))
-    per_call = 2 * (4 * 2 + 7) + 2 if name == "locdit" else 4 * 2 + 2   # 2 layers; DiT: 2 estimator calls + mu
+    per_call = 2 * (4 * 2 + 7) + 2 if name == "locdit" else 4 * 2 + 2  # 2 layers; DiT: 2 estimator calls + mu
     assert len(calls) == 2 * per_call
     assert min(calls) == 1 and max(calls) == (2 * 3 * 9 if name == "locdit" else 3 * 4)
 
@@ -141,7 +162,7 @@ def audio_kernels_build():
 
 def test_exported_programs_hold_one_skinny_linear_per_projection(audio_kernels_build):
     path, seen = audio_kernels_build
-    assert len(seen) == len(STAGES)                                   # one bucket per stage
+    assert len(seen) == len(STAGES)  # one bucket per stage
     (spec,) = VOX.specs(_opts(), ["locdit"])
     calls = spec.metadata["estimator_calls"]
     layers = TINY.dit.num_hidden_layers
@@ -151,7 +172,7 @@ def test_exported_programs_hold_one_skinny_linear_per_projection(audio_kernels_b
         assert not any(t.startswith(("aten.linear", "aten.addmm", "aten.mm", "aten.matmul")) for t in targets)
         # SwiGLU's SiLU·mul is the gated epilogue; only the timestep MLPs' SiLU (between two projections) is aten
         assert sum(t.startswith("aten.silu") for t in targets) == (2 * calls if name == "locdit" else 0)
-        assert any("scaled_dot_product" in t for t in targets)        # the attention itself stays SDPA
+        assert any("scaled_dot_product" in t for t in targets)  # the attention itself stays SDPA
     bundle = load(path)
     for name in STAGES:
         assert bundle[name].entry.kernels == "ttsaot"
@@ -162,7 +183,7 @@ def test_artifact_matches_eager_within_the_manifest_tolerance(audio_kernels_buil
     path, _ = audio_kernels_build
     bundle = load(path)
     eager = {s.name: s.make_module().eval() for s in VOX.specs(_opts(), STAGES)}
-    for B, seed in ((3, 4), (1, 5), (2, 6)):                          # the bucket (3) and padded calls
+    for B, seed in ((3, 4), (1, 5), (2, 6)):  # the bucket (3) and padded calls
         for name in STAGES:
             xs = _inputs(name, TINY, B, seed)
             with torch.no_grad():

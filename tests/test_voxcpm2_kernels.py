@@ -64,8 +64,8 @@ def test_pass_swaps_every_layer_and_keeps_parameter_names(name):
     assert all(isinstance(ly.self_attn, KernelAttention) and isinstance(ly.mlp, KernelSwiGLU) for ly in lm.layers)
     fused = copy.deepcopy(orig)
     fuse_projections(fused)
-    assert sorted(kern.state_dict()) == sorted(fused.state_dict())   # same constants, shared with the prefill
-    assert vlm.use_decode_kernels(kern)["layers"] == 0                # idempotent
+    assert sorted(kern.state_dict()) == sorted(fused.state_dict())  # same constants, shared with the prefill
+    assert vlm.use_decode_kernels(kern)["layers"] == 0  # idempotent
 
 
 @pytest.mark.parametrize("name", STEPS)
@@ -105,8 +105,9 @@ def test_fp32_module_over_bf16_caches_equals_the_eager_step(name):
 @pytest.fixture(scope="module")
 def kernels_build():
     def build(root):
-        opts = VoxCPM2Options(dtype=torch.float32, batch_buckets=(2,), max_len=MAX_LEN, prefill_buckets=(PREFILL,),
-                              kernels="ttsaot")
+        opts = VoxCPM2Options(
+            dtype=torch.float32, batch_buckets=(2,), max_len=MAX_LEN, prefill_buckets=(PREFILL,), kernels="ttsaot"
+        )
         return build_recording_exported_ops(VOX.name, VOX.specs(opts, STEPS), root)
 
     path = built_artifact("voxcpm2-lm-tiny-fp32-ttsaot", build)
@@ -115,11 +116,11 @@ def kernels_build():
 
 def test_exported_programs_hold_the_kernel_ops(kernels_build):
     path, seen = kernels_build
-    assert len(seen) == len(STEPS)                          # one bucket per stage
+    assert len(seen) == len(STEPS)  # one bucket per stage
     layers = [TINY.lm.num_hidden_layers, TINY.residual.num_hidden_layers]
     for targets, n in zip(seen, layers):
         assert targets.count(OPS[1]) == n and targets.count(OPS[0]) == 4 * n, targets
-        assert not any("index_put" in t for t in targets)   # the cache writes are inside the op
+        assert not any("index_put" in t for t in targets)  # the cache writes are inside the op
     bundle = load(path)
     assert all(bundle[s].entry.kernels == "ttsaot" for s in STEPS)
     assert bundle["base_lm_step"].entry.passes[-1]["pass"] == "use_decode_kernels"
@@ -138,7 +139,7 @@ def test_artifact_steps_and_caches_match_the_inductor_build(kernels_build, voxcp
             c.k.copy_(torch.randn(c.k.shape, generator=torch.Generator().manual_seed(2)))
             c.v.copy_(torch.randn(c.v.shape, generator=torch.Generator().manual_seed(4)))
             c.positions[:] = torch.tensor([0, 9])
-    tol = 1e-4                                             # both stages' fp32 tolerance
+    tol = 1e-4  # both stages' fp32 tolerance
     for _ in range(5):
         embeds, feat = torch.randn(2, H, generator=g), torch.randn(2, H, generator=g)
         outs = []

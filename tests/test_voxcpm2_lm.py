@@ -27,7 +27,7 @@ from .conftest import built_artifact, rel_err
 
 TINY = vcfg.LM_PRESETS["tiny"]
 H = TINY.lm.hidden_size
-MAX_LEN = 16          # artifact: batch bucket 2, prefill bucket 8, fp32
+MAX_LEN = 16  # artifact: batch bucket 2, prefill bucket 8, fp32
 PREFILL = 8
 
 
@@ -49,8 +49,8 @@ def test_full_config_parameter_counts_match_the_checkpoint():
     assert _numel(step.fsq_layer) == 2_099_712
     assert _numel(step.stop_proj) == 4_196_352 and _numel(step.stop_head) == 4_096
     assert _numel(res.fusion_concat_proj) == 8_390_656
-    assert not hasattr(step.base_lm, "embed_tokens")        # the step never carries the 574 MiB table
-    assert res.residual_lm.rope is None                      # residual LM: no RoPE
+    assert not hasattr(step.base_lm, "embed_tokens")  # the step never carries the 574 MiB table
+    assert res.residual_lm.rope is None  # residual LM: no RoPE
     assert cfg.lm.head_dim == 128 and cfg.lm.rope_factors()[1] == 1.0
 
 
@@ -73,7 +73,7 @@ def test_static_cache_steps_equal_the_full_sequence(lm):
         for b in range(B):
             assert rel_err(h[b, : lengths[b]], ref[b, : lengths[b]]) < 1e-5
         pos = lengths.clone()
-        for _ in range(4):      # rows advance from different positions
+        for _ in range(4):  # rows advance from different positions
             out = m.forward_step(x[torch.arange(B), pos], pos, kc, vc)
             for b in range(B):
                 assert rel_err(out[b], ref[b, pos[b]]) < 1e-5
@@ -88,7 +88,7 @@ def test_idle_rows_write_only_the_scratch_slot():
     k0, v0 = kc.clone(), vc.clone()
     model.forward_step(torch.randn(2, H), torch.tensor([3, MAX_LEN]), kc, vc)
     for c, c0 in ((kc, k0), (vc, v0)):
-        changed = (c != c0).any(-1).any(2)           # [layers, batch, slot]
+        changed = (c != c0).any(-1).any(2)  # [layers, batch, slot]
         assert changed[:, 0, 3].all() and changed[:, 1, MAX_LEN].all()
         assert changed.sum() == 2 * TINY.lm.num_hidden_layers
     # prefill: row 1 with length 0 only touches the scratch slot
@@ -193,7 +193,7 @@ def bundle(voxcpm2_lm_tiny):
 
 @pytest.fixture(scope="module")
 def eager():
-    return vck.init_random_lm(vlm.VoxCPM2LM(TINY, MAX_LEN), seed=0)   # the weights the artifact was built from
+    return vck.init_random_lm(vlm.VoxCPM2LM(TINY, MAX_LEN), seed=0)  # the weights the artifact was built from
 
 
 @torch.no_grad()
@@ -203,8 +203,9 @@ def _reference(eager, tok, tmask, fe, fmask, steps):
     P = tok.shape[1]
     x = tmask[..., None] * base.embed_tokens(tok) + fmask[..., None] * fe
     h, _ = base.forward_seq(torch.cat([x, steps], 1))
-    lm = torch.cat([eager.fsq_layer(h[:, :P]) * fmask[..., None] + h[:, :P] * tmask[..., None],
-                    eager.fsq_layer(h[:, P:])], 1)
+    lm = torch.cat(
+        [eager.fsq_layer(h[:, :P]) * fmask[..., None] + h[:, :P] * tmask[..., None], eager.fsq_layer(h[:, P:])], 1
+    )
     rin = torch.cat([torch.cat([lm[:, :P], fmask[..., None] * fe], -1), torch.cat([lm[:, P:], steps], -1)], 1)
     r, _ = res.forward_seq(eager.fusion_concat_proj(rin))
     stop = eager.stop_head(torch.nn.functional.silu(eager.stop_proj(lm)))
@@ -220,7 +221,7 @@ def test_request_through_artifacts_equals_eager_full_sequence(bundle, eager):
     lengths, N = [8, 5], 6
     tok = torch.randint(0, TINY.lm.vocab_size, (2, PREFILL), generator=g)
     fmask = torch.zeros(2, PREFILL)
-    fmask[:, 2:4] = 1.0                       # reference-audio patches inside the prompt
+    fmask[:, 2:4] = 1.0  # reference-audio patches inside the prompt
     tmask = 1.0 - fmask
     fe = torch.randn(2, PREFILL, H, generator=g)
     steps = torch.randn(2, N, H, generator=g)
@@ -231,8 +232,9 @@ def test_request_through_artifacts_equals_eager_full_sequence(bundle, eager):
     r_seq = rp.prefill(lm_seq, fe, fmask, lengths=lengths, cache=res_cache)
     assert base_cache.positions.tolist() == lengths == res_cache.positions.tolist()
     for b, n in enumerate(lengths):
-        h, lm, r, stop = _reference(eager, tok[b:b + 1, :n], tmask[b:b + 1, :n], fe[b:b + 1, :n],
-                                    fmask[b:b + 1, :n], steps[b:b + 1])
+        h, lm, r, stop = _reference(
+            eager, tok[b : b + 1, :n], tmask[b : b + 1, :n], fe[b : b + 1, :n], fmask[b : b + 1, :n], steps[b : b + 1]
+        )
         assert rel_err(lm_seq[b, :n], lm[0, :n]) < 1e-4
         assert rel_err(r_seq[b, :n], r[0, :n]) < 1e-4
         row_ref = (h[0, n:], lm[0, n:], r[0, n:], stop[0, n:])
@@ -261,7 +263,7 @@ def test_step_writes_only_its_row_slot_in_place(bundle):
     cache.positions[:] = torch.tensor([3, 9])
     before = cache.k.clone()
     ptr = cache.k.data_ptr()
-    stage.step(torch.randn(1, H), cache=cache, rows=[1])      # row 0 idle → scratch slot
+    stage.step(torch.randn(1, H), cache=cache, rows=[1])  # row 0 idle → scratch slot
     changed = (cache.k != before).any(-1).any(2)
     assert cache.k.data_ptr() == ptr
     assert changed[:, 1, 9].all() and changed[:, 0, MAX_LEN].all()
@@ -279,13 +281,18 @@ def test_position_overflow_is_a_typed_error(bundle):
     with pytest.raises(InputRangeError, match="max_len=16"):
         stage.step(x, x, cache=cache)
     assert torch.equal(cache.k, snapshot) and cache.positions.tolist() == [MAX_LEN, 1]
-    stage.step(x[1:], x[1:], cache=cache, rows=[1])           # the other row still steps
+    stage.step(x[1:], x[1:], cache=cache, rows=[1])  # the other row still steps
     cache.reset([0])
     assert cache.positions.tolist() == [0, 2]
     with pytest.raises(InputRangeError):
-        bundle["base_lm_prefill"].prefill(torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 4),
-                                          torch.zeros(1, 4, H), torch.zeros(1, 4), lengths=[5],
-                                          cache=bundle["base_lm_step"].new_cache(2))
+        bundle["base_lm_prefill"].prefill(
+            torch.zeros(1, 4, dtype=torch.long),
+            torch.ones(1, 4),
+            torch.zeros(1, 4, H),
+            torch.zeros(1, 4),
+            lengths=[5],
+            cache=bundle["base_lm_step"].new_cache(2),
+        )
 
 
 def test_caches_are_checked_against_the_stage(bundle):
@@ -329,8 +336,10 @@ def test_step_program_reads_the_caches_in_place(voxcpm2_lm_tiny):
             src = [z.read(n).decode() for n in z.namelist() if n.endswith("wrapper.cpp")]
         if not src:
             pytest.skip("this torch packages no wrapper.cpp source")
-        arrays = {m[0]: [int(x.rstrip("L")) for x in m[1].split(",")]
-                  for m in re.findall(r"int_array_(\d+)\[\] = \{([^}]*)\}", src[0])}
+        arrays = {
+            m[0]: [int(x.rstrip("L")) for x in m[1].split(",")]
+            for m in re.findall(r"int_array_(\d+)\[\] = \{([^}]*)\}", src[0])
+        }
         allocs = re.findall(r"aoti_torch_empty_strided\(\d+, int_array_(\d+),", src[0])
         layer_cache = 2 * cfg.num_key_value_heads * (MAX_LEN + 1) * cfg.head_dim
         biggest = max(math.prod(arrays[a]) for a in allocs)
@@ -348,7 +357,7 @@ def test_lm_calls_run_under_the_stage_fp32_mode(voxcpm2_lm_tiny, static):
     for st in b.values():
         st.static_buffers = static
         for runner in st._runners.values():
-            runner.fp32 = fp32_mode(True, tf32=False)   # what a CUDA fp32 stage gets; CPU stages get it inactive
+            runner.fp32 = fp32_mode(True, tf32=False)  # what a CUDA fp32 stage gets; CPU stages get it inactive
             run = runner.run_fn
             runner.run_fn = lambda xs, run=run: (seen.append(torch.backends.cuda.matmul.allow_tf32), run(xs))[1]
     before = torch.backends.cuda.matmul.allow_tf32
@@ -356,10 +365,16 @@ def test_lm_calls_run_under_the_stage_fp32_mode(voxcpm2_lm_tiny, static):
     try:
         cache = b["base_lm_step"].new_cache(1)
         g = torch.Generator().manual_seed(5)
-        b["base_lm_prefill"].prefill(torch.randint(0, TINY.lm.vocab_size, (1, 4), generator=g), torch.ones(1, 4),
-                                     torch.zeros(1, 4, H), torch.zeros(1, 4), lengths=[4], cache=cache)
+        b["base_lm_prefill"].prefill(
+            torch.randint(0, TINY.lm.vocab_size, (1, 4), generator=g),
+            torch.ones(1, 4),
+            torch.zeros(1, 4, H),
+            torch.zeros(1, 4),
+            lengths=[4],
+            cache=cache,
+        )
         b["base_lm_step"].step(torch.randn(1, H, generator=g), cache=cache)
-        assert torch.backends.cuda.matmul.allow_tf32 is True      # the caller's setting comes back
+        assert torch.backends.cuda.matmul.allow_tf32 is True  # the caller's setting comes back
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
     assert len(seen) == 2 and not any(seen)
@@ -389,7 +404,7 @@ def test_static_buffer_path_equals_direct_path(voxcpm2_lm_tiny, bundle):
     step = static["base_lm_step"]
     (bound,) = [gr for (_k, cid), gr in step._graphs.items() if cid == id(cache)]
     assert bound.inputs[step._cache_idx[0]] is cache.k and bound.inputs[step._cache_idx[1]] is cache.v
-    prefill = static["base_lm_prefill"]   # its own input order: the cache slots are found by its own index
+    prefill = static["base_lm_prefill"]  # its own input order: the cache slots are found by its own index
     (pbound,) = [gr for (_k, cid), gr in prefill._graphs.items() if cid == id(cache)]
     assert pbound.inputs[prefill._cache_idx[0]] is cache.k and pbound.inputs[prefill._cache_idx[1]] is cache.v
     assert prefill._cache_idx != step._cache_idx

@@ -19,9 +19,9 @@ from torch import nn
 class Buckets:
     """The bench's choice for one stage at one preset (GPU time is scarce: a few buckets, not the whole plan)."""
 
-    axes: dict[str, tuple[int, ...]] = field(default_factory=dict)   # axis → sizes measured
-    options: dict[str, Any] = field(default_factory=dict)            # family option overrides (e.g. max_len)
-    streaming: dict[str, int] = field(default_factory=dict)          # StreamingConfig overrides
+    axes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # axis → sizes measured
+    options: dict[str, Any] = field(default_factory=dict)  # family option overrides (e.g. max_len)
+    streaming: dict[str, int] = field(default_factory=dict)  # StreamingConfig overrides
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,8 @@ class Upstream:
 
 @dataclass(frozen=True)
 class BenchFamily:
-    buckets: dict[str, dict[str, Buckets]] = field(default_factory=dict)     # stage → preset → Buckets
-    upstream: dict[str, Upstream] = field(default_factory=dict)              # stage → comparator
+    buckets: dict[str, dict[str, Buckets]] = field(default_factory=dict)  # stage → preset → Buckets
+    upstream: dict[str, Upstream] = field(default_factory=dict)  # stage → comparator
     # codebook predictors: stage → StepAdapter(module) for the per-codebook-step loops (bench/predictor_loops.py)
     step_loops: dict[str, Callable[[nn.Module], Any]] = field(default_factory=dict)
     # stage → (manifest StageEntry) → (layer passes in one call, how), for kernels per layer in `bench profile`;

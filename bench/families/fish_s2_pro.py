@@ -27,33 +27,58 @@ def fish_dac_upstream(cfg) -> nn.Module:
     codec = import_module_alone(f"{FISH_DAC_PKG}.codec")
     rvq = import_module_alone(f"{FISH_DAC_PKG}.rvq")
     tr = import_module_alone(f"{FISH_DAC_PKG}.transformer")
-    common = dict(n_local_heads=-1, rope_base=cfg.rope_base, norm_eps=cfg.norm_eps, dropout_rate=0.0,
-                  attn_dropout_rate=0.0, channels_first=True)
-    q_args = tr.ModelArgs(block_size=cfg.quantizer_block_size, n_layer=cfg.quantizer_layers,
-                          n_head=cfg.quantizer_heads, dim=cfg.latent_dim,
-                          intermediate_size=cfg.quantizer_intermediate, head_dim=cfg.quantizer_head_dim,
-                          **common)
+    common = dict(
+        n_local_heads=-1,
+        rope_base=cfg.rope_base,
+        norm_eps=cfg.norm_eps,
+        dropout_rate=0.0,
+        attn_dropout_rate=0.0,
+        channels_first=True,
+    )
+    q_args = tr.ModelArgs(
+        block_size=cfg.quantizer_block_size,
+        n_layer=cfg.quantizer_layers,
+        n_head=cfg.quantizer_heads,
+        dim=cfg.latent_dim,
+        intermediate_size=cfg.quantizer_intermediate,
+        head_dim=cfg.quantizer_head_dim,
+        **common,
+    )
 
     def quantizer_transformer():
-        return tr.WindowLimitedTransformer(causal=True, window_size=cfg.quantizer_window,
-                                           input_dim=cfg.latent_dim, config=q_args)
+        return tr.WindowLimitedTransformer(
+            causal=True, window_size=cfg.quantizer_window, input_dim=cfg.latent_dim, config=q_args
+        )
 
     quantizer = rvq.DownsampleResidualVectorQuantize(
-        input_dim=cfg.latent_dim, n_codebooks=cfg.n_codebooks, codebook_size=cfg.codebook_size,
-        codebook_dim=cfg.codebook_dim, quantizer_dropout=0.0, downsample_factor=list(cfg.downsample_factor),
-        post_module=quantizer_transformer(), pre_module=quantizer_transformer(),
-        semantic_codebook_size=cfg.semantic_codebook_size)
+        input_dim=cfg.latent_dim,
+        n_codebooks=cfg.n_codebooks,
+        codebook_size=cfg.codebook_size,
+        codebook_dim=cfg.codebook_dim,
+        quantizer_dropout=0.0,
+        downsample_factor=list(cfg.downsample_factor),
+        post_module=quantizer_transformer(),
+        pre_module=quantizer_transformer(),
+        semantic_codebook_size=cfg.semantic_codebook_size,
+    )
 
     def encoder_transformer_config(**kw):
-        return tr.ModelArgs(**{"block_size": cfg.encoder_block_size, "head_dim": cfg.transformer_head_dim,
-                               **common, **kw})
+        return tr.ModelArgs(
+            **{"block_size": cfg.encoder_block_size, "head_dim": cfg.transformer_head_dim, **common, **kw}
+        )
 
     return codec.DAC(
-        encoder_dim=cfg.encoder_dim, encoder_rates=list(cfg.encoder_rates), decoder_dim=cfg.decoder_dim,
-        decoder_rates=list(cfg.decoder_rates), quantizer=quantizer, sample_rate=cfg.sample_rate, causal=True,
+        encoder_dim=cfg.encoder_dim,
+        encoder_rates=list(cfg.encoder_rates),
+        decoder_dim=cfg.decoder_dim,
+        decoder_rates=list(cfg.decoder_rates),
+        quantizer=quantizer,
+        sample_rate=cfg.sample_rate,
+        causal=True,
         encoder_transformer_layers=list(cfg.encoder_transformer_layers),
-        decoder_transformer_layers=[4, 0, 0, 0],          # as upstream: built, never registered
-        transformer_general_config=encoder_transformer_config).eval()
+        decoder_transformer_layers=[4, 0, 0, 0],  # as upstream: built, never registered
+        transformer_general_config=encoder_transformer_config,
+    ).eval()
 
 
 def dac_with_our_weights(ours: nn.Module) -> nn.Module:
@@ -149,21 +174,24 @@ class FastARSteps(StepAdapter):
         return out, self.m.next_input_embedding(named["token"], out, named["token_embed"])
 
 
-
 BENCH = BenchFamily(
     buckets={
         # Fish streams a 4-frame first chunk, then 25 new frames with 25 of context: windows of 29 (4 + 25) and 50.
         "dac_decoder": {**CODEC_DECODER, "full": Buckets(axes={"batch": (1, 4), "frames": (29, 50)})},
         "fast_ar": {"full": Buckets(axes={"batch": (1, 8)})},
-        "dac_encoder": {"full": Buckets(options={"encoder_seconds": (10.0,)})},   # a 10 s reference clip
+        "dac_encoder": {"full": Buckets(options={"encoder_seconds": (10.0,)})},  # a 10 s reference clip
     },
     upstream={
-        "dac_decoder": Upstream("vllm_omni fish_speech DAC.decode (weight norm baked, as served)",
-                                lambda ours: FishDACDecode(dac_with_our_weights(ours))),
-        "dac_encoder": Upstream("vllm_omni fish_speech DAC.encode",
-                                lambda ours: FishDACEncode(dac_with_our_weights(ours))),
+        "dac_decoder": Upstream(
+            "vllm_omni fish_speech DAC.decode (weight norm baked, as served)",
+            lambda ours: FishDACDecode(dac_with_our_weights(ours)),
+        ),
+        "dac_encoder": Upstream(
+            "vllm_omni fish_speech DAC.encode", lambda ours: FishDACEncode(dac_with_our_weights(ours))
+        ),
     },
     step_loops={"fast_ar": FastARSteps},
-    layers={"fast_ar": lambda e: (e.config["n_layer"] * e.metadata["sampled_codebooks"],
-                                  "n_layer × sampled codebook steps")},
+    layers={
+        "fast_ar": lambda e: (e.config["n_layer"] * e.metadata["sampled_codebooks"], "n_layer × sampled codebook steps")
+    },
 )

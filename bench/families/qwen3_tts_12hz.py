@@ -16,9 +16,15 @@ from . import BenchFamily, Buckets, Upstream
 # streaming window fits it (tiny, CPU smoke).
 CODEC_DECODER = {
     "full": Buckets(axes={"batch": (1, 4), "frames": (25, 50)}),
-    "tiny": Buckets(axes={"batch": (1,), "frames": (16,)},
-                    streaming={"chunk_frames": 8, "left_context_frames": 8, "first_chunk_frames": 0,
-                               "nonstreaming_chunk_frames": 0}),
+    "tiny": Buckets(
+        axes={"batch": (1,), "frames": (16,)},
+        streaming={
+            "chunk_frames": 8,
+            "left_context_frames": 8,
+            "first_chunk_frames": 0,
+            "nonstreaming_chunk_frames": 0,
+        },
+    ),
 }
 
 
@@ -36,8 +42,10 @@ def code2wav_upstream(ours: nn.Module) -> nn.Module:
     missing, unexpected = up.load_state_dict(ours.state_dict(), strict=False)
     bad_missing = [k for k in missing if ".input_proj." not in k]
     if unexpected or bad_missing:
-        raise Skipped(f"unavailable: weights do not map onto upstream (missing {bad_missing[:3]}, "
-                      f"unexpected {list(unexpected)[:3]})")
+        raise Skipped(
+            f"unavailable: weights do not map onto upstream (missing {bad_missing[:3]}, "
+            f"unexpected {list(unexpected)[:3]})"
+        )
     return up
 
 
@@ -95,6 +103,10 @@ BENCH = BenchFamily(
     },
     upstream={"code2wav": Upstream("qwen_tts Qwen3TTSTokenizerV2Decoder", code2wav_upstream)},
     step_loops={"code_predictor": CodePredictorSteps},
-    layers={"code_predictor": lambda e: (e.config["num_hidden_layers"] * e.metadata["sampled_codebooks"],
-                                         "num_hidden_layers × sampled codebook steps")},
+    layers={
+        "code_predictor": lambda e: (
+            e.config["num_hidden_layers"] * e.metadata["sampled_codebooks"],
+            "num_hidden_layers × sampled codebook steps",
+        )
+    },
 )

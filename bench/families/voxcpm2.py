@@ -45,8 +45,9 @@ def voxcpm_cfm(conf: dict) -> nn.Module:
     """UnifiedCFM with its VoxCPMLocDiT (V2) estimator (`feat_decoder`) for a config.json dict, uninitialised."""
     lm_cfg = voxcpm_module("minicpm4.config").MiniCPM4Config(**conf["lm_config"])
     cfm, dit = voxcpm_module("locdit.unified_cfm"), conf["dit_config"]
-    est = voxcpm_module("locdit.local_dit_v2").VoxCPMLocDiT(_voxcpm_sub_config(lm_cfg, dit),
-                                                            in_channels=conf["feat_dim"])
+    est = voxcpm_module("locdit.local_dit_v2").VoxCPMLocDiT(
+        _voxcpm_sub_config(lm_cfg, dit), in_channels=conf["feat_dim"]
+    )
     return cfm.UnifiedCFM(conf["feat_dim"], cfm.CfmConfig(**dit["cfm_config"]), est, mean_mode=dit["dit_mean_mode"])
 
 
@@ -80,8 +81,15 @@ class VoxCPMLocDiTPatch(nn.Module):
     torch.randn; the stage takes it as its `noise` input, so the adapter calls solve_euler with it and the
     sway-warped time grid forward would build (two elementwise ops on n+1 values)."""
 
-    def __init__(self, cfm: nn.Module, lm_to_dit_proj: nn.Linear, res_to_dit_proj: nn.Linear,
-                 n_timesteps: int, cfg_value: float, sway_sampling_coef: float = 1.0) -> None:
+    def __init__(
+        self,
+        cfm: nn.Module,
+        lm_to_dit_proj: nn.Linear,
+        res_to_dit_proj: nn.Linear,
+        n_timesteps: int,
+        cfg_value: float,
+        sway_sampling_coef: float = 1.0,
+    ) -> None:
         super().__init__()
         self.cfm, self.lm_to_dit_proj, self.res_to_dit_proj = cfm, lm_to_dit_proj, res_to_dit_proj
         self.n_timesteps, self.cfg_value, self.sway = n_timesteps, cfg_value, sway_sampling_coef
@@ -91,8 +99,9 @@ class VoxCPMLocDiTPatch(nn.Module):
         mu = torch.cat((self.lm_to_dit_proj(lm_hidden.to(dt)), self.res_to_dit_proj(residual_hidden.to(dt))), -1)
         t_span = torch.linspace(1, 0, self.n_timesteps + 1, device=mu.device, dtype=mu.dtype)
         t_span = t_span + self.sway * (torch.cos(torch.pi / 2 * t_span) - 1 + t_span)
-        return self.cfm.solve_euler(x=noise.to(dt), t_span=t_span, mu=mu, cond=cond.to(dt),
-                                    cfg_value=self.cfg_value, use_cfg_zero_star=True).float()
+        return self.cfm.solve_euler(
+            x=noise.to(dt), t_span=t_span, mu=mu, cond=cond.to(dt), cfg_value=self.cfg_value, use_cfg_zero_star=True
+        ).float()
 
 
 class VoxCPMLocalEncoderEmbed(nn.Module):
@@ -191,8 +200,9 @@ def _voxcpm_locdit(ours: nn.Module) -> nn.Module:
     cfm = voxcpm_cfm(_voxcpm_audio_conf(ours))
     cfm.estimator.load_state_dict(ours.feat_decoder.estimator.state_dict(), strict=True)
     fd = ours.feat_decoder
-    return VoxCPMLocDiTPatch(cfm, linear_like(ours.lm_to_dit_proj), linear_like(ours.res_to_dit_proj),
-                             fd.n_timesteps, fd.cfg_rate)
+    return VoxCPMLocDiTPatch(
+        cfm, linear_like(ours.lm_to_dit_proj), linear_like(ours.res_to_dit_proj), fd.n_timesteps, fd.cfg_rate
+    )
 
 
 def _voxcpm_local_encoder(ours: nn.Module) -> nn.Module:
@@ -202,7 +212,7 @@ def _voxcpm_local_encoder(ours: nn.Module) -> nn.Module:
 
 
 def _voxcpm_vae_decoder(ours: nn.Module) -> nn.Module:
-    up = VoxCPMVAEDecode(voxcpm_audio_vae(ours.cfg.to_json()))     # encoder dropped: load the decoder only
+    up = VoxCPMVAEDecode(voxcpm_audio_vae(ours.cfg.to_json()))  # encoder dropped: load the decoder only
     load_our_weights(up.vae, ours)
     return up
 
@@ -220,8 +230,7 @@ def _voxcpm_residual_lm_step(ours: nn.Module) -> nn.Module:
     return VoxCPMResidualLMStep(lm, linear_like(ours.fusion_concat_proj))
 
 
-
-LM_CTX = {"max_len": 512}   # the issue evidence: decode steps and prefills over a 512-token cache
+LM_CTX = {"max_len": 512}  # the issue evidence: decode steps and prefills over a 512-token cache
 
 BENCH = BenchFamily(
     buckets={
@@ -231,20 +240,26 @@ BENCH = BenchFamily(
         "residual_lm_prefill": {"full": Buckets(axes={"batch": (1, 4), "tokens": (64, 256)}, options=LM_CTX)},
         "locdit": {"full": Buckets(axes={"batch": (1, 16)})},
         "local_encoder": {"full": Buckets(axes={"batch": (1, 16)})},
-        "vae_decoder": {"full": Buckets(axes={"batch": (1,), "frames": (36,)})},   # 12 new + 24 context frames
+        "vae_decoder": {"full": Buckets(axes={"batch": (1,), "frames": (36,)})},  # 12 new + 24 context frames
     },
     upstream={
         "locdit": Upstream("voxcpm UnifiedCFM.solve_euler + VoxCPMLocDiT (V2)", _voxcpm_locdit),
         "local_encoder": Upstream("voxcpm VoxCPMLocEnc + enc_to_lm_proj", _voxcpm_local_encoder),
         "vae_decoder": Upstream("voxcpm AudioVAE (V2).decode", _voxcpm_vae_decoder),
-        "base_lm_step": Upstream("voxcpm MiniCPMModel.forward_step (StaticKVCache) + fsq + stop head",
-                                 _voxcpm_base_lm_step),
-        "residual_lm_step": Upstream("voxcpm MiniCPMModel.forward_step (StaticKVCache) after fusion_concat_proj",
-                                     _voxcpm_residual_lm_step),
+        "base_lm_step": Upstream(
+            "voxcpm MiniCPMModel.forward_step (StaticKVCache) + fsq + stop head", _voxcpm_base_lm_step
+        ),
+        "residual_lm_step": Upstream(
+            "voxcpm MiniCPMModel.forward_step (StaticKVCache) after fusion_concat_proj", _voxcpm_residual_lm_step
+        ),
     },
-    layers={"locdit": lambda e: (e.config["dit"]["num_hidden_layers"] * e.metadata["estimator_calls"],
-                                 "DiT layers × estimator calls"),
-            "local_encoder": lambda e: (e.config["encoder"]["num_hidden_layers"], "encoder layers")},
+    layers={
+        "locdit": lambda e: (
+            e.config["dit"]["num_hidden_layers"] * e.metadata["estimator_calls"],
+            "DiT layers × estimator calls",
+        ),
+        "local_encoder": lambda e: (e.config["encoder"]["num_hidden_layers"], "encoder layers"),
+    },
     commands={"voxcpm-loop": "bench.families.voxcpm2_loop"},
     report_sections={"decode_loop": "bench.families.voxcpm2_report:decode_loop_section"},
 )

@@ -84,7 +84,7 @@ RESULT_NAME = f"{FAMILY}__decode_loop.json"
 # Issue #6 targets (stated for an H200): per-step time at B=1 and the first step after process start.
 TARGET_STEP_MS_B1 = 3.0
 TARGET_FIRST_STEP_S = 1.5
-NEVER_STOP = 10**9        # min_len that keeps the stop head from ending a timed loop
+NEVER_STOP = 10**9  # min_len that keeps the stop head from ending a timed loop
 
 
 # --------------------------------------------------------------------------------------------- settings
@@ -92,28 +92,28 @@ NEVER_STOP = 10**9        # min_len that keeps the stop head from ending a timed
 class LoopSettings:
     device: str = "cpu"
     preset: str = "tiny"
-    dtype: str | None = None                  # bench dtype name (fp32/bf16/fp16); None = stage defaults
+    dtype: str | None = None  # bench dtype name (fp32/bf16/fp16); None = stage defaults
     batches: tuple[int, ...] = (1, 2)
-    buckets: tuple[int, ...] | None = None    # batch buckets built (default: the batches)
-    max_len: int = 512                        # KV cache length of both loops (the context they attend over)
-    context: int | None = None                # positions held before the timed steps (default max_len // 4)
-    timesteps: int | None = None              # Euler steps of the CFM solve (None = the stage default, 10)
+    buckets: tuple[int, ...] | None = None  # batch buckets built (default: the batches)
+    max_len: int = 512  # KV cache length of both loops (the context they attend over)
+    context: int | None = None  # positions held before the timed steps (default max_len // 4)
+    timesteps: int | None = None  # Euler steps of the CFM solve (None = the stage default, 10)
     seed: int = 0
     quick: bool = False
     phases: tuple[str, ...] = PHASES
     parity_steps: int = 4
-    stream_steps: int | None = None           # steps of the VoxCPM2Decoder.stream measurement
-    budget: float | None = None               # seconds for the whole command
+    stream_steps: int | None = None  # steps of the VoxCPM2Decoder.stream measurement
+    budget: float | None = None  # seconds for the whole command
     build_budget: float = 480.0
-    measure_budget: float = 240.0             # ttsaot: loading, then the step timings of all batches, then the VAE
-    upstream_budget: float = 240.0            # upstream eager, all batches (incl. parity)
-    compile_budget: float = 300.0             # upstream optimize(), all batches
-    coldstart_budget: float = 120.0           # the ttsaot first-step process
+    measure_budget: float = 240.0  # ttsaot: loading, then the step timings of all batches, then the VAE
+    upstream_budget: float = 240.0  # upstream eager, all batches (incl. parity)
+    compile_budget: float = 300.0  # upstream optimize(), all batches
+    coldstart_budget: float = 120.0  # the ttsaot first-step process
     upstream_coldstart_budget: float = 300.0  # the upstream optimize() first-step process
     cache_dir: str = str(REPO / "bench" / ".cache")
     out: str = str(REPO / "bench" / "results")
-    result: str | None = None                 # explicit JSON path (default out/<slug>/RESULT_NAME)
-    merge: bool = False                       # keep sections of an existing result that this run does not redo
+    result: str | None = None  # explicit JSON path (default out/<slug>/RESULT_NAME)
+    merge: bool = False  # keep sections of an existing result that this run does not redo
 
     def __post_init__(self) -> None:
         self.batches = tuple(int(b) for b in self.batches)
@@ -179,14 +179,19 @@ class TtsaotLoop:
         self.res_cache = dec.residual.new_cache(batch)
         self.rows = list(range(batch))
         g = torch.Generator(device="cpu").manual_seed(seed)
-        g_dev = torch.Generator(device=self.device).manual_seed(seed)   # drawn where the caches live: fast
+        g_dev = torch.Generator(device=self.device).manual_seed(seed)  # drawn where the caches live: fast
         hidden = int(dec.base.entry.metadata["hidden_size"])
         C, P = dec.patches.feat_dim, dec.patches.patch_size
         for t in (self.base_cache.k, self.base_cache.v, self.res_cache.k, self.res_cache.v):
             t.normal_(generator=g_dev)
-        self.start = tuple(x.to(self.device) for x in (
-            torch.randn(batch, hidden, generator=g), torch.randn(batch, hidden, generator=g),
-            torch.zeros(batch, C, P)))
+        self.start = tuple(
+            x.to(self.device)
+            for x in (
+                torch.randn(batch, hidden, generator=g),
+                torch.randn(batch, hidden, generator=g),
+                torch.zeros(batch, C, P),
+            )
+        )
         self.reset()
 
     def reset(self, seed: int | None = None) -> None:
@@ -198,8 +203,15 @@ class TtsaotLoop:
         self.flags = None
         self.gen = torch.Generator(device=self.device).manual_seed(self.seed if seed is None else seed)
 
-    def load_state(self, base_kv: torch.Tensor, res_kv: torch.Tensor, length: int, lm_h: torch.Tensor,
-                   res_h: torch.Tensor, cond: torch.Tensor) -> None:
+    def load_state(
+        self,
+        base_kv: torch.Tensor,
+        res_kv: torch.Tensor,
+        length: int,
+        lm_h: torch.Tensor,
+        res_h: torch.Tensor,
+        cond: torch.Tensor,
+    ) -> None:
         """A real prefill: upstream StaticKVCache tensors [2, layers, B, kv_heads, L, hd] (L ≤ max_len) and the
         hidden states / previous patch the first patch is generated from."""
         for cache, kv in ((self.base_cache, base_kv), (self.res_cache, res_kv)):
@@ -218,7 +230,7 @@ class TtsaotLoop:
     def step(self) -> torch.Tensor:
         patch, embed = self.dec.patches(self.lm_h, self.res_h, self.cond, self.gen)
         if self.stop_logits is not None:
-            self.flags = self.stop_logits.argmax(dim=-1).cpu()       # the one host sync of a step (as upstream)
+            self.flags = self.stop_logits.argmax(dim=-1).cpu()  # the one host sync of a step (as upstream)
         _, self.lm_h, self.stop_logits = self.dec.base.step(embed, cache=self.base_cache, rows=self.rows)
         self.res_h = self.dec.residual.step(self.lm_h, embed, cache=self.res_cache, rows=self.rows)
         self.cond = patch
@@ -248,14 +260,19 @@ def audio_facts(dec) -> dict[str, Any]:
     md = dec.vae.metadata
     spf, sr = int(md["samples_per_frame"]), int(md["sample_rate"])
     samples = dec.patches.patch_size * spf
-    return {"frames_per_step": dec.patches.patch_size, "samples_per_frame": spf, "sample_rate": sr,
-            "audio_ms_per_step": 1e3 * samples / sr, "decode_every": dec.decode_every,
-            "vae_new_frames": dec.decode_every * dec.patches.patch_size, "vae_left_context": dec.left_context}
+    return {
+        "frames_per_step": dec.patches.patch_size,
+        "samples_per_frame": spf,
+        "sample_rate": sr,
+        "audio_ms_per_step": 1e3 * samples / sr,
+        "decode_every": dec.decode_every,
+        "vae_new_frames": dec.decode_every * dec.patches.patch_size,
+        "vae_left_context": dec.left_context,
+    }
 
 
 def _rtf(step_ms: float, batch: int, audio_ms: float) -> dict[str, float]:
-    return {"rtf": step_ms / audio_ms, "x_realtime": audio_ms / step_ms,
-            "audio_s_per_s": batch * audio_ms / step_ms}
+    return {"rtf": step_ms / audio_ms, "x_realtime": audio_ms / step_ms, "audio_s_per_s": batch * audio_ms / step_ms}
 
 
 def measure_ttsaot_batch(dec, batch: int, s: LoopSettings, audio_ms: float) -> dict[str, Any]:
@@ -267,9 +284,16 @@ def measure_ttsaot_batch(dec, batch: int, s: LoopSettings, audio_ms: float) -> d
         raise Skipped(f"{warmup + reps} steps do not fit the {room} cache positions after the context")
     loop = TtsaotLoop(dec, batch, s.context, s.seed)
     t = time_fn(loop.step, device, warmup, reps)
-    out: dict[str, Any] = {"step_ms": t["ms"], "min_ms": t["min_ms"], "p10_ms": t["p10_ms"],
-                           "p90_ms": t["p90_ms"], "reps": reps, "timer": t["timer"],
-                           "bucket": loop.base_cache.batch, **_rtf(t["ms"], batch, audio_ms)}
+    out: dict[str, Any] = {
+        "step_ms": t["ms"],
+        "min_ms": t["min_ms"],
+        "p10_ms": t["p10_ms"],
+        "p90_ms": t["p90_ms"],
+        "reps": reps,
+        "timer": t["timer"],
+        "bucket": loop.base_cache.batch,
+        **_rtf(t["ms"], batch, audio_ms),
+    }
     out["components_ms"] = component_times(loop, warmup, reps)
     out["components_sum_ms"] = sum(out["components_ms"].values())
     out["stream"] = measure_stream(dec, loop, s, audio_ms)
@@ -288,10 +312,10 @@ def component_times(loop: TtsaotLoop, warmup: int, reps: int) -> dict[str, float
     res = {
         "locdit": time_fn(lambda: dec.patches.locdit(loop.lm_h, loop.res_h, loop.cond, noise), dev, warmup, reps),
         "local_encoder": time_fn(lambda: dec.patches.local_encoder(x), dev, warmup, reps),
-        "base_lm_step": time_fn(lambda: dec.base.step(embed, cache=loop.base_cache, rows=loop.rows), dev,
-                                warmup, reps),
-        "residual_lm_step": time_fn(lambda: dec.residual.step(lm_h, embed, cache=loop.res_cache, rows=loop.rows),
-                                    dev, warmup, reps),
+        "base_lm_step": time_fn(lambda: dec.base.step(embed, cache=loop.base_cache, rows=loop.rows), dev, warmup, reps),
+        "residual_lm_step": time_fn(
+            lambda: dec.residual.step(lm_h, embed, cache=loop.res_cache, rows=loop.rows), dev, warmup, reps
+        ),
         "stop_flag_read": time_fn(lambda: lm_h[:, :2].argmax(dim=-1).cpu(), dev, warmup, reps),
     }
     loop.reset()
@@ -311,8 +335,15 @@ def measure_stream(dec, loop: TtsaotLoop, s: LoopSettings, audio_ms: float) -> d
         sync(dec.device)
         t0 = time.perf_counter()
         samples = 0
-        for ev in dec.stream(lm_h, res_h, cond, base_cache=loop.base_cache, residual_cache=loop.res_cache,
-                             generators=loop.gen, max_steps=n):
+        for ev in dec.stream(
+            lm_h,
+            res_h,
+            cond,
+            base_cache=loop.base_cache,
+            residual_cache=loop.res_cache,
+            generators=loop.gen,
+            max_steps=n,
+        ):
             samples += ev.wav.shape[-1]
         sync(dec.device)
         if i:
@@ -320,10 +351,17 @@ def measure_stream(dec, loop: TtsaotLoop, s: LoopSettings, audio_ms: float) -> d
     loop.reset()
     med = statistics.median(times)
     per_step = med * 1e3 / n
-    return {"steps": n, "ms_per_step": per_step, "total_ms": med * 1e3, "samples": samples, "passes": passes,
-            "timer": "perf_counter + device sync", **_rtf(per_step, loop.batch, audio_ms),
-            # a batch above the VAE's largest batch bucket is decoded split over it (Stage._run_split_batch)
-            "vae_batch_buckets": sorted({b["batch"] for b in dec.vae.buckets})}
+    return {
+        "steps": n,
+        "ms_per_step": per_step,
+        "total_ms": med * 1e3,
+        "samples": samples,
+        "passes": passes,
+        "timer": "perf_counter + device sync",
+        **_rtf(per_step, loop.batch, audio_ms),
+        # a batch above the VAE's largest batch bucket is decoded split over it (Stage._run_split_batch)
+        "vae_batch_buckets": sorted({b["batch"] for b in dec.vae.buckets}),
+    }
 
 
 def measure_vae(dec, s: LoopSettings) -> dict[str, Any]:
@@ -335,9 +373,16 @@ def measure_vae(dec, s: LoopSettings) -> dict[str, Any]:
     warmup, reps = s.reps
     t = time_fn(lambda: dec.vae(z), dec.device, warmup, reps)
     new_ms = facts["vae_new_frames"] * facts["samples_per_frame"] * 1e3 / facts["sample_rate"]
-    return {"ms": t["ms"], "p90_ms": t["p90_ms"], "batch": 1, "window_frames": frames,
-            "new_frames": facts["vae_new_frames"], "left_context_frames": facts["vae_left_context"],
-            "audio_ms": new_ms, "rtf": t["ms"] / new_ms}
+    return {
+        "ms": t["ms"],
+        "p90_ms": t["p90_ms"],
+        "batch": 1,
+        "window_frames": frames,
+        "new_frames": facts["vae_new_frames"],
+        "left_context_frames": facts["vae_left_context"],
+        "audio_ms": new_ms,
+        "rtf": t["ms"] / new_ms,
+    }
 
 
 # -------------------------------------------------------------------------------------------- upstream
@@ -362,7 +407,7 @@ def _stub_module(name: str, **attrs):
     import types
 
     m = types.ModuleType(name)
-    m.__spec__ = importlib.machinery.ModuleSpec(name, None)   # transformers probes find_spec() of librosa
+    m.__spec__ = importlib.machinery.ModuleSpec(name, None)  # transformers probes find_spec() of librosa
     for k, v in attrs.items():
         setattr(m, k, v)
     return m
@@ -386,8 +431,9 @@ def prepare_upstream_imports() -> list[str]:
                 setattr(transformers, name, object)
                 notes.append(f"transformers.{name} missing: a placeholder (the tokenizer is never used)")
     except Exception as e:  # noqa: BLE001
-        sys.modules["transformers"] = _stub_module("transformers", LlamaTokenizerFast=object,
-                                                   PreTrainedTokenizer=object)
+        sys.modules["transformers"] = _stub_module(
+            "transformers", LlamaTokenizerFast=object, PreTrainedTokenizer=object
+        )
         notes.append(f"transformers stubbed ({short_error(e)}; the tokenizer is never used)")
     return notes
 
@@ -424,11 +470,12 @@ def upstream_config(s: LoopSettings, dtype: torch.dtype) -> dict:
     return cfg
 
 
-def build_upstream_model(mod, cfg: dict, device: torch.device, dtype: torch.dtype, batch: int,
-                         state_dict: dict[str, torch.Tensor] | None):
+def build_upstream_model(
+    mod, cfg: dict, device: torch.device, dtype: torch.dtype, batch: int, state_dict: dict[str, torch.Tensor] | None
+):
     """VoxCPM2Model on `device` in `dtype` (as `from_local` converts it), caches for `batch` rows; with
     `state_dict` (our faithful modules' tensors, checkpoint names) loaded, else upstream's random init."""
-    dev = "cuda" if device.type == "cuda" else "cpu"     # optimize() accepts exactly "cuda"
+    dev = "cuda" if device.type == "cuda" else "cpu"  # optimize() accepts exactly "cuda"
     config = mod.VoxCPMConfig.model_validate({**cfg, "device": dev})
     vae = _VAEStandIn(latent_dim=int(cfg["feat_dim"]))
     with contextlib.redirect_stderr(io.StringIO()), torch.device(device):
@@ -438,8 +485,10 @@ def build_upstream_model(mod, cfg: dict, device: torch.device, dtype: torch.dtyp
         missing, unexpected = model.load_state_dict(state_dict, strict=False)
         bad = [k for k in missing if k != "base_lm.embed_tokens.weight"]
         if unexpected or bad:
-            raise Skipped(f"unavailable: our weights do not map onto upstream (missing {bad[:3]}, unexpected "
-                          f"{list(unexpected)[:3]})")
+            raise Skipped(
+                f"unavailable: our weights do not map onto upstream (missing {bad[:3]}, unexpected "
+                f"{list(unexpected)[:3]})"
+            )
     L = int(cfg["max_length"])
     model.base_lm.setup_cache(batch, L, dev, dtype)
     model.residual_lm.setup_cache(batch, L, dev, dtype)
@@ -460,8 +509,17 @@ class UpstreamLoop:
     """Upstream's own generation loop (`VoxCPM2Model._inference(streaming=True)`) on a zero-shot prompt of
     `context` random text tokens; `start()` = prefill + first patch, each `step()` = one token of its loop."""
 
-    def __init__(self, model, batch: int, context: int, seed: int, n_timesteps: int, cfg_value: float,
-                 device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        model,
+        batch: int,
+        context: int,
+        seed: int,
+        n_timesteps: int,
+        cfg_value: float,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         self.model, self.batch, self.context, self.seed = model, batch, context, seed
         self.n_timesteps, self.cfg_value, self.device, self.dtype = n_timesteps, cfg_value, device, dtype
         self.limit = int(model.config.max_length) - context - 1
@@ -474,16 +532,25 @@ class UpstreamLoop:
         text = torch.randint(0, cfg.lm_config.vocab_size, (B, T), generator=g)
         text_mask = torch.ones(B, T, dtype=torch.int32)
         feat = torch.zeros(B, T, cfg.patch_size, cfg.feat_dim)
-        feat_mask = torch.zeros(B, T, dtype=torch.int32)     # zero-shot: no prompt audio
-        return (text.to(self.device), text_mask.to(self.device), feat.to(self.device, self.dtype),
-                feat_mask.to(self.device))
+        feat_mask = torch.zeros(B, T, dtype=torch.int32)  # zero-shot: no prompt audio
+        return (
+            text.to(self.device),
+            text_mask.to(self.device),
+            feat.to(self.device, self.dtype),
+            feat_mask.to(self.device),
+        )
 
     def start(self) -> torch.Tensor:
         self.close()
-        torch.manual_seed(self.seed)    # UnifiedCFM draws its noise from the global RNG
-        self.gen = self.model._inference(*self.inputs(), min_len=self.limit, max_len=self.limit,
-                                         inference_timesteps=self.n_timesteps, cfg_value=self.cfg_value,
-                                         streaming=True)
+        torch.manual_seed(self.seed)  # UnifiedCFM draws its noise from the global RNG
+        self.gen = self.model._inference(
+            *self.inputs(),
+            min_len=self.limit,
+            max_len=self.limit,
+            inference_timesteps=self.n_timesteps,
+            cfg_value=self.cfg_value,
+            streaming=True,
+        )
         return next(self.gen)[0]
 
     def step(self) -> torch.Tensor:
@@ -503,13 +570,29 @@ def time_upstream(loop: UpstreamLoop, s: LoopSettings, warmup: int, audio_ms: fl
     loop.start()
     t = time_fn(loop.step, loop.device, warmup, reps)
     loop.close()
-    return {"step_ms": t["ms"], "min_ms": t["min_ms"], "p10_ms": t["p10_ms"], "p90_ms": t["p90_ms"],
-            "reps": reps, "warmup": warmup, "timer": t["timer"], "wall_s": round(time.time() - t0, 2),
-            **_rtf(t["ms"], loop.batch, audio_ms)}
+    return {
+        "step_ms": t["ms"],
+        "min_ms": t["min_ms"],
+        "p10_ms": t["p10_ms"],
+        "p90_ms": t["p90_ms"],
+        "reps": reps,
+        "warmup": warmup,
+        "timer": t["timer"],
+        "wall_s": round(time.time() - t0, 2),
+        **_rtf(t["ms"], loop.batch, audio_ms),
+    }
 
 
-def loop_parity(model, dec, batch: int, s: LoopSettings, n_timesteps: int, cfg_value: float,
-                device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+def loop_parity(
+    model,
+    dec,
+    batch: int,
+    s: LoopSettings,
+    n_timesteps: int,
+    cfg_value: float,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> dict[str, Any]:
     """Upstream's loop from its own prefill, then the ttsaot loop from a copy of that prefill (caches, hidden
     states, previous patch) with the same noise: rel err of every generated patch."""
     seen: dict[str, torch.Tensor] = {}
@@ -517,10 +600,13 @@ def loop_parity(model, dec, batch: int, s: LoopSettings, n_timesteps: int, cfg_v
     def keep(name):
         def hook(_m, args, _out):
             seen.setdefault(name, args[0].detach().clone())
+
         return hook
 
-    hooks = [model.lm_to_dit_proj.register_forward_hook(keep("lm")),
-             model.res_to_dit_proj.register_forward_hook(keep("res"))]
+    hooks = [
+        model.lm_to_dit_proj.register_forward_hook(keep("lm")),
+        model.res_to_dit_proj.register_forward_hook(keep("res")),
+    ]
     up = UpstreamLoop(model, batch, s.context, s.seed, n_timesteps, cfg_value, device, dtype)
     try:
         ref = [up.start().clone()]
@@ -532,7 +618,7 @@ def loop_parity(model, dec, batch: int, s: LoopSettings, n_timesteps: int, cfg_v
         up.close()
         for h in hooks:
             h.remove()
-    cond = up.inputs()[2][:, -1].transpose(1, 2)                # the prompt's last patch [B, C, P]
+    cond = up.inputs()[2][:, -1].transpose(1, 2)  # the prompt's last patch [B, C, P]
     loop = TtsaotLoop(dec, batch, s.context, s.seed)
     loop.load_state(base_kv.clone(), res_kv.clone(), length, seen["lm"].clone(), seen["res"].clone(), cond)
     ours = [loop.step() for _ in range(s.parity_steps)]
@@ -542,9 +628,14 @@ def loop_parity(model, dec, batch: int, s: LoopSettings, n_timesteps: int, cfg_v
     other = [loop.step() for _ in range(s.parity_steps)]
     control = min(rel_err(o.float(), r.float().to(o.device)) for o, r in zip(other, ref))
     loop.close()
-    return {"steps": len(errs), "patch_rel_err": errs, "max_rel_err": max(errs), "dtype": dtype_name(dtype),
-            "control_rel_err_other_noise": control,
-            "noise": "identical (global RNG seeded for upstream, a generator with the same seed for ttsaot)"}
+    return {
+        "steps": len(errs),
+        "patch_rel_err": errs,
+        "max_rel_err": max(errs),
+        "dtype": dtype_name(dtype),
+        "control_rel_err_other_noise": control,
+        "noise": "identical (global RNG seeded for upstream, a generator with the same seed for ttsaot)",
+    }
 
 
 # ------------------------------------------------------------------------------------------- first step
@@ -556,8 +647,15 @@ def _spawn_child(args: list[str], timeout: float, extra_env: dict[str, str] | No
     t_spawn = time.time()
     cmd = [sys.executable, "-m", "bench.families.voxcpm2_loop", *args, "--t-spawn", repr(t_spawn)]
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                cwd=str(REPO), start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=str(REPO),
+            start_new_session=True,
+        )
     except Exception as e:  # noqa: BLE001
         return {"status": "failed", "reason": short_error(e)}
     try:
@@ -565,7 +663,7 @@ def _spawn_child(args: list[str], timeout: float, extra_env: dict[str, str] | No
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         return {"status": "timeout", "reason": f"no first step within its {timeout:.0f} s budget"}
-    except BaseException:   # the parent's own time box: the child and its compile workers go too
+    except BaseException:  # the parent's own time box: the child and its compile workers go too
         _kill_group(proc)
         raise
     lines = [ln for ln in out.strip().splitlines() if ln.startswith("{")]
@@ -588,10 +686,10 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def child_ttsaot(cfg: dict, t_spawn: float) -> dict[str, Any]:
     """Fresh process: torch + ttsaot.runtime only → load the five artifacts → caches → one full decode step →
     the patch on the host."""
-    t_start = time.time()   # torch is imported by now (bench.common)
+    t_start = time.time()  # torch is imported by now (bench.common)
     device = torch.device(cfg["device"])
     if device.type == "cpu" and cfg.get("threads"):
-        torch.set_num_threads(int(cfg["threads"]))   # as the parent: oversubscribed OpenMP is 100× slower
+        torch.set_num_threads(int(cfg["threads"]))  # as the parent: oversubscribed OpenMP is 100× slower
     t0 = time.time()
     bundle, _ = load_bundle(cfg["artifacts"], device)
     dec = make_decoder(bundle)
@@ -606,15 +704,21 @@ def child_ttsaot(cfg: dict, t_spawn: float) -> dict[str, Any]:
     sync(device)
     patch.cpu()
     t_end = time.time()
-    return {"mode": "ttsaot", "startup_s": t_start - t_spawn, "load_s": load_s, "caches_s": caches_s,
-            "first_step_ms": (t_end - t0) * 1e3, "first_step_s": t_end - t_spawn,
-            "what": "process start → import → load 5 artifacts (graphs captured) → caches → one step → host"}
+    return {
+        "mode": "ttsaot",
+        "startup_s": t_start - t_spawn,
+        "load_s": load_s,
+        "caches_s": caches_s,
+        "first_step_ms": (t_end - t0) * 1e3,
+        "first_step_s": t_end - t_spawn,
+        "what": "process start → import → load 5 artifacts (graphs captured) → caches → one step → host",
+    }
 
 
 def child_upstream(cfg: dict, t_spawn: float) -> dict[str, Any]:
     """Fresh process: import torch + upstream → VoxCPM2Model with random weights (stands in for reading a
     checkpoint) → optimize() → prefill + first patch → one full loop step (all four compiled parts ran)."""
-    t_start = time.time()   # torch is imported by now (bench.common)
+    t_start = time.time()  # torch is imported by now (bench.common)
     torch.set_grad_enabled(False)
     device = torch.device(cfg["device"])
     dtype = getattr(torch, cfg["dtype"])
@@ -624,19 +728,33 @@ def child_upstream(cfg: dict, t_spawn: float) -> dict[str, Any]:
     sync(device)
     model_s = time.time() - t0
     compiled = _optimize(model)
-    loop = UpstreamLoop(model, int(cfg["batch"]), int(cfg["context"]), int(cfg["seed"]), int(cfg["timesteps"]),
-                        float(cfg["cfg_value"]), device, dtype)
+    loop = UpstreamLoop(
+        model,
+        int(cfg["batch"]),
+        int(cfg["context"]),
+        int(cfg["seed"]),
+        int(cfg["timesteps"]),
+        float(cfg["cfg_value"]),
+        device,
+        dtype,
+    )
     t0 = time.time()
     loop.start().cpu()
     first_patch_s = time.time() - t_spawn
     loop.step().cpu()
     t_end = time.time()
     loop.close()
-    return {"mode": "upstream_optimize", "compiled": compiled, "startup_s": t_start - t_spawn,
-            "model_s": model_s, "first_patch_s": first_patch_s, "first_step_ms": (t_end - t0) * 1e3,
-            "first_step_s": t_end - t_spawn,
-            "what": "process start → import → model (random init) → optimize() → prefill + patch → one step → host "
-                    "(empty Inductor cache)"}
+    return {
+        "mode": "upstream_optimize",
+        "compiled": compiled,
+        "startup_s": t_start - t_spawn,
+        "model_s": model_s,
+        "first_patch_s": first_patch_s,
+        "first_step_ms": (t_end - t0) * 1e3,
+        "first_step_s": t_end - t_spawn,
+        "what": "process start → import → model (random init) → optimize() → prefill + patch → one step → host "
+        "(empty Inductor cache)",
+    }
 
 
 def _optimize(model) -> bool:
@@ -679,17 +797,33 @@ class LoopRun:
                 res = json.loads(self.path.read_text())
                 res.setdefault("notes", []).append(f"merged into a result started {res.get('started')}")
         old_stage = res.get("stage", {})
-        res.update({
-            "schema": RESULTS_SCHEMA, "kind": "decode_loop", "status": "running", "started": now_iso(),
-            "git_commit": git_commit(), "device": self.dev_info,
-            "settings": {**asdict(self.s), "warmup": self.s.reps[0], "reps": self.s.reps[1]},
-            "stage": {"family": FAMILY, "stage": "decode_loop", "preset": self.s.preset, "stages": list(LOOP_STAGES),
-                      "batches": list(self.s.batches), "buckets": list(self.s.buckets), "max_len": self.s.max_len,
-                      "context": self.s.context},
-            "targets": {"step_ms_b1": TARGET_STEP_MS_B1, "first_step_s": TARGET_FIRST_STEP_S,
-                        "stated_for": "NVIDIA H200"},
-        })
-        res["stage"] = {**old_stage, **res["stage"]}   # keeps n_timesteps / cfg_rate / dtype of a merged run
+        res.update(
+            {
+                "schema": RESULTS_SCHEMA,
+                "kind": "decode_loop",
+                "status": "running",
+                "started": now_iso(),
+                "git_commit": git_commit(),
+                "device": self.dev_info,
+                "settings": {**asdict(self.s), "warmup": self.s.reps[0], "reps": self.s.reps[1]},
+                "stage": {
+                    "family": FAMILY,
+                    "stage": "decode_loop",
+                    "preset": self.s.preset,
+                    "stages": list(LOOP_STAGES),
+                    "batches": list(self.s.batches),
+                    "buckets": list(self.s.buckets),
+                    "max_len": self.s.max_len,
+                    "context": self.s.context,
+                },
+                "targets": {
+                    "step_ms_b1": TARGET_STEP_MS_B1,
+                    "first_step_s": TARGET_FIRST_STEP_S,
+                    "stated_for": "NVIDIA H200",
+                },
+            }
+        )
+        res["stage"] = {**old_stage, **res["stage"]}  # keeps n_timesteps / cfg_rate / dtype of a merged run
         res.setdefault("notes", [])
         return res
 
@@ -726,8 +860,11 @@ class LoopRun:
         rec["seconds"] = round(time.time() - t0, 2)
         target[key] = rec
         self.save()
-        print(f"[bench] voxcpm-loop {'/'.join((*path, key))}: {rec['status']} {rec.get('reason', '')}"[:300],
-              file=sys.stderr, flush=True)
+        print(
+            f"[bench] voxcpm-loop {'/'.join((*path, key))}: {rec['status']} {rec.get('reason', '')}"[:300],
+            file=sys.stderr,
+            flush=True,
+        )
 
     # ---------------------------------------------------------------------------- phases
     def build(self) -> dict[str, Any]:
@@ -738,8 +875,13 @@ class LoopRun:
             spec, desc = loop_spec(name, self.s)
             path, info = build_or_reuse(spec, desc, self.device, Path(self.s.cache_dir), True)  # load-checked
             self.paths[name] = str(path)
-            out[name] = {**info, "path": str(path), "dtype": desc["dtype"], "axes": desc["axes"],
-                         "overrides": desc.get("loop_overrides", {})}
+            out[name] = {
+                **info,
+                "path": str(path),
+                "dtype": desc["dtype"],
+                "axes": desc["axes"],
+                "overrides": desc.get("loop_overrides", {}),
+            }
             self.res.setdefault("build", {})[name] = out[name]
             self.save()
         return {"stages": out}
@@ -752,8 +894,11 @@ class LoopRun:
         self.dec = make_decoder(self.bundle)
         self.facts = audio_facts(self.dec)
         md = self.bundle["locdit"].metadata
-        self.loop_md = {"n_timesteps": int(md["n_timesteps"]), "cfg_rate": float(md["cfg_rate"]),
-                        "dtype": self.bundle["base_lm_step"].entry.metadata.get("cache_dtype")}
+        self.loop_md = {
+            "n_timesteps": int(md["n_timesteps"]),
+            "cfg_rate": float(md["cfg_rate"]),
+            "dtype": self.bundle["base_lm_step"].entry.metadata.get("cache_dtype"),
+        }
         self.res["audio"] = self.facts
         self.res["stage"].update(self.loop_md)
         return {"seconds_total": round(time.time() - t0, 2), "stages": stats}
@@ -774,8 +919,14 @@ class LoopRun:
     def first_step(self) -> dict[str, Any]:
         if len(self.paths) != len(LOOP_STAGES):
             raise Skipped("the artifacts were not built (see build)")
-        cfg = {"device": str(self.device), "artifacts": self.paths, "batch": 1, "context": self.s.context,
-               "seed": self.s.seed, "threads": torch.get_num_threads()}
+        cfg = {
+            "device": str(self.device),
+            "artifacts": self.paths,
+            "batch": 1,
+            "context": self.s.context,
+            "seed": self.s.seed,
+            "threads": torch.get_num_threads(),
+        }
         budget = self.left(self.s.coldstart_budget) or self.s.coldstart_budget
         return _spawn_child(["ttsaot", json.dumps(cfg)], budget)
 
@@ -792,8 +943,11 @@ class LoopRun:
         self.res["stage"].setdefault("dtype", dtype_name(dtype))
         if "audio_ms_per_step" not in self.res.get("audio", {}):
             noise = next(x for x in spec.inputs if x["name"] == "noise")
-            self.res["audio"] = {"frames_per_step": int(noise["shape"][2]), "source": "config.json",
-                                 "audio_ms_per_step": self._audio_ms(upstream_config(self.s, dtype))}
+            self.res["audio"] = {
+                "frames_per_step": int(noise["shape"][2]),
+                "source": "config.json",
+                "audio_ms_per_step": self._audio_ms(upstream_config(self.s, dtype)),
+            }
         return mod, dtype, n_timesteps, cfg_value
 
     def upstream_eager(self) -> dict[str, Any]:
@@ -817,7 +971,7 @@ class LoopRun:
             return time_upstream(loop, self.s, self.s.reps[0], audio_ms)
 
         self._per_batch(rec, one, "upstream", "eager_partial")
-        if self.dec is None and not self.res.get("parity", {}).get("batches"):   # a merged run keeps its parity
+        if self.dec is None and not self.res.get("parity", {}).get("batches"):  # a merged run keeps its parity
             self.res.setdefault("parity", {})["status"] = "skipped"
             self.res["parity"]["reason"] = "needs the ttsaot artifacts loaded in the same run"
         return rec
@@ -829,8 +983,12 @@ class LoopRun:
         sd = self.our_weights()
         cfg = upstream_config(self.s, dtype)
         audio_ms = self._audio_ms(cfg)
-        rec: dict[str, Any] = {"batches": {}, "dtype": dtype_name(dtype), "mode": "reduce-overhead",
-                               "note": "fresh model and torch._dynamo.reset() per batch: each batch compiles"}
+        rec: dict[str, Any] = {
+            "batches": {},
+            "dtype": dtype_name(dtype),
+            "mode": "reduce-overhead",
+            "note": "fresh model and torch._dynamo.reset() per batch: each batch compiles",
+        }
 
         def one(b: int) -> dict[str, Any]:
             torch._dynamo.reset()
@@ -838,15 +996,14 @@ class LoopRun:
             t0 = time.time()
             _optimize(model)
             loop = UpstreamLoop(model, b, self.s.context, self.s.seed, n_timesteps, cfg_value, self.device, dtype)
-            r = time_upstream(loop, self.s, max(self.s.reps[0], 5), audio_ms)   # ≥ 3 calls record the graphs
+            r = time_upstream(loop, self.s, max(self.s.reps[0], 5), audio_ms)  # ≥ 3 calls record the graphs
             r["compile_and_warmup_s"] = round(time.time() - t0, 2)
             return r
 
         self._per_batch(rec, one, "upstream", "optimize_partial")
         return rec
 
-    def _per_batch(self, rec: dict[str, Any], one: Callable[[int], dict[str, Any]], section: str,
-                   partial: str) -> None:
+    def _per_batch(self, rec: dict[str, Any], one: Callable[[int], dict[str, Any]], section: str, partial: str) -> None:
         """`one(b)` for every batch into rec["batches"]; a failure (OOM, compile error) is recorded for that batch
         only. When the phase's time box fires (its one alarm is then spent), that batch is recorded as a timeout
         and the later ones as skipped, so the batches already measured stay in the phase's record. The record
@@ -874,9 +1031,16 @@ class LoopRun:
             raise Skipped("optimize() is CUDA-only (upstream raises and stays eager on other devices)")
         spec, _ = loop_spec("locdit", self.s)
         n_timesteps = int(spec.metadata["n_timesteps"])
-        cfg = {"device": str(self.device), "dtype": dtype_name(spec.dtype), "batch": 1, "context": self.s.context,
-               "seed": self.s.seed, "timesteps": n_timesteps, "cfg_value": float(spec.metadata["cfg_rate"]),
-               "config": upstream_config(self.s, spec.dtype)}
+        cfg = {
+            "device": str(self.device),
+            "dtype": dtype_name(spec.dtype),
+            "batch": 1,
+            "context": self.s.context,
+            "seed": self.s.seed,
+            "timesteps": n_timesteps,
+            "cfg_value": float(spec.metadata["cfg_rate"]),
+            "config": upstream_config(self.s, spec.dtype),
+        }
         budget = self.left(self.s.upstream_coldstart_budget) or self.s.upstream_coldstart_budget
         with tempfile.TemporaryDirectory(prefix="bench-vx-cold-") as cache:
             env = {"TORCHINDUCTOR_CACHE_DIR": cache, "TRITON_CACHE_DIR": str(Path(cache) / "triton")}
@@ -905,7 +1069,7 @@ class LoopRun:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
             if "CXX" not in os.environ and Path("/usr/bin/g++").exists():
-                os.environ["CXX"] = "/usr/bin/g++"   # AOTI packages built with another compiler crash on load
+                os.environ["CXX"] = "/usr/bin/g++"  # AOTI packages built with another compiler crash on load
         self.save()
         want = set(s.phases)
         if want & {"build", "ttsaot", "first_step"}:
@@ -947,8 +1111,11 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
     for b in res.get("stage", {}).get("batches", []):
         k = str(b)
         row: dict[str, Any] = {}
-        for name, src in (("ttsaot", tts), ("upstream_eager", up.get("eager", {}).get("batches", {})),
-                          ("upstream_optimize", up.get("optimize", {}).get("batches", {}))):
+        for name, src in (
+            ("ttsaot", tts),
+            ("upstream_eager", up.get("eager", {}).get("batches", {})),
+            ("upstream_optimize", up.get("optimize", {}).get("batches", {})),
+        ):
             cell = src.get(k, {})
             if "step_ms" in cell:
                 row[f"{name}_ms"] = cell["step_ms"]
@@ -985,8 +1152,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--upstream-budget", type=float, default=240.0, help="upstream eager, all batches")
     p.add_argument("--compile-budget", type=float, default=300.0, help="upstream optimize(), all batches")
     p.add_argument("--coldstart-budget", type=float, default=120.0, help="the ttsaot first-step process")
-    p.add_argument("--upstream-coldstart-budget", type=float, default=300.0,
-                   help="the upstream optimize() first-step process (compiles with an empty cache)")
+    p.add_argument(
+        "--upstream-coldstart-budget",
+        type=float,
+        default=300.0,
+        help="the upstream optimize() first-step process (compiles with an empty cache)",
+    )
     p.add_argument("--cache-dir", default=str(REPO / "bench" / ".cache"))
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--result", default=None, help="JSON path (default <out>/<device-slug>/" + RESULT_NAME + ")")
@@ -997,17 +1168,33 @@ def settings_from_args(a) -> LoopSettings:
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cuda = device.startswith("cuda")
     preset = a.preset or ("full" if cuda else "tiny")
-    dtype = a.dtype or (None if cuda else "fp32")   # bf16 on CPU takes slow reference paths: smoke only
+    dtype = a.dtype or (None if cuda else "fp32")  # bf16 on CPU takes slow reference paths: smoke only
     batches = tuple(a.batches or ((1, 16) if preset == "full" else (1, 2)))
     buckets = tuple(a.buckets) if a.buckets else None
-    return LoopSettings(device=device, preset=preset, dtype=dtype, batches=batches, buckets=buckets,
-                        max_len=a.max_len, context=a.context, timesteps=a.timesteps, seed=a.seed, quick=a.quick,
-                        phases=tuple(p.strip() for p in a.phases.split(",") if p.strip()), budget=a.budget,
-                        build_budget=a.build_budget, measure_budget=a.measure_budget,
-                        upstream_budget=a.upstream_budget,
-                        compile_budget=a.compile_budget, coldstart_budget=a.coldstart_budget,
-                        upstream_coldstart_budget=a.upstream_coldstart_budget, cache_dir=a.cache_dir, out=a.out,
-                        result=a.result, merge=a.merge)
+    return LoopSettings(
+        device=device,
+        preset=preset,
+        dtype=dtype,
+        batches=batches,
+        buckets=buckets,
+        max_len=a.max_len,
+        context=a.context,
+        timesteps=a.timesteps,
+        seed=a.seed,
+        quick=a.quick,
+        phases=tuple(p.strip() for p in a.phases.split(",") if p.strip()),
+        budget=a.budget,
+        build_budget=a.build_budget,
+        measure_budget=a.measure_budget,
+        upstream_budget=a.upstream_budget,
+        compile_budget=a.compile_budget,
+        coldstart_budget=a.coldstart_budget,
+        upstream_coldstart_budget=a.upstream_coldstart_budget,
+        cache_dir=a.cache_dir,
+        out=a.out,
+        result=a.result,
+        merge=a.merge,
+    )
 
 
 def main(a) -> int:
@@ -1044,5 +1231,3 @@ def _child(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(_child(sys.argv[1:]))
-
-

@@ -74,8 +74,11 @@ def conv_layers(m, spec, sizes):
     hooks = []
     for name, mod in m.named_modules():
         if isinstance(mod, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)):
-            hooks.append(mod.register_forward_pre_hook(
-                lambda mod, args, name=name: seen.append((name, mod, tuple(args[0].shape)))))
+            hooks.append(
+                mod.register_forward_pre_hook(
+                    lambda mod, args, name=name: seen.append((name, mod, tuple(args[0].shape)))
+                )
+            )
     g = torch.Generator().manual_seed(0)
     ins = spec.make_inputs(sizes, g)
     with torch.no_grad():
@@ -90,14 +93,23 @@ def conv_fn(mod, x, layout: str):
     tr = isinstance(mod, torch.nn.ConvTranspose1d)
     if layout == "ncl":
         if tr:
-            return lambda: F.conv_transpose1d(x, w, b, mod.stride, mod.padding, mod.output_padding, mod.groups,
-                                              mod.dilation)
+            return lambda: F.conv_transpose1d(
+                x, w, b, mod.stride, mod.padding, mod.output_padding, mod.groups, mod.dilation
+            )
         return lambda: F.conv1d(x, w, b, mod.stride, mod.padding, mod.dilation, mod.groups)
     x4 = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)
     w4 = w.unsqueeze(2).contiguous(memory_format=torch.channels_last)
     if tr:
-        return lambda: F.conv_transpose2d(x4, w4, b, (1, mod.stride[0]), (0, mod.padding[0]),
-                                          (0, mod.output_padding[0]), mod.groups, (1, mod.dilation[0]))
+        return lambda: F.conv_transpose2d(
+            x4,
+            w4,
+            b,
+            (1, mod.stride[0]),
+            (0, mod.padding[0]),
+            (0, mod.output_padding[0]),
+            mod.groups,
+            (1, mod.dilation[0]),
+        )
     return lambda: F.conv2d(x4, w4, b, (1, mod.stride[0]), (0, mod.padding[0]), (1, mod.dilation[0]), mod.groups)
 
 
@@ -118,9 +130,17 @@ def survey(family, stage, dtype, sizes, tf32_variants):
     rows = []
     for name, mod, shape in layers:
         x = torch.randn(shape, device="cuda", dtype=mod.weight.dtype)
-        row = {"layer": name, "type": type(mod).__name__, "in": list(shape), "out_channels": mod.out_channels,
-               "kernel": mod.kernel_size[0], "stride": mod.stride[0], "dilation": mod.dilation[0],
-               "groups": mod.groups, "gflop": conv_flops(mod, shape) / 1e9}
+        row = {
+            "layer": name,
+            "type": type(mod).__name__,
+            "in": list(shape),
+            "out_channels": mod.out_channels,
+            "kernel": mod.kernel_size[0],
+            "stride": mod.stride[0],
+            "dilation": mod.dilation[0],
+            "groups": mod.groups,
+            "gflop": conv_flops(mod, shape) / 1e9,
+        }
         for tf32 in tf32_variants:
             torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = tf32
             for bench_flag in (False, True):
@@ -141,7 +161,8 @@ def survey(family, stage, dtype, sizes, tf32_variants):
             torch.backends.cudnn.benchmark = bench_flag
             with torch.no_grad():
                 whole[f"eager_graph{'_bench' if bench_flag else ''}{'_tf32' if tf32 else ''}"] = round(
-                    graph_timed(lambda: m(*args)), 4)
+                    graph_timed(lambda: m(*args)), 4
+                )
     torch.backends.cudnn.benchmark = True
     prof_rows = []
     try:
@@ -152,21 +173,41 @@ def survey(family, stage, dtype, sizes, tf32_variants):
                 m(*args)
             torch.cuda.synchronize()
         for ev in sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)[:20]:
-            prof_rows.append({"kernel": ev.key[:120], "calls_per_decode": ev.count / 3,
-                              "ms_per_decode": round(ev.self_device_time_total / 3 / 1000, 4)})
+            prof_rows.append(
+                {
+                    "kernel": ev.key[:120],
+                    "calls_per_decode": ev.count / 3,
+                    "ms_per_decode": round(ev.self_device_time_total / 3 / 1000, 4),
+                }
+            )
     except Exception as e:  # noqa: BLE001
         prof_rows.append({"error": str(e)[:200]})
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    return {"family": family, "stage": stage, "dtype": str(spec.dtype), "sizes": sizes, "convs": rows,
-            "whole_module_ms": whole, "profile_bench_on": prof_rows}
+    return {
+        "family": family,
+        "stage": stage,
+        "dtype": str(spec.dtype),
+        "sizes": sizes,
+        "convs": rows,
+        "whole_module_ms": whole,
+        "profile_bench_on": prof_rows,
+    }
 
 
 def gemv_baseline():
     """cuBLAS F.linear on the decode-step shapes vs a copy of the weight bytes (what the kernels must beat)."""
-    shapes = {"vox_qkv": (2560, 2048), "vox_o": (2048, 2048), "vox_gate_up": (12288, 2048), "vox_down": (2048, 6144),
-              "fish_qkv": (6144, 2560), "fish_gate_up": (19456, 2560), "fish_down": (2560, 9728),
-              "qwen_cp_qkv": (4096, 1024), "qwen_cp_down": (1024, 3072)}
+    shapes = {
+        "vox_qkv": (2560, 2048),
+        "vox_o": (2048, 2048),
+        "vox_gate_up": (12288, 2048),
+        "vox_down": (2048, 6144),
+        "fish_qkv": (6144, 2560),
+        "fish_gate_up": (19456, 2560),
+        "fish_down": (2560, 9728),
+        "qwen_cp_qkv": (4096, 1024),
+        "qwen_cp_down": (1024, 3072),
+    }
     out = []
     for name, (N, K) in shapes.items():
         w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
@@ -176,8 +217,18 @@ def gemv_baseline():
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             ms = graph_timed(lambda x=x, w=w: F.linear(x, w))
             gbps = nbytes / ms / 1e6
-            out.append({"shape": name, "N": N, "K": K, "M": M, "ms": round(ms, 5), "weight_gbps": round(gbps, 1),
-                        "copy_gbps": round(cp, 1), "pct_of_copy": round(100 * gbps / cp, 1)})
+            out.append(
+                {
+                    "shape": name,
+                    "N": N,
+                    "K": K,
+                    "M": M,
+                    "ms": round(ms, 5),
+                    "weight_gbps": round(gbps, 1),
+                    "copy_gbps": round(cp, 1),
+                    "pct_of_copy": round(100 * gbps / cp, 1),
+                }
+            )
     return out
 
 
@@ -197,12 +248,14 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001
         res["gemv_baseline"] = f"error {e}"
     save()
-    plan = [("qwen3-tts-12hz", "code2wav", None, {"batch": 1, "frames": 50}, (False,)),
-            ("qwen3-tts-12hz", "code2wav", None, {"batch": 4, "frames": 50}, (False,)),
-            ("fish-s2-pro", "dac_decoder", None, {"batch": 1, "frames": 29}, (False, True)),
-            ("fish-s2-pro", "dac_decoder", None, {"batch": 4, "frames": 29}, (False, True)),
-            ("fish-s2-pro", "dac_decoder", "bf16", {"batch": 4, "frames": 29}, (False,)),
-            ("voxcpm2", "vae_decoder", None, {"batch": 1, "frames": 36}, (False, True))]
+    plan = [
+        ("qwen3-tts-12hz", "code2wav", None, {"batch": 1, "frames": 50}, (False,)),
+        ("qwen3-tts-12hz", "code2wav", None, {"batch": 4, "frames": 50}, (False,)),
+        ("fish-s2-pro", "dac_decoder", None, {"batch": 1, "frames": 29}, (False, True)),
+        ("fish-s2-pro", "dac_decoder", None, {"batch": 4, "frames": 29}, (False, True)),
+        ("fish-s2-pro", "dac_decoder", "bf16", {"batch": 4, "frames": 29}, (False,)),
+        ("voxcpm2", "vae_decoder", None, {"batch": 1, "frames": 36}, (False, True)),
+    ]
     for fam, st, dt, sizes, tf in plan:
         t0 = time.time()
         try:

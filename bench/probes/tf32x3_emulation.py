@@ -45,7 +45,7 @@ def _split_conv(x, w, bias, stride, padding, dilation, groups, mode: str):
         y = conv(round_to_tf32(x), round_to_tf32(w))
     elif mode == "tf32_trunc":
         y = conv(trunc_tf32(x), trunc_tf32(w))
-    else:                                           # tf32x3
+    else:  # tf32x3
         xb, wb = round_to_tf32(x), round_to_tf32(w)
         xs, ws = trunc_tf32(x - xb), trunc_tf32(w - wb)
         y = conv(xs, wb) + conv(xb, ws) + conv(xb, wb)
@@ -98,14 +98,17 @@ def main() -> int:
                 lat[mode] = eager(x)
             codes = _vq_codes(lat[mode])
             bias = ((lat[mode].double() - ref) * ref.sign()).mean() / ref.abs().mean()
-            out["modes"][mode] = {"rel_err_vs_fp64": float(f"{rel(lat[mode], ref):.3g}"),
-                                  "signed_bias_vs_fp64": float(f"{bias:.3g}"),
-                                  "code_match_vs_fp64": round((codes == codes64).double().mean().item(), 5),
-                                  "seconds": round(time.time() - t0, 1)}
+            out["modes"][mode] = {
+                "rel_err_vs_fp64": float(f"{rel(lat[mode], ref):.3g}"),
+                "signed_bias_vs_fp64": float(f"{bias:.3g}"),
+                "code_match_vs_fp64": round((codes == codes64).double().mean().item(), 5),
+                "seconds": round(time.time() - t0, 1),
+            }
         for mode in ("tf32x3", "tf32", "tf32_trunc"):
             out["modes"][mode]["rel_err_vs_ieee"] = float(f"{rel(lat[mode], lat['ieee']):.3g}")
             out["modes"][mode]["code_match_vs_ieee"] = round(
-                (_vq_codes(lat[mode]) == _vq_codes(lat["ieee"])).double().mean().item(), 5)
+                (_vq_codes(lat[mode]) == _vq_codes(lat["ieee"])).double().mean().item(), 5
+            )
         out["frames"] = int(codes64.numel())
     print(json.dumps(out, indent=1))
     if a.out:

@@ -7,6 +7,16 @@ from .decompositions import CPU_DECOMPOSITIONS, lower_for_cpu
 from .skinny_linear import skinny_linear, skinny_linear_reference
 from .snake_beta import snake_beta, snake_beta_nlc, snake_beta_nlc_reference, snake_beta_reference
 
-__all__ = ["CPU_DECOMPOSITIONS", "conv1d", "decode_attention", "decode_attention_reference", "lower_for_cpu",
-           "skinny_linear", "skinny_linear_reference", "snake_beta", "snake_beta_nlc", "snake_beta_nlc_reference",
-           "snake_beta_reference"]
+__all__ = [
+    "CPU_DECOMPOSITIONS",
+    "conv1d",
+    "decode_attention",
+    "decode_attention_reference",
+    "lower_for_cpu",
+    "skinny_linear",
+    "skinny_linear_reference",
+    "snake_beta",
+    "snake_beta_nlc",
+    "snake_beta_nlc_reference",
+    "snake_beta_reference",
+]

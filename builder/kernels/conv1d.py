@@ -125,27 +125,59 @@ def _finish(acc: torch.Tensor, residual, scale, shift, alpha, inv_beta, act: str
     return pre, y.to(out_dtype if out_dtype is not None else c).contiguous()
 
 
-def _conv1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, stride, dilation, left_pad, act,
-                     out_dtype):
+def _conv1d_ref_impl(
+    x, weight, bias, residual, scale, shift, alpha, inv_beta, stride, dilation, left_pad, act, out_dtype
+):
     K = weight.shape[1]
     T = x.shape[1]
     xp = F.pad(x.float().transpose(1, 2), (left_pad, _right_pad(T, K, stride, dilation, left_pad)))
-    acc = F.conv1d(xp, weight.float().permute(0, 2, 1), None if bias is None else bias.float(), stride=stride,
-                   dilation=dilation)
+    acc = F.conv1d(
+        xp, weight.float().permute(0, 2, 1), None if bias is None else bias.float(), stride=stride, dilation=dilation
+    )
     return _finish(acc.transpose(1, 2), residual, scale, shift, alpha, inv_beta, act, out_dtype, x.dtype)
 
 
-def conv1d_reference(x, weight, bias, residual, scale, shift, alpha, inv_beta, stride: int, dilation: int,
-                     left_pad: int, act: str, out_dtype, precision: str):
+def conv1d_reference(
+    x,
+    weight,
+    bias,
+    residual,
+    scale,
+    shift,
+    alpha,
+    inv_beta,
+    stride: int,
+    dilation: int,
+    left_pad: int,
+    act: str,
+    out_dtype,
+    precision: str,
+):
     """Exact fp32 (products and sums) aten form of `ttsaot::conv1d`; also its CPU/ONNX decomposition."""
-    return _conv1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, stride, dilation, left_pad,
-                            act, out_dtype)[1]
+    return _conv1d_ref_impl(
+        x, weight, bias, residual, scale, shift, alpha, inv_beta, stride, dilation, left_pad, act, out_dtype
+    )[1]
 
 
-def conv1d_dual_reference(x, weight, bias, residual, scale, shift, alpha, inv_beta, stride: int, dilation: int,
-                          left_pad: int, act: str, out_dtype, precision: str):
-    return _conv1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, stride, dilation, left_pad,
-                            act, out_dtype)
+def conv1d_dual_reference(
+    x,
+    weight,
+    bias,
+    residual,
+    scale,
+    shift,
+    alpha,
+    inv_beta,
+    stride: int,
+    dilation: int,
+    left_pad: int,
+    act: str,
+    out_dtype,
+    precision: str,
+):
+    return _conv1d_ref_impl(
+        x, weight, bias, residual, scale, shift, alpha, inv_beta, stride, dilation, left_pad, act, out_dtype
+    )
 
 
 def unbake_conv_transpose1d(weight: torch.Tensor) -> torch.Tensor:
@@ -157,35 +189,43 @@ def unbake_conv_transpose1d(weight: torch.Tensor) -> torch.Tensor:
 def _conv_transpose1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, act, out_dtype):
     s = weight.shape[0]
     T = x.shape[1]
-    acc = F.conv_transpose1d(x.float().transpose(1, 2), unbake_conv_transpose1d(weight).float(),
-                             None if bias is None else bias.float(), stride=s)
-    return _finish(acc[..., : T * s].transpose(1, 2), residual, scale, shift, alpha, inv_beta, act, out_dtype,
-                   x.dtype)
+    acc = F.conv_transpose1d(
+        x.float().transpose(1, 2),
+        unbake_conv_transpose1d(weight).float(),
+        None if bias is None else bias.float(),
+        stride=s,
+    )
+    return _finish(acc[..., : T * s].transpose(1, 2), residual, scale, shift, alpha, inv_beta, act, out_dtype, x.dtype)
 
 
-def conv_transpose1d_reference(x, weight, bias, residual, scale, shift, alpha, inv_beta, act: str, out_dtype,
-                               precision: str):
+def conv_transpose1d_reference(
+    x, weight, bias, residual, scale, shift, alpha, inv_beta, act: str, out_dtype, precision: str
+):
     return _conv_transpose1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, act, out_dtype)[1]
 
 
-def conv_transpose1d_dual_reference(x, weight, bias, residual, scale, shift, alpha, inv_beta, act: str, out_dtype,
-                                    precision: str):
+def conv_transpose1d_dual_reference(
+    x, weight, bias, residual, scale, shift, alpha, inv_beta, act: str, out_dtype, precision: str
+):
     return _conv_transpose1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, act, out_dtype)
 
 
-def dwconv1d_reference(x, weight, bias, residual, scale, shift, alpha, inv_beta, dilation: int, left_pad: int,
-                       act: str, out_dtype):
+def dwconv1d_reference(
+    x, weight, bias, residual, scale, shift, alpha, inv_beta, dilation: int, left_pad: int, act: str, out_dtype
+):
     K, C = weight.shape
     T = x.shape[1]
     xp = F.pad(x.float().transpose(1, 2), (left_pad, _right_pad(T, K, 1, dilation, left_pad)))
-    acc = F.conv1d(xp, weight.float().t().unsqueeze(1), None if bias is None else bias.float(), dilation=dilation,
-                   groups=C)
+    acc = F.conv1d(
+        xp, weight.float().t().unsqueeze(1), None if bias is None else bias.float(), dilation=dilation, groups=C
+    )
     return _finish(acc.transpose(1, 2), residual, scale, shift, alpha, inv_beta, act, out_dtype, x.dtype)[1]
 
 
 # ------------------------------------------------------------------------------------------ checks
-def _check_epilogue(x, cout: int, out_shape, bias, residual, scale, shift, alpha, inv_beta, act, out_dtype,
-                    precision) -> None:
+def _check_epilogue(
+    x, cout: int, out_shape, bias, residual, scale, shift, alpha, inv_beta, act, out_dtype, precision
+) -> None:
     torch._check(x.dtype in _DTYPES, lambda: f"conv kernels take fp32/bf16/fp16 inputs, got {x.dtype}")
     torch._check(act in ACTS, lambda: f"act must be one of {ACTS}, got {act!r}")
     torch._check(precision in PRECISIONS, lambda: f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -193,18 +233,22 @@ def _check_epilogue(x, cout: int, out_shape, bias, residual, scale, shift, alpha
     if bias is not None:
         torch._check(tuple(bias.shape) == (cout,), lambda: f"bias must be [{cout}], got {tuple(bias.shape)}")
     if residual is not None:
-        torch._check(tuple(residual.shape) == tuple(out_shape),
-                     lambda: f"residual must have the output shape {tuple(out_shape)} [B,T,C], got "
-                             f"{tuple(residual.shape)}")
+        torch._check(
+            tuple(residual.shape) == tuple(out_shape),
+            lambda: f"residual must have the output shape {tuple(out_shape)} [B,T,C], got {tuple(residual.shape)}",
+        )
         torch._check(residual.dtype == x.dtype, lambda: "residual must have the input's dtype")
     torch._check((scale is None) == (shift is None), lambda: "scale and shift come together")
     if scale is not None:
-        torch._check(tuple(scale.shape) == (cout,) and tuple(shift.shape) == (cout,),
-                     lambda: f"scale and shift must be [{cout}]")
+        torch._check(
+            tuple(scale.shape) == (cout,) and tuple(shift.shape) == (cout,), lambda: f"scale and shift must be [{cout}]"
+        )
     if act == "snake":
         torch._check(alpha is not None and inv_beta is not None, lambda: "act='snake' needs alpha and inv_beta")
-        torch._check(tuple(alpha.shape) == (cout,) and tuple(inv_beta.shape) == (cout,),
-                     lambda: f"alpha and inv_beta must be [{cout}]")
+        torch._check(
+            tuple(alpha.shape) == (cout,) and tuple(inv_beta.shape) == (cout,),
+            lambda: f"alpha and inv_beta must be [{cout}]",
+        )
 
 
 def _check_conv1d(x, weight, stride, dilation, left_pad) -> tuple[int, int, int]:
@@ -255,8 +299,13 @@ class ConvKernelConfig:
     split_k: int = 1
 
     def meta(self) -> dict[str, int]:
-        return {"BLOCK_T": self.block_t, "BLOCK_N": self.block_n, "BLOCK_R": self.block_r, "GROUP_T": self.group_t,
-                "SPLIT_K": self.split_k}
+        return {
+            "BLOCK_T": self.block_t,
+            "BLOCK_N": self.block_n,
+            "BLOCK_R": self.block_r,
+            "GROUP_T": self.group_t,
+            "SPLIT_K": self.split_k,
+        }
 
     @property
     def name(self) -> str:
@@ -284,8 +333,16 @@ class DwKernelConfig:
 # The reduction block is 64 channels (128 B rows) for 16-bit operands, 32 (also 128 B) for fp32, whose stages
 # take twice the shared memory.
 GEMM_TILES = (
-    (128, 128, 8, 4, 3), (128, 256, 8, 3, 3), (256, 128, 8, 3, 3), (64, 256, 8, 4, 3), (256, 64, 8, 3, 3),
-    (128, 64, 4, 4, 4), (64, 128, 4, 4, 4), (64, 64, 4, 5, 4), (256, 32, 4, 4, 3), (256, 16, 4, 4, 3),
+    (128, 128, 8, 4, 3),
+    (128, 256, 8, 3, 3),
+    (256, 128, 8, 3, 3),
+    (64, 256, 8, 4, 3),
+    (256, 64, 8, 3, 3),
+    (128, 64, 4, 4, 4),
+    (64, 128, 4, 4, 4),
+    (64, 64, 4, 5, 4),
+    (256, 32, 4, 4, 3),
+    (256, 16, 4, 4, 3),
     (128, 16, 4, 4, 4),
 )
 # fp32 tiles that compile without register spills on sm_90 (ptxas -v, epilogue with snake, residual and `pre`):
@@ -296,8 +353,12 @@ MAX_TUNED_CONFIGS = 3
 # Split-K candidates for short inputs, and the most fp32 partial-sum workspace a launch may take for them.
 SPLITS = (2, 4, 8)
 SPLIT_WS_BYTES = 16 * 2**20
-DW_CONFIGS = (DwKernelConfig(32, 256, 4), DwKernelConfig(64, 128, 4), DwKernelConfig(128, 64, 4),
-              DwKernelConfig(256, 32, 4))
+DW_CONFIGS = (
+    DwKernelConfig(32, 256, 4),
+    DwKernelConfig(64, 128, 4),
+    DwKernelConfig(128, 64, 4),
+    DwKernelConfig(256, 32, 4),
+)
 _H100_SMS = 132
 
 
@@ -305,8 +366,11 @@ def gemm_kernel_configs(dtype: torch.dtype) -> list[ConvKernelConfig]:
     """The whole tile list for one operand dtype, each tile unsplit and split (pruned per shape by
     prune_gemm_configs)."""
     wide = dtype != torch.float32
-    return [ConvKernelConfig(t, n, 64 if wide else 32, w, s16 if wide else s32, split_k=k)
-            for k in (1, *SPLITS) for t, n, w, s16, s32 in GEMM_TILES]
+    return [
+        ConvKernelConfig(t, n, 64 if wide else 32, w, s16 if wide else s32, split_k=k)
+        for k in (1, *SPLITS)
+        for t, n, w, s16, s32 in GEMM_TILES
+    ]
 
 
 def max_split(*, batch: int, tout: int, n: int, cin: int, ksize: int, block_r: int) -> int:
@@ -321,8 +385,18 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def estimate_us(c: ConvKernelConfig, *, batch: int, tout: int, n: int, cin: int, ksize: int, elem: int,
-                num_sms: int = _H100_SMS, precision: str = "ieee") -> float:
+def estimate_us(
+    c: ConvKernelConfig,
+    *,
+    batch: int,
+    tout: int,
+    n: int,
+    cin: int,
+    ksize: int,
+    elem: int,
+    num_sms: int = _H100_SMS,
+    precision: str = "ieee",
+) -> float:
     """Roofline estimate of one launch on an H100-class part: waves of programs × the slower of a tile's MMA work
     and its operand traffic from L2 (each reduction step loads (block_t + block_n) × block_r operands); split-K
     adds the fp32 partials' round trip and the counters' reset. It only ranks candidates: the autotuner measures
@@ -351,22 +425,39 @@ def _fits_registers(c: ConvKernelConfig, elem: int, precision: str) -> bool:
     return c.block_t * c.block_n <= FP32_MAX_TILE
 
 
-def prune_gemm_configs(configs: list[ConvKernelConfig], *, batch: int, tout: int, n: int, cin: int, ksize: int,
-                       elem: int, precision: str = "ieee", num_sms: int = _H100_SMS,
-                       keep: int = MAX_TUNED_CONFIGS) -> list[ConvKernelConfig]:
+def prune_gemm_configs(
+    configs: list[ConvKernelConfig],
+    *,
+    batch: int,
+    tout: int,
+    n: int,
+    cin: int,
+    ksize: int,
+    elem: int,
+    precision: str = "ieee",
+    num_sms: int = _H100_SMS,
+    keep: int = MAX_TUNED_CONFIGS,
+) -> list[ConvKernelConfig]:
     """The `keep` most promising tiles for one shape: none much larger than the problem (a 1-channel output, a
     50-frame input), none that spills registers for fp32, ranked by `estimate_us`."""
-    fit = [c for c in configs
-           if c.block_n <= max(16, _pow2(n)) and c.block_t <= max(64, _pow2(tout))
-           and (c.block_n >= 32 or n <= 16) and _fits_registers(c, elem, precision)]
-    whole = [c for c in fit if c.split_k == 1] or [min((c for c in configs if c.split_k == 1),
-                                                       key=lambda c: c.block_t * c.block_n)]
+    fit = [
+        c
+        for c in configs
+        if c.block_n <= max(16, _pow2(n))
+        and c.block_t <= max(64, _pow2(tout))
+        and (c.block_n >= 32 or n <= 16)
+        and _fits_registers(c, elem, precision)
+    ]
+    whole = [c for c in fit if c.split_k == 1] or [
+        min((c for c in configs if c.split_k == 1), key=lambda c: c.block_t * c.block_n)
+    ]
     split_max = max_split(batch=batch, tout=tout, n=n, cin=cin, ksize=ksize, block_r=whole[0].block_r)
     split = [c for c in fit if 1 < c.split_k <= split_max]
 
     def est(c: ConvKernelConfig) -> float:
-        return estimate_us(c, batch=batch, tout=tout, n=n, cin=cin, ksize=ksize, elem=elem, num_sms=num_sms,
-                           precision=precision)
+        return estimate_us(
+            c, batch=batch, tout=tout, n=n, cin=cin, ksize=ksize, elem=elem, num_sms=num_sms, precision=precision
+        )
 
     whole.sort(key=est)
     split.sort(key=est)
@@ -403,10 +494,28 @@ if HAVE_TRITON:
         return bits.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _epilogue_store(v, ch, ch_ok, off, omask, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr,
-                        pre_ptr, CDT: tl.constexpr, HAS_RES: tl.constexpr, HAS_AFFINE: tl.constexpr,
-                        ACT: tl.constexpr, WRITE_PRE: tl.constexpr, FAST_SIN: tl.constexpr,
-                        GPU_MATH: tl.constexpr, EMULATE_RNE: tl.constexpr):
+    def _epilogue_store(
+        v,
+        ch,
+        ch_ok,
+        off,
+        omask,
+        res_ptr,
+        scale_ptr,
+        shift_ptr,
+        alpha_ptr,
+        ib_ptr,
+        out_ptr,
+        pre_ptr,
+        CDT: tl.constexpr,
+        HAS_RES: tl.constexpr,
+        HAS_AFFINE: tl.constexpr,
+        ACT: tl.constexpr,
+        WRITE_PRE: tl.constexpr,
+        FAST_SIN: tl.constexpr,
+        GPU_MATH: tl.constexpr,
+        EMULATE_RNE: tl.constexpr,
+    ):
         # v: fp32 tile [times, channels] (bias added, rounded to CDT); ch: per-column channel; off: offsets of
         # the tile in the [T, C] rows of this sample (the pointers already point at the sample).
         if HAS_RES:
@@ -441,12 +550,35 @@ if HAVE_TRITON:
         tl.store(out_ptr + off, v.to(out_ptr.dtype.element_ty), mask=omask)
 
     @triton.jit
-    def _gemm_epilogue(acc, b, t, n, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr, pre_ptr,
-                       TOUT, N, COUT, CDT: tl.constexpr, HAS_PHASES: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       HAS_RES: tl.constexpr, HAS_AFFINE: tl.constexpr, ACT: tl.constexpr, WRITE_PRE: tl.constexpr,
-                       FAST_SIN: tl.constexpr, GPU_MATH: tl.constexpr, EMULATE_RNE: tl.constexpr):
+    def _gemm_epilogue(
+        acc,
+        b,
+        t,
+        n,
+        bias_ptr,
+        res_ptr,
+        scale_ptr,
+        shift_ptr,
+        alpha_ptr,
+        ib_ptr,
+        out_ptr,
+        pre_ptr,
+        TOUT,
+        N,
+        COUT,
+        CDT: tl.constexpr,
+        HAS_PHASES: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        HAS_RES: tl.constexpr,
+        HAS_AFFINE: tl.constexpr,
+        ACT: tl.constexpr,
+        WRITE_PRE: tl.constexpr,
+        FAST_SIN: tl.constexpr,
+        GPU_MATH: tl.constexpr,
+        EMULATE_RNE: tl.constexpr,
+    ):
         n_ok = n < N
-        if HAS_PHASES:   # transposed conv: column n = p·COUT + co
+        if HAS_PHASES:  # transposed conv: column n = p·COUT + co
             ch = n % COUT
         else:
             ch = n
@@ -457,9 +589,28 @@ if HAVE_TRITON:
         base = b * TOUT * N
         off = t[:, None] * N + n[None, :]
         omask = (t < TOUT)[:, None] & n_ok[None, :]
-        _epilogue_store(v, ch, n_ok, off, omask, res_ptr + base, scale_ptr, shift_ptr, alpha_ptr, ib_ptr,
-                        out_ptr + base, pre_ptr + base, CDT, HAS_RES, HAS_AFFINE, ACT, WRITE_PRE, FAST_SIN,
-                        GPU_MATH, EMULATE_RNE)
+        _epilogue_store(
+            v,
+            ch,
+            n_ok,
+            off,
+            omask,
+            res_ptr + base,
+            scale_ptr,
+            shift_ptr,
+            alpha_ptr,
+            ib_ptr,
+            out_ptr + base,
+            pre_ptr + base,
+            CDT,
+            HAS_RES,
+            HAS_AFFINE,
+            ACT,
+            WRITE_PRE,
+            FAST_SIN,
+            GPU_MATH,
+            EMULATE_RNE,
+        )
 
     # Shape arguments whose value (== 1) or divisibility (by 16) Triton would otherwise specialise on: one compiled
     # kernel per combination of B, T, dilations, strides... multiplies the compile time of a stage for nothing
@@ -467,14 +618,46 @@ if HAVE_TRITON:
     _SHAPE_ARGS = ["B", "T", "TOUT", "KSIZE", "DIL", "STRIDE", "PAD"]
 
     @triton.jit(do_not_specialize=_SHAPE_ARGS)
-    def _conv_gemm_jit(x_ptr, w_ptr, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr, pre_ptr,
-                       ws_ptr, cnt_ptr, B, T, CIN, TOUT, N, COUT, KSIZE, DIL, STRIDE, PAD,
-                       HAS_PHASES: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                       HAS_AFFINE: tl.constexpr, ACT: tl.constexpr, WRITE_PRE: tl.constexpr,
-                       PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, FAST_SIN: tl.constexpr,
-                       GPU_MATH: tl.constexpr, EMULATE_RNE: tl.constexpr, BLOCK_T: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_T: tl.constexpr,
-                       SPLIT_K: tl.constexpr):
+    def _conv_gemm_jit(
+        x_ptr,
+        w_ptr,
+        bias_ptr,
+        res_ptr,
+        scale_ptr,
+        shift_ptr,
+        alpha_ptr,
+        ib_ptr,
+        out_ptr,
+        pre_ptr,
+        ws_ptr,
+        cnt_ptr,
+        B,
+        T,
+        CIN,
+        TOUT,
+        N,
+        COUT,
+        KSIZE,
+        DIL,
+        STRIDE,
+        PAD,
+        HAS_PHASES: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        HAS_RES: tl.constexpr,
+        HAS_AFFINE: tl.constexpr,
+        ACT: tl.constexpr,
+        WRITE_PRE: tl.constexpr,
+        PRECISION: tl.constexpr,
+        UPCAST_DOT: tl.constexpr,
+        FAST_SIN: tl.constexpr,
+        GPU_MATH: tl.constexpr,
+        EMULATE_RNE: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        GROUP_T: tl.constexpr,
+        SPLIT_K: tl.constexpr,
+    ):
         # out[t, n] = X[t, (j, ci)] @ W[n, (j, ci)]ᵀ, X gathered straight from the [T, CIN] rows of x: for one
         # reduction step (tap j, channels c0 .. c0 + BLOCK_R) every row of the X tile is one contiguous run of
         # x, shifted by whole rows, and the W tile is read along the reduction (K-major for the MMA).
@@ -488,7 +671,7 @@ if HAVE_TRITON:
         num_t = tl.cdiv(TOUT, BLOCK_T)
         num_n = tl.cdiv(N, BLOCK_N)
         tiles = num_t * num_n
-        split = pid // tiles            # split outermost: programs in flight together share one reduction range
+        split = pid // tiles  # split outermost: programs in flight together share one reduction range
         tile = pid - split * tiles
         # grouped order: GROUP_T time tiles × every channel tile, time fastest, so programs in flight together
         # share their weight tiles and input rows in L2
@@ -530,32 +713,105 @@ if HAVE_TRITON:
             acc = tl.dot(xv, tl.trans(wv), acc, input_precision=PRECISION)
 
         if SPLIT_K == 1:
-            _gemm_epilogue(acc, b, t, n, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr,
-                           pre_ptr, TOUT, N, COUT, CDT, HAS_PHASES, HAS_BIAS, HAS_RES, HAS_AFFINE, ACT, WRITE_PRE,
-                           FAST_SIN, GPU_MATH, EMULATE_RNE)
+            _gemm_epilogue(
+                acc,
+                b,
+                t,
+                n,
+                bias_ptr,
+                res_ptr,
+                scale_ptr,
+                shift_ptr,
+                alpha_ptr,
+                ib_ptr,
+                out_ptr,
+                pre_ptr,
+                TOUT,
+                N,
+                COUT,
+                CDT,
+                HAS_PHASES,
+                HAS_BIAS,
+                HAS_RES,
+                HAS_AFFINE,
+                ACT,
+                WRITE_PRE,
+                FAST_SIN,
+                GPU_MATH,
+                EMULATE_RNE,
+            )
         else:
             ws_off = t[:, None] * N + n[None, :]
             wmask = (t < TOUT)[:, None] & n_ok[None, :]
             tl.store(ws_ptr + (split * B + b) * TOUT * N + ws_off, acc, mask=wmask)
-            tl.debug_barrier()          # every thread's partial is written before the (single-thread) release
+            tl.debug_barrier()  # every thread's partial is written before the (single-thread) release
             counter = cnt_ptr + b * tiles + tile
             arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLIT_K - 1:
                 total = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-                for s in tl.static_range(SPLIT_K):      # L2 reads (.cg): other SMs wrote them
-                    total += tl.load(ws_ptr + (s * B + b) * TOUT * N + ws_off, mask=wmask, other=0.0,
-                                     cache_modifier=".cg")
-                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")   # ready for the next launch / replay
-                _gemm_epilogue(total, b, t, n, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr,
-                               pre_ptr, TOUT, N, COUT, CDT, HAS_PHASES, HAS_BIAS, HAS_RES, HAS_AFFINE, ACT,
-                               WRITE_PRE, FAST_SIN, GPU_MATH, EMULATE_RNE)
+                for s in tl.static_range(SPLIT_K):  # L2 reads (.cg): other SMs wrote them
+                    total += tl.load(
+                        ws_ptr + (s * B + b) * TOUT * N + ws_off, mask=wmask, other=0.0, cache_modifier=".cg"
+                    )
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # ready for the next launch / replay
+                _gemm_epilogue(
+                    total,
+                    b,
+                    t,
+                    n,
+                    bias_ptr,
+                    res_ptr,
+                    scale_ptr,
+                    shift_ptr,
+                    alpha_ptr,
+                    ib_ptr,
+                    out_ptr,
+                    pre_ptr,
+                    TOUT,
+                    N,
+                    COUT,
+                    CDT,
+                    HAS_PHASES,
+                    HAS_BIAS,
+                    HAS_RES,
+                    HAS_AFFINE,
+                    ACT,
+                    WRITE_PRE,
+                    FAST_SIN,
+                    GPU_MATH,
+                    EMULATE_RNE,
+                )
 
     @triton.jit(do_not_specialize=["B", "T", "TOUT", "KSIZE", "DIL", "PAD"])
-    def _dwconv_jit(x_ptr, w_ptr, bias_ptr, res_ptr, scale_ptr, shift_ptr, alpha_ptr, ib_ptr, out_ptr, pre_ptr,
-                    B, T, C, TOUT, KSIZE, DIL, PAD,
-                    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, HAS_AFFINE: tl.constexpr, ACT: tl.constexpr,
-                    WRITE_PRE: tl.constexpr, FAST_SIN: tl.constexpr, GPU_MATH: tl.constexpr,
-                    EMULATE_RNE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _dwconv_jit(
+        x_ptr,
+        w_ptr,
+        bias_ptr,
+        res_ptr,
+        scale_ptr,
+        shift_ptr,
+        alpha_ptr,
+        ib_ptr,
+        out_ptr,
+        pre_ptr,
+        B,
+        T,
+        C,
+        TOUT,
+        KSIZE,
+        DIL,
+        PAD,
+        HAS_BIAS: tl.constexpr,
+        HAS_RES: tl.constexpr,
+        HAS_AFFINE: tl.constexpr,
+        ACT: tl.constexpr,
+        WRITE_PRE: tl.constexpr,
+        FAST_SIN: tl.constexpr,
+        GPU_MATH: tl.constexpr,
+        EMULATE_RNE: tl.constexpr,
+        BLOCK_T: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+    ):
         # Bandwidth-bound: each tap re-reads the (L1-resident) row-shifted input tile; fp32 accumulation.
         pid_t = tl.program_id(0)
         pid_c = tl.program_id(1)
@@ -580,9 +836,28 @@ if HAVE_TRITON:
         base = b * TOUT * C
         off = t[:, None] * C + c[None, :]
         omask = (t < TOUT)[:, None] & c_ok[None, :]
-        _epilogue_store(v, c, c_ok, off, omask, res_ptr + base, scale_ptr, shift_ptr, alpha_ptr, ib_ptr,
-                        out_ptr + base, pre_ptr + base, CDT, HAS_RES, HAS_AFFINE, ACT, WRITE_PRE, FAST_SIN,
-                        GPU_MATH, EMULATE_RNE)
+        _epilogue_store(
+            v,
+            c,
+            c_ok,
+            off,
+            omask,
+            res_ptr + base,
+            scale_ptr,
+            shift_ptr,
+            alpha_ptr,
+            ib_ptr,
+            out_ptr + base,
+            pre_ptr + base,
+            CDT,
+            HAS_RES,
+            HAS_AFFINE,
+            ACT,
+            WRITE_PRE,
+            FAST_SIN,
+            GPU_MATH,
+            EMULATE_RNE,
+        )
 
     def _num_sms() -> int:
         if torch.cuda.is_available():
@@ -590,13 +865,31 @@ if HAVE_TRITON:
         return _H100_SMS
 
     def _prune_autotune(configs, named_args, **kwargs):
-        by_cfg = {ConvKernelConfig(c.kwargs["BLOCK_T"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_R"], c.num_warps,
-                                   c.num_stages, c.kwargs["GROUP_T"], c.kwargs["SPLIT_K"]): c for c in configs}
+        by_cfg = {
+            ConvKernelConfig(
+                c.kwargs["BLOCK_T"],
+                c.kwargs["BLOCK_N"],
+                c.kwargs["BLOCK_R"],
+                c.num_warps,
+                c.num_stages,
+                c.kwargs["GROUP_T"],
+                c.kwargs["SPLIT_K"],
+            ): c
+            for c in configs
+        }
         x = named_args["x_ptr"]
         prec = kwargs.get("PRECISION", named_args.get("PRECISION", "ieee"))
-        kept = prune_gemm_configs(list(by_cfg), batch=named_args["B"], tout=named_args["TOUT"], n=named_args["N"],
-                                  cin=named_args["CIN"], ksize=named_args["KSIZE"], elem=x.element_size(),
-                                  precision=prec, num_sms=_num_sms())
+        kept = prune_gemm_configs(
+            list(by_cfg),
+            batch=named_args["B"],
+            tout=named_args["TOUT"],
+            n=named_args["N"],
+            cin=named_args["CIN"],
+            ksize=named_args["KSIZE"],
+            elem=x.element_size(),
+            precision=prec,
+            num_sms=_num_sms(),
+        )
         return [by_cfg[c] for c in kept]
 
     def _prune_dw_autotune(configs, named_args, **kwargs):
@@ -604,27 +897,40 @@ if HAVE_TRITON:
         return [by_cfg[c] for c in prune_dw_configs(list(by_cfg), named_args["C"])]
 
     def _triton_configs(dtype: torch.dtype) -> list:
-        return [triton.Config(c.meta(), num_warps=c.num_warps, num_stages=c.num_stages)
-                for c in gemm_kernel_configs(dtype)]
+        return [
+            triton.Config(c.meta(), num_warps=c.num_warps, num_stages=c.num_stages) for c in gemm_kernel_configs(dtype)
+        ]
 
     # B only sizes the grid (a row of programs per sample) but changes the best tile: it is part of the key.
     _AUTOTUNE_KEY = ["B", "T", "CIN", "TOUT", "N", "KSIZE", "DIL", "STRIDE", "PRECISION"]
     # Tuned per bucket at AOTI compile time on the compile GPU (one config baked into each package).
-    _conv_gemm_16 = triton.autotune(configs=_triton_configs(torch.bfloat16), key=_AUTOTUNE_KEY,
-                                    prune_configs_by={"early_config_prune": _prune_autotune})(_conv_gemm_jit)
-    _conv_gemm_32 = triton.autotune(configs=_triton_configs(torch.float32), key=_AUTOTUNE_KEY,
-                                    prune_configs_by={"early_config_prune": _prune_autotune})(_conv_gemm_jit)
+    _conv_gemm_16 = triton.autotune(
+        configs=_triton_configs(torch.bfloat16),
+        key=_AUTOTUNE_KEY,
+        prune_configs_by={"early_config_prune": _prune_autotune},
+    )(_conv_gemm_jit)
+    _conv_gemm_32 = triton.autotune(
+        configs=_triton_configs(torch.float32),
+        key=_AUTOTUNE_KEY,
+        prune_configs_by={"early_config_prune": _prune_autotune},
+    )(_conv_gemm_jit)
     _dwconv_tuned = triton.autotune(
         configs=[triton.Config(c.meta(), num_warps=c.num_warps) for c in DW_CONFIGS],
-        key=["B", "T", "C", "KSIZE", "DIL"], prune_configs_by={"early_config_prune": _prune_dw_autotune})(_dwconv_jit)
+        key=["B", "T", "C", "KSIZE", "DIL"],
+        prune_configs_by={"early_config_prune": _prune_dw_autotune},
+    )(_dwconv_jit)
 
 
 def _flags(x: torch.Tensor, act: str) -> dict[str, Any]:
     cuda = x.device.type == "cuda"
     # Off CUDA these kernels only run under TRITON_INTERPRET (tests): no libdevice there, and its float32 →
     # bfloat16 cast truncates, so rounding to nearest even is emulated.
-    return {"ACT": _ACT_CODE[act], "FAST_SIN": cuda and act == "snake" and x.dtype != torch.float32,
-            "GPU_MATH": cuda, "EMULATE_RNE": not cuda}
+    return {
+        "ACT": _ACT_CODE[act],
+        "FAST_SIN": cuda and act == "snake" and x.dtype != torch.float32,
+        "GPU_MATH": cuda,
+        "EMULATE_RNE": not cuda,
+    }
 
 
 def _contiguous(*ts):
@@ -632,18 +938,39 @@ def _contiguous(*ts):
     return tuple(None if t is None else t.contiguous() for t in ts)
 
 
-def launch_conv_gemm(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, shift, alpha, inv_beta, *,
-                     cout: int, tout: int, stride: int, dilation: int, pad: int, act: str, write_pre: bool,
-                     out_dtype, precision: str, wrap=lambda k: k, config: ConvKernelConfig | None = None,
-                     out: torch.Tensor | None = None, pre: torch.Tensor | None = None,
-                     scratch: tuple[torch.Tensor, torch.Tensor] | None = None):
+def launch_conv_gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias,
+    residual,
+    scale,
+    shift,
+    alpha,
+    inv_beta,
+    *,
+    cout: int,
+    tout: int,
+    stride: int,
+    dilation: int,
+    pad: int,
+    act: str,
+    write_pre: bool,
+    out_dtype,
+    precision: str,
+    wrap=lambda k: k,
+    config: ConvKernelConfig | None = None,
+    out: torch.Tensor | None = None,
+    pre: torch.Tensor | None = None,
+    scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
+):
     """Launch the implicit-GEMM kernel on x [B, T, Cin] with a baked weight viewed as [N, K, Cin] (N = phases ·
     cout); returns (out, pre or None), both [B, tout · phases, cout]. `config` skips autotuning (the interpreter
     tests use it: the autotuner's benchmark needs a GPU); `out`/`pre` are preallocated outputs (tests poison them
     to see that every element is written); `scratch` = (workspace, counters) of split-K launches given by the
     caller (tests: the counters must come back zeroed)."""
-    x, w, bias, residual, scale, shift, alpha, inv_beta = _contiguous(x, w, bias, residual, scale, shift, alpha,
-                                                                      inv_beta)
+    x, w, bias, residual, scale, shift, alpha, inv_beta = _contiguous(
+        x, w, bias, residual, scale, shift, alpha, inv_beta
+    )
     B, T, Cin = x.shape
     N, ksize = w.shape[0], w.shape[1]
     phases = N // cout
@@ -651,13 +978,17 @@ def launch_conv_gemm(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, sh
         out = torch.empty((B, tout * phases, cout), dtype=out_dtype or x.dtype, device=x.device)
     if pre is None and write_pre:
         pre = torch.empty((B, tout * phases, cout), dtype=x.dtype, device=x.device)
-    torch._check(Cin * T < 2**31 and N * tout < 2**31 and N * ksize * Cin < 2**31,
-                 lambda: "per-sample tensor too large")
+    torch._check(
+        Cin * T < 2**31 and N * tout < 2**31 and N * ksize * Cin < 2**31, lambda: "per-sample tensor too large"
+    )
     # split-K scratch: fp32 partials for the largest split this shape may be tuned to, and one arrival counter per
     # output tile (an upper bound for every tile size; zeroed here, reset by the kernel after use)
     block_r = config.block_r if config is not None else gemm_kernel_configs(x.dtype)[0].block_r
-    splits = config.split_k if config is not None else max_split(batch=B, tout=tout, n=N, cin=Cin, ksize=ksize,
-                                                                  block_r=block_r)
+    splits = (
+        config.split_k
+        if config is not None
+        else max_split(batch=B, tout=tout, n=N, cin=Cin, ksize=ksize, block_r=block_r)
+    )
     if scratch is not None:
         ws, cnt = scratch
     elif splits > 1:
@@ -665,13 +996,40 @@ def launch_conv_gemm(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, sh
         cnt = torch.zeros((B * triton.cdiv(tout, 16) * triton.cdiv(N, 16),), dtype=torch.int32, device=x.device)
     else:
         ws, cnt = out, out
-    meta = dict(HAS_PHASES=phases > 1, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-                HAS_AFFINE=scale is not None, WRITE_PRE=write_pre,
-                PRECISION=precision if x.dtype == torch.float32 else "ieee", UPCAST_DOT=x.device.type != "cuda",
-                **_flags(x, act))
-    args = (x, w, x if bias is None else bias, x if residual is None else residual, x if scale is None else scale,
-            x if shift is None else shift, x if alpha is None else alpha, x if inv_beta is None else inv_beta,
-            out, out if pre is None else pre, ws, cnt, B, T, Cin, tout, N, cout, ksize, dilation, stride, pad)
+    meta = dict(
+        HAS_PHASES=phases > 1,
+        HAS_BIAS=bias is not None,
+        HAS_RES=residual is not None,
+        HAS_AFFINE=scale is not None,
+        WRITE_PRE=write_pre,
+        PRECISION=precision if x.dtype == torch.float32 else "ieee",
+        UPCAST_DOT=x.device.type != "cuda",
+        **_flags(x, act),
+    )
+    args = (
+        x,
+        w,
+        x if bias is None else bias,
+        x if residual is None else residual,
+        x if scale is None else scale,
+        x if shift is None else shift,
+        x if alpha is None else alpha,
+        x if inv_beta is None else inv_beta,
+        out,
+        out if pre is None else pre,
+        ws,
+        cnt,
+        B,
+        T,
+        Cin,
+        tout,
+        N,
+        cout,
+        ksize,
+        dilation,
+        stride,
+        pad,
+    )
 
     def grid(m):
         return (triton.cdiv(tout, m["BLOCK_T"]) * triton.cdiv(N, m["BLOCK_N"]) * m["SPLIT_K"], B)
@@ -680,26 +1038,65 @@ def launch_conv_gemm(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, sh
         kernel = _conv_gemm_32 if x.dtype == torch.float32 else _conv_gemm_16
         wrap(kernel)[grid](*args, **meta)
     else:
-        _conv_gemm_jit[grid(config.meta())](*args, **meta, **config.meta(), num_warps=config.num_warps,
-                                            num_stages=config.num_stages)
+        _conv_gemm_jit[grid(config.meta())](
+            *args, **meta, **config.meta(), num_warps=config.num_warps, num_stages=config.num_stages
+        )
     return out, pre
 
 
-def launch_dwconv(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, shift, alpha, inv_beta, *,
-                  tout: int, dilation: int, pad: int, act: str, out_dtype, wrap=lambda k: k,
-                  config: DwKernelConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def launch_dwconv(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias,
+    residual,
+    scale,
+    shift,
+    alpha,
+    inv_beta,
+    *,
+    tout: int,
+    dilation: int,
+    pad: int,
+    act: str,
+    out_dtype,
+    wrap=lambda k: k,
+    config: DwKernelConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """x [B, T, C], w [K, C] → [B, tout, C]."""
-    x, w, bias, residual, scale, shift, alpha, inv_beta = _contiguous(x, w, bias, residual, scale, shift, alpha,
-                                                                      inv_beta)
+    x, w, bias, residual, scale, shift, alpha, inv_beta = _contiguous(
+        x, w, bias, residual, scale, shift, alpha, inv_beta
+    )
     B, T, C = x.shape
     if out is None:
         out = torch.empty((B, tout, C), dtype=out_dtype or x.dtype, device=x.device)
     torch._check(C * max(T, tout) < 2**31, lambda: "per-sample tensor too large")
-    meta = dict(HAS_BIAS=bias is not None, HAS_RES=residual is not None, HAS_AFFINE=scale is not None,
-                WRITE_PRE=False, **_flags(x, act))
-    args = (x, w, x if bias is None else bias, x if residual is None else residual, x if scale is None else scale,
-            x if shift is None else shift, x if alpha is None else alpha, x if inv_beta is None else inv_beta,
-            out, out, B, T, C, tout, w.shape[0], dilation, pad)
+    meta = dict(
+        HAS_BIAS=bias is not None,
+        HAS_RES=residual is not None,
+        HAS_AFFINE=scale is not None,
+        WRITE_PRE=False,
+        **_flags(x, act),
+    )
+    args = (
+        x,
+        w,
+        x if bias is None else bias,
+        x if residual is None else residual,
+        x if scale is None else scale,
+        x if shift is None else shift,
+        x if alpha is None else alpha,
+        x if inv_beta is None else inv_beta,
+        out,
+        out,
+        B,
+        T,
+        C,
+        tout,
+        w.shape[0],
+        dilation,
+        pad,
+    )
 
     def grid(m):
         return (triton.cdiv(tout, m["BLOCK_T"]), triton.cdiv(C, m["BLOCK_C"]), B)
@@ -712,54 +1109,158 @@ def launch_dwconv(x: torch.Tensor, w: torch.Tensor, bias, residual, scale, shift
 
 
 # ------------------------------------------------------------------------------------------ op bodies
-def conv1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, stride: int, dilation: int,
-                   left_pad: int, act: str, out_dtype, precision: str, write_pre: bool, wrap=lambda k: k,
-                   config: ConvKernelConfig | None = None, out=None, pre=None):
+def conv1d_forward(
+    x,
+    weight,
+    bias,
+    residual,
+    scale,
+    shift,
+    alpha,
+    inv_beta,
+    stride: int,
+    dilation: int,
+    left_pad: int,
+    act: str,
+    out_dtype,
+    precision: str,
+    write_pre: bool,
+    wrap=lambda k: k,
+    config: ConvKernelConfig | None = None,
+    out=None,
+    pre=None,
+):
     """Shared body of ttsaot::conv1d(_dual): (pre, out) with pre None unless write_pre. With `config` the kernel
     runs on any device (CPU: TRITON_INTERPRET=1) into the optional preallocated `out`/`pre`."""
     Cout, K, tout = _check_conv1d(x, weight, stride, dilation, left_pad)
-    _check_epilogue(x, Cout, (x.shape[0], tout, Cout), bias, residual, scale, shift, alpha, inv_beta, act,
-                    out_dtype, precision)
+    _check_epilogue(
+        x, Cout, (x.shape[0], tout, Cout), bias, residual, scale, shift, alpha, inv_beta, act, out_dtype, precision
+    )
     if x.device.type != "cuda" and config is None:
-        pre, out = _conv1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, stride, dilation,
-                                    left_pad, act, out_dtype)
+        pre, out = _conv1d_ref_impl(
+            x, weight, bias, residual, scale, shift, alpha, inv_beta, stride, dilation, left_pad, act, out_dtype
+        )
         return (pre if write_pre else None), out
-    out, pre = launch_conv_gemm(x, weight, bias, residual, scale, shift, alpha, inv_beta, cout=Cout, tout=tout,
-                                stride=stride, dilation=dilation, pad=left_pad, act=act, write_pre=write_pre,
-                                out_dtype=out_dtype, precision=precision, wrap=wrap, config=config, out=out,
-                                pre=pre)
+    out, pre = launch_conv_gemm(
+        x,
+        weight,
+        bias,
+        residual,
+        scale,
+        shift,
+        alpha,
+        inv_beta,
+        cout=Cout,
+        tout=tout,
+        stride=stride,
+        dilation=dilation,
+        pad=left_pad,
+        act=act,
+        write_pre=write_pre,
+        out_dtype=out_dtype,
+        precision=precision,
+        wrap=wrap,
+        config=config,
+        out=out,
+        pre=pre,
+    )
     return pre, out
 
 
-def conv_transpose1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, act: str, out_dtype,
-                             precision: str, write_pre: bool, wrap=lambda k: k,
-                             config: ConvKernelConfig | None = None, out=None, pre=None):
+def conv_transpose1d_forward(
+    x,
+    weight,
+    bias,
+    residual,
+    scale,
+    shift,
+    alpha,
+    inv_beta,
+    act: str,
+    out_dtype,
+    precision: str,
+    write_pre: bool,
+    wrap=lambda k: k,
+    config: ConvKernelConfig | None = None,
+    out=None,
+    pre=None,
+):
     s, Cout, M, Cin = _check_conv_transpose1d(x, weight)
     T = x.shape[1]
-    _check_epilogue(x, Cout, (x.shape[0], T * s, Cout), bias, residual, scale, shift, alpha, inv_beta, act,
-                    out_dtype, precision)
+    _check_epilogue(
+        x, Cout, (x.shape[0], T * s, Cout), bias, residual, scale, shift, alpha, inv_beta, act, out_dtype, precision
+    )
     if x.device.type != "cuda" and config is None:
-        pre, out = _conv_transpose1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, act,
-                                              out_dtype)
+        pre, out = _conv_transpose1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, act, out_dtype)
         return (pre if write_pre else None), out
-    out, pre = launch_conv_gemm(x, weight.reshape(s * Cout, M, Cin), bias, residual, scale, shift, alpha, inv_beta,
-                                cout=Cout, tout=T, stride=1, dilation=1, pad=M - 1, act=act, write_pre=write_pre,
-                                out_dtype=out_dtype, precision=precision, wrap=wrap, config=config, out=out,
-                                pre=pre)
+    out, pre = launch_conv_gemm(
+        x,
+        weight.reshape(s * Cout, M, Cin),
+        bias,
+        residual,
+        scale,
+        shift,
+        alpha,
+        inv_beta,
+        cout=Cout,
+        tout=T,
+        stride=1,
+        dilation=1,
+        pad=M - 1,
+        act=act,
+        write_pre=write_pre,
+        out_dtype=out_dtype,
+        precision=precision,
+        wrap=wrap,
+        config=config,
+        out=out,
+        pre=pre,
+    )
     return pre, out
 
 
-def dwconv1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, dilation: int, left_pad: int,
-                     act: str, out_dtype, wrap=lambda k: k, config: DwKernelConfig | None = None, out=None):
+def dwconv1d_forward(
+    x,
+    weight,
+    bias,
+    residual,
+    scale,
+    shift,
+    alpha,
+    inv_beta,
+    dilation: int,
+    left_pad: int,
+    act: str,
+    out_dtype,
+    wrap=lambda k: k,
+    config: DwKernelConfig | None = None,
+    out=None,
+):
     tout = _check_dwconv1d(x, weight, dilation, left_pad)
     C = x.shape[2]
-    _check_epilogue(x, C, (x.shape[0], tout, C), bias, residual, scale, shift, alpha, inv_beta, act, out_dtype,
-                    "ieee")
+    _check_epilogue(x, C, (x.shape[0], tout, C), bias, residual, scale, shift, alpha, inv_beta, act, out_dtype, "ieee")
     if x.device.type != "cuda" and config is None:
-        return dwconv1d_reference(x, weight, bias, residual, scale, shift, alpha, inv_beta, dilation, left_pad, act,
-                                  out_dtype)
-    return launch_dwconv(x, weight, bias, residual, scale, shift, alpha, inv_beta, tout=tout, dilation=dilation,
-                         pad=left_pad, act=act, out_dtype=out_dtype, wrap=wrap, config=config, out=out)
+        return dwconv1d_reference(
+            x, weight, bias, residual, scale, shift, alpha, inv_beta, dilation, left_pad, act, out_dtype
+        )
+    return launch_dwconv(
+        x,
+        weight,
+        bias,
+        residual,
+        scale,
+        shift,
+        alpha,
+        inv_beta,
+        tout=tout,
+        dilation=dilation,
+        pad=left_pad,
+        act=act,
+        out_dtype=out_dtype,
+        wrap=wrap,
+        config=config,
+        out=out,
+    )
 
 
 # ------------------------------------------------------------------------------------------ registration
@@ -772,6 +1273,7 @@ if HAVE_TRITON:
     def _op(name: str):
         return torch.library.triton_op(f"ttsaot::{name}", mutates_args=())
 else:  # CPU-only installs: the same names and schemas as plain custom ops (their fake is the same function)
+
     def _wrap(k):
         raise RuntimeError("conv kernels need Triton and CUDA")
 
@@ -780,56 +1282,151 @@ else:  # CPU-only installs: the same names and schemas as plain custom ops (thei
             op = torch.library.custom_op(f"ttsaot::{name}", mutates_args=())(fn)
             op.register_fake(fn)
             return op
+
         return deco
 
 
 @_op("conv1d")
-def conv1d(x: Tensor, weight: Tensor, bias: OptTensor, residual: OptTensor, scale: OptTensor, shift: OptTensor,
-           alpha: OptTensor, inv_beta: OptTensor, stride: int, dilation: int, left_pad: int, act: str,
-           out_dtype: torch.dtype | None, precision: str) -> Tensor:
-    return conv1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, stride, dilation, left_pad, act,
-                          out_dtype, precision, False, wrap=_wrap)[1]
+def conv1d(
+    x: Tensor,
+    weight: Tensor,
+    bias: OptTensor,
+    residual: OptTensor,
+    scale: OptTensor,
+    shift: OptTensor,
+    alpha: OptTensor,
+    inv_beta: OptTensor,
+    stride: int,
+    dilation: int,
+    left_pad: int,
+    act: str,
+    out_dtype: torch.dtype | None,
+    precision: str,
+) -> Tensor:
+    return conv1d_forward(
+        x,
+        weight,
+        bias,
+        residual,
+        scale,
+        shift,
+        alpha,
+        inv_beta,
+        stride,
+        dilation,
+        left_pad,
+        act,
+        out_dtype,
+        precision,
+        False,
+        wrap=_wrap,
+    )[1]
 
 
 @_op("conv1d_dual")
-def conv1d_dual(x: Tensor, weight: Tensor, bias: OptTensor, residual: OptTensor, scale: OptTensor,
-                shift: OptTensor, alpha: OptTensor, inv_beta: OptTensor, stride: int, dilation: int, left_pad: int,
-                act: str, out_dtype: torch.dtype | None, precision: str) -> tuple[Tensor, Tensor]:
-    return conv1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, stride, dilation, left_pad, act,
-                          out_dtype, precision, True, wrap=_wrap)
+def conv1d_dual(
+    x: Tensor,
+    weight: Tensor,
+    bias: OptTensor,
+    residual: OptTensor,
+    scale: OptTensor,
+    shift: OptTensor,
+    alpha: OptTensor,
+    inv_beta: OptTensor,
+    stride: int,
+    dilation: int,
+    left_pad: int,
+    act: str,
+    out_dtype: torch.dtype | None,
+    precision: str,
+) -> tuple[Tensor, Tensor]:
+    return conv1d_forward(
+        x,
+        weight,
+        bias,
+        residual,
+        scale,
+        shift,
+        alpha,
+        inv_beta,
+        stride,
+        dilation,
+        left_pad,
+        act,
+        out_dtype,
+        precision,
+        True,
+        wrap=_wrap,
+    )
 
 
 @_op("conv_transpose1d")
-def conv_transpose1d(x: Tensor, weight: Tensor, bias: OptTensor, residual: OptTensor, scale: OptTensor,
-                     shift: OptTensor, alpha: OptTensor, inv_beta: OptTensor, act: str,
-                     out_dtype: torch.dtype | None, precision: str) -> Tensor:
-    return conv_transpose1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, act, out_dtype,
-                                    precision, False, wrap=_wrap)[1]
+def conv_transpose1d(
+    x: Tensor,
+    weight: Tensor,
+    bias: OptTensor,
+    residual: OptTensor,
+    scale: OptTensor,
+    shift: OptTensor,
+    alpha: OptTensor,
+    inv_beta: OptTensor,
+    act: str,
+    out_dtype: torch.dtype | None,
+    precision: str,
+) -> Tensor:
+    return conv_transpose1d_forward(
+        x, weight, bias, residual, scale, shift, alpha, inv_beta, act, out_dtype, precision, False, wrap=_wrap
+    )[1]
 
 
 @_op("conv_transpose1d_dual")
-def conv_transpose1d_dual(x: Tensor, weight: Tensor, bias: OptTensor, residual: OptTensor, scale: OptTensor,
-                          shift: OptTensor, alpha: OptTensor, inv_beta: OptTensor, act: str,
-                          out_dtype: torch.dtype | None, precision: str) -> tuple[Tensor, Tensor]:
-    return conv_transpose1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, act, out_dtype,
-                                    precision, True, wrap=_wrap)
+def conv_transpose1d_dual(
+    x: Tensor,
+    weight: Tensor,
+    bias: OptTensor,
+    residual: OptTensor,
+    scale: OptTensor,
+    shift: OptTensor,
+    alpha: OptTensor,
+    inv_beta: OptTensor,
+    act: str,
+    out_dtype: torch.dtype | None,
+    precision: str,
+) -> tuple[Tensor, Tensor]:
+    return conv_transpose1d_forward(
+        x, weight, bias, residual, scale, shift, alpha, inv_beta, act, out_dtype, precision, True, wrap=_wrap
+    )
 
 
 @_op("dwconv1d")
-def dwconv1d(x: Tensor, weight: Tensor, bias: OptTensor, residual: OptTensor, scale: OptTensor, shift: OptTensor,
-             alpha: OptTensor, inv_beta: OptTensor, dilation: int, left_pad: int, act: str,
-             out_dtype: torch.dtype | None) -> Tensor:
-    return dwconv1d_forward(x, weight, bias, residual, scale, shift, alpha, inv_beta, dilation, left_pad, act,
-                            out_dtype, wrap=_wrap)
+def dwconv1d(
+    x: Tensor,
+    weight: Tensor,
+    bias: OptTensor,
+    residual: OptTensor,
+    scale: OptTensor,
+    shift: OptTensor,
+    alpha: OptTensor,
+    inv_beta: OptTensor,
+    dilation: int,
+    left_pad: int,
+    act: str,
+    out_dtype: torch.dtype | None,
+) -> Tensor:
+    return dwconv1d_forward(
+        x, weight, bias, residual, scale, shift, alpha, inv_beta, dilation, left_pad, act, out_dtype, wrap=_wrap
+    )
 
 
 # Target-specific lowering (export.py for CPU builds, onnx_export.py as ONNX decompositions): exact aten forms, in
 # the one table every kernel module registers into (decompositions.py).
-for _op, _ref in ((torch.ops.ttsaot.conv1d.default, conv1d_reference),
-                  (torch.ops.ttsaot.conv1d_dual.default, conv1d_dual_reference),
-                  (torch.ops.ttsaot.conv_transpose1d.default, conv_transpose1d_reference),
-                  (torch.ops.ttsaot.conv_transpose1d_dual.default, conv_transpose1d_dual_reference),
-                  (torch.ops.ttsaot.dwconv1d.default, dwconv1d_reference)):
+for _op, _ref in (
+    (torch.ops.ttsaot.conv1d.default, conv1d_reference),
+    (torch.ops.ttsaot.conv1d_dual.default, conv1d_dual_reference),
+    (torch.ops.ttsaot.conv_transpose1d.default, conv_transpose1d_reference),
+    (torch.ops.ttsaot.conv_transpose1d_dual.default, conv_transpose1d_dual_reference),
+    (torch.ops.ttsaot.dwconv1d.default, dwconv1d_reference),
+):
     register_cpu_decomposition(_op, _ref)
 
 
@@ -873,8 +1470,7 @@ def bake_conv1d(conv) -> tuple[torch.Tensor, torch.Tensor | None, ConvMeta]:
     w = inner.weight.detach()
     cout, cin, k = w.shape
     bias = None if inner.bias is None else inner.bias.detach().clone()
-    return (w.permute(0, 2, 1).contiguous(), bias,
-            ConvMeta(cin, cout, k, inner.stride[0], inner.dilation[0], left))
+    return (w.permute(0, 2, 1).contiguous(), bias, ConvMeta(cin, cout, k, inner.stride[0], inner.dilation[0], left))
 
 
 def bake_conv_transpose1d(conv) -> tuple[torch.Tensor, torch.Tensor | None, int]:
@@ -887,9 +1483,11 @@ def bake_conv_transpose1d(conv) -> tuple[torch.Tensor, torch.Tensor | None, int]
     if inner.groups != 1 or inner.dilation[0] != 1 or inner.padding[0] != 0 or inner.output_padding[0] != 0:
         raise ConvBakeError("conv_transpose1d: groups/dilation/padding/output_padding must be the defaults")
     if k < s or getattr(conv, "trim", None) != k - s:
-        raise ConvBakeError(f"conv_transpose1d: kernel {k}, stride {s}, trim {getattr(conv, 'trim', None)}: "
-                            "only the causal form (trim = kernel − stride ≥ 0) is supported")
-    w = inner.weight.detach()                                           # [Cin, Cout, K]
+        raise ConvBakeError(
+            f"conv_transpose1d: kernel {k}, stride {s}, trim {getattr(conv, 'trim', None)}: "
+            "only the causal form (trim = kernel − stride ≥ 0) is supported"
+        )
+    w = inner.weight.detach()  # [Cin, Cout, K]
     cin, cout, _ = w.shape
     m = -(-k // s)
     w = F.pad(w, (0, m * s - k))
@@ -901,8 +1499,12 @@ def bake_conv_transpose1d(conv) -> tuple[torch.Tensor, torch.Tensor | None, int]
 def bake_dwconv1d(conv) -> tuple[torch.Tensor, torch.Tensor | None, int, int]:
     """(weight [K, C], bias, dilation, left_pad) of a causal depthwise conv: a CausalConv1d / Conv1d-with-left_pad
     with groups = channels, or passes.conv.ShiftDepthwiseConv1d."""
-    if hasattr(conv, "weight") and hasattr(conv, "kernel") and hasattr(conv, "dilation") and \
-            not isinstance(conv, torch.nn.Conv1d):                       # ShiftDepthwiseConv1d
+    if (
+        hasattr(conv, "weight")
+        and hasattr(conv, "kernel")
+        and hasattr(conv, "dilation")
+        and not isinstance(conv, torch.nn.Conv1d)
+    ):  # ShiftDepthwiseConv1d
         w, b, dil, left = conv.weight, conv.bias, conv.dilation, conv.left_pad
     else:
         inner, left = _conv_parts(conv)
@@ -913,12 +1515,46 @@ def bake_dwconv1d(conv) -> tuple[torch.Tensor, torch.Tensor | None, int, int]:
 
 
 __all__ = [
-    "ACTS", "CPU_DECOMPOSITIONS", "DW_CONFIGS", "FP32_MAX_TILE", "GEMM_TILES", "LAYOUT", "MAX_TUNED_CONFIGS",
-    "OPS", "PRECISIONS", "SPLITS", "SPLIT_WS_BYTES", "TF32X3_MAX_SIDE", "ConvBakeError", "ConvKernelConfig",
-    "ConvMeta", "DwKernelConfig", "bake_conv1d", "bake_conv_transpose1d", "bake_dwconv1d", "causal_out_len",
-    "conv1d", "conv1d_dual", "conv1d_dual_reference", "conv1d_forward", "conv1d_reference", "conv_transpose1d",
-    "conv_transpose1d_dual", "conv_transpose1d_dual_reference", "conv_transpose1d_forward",
-    "conv_transpose1d_reference", "dwconv1d", "dwconv1d_forward", "dwconv1d_reference", "estimate_us",
-    "gemm_kernel_configs", "launch_conv_gemm", "launch_dwconv", "max_split", "prune_dw_configs",
-    "prune_gemm_configs", "round_to_tf32", "unbake_conv_transpose1d",
+    "ACTS",
+    "CPU_DECOMPOSITIONS",
+    "DW_CONFIGS",
+    "FP32_MAX_TILE",
+    "GEMM_TILES",
+    "LAYOUT",
+    "MAX_TUNED_CONFIGS",
+    "OPS",
+    "PRECISIONS",
+    "SPLITS",
+    "SPLIT_WS_BYTES",
+    "TF32X3_MAX_SIDE",
+    "ConvBakeError",
+    "ConvKernelConfig",
+    "ConvMeta",
+    "DwKernelConfig",
+    "bake_conv1d",
+    "bake_conv_transpose1d",
+    "bake_dwconv1d",
+    "causal_out_len",
+    "conv1d",
+    "conv1d_dual",
+    "conv1d_dual_reference",
+    "conv1d_forward",
+    "conv1d_reference",
+    "conv_transpose1d",
+    "conv_transpose1d_dual",
+    "conv_transpose1d_dual_reference",
+    "conv_transpose1d_forward",
+    "conv_transpose1d_reference",
+    "dwconv1d",
+    "dwconv1d_forward",
+    "dwconv1d_reference",
+    "estimate_us",
+    "gemm_kernel_configs",
+    "launch_conv_gemm",
+    "launch_dwconv",
+    "max_split",
+    "prune_dw_configs",
+    "prune_gemm_configs",
+    "round_to_tf32",
+    "unbake_conv_transpose1d",
 ]

@@ -50,8 +50,11 @@ LAYOUTS = ("NCL", "NLC")
 def _param(t: torch.Tensor | None) -> nn.Parameter | None:
     # contiguous_format: a weight with a size-1 dim (depthwise [C, 1, K]) can be "contiguous" with other strides,
     # and the artifact's constants must have the canonical strides the packages index
-    return None if t is None else nn.Parameter(t.detach().clone(memory_format=torch.contiguous_format),
-                                                requires_grad=False)
+    return (
+        None
+        if t is None
+        else nn.Parameter(t.detach().clone(memory_format=torch.contiguous_format), requires_grad=False)
+    )
 
 
 def _snake_params(snake: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,8 +93,9 @@ class _KernelConvBase(nn.Module):
 
     alpha_keep_fp32 = inv_beta_keep_fp32 = True
 
-    def _init_epilogue(self, channels: int, act: str, snake: Any, affine: tuple | None, write_pre: bool,
-                       out_dtype: torch.dtype | None) -> None:
+    def _init_epilogue(
+        self, channels: int, act: str, snake: Any, affine: tuple | None, write_pre: bool, out_dtype: torch.dtype | None
+    ) -> None:
         if act not in ACTS:
             raise ConvBakeError(f"act must be one of {ACTS}, got {act!r}")
         if (act == "snake") != (snake is not None):
@@ -112,17 +116,28 @@ class _KernelConvBase(nn.Module):
         return self.scale, self.shift, self.alpha, self.inv_beta
 
     def extra_repr(self) -> str:
-        return (f"act={self.act}, write_pre={self.write_pre}, affine={self.scale is not None}, "
-                f"out_dtype={self.out_dtype}")
+        return (
+            f"act={self.act}, write_pre={self.write_pre}, affine={self.scale is not None}, out_dtype={self.out_dtype}"
+        )
 
 
 class KernelConv1d(_KernelConvBase):
     """`ttsaot::conv1d` (or `conv1d_dual` with write_pre) on x [B, T, Cin]: forward(x, residual=None) → out
     [B, T_out, Cout], or (pre, out)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, meta: ConvMeta, *, act: str = "none",
-                 snake: Any = None, affine: tuple | None = None, write_pre: bool = False,
-                 out_dtype: torch.dtype | None = None, precision: str = "ieee") -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        meta: ConvMeta,
+        *,
+        act: str = "none",
+        snake: Any = None,
+        affine: tuple | None = None,
+        write_pre: bool = False,
+        out_dtype: torch.dtype | None = None,
+        precision: str = "ieee",
+    ) -> None:
         super().__init__()
         if precision not in PRECISIONS:
             raise ConvBakeError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -137,17 +152,37 @@ class KernelConv1d(_KernelConvBase):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         m = self.meta
         op = torch.ops.ttsaot.conv1d_dual if self.write_pre else torch.ops.ttsaot.conv1d
-        return op(x, self.weight, self.bias, residual, *self._epilogue_args(), m.stride, m.dilation, m.left_pad,
-                  self.act, self.out_dtype, self.precision)
+        return op(
+            x,
+            self.weight,
+            self.bias,
+            residual,
+            *self._epilogue_args(),
+            m.stride,
+            m.dilation,
+            m.left_pad,
+            self.act,
+            self.out_dtype,
+            self.precision,
+        )
 
 
 class KernelConvTranspose1d(_KernelConvBase):
     """`ttsaot::conv_transpose1d(_dual)` on x [B, T, Cin] → [B, T·stride, Cout] (CausalConvTranspose1d's trimmed
     form)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, act: str = "none", snake: Any = None,
-                 affine: tuple | None = None, write_pre: bool = False, out_dtype: torch.dtype | None = None,
-                 precision: str = "ieee") -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        act: str = "none",
+        snake: Any = None,
+        affine: tuple | None = None,
+        write_pre: bool = False,
+        out_dtype: torch.dtype | None = None,
+        precision: str = "ieee",
+    ) -> None:
         super().__init__()
         if precision not in PRECISIONS:
             raise ConvBakeError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -162,17 +197,25 @@ class KernelConvTranspose1d(_KernelConvBase):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         op = torch.ops.ttsaot.conv_transpose1d_dual if self.write_pre else torch.ops.ttsaot.conv_transpose1d
-        return op(x, self.weight, self.bias, residual, *self._epilogue_args(), self.act, self.out_dtype,
-                  self.precision)
+        return op(x, self.weight, self.bias, residual, *self._epilogue_args(), self.act, self.out_dtype, self.precision)
 
 
 class KernelDwConv1d(_KernelConvBase):
     """`ttsaot::dwconv1d` on x [B, T, C]: causal depthwise conv (stride 1). No second output: where a skip must
     be kept, the chain writes the plain conv output and runs the snake separately."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dilation: int, left_pad: int, *,
-                 act: str = "none", snake: Any = None, affine: tuple | None = None,
-                 out_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        dilation: int,
+        left_pad: int,
+        *,
+        act: str = "none",
+        snake: Any = None,
+        affine: tuple | None = None,
+        out_dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.weight, self.bias, self.dilation, self.left_pad = _param(weight), _param(bias), dilation, left_pad
         self._init_epilogue(weight.shape[1], act, snake, affine, False, out_dtype)
@@ -183,8 +226,17 @@ class KernelDwConv1d(_KernelConvBase):
         return cls(w, b, dil, left, **epilogue)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        return torch.ops.ttsaot.dwconv1d(x, self.weight, self.bias, residual, *self._epilogue_args(),
-                                         self.dilation, self.left_pad, self.act, self.out_dtype)
+        return torch.ops.ttsaot.dwconv1d(
+            x,
+            self.weight,
+            self.bias,
+            residual,
+            *self._epilogue_args(),
+            self.dilation,
+            self.left_pad,
+            self.act,
+            self.out_dtype,
+        )
 
 
 class KernelConvNeXt(nn.Module):
@@ -235,7 +287,7 @@ class Opaque:
 
 @dataclass
 class _Tok:
-    kind: str            # conv | convT | dw | snake | res_begin | res_end | affine | act | opaque
+    kind: str  # conv | convT | dw | snake | res_begin | res_end | affine | act | opaque
     obj: Any = None
 
 
@@ -267,8 +319,10 @@ def _classify(item: Any) -> _Tok:
     if isinstance(inner, nn.Conv1d) and hasattr(item, "left_pad"):
         return _Tok("conv", item)
     if isinstance(item, nn.Module):
-        raise ConvBakeError(f"{type(item).__name__}: wrap modules the chain does not fuse in Opaque(module, layout) "
-                            "to say which layout they take")
+        raise ConvBakeError(
+            f"{type(item).__name__}: wrap modules the chain does not fuse in Opaque(module, layout) "
+            "to say which layout they take"
+        )
     raise ConvBakeError(f"unsupported chain item {type(item).__name__}")
 
 
@@ -294,14 +348,14 @@ class _Step(nn.Module):
     def forward(self, cur: torch.Tensor, skip: torch.Tensor | None):
         if self.kind == "kernel":
             y = self.mod(cur, skip if self.use_skip else None)
-            if isinstance(y, tuple):                       # dual output: (pre → skip, act → cur)
+            if isinstance(y, tuple):  # dual output: (pre → skip, act → cur)
                 return y[1], y[0]
             return y, (y if self.set_skip == "out" else skip)
         if self.kind == "set_skip":
             return cur, cur
         if self.kind == "add_skip":
             return cur + skip, skip
-        return self.mod(cur), skip                         # snake / affine / act / opaque / cast / layout
+        return self.mod(cur), skip  # snake / affine / act / opaque / cast / layout
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}, use_skip={self.use_skip}, set_skip={self.set_skip}"
@@ -363,7 +417,7 @@ class ChainPlan:
 
     @property
     def launches(self) -> int:
-        return sum(1 for s in self.steps if not s.startswith(("set_skip", "opaque", "to_ncl")))   # to_ncl: a view
+        return sum(1 for s in self.steps if not s.startswith(("set_skip", "opaque", "to_ncl")))  # to_ncl: a view
 
     @property
     def layout_changes(self) -> list[int]:
@@ -390,8 +444,14 @@ class FusedConvChain(nn.Module):
         return f"input_layout={self.input_layout}, output_layout={self.output_layout}"
 
 
-def fuse_conv_chain(items: Sequence[Any], *, input_layout: str = "NCL", output_layout: str = "NCL",
-                    out_dtype: torch.dtype | None = None, precision: str = "ieee") -> FusedConvChain:
+def fuse_conv_chain(
+    items: Sequence[Any],
+    *,
+    input_layout: str = "NCL",
+    output_layout: str = "NCL",
+    out_dtype: torch.dtype | None = None,
+    precision: str = "ieee",
+) -> FusedConvChain:
     """Compile a flat item list into fused channels-last kernel launches (see the module docstring). The chain
     takes x in `input_layout` and returns `output_layout` ("NCL" [B, C, T] or "NLC" [B, T, C]); `out_dtype` is the
     dtype of the chain's result (Qwen: fp32 after the clamp); `precision` is used by every fp32 GEMM conv."""
@@ -426,7 +486,7 @@ def fuse_conv_chain(items: Sequence[Any], *, input_layout: str = "NCL", output_l
                 act, j = toks[j].obj, j + 1
             set_skip = None
             if not need_pre and j < len(toks) and toks[j].kind == "res_begin":
-                set_skip, j = "out", j + 1              # the activated output itself is the next skip
+                set_skip, j = "out", j + 1  # the activated output itself is the next skip
             last = j >= len(toks)
             ep = dict(act=act, snake=snake, affine=affine, out_dtype=out_dtype if last else None)
             if t.kind == "conv":
@@ -436,9 +496,17 @@ def fuse_conv_chain(items: Sequence[Any], *, input_layout: str = "NCL", output_l
             else:
                 mod = KernelDwConv1d.from_conv(t.obj, **ep)
             steps.append(_Step(mod, "kernel", use_skip=use_skip, set_skip=set_skip))
-            parts = "".join(p for p, on in (("+skip", use_skip), ("+affine", affine is not None),
-                                               (f"+{act}", act != "none"), (", pre→skip", need_pre),
-                                               (", out→skip", set_skip is not None)) if on)
+            parts = "".join(
+                p
+                for p, on in (
+                    ("+skip", use_skip),
+                    ("+affine", affine is not None),
+                    (f"+{act}", act != "none"),
+                    (", pre→skip", need_pre),
+                    (", out→skip", set_skip is not None),
+                )
+                if on
+            )
             plan.steps.append(f"{t.kind}({parts.lstrip(', ')})" if parts else t.kind)
             i = j
             continue
@@ -503,7 +571,10 @@ def _is_layout_change(node: torch.fx.Node) -> bool:
             return sorted(int(d) % 3 for d in node.args[1:3]) == [1, 2]
         return True
     if name in ("contiguous", "clone", "_to_copy", "to") and node.kwargs.get("memory_format") not in (
-            None, torch.contiguous_format, torch.preserve_format):
+        None,
+        torch.contiguous_format,
+        torch.preserve_format,
+    ):
         return True
     return False
 
@@ -512,22 +583,40 @@ def conv_graph_report(ep: torch.export.ExportedProgram | torch.fx.GraphModule) -
     """See ConvGraphReport. Takes the program as `torch.export` gives it (before any CPU lowering)."""
     gm = ep.graph_module if isinstance(ep, torch.export.ExportedProgram) else ep
     nodes = list(gm.graph.nodes)
-    conv_idx = [i for i, n in enumerate(nodes) if n.op == "call_function"
-                and getattr(n.target, "namespace", None) == "ttsaot"
-                and getattr(n.target, "_opname", None) in CONV_OPS]
+    conv_idx = [
+        i
+        for i, n in enumerate(nodes)
+        if n.op == "call_function"
+        and getattr(n.target, "namespace", None) == "ttsaot"
+        and getattr(n.target, "_opname", None) in CONV_OPS
+    ]
     changes = [i for i, n in enumerate(nodes) if _is_layout_change(n)]
     names = [f"{n.name}: {n.target}" for n in nodes]
     if not conv_idx:
         return ConvGraphReport([], [], entry=[names[i] for i in changes])
     first, last = conv_idx[0], conv_idx[-1]
-    return ConvGraphReport([nodes[i].target._opname for i in conv_idx],
-                           [names[i] for i in changes if first < i < last],
-                           entry=[names[i] for i in changes if i < first],
-                           exit=[names[i] for i in changes if i > last])
+    return ConvGraphReport(
+        [nodes[i].target._opname for i in conv_idx],
+        [names[i] for i in changes if first < i < last],
+        entry=[names[i] for i in changes if i < first],
+        exit=[names[i] for i in changes if i > last],
+    )
 
 
 __all__ = [
-    "CONV_OPS", "LAYOUTS", "Affine", "ChainPlan", "ConvGraphReport", "FusedConvChain", "KernelConv1d",
-    "KernelConvNeXt", "KernelConvTranspose1d", "KernelDwConv1d", "Opaque", "Residual", "SnakeNLC",
-    "conv_graph_report", "fuse_conv_chain",
+    "CONV_OPS",
+    "LAYOUTS",
+    "Affine",
+    "ChainPlan",
+    "ConvGraphReport",
+    "FusedConvChain",
+    "KernelConv1d",
+    "KernelConvNeXt",
+    "KernelConvTranspose1d",
+    "KernelDwConv1d",
+    "Opaque",
+    "Residual",
+    "SnakeNLC",
+    "conv_graph_report",
+    "fuse_conv_chain",
 ]

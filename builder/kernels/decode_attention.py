@@ -37,8 +37,8 @@ from ..layers.rope import apply_rope_interleaved, apply_rope_neox
 from .common import HAVE_TRITON, cdiv, multiprocessor_count, next_power_of_2, rms_norm
 
 OP_NAME = "ttsaot::decode_attention"
-MIN_SPLIT = 64                 # fewest cache positions per program
-MAX_PROGRAMS_PER_SM = 8        # split size doubles until B·Hkv·splits fits in this many programs per SM
+MIN_SPLIT = 64  # fewest cache positions per program
+MAX_PROGRAMS_PER_SM = 8  # split size doubles until B·Hkv·splits fits in this many programs per SM
 COMBINE_CHUNK = 16
 
 
@@ -47,11 +47,20 @@ def _heads(qkv: torch.Tensor, k_cache: torch.Tensor) -> tuple[int, int, int]:
     return qkv.shape[1] // hd - 2 * hkv, hkv, hd
 
 
-def decode_attention_reference(qkv: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
-                               v_cache: torch.Tensor, layer: int, scale: float, cos: torch.Tensor | None = None,
-                               sin: torch.Tensor | None = None, rope_interleaved: bool = False,
-                               q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
-                               norm_eps: float = 1e-6) -> torch.Tensor:
+def decode_attention_reference(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    layer: int,
+    scale: float,
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
+    rope_interleaved: bool = False,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+) -> torch.Tensor:
     """The op in aten (writes the caches in place, like the kernel)."""
     hq, hkv, hd = _heads(qkv, k_cache)
     B, S, dt = qkv.shape[0], k_cache.shape[3], qkv.dtype
@@ -64,13 +73,17 @@ def decode_attention_reference(qkv: torch.Tensor, positions: torch.Tensor, k_cac
         c, s = cos[pos][:, None], sin[pos][:, None]
         q, k = rope(q.float(), c, s).to(dt), rope(k.float(), c, s).to(dt)
     dev = qkv.device
-    idx = (torch.full((1, 1), layer, dtype=torch.long, device=dev), torch.arange(B, device=dev)[:, None],
-           torch.arange(hkv, device=dev)[None, :], pos[:, None])
+    idx = (
+        torch.full((1, 1), layer, dtype=torch.long, device=dev),
+        torch.arange(B, device=dev)[:, None],
+        torch.arange(hkv, device=dev)[None, :],
+        pos[:, None],
+    )
     k_cache.index_put_(idx, k.to(k_cache.dtype))
     v_cache.index_put_(idx, v.to(v_cache.dtype))
-    kc, vc = k_cache[layer].float(), v_cache[layer].float()                         # [B, Hkv, S, hd]
+    kc, vc = k_cache[layer].float(), v_cache[layer].float()  # [B, Hkv, S, hd]
     qg = q.reshape(B, hkv, hq // hkv, hd).float()
-    scores = torch.matmul(qg, kc.transpose(-1, -2)) * scale                          # [B, Hkv, G, S]
+    scores = torch.matmul(qg, kc.transpose(-1, -2)) * scale  # [B, Hkv, G, S]
     visible = torch.arange(S, device=dev)[None, :] <= pos[:, None]
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     probs = scores.softmax(-1).to(dt).float()
@@ -82,42 +95,69 @@ def supports_head_dim(hd: int) -> bool:
     return hd >= 16 and hd & (hd - 1) == 0
 
 
-def _check(qkv: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layer: int,
-           cos: torch.Tensor | None, sin: torch.Tensor | None, rope_interleaved: bool,
-           q_norm: torch.Tensor | None, k_norm: torch.Tensor | None) -> None:
-    torch._check(k_cache.dim() == 5, lambda: f"decode_attention: caches must be [L, B, Hkv, S, hd], got "
-                                             f"{tuple(k_cache.shape)}")
-    torch._check(v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype,
-                 lambda: "decode_attention: k_cache and v_cache differ in shape or dtype")
-    torch._check(k_cache.is_contiguous() and v_cache.is_contiguous(), lambda: "decode_attention: caches must be "
-                                                                              "contiguous")
+def _check(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    layer: int,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    rope_interleaved: bool,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+) -> None:
+    torch._check(
+        k_cache.dim() == 5, lambda: f"decode_attention: caches must be [L, B, Hkv, S, hd], got {tuple(k_cache.shape)}"
+    )
+    torch._check(
+        v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype,
+        lambda: "decode_attention: k_cache and v_cache differ in shape or dtype",
+    )
+    torch._check(
+        k_cache.is_contiguous() and v_cache.is_contiguous(), lambda: "decode_attention: caches must be contiguous"
+    )
     L, B, hkv, S, hd = k_cache.shape
     torch._check(supports_head_dim(hd), lambda: f"decode_attention: head_dim {hd} is not a power of 2 ≥ 16")
-    torch._check(qkv.dim() == 2 and qkv.shape[0] == B and qkv.shape[1] % hd == 0 and qkv.stride(1) == 1,
-                 lambda: f"decode_attention: qkv must be [B={B}, (Hq + 2·Hkv)·{hd}] with contiguous rows, "
-                         f"got {tuple(qkv.shape)}")
+    torch._check(
+        qkv.dim() == 2 and qkv.shape[0] == B and qkv.shape[1] % hd == 0 and qkv.stride(1) == 1,
+        lambda: (
+            f"decode_attention: qkv must be [B={B}, (Hq + 2·Hkv)·{hd}] with contiguous rows, got {tuple(qkv.shape)}"
+        ),
+    )
     hq = qkv.shape[1] // hd - 2 * hkv
     torch._check(hq > 0 and hq % hkv == 0, lambda: f"decode_attention: {hq} query heads for {hkv} kv heads")
-    torch._check(k_cache.dtype in (torch.float32, torch.bfloat16)
-                 and (qkv.dtype == k_cache.dtype or qkv.dtype == torch.float32),
-                 lambda: f"decode_attention: qkv {qkv.dtype} and caches {k_cache.dtype} must share a float dtype "
-                         f"(or qkv fp32)")
-    torch._check(positions.shape == (B,) and positions.dtype in (torch.int64, torch.int32),
-                 lambda: f"decode_attention: positions must be [{B}] int64/int32")
+    torch._check(
+        k_cache.dtype in (torch.float32, torch.bfloat16) and (qkv.dtype == k_cache.dtype or qkv.dtype == torch.float32),
+        lambda: f"decode_attention: qkv {qkv.dtype} and caches {k_cache.dtype} must share a float dtype (or qkv fp32)",
+    )
+    torch._check(
+        positions.shape == (B,) and positions.dtype in (torch.int64, torch.int32),
+        lambda: f"decode_attention: positions must be [{B}] int64/int32",
+    )
     torch._check(0 <= layer < L, lambda: f"decode_attention: layer {layer} outside the cache's {L} layers")
     torch._check((cos is None) == (sin is None), lambda: "decode_attention: give cos and sin together")
     if cos is not None:
         width = hd // 2 if rope_interleaved else hd
         for t in (cos, sin):
-            torch._check(t.dim() == 2 and t.shape[0] >= S and t.shape[1] == width and t.dtype == torch.float32
-                         and t.is_contiguous(),
-                         lambda t=t: f"decode_attention: rope tables must be contiguous fp32 [≥ {S}, {width}], "
-                                     f"got {tuple(t.shape)} {t.dtype}")
+            torch._check(
+                t.dim() == 2
+                and t.shape[0] >= S
+                and t.shape[1] == width
+                and t.dtype == torch.float32
+                and t.is_contiguous(),
+                lambda t=t: (
+                    f"decode_attention: rope tables must be contiguous fp32 [≥ {S}, {width}], "
+                    f"got {tuple(t.shape)} {t.dtype}"
+                ),
+            )
     torch._check((q_norm is None) == (k_norm is None), lambda: "decode_attention: give q_norm and k_norm together")
     if q_norm is not None:
         for t in (q_norm, k_norm):
-            torch._check(t.shape == (hd,) and t.dtype == qkv.dtype,
-                         lambda: f"decode_attention: q/k norm weights must be [{hd}] in {qkv.dtype}")
+            torch._check(
+                t.shape == (hd,) and t.dtype == qkv.dtype,
+                lambda: f"decode_attention: q/k norm weights must be [{hd}] in {qkv.dtype}",
+            )
 
 
 def plan_split_size(cache_len: int, rows: int, multiprocessors: int) -> int:
@@ -134,13 +174,25 @@ def _identity(kernel: Any) -> Any:
     return kernel
 
 
-def launch_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
-                            v_cache: torch.Tensor, layer: int, scale: float, cos: torch.Tensor | None = None,
-                            sin: torch.Tensor | None = None, rope_interleaved: bool = False,
-                            q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
-                            norm_eps: float = 1e-6, *, wrap: Callable[[Any], Any] = _identity,
-                            split_size: int | None = None, block_s: int | None = None,
-                            config: dict | None = None) -> torch.Tensor:
+def launch_decode_attention(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    layer: int,
+    scale: float,
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
+    rope_interleaved: bool = False,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+    *,
+    wrap: Callable[[Any], Any] = _identity,
+    split_size: int | None = None,
+    block_s: int | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
     """Run the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1). `split_size` / `block_s` override the plan;
     `config` ({"num_warps", "num_stages"}) skips autotuning (interpreter tests, bench sweeps)."""
     from . import decode_attention_triton as kernels
@@ -161,13 +213,38 @@ def launch_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, k_cache:
         # functionalization of the kernel's writes under AOTInductor.
         part_o = part_ml = qkv
     rope = kernels.ROPE_NONE if cos is None else kernels.ROPE_INTERLEAVED if rope_interleaved else kernels.ROPE_NEOX
-    args = (qkv, positions, k_cache, v_cache, cos if cos is not None else qkv, sin if sin is not None else qkv,
-            q_norm if q_norm is not None else qkv, k_norm if k_norm is not None else qkv, o, part_o, part_ml,
-            layer, S, qkv.stride(0), B * hkv * S, split_size, num_splits, float(norm_eps),
-            float(scale) * kernels.LOG2E)
-    meta = dict(HQ=hq, HKV=hkv, HEAD_DIM=hd, G_PAD=max(16, next_power_of_2(hq // hkv)), ROPE=rope,
-                QK_NORM=q_norm is not None, SINGLE_SPLIT=num_splits == 1, BLOCK_S=block_s,
-                FP32_DOT=qkv.dtype == torch.float32 or qkv.device.type != "cuda")   # off-GPU = the interpreter
+    args = (
+        qkv,
+        positions,
+        k_cache,
+        v_cache,
+        cos if cos is not None else qkv,
+        sin if sin is not None else qkv,
+        q_norm if q_norm is not None else qkv,
+        k_norm if k_norm is not None else qkv,
+        o,
+        part_o,
+        part_ml,
+        layer,
+        S,
+        qkv.stride(0),
+        B * hkv * S,
+        split_size,
+        num_splits,
+        float(norm_eps),
+        float(scale) * kernels.LOG2E,
+    )
+    meta = dict(
+        HQ=hq,
+        HKV=hkv,
+        HEAD_DIM=hd,
+        G_PAD=max(16, next_power_of_2(hq // hkv)),
+        ROPE=rope,
+        QK_NORM=q_norm is not None,
+        SINGLE_SPLIT=num_splits == 1,
+        BLOCK_S=block_s,
+        FP32_DOT=qkv.dtype == torch.float32 or qkv.device.type != "cuda",
+    )  # off-GPU = the interpreter
     grid = (B * hkv, num_splits)
     if config is None:
         wrap(kernels.decode_attention_autotuned)[grid](*args, **meta)
@@ -175,42 +252,94 @@ def launch_decode_attention(qkv: torch.Tensor, positions: torch.Tensor, k_cache:
         wrap(kernels.decode_attention_kernel)[grid](*args, **meta, **config)
     if num_splits > 1:
         wrap(kernels.combine_splits_kernel)[(B * hq,)](
-            part_o, part_ml, positions, o, S, split_size, num_splits, HQ=hq, HEAD_DIM=hd, CHUNK=COMBINE_CHUNK)
+            part_o, part_ml, positions, o, S, split_size, num_splits, HQ=hq, HEAD_DIM=hd, CHUNK=COMBINE_CHUNK
+        )
     return o
 
 
 if HAVE_TRITON:
 
     @torch.library.triton_op(OP_NAME, mutates_args={"k_cache", "v_cache"})
-    def decode_attention(qkv: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         layer: int, scale: float, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
-                         rope_interleaved: bool = False, q_norm: torch.Tensor | None = None,
-                         k_norm: torch.Tensor | None = None, norm_eps: float = 1e-6) -> torch.Tensor:
+    def decode_attention(
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        layer: int,
+        scale: float,
+        cos: torch.Tensor | None = None,
+        sin: torch.Tensor | None = None,
+        rope_interleaved: bool = False,
+        q_norm: torch.Tensor | None = None,
+        k_norm: torch.Tensor | None = None,
+        norm_eps: float = 1e-6,
+    ) -> torch.Tensor:
         _check(qkv, positions, k_cache, v_cache, layer, cos, sin, rope_interleaved, q_norm, k_norm)
         if qkv.device.type != "cuda" or qkv.dtype != k_cache.dtype:
             # Also what a CPU compile traces (lower_for_cpu): aten ops, the cache write an in-place index_put_.
             # fp32 qkv over 16-bit caches: the builder's fp32 parity run of a bf16 stage (never a compiled bucket).
-            return decode_attention_reference(qkv, positions, k_cache, v_cache, layer, scale, cos, sin,
-                                              rope_interleaved, q_norm, k_norm, norm_eps)
-        return launch_decode_attention(qkv, positions, k_cache, v_cache, layer, scale, cos, sin, rope_interleaved,
-                                       q_norm, k_norm, norm_eps, wrap=torch.library.wrap_triton)
+            return decode_attention_reference(
+                qkv, positions, k_cache, v_cache, layer, scale, cos, sin, rope_interleaved, q_norm, k_norm, norm_eps
+            )
+        return launch_decode_attention(
+            qkv,
+            positions,
+            k_cache,
+            v_cache,
+            layer,
+            scale,
+            cos,
+            sin,
+            rope_interleaved,
+            q_norm,
+            k_norm,
+            norm_eps,
+            wrap=torch.library.wrap_triton,
+        )
 
 else:
     # Without Triton (CPU-only installs): a CompositeImplicitAutograd op. torch.export still keeps it as one node,
     # and `run_decompositions` inlines it into aten ops with any table (a plain mutating custom_op would survive
     # as auto_functionalized, i.e. a proxy-executor call that needs the op at serve time).
-    def _checked_reference(qkv, positions, k_cache, v_cache, layer, scale, cos=None, sin=None,
-                           rope_interleaved=False, q_norm=None, k_norm=None, norm_eps=1e-6):
+    def _checked_reference(
+        qkv,
+        positions,
+        k_cache,
+        v_cache,
+        layer,
+        scale,
+        cos=None,
+        sin=None,
+        rope_interleaved=False,
+        q_norm=None,
+        k_norm=None,
+        norm_eps=1e-6,
+    ):
         _check(qkv, positions, k_cache, v_cache, layer, cos, sin, rope_interleaved, q_norm, k_norm)
-        return decode_attention_reference(qkv, positions, k_cache, v_cache, layer, scale, cos, sin,
-                                          rope_interleaved, q_norm, k_norm, norm_eps)
+        return decode_attention_reference(
+            qkv, positions, k_cache, v_cache, layer, scale, cos, sin, rope_interleaved, q_norm, k_norm, norm_eps
+        )
 
     _LIB = torch.library.Library("ttsaot", "FRAGMENT")
-    _LIB.define("decode_attention" + torch.library.infer_schema(
-        decode_attention_reference, mutates_args={"k_cache", "v_cache"}))
+    _LIB.define(
+        "decode_attention" + torch.library.infer_schema(decode_attention_reference, mutates_args={"k_cache", "v_cache"})
+    )
     _LIB.impl("decode_attention", _checked_reference, "CompositeImplicitAutograd")
 
-    def decode_attention(qkv, positions, k_cache, v_cache, layer, scale, cos=None, sin=None,  # type: ignore[misc]
-                         rope_interleaved=False, q_norm=None, k_norm=None, norm_eps=1e-6):
-        return torch.ops.ttsaot.decode_attention(qkv, positions, k_cache, v_cache, layer, scale, cos, sin,
-                                                 rope_interleaved, q_norm, k_norm, norm_eps)
+    def decode_attention(
+        qkv,
+        positions,
+        k_cache,
+        v_cache,
+        layer,
+        scale,
+        cos=None,
+        sin=None,  # type: ignore[misc]
+        rope_interleaved=False,
+        q_norm=None,
+        k_norm=None,
+        norm_eps=1e-6,
+    ):
+        return torch.ops.ttsaot.decode_attention(
+            qkv, positions, k_cache, v_cache, layer, scale, cos, sin, rope_interleaved, q_norm, k_norm, norm_eps
+        )

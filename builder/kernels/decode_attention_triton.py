@@ -21,18 +21,30 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _norm_rope(x_ptr, rows, offs_d, row_mask, w_ptr, cos_ptr, sin_ptr, pos, eps,
-               QK_NORM: tl.constexpr, ROPE: tl.constexpr, HEAD_DIM: tl.constexpr):
+def _norm_rope(
+    x_ptr,
+    rows,
+    offs_d,
+    row_mask,
+    w_ptr,
+    cos_ptr,
+    sin_ptr,
+    pos,
+    eps,
+    QK_NORM: tl.constexpr,
+    ROPE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
     """Heads `rows` ([R] head offsets in elements) of the fused qkv row → [R, HEAD_DIM] in x's dtype: RMSNorm over
     the head (project rounding), then the rotation in fp32 with fp32 tables, cast back (as the eager `_rope`)."""
     dt = x_ptr.dtype.element_ty
     mask = row_mask[:, None]
     x = tl.load(x_ptr + rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
-    if ROPE == 1:      # NeoX rotate-half: partner d ± HEAD_DIM/2, −sin on the first half
+    if ROPE == 1:  # NeoX rotate-half: partner d ± HEAD_DIM/2, −sin on the first half
         offs_p = (offs_d + HEAD_DIM // 2) % HEAD_DIM
         sign = tl.where(offs_d < HEAD_DIM // 2, -1.0, 1.0)
         tab = pos * HEAD_DIM + offs_d
-    else:              # interleaved pairs (2i, 2i+1): partner d ^ 1, −sin on the even element, angle i = d // 2
+    else:  # interleaved pairs (2i, 2i+1): partner d ^ 1, −sin on the even element, angle i = d // 2
         offs_p = offs_d ^ 1
         sign = tl.where(offs_d % 2 == 0, -1.0, 1.0)
         tab = pos * (HEAD_DIM // 2) + offs_d // 2
@@ -53,13 +65,37 @@ def _norm_rope(x_ptr, rows, offs_d, row_mask, w_ptr, cos_ptr, sin_ptr, pos, eps,
     return x
 
 
-@triton.jit(do_not_specialize=["layer"])     # one compiled kernel for every layer index
-def decode_attention_kernel(qkv_ptr, pos_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, o_ptr,
-                            part_o_ptr, part_ml_ptr,
-                            layer, S, QKV_ROW, CACHE_LAYER, SPLIT_SIZE, NUM_SPLITS, eps, qk_scale,
-                            HQ: tl.constexpr, HKV: tl.constexpr, HEAD_DIM: tl.constexpr, G_PAD: tl.constexpr,
-                            ROPE: tl.constexpr, QK_NORM: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
-                            BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr):
+@triton.jit(do_not_specialize=["layer"])  # one compiled kernel for every layer index
+def decode_attention_kernel(
+    qkv_ptr,
+    pos_ptr,
+    kc_ptr,
+    vc_ptr,
+    cos_ptr,
+    sin_ptr,
+    qn_ptr,
+    kn_ptr,
+    o_ptr,
+    part_o_ptr,
+    part_ml_ptr,
+    layer,
+    S,
+    QKV_ROW,
+    CACHE_LAYER,
+    SPLIT_SIZE,
+    NUM_SPLITS,
+    eps,
+    qk_scale,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    G_PAD: tl.constexpr,
+    ROPE: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
     """Grid (B·HKV, NUM_SPLITS). qk_scale = softmax scale · log2(e) (the softmax runs in base 2). SINGLE_SPLIT
     (NUM_SPLITS == 1): the output is written directly, no partials. FP32_DOT: as in skinny_linear_triton."""
     # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
@@ -73,15 +109,28 @@ def decode_attention_kernel(qkv_ptr, pos_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, 
     h = pid % HKV
     dt = qkv_ptr.dtype.element_ty
     pos = tl.load(pos_ptr + b).to(tl.int32)
-    pos = tl.minimum(tl.maximum(pos, 0), S - 1)       # never write or read outside the cache
+    pos = tl.minimum(tl.maximum(pos, 0), S - 1)  # never write or read outside the cache
     offs_d = tl.arange(0, HEAD_DIM)
     offs_g = tl.arange(0, G_PAD)
     row = qkv_ptr + b.to(tl.int64) * QKV_ROW
-    q = _norm_rope(row, (h * G + offs_g) * HEAD_DIM, offs_d, offs_g < G, qn_ptr, cos_ptr, sin_ptr, pos, eps,
-                   QK_NORM, ROPE, HEAD_DIM)                                       # [G_PAD, HEAD_DIM]
+    q = _norm_rope(
+        row,
+        (h * G + offs_g) * HEAD_DIM,
+        offs_d,
+        offs_g < G,
+        qn_ptr,
+        cos_ptr,
+        sin_ptr,
+        pos,
+        eps,
+        QK_NORM,
+        ROPE,
+        HEAD_DIM,
+    )  # [G_PAD, HEAD_DIM]
     one = tl.arange(0, 1)
-    k_new = _norm_rope(row, (HQ + h) * HEAD_DIM + one, offs_d, one == 0, kn_ptr, cos_ptr, sin_ptr, pos, eps,
-                       QK_NORM, ROPE, HEAD_DIM)                                   # [1, HEAD_DIM]
+    k_new = _norm_rope(
+        row, (HQ + h) * HEAD_DIM + one, offs_d, one == 0, kn_ptr, cos_ptr, sin_ptr, pos, eps, QK_NORM, ROPE, HEAD_DIM
+    )  # [1, HEAD_DIM]
     v_new = tl.load(row + (HQ + HKV + h) * HEAD_DIM + one[:, None] + offs_d[None, :])
     # (layer, b, h, 0, 0). No `.to` on `layer`: Triton specialises an int argument equal to 1 into a constexpr
     # (a plain Python int), which has no `.to` (H100: every layer-1 launch failed to compile under AOTI).
@@ -94,7 +143,7 @@ def decode_attention_kernel(qkv_ptr, pos_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, 
     tl.store(v_base + pos * HEAD_DIM + offs_d[None, :], v_new, mask=writer)
 
     # Cached keys lo ≤ s < min(lo + SPLIT_SIZE, pos): plain loads → dot → online softmax (base 2).
-    m_i = tl.full([G_PAD], -1.0e30, dtype=tl.float32)     # finite: an empty split never computes −inf − (−inf)
+    m_i = tl.full([G_PAD], -1.0e30, dtype=tl.float32)  # finite: an empty split never computes −inf − (−inf)
     l_i = tl.zeros([G_PAD], dtype=tl.float32)
     acc = tl.zeros([G_PAD, HEAD_DIM], dtype=tl.float32)
     hi = tl.minimum(lo + SPLIT_SIZE, pos)
@@ -107,7 +156,7 @@ def decode_attention_kernel(qkv_ptr, pos_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, 
         if FP32_DOT:
             sc = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
         else:
-            sc = tl.dot(q, tl.trans(kt))                                        # [G_PAD, BLOCK_S] fp32
+            sc = tl.dot(q, tl.trans(kt))  # [G_PAD, BLOCK_S] fp32
         sc = tl.where(valid[None, :], sc * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, axis=1))
         alpha = tl.exp2(m_i - m_new)
@@ -121,7 +170,7 @@ def decode_attention_kernel(qkv_ptr, pos_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, 
         m_i = m_new
     # This token's key/value (position pos) from registers, in the split that holds pos. Other splits add
     # nothing (score −inf); a split past pos is inactive and stores nothing.
-    s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), axis=1) * qk_scale          # [G_PAD]
+    s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), axis=1) * qk_scale  # [G_PAD]
     s_new = tl.where(writer, s_new, float("-inf"))
     m_new = tl.maximum(m_i, s_new)
     alpha = tl.exp2(m_i - m_new)
@@ -134,19 +183,32 @@ def decode_attention_kernel(qkv_ptr, pos_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, 
     g_mask = (offs_g < G)[:, None]
     if SINGLE_SPLIT:
         o = acc / l_i[:, None]
-        tl.store(o_ptr + b.to(tl.int64) * (HQ * HEAD_DIM) + heads[:, None] * HEAD_DIM + offs_d[None, :],
-                 o.to(dt), mask=g_mask)
+        tl.store(
+            o_ptr + b.to(tl.int64) * (HQ * HEAD_DIM) + heads[:, None] * HEAD_DIM + offs_d[None, :],
+            o.to(dt),
+            mask=g_mask,
+        )
     else:
         active = lo <= pos
-        slot = (b * HQ + heads).to(tl.int64) * NUM_SPLITS + split                # [G_PAD]
+        slot = (b * HQ + heads).to(tl.int64) * NUM_SPLITS + split  # [G_PAD]
         tl.store(part_o_ptr + slot[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=g_mask & active)
         tl.store(part_ml_ptr + slot * 2, m_i, mask=(offs_g < G) & active)
         tl.store(part_ml_ptr + slot * 2 + 1, l_i, mask=(offs_g < G) & active)
 
 
 @triton.jit
-def combine_splits_kernel(part_o_ptr, part_ml_ptr, pos_ptr, o_ptr, S, SPLIT_SIZE, NUM_SPLITS,
-                          HQ: tl.constexpr, HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr):
+def combine_splits_kernel(
+    part_o_ptr,
+    part_ml_ptr,
+    pos_ptr,
+    o_ptr,
+    S,
+    SPLIT_SIZE,
+    NUM_SPLITS,
+    HQ: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
     """One program per (row, query head): merge the row's active splits (those at or before its position) in
     split order, CHUNK splits at a time (the running max first, then the weighted sums)."""
     pid = tl.program_id(0)
@@ -170,8 +232,7 @@ def combine_splits_kernel(part_o_ptr, part_ml_ptr, pos_ptr, o_ptr, S, SPLIT_SIZE
         lc = tl.load(part_ml_ptr + (base + offs_c) * 2 + 1, mask=act, other=0.0)
         w = tl.where(act, tl.exp2(mc - m_all), 0.0)
         denom += w * lc
-        part = tl.load(part_o_ptr + (base + offs_c)[:, None] * HEAD_DIM + offs_d[None, :], mask=act[:, None],
-                       other=0.0)
+        part = tl.load(part_o_ptr + (base + offs_c)[:, None] * HEAD_DIM + offs_d[None, :], mask=act[:, None], other=0.0)
         acc += tl.sum(part * w[:, None], axis=0)
     o = acc / tl.sum(denom, axis=0)
     tl.store(o_ptr + pid.to(tl.int64) * HEAD_DIM + offs_d, o.to(o_ptr.dtype.element_ty))
@@ -185,5 +246,6 @@ ATTENTION_CONFIGS = [
     triton.Config({}, num_warps=8, num_stages=2),
 ]
 decode_attention_autotuned = triton.autotune(
-    configs=ATTENTION_CONFIGS, key=["S", "SPLIT_SIZE", "HQ", "HKV", "BLOCK_S", "ROPE", "QK_NORM", "SINGLE_SPLIT"],
+    configs=ATTENTION_CONFIGS,
+    key=["S", "SPLIT_SIZE", "HQ", "HKV", "BLOCK_S", "ROPE", "QK_NORM", "SINGLE_SPLIT"],
 )(decode_attention_kernel)

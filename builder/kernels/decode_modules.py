@@ -49,9 +49,18 @@ class KernelAttention(nn.Module):
         self.q_norm, self.k_norm = attn.q_norm, attn.k_norm
         self.rope_interleaved = rope_interleaved
 
-    def decode_step(self, x: torch.Tensor, norm: RMSNorm, positions: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, layer: int, cos: torch.Tensor | None, sin: torch.Tensor | None,
-                    residual_scale: float = 1.0) -> torch.Tensor:
+    def decode_step(
+        self,
+        x: torch.Tensor,
+        norm: RMSNorm,
+        positions: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        layer: int,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        residual_scale: float = 1.0,
+    ) -> torch.Tensor:
         """x [B, D] → x + residual_scale · attention branch; this token's k/v written at (layer, b, :, positions[b]).
         cos/sin: the WHOLE fp32 tables [≥ cache positions, hd] (the op picks each row's position), or None."""
         qkv = skinny_linear(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps)
@@ -59,8 +68,20 @@ class KernelAttention(nn.Module):
         qk_eps = 1e-6
         if self.q_norm is not None:
             qn, kn, qk_eps = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
-        o = decode_attention(qkv, positions, k_cache, v_cache, layer, self.head_dim**-0.5, cos, sin,
-                             self.rope_interleaved, qn, kn, qk_eps)
+        o = decode_attention(
+            qkv,
+            positions,
+            k_cache,
+            v_cache,
+            layer,
+            self.head_dim**-0.5,
+            cos,
+            sin,
+            self.rope_interleaved,
+            qn,
+            kn,
+            qk_eps,
+        )
         return self.project_out(o, x, residual_scale)
 
     def project_qkv(self, x: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -68,9 +89,16 @@ class KernelAttention(nn.Module):
         RMSNorm its prologue), q/k norm applied, no rope (Attention.project_qkv of norm(x))."""
         return split_heads(self, skinny_linear(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps))
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor,
-               mask: torch.Tensor | None = None, is_causal: bool = False,
-               residual_scale: float = 1.0) -> torch.Tensor:
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        residual_scale: float = 1.0,
+    ) -> torch.Tensor:
         """Sequence form: x + residual_scale · o_proj(SDPA(q, k, v)) [B,T,D] (Attention.attend + the residual)."""
         return self.project_out(sdpa_gqa(q, k, v, mask, is_causal, self.head_dim**-0.5), x, residual_scale)
 
@@ -89,8 +117,7 @@ class KernelSwiGLU(nn.Module):
     def decode_step(self, x: torch.Tensor, norm: RMSNorm, residual_scale: float = 1.0) -> torch.Tensor:
         """x [..., D] (a step's [B, D], a sequence's [B, T, D]) → x + residual_scale · down(silu(gate)·up)(norm(x))."""
         h = skinny_linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, norm.weight, norm.eps, gated=True)
-        return skinny_linear(h, self.down_proj.weight, self.down_proj.bias, residual=x,
-                             residual_scale=residual_scale)
+        return skinny_linear(h, self.down_proj.weight, self.down_proj.bias, residual=x, residual_scale=residual_scale)
 
 
 class KernelLinear(nn.Module):

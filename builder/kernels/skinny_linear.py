@@ -42,12 +42,19 @@ GEMV_MAX_M = 2
 # kernels_phase1.json: 1.4-3.2x torch at M = 11..20, but 0.46-0.9x at the Fish fast_ar's M = 44 / 176).
 MAX_KERNEL_ROWS = 32
 MIN_SPLIT_K_CHUNK = 1024  # split-K never gives a program less than this much of K
-SPLIT_K_ALIGN = 512       # split boundaries are multiples of the largest BLOCK_K of the autotuned configs
+SPLIT_K_ALIGN = 512  # split boundaries are multiples of the largest BLOCK_K of the autotuned configs
 
 
-def skinny_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                            norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6, gated: bool = False,
-                            residual: torch.Tensor | None = None, residual_scale: float = 1.0) -> torch.Tensor:
+def skinny_linear_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+    gated: bool = False,
+    residual: torch.Tensor | None = None,
+    residual_scale: float = 1.0,
+) -> torch.Tensor:
     """The op in aten: the eager modules' own calls, in their order."""
     if norm_weight is not None:
         x = rms_norm(x, norm_weight, norm_eps)
@@ -64,25 +71,44 @@ def _out_features(weight: torch.Tensor, gated: bool) -> int:
     return weight.shape[0] // 2 if gated else weight.shape[0]
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
-           gated: bool, residual: torch.Tensor | None) -> None:
+def _check(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    norm_weight: torch.Tensor | None,
+    gated: bool,
+    residual: torch.Tensor | None,
+) -> None:
     torch._check(weight.dim() == 2, lambda: f"skinny_linear: weight must be [N, K], got {tuple(weight.shape)}")
-    torch._check(x.dim() >= 1 and x.shape[-1] == weight.shape[1],
-                 lambda: f"skinny_linear: x {tuple(x.shape)} does not end in K = {weight.shape[1]}")
-    torch._check(x.dtype in (torch.float32, torch.bfloat16) and weight.dtype == x.dtype,
-                 lambda: f"skinny_linear: x and weight must share a float dtype, got {x.dtype} / {weight.dtype}")
-    torch._check(weight.stride(1) == 1 and weight.stride(0) == weight.shape[1],
-                 lambda: "skinny_linear: weight must be contiguous (nn.Linear layout)")
-    torch._check(not gated or weight.shape[0] % 2 == 0,
-                 lambda: "skinny_linear: gated needs an even N (gate rows then up rows)")
+    torch._check(
+        x.dim() >= 1 and x.shape[-1] == weight.shape[1],
+        lambda: f"skinny_linear: x {tuple(x.shape)} does not end in K = {weight.shape[1]}",
+    )
+    torch._check(
+        x.dtype in (torch.float32, torch.bfloat16) and weight.dtype == x.dtype,
+        lambda: f"skinny_linear: x and weight must share a float dtype, got {x.dtype} / {weight.dtype}",
+    )
+    torch._check(
+        weight.stride(1) == 1 and weight.stride(0) == weight.shape[1],
+        lambda: "skinny_linear: weight must be contiguous (nn.Linear layout)",
+    )
+    torch._check(
+        not gated or weight.shape[0] % 2 == 0, lambda: "skinny_linear: gated needs an even N (gate rows then up rows)"
+    )
     n = weight.shape[0]
-    torch._check(bias is None or (bias.shape == (n,) and bias.dtype == x.dtype),
-                 lambda: f"skinny_linear: bias must be [{n}] in {x.dtype}")
-    torch._check(norm_weight is None or (norm_weight.shape == (x.shape[-1],) and norm_weight.dtype == x.dtype),
-                 lambda: f"skinny_linear: norm_weight must be [{x.shape[-1]}] in {x.dtype}")
+    torch._check(
+        bias is None or (bias.shape == (n,) and bias.dtype == x.dtype),
+        lambda: f"skinny_linear: bias must be [{n}] in {x.dtype}",
+    )
+    torch._check(
+        norm_weight is None or (norm_weight.shape == (x.shape[-1],) and norm_weight.dtype == x.dtype),
+        lambda: f"skinny_linear: norm_weight must be [{x.shape[-1]}] in {x.dtype}",
+    )
     out_shape = (*x.shape[:-1], _out_features(weight, gated))
-    torch._check(residual is None or (tuple(residual.shape) == out_shape and residual.dtype == x.dtype),
-                 lambda: f"skinny_linear: residual must be {list(out_shape)} in {x.dtype}")
+    torch._check(
+        residual is None or (tuple(residual.shape) == out_shape and residual.dtype == x.dtype),
+        lambda: f"skinny_linear: residual must be {list(out_shape)} in {x.dtype}",
+    )
 
 
 def plan_split_k(m: int, n_out: int, k: int, multiprocessors: int, use_dot: bool) -> int:
@@ -111,11 +137,21 @@ def kernel_rows(x: torch.Tensor) -> bool:
     return not isinstance(rows, int) or rows <= MAX_KERNEL_ROWS
 
 
-def launch_skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                         norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6, gated: bool = False,
-                         residual: torch.Tensor | None = None, residual_scale: float = 1.0, *,
-                         wrap: Callable[[Any], Any] = _identity, config: dict | None = None,
-                         split_k: int | None = None, use_dot: bool | None = None) -> torch.Tensor:
+def launch_skinny_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+    gated: bool = False,
+    residual: torch.Tensor | None = None,
+    residual_scale: float = 1.0,
+    *,
+    wrap: Callable[[Any], Any] = _identity,
+    config: dict | None = None,
+    split_k: int | None = None,
+    use_dot: bool | None = None,
+) -> torch.Tensor:
     """Run the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1). `config` ({"BLOCK_N", "BLOCK_K",
     "num_warps", "num_stages"}) skips autotuning (the interpreter tests and the bench's sweeps use it); `split_k`
     and `use_dot` override the plan."""
@@ -136,12 +172,31 @@ def launch_skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     k_split = cdiv(cdiv(k, split_k), align) * align
     split_k = cdiv(k, k_split)
     part = x2.new_empty((split_k, m, weight.shape[0]), dtype=torch.float32) if split_k > 1 else x2
-    flags = dict(HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, GATED=gated,
-                 HAS_RESIDUAL=residual is not None)
-    args = (x2, weight, bias if bias is not None else x2, norm_weight if norm_weight is not None else x2, r2, y,
-            part, m, n_out, k, k_split, float(norm_eps), float(residual_scale))
-    meta = dict(flags, SPLIT_K=split_k, USE_DOT=use_dot, BLOCK_M=block_m,
-                FP32_DOT=x.dtype == torch.float32 or x.device.type != "cuda")   # off-GPU = the interpreter
+    flags = dict(
+        HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, GATED=gated, HAS_RESIDUAL=residual is not None
+    )
+    args = (
+        x2,
+        weight,
+        bias if bias is not None else x2,
+        norm_weight if norm_weight is not None else x2,
+        r2,
+        y,
+        part,
+        m,
+        n_out,
+        k,
+        k_split,
+        float(norm_eps),
+        float(residual_scale),
+    )
+    meta = dict(
+        flags,
+        SPLIT_K=split_k,
+        USE_DOT=use_dot,
+        BLOCK_M=block_m,
+        FP32_DOT=x.dtype == torch.float32 or x.device.type != "cuda",
+    )  # off-GPU = the interpreter
 
     def grid(meta):
         return (cdiv(m, meta["BLOCK_M"]), cdiv(n_out, meta["BLOCK_N"]), split_k)
@@ -156,31 +211,46 @@ def launch_skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         epilogue = {k: v for k, v in flags.items() if k != "HAS_NORM"}
         bm = min(16, next_power_of_2(m))
         wrap(kernels.split_k_epilogue_kernel)[(cdiv(n_out, 128), cdiv(m, bm))](
-            part, args[2], r2, y, m, n_out, float(residual_scale), **epilogue, SPLIT_K=split_k, BLOCK_M=bm,
-            BLOCK_N=128)
+            part, args[2], r2, y, m, n_out, float(residual_scale), **epilogue, SPLIT_K=split_k, BLOCK_M=bm, BLOCK_N=128
+        )
     return y
 
 
 if HAVE_TRITON:
 
     @torch.library.triton_op(OP_NAME, mutates_args=())
-    def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                      norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6, gated: bool = False,
-                      residual: torch.Tensor | None = None, residual_scale: float = 1.0) -> torch.Tensor:
+    def skinny_linear(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        norm_weight: torch.Tensor | None = None,
+        norm_eps: float = 1e-6,
+        gated: bool = False,
+        residual: torch.Tensor | None = None,
+        residual_scale: float = 1.0,
+    ) -> torch.Tensor:
         _check(x, weight, bias, norm_weight, gated, residual)
         if x.device.type != "cuda" or not kernel_rows(x):
             # Also what a CPU compile traces (fake tensors): plain aten ops that Inductor's C++ backend fuses; and
             # on CUDA above MAX_KERNEL_ROWS, where Inductor's cuBLAS call + fused epilogue is faster.
             return skinny_linear_reference(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale)
-        return launch_skinny_linear(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale,
-                                    wrap=torch.library.wrap_triton)
+        return launch_skinny_linear(
+            x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale, wrap=torch.library.wrap_triton
+        )
 
 else:
 
     @torch.library.custom_op(OP_NAME, mutates_args=())
-    def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                      norm_weight: torch.Tensor | None = None, norm_eps: float = 1e-6, gated: bool = False,
-                      residual: torch.Tensor | None = None, residual_scale: float = 1.0) -> torch.Tensor:
+    def skinny_linear(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        norm_weight: torch.Tensor | None = None,
+        norm_eps: float = 1e-6,
+        gated: bool = False,
+        residual: torch.Tensor | None = None,
+        residual_scale: float = 1.0,
+    ) -> torch.Tensor:
         _check(x, weight, bias, norm_weight, gated, residual)
         return skinny_linear_reference(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale)
 

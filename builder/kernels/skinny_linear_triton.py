@@ -22,39 +22,71 @@ def _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.
     ss = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :],
-                    mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0).to(tl.float32)
+        x = tl.load(
+            x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0
+        ).to(tl.float32)
         ss += x * x
     return 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
 
 
 @triton.jit
-def _epilogue(acc, acc_up, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, y_ptr, N_OUT, scale,
-              HAS_BIAS: tl.constexpr, GATED: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+def _epilogue(
+    acc,
+    acc_up,
+    offs_m,
+    offs_n,
+    m_mask,
+    n_mask,
+    b_ptr,
+    r_ptr,
+    y_ptr,
+    N_OUT,
+    scale,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
     """fp32 accumulators [BLOCK_M, BLOCK_N] → y, rounding to y's dtype where eager bf16 ops round."""
     dt = y_ptr.dtype.element_ty
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         if GATED:
             acc_up += tl.load(b_ptr + N_OUT + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    y = acc.to(dt)                                           # F.linear's output
+    y = acc.to(dt)  # F.linear's output
     if GATED:
         g = y.to(tl.float32)
-        s = (g / (1.0 + tl.exp(-g))).to(dt)                  # F.silu(gate)
-        y = (s.to(tl.float32) * acc_up.to(dt).to(tl.float32)).to(dt)     # silu(gate) * up
+        s = (g / (1.0 + tl.exp(-g))).to(dt)  # F.silu(gate)
+        y = (s.to(tl.float32) * acc_up.to(dt).to(tl.float32)).to(dt)  # silu(gate) * up
     offs = offs_m[:, None] * N_OUT + offs_n[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
     if HAS_RESIDUAL:
         r = tl.load(r_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        branch = (y.to(tl.float32) * scale).to(dt)           # branch * scale (exact when scale == 1)
-        y = (r + branch.to(tl.float32)).to(dt)               # residual + branch
+        branch = (y.to(tl.float32) * scale).to(dt)  # branch * scale (exact when scale == 1)
+        y = (r + branch.to(tl.float32)).to(dt)  # residual + branch
     tl.store(y_ptr + offs, y, mask=mask)
 
 
 @triton.jit
-def _dot_loop(x_ptr, w_ptr, g_ptr, rstd, offs_m, offs_n, m_mask, n_mask, N_OUT, K, k_lo, k_hi,
-              HAS_NORM: tl.constexpr, GATED: tl.constexpr, FP32_DOT: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _dot_loop(
+    x_ptr,
+    w_ptr,
+    g_ptr,
+    rstd,
+    offs_m,
+    offs_n,
+    m_mask,
+    n_mask,
+    N_OUT,
+    K,
+    k_lo,
+    k_hi,
+    HAS_NORM: tl.constexpr,
+    GATED: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """Tensor-core form: [BLOCK_M, BLOCK_K] x tile · [BLOCK_N, BLOCK_K]ᵀ W tile per step (cp.async-pipelined)."""
     dt = x_ptr.dtype.element_ty
     w_rows = offs_n.to(tl.int64) * K
@@ -64,12 +96,11 @@ def _dot_loop(x_ptr, w_ptr, g_ptr, rstd, offs_m, offs_n, m_mask, n_mask, N_OUT, 
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_hi
-        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :],
-                    other=0.0)
+        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         if HAS_NORM:
             gw = tl.load(g_ptr + offs_k, mask=k_mask, other=0.0)
-            x = (x.to(tl.float32) * rstd[:, None]).to(dt)                    # normalised, cast back
-            x = (gw.to(tl.float32)[None, :] * x.to(tl.float32)).to(dt)       # × weight in x's dtype
+            x = (x.to(tl.float32) * rstd[:, None]).to(dt)  # normalised, cast back
+            x = (gw.to(tl.float32)[None, :] * x.to(tl.float32)).to(dt)  # × weight in x's dtype
         w_mask = n_mask[:, None] & k_mask[None, :]
         w = tl.load(w_ptr + w_rows[:, None] + offs_k[None, :], mask=w_mask, other=0.0)
         if FP32_DOT:
@@ -86,9 +117,24 @@ def _dot_loop(x_ptr, w_ptr, g_ptr, rstd, offs_m, offs_n, m_mask, n_mask, N_OUT, 
 
 
 @triton.jit
-def _fma_loop(x_ptr, w_ptr, g_ptr, rstd, offs_m, offs_n, M, N_OUT, K, k_lo, k_hi,
-              HAS_NORM: tl.constexpr, GATED: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _fma_loop(
+    x_ptr,
+    w_ptr,
+    g_ptr,
+    rstd,
+    offs_m,
+    offs_n,
+    M,
+    N_OUT,
+    K,
+    k_lo,
+    k_hi,
+    HAS_NORM: tl.constexpr,
+    GATED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """GEMV form: elementwise FMA into a [BLOCK_M, BLOCK_N, BLOCK_K] fp32 accumulator, reduced over K once at the
     end. x and W are loaded straight in that 3-D layout ([BLOCK_M, 1, BLOCK_K], [1, BLOCK_N, BLOCK_K]) so no tile
     goes through shared memory on the way to the FMAs."""
@@ -122,12 +168,31 @@ def _fma_loop(x_ptr, w_ptr, g_ptr, rstd, offs_m, offs_n, M, N_OUT, K, k_lo, k_hi
 
 
 @triton.jit
-def skinny_linear_kernel(x_ptr, w_ptr, b_ptr, g_ptr, r_ptr, y_ptr, part_ptr,
-                         M, N_OUT, K, K_SPLIT, eps, scale,
-                         HAS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
-                         HAS_RESIDUAL: tl.constexpr, SPLIT_K: tl.constexpr, USE_DOT: tl.constexpr,
-                         FP32_DOT: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def skinny_linear_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    g_ptr,
+    r_ptr,
+    y_ptr,
+    part_ptr,
+    M,
+    N_OUT,
+    K,
+    K_SPLIT,
+    eps,
+    scale,
+    HAS_NORM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """Grid (cdiv(M, BLOCK_M), cdiv(N_OUT, BLOCK_N), SPLIT_K): the row tiles of one W block are neighbours in
     launch order, so with several row tiles W is read from HBM once and from L2 after. USE_DOT: tensor-core
     `tl.dot` on a BLOCK_M ≥ 16 tile (rows past M masked); otherwise the FMA (GEMV) form, for BLOCK_M = M ≤ 2.
@@ -152,14 +217,62 @@ def skinny_linear_kernel(x_ptr, w_ptr, b_ptr, g_ptr, r_ptr, y_ptr, part_ptr,
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     if USE_DOT:
-        acc, acc_up = _dot_loop(x_ptr, w_ptr, g_ptr, rstd, offs_m, offs_n, m_mask, n_mask, N_OUT, K, k_lo, k_hi,
-                                HAS_NORM, GATED, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
+        acc, acc_up = _dot_loop(
+            x_ptr,
+            w_ptr,
+            g_ptr,
+            rstd,
+            offs_m,
+            offs_n,
+            m_mask,
+            n_mask,
+            N_OUT,
+            K,
+            k_lo,
+            k_hi,
+            HAS_NORM,
+            GATED,
+            FP32_DOT,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
     else:
-        acc, acc_up = _fma_loop(x_ptr, w_ptr, g_ptr, rstd, offs_m, offs_n, M, N_OUT, K, k_lo, k_hi,
-                                HAS_NORM, GATED, BLOCK_M, BLOCK_N, BLOCK_K)
+        acc, acc_up = _fma_loop(
+            x_ptr,
+            w_ptr,
+            g_ptr,
+            rstd,
+            offs_m,
+            offs_n,
+            M,
+            N_OUT,
+            K,
+            k_lo,
+            k_hi,
+            HAS_NORM,
+            GATED,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
     if SPLIT_K == 1:
-        _epilogue(acc, acc_up, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, y_ptr, N_OUT, scale,
-                  HAS_BIAS, GATED, HAS_RESIDUAL)
+        _epilogue(
+            acc,
+            acc_up,
+            offs_m,
+            offs_n,
+            m_mask,
+            n_mask,
+            b_ptr,
+            r_ptr,
+            y_ptr,
+            N_OUT,
+            scale,
+            HAS_BIAS,
+            GATED,
+            HAS_RESIDUAL,
+        )
     else:
         n_acc = N_OUT * 2 if GATED else N_OUT
         base = part_ptr + (pid_k * M + offs_m)[:, None] * n_acc + offs_n[None, :]
@@ -170,12 +283,24 @@ def skinny_linear_kernel(x_ptr, w_ptr, b_ptr, g_ptr, r_ptr, y_ptr, part_ptr,
 
 
 @triton.jit
-def split_k_epilogue_kernel(part_ptr, b_ptr, r_ptr, y_ptr, M, N_OUT, scale,
-                            HAS_BIAS: tl.constexpr, GATED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                            SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def split_k_epilogue_kernel(
+    part_ptr,
+    b_ptr,
+    r_ptr,
+    y_ptr,
+    M,
+    N_OUT,
+    scale,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """Sum the SPLIT_K partials in split order, then the same epilogue. Grid (cdiv(N_OUT, BLOCK_N),
     cdiv(M, BLOCK_M))."""
-    scale = tl.cast(scale, tl.float32)     # fp32 whatever the caller passes (AOTI passes floats as fp64)
+    scale = tl.cast(scale, tl.float32)  # fp32 whatever the caller passes (AOTI passes floats as fp64)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
@@ -189,8 +314,9 @@ def split_k_epilogue_kernel(part_ptr, b_ptr, r_ptr, y_ptr, M, N_OUT, scale,
         acc += tl.load(base, mask=mask, other=0.0)
         if GATED:
             acc_up += tl.load(base + N_OUT, mask=mask, other=0.0)
-    _epilogue(acc, acc_up, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, y_ptr, N_OUT, scale,
-              HAS_BIAS, GATED, HAS_RESIDUAL)
+    _epilogue(
+        acc, acc_up, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, y_ptr, N_OUT, scale, HAS_BIAS, GATED, HAS_RESIDUAL
+    )
 
 
 # Tuned per bucket at AOTI compile time on the build GPU (one config is baked into each package); the bench

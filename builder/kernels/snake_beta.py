@@ -60,8 +60,7 @@ if HAVE_TRITON:
         # For 16-bit outputs the accurate sinf makes the kernel compute-bound (68% of copy bandwidth in bf16 on an
         # H200): reduce to [-pi, pi] in fp32, then the SFU's sin.approx (abs error ~1e-6, far below bf16's 4e-3).
         r = t - 6.283185307179586 * tl.extra.cuda.libdevice.rint(t * 0.15915494309189535)
-        return tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [r], dtype=tl.float32,
-                                         is_pure=True, pack=1)
+        return tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [r], dtype=tl.float32, is_pure=True, pack=1)
 
     @triton.jit
     def _snake_beta_jit(x_ptr, a_ptr, ib_ptr, y_ptr, C, T, BLOCK: tl.constexpr, FAST_SIN: tl.constexpr):
@@ -85,8 +84,9 @@ if HAVE_TRITON:
         tl.store(y_ptr + base + offs, y.to(x.dtype), mask=mask)
 
     @triton.jit(do_not_specialize=["ROWS"])
-    def _snake_beta_nlc_jit(x_ptr, a_ptr, ib_ptr, y_ptr, ROWS, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                            FAST_SIN: tl.constexpr):
+    def _snake_beta_nlc_jit(
+        x_ptr, a_ptr, ib_ptr, y_ptr, ROWS, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, FAST_SIN: tl.constexpr
+    ):
         # [rows = B·T, C] tiles: the per-channel scalars are one vector per program, rows stream contiguously.
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -104,14 +104,21 @@ if HAVE_TRITON:
         tl.store(y_ptr + off, (xf + ib[None, :] * s * s).to(x.dtype), mask=mask)
 
     _snake_beta_nlc_kernel = triton.autotune(
-        configs=[triton.Config({"BLOCK_R": 32, "BLOCK_C": 128}, num_warps=4),
-                 triton.Config({"BLOCK_R": 64, "BLOCK_C": 64}, num_warps=4),
-                 triton.Config({"BLOCK_R": 128, "BLOCK_C": 32}, num_warps=4)],
+        configs=[
+            triton.Config({"BLOCK_R": 32, "BLOCK_C": 128}, num_warps=4),
+            triton.Config({"BLOCK_R": 64, "BLOCK_C": 64}, num_warps=4),
+            triton.Config({"BLOCK_R": 128, "BLOCK_C": 32}, num_warps=4),
+        ],
         key=["ROWS", "C"],
     )(_snake_beta_nlc_jit)
 
-    def launch_snake_beta_nlc_kernel(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor,
-                                     wrap=lambda k: k, block: tuple[int, int] | None = None) -> torch.Tensor:
+    def launch_snake_beta_nlc_kernel(
+        x: torch.Tensor,
+        alpha: torch.Tensor,
+        inv_beta: torch.Tensor,
+        wrap=lambda k: k,
+        block: tuple[int, int] | None = None,
+    ) -> torch.Tensor:
         """x [B, T, C]; `block` = (rows, channels) skips autotuning (interpreter tests)."""
         x = x.contiguous()
         B, T, C = x.shape
@@ -125,7 +132,8 @@ if HAVE_TRITON:
             wrap(_snake_beta_nlc_kernel)[grid](x, alpha, inv_beta, y, B * T, C, FAST_SIN=fast_sin)
         else:
             _snake_beta_nlc_jit[grid({"BLOCK_R": block[0], "BLOCK_C": block[1]})](
-                x, alpha, inv_beta, y, B * T, C, BLOCK_R=block[0], BLOCK_C=block[1], FAST_SIN=fast_sin)
+                x, alpha, inv_beta, y, B * T, C, BLOCK_R=block[0], BLOCK_C=block[1], FAST_SIN=fast_sin
+            )
         return y
 
     # Tuned per bucket at AOTI compile time on the compile GPU (one config is baked into each package).
@@ -138,8 +146,9 @@ if HAVE_TRITON:
         key=["T"],
     )(_snake_beta_jit)
 
-    def launch_snake_beta_kernel(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor,
-                                 wrap=lambda k: k, block: int | None = None) -> torch.Tensor:
+    def launch_snake_beta_kernel(
+        x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor, wrap=lambda k: k, block: int | None = None
+    ) -> torch.Tensor:
         """Launch the Triton kernel. `block` skips autotuning: the TRITON_INTERPRET=1 tests on CPU use it,
         since the autotuner's benchmark needs a GPU driver."""
         x = x.contiguous()
@@ -149,7 +158,7 @@ if HAVE_TRITON:
         def grid(meta):
             return (B * C, triton.cdiv(T, meta["BLOCK"]))
 
-        fast_sin = x.dtype != torch.float32 and x.device.type == "cuda"   # fp32 keeps the accurate sinf
+        fast_sin = x.dtype != torch.float32 and x.device.type == "cuda"  # fp32 keeps the accurate sinf
         if block is None:
             wrap(_snake_beta_kernel)[grid](x, alpha, inv_beta, y, C, T, FAST_SIN=fast_sin)
         else:
@@ -201,5 +210,13 @@ else:
 # see decompositions.py) stays importable from here for export.py / onnx_export.py.
 register_cpu_decomposition(torch.ops.ttsaot.snake_beta.default, snake_beta_reference)
 register_cpu_decomposition(torch.ops.ttsaot.snake_beta_nlc.default, snake_beta_nlc_reference)
-__all__ = ["CPU_DECOMPOSITIONS", "HAVE_TRITON", "launch_snake_beta_kernel", "launch_snake_beta_nlc_kernel",
-           "snake_beta", "snake_beta_nlc", "snake_beta_nlc_reference", "snake_beta_reference"]
+__all__ = [
+    "CPU_DECOMPOSITIONS",
+    "HAVE_TRITON",
+    "launch_snake_beta_kernel",
+    "launch_snake_beta_nlc_kernel",
+    "snake_beta",
+    "snake_beta_nlc",
+    "snake_beta_nlc_reference",
+    "snake_beta_reference",
+]

@@ -14,8 +14,16 @@ from .norms import RMSNorm
 
 
 class Attention(nn.Module):
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, bias: bool = False,
-                 qk_norm_eps: float | None = None, fused_qkv: bool = False) -> None:
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        bias: bool = False,
+        qk_norm_eps: float | None = None,
+        fused_qkv: bool = False,
+    ) -> None:
         """fused_qkv: the checkpoint already stores one [q;k;v] matrix (Fish `wqkv`): build `qkv_proj` only and
         load it directly (rows q ∣ k ∣ v, contiguous, not per-head interleaved)."""
         super().__init__()
@@ -46,8 +54,9 @@ class Attention(nn.Module):
             return split_heads(self, self.qkv_proj(x))
         return to_heads(self, self.q_proj(x), self.k_proj(x), self.v_proj(x))
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               mask: torch.Tensor | None, is_causal: bool = False) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool = False
+    ) -> torch.Tensor:
         """SDPA with GQA expansion; returns [B,T,H·hd] after o_proj."""
         return self.o_proj(sdpa_gqa(q, k, v, mask, is_causal, self.head_dim**-0.5))
 
@@ -59,8 +68,9 @@ def split_heads(attn: Attention | nn.Module, qkv: torch.Tensor) -> tuple[torch.T
     return to_heads(attn, *qkv.split((q_width, kv_width, kv_width), dim=-1))
 
 
-def to_heads(attn: Attention | nn.Module, q: torch.Tensor, k: torch.Tensor,
-             v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def to_heads(
+    attn: Attention | nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q [B,T,H·hd], k/v [B,T,Hkv·hd] → q [B,H,T,hd], k/v [B,Hkv,T,hd], q/k norm applied (no rope)."""
     B, T, _ = q.shape
     q = q.view(B, T, attn.n_heads, attn.head_dim)
@@ -71,8 +81,9 @@ def to_heads(attn: Attention | nn.Module, q: torch.Tensor, k: torch.Tensor,
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 
-def sdpa_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
-             scale: float) -> torch.Tensor:
+def sdpa_gqa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool, scale: float
+) -> torch.Tensor:
     """SDPA over q [B,H,T,hd], k/v [B,Hkv,S,hd] (kv heads repeated to H) → [B,T,H·hd], before o_proj."""
     n_heads, n_kv_heads = q.shape[1], k.shape[1]
     if n_kv_heads != n_heads:

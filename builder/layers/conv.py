@@ -12,8 +12,9 @@ class CausalConv1d(nn.Module):
 
     Output length is ceil(T / stride): the reference pads the right edge up to a whole number of strides."""
 
-    def __init__(self, cin: int, cout: int, kernel: int, stride: int = 1, dilation: int = 1,
-                 groups: int = 1, bias: bool = True) -> None:
+    def __init__(
+        self, cin: int, cout: int, kernel: int, stride: int = 1, dilation: int = 1, groups: int = 1, bias: bool = True
+    ) -> None:
         super().__init__()
         self.conv = nn.Conv1d(cin, cout, kernel, stride=stride, dilation=dilation, groups=groups, bias=bias)
         self.stride = stride

@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 
 
-def rope_table(head_dim: int, max_positions: int, theta: float,
-               scale_factors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_table(
+    head_dim: int, max_positions: int, theta: float, scale_factors: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape [max_positions, head_dim] in the NeoX (rotate-half) layout: freqs repeated twice.
 
     `scale_factors` ([head_dim/2]) divides the inverse frequencies (LongRoPE short factors)."""
@@ -41,8 +42,9 @@ def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     return out.flatten(-2)
 
 
-def rope_table_interleaved(head_dim: int, max_positions: int, theta: float,
-                           round_to: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_table_interleaved(
+    head_dim: int, max_positions: int, theta: float, round_to: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape [max_positions, head_dim/2] for `apply_rope_interleaved` (one angle per pair).
 
     `round_to=torch.bfloat16` rounds the fp32 tables to bf16 precision (kept as fp32 values): vLLM-Omni does this

@@ -23,14 +23,25 @@ ROPE_STYLES = ("neox", "interleaved")
 
 
 class DecoderBlock(nn.Module):
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, ffn_dim: int, eps: float,
-                 qk_norm: bool, rope_style: str, fused_qkv: bool = False) -> None:
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        ffn_dim: int,
+        eps: float,
+        qk_norm: bool,
+        rope_style: str,
+        fused_qkv: bool = False,
+    ) -> None:
         super().__init__()
         if rope_style not in ROPE_STYLES:
             raise ValueError(f"rope_style {rope_style!r} not in {ROPE_STYLES}")
         self.rope_style = rope_style
-        self.self_attn = Attention(dim, n_heads, n_kv_heads, head_dim, qk_norm_eps=eps if qk_norm else None,
-                                   fused_qkv=fused_qkv)
+        self.self_attn = Attention(
+            dim, n_heads, n_kv_heads, head_dim, qk_norm_eps=eps if qk_norm else None, fused_qkv=fused_qkv
+        )
         self.mlp = SwiGLU(dim, ffn_dim)
         self.input_layernorm = RMSNorm(dim, eps)
         self.post_attention_layernorm = RMSNorm(dim, eps)
@@ -42,8 +53,9 @@ class DecoderBlock(nn.Module):
         # Fish: rotation in fp32 (tables already rounded to bf16 precision), cast back.
         return apply_rope_interleaved(x.float(), cos.float(), sin.float()).to(x.dtype)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                past: KV | None = None) -> tuple[torch.Tensor, KV]:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past: KV | None = None
+    ) -> tuple[torch.Tensor, KV]:
         """x [B,T,D] at positions P..P+T-1 (cos/sin already sliced to them); past = k, v [B,Hkv,P,hd] or None.
 
         Causal: with no past the T positions attend causally; with a past, T must be 1 (one new position sees

@@ -26,5 +26,8 @@ def bake_snake(module: nn.Module) -> dict[str, Any]:
     before = count_parameters(module)["params"]
     n = _replace(module, SnakeBeta, lambda m: BakedSnakeBeta.from_log_scale(m.alpha, m.beta))
     n += _replace(module, Snake1d, lambda m: BakedSnakeBeta.from_linear(m.alpha))
-    return {"pass": "bake_snake", "replaced": n,
-            "folded": {"snake α/β into baked scalars": before - count_parameters(module)["params"]}}
+    return {
+        "pass": "bake_snake",
+        "replaced": n,
+        "folded": {"snake α/β into baked scalars": before - count_parameters(module)["params"]},
+    }

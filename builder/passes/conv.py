@@ -25,7 +25,7 @@ class ShiftDepthwiseConv1d(nn.Module):
     def __init__(self, conv: CausalConv1d) -> None:
         super().__init__()
         c = conv.conv
-        self.weight = nn.Parameter(c.weight.detach().clone(), requires_grad=False)   # [C, 1, K]
+        self.weight = nn.Parameter(c.weight.detach().clone(), requires_grad=False)  # [C, 1, K]
         self.bias = nn.Parameter(c.bias.detach().clone(), requires_grad=False) if c.bias is not None else None
         self.kernel = c.kernel_size[0]
         self.dilation = c.dilation[0]
@@ -38,7 +38,7 @@ class ShiftDepthwiseConv1d(nn.Module):
         acc = xp[..., 0:T] * w[:, 0:1]
         for k in range(1, self.kernel):
             o = k * self.dilation
-            acc = acc + xp[..., o:o + T] * w[:, k:k + 1]
+            acc = acc + xp[..., o : o + T] * w[:, k : k + 1]
         if self.bias is not None:
             acc = acc + self.bias[:, None]
         return acc
@@ -48,8 +48,13 @@ def _is_depthwise(m: nn.Module) -> bool:
     if not isinstance(m, CausalConv1d):
         return False
     c = m.conv
-    return (c.groups == c.in_channels == c.out_channels and c.stride[0] == 1 and c.kernel_size[0] <= MAX_SHIFT_KERNEL
-            and not isinstance(c.padding, str) and c.padding[0] == 0)
+    return (
+        c.groups == c.in_channels == c.out_channels
+        and c.stride[0] == 1
+        and c.kernel_size[0] <= MAX_SHIFT_KERNEL
+        and not isinstance(c.padding, str)
+        and c.padding[0] == 0
+    )
 
 
 def depthwise_conv_as_shifts(module: nn.Module) -> dict[str, Any]:
@@ -62,8 +67,9 @@ def depthwise_conv_as_shifts(module: nn.Module) -> dict[str, Any]:
     return {"pass": "depthwise_conv_as_shifts", "replaced": n}
 
 
-def install_channels_last(m: nn.Module, make_body: Callable[[], nn.Module], replaced: Sequence[str],
-                          precision: str) -> dict[str, Any]:
+def install_channels_last(
+    m: nn.Module, make_body: Callable[[], nn.Module], replaced: Sequence[str], precision: str
+) -> dict[str, Any]:
     """The one way a codec's kernel pass installs its channels-last body (builder/kernels/conv_modules.py): the body
     is built from `m`'s faithful submodules, which then leave `m` (`replaced`; none is kept twice) and `m` runs
     `m.channels_last`. The report lists the fused chain's plan; the parameter count changes only by the layout of
@@ -75,6 +81,11 @@ def install_channels_last(m: nn.Module, make_body: Callable[[], nn.Module], repl
             delattr(m, name)
     m.channels_last = body
     plan = body.chain.plan
-    return {"pass": "channels_last_kernels", "precision": precision, "launches": plan.launches,
-            "layout_changes": [plan.steps[i] for i in plan.layout_changes], "plan": plan.steps,
-            "folded": {"conv weights re-laid out for the kernels": before - count_parameters(m)["params"]}}
+    return {
+        "pass": "channels_last_kernels",
+        "precision": precision,
+        "launches": plan.launches,
+        "layout_changes": [plan.steps[i] for i in plan.layout_changes],
+        "plan": plan.steps,
+        "folded": {"conv weights re-laid out for the kernels": before - count_parameters(m)["params"]},
+    }

@@ -19,10 +19,14 @@ def snr_db(rel: float) -> float:
     return math.inf if rel == 0 else -20.0 * math.log10(rel)
 
 
-def measure_numerics(record: dict[str, Any], dtype: torch.dtype,
-                     make_inputs: Callable[[dict[str, int], torch.Generator], dict[str, torch.Tensor]],
-                     sizes: dict[str, int], prepare: Callable[[nn.Module], Any] | None = None,
-                     seed: int = 0) -> Callable[[nn.Module], dict[str, Any]]:
+def measure_numerics(
+    record: dict[str, Any],
+    dtype: torch.dtype,
+    make_inputs: Callable[[dict[str, int], torch.Generator], dict[str, torch.Tensor]],
+    sizes: dict[str, int],
+    prepare: Callable[[nn.Module], Any] | None = None,
+    seed: int = 0,
+) -> Callable[[nn.Module], dict[str, Any]]:
     """A pass that runs the module as the passes left it in fp32, and a copy rewritten by `prepare` (the stage's
     kernel pass) cast to `dtype`, on one input (make_inputs(sizes), seeded), and writes the relative error and SNR
     of the first output into `record` (the stage's metadata["numerics"]: manifest and `inspect`) under "measured".
@@ -47,14 +51,19 @@ def measure_numerics(record: dict[str, Any], dtype: torch.dtype,
         ref = ref[0] if isinstance(ref, tuple) else ref
         low = low[0] if isinstance(low, tuple) else low
         rel = rel_error(low.float(), ref.float())
-        measured = {"rel_error": float(f"{rel:.4g}"), "snr_db": round(snr_db(rel), 2) if rel > 0 else None,
-                    "device": "cpu",
-                    "inputs": dict(sizes), "against": "the fp32 stage module (same weights)",
-                    "module": "conv kernels (CPU references)" if prepare is not None else "stage module"}
+        measured = {
+            "rel_error": float(f"{rel:.4g}"),
+            "snr_db": round(snr_db(rel), 2) if rel > 0 else None,
+            "device": "cpu",
+            "inputs": dict(sizes),
+            "against": "the fp32 stage module (same weights)",
+            "module": "conv kernels (CPU references)" if prepare is not None else "stage module",
+        }
         crit = record.get("criterion") or {}
         if crit:
-            record["meets_criterion"] = (snr_db(rel) >= crit.get("snr_db_min", -math.inf)
-                                         and rel <= crit.get("rel_error_max", math.inf))
+            record["meets_criterion"] = snr_db(rel) >= crit.get("snr_db_min", -math.inf) and rel <= crit.get(
+                "rel_error_max", math.inf
+            )
         record["measured"] = measured
         return {"pass": "measure_numerics", **measured}
 

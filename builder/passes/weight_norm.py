@@ -58,5 +58,8 @@ def bake_weight_norm(module: nn.Module) -> dict[str, Any]:
         elif hasattr(sub, "weight_g") and hasattr(sub, "weight_v"):
             nn.utils.remove_weight_norm(sub)
             n += 1
-    return {"pass": "bake_weight_norm", "baked": n,
-            "folded": {"weight-norm magnitudes g·v/‖v‖": before - count_parameters(module)["params"]}}
+    return {
+        "pass": "bake_weight_norm",
+        "baked": n,
+        "folded": {"weight-norm magnitudes g·v/‖v‖": before - count_parameters(module)["params"]},
+    }

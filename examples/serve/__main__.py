@@ -19,8 +19,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: the artifact's device type)")
-    p.add_argument("--no-batching", action="store_true",
-                   help="one request per stage call (the baseline the load test compares against)")
+    p.add_argument(
+        "--no-batching",
+        action="store_true",
+        help="one request per stage call (the baseline the load test compares against)",
+    )
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits for other streams")
     p.add_argument("--max-queue", type=int, default=256, help="queued chunks per stage before 503")
     p.add_argument("--max-streams", type=int, default=256, help="open streams per stage before 503")
@@ -36,12 +39,24 @@ def main(argv: list[str] | None = None) -> None:
 
     from .app import ServeConfig, Service, create_app
 
-    service = Service(ServeConfig(artifacts=a.artifacts, device=a.device, batching=not a.no_batching,
-                                  max_wait_ms=a.max_wait_ms, max_queue=a.max_queue, max_streams=a.max_streams,
-                                  voxcpm2_slots=a.voxcpm2_slots, cuda_graphs=not a.no_cuda_graphs))
+    service = Service(
+        ServeConfig(
+            artifacts=a.artifacts,
+            device=a.device,
+            batching=not a.no_batching,
+            max_wait_ms=a.max_wait_ms,
+            max_queue=a.max_queue,
+            max_streams=a.max_streams,
+            voxcpm2_slots=a.voxcpm2_slots,
+            cuda_graphs=not a.no_cuda_graphs,
+        )
+    )
     served = list(service.codecs) + (["voxcpm2"] if service.voxcpm2 else [])
-    print(f"ttsaot serve: {', '.join(served)} on {', '.join(sorted(service.devices))}, batching "
-          f"{'on' if service.config.batching else 'off'} — http://{a.host}:{a.port}", flush=True)
+    print(
+        f"ttsaot serve: {', '.join(served)} on {', '.join(sorted(service.devices))}, batching "
+        f"{'on' if service.config.batching else 'off'} — http://{a.host}:{a.port}",
+        flush=True,
+    )
     uvicorn.run(create_app(service), host=a.host, port=a.port, log_level=a.log_level)
 
 

@@ -47,21 +47,28 @@ from ttsaot.runtime.batching import Batcher, BatcherConfig, OverloadedError
 
 from .metrics import Metrics
 
-VOXCPM2_STAGES = ("base_lm_prefill", "residual_lm_prefill", "base_lm_step", "residual_lm_step", "locdit",
-                  "local_encoder", "vae_decoder")
+VOXCPM2_STAGES = (
+    "base_lm_prefill",
+    "residual_lm_prefill",
+    "base_lm_step",
+    "residual_lm_step",
+    "locdit",
+    "local_encoder",
+    "vae_decoder",
+)
 
 
 @dataclass
 class ServeConfig:
-    artifacts: str                       # an artifact directory, or a directory of them (artifacts/<family>/)
-    device: str | None = None            # default: each artifact's own device type
-    batching: bool = True                # False: batches of one (the one-request-at-a-time baseline)
-    max_wait_ms: float = 2.0             # how long a batch waits for more streams' chunks
-    max_queue: int = 256                 # queued chunks per stage before 503
-    max_streams: int = 256               # open streams per stage before 503
-    max_request_frames: int = 6000       # longest POST request (frames); longer → 413
-    max_body_bytes: int = 16 << 20       # request bodies above this → 413
-    voxcpm2_slots: int = 2               # concurrent VoxCPM2 requests (one KV-cache pair each, allocated at start)
+    artifacts: str  # an artifact directory, or a directory of them (artifacts/<family>/)
+    device: str | None = None  # default: each artifact's own device type
+    batching: bool = True  # False: batches of one (the one-request-at-a-time baseline)
+    max_wait_ms: float = 2.0  # how long a batch waits for more streams' chunks
+    max_queue: int = 256  # queued chunks per stage before 503
+    max_streams: int = 256  # open streams per stage before 503
+    max_request_frames: int = 6000  # longest POST request (frames); longer → 413
+    max_body_bytes: int = 16 << 20  # request bodies above this → 413
+    voxcpm2_slots: int = 2  # concurrent VoxCPM2 requests (one KV-cache pair each, allocated at start)
     cuda_graphs: bool = True
 
 
@@ -78,9 +85,14 @@ def pcm16(wav: torch.Tensor) -> bytes:
 
 def wav_header(sample_rate: int) -> bytes:
     """A WAV header for a stream of unknown length (sizes 0xFFFFFFFF, what streaming players accept)."""
-    return (b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate,
-                                                                                 sample_rate * 2, 2, 16)
-            + b"data" + struct.pack("<I", 0xFFFFFFFF))
+    return (
+        b"RIFF"
+        + struct.pack("<I", 0xFFFFFFFF)
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+        + b"data"
+        + struct.pack("<I", 0xFFFFFFFF)
+    )
 
 
 def _media(fmt: str, sample_rate: int) -> str:
@@ -99,9 +111,13 @@ class CodecEndpoint:
         self.stage, self.name = stage, stage.name
         # A stream has one chunk in flight: with a queue at least as long as the stream slots, an admitted stream
         # is never refused mid-way (overload is answered at admission, before any audio).
-        bc = BatcherConfig(max_wait_s=config.max_wait_ms / 1000 if config.batching else 0.0,
-                           max_queue=max(config.max_queue, config.max_streams), max_streams=config.max_streams,
-                           max_batch=None if config.batching else 1, output_device="cpu")
+        bc = BatcherConfig(
+            max_wait_s=config.max_wait_ms / 1000 if config.batching else 0.0,
+            max_queue=max(config.max_queue, config.max_streams),
+            max_streams=config.max_streams,
+            max_batch=None if config.batching else 1,
+            output_device="cpu",
+        )
         self.batcher = Batcher(stage, bc)
         metrics.watch(self.batcher)
         spec = stage.entry.inputs[0]
@@ -117,7 +133,7 @@ class CodecEndpoint:
         """JSON codes [K, F] → int64 tensor [1, K, F], checked against the stage's codebooks before anything runs
         (a bad code in the last chunk must be a 4xx, not a stream cut short)."""
         if value is None:
-            raise InputValueError(f"{self.name}: no codes (send {{\"codes\": [[...], ...]}}, [K, frames])")
+            raise InputValueError(f'{self.name}: no codes (send {{"codes": [[...], ...]}}, [K, frames])')
         try:
             arr = np.asarray(value)
         except ValueError:
@@ -137,8 +153,10 @@ class CodecEndpoint:
             bad = (arr < low) | (arr >= high)
             if bad.any():
                 k, f = (int(i) for i in np.argwhere(bad)[0])
-                raise InputRangeError(f"{self.name}: codes[{k}, {f}] = {int(arr[k, f])} is outside "
-                                      f"[{low}, {int(high[k if len(high) > 1 else 0, 0])}) (codebook {k})")
+                raise InputRangeError(
+                    f"{self.name}: codes[{k}, {f}] = {int(arr[k, f])} is outside "
+                    f"[{low}, {int(high[k if len(high) > 1 else 0, 0])}) (codebook {k})"
+                )
         return torch.from_numpy(arr.astype(np.int64, copy=False))[None]
 
     def chunk(self, value: Any) -> int:
@@ -147,8 +165,10 @@ class CodecEndpoint:
             raise InputValueError(f"{self.name}: chunk_frames must be a positive integer, got {value!r}")
         largest = int(self.stage.max_sizes["frames"])
         if n + self.left_context > largest:
-            raise InputShapeError(f"{self.name}: chunk_frames {n} + left context {self.left_context} exceeds the "
-                                  f"largest bucket ({largest})")
+            raise InputShapeError(
+                f"{self.name}: chunk_frames {n} + left context {self.left_context} exceeds the "
+                f"largest bucket ({largest})"
+            )
         return n
 
 
@@ -195,8 +215,10 @@ class VoxCPM2Endpoint:
         except ValueError:
             raise InputShapeError("voxcpm2: text_tokens must be a flat list of integers") from None
         if arr.ndim != 1 or arr.dtype.kind not in "iu" or arr.size == 0:
-            raise InputShapeError(f"voxcpm2: text_tokens must be a non-empty flat list of integers, got "
-                                  f"{arr.dtype.name} {list(arr.shape)}")
+            raise InputShapeError(
+                f"voxcpm2: text_tokens must be a non-empty flat list of integers, got "
+                f"{arr.dtype.name} {list(arr.shape)}"
+            )
         return torch.from_numpy(arr.astype(np.int64, copy=False))[None]
 
     def start(self, tokens: torch.Tensor, slot, seed: int, max_steps: int):
@@ -213,8 +235,15 @@ class VoxCPM2Endpoint:
         res = rp.prefill(lm, feat_embed, feat_mask, lengths=[T], cache=res_cache)
         cond = torch.zeros(1, self.feat_dim, self.patch, device=dev)
         gen = torch.Generator(device=dev).manual_seed(seed)
-        return self.decoder.stream(lm[:, T - 1], res[:, T - 1], cond, base_cache=base_cache,
-                                   residual_cache=res_cache, generators=[gen], max_steps=max_steps)
+        return self.decoder.stream(
+            lm[:, T - 1],
+            res[:, T - 1],
+            cond,
+            base_cache=base_cache,
+            residual_cache=res_cache,
+            generators=[gen],
+            max_steps=max_steps,
+        )
 
 
 # ------------------------------------------------------------------------------------------ the service
@@ -239,8 +268,11 @@ class Service:
         vox: dict[str, Any] = {}
         for path in find_artifacts(Path(config.artifacts)):
             manifest = read_manifest(path)
-            codecs = [n for n, e in manifest.stages.items()
-                      if e.kind == "codec_decoder" and e.inputs[0].dtype == "int64" and e.buckets]
+            codecs = [
+                n
+                for n, e in manifest.stages.items()
+                if e.kind == "codec_decoder" and e.inputs[0].dtype == "int64" and e.buckets
+            ]
             pipeline = [n for n in VOXCPM2_STAGES if manifest.family == "voxcpm2" and n in manifest.stages]
             if not codecs and not pipeline:
                 continue
@@ -250,7 +282,7 @@ class Service:
                 if n in self.codecs:
                     raise ValueError(f"stage {n!r} is in two artifacts under {config.artifacts}")
                 self.codecs[n] = CodecEndpoint(bundle[n], config, self.metrics)
-            vox.update({n: bundle[n] for n in pipeline})   # a family built in parts (separate dirs) joins up
+            vox.update({n: bundle[n] for n in pipeline})  # a family built in parts (separate dirs) joins up
         if all(n in vox for n in VOXCPM2_STAGES):
             self.voxcpm2 = VoxCPM2Endpoint(vox, config.voxcpm2_slots)
         if not self.codecs and self.voxcpm2 is None:
@@ -262,14 +294,23 @@ class Service:
             "devices": sorted(self.devices),
             "batching": self.config.batching,
             "max_wait_ms": self.config.max_wait_ms,
-            "stages": {n: {"sample_rate": c.sample_rate, "samples_per_frame": c.samples_per_frame,
-                           "codebooks": c.codebooks, "code_high": (c.code_range or {}).get("high"),
-                           "chunk_frames": c.chunk_frames,
-                           "left_context_frames": c.left_context, "max_batch": c.batcher.max_rows,
-                           "queue_depth": c.batcher.queue_depth, "open_streams": c.batcher.open_streams}
-                       for n, c in self.codecs.items()},
-            "voxcpm2": None if self.voxcpm2 is None else {"sample_rate": self.voxcpm2.sample_rate,
-                                                          "free_slots": len(self.voxcpm2.slots)},
+            "stages": {
+                n: {
+                    "sample_rate": c.sample_rate,
+                    "samples_per_frame": c.samples_per_frame,
+                    "codebooks": c.codebooks,
+                    "code_high": (c.code_range or {}).get("high"),
+                    "chunk_frames": c.chunk_frames,
+                    "left_context_frames": c.left_context,
+                    "max_batch": c.batcher.max_rows,
+                    "queue_depth": c.batcher.queue_depth,
+                    "open_streams": c.batcher.open_streams,
+                }
+                for n, c in self.codecs.items()
+            },
+            "voxcpm2": None
+            if self.voxcpm2 is None
+            else {"sample_rate": self.voxcpm2.sample_rate, "free_slots": len(self.voxcpm2.slots)},
         }
 
     def close(self) -> None:
@@ -279,22 +320,21 @@ class Service:
 
 def _runtime_error_name(e: BaseException) -> str:
     """The runtime's class name for an error (a service-local subclass reports its runtime parent)."""
-    return next((c.__name__ for c in type(e).__mro__ if c.__module__.startswith("ttsaot.runtime")),
-                type(e).__name__)
+    return next((c.__name__ for c in type(e).__mro__ if c.__module__.startswith("ttsaot.runtime")), type(e).__name__)
 
 
 def _error_response(e: BaseException) -> JSONResponse:
     if isinstance(e, OverloadedError):
         return JSONResponse({"error": "OverloadedError", "detail": str(e)}, 503, headers={"Retry-After": "1"})
     if isinstance(e, InputError):
-        return JSONResponse({"error": _runtime_error_name(e), "detail": str(e)},
-                            413 if isinstance(e, PayloadTooLarge) else 422)
+        return JSONResponse(
+            {"error": _runtime_error_name(e), "detail": str(e)}, 413 if isinstance(e, PayloadTooLarge) else 422
+        )
     return JSONResponse({"error": type(e).__name__, "detail": str(e)}, 500)
 
 
 def _outcome(e: BaseException) -> str:
-    return ("overloaded" if isinstance(e, OverloadedError) else "client_error" if isinstance(e, InputError)
-            else "error")
+    return "overloaded" if isinstance(e, OverloadedError) else "client_error" if isinstance(e, InputError) else "error"
 
 
 async def _json_body(request: Request, limit: int) -> dict:
@@ -358,7 +398,7 @@ def create_app(service: Service) -> Starlette:
             metrics.requests.labels(label, _outcome(e)).inc()
             raise
         try:
-            events = await asyncio.to_thread(vx.start, tokens, slot, seed, max_steps)   # prefill errors → 4xx
+            events = await asyncio.to_thread(vx.start, tokens, slot, seed, max_steps)  # prefill errors → 4xx
         except BaseException as e:
             vx.release(slot)
             metrics.requests.labels(label, _outcome(e) if isinstance(e, Exception) else "cancelled").inc()
@@ -367,14 +407,14 @@ def create_app(service: Service) -> Starlette:
         queue: asyncio.Queue = asyncio.Queue()
         stop = threading.Event()
 
-        def decode() -> None:   # the blocking decode loop, on a worker thread
+        def decode() -> None:  # the blocking decode loop, on a worker thread
             try:
                 for ev in events:
                     loop.call_soon_threadsafe(queue.put_nowait, ("audio", pcm16(ev.wav)))
                     if stop.is_set():
                         break
                 loop.call_soon_threadsafe(queue.put_nowait, ("end", None))
-            except Exception as e:   # noqa: BLE001 - handed to the response
+            except Exception as e:  # noqa: BLE001 - handed to the response
                 loop.call_soon_threadsafe(queue.put_nowait, ("error", e))
             finally:
                 events.close()
@@ -427,7 +467,7 @@ def create_app(service: Service) -> Starlette:
             raise
         pieces = list(codes.split(chunk, dim=-1))
         try:
-            first = await session.apush(pieces[0])   # before the headers: a refusal is still a clean 4xx
+            first = await session.apush(pieces[0])  # before the headers: a refusal is still a clean 4xx
         except BaseException as e:
             session.close()
             metrics.requests.labels(label, _outcome(e) if isinstance(e, Exception) else "cancelled").inc()
@@ -450,9 +490,15 @@ def create_app(service: Service) -> Starlette:
                 session.close()
                 metrics.requests.labels(label, outcome).inc()
 
-        return StreamingResponse(audio(), media_type=media, headers={
-            "X-Sample-Rate": str(ep.sample_rate), "X-Frames": str(codes.shape[-1]),
-            "X-Samples": str(codes.shape[-1] * ep.samples_per_frame)})
+        return StreamingResponse(
+            audio(),
+            media_type=media,
+            headers={
+                "X-Sample-Rate": str(ep.sample_rate),
+                "X-Frames": str(codes.shape[-1]),
+                "X-Samples": str(codes.shape[-1] * ep.samples_per_frame),
+            },
+        )
 
     async def stream_ws(ws: WebSocket):
         stage = ws.path_params["stage"]
@@ -470,8 +516,14 @@ def create_app(service: Service) -> Starlette:
             await ws.send_json({"error": "OverloadedError", "detail": str(e)})
             await ws.close(1013)
             return
-        await ws.send_json({"sample_rate": ep.sample_rate, "samples_per_frame": ep.samples_per_frame,
-                            "codebooks": ep.codebooks, "format": "pcm_s16le"})
+        await ws.send_json(
+            {
+                "sample_rate": ep.sample_rate,
+                "samples_per_frame": ep.samples_per_frame,
+                "codebooks": ep.codebooks,
+                "format": "pcm_s16le",
+            }
+        )
         t0, first, frames, outcome = time.perf_counter(), True, 0, "cancelled"
         largest = int(ep.stage.max_sizes["frames"]) - ep.left_context
         try:
@@ -509,15 +561,17 @@ def create_app(service: Service) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         yield
-        service.close()   # the batchers' workers stop with the server
+        service.close()  # the batchers' workers stop with the server
 
-    routes = [Route("/health", health), Route("/metrics", prometheus),
-              # before /v1/{stage}/stream, which would match it
-              Route("/v1/voxcpm2/stream", voxcpm2, methods=["POST"]),
-              Route("/v1/{stage}/stream", stream, methods=["POST"]),
-              WebSocketRoute("/v1/{stage}/ws", stream_ws)]
-    app = Starlette(routes=routes, exception_handlers={TTSAOTError: _typed, LookupError: _missing},
-                    lifespan=lifespan)
+    routes = [
+        Route("/health", health),
+        Route("/metrics", prometheus),
+        # before /v1/{stage}/stream, which would match it
+        Route("/v1/voxcpm2/stream", voxcpm2, methods=["POST"]),
+        Route("/v1/{stage}/stream", stream, methods=["POST"]),
+        WebSocketRoute("/v1/{stage}/ws", stream_ws),
+    ]
+    app = Starlette(routes=routes, exception_handlers={TTSAOTError: _typed, LookupError: _missing}, lifespan=lifespan)
     app.state.service = service
     return app
 

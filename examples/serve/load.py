@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # as the server does (see examples/serve/__main__.py)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the server does (see examples/serve/__main__.py)
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
@@ -35,25 +35,29 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-TARGETS = {"concurrency": 16, "audio_s_per_s_speedup_min": 4.0, "ttfa_p95_ratio_max": 3.0,
-           "batcher_overhead_pct_max": 5.0}
+TARGETS = {
+    "concurrency": 16,
+    "audio_s_per_s_speedup_min": 4.0,
+    "ttfa_p95_ratio_max": 3.0,
+    "batcher_overhead_pct_max": 5.0,
+}
 
 
 @dataclass
 class LoadSettings:
-    artifacts: str                                   # the artifact dir holding --stage (or a dir of artifacts)
+    artifacts: str  # the artifact dir holding --stage (or a dir of artifacts)
     stage: str = "code2wav"
     device: str | None = None
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     modes: tuple[str, ...] = ("batched", "unbatched")
-    seconds: float = 6.0                             # measured window per cell
-    warmup_s: float = 2.0                            # per mode, at the largest concurrency, not recorded
-    utterance_s: float = 10.0                        # audio per request
-    chunk_frames: int | None = None                  # default: the stage's streaming chunk
+    seconds: float = 6.0  # measured window per cell
+    warmup_s: float = 2.0  # per mode, at the largest concurrency, not recorded
+    utterance_s: float = 10.0  # audio per request
+    chunk_frames: int | None = None  # default: the stage's streaming chunk
     max_wait_ms: float = 2.0
-    server: str = "subprocess"                       # or "thread"
+    server: str = "subprocess"  # or "thread"
     overhead_reps: int = 300
-    budget_s: float = 230.0                          # whole run; cells that would overrun are recorded as skipped
+    budget_s: float = 230.0  # whole run; cells that would overrun are recorded as skipped
     out: str = "bench/results"
     seed: int = 0
 
@@ -72,13 +76,14 @@ def _metric(text: str, name: str, stage: str) -> float:
     key = f'{name}{{stage="{stage}"}} '
     for line in text.splitlines():
         if line.startswith(key):
-            return float(line[len(key):])
+            return float(line[len(key) :])
     return 0.0
 
 
 # ------------------------------------------------------------------------------------------ batcher overhead
-def measure_overhead(artifact: Path, stage_name: str, device: str | None, frames: int, reps: int,
-                     max_wait_ms: float, seed: int) -> dict[str, Any]:
+def measure_overhead(
+    artifact: Path, stage_name: str, device: str | None, frames: int, reps: int, max_wait_ms: float, seed: int
+) -> dict[str, Any]:
     """Median of `stage(codes)` vs `Batcher(stage)(codes)` at c=1 on the steady-state chunk window, host codes in
     (as the service receives them), the device synchronised after each call; calls interleaved."""
     from ttsaot.runtime import load
@@ -96,7 +101,7 @@ def measure_overhead(artifact: Path, stage_name: str, device: str | None, frames
             b(codes)
         sync()
         for i in range(reps):
-            for which in ((0, 1) if i % 2 else (1, 0)):
+            for which in (0, 1) if i % 2 else (1, 0):
                 t0 = time.perf_counter()
                 stage(codes) if which == 0 else b(codes)
                 sync()
@@ -106,9 +111,16 @@ def measure_overhead(artifact: Path, stage_name: str, device: str | None, frames
     del stage, b
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return {"frames": frames, "batch": 1, "reps": reps, "direct_ms": d, "batcher_ms": bt,
-            "overhead_pct": 100.0 * (bt["p50"] / d["p50"] - 1.0), "overhead_ms": bt["p50"] - d["p50"],
-            "same_output": same}
+    return {
+        "frames": frames,
+        "batch": 1,
+        "reps": reps,
+        "direct_ms": d,
+        "batcher_ms": bt,
+        "overhead_pct": 100.0 * (bt["p50"] / d["p50"] - 1.0),
+        "overhead_ms": bt["p50"] - d["p50"],
+        "same_output": same,
+    }
 
 
 # ------------------------------------------------------------------------------------------ server
@@ -120,8 +132,19 @@ class ServerProcess:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "examples.serve", "--artifacts", str(artifact), "--port", str(port),
-               "--max-wait-ms", str(settings.max_wait_ms), "--log-level", "warning"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "examples.serve",
+            "--artifacts",
+            str(artifact),
+            "--port",
+            str(port),
+            "--max-wait-ms",
+            str(settings.max_wait_ms),
+            "--log-level",
+            "warning",
+        ]
         if settings.device:
             cmd += ["--device", settings.device]
         if not batching:
@@ -158,8 +181,11 @@ def _server(artifact: Path, settings: LoadSettings, batching: bool, tmp: Path):
         return ServerProcess(artifact, settings, batching, tmp / f"server_{'batched' if batching else 'unbatched'}.log")
     from .app import ServeConfig, Service, ThreadedServer, create_app
 
-    service = Service(ServeConfig(artifacts=str(artifact), device=settings.device, batching=batching,
-                                  max_wait_ms=settings.max_wait_ms))
+    service = Service(
+        ServeConfig(
+            artifacts=str(artifact), device=settings.device, batching=batching, max_wait_ms=settings.max_wait_ms
+        )
+    )
     return ThreadedServer(create_app(service))
 
 
@@ -180,8 +206,9 @@ async def _stream(client, path: str, payload: bytes, sample_rate: int) -> dict[s
     return {"ttfa_s": ttfa, "total_s": total, "audio_s": audio}
 
 
-async def run_cell(url: str, stage: str, c: int, seconds: float, payloads: list[bytes],
-                   sample_rate: int) -> dict[str, Any]:
+async def run_cell(
+    url: str, stage: str, c: int, seconds: float, payloads: list[bytes], sample_rate: int
+) -> dict[str, Any]:
     import httpx
 
     limits = httpx.Limits(max_connections=c + 4, max_keepalive_connections=c + 4)
@@ -193,8 +220,7 @@ async def run_cell(url: str, stage: str, c: int, seconds: float, payloads: list[
         async def worker(i: int) -> None:
             k = i
             while time.perf_counter() < deadline:
-                results.append(await _stream(client, f"/v1/{stage}/stream", payloads[k % len(payloads)],
-                                             sample_rate))
+                results.append(await _stream(client, f"/v1/{stage}/stream", payloads[k % len(payloads)], sample_rate))
                 k += c
 
         t0 = time.perf_counter()
@@ -206,14 +232,21 @@ async def run_cell(url: str, stage: str, c: int, seconds: float, payloads: list[
     calls = _metric(after, "ttsaot_batch_rows_count", stage) - _metric(before, "ttsaot_batch_rows_count", stage)
     audio = sum(r["audio_s"] for r in ok)
     return {
-        "concurrency": c, "requests": len(ok), "errors": len(results) - len(ok),
+        "concurrency": c,
+        "requests": len(ok),
+        "errors": len(results) - len(ok),
         "first_error": next((r["error"] for r in results if "error" in r), None),
-        "wall_s": wall, "audio_s": audio, "audio_s_per_s": audio / wall if wall else None,
+        "wall_s": wall,
+        "audio_s": audio,
+        "audio_s_per_s": audio / wall if wall else None,
         "requests_per_s": len(ok) / wall if wall else None,
         "ttfa_ms": _ms([r["ttfa_s"] for r in ok if r["ttfa_s"] is not None]),
-        "rtf": {k: (v / 1e3 if v is not None else None)
-                for k, v in _ms([r["total_s"] / r["audio_s"] for r in ok if r["audio_s"]]).items()},
-        "stage_calls": calls, "mean_rows_per_call": rows / calls if calls else None,
+        "rtf": {
+            k: (v / 1e3 if v is not None else None)
+            for k, v in _ms([r["total_s"] / r["audio_s"] for r in ok if r["audio_s"]]).items()
+        },
+        "stage_calls": calls,
+        "mean_rows_per_call": rows / calls if calls else None,
     }
 
 
@@ -259,21 +292,41 @@ def run(settings: LoadSettings) -> dict[str, Any]:
     frames = max(1, round(settings.utterance_s * sr / spf))
     device = settings.device or manifest.device
     res: dict[str, Any] = {
-        "kind": "serve_load", "status": "ok", "started": now_iso(), "git_commit": git_commit(),
+        "kind": "serve_load",
+        "status": "ok",
+        "started": now_iso(),
+        "git_commit": git_commit(),
         "device": device_info(torch.device(device if device != "cuda" else "cuda:0")),
         "settings": {**asdict(settings), "concurrency": list(settings.concurrency), "modes": list(settings.modes)},
-        "artifact": {"path": str(artifact), "family": manifest.family, "stage": settings.stage, "dtype": entry.dtype,
-                     "buckets": [dict(b.sizes) for b in entry.buckets], "sample_rate": sr,
-                     "samples_per_frame": spf, "chunk_frames": chunk, "left_context_frames": ctx,
-                     "utterance_frames": frames, "utterance_s": frames * spf / sr},
-        "targets": TARGETS, "modes": {},
+        "artifact": {
+            "path": str(artifact),
+            "family": manifest.family,
+            "stage": settings.stage,
+            "dtype": entry.dtype,
+            "buckets": [dict(b.sizes) for b in entry.buckets],
+            "sample_rate": sr,
+            "samples_per_frame": spf,
+            "chunk_frames": chunk,
+            "left_context_frames": ctx,
+            "utterance_frames": frames,
+            "utterance_s": frames * spf / sr,
+        },
+        "targets": TARGETS,
+        "modes": {},
         # uvicorn uses these C parsers/loops when importable (much of a loopback benchmark's CPU is HTTP)
         "http": {m: importlib.util.find_spec(m) is not None for m in ("httptools", "uvloop")},
     }
     try:
-        res["overhead"] = measure_overhead(artifact, settings.stage, settings.device, min(chunk + ctx, max(
-            b.sizes["frames"] for b in entry.buckets)), settings.overhead_reps, settings.max_wait_ms, settings.seed)
-    except Exception as e:   # noqa: BLE001 - recorded, the load cells still run
+        res["overhead"] = measure_overhead(
+            artifact,
+            settings.stage,
+            settings.device,
+            min(chunk + ctx, max(b.sizes["frames"] for b in entry.buckets)),
+            settings.overhead_reps,
+            settings.max_wait_ms,
+            settings.seed,
+        )
+    except Exception as e:  # noqa: BLE001 - recorded, the load cells still run
         res["overhead"] = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
     payloads = _payloads(int(spec.shape[1]), list(spec.range["high"]), frames, chunk, settings.seed)
     with tempfile.TemporaryDirectory(prefix="serve-load-") as tmp:
@@ -285,20 +338,28 @@ def run(settings: LoadSettings) -> dict[str, Any]:
                     import httpx
 
                     rec["server"] = httpx.get(url + "/health", timeout=10).json()
-                    asyncio.run(run_cell(url, settings.stage, max(settings.concurrency), settings.warmup_s,
-                                         payloads, sr))
+                    asyncio.run(
+                        run_cell(url, settings.stage, max(settings.concurrency), settings.warmup_s, payloads, sr)
+                    )
                     for c in settings.concurrency:
                         if time.perf_counter() - t_start + settings.seconds + 15 > settings.budget_s:
-                            rec["cells"].append({"concurrency": c, "status": "skipped",
-                                                 "reason": f"time budget {settings.budget_s:.0f} s"})
+                            rec["cells"].append(
+                                {
+                                    "concurrency": c,
+                                    "status": "skipped",
+                                    "reason": f"time budget {settings.budget_s:.0f} s",
+                                }
+                            )
                             continue
                         cell = asyncio.run(run_cell(url, settings.stage, c, settings.seconds, payloads, sr))
                         rec["cells"].append(cell)
-                        print(f"{mode:9s} c={c:2d}: {cell['audio_s_per_s']:8.1f} audio-s/s, TTFA p50/p95 "
-                              f"{cell['ttfa_ms']['p50'] or 0:7.1f}/{cell['ttfa_ms']['p95'] or 0:7.1f} ms, "
-                              f"{cell['mean_rows_per_call'] or 0:4.1f} rows/call, {cell['errors']} errors",
-                              flush=True)
-            except Exception as e:   # noqa: BLE001 - recorded as the mode's status
+                        print(
+                            f"{mode:9s} c={c:2d}: {cell['audio_s_per_s']:8.1f} audio-s/s, TTFA p50/p95 "
+                            f"{cell['ttfa_ms']['p50'] or 0:7.1f}/{cell['ttfa_ms']['p95'] or 0:7.1f} ms, "
+                            f"{cell['mean_rows_per_call'] or 0:4.1f} rows/call, {cell['errors']} errors",
+                            flush=True,
+                        )
+            except Exception as e:  # noqa: BLE001 - recorded as the mode's status
                 rec.update(status="error", reason=f"{type(e).__name__}: {str(e)[-1500:]}")
     res["summary"] = summarize(res)
     res["elapsed_s"] = time.perf_counter() - t_start
@@ -323,7 +384,8 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
     at = out["by_concurrency"].get(str(t["concurrency"]), {})
     over = res.get("overhead", {}).get("overhead_pct")
     out["targets_met"] = {
-        "audio_s_per_s_speedup": None if "audio_s_per_s_speedup" not in at
+        "audio_s_per_s_speedup": None
+        if "audio_s_per_s_speedup" not in at
         else at["audio_s_per_s_speedup"] >= t["audio_s_per_s_speedup_min"],
         "ttfa_p95_ratio": None if "ttfa_p95_vs_c1" not in at else at["ttfa_p95_vs_c1"] <= t["ttfa_p95_ratio_max"],
         "batcher_overhead": None if over is None else over <= t["batcher_overhead_pct_max"],
@@ -333,8 +395,9 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> LoadSettings:
     d = LoadSettings(artifacts="")
-    p = argparse.ArgumentParser(prog="python -m examples.serve.load", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m examples.serve.load", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--artifacts", required=True)
     p.add_argument("--stage", default=d.stage)
     p.add_argument("--device", default=None)
@@ -354,11 +417,23 @@ def parse_args(argv: list[str] | None = None) -> LoadSettings:
     modes = tuple(m for m in a.modes.split(",") if m)
     if not modes or set(modes) - {"batched", "unbatched"}:
         p.error("--modes takes batched and/or unbatched")
-    return LoadSettings(artifacts=a.artifacts, stage=a.stage, device=a.device,
-                        concurrency=tuple(int(c) for c in a.concurrency.split(",") if c), modes=modes,
-                        seconds=a.seconds, warmup_s=a.warmup_s, utterance_s=a.utterance_s,
-                        chunk_frames=a.chunk_frames, max_wait_ms=a.max_wait_ms, server=a.server,
-                        overhead_reps=a.overhead_reps, budget_s=a.budget_s, out=a.out, seed=a.seed)
+    return LoadSettings(
+        artifacts=a.artifacts,
+        stage=a.stage,
+        device=a.device,
+        concurrency=tuple(int(c) for c in a.concurrency.split(",") if c),
+        modes=modes,
+        seconds=a.seconds,
+        warmup_s=a.warmup_s,
+        utterance_s=a.utterance_s,
+        chunk_frames=a.chunk_frames,
+        max_wait_ms=a.max_wait_ms,
+        server=a.server,
+        overhead_reps=a.overhead_reps,
+        budget_s=a.budget_s,
+        out=a.out,
+        seed=a.seed,
+    )
 
 
 def write(res: dict[str, Any], out: str) -> Path:
@@ -375,8 +450,10 @@ def main(argv: list[str] | None = None) -> None:
     path = write(res, settings.out)
     s, o = res["summary"], res.get("overhead", {})
     if "overhead_pct" in o:
-        print(f"batcher overhead at c=1: {o['overhead_pct']:+.1f}% ({o['direct_ms']['p50']:.3f} ms direct, "
-              f"{o['batcher_ms']['p50']:.3f} ms batched)")
+        print(
+            f"batcher overhead at c=1: {o['overhead_pct']:+.1f}% ({o['direct_ms']['p50']:.3f} ms direct, "
+            f"{o['batcher_ms']['p50']:.3f} ms batched)"
+        )
     print(f"targets: {s['targets_met']}; wrote {path} in {res['elapsed_s']:.0f} s")
 
 

@@ -15,22 +15,45 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.queue_depth = Gauge("ttsaot_queue_depth", "Requests waiting for a stage's batcher", ["stage"],
-                                 registry=r)
-        self.open_streams = Gauge("ttsaot_open_streams", "Open streaming sessions per stage", ["stage"],
-                                  registry=r)
-        self.batch_rows = Histogram("ttsaot_batch_rows", "Rows per stage call (batch size before bucket padding)",
-                                    ["stage"], buckets=ROWS_BUCKETS, registry=r)
-        self.batch_requests = Histogram("ttsaot_batch_requests", "Requests served by one stage call", ["stage"],
-                                        buckets=ROWS_BUCKETS, registry=r)
-        self.batch_wait = Histogram("ttsaot_batch_wait_seconds", "Per request: queued until its stage call started",
-                                    ["stage"], buckets=SECONDS_BUCKETS, registry=r)
-        self.batch_run = Histogram("ttsaot_batch_run_seconds", "Duration of one batched stage call", ["stage"],
-                                   buckets=SECONDS_BUCKETS, registry=r)
-        self.ttfa = Histogram("ttsaot_ttfa_seconds", "Request received until its first audio chunk is sent",
-                              ["endpoint"], buckets=SECONDS_BUCKETS, registry=r)
-        self.requests = Counter("ttsaot_requests", "Requests by outcome (ok, client_error, overloaded, error, "
-                                "cancelled)", ["endpoint", "outcome"], registry=r)
+        self.queue_depth = Gauge("ttsaot_queue_depth", "Requests waiting for a stage's batcher", ["stage"], registry=r)
+        self.open_streams = Gauge("ttsaot_open_streams", "Open streaming sessions per stage", ["stage"], registry=r)
+        self.batch_rows = Histogram(
+            "ttsaot_batch_rows",
+            "Rows per stage call (batch size before bucket padding)",
+            ["stage"],
+            buckets=ROWS_BUCKETS,
+            registry=r,
+        )
+        self.batch_requests = Histogram(
+            "ttsaot_batch_requests", "Requests served by one stage call", ["stage"], buckets=ROWS_BUCKETS, registry=r
+        )
+        self.batch_wait = Histogram(
+            "ttsaot_batch_wait_seconds",
+            "Per request: queued until its stage call started",
+            ["stage"],
+            buckets=SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.batch_run = Histogram(
+            "ttsaot_batch_run_seconds",
+            "Duration of one batched stage call",
+            ["stage"],
+            buckets=SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.ttfa = Histogram(
+            "ttsaot_ttfa_seconds",
+            "Request received until its first audio chunk is sent",
+            ["endpoint"],
+            buckets=SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "ttsaot_requests",
+            "Requests by outcome (ok, client_error, overloaded, error, cancelled)",
+            ["endpoint", "outcome"],
+            registry=r,
+        )
         self.audio_seconds = Counter("ttsaot_audio_seconds", "Seconds of audio sent", ["endpoint"], registry=r)
 
     def watch(self, batcher: Batcher) -> None:

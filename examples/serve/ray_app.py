@@ -71,7 +71,8 @@ def build(args: dict[str, Any]) -> serve.Application:
 
     config = _config(args)
     on_gpu = str(config.get("device") or "cuda").startswith("cuda") and (
-        torch.cuda.is_available() or (ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0))
+        torch.cuda.is_available() or (ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0)
+    )
     gpus = int(ray.cluster_resources().get("GPU", 0)) if ray.is_initialized() else torch.cuda.device_count()
     replicas = int(args.get("replicas") or 0) or max(gpus, 1)
     if not on_gpu:
@@ -80,21 +81,29 @@ def build(args: dict[str, Any]) -> serve.Application:
     if args.get("cpus_per_replica"):
         options["num_cpus"] = float(args["cpus_per_replica"])
     ongoing = int(args.get("max_ongoing_requests") or DEFAULT_MAX_ONGOING_REQUESTS)
-    return TTSReplica.options(num_replicas=replicas, max_ongoing_requests=ongoing,
-                              ray_actor_options=options).bind(config)
+    return TTSReplica.options(num_replicas=replicas, max_ongoing_requests=ongoing, ray_actor_options=options).bind(
+        config
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     import ray
 
-    p = argparse.ArgumentParser(prog="python -m examples.serve.ray_app", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m examples.serve.ray_app",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--artifacts", default="artifacts")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--replicas", type=int, default=0, help="default: one per GPU in the cluster")
-    p.add_argument("--max-ongoing-requests", type=int, default=DEFAULT_MAX_ONGOING_REQUESTS,
-                   help="streams routed to one replica at once")
+    p.add_argument(
+        "--max-ongoing-requests",
+        type=int,
+        default=DEFAULT_MAX_ONGOING_REQUESTS,
+        help="streams routed to one replica at once",
+    )
     p.add_argument("--device", default=None)
     p.add_argument("--no-batching", action="store_true")
     p.add_argument("--max-wait-ms", type=float, default=2.0)
@@ -104,9 +113,16 @@ def main(argv: list[str] | None = None) -> None:
 
     ray.init(address=a.address)
     serve.start(http_options={"host": a.host, "port": a.port})
-    app = build({"artifacts": os.path.abspath(a.artifacts), "replicas": a.replicas,
-                 "max_ongoing_requests": a.max_ongoing_requests, "device": a.device,
-                 "batching": not a.no_batching, "max_wait_ms": a.max_wait_ms})
+    app = build(
+        {
+            "artifacts": os.path.abspath(a.artifacts),
+            "replicas": a.replicas,
+            "max_ongoing_requests": a.max_ongoing_requests,
+            "device": a.device,
+            "batching": not a.no_batching,
+            "max_wait_ms": a.max_wait_ms,
+        }
+    )
     serve.run(app, name="ttsaot", route_prefix="/", blocking=True)
 
 

@@ -32,22 +32,27 @@ STAGES = ("base_lm_step", "residual_lm_step", "locdit", "local_encoder", "vae_de
 
 @dataclass
 class AudioChunk:
-    row: int                  # index of the request in the batch given to stream()
-    wav: torch.Tensor         # [1, n] float32, on the stage device
-    final: bool               # the request stopped (stop head or max_steps); no more chunks for this row
+    row: int  # index of the request in the batch given to stream()
+    wav: torch.Tensor  # [1, n] float32, on the stage device
+    final: bool  # the request stopped (stop head or max_steps); no more chunks for this row
 
 
 @dataclass
 class _Row:
     generator: torch.Generator | None
-    latents: list[torch.Tensor] = field(default_factory=list)   # new patches [C, P] not yet decoded
-    history: torch.Tensor | None = None                         # [C, ≤ctx] frames kept as left context
+    latents: list[torch.Tensor] = field(default_factory=list)  # new patches [C, P] not yet decoded
+    history: torch.Tensor | None = None  # [C, ≤ctx] frames kept as left context
     steps: int = 0
     done: bool = False
 
 
-def draw_noise(batch: int, feat_dim: int, patch_size: int, device: torch.device,
-               generators: Sequence[torch.Generator | None] | torch.Generator | None = None) -> torch.Tensor:
+def draw_noise(
+    batch: int,
+    feat_dim: int,
+    patch_size: int,
+    device: torch.device,
+    generators: Sequence[torch.Generator | None] | torch.Generator | None = None,
+) -> torch.Tensor:
     """Standard normal [batch, feat_dim, patch_size] float32 for the `locdit` stage.
 
     One generator per row gives per-request reproducibility; one generator for the batch (or None = the global
@@ -68,8 +73,14 @@ class PatchGenerator:
         self.feat_dim, self.patch_size = int(spec.shape[1]), int(spec.shape[2])
         self.device = locdit.device
 
-    def __call__(self, lm_hidden: torch.Tensor, residual_hidden: torch.Tensor, cond: torch.Tensor,
-                 generators=None, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self,
+        lm_hidden: torch.Tensor,
+        residual_hidden: torch.Tensor,
+        cond: torch.Tensor,
+        generators=None,
+        noise: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """→ (patch [n, C, P], next input embedding [n, H]) on the device, float32."""
         n = lm_hidden.shape[0]
         if noise is None:
@@ -110,20 +121,29 @@ class VoxCPM2Decoder:
                 windows.append(new if r.history is None else torch.cat([r.history, new], dim=-1))
                 r.latents = []
             window = torch.stack(windows)
-            wav = self.vae(window)[..., ctx * self.vae.samples_per_frame:]
+            wav = self.vae(window)[..., ctx * self.vae.samples_per_frame :]
             for j, i in enumerate(idx):
                 r = rows[i]
                 keep = min(self.left_context, window.shape[-1])
-                r.history = window[j, :, window.shape[-1] - keep:] if keep else None
+                r.history = window[j, :, window.shape[-1] - keep :] if keep else None
                 out.append(AudioChunk(i, wav[j], final or r.done))
         return out
 
     # ------------------------------------------------------------------------------ decode loop
-    def stream(self, lm_hidden: torch.Tensor, residual_hidden: torch.Tensor, prefix_cond: torch.Tensor, *,
-               base_cache, residual_cache, rows: Sequence[int] | None = None,
-               generators: Sequence[torch.Generator | None] | torch.Generator | None = None,
-               context_latents: torch.Tensor | None = None, max_steps: int | None = None,
-               validate_inputs: bool = False) -> Iterator[AudioChunk]:
+    def stream(
+        self,
+        lm_hidden: torch.Tensor,
+        residual_hidden: torch.Tensor,
+        prefix_cond: torch.Tensor,
+        *,
+        base_cache,
+        residual_cache,
+        rows: Sequence[int] | None = None,
+        generators: Sequence[torch.Generator | None] | torch.Generator | None = None,
+        context_latents: torch.Tensor | None = None,
+        max_steps: int | None = None,
+        validate_inputs: bool = False,
+    ) -> Iterator[AudioChunk]:
         """Decode from prefilled caches. lm_hidden / residual_hidden [n, H]: the last prompt position's
         (FSQ'd) base hidden and residual hidden; prefix_cond [n, C, P]: the last prompt patch (zeros without
         prompt audio); `rows`: the cache rows of the n requests; context_latents [n, C, F0]: prompt latents
@@ -135,30 +155,37 @@ class VoxCPM2Decoder:
         if self.min_len < 0:
             raise InputValueError("min_len must be >= 0")
         cache_rows = list(range(n)) if rows is None else list(rows)
-        gens = (list(generators) if isinstance(generators, Sequence)
-                else [None] * n if generators is None else None)
+        gens = list(generators) if isinstance(generators, Sequence) else [None] * n if generators is None else None
         state = {i: _Row(gens[i] if gens is not None else None) for i in range(n)}
         if context_latents is not None:
             for i in range(n):
                 ctx = context_latents[i].to(self.device, torch.float32)
-                state[i].history = ctx[:, ctx.shape[-1] - min(self.left_context, ctx.shape[-1]):]
+                state[i].history = ctx[:, ctx.shape[-1] - min(self.left_context, ctx.shape[-1]) :]
         limit = self.max_steps if max_steps is None else max_steps
         stages = (self.base, self.residual, self.patches.locdit, self.patches.local_encoder, self.vae)
         saved = [s.validate_inputs for s in stages]
         for s in stages:
             s.validate_inputs = validate_inputs
         try:
-            yield from self._loop(state, cache_rows, lm_hidden.to(self.device),
-                                  residual_hidden.to(self.device), prefix_cond.to(self.device), base_cache,
-                                  residual_cache, generators, gens, limit)
+            yield from self._loop(
+                state,
+                cache_rows,
+                lm_hidden.to(self.device),
+                residual_hidden.to(self.device),
+                prefix_cond.to(self.device),
+                base_cache,
+                residual_cache,
+                generators,
+                gens,
+                limit,
+            )
         finally:
             for s, v in zip(stages, saved):
                 s.validate_inputs = v
 
-    def _loop(self, state, cache_rows, lm_h, res_h, cond, base_cache, residual_cache, generators, gens,
-              limit):
-        active = list(state)                     # indices into the request batch
-        stop_logits = None                       # of the current lm_h (none yet for the prefill's last state)
+    def _loop(self, state, cache_rows, lm_h, res_h, cond, base_cache, residual_cache, generators, gens, limit):
+        active = list(state)  # indices into the request batch
+        stop_logits = None  # of the current lm_h (none yet for the prefill's last state)
         for step in range(limit):
             g = [gens[i] for i in active] if gens is not None else generators
             patch, embed = self.patches(lm_h, res_h, cond, g)
@@ -168,7 +195,7 @@ class VoxCPM2Decoder:
             # the reference reads the stop flag of the hidden state that produced this patch
             stopped: list[int] = []
             if stop_logits is not None and step > self.min_len:
-                flags = stop_logits.argmax(dim=-1).cpu()          # the one host sync of a step
+                flags = stop_logits.argmax(dim=-1).cpu()  # the one host sync of a step
                 stopped = [active[j] for j in range(len(active)) if int(flags[j]) == 1]
             if step == limit - 1:
                 stopped = list(active)

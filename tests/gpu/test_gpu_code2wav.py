@@ -36,8 +36,9 @@ def test_snake_kernel_matches_reference(dtype, shape):
 @pytest.fixture(scope="module")
 def gpu_artifact(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu")
-    opts = Qwen3TTSOptions(dtype=torch.bfloat16, batch_buckets=(1, 2), frame_buckets=(8, 16),
-                             streaming=StreamingConfig(8, 8, 0, 0))
+    opts = Qwen3TTSOptions(
+        dtype=torch.bfloat16, batch_buckets=(1, 2), frame_buckets=(8, 16), streaming=StreamingConfig(8, 8, 0, 0)
+    )
     return build_family(QWEN.name, [qst.code2wav_stage(opts)], out, "cuda").path
 
 
@@ -50,8 +51,8 @@ def test_graph_replay_equals_direct_package_run_and_eager(gpu_artifact):
     for B, F in ((1, 8), (2, 16), (1, 11)):
         codes = torch.randint(0, 64, (B, 16, F), generator=g).cuda()
         a, b = graphs(codes), direct(codes)
-        assert torch.equal(a, b)                     # replay is bit-identical to running the package
-        assert rel_err(a, eager(codes)) < 5e-2       # bf16 vs fp32 eager, the manifest tolerance
+        assert torch.equal(a, b)  # replay is bit-identical to running the package
+        assert rel_err(a, eager(codes)) < 5e-2  # bf16 vs fp32 eager, the manifest tolerance
 
 
 def test_outputs_are_not_aliased_between_calls(gpu_artifact):

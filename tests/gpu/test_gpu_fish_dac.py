@@ -30,16 +30,22 @@ SEED = 0
 @pytest.fixture(scope="module")
 def gpu_artifact(tmp_path_factory):
     out = tmp_path_factory.mktemp("fish_gpu")
-    opts = FishS2Options(seed=SEED, batch_buckets=(1, 2), frame_buckets=(8, 16),
-                         streaming=StreamingConfig(8, 8, 4, 0), encoder_seconds=(1.0, 2.0))
+    opts = FishS2Options(
+        seed=SEED,
+        batch_buckets=(1, 2),
+        frame_buckets=(8, 16),
+        streaming=StreamingConfig(8, 8, 4, 0),
+        encoder_seconds=(1.0, 2.0),
+    )
     return build_family(FISH.name, [fst.dac_decoder_stage(opts), fst.dac_encoder_stage(opts)], out, "cuda").path
 
 
 @pytest.fixture(scope="module")
 def gpu_artifact_bf16(tmp_path_factory):
     out = tmp_path_factory.mktemp("fish_gpu_bf16")
-    opts = FishS2Options(seed=SEED, dtype=torch.bfloat16, batch_buckets=(2,), frame_buckets=(16,),
-                         streaming=StreamingConfig(16, 0, 0, 0))
+    opts = FishS2Options(
+        seed=SEED, dtype=torch.bfloat16, batch_buckets=(2,), frame_buckets=(16,), streaming=StreamingConfig(16, 0, 0, 0)
+    )
     return build_family(FISH.name, [fst.dac_decoder_stage(opts)], out, "cuda").path
 
 
@@ -57,11 +63,11 @@ def test_decoder_graph_replay_equals_package_run_and_eager(gpu_artifact):
         codes = fst.random_codes(CFG, B, F, g).cuda()
         a, b = graphs(codes), direct(codes)
         assert a.shape == (B, 1, F * 2048)
-        assert torch.equal(a, b)                         # replay is bit-identical to running the package
+        assert torch.equal(a, b)  # replay is bit-identical to running the package
         # the artifact runs fp32 with TF32 off (fp32_mode), so must its reference: cuDNN allows TF32 by
         # default (6e-4 off on an H200)
         with torch.no_grad(), fp32_mode(True, tf32=False):
-            assert rel_err(a, eager(codes)) < 1e-4       # fp32, the manifest tolerance
+            assert rel_err(a, eager(codes)) < 1e-4  # fp32, the manifest tolerance
 
 
 def test_decoder_outputs_are_not_aliased_between_calls(gpu_artifact):

@@ -38,11 +38,18 @@ def _inputs(cin, cout, T, B, dtype, g):
 
 # (B, Cin, Cout, K, stride, dilation, T, precision): code2wav's dilated 192-ch conv and head, Fish DAC decoder
 # layers, the encoder's strided and first convs
-CONV_CASES = [(1, 192, 192, 7, 1, 9, 32000, "bf16"), (4, 384, 384, 7, 1, 9, 8000, "bf16"),
-              (1, 96, 1, 7, 1, 1, 96000, "bf16"), (1, 768, 768, 7, 1, 3, 928, "tf32"),
-              (1, 768, 768, 7, 1, 3, 928, "tf32x3"), (1, 384, 384, 1, 1, 1, 7424, "tf32x3"),
-              (1, 128, 256, 8, 4, 1, 221184, "tf32x3"), (1, 1, 64, 7, 1, 1, 442368, "tf32x3"),
-              (1, 1024, 1536, 7, 1, 1, 200, "bf16"), (2, 96, 96, 7, 1, 3, 1000, "ieee")]
+CONV_CASES = [
+    (1, 192, 192, 7, 1, 9, 32000, "bf16"),
+    (4, 384, 384, 7, 1, 9, 8000, "bf16"),
+    (1, 96, 1, 7, 1, 1, 96000, "bf16"),
+    (1, 768, 768, 7, 1, 3, 928, "tf32"),
+    (1, 768, 768, 7, 1, 3, 928, "tf32x3"),
+    (1, 384, 384, 1, 1, 1, 7424, "tf32x3"),
+    (1, 128, 256, 8, 4, 1, 221184, "tf32x3"),
+    (1, 1, 64, 7, 1, 1, 442368, "tf32x3"),
+    (1, 1024, 1536, 7, 1, 1, 200, "bf16"),
+    (2, 96, 96, 7, 1, 3, 1000, "ieee"),
+]
 
 
 @pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: "-".join(map(str, c)))
@@ -62,16 +69,30 @@ def test_conv1d_op_on_cuda(case):
     ref_pre, ref = K.conv1d_dual_reference(*args)
     assert not out.isnan().any() and out.shape == ref.shape == (B, tout, cout)
     assert _rel(pre, ref_pre) < TOL[prec] and _rel(out, ref) < TOL[prec] * 2
-    plain = torch.ops.ttsaot.conv1d(*args[:3], None, None, None, None, None, *args[8:11], "clamp", torch.float32,
-                                    args[13])
+    plain = torch.ops.ttsaot.conv1d(
+        *args[:3], None, None, None, None, None, *args[8:11], "clamp", torch.float32, args[13]
+    )
     assert plain.dtype == torch.float32
-    assert _rel(plain, K.conv1d_reference(*args[:3], None, None, None, None, None, *args[8:11], "clamp",
-                                          torch.float32, args[13])) < TOL[prec]
+    assert (
+        _rel(
+            plain,
+            K.conv1d_reference(*args[:3], None, None, None, None, None, *args[8:11], "clamp", torch.float32, args[13]),
+        )
+        < TOL[prec]
+    )
 
 
-@pytest.mark.parametrize("case", [(1, 384, 192, 8, 4, 8000, "bf16"), (4, 1536, 768, 16, 8, 200, "bf16"),
-                                  (1, 1024, 1024, 2, 2, 50, "bf16"), (1, 1536, 768, 16, 8, 116, "tf32x3"),
-                                  (1, 192, 96, 6, 3, 29696, "tf32")], ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize(
+    "case",
+    [
+        (1, 384, 192, 8, 4, 8000, "bf16"),
+        (4, 1536, 768, 16, 8, 200, "bf16"),
+        (1, 1024, 1024, 2, 2, 50, "bf16"),
+        (1, 1536, 768, 16, 8, 116, "tf32x3"),
+        (1, 192, 96, 6, 3, 29696, "tf32"),
+    ],
+    ids=lambda c: "-".join(map(str, c)),
+)
 def test_conv_transpose1d_op_on_cuda(case):
     B, cin, cout, k, s, T, prec = case
     dtype = torch.bfloat16 if prec == "bf16" else torch.float32
@@ -87,16 +108,18 @@ def test_conv_transpose1d_op_on_cuda(case):
     assert _rel(pre, ref_pre) < TOL[prec] and _rel(out, ref) < TOL[prec] * 2
 
 
-@pytest.mark.parametrize("C,d,T,dtype", [(1024, 9, 288, torch.float32), (64, 3, 34560, torch.float32),
-                                         (32, 1, 69120, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "C,d,T,dtype", [(1024, 9, 288, torch.float32), (64, 3, 34560, torch.float32), (32, 1, 69120, torch.bfloat16)]
+)
 def test_dwconv1d_op_on_cuda(C, d, T, dtype):
     g = torch.Generator(device="cuda").manual_seed(2)
     w = torch.randn(7, C, generator=g, device="cuda").to(dtype)
     b = torch.randn(C, generator=g, device="cuda").to(dtype)
     x, a, ib = _inputs(C, C, T, 1, dtype, g)
     args = (x, w, b, None, None, None, a, ib, d, 6 * d, "snake", None)
-    assert _rel(torch.ops.ttsaot.dwconv1d(*args), K.dwconv1d_reference(*args)) < (1e-5 if dtype == torch.float32
-                                                                                  else 4e-3)
+    assert _rel(torch.ops.ttsaot.dwconv1d(*args), K.dwconv1d_reference(*args)) < (
+        1e-5 if dtype == torch.float32 else 4e-3
+    )
 
 
 def _qwen_block(dtype):
@@ -150,8 +173,9 @@ def test_fused_chain_aoti_cuda_package(tmp_path):
     names = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
     assert names.count("ttsaot.conv1d_dual.default") == 2 and names.count("ttsaot.conv_transpose1d_dual.default") == 1
     first = min(i for i, n in enumerate(names) if n.startswith("ttsaot.conv"))
-    assert not any(n.startswith(("aten.transpose", "aten.permute", "aten.clone", "aten.contiguous"))
-                   for n in names[first:])                      # NCL in, NLC out: the one conversion is at the start
+    assert not any(
+        n.startswith(("aten.transpose", "aten.permute", "aten.clone", "aten.contiguous")) for n in names[first:]
+    )  # NCL in, NLC out: the one conversion is at the start
     path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "chain.pt2"))
     got = torch._inductor.aoti_load_package(path)(x)
     assert _rel(got, ref) < 1e-2
@@ -159,7 +183,7 @@ def test_fused_chain_aoti_cuda_package(tmp_path):
 
 @pytest.mark.parametrize("cin,cout,k,d,T", [(768, 768, 7, 3, 928), (192, 192, 7, 9, 7424), (1536, 768, 1, 1, 116)])
 def test_tf32_rounds_like_cudnn(cin, cout, k, d, T):
-    """"tf32" rounds both operands to the nearest TF32 value: its error matches cuDNN's TF32 convolution (fed
+    """ "tf32" rounds both operands to the nearest TF32 value: its error matches cuDNN's TF32 convolution (fed
     unrounded, the tensor cores truncate: about twice the error, and biased)."""
     g = torch.Generator(device="cuda").manual_seed(3)
     with torch.device("cuda"):
@@ -174,9 +198,9 @@ def test_tf32_rounds_like_cudnn(cin, cout, k, d, T):
         cudnn = conv(x.transpose(1, 2)).transpose(1, 2)
     torch.backends.cudnn.allow_tf32 = False
     e_ours, e_cudnn = _rel(ours, exact), _rel(cudnn, exact)
-    assert e_cudnn > 1e-5                    # cuDNN did run in TF32
+    assert e_cudnn > 1e-5  # cuDNN did run in TF32
     assert e_ours < 1.3 * e_cudnn, (e_ours, e_cudnn)
-    assert abs(((ours.double() - exact) * exact.sign()).mean() / exact.abs().mean()) < 1e-4   # no shrinking bias
+    assert abs(((ours.double() - exact) * exact.sign()).mean() / exact.abs().mean()) < 1e-4  # no shrinking bias
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -212,8 +236,20 @@ def test_split_k_is_exact_and_replays_in_a_graph(split, prec):
     out = torch.empty_like(first)
     ws = torch.empty(split * 200 * 1536, dtype=torch.float32, device="cuda")
     cnt = torch.zeros(13 * 96, dtype=torch.int32, device="cuda")
-    launch = dict(cout=1536, tout=200, stride=1, dilation=1, pad=m.left_pad, act="snake", write_pre=False,
-                  out_dtype=None, precision=kp, config=cfg, out=out, scratch=(ws, cnt))
+    launch = dict(
+        cout=1536,
+        tout=200,
+        stride=1,
+        dilation=1,
+        pad=m.left_pad,
+        act="snake",
+        write_pre=False,
+        out_dtype=None,
+        precision=kp,
+        config=cfg,
+        out=out,
+        scratch=(ws, cnt),
+    )
     K.launch_conv_gemm(x, w, b, None, None, None, a, ib, **launch)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -36,20 +36,24 @@ from ..conftest import rel_err  # noqa: E402
 
 
 def _fish(dtype, buckets=(1, 4), preset="tiny"):
-    return fst.fast_ar_stage(FishS2Options(preset=preset, dtype=dtype, batch_buckets=buckets,
-                                          fast_ar_with_embedding=True))
+    return fst.fast_ar_stage(
+        FishS2Options(preset=preset, dtype=dtype, batch_buckets=buckets, fast_ar_with_embedding=True)
+    )
 
 
 def _qwen(dtype, buckets=(1, 4), preset="tiny", size="0.6B"):
-    return qst.code_predictor_stage(Qwen3TTSOptions(preset=preset, talker_size=size, dtype=dtype,
-                                                     batch_buckets=buckets, code_predictor_with_embedding=True))
+    return qst.code_predictor_stage(
+        Qwen3TTSOptions(
+            preset=preset, talker_size=size, dtype=dtype, batch_buckets=buckets, code_predictor_with_embedding=True
+        )
+    )
 
 
 @pytest.fixture(scope="module", params=["fp32", "bf16"])
 def built(request, tmp_path_factory):
     dtype = torch.float32 if request.param == "fp32" else torch.bfloat16
     out = tmp_path_factory.mktemp(f"pred-{request.param}")
-    fish = build_family(FISH, [_fish(dtype)], out, "cuda").path        # the build verifies its golden cases
+    fish = build_family(FISH, [_fish(dtype)], out, "cuda").path  # the build verifies its golden cases
     qwen = build_family(QWEN.name, [_qwen(dtype)], out, "cuda").path
     return dtype, load(fish, device="cuda")["fast_ar"], load(qwen, device="cuda")["code_predictor"]
 
@@ -68,7 +72,7 @@ def _case(stage, spec, B, seed):
     g = torch.Generator().manual_seed(seed)
     x = {k: v.cuda() for k, v in spec.make_inputs({"batch": B}, g).items()}
     steps, width = stage.noise_shape
-    x.update(random_sampling_inputs(B, steps, width, g))        # real sampling mix, not the golden one
+    x.update(random_sampling_inputs(B, steps, width, g))  # real sampling mix, not the golden one
     return {k: v.cuda() for k, v in x.items()}
 
 
@@ -82,7 +86,7 @@ def test_graphs_replay_and_match_eager(built):
             args = [x[n] for n in spec.input_names]
             codes, emb = stage(*args)
             again, _ = stage(*args)
-            assert torch.equal(codes, again)                   # replay is deterministic
+            assert torch.equal(codes, again)  # replay is deterministic
             if dtype == torch.float32:
                 with torch.no_grad():
                     ref_codes, ref_emb = eager(*args)
@@ -100,8 +104,7 @@ def _check_bf16_consistency(eager, name, x, codes, emb):
             _, logits = eager.decode(x["hidden"], x["token"], lambda s, lg: codes[:, s])
             ref_emb = eager.next_input_embedding(x["token"], codes, x["token_embed"])
         else:
-            _, logits, summed = eager.decode(x["hidden"], x["code0"], lambda s, lg: codes[:, s],
-                                             collect_embedding=True)
+            _, logits, summed = eager.decode(x["hidden"], x["code0"], lambda s, lg: codes[:, s], collect_embedding=True)
             ref_emb = summed.float()
     T = x["temperature"].float()
     greedy = T <= 0
@@ -114,8 +117,8 @@ def _check_bf16_consistency(eager, name, x, codes, emb):
         keep = support_mask(scaled, x["top_k"], x["top_p"])
         score = torch.where(greedy[:, None], lg, scaled + gumbel(x["noise"][:, s - 1]))
         score = score.masked_fill(~keep & ~greedy[:, None], float("-inf"))
-        chosen = score.gather(1, codes[:, s:s + 1]).squeeze(1)
-        slack = 0.05 * lg.abs().amax(1) / torch.where(greedy, torch.ones_like(T), T)   # bf16 logit error bound
+        chosen = score.gather(1, codes[:, s : s + 1]).squeeze(1)
+        slack = 0.05 * lg.abs().amax(1) / torch.where(greedy, torch.ones_like(T), T)  # bf16 logit error bound
         bad += int(((chosen < score.amax(1) - slack) & rows).sum())
     assert bad == 0
     assert rel_err(emb[rows], ref_emb[rows]) < 2e-2

@@ -22,14 +22,16 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def _opts(dtype, **kw):
     from ttsaot.builder.families.voxcpm2.options import VoxCPM2Options
 
-    base = dict(dtype=dtype, batch_buckets=(1, 2), frame_buckets=(12, 36), streaming=STREAM, max_len=64,
-                prefill_buckets=(16,))
+    base = dict(
+        dtype=dtype, batch_buckets=(1, 2), frame_buckets=(12, 36), streaming=STREAM, max_len=64, prefill_buckets=(16,)
+    )
     base.update(kw)
     return VoxCPM2Options(**base)
 
 
-def decode_end_to_end(device: str = "cuda", dtype: torch.dtype = torch.float32, out_root=None,
-                      steps: int = 9, **opts_kw) -> dict:
+def decode_end_to_end(
+    device: str = "cuda", dtype: torch.dtype = torch.float32, out_root=None, steps: int = 9, **opts_kw
+) -> dict:
     """Artifacts (LM steps + locdit + local_encoder + vae_decoder) driven by VoxCPM2Decoder vs an eager loop
     over the same modules in the reference's order, same per-request noise; returns the measured errors."""
     import tempfile
@@ -63,8 +65,11 @@ def decode_end_to_end(device: str = "cuda", dtype: torch.dtype = torch.float32, 
     base_cache = bundle["base_lm_step"].new_cache(B)
     res_cache = bundle["residual_lm_step"].new_cache(B)
     dec = VoxCPM2Decoder(bundle, min_len=2)
-    chunks = list(dec.stream(lm_h, res_h, cond, base_cache=base_cache, residual_cache=res_cache,
-                             generators=gens(), max_steps=steps))
+    chunks = list(
+        dec.stream(
+            lm_h, res_h, cond, base_cache=base_cache, residual_cache=res_cache, generators=gens(), max_steps=steps
+        )
+    )
     wav = [torch.cat([c.wav for c in chunks if c.row == r], dim=-1) for r in range(B)]
 
     # --- the eager reference loop (VoxCPM2Model._inference order), per-row noise from the same seeds
@@ -111,7 +116,7 @@ def decode_end_to_end(device: str = "cuda", dtype: torch.dtype = torch.float32, 
     return errs
 
 
-if __name__ == "__main__":   # pragma: no cover
+if __name__ == "__main__":  # pragma: no cover
     print(decode_end_to_end("cpu", batch_buckets=(2,), frame_buckets=(36,)))
 
 
@@ -175,7 +180,7 @@ def test_per_request_noise_is_reproducible_on_gpu(gpu_audio_artifact):
     cond = torch.randn(2, C, P, device="cuda")
     p2, _ = pg(lm, res, cond, [torch.Generator("cuda").manual_seed(s) for s in (1, 2)])
     p1, _ = pg(lm[1:], res[1:], cond[1:], [torch.Generator("cuda").manual_seed(2)])
-    assert _rel(p1, p2[1:]) < 2e-2      # batch-1 vs batch-2 buckets: same noise, bf16 kernel-order noise only
+    assert _rel(p1, p2[1:]) < 2e-2  # batch-1 vs batch-2 buckets: same noise, bf16 kernel-order noise only
 
 
 def test_pipeline_end_to_end_on_gpu(tmp_path):

@@ -72,13 +72,20 @@ def _request(bundle, eager, B, lengths, n_steps, seed=0):
     refs = []
     with torch.no_grad():
         for b, n in enumerate(lengths):
-            x = tmask[b:b + 1, :n, None] * eager.base_lm.embed_tokens(tok[b:b + 1, :n]) + fmask[b:b + 1, :n, None] * fe[
-                b:b + 1, :n]
-            h, _ = eager.base_lm.forward_seq(torch.cat([x, steps[b:b + 1]], 1))
-            lm_p = eager.fsq_layer(h[:, :n]) * fmask[b:b + 1, :n, None] + h[:, :n] * tmask[b:b + 1, :n, None]
+            x = (
+                tmask[b : b + 1, :n, None] * eager.base_lm.embed_tokens(tok[b : b + 1, :n])
+                + fmask[b : b + 1, :n, None] * fe[b : b + 1, :n]
+            )
+            h, _ = eager.base_lm.forward_seq(torch.cat([x, steps[b : b + 1]], 1))
+            lm_p = eager.fsq_layer(h[:, :n]) * fmask[b : b + 1, :n, None] + h[:, :n] * tmask[b : b + 1, :n, None]
             lm_d = eager.fsq_layer(h[:, n:])
-            rin = torch.cat([torch.cat([lm_p, fmask[b:b + 1, :n, None] * fe[b:b + 1, :n]], -1),
-                             torch.cat([lm_d, steps[b:b + 1]], -1)], 1)
+            rin = torch.cat(
+                [
+                    torch.cat([lm_p, fmask[b : b + 1, :n, None] * fe[b : b + 1, :n]], -1),
+                    torch.cat([lm_d, steps[b : b + 1]], -1),
+                ],
+                1,
+            )
             r, _ = eager.residual_lm.forward_seq(eager.fusion_concat_proj(rin))
             stop = eager.stop_head(torch.nn.functional.silu(eager.stop_proj(lm_d)))
             refs.append((h[0, n:], lm_d[0], r[0, n:], stop[0]))
@@ -124,8 +131,10 @@ def test_bf16_error_vs_fp32_eager(bf16_artifact, eager):
     bundle = load(bf16_artifact, device="cuda")
     got, refs, _ = _request(bundle, eager, 2, [8, 5], 6)
     tol = {n: bundle[n].entry.tolerance for n in vst.LM_STAGES}
-    errs = {name: max(rel_err(got[j][b], refs[b][j]) for b in range(2))
-            for j, name in enumerate(("hidden", "lm_hidden", "residual", "stop"))}
+    errs = {
+        name: max(rel_err(got[j][b], refs[b][j]) for b in range(2))
+        for j, name in enumerate(("hidden", "lm_hidden", "residual", "stop"))
+    }
     print("bf16 decode rel errors vs fp32 eager (6 steps, tiny):", {k: round(v, 4) for k, v in errs.items()})
     assert errs["hidden"] < tol["residual_lm_step"] and errs["residual"] < tol["residual_lm_step"]
     assert errs["lm_hidden"] < tol["base_lm_step"] and errs["stop"] < tol["base_lm_step"]

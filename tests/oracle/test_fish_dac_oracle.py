@@ -28,10 +28,10 @@ CFG = fcfg.DAC_PRESETS["tiny"]
 
 @pytest.fixture(scope="module")
 def upstream(fish_dac_ckpt):
-    import_upstream(f"{FISH_DAC_PKG}.codec")      # skips if vllm_omni is not installed, fails if broken
+    import_upstream(f"{FISH_DAC_PKG}.codec")  # skips if vllm_omni is not installed, fails if broken
     model = fish_dac_upstream(CFG)
     sd = torch.load(fish_dac_ckpt / "codec.pth", map_location="cpu", weights_only=True)["generator"]
-    model.load_state_dict(sd, strict=True)      # our writer produces exactly the upstream key set and shapes
+    model.load_state_dict(sd, strict=True)  # our writer produces exactly the upstream key set and shapes
     return model
 
 
@@ -62,9 +62,9 @@ def test_decoder_artifact_matches_upstream(upstream, bundle):
             ref, lengths = upstream.decode(codes, torch.full((B,), F))
         out = stage(codes)
         assert out.shape == ref.shape and int(lengths[0]) == F * 2048
-        assert 0.01 < ref.abs().max() < 0.99        # not silent, not saturated by tanh
+        assert 0.01 < ref.abs().max() < 0.99  # not silent, not saturated by tanh
         errs.append(rel_err(out, ref))
-    assert max(errs) <= 1e-5, errs                 # measured ≈1e-7 (fp32, CPU)
+    assert max(errs) <= 1e-5, errs  # measured ≈1e-7 (fp32, CPU)
 
 
 def test_encoder_artifact_codes_equal_upstream(upstream, bundle):
@@ -72,7 +72,7 @@ def test_encoder_artifact_codes_equal_upstream(upstream, bundle):
     g = torch.Generator().manual_seed(5)
     for n in (45_056, 20_000, 777):
         t = torch.arange(n) / 44100.0
-        audio = (0.3 * torch.sin(2 * torch.pi * (150 + 300 * t) * t) + 0.05 * torch.randn(n, generator=g))
+        audio = 0.3 * torch.sin(2 * torch.pi * (150 + 300 * t) * t) + 0.05 * torch.randn(n, generator=g)
         with torch.no_grad():
             ref, ref_len = upstream.encode(audio.view(1, 1, -1))
         codes = stage.encode(audio)

@@ -42,12 +42,20 @@ def test_artifact_matches_upstream_decoder(upstream_modules, tmp_path):
     up_cfg = cfg_mod.Qwen3TTSTokenizerV2DecoderConfig(**d)
     up_cfg._attn_implementation = "sdpa"
     upstream = model_mod.Qwen3TTSTokenizerV2Decoder(up_cfg).eval()
-    sd = {k[len("decoder."):]: v for k, v in load_file(str(tok / "model.safetensors")).items()
-          if k.startswith("decoder.")}
+    sd = {
+        k[len("decoder.") :]: v
+        for k, v in load_file(str(tok / "model.safetensors")).items()
+        if k.startswith("decoder.")
+    }
     upstream.load_state_dict(sd, strict=True)
 
-    opts = Qwen3TTSOptions(checkpoint=str(ckpt), dtype=torch.float32, batch_buckets=(2,), frame_buckets=(24,),
-                             streaming=StreamingConfig(24, 0, 0, 0))
+    opts = Qwen3TTSOptions(
+        checkpoint=str(ckpt),
+        dtype=torch.float32,
+        batch_buckets=(2,),
+        frame_buckets=(24,),
+        streaming=StreamingConfig(24, 0, 0, 0),
+    )
     art = build_family(QWEN.name, [qst.code2wav_stage(opts)], tmp_path / "art", "cpu").path
     stage = load(art)["code2wav"]
     g = torch.Generator().manual_seed(4)
@@ -57,7 +65,7 @@ def test_artifact_matches_upstream_decoder(upstream_modules, tmp_path):
             ref = upstream(codes)
         out = stage(codes)
         assert out.shape == ref.shape
-        assert ref.abs().max() < 1.0          # not saturated by the clamp: the comparison means something
+        assert ref.abs().max() < 1.0  # not saturated by the clamp: the comparison means something
         assert rel_err(out, ref) <= 1e-4, F
     # chunked decode agrees with upstream's own chunked_decode semantics at a long length too
     codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, 60), generator=g)

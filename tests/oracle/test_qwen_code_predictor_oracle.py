@@ -43,7 +43,7 @@ def upstream_mod():
     pytest.importorskip("transformers")
     try:
         import librosa.filters  # noqa: F401
-    except ImportError:   # not installed, or another test's stand-in `librosa` without `filters` (bench voxcpm-loop)
+    except ImportError:  # not installed, or another test's stand-in `librosa` without `filters` (bench voxcpm-loop)
         _stub("librosa.filters", mel=lambda *a, **k: None)
         _stub("librosa", filters=sys.modules["librosa.filters"])
         sys.modules["librosa"].filters = sys.modules["librosa.filters"]
@@ -65,16 +65,25 @@ def pair(upstream_mod, tmp_path_factory):
     ours = qck.init_random_code_predictor(qpm.CodePredictor(CFG, with_embedding=True), seed=0)
     ck = qck.write_code_predictor_checkpoint(ours, tmp_path_factory.mktemp("qwen3-tts-tiny"))
     up_cfg = cfg_mod.Qwen3TTSTalkerCodePredictorConfig(
-        vocab_size=CFG.vocab_size, hidden_size=CFG.hidden_size, intermediate_size=CFG.intermediate_size,
-        num_hidden_layers=CFG.num_hidden_layers, num_attention_heads=CFG.num_attention_heads,
-        num_key_value_heads=CFG.num_key_value_heads, head_dim=CFG.head_dim, rms_norm_eps=CFG.rms_norm_eps,
-        rope_theta=CFG.rope_theta, num_code_groups=NG, max_position_embeddings=64)
+        vocab_size=CFG.vocab_size,
+        hidden_size=CFG.hidden_size,
+        intermediate_size=CFG.intermediate_size,
+        num_hidden_layers=CFG.num_hidden_layers,
+        num_attention_heads=CFG.num_attention_heads,
+        num_key_value_heads=CFG.num_key_value_heads,
+        head_dim=CFG.head_dim,
+        rms_norm_eps=CFG.rms_norm_eps,
+        rope_theta=CFG.rope_theta,
+        num_code_groups=NG,
+        max_position_embeddings=64,
+    )
     up_cfg._attn_implementation = "eager"
     theirs = model_mod.Qwen3TTSTalkerCodePredictorModelForConditionalGeneration(
-        up_cfg, types.SimpleNamespace(hidden_size=CFG.talker_hidden_size)).eval()
+        up_cfg, types.SimpleNamespace(hidden_size=CFG.talker_hidden_size)
+    ).eval()
     W = load_file(str(ck / "model.safetensors"))
     pre = "talker.code_predictor."
-    theirs.load_state_dict({k[len(pre):]: v for k, v in W.items() if k.startswith(pre)}, strict=True)
+    theirs.load_state_dict({k[len(pre) :]: v for k, v in W.items() if k.startswith(pre)}, strict=True)
     return ours, theirs, W["talker.model.codec_embedding.weight"]
 
 
@@ -93,7 +102,7 @@ def test_teacher_forced_logits_match_upstream(pair):
     codes = torch.randint(0, CFG.vocab_size, (B, NG), generator=g)
     with torch.no_grad():
         _, logits, _ = ours.decode(hidden, codes[:, 0], lambda s, lg: codes[:, s])
-        ref = theirs.forward_finetune(inputs_embeds=_embeds(theirs, table, hidden, codes)).logits   # [B,15,V]
+        ref = theirs.forward_finetune(inputs_embeds=_embeds(theirs, table, hidden, codes)).logits  # [B,15,V]
     assert ref.shape == (B, NG - 1, CFG.vocab_size)
     for s in range(NG - 1):
         assert rel_err(logits[s], ref[:, s]) <= 1e-4, s
@@ -110,8 +119,14 @@ def test_greedy_codes_match_upstream_generate(pair, code_predictor_fp32):  # noq
     codes, _ = stage.generate(hidden, code0, temperature=0.0, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         first = torch.cat((hidden[:, None], table[code0][:, None]), dim=1)
-        out = theirs.generate(inputs_embeds=first, max_new_tokens=NG - 1, do_sample=False,
-                              return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
-    theirs_codes = torch.cat((code0[:, None], out.sequences[:, -(NG - 1):]), dim=1)
+        out = theirs.generate(
+            inputs_embeds=first,
+            max_new_tokens=NG - 1,
+            do_sample=False,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
+    theirs_codes = torch.cat((code0[:, None], out.sequences[:, -(NG - 1) :]), dim=1)
     assert torch.equal(codes, theirs_codes)
-    assert len(set(codes[:, 1:].flatten().tolist())) > 3       # not a degenerate constant sequence
+    assert len(set(codes[:, 1:].flatten().tolist())) > 3  # not a degenerate constant sequence

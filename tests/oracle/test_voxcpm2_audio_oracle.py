@@ -30,7 +30,7 @@ pytestmark = pytest.mark.oracle
 def upstream():
     pytest.importorskip("pydantic")
     pytest.importorskip("einops")
-    import_upstream("voxcpm.modules.minicpm4.config")    # skips if voxcpm is not installed, fails if broken
+    import_upstream("voxcpm.modules.minicpm4.config")  # skips if voxcpm is not installed, fails if broken
 
 
 @pytest.fixture(scope="module")
@@ -39,22 +39,25 @@ def ckpt_and_upstream(upstream, tmp_path_factory):
     dit, enc, dec = _modules_from_build()
     up_vae_probe = voxcpm_audio_vae(CFG.vae.to_json())
     encoder_sd = {f"encoder.{k}": v for k, v in up_vae_probe.encoder.state_dict().items()}
-    ckpt = vck.write_audio_checkpoint(tmp_path_factory.mktemp("voxcpm2") / "VoxCPM2-tiny", CFG, dit, enc, dec,
-                              vae_extra=encoder_sd)
+    ckpt = vck.write_audio_checkpoint(
+        tmp_path_factory.mktemp("voxcpm2") / "VoxCPM2-tiny", CFG, dit, enc, dec, vae_extra=encoder_sd
+    )
     conf = json.loads((ckpt / "config.json").read_text())
     sd = load_file(str(ckpt / "model.safetensors"))
 
     def strip(prefix):
-        return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+        return {k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)}
 
     up_enc = voxcpm_local_encoder(conf)
     up_enc.load_state_dict(strip("feat_encoder."), strict=True)
     cfm = voxcpm_cfm(conf)
     cfm.estimator.load_state_dict(strip("feat_decoder.estimator."), strict=True)
     projs = {}
-    for name, (i, o) in {"enc_to_lm_proj": (CFG.encoder.hidden_size, CFG.lm_hidden_size),
-                         "lm_to_dit_proj": (CFG.lm_hidden_size, CFG.dit.hidden_size),
-                         "res_to_dit_proj": (CFG.lm_hidden_size, CFG.dit.hidden_size)}.items():
+    for name, (i, o) in {
+        "enc_to_lm_proj": (CFG.encoder.hidden_size, CFG.lm_hidden_size),
+        "lm_to_dit_proj": (CFG.lm_hidden_size, CFG.dit.hidden_size),
+        "res_to_dit_proj": (CFG.lm_hidden_size, CFG.dit.hidden_size),
+    }.items():
         projs[name] = nn.Linear(i, o)
         projs[name].load_state_dict(strip(f"{name}."), strict=True)
     up_vae = voxcpm_audio_vae(conf["audio_vae_config"])
@@ -64,7 +67,7 @@ def ckpt_and_upstream(upstream, tmp_path_factory):
 
 def _upstream_patch(up, lm, res, cond, n_timesteps, cfg_rate, seed):
     mu = torch.cat([up["lm_to_dit_proj"](lm), up["res_to_dit_proj"](res)], dim=-1)
-    torch.manual_seed(seed)                       # z = randn((b, C, P), dtype=mu.dtype) inside UnifiedCFM
+    torch.manual_seed(seed)  # z = randn((b, C, P), dtype=mu.dtype) inside UnifiedCFM
     return up["cfm"](mu=mu, n_timesteps=n_timesteps, patch_size=CFG.patch_size, cond=cond, cfg_value=cfg_rate)
 
 
@@ -96,7 +99,7 @@ def test_locdit_bf16_time_grid_matches_upstream(ckpt_and_upstream):
     """In bf16 the estimator sees exactly the reference's t values (grid computed in the model dtype)."""
     ckpt, up = ckpt_and_upstream
     seen: list[float] = []
-    cfm_bf = copy.deepcopy(up["cfm"]).to(torch.bfloat16)   # a copy: .to() would round the fixture weights
+    cfm_bf = copy.deepcopy(up["cfm"]).to(torch.bfloat16)  # a copy: .to() would round the fixture weights
     cfm_bf.estimator.register_forward_pre_hook(lambda m, args: seen.append(float(args[2][0])))
     lm, res, cond, _ = _dit_inputs(2, seed=3)
     mu = torch.cat([up["lm_to_dit_proj"](lm), up["res_to_dit_proj"](res)], dim=-1).to(torch.bfloat16)
@@ -125,10 +128,10 @@ def test_artifact_matches_upstream(ckpt_and_upstream, voxcpm2_audio_fp32):  # no
     z = torch.randn(2, CFG.feat_dim, 40, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         ref_wav = up["vae"].decode(z)
-    wav = bundle["vae_decoder"](z)                       # padded into the 48-frame bucket
+    wav = bundle["vae_decoder"](z)  # padded into the 48-frame bucket
     assert wav.shape == ref_wav.shape
     assert rel_err(wav, ref_wav) < 1e-4
-    with torch.no_grad():   # streamed in the serving pattern: 12-frame chunks, 24 frames of context
+    with torch.no_grad():  # streamed in the serving pattern: 12-frame chunks, 24 frames of context
         streamed = torch.cat(list(bundle["vae_decoder"].stream(z.split(12, dim=-1))), dim=-1)
     assert rel_err(streamed, ref_wav) < 1e-4
 

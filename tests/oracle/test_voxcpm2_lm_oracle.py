@@ -30,7 +30,7 @@ MAX_LEN = 24
 @pytest.fixture(scope="module")
 def up():
     pytest.importorskip("pydantic")
-    import_upstream("voxcpm.modules.minicpm4.model")    # skips if voxcpm is not installed, fails if broken
+    import_upstream("voxcpm.modules.minicpm4.model")  # skips if voxcpm is not installed, fails if broken
     return voxcpm_module("minicpm4.model"), voxcpm_module("minicpm4.config")
 
 
@@ -41,8 +41,9 @@ def _upstream_lm(cfg: vcfg.MiniCPM4Config, ours: vlm.MiniCPM4):
 CASES = {
     "base": lambda c: c.lm,
     "residual_no_rope": lambda c: c.residual,
-    "mup_long_rope": lambda c: replace(c.lm, use_mup=True, max_position_embeddings=8192,
-                                       rope_original_max_position_embeddings=4096),
+    "mup_long_rope": lambda c: replace(
+        c.lm, use_mup=True, max_position_embeddings=8192, rope_original_max_position_embeddings=4096
+    ),
 }
 
 

@@ -17,4 +17,4 @@ def import_upstream(dotted: str):
     except Skipped as e:
         if "is not installed" in str(e):
             pytest.skip(str(e))
-        raise AssertionError(str(e)) from e   # installed but broken: an oracle must not silently skip
+        raise AssertionError(str(e)) from e  # installed but broken: an oracle must not silently skip

@@ -3,5 +3,10 @@
 from ...family import Family
 from .options import FishS2Options
 
-FAMILY = Family(name="fish-s2-pro", presets=("tiny", "full"), Options=FishS2Options,
-                stages=("fast_ar", "dac_decoder", "dac_encoder"), package=__name__)
+FAMILY = Family(
+    name="fish-s2-pro",
+    presets=("tiny", "full"),
+    Options=FishS2Options,
+    stages=("fast_ar", "dac_decoder", "dac_encoder"),
+    package=__name__,
+)

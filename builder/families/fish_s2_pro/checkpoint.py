@@ -27,8 +27,7 @@ from .fast_ar import FastAR
 
 # -------------------------------------------------------------------------------------------------- codec
 # Persistent buffers of the three WindowLimitedTransformers; never read (see module docstring).
-IGNORED_BUFFERS = re.compile(
-    r"(encoder\.block\.\d+\.block\.5|quantizer\.(pre|post)_module)\.(causal_mask|freqs_cis)")
+IGNORED_BUFFERS = re.compile(r"(encoder\.block\.\d+\.block\.5|quantizer\.(pre|post)_module)\.(causal_mask|freqs_cis)")
 
 
 def read_codec_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict]:
@@ -38,7 +37,7 @@ def read_codec_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
         raise FileNotFoundError(f"{p}: codec.pth not found")
     try:
         sd = torch.load(str(p), map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:      # an old (non-zip) serialization cannot be memory-mapped
+    except RuntimeError:  # an old (non-zip) serialization cannot be memory-mapped
         sd = torch.load(str(p), map_location="cpu", weights_only=True)
     if isinstance(sd, dict) and isinstance(sd.get("generator"), dict):
         sd = sd["generator"]
@@ -46,9 +45,11 @@ def read_codec_state(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[st
         raise CheckpointError(f"{p}: expected a state dict of tensors (optionally under 'generator')")
     ignored = {k: v for k, v in sd.items() if IGNORED_BUFFERS.fullmatch(k)}
     load = legacy_weight_norm_to_new({k: v for k, v in sd.items() if k not in ignored})
-    report = {"path": str(p),
-              "ignored": {"tensors": len(ignored), "params": sum(v.numel() for v in ignored.values())},
-              "legacy_weight_norm": sum(k.endswith(".weight_g") for k in sd)}
+    report = {
+        "path": str(p),
+        "ignored": {"tensors": len(ignored), "params": sum(v.numel() for v in ignored.values())},
+        "legacy_weight_norm": sum(k.endswith(".weight_g") for k in sd),
+    }
     return load, ignored, report
 
 
@@ -61,9 +62,11 @@ def _check_rope_buffers(model: DAC, ignored: dict[str, torch.Tensor], source: st
         assert isinstance(mod, WindowLimitedTransformer)
         ours = torch.stack([mod.rope_cos, mod.rope_sin], dim=-1)
         if tuple(t.shape) != tuple(ours.shape) or not torch.equal(t.float(), ours):
-            raise CheckpointError(f"{source}: {key} does not match the RoPE table of the configured "
-                                  f"transformer (shape {tuple(t.shape)} vs {tuple(ours.shape)}); "
-                                  "wrong config?")
+            raise CheckpointError(
+                f"{source}: {key} does not match the RoPE table of the configured "
+                f"transformer (shape {tuple(t.shape)} vs {tuple(ours.shape)}); "
+                "wrong config?"
+            )
 
 
 def load_codec(path: str | Path, cfg: DACConfig | None = None, cls: type[DAC] = DAC) -> tuple[DAC, dict]:
@@ -90,7 +93,7 @@ def init_random_dac(model: DAC, seed: int = 0) -> DAC:
                 p.copy_(torch.rand(p.shape, generator=g) * 1.5 + 0.25)
             elif leaf == "gamma":
                 p.copy_(torch.rand(p.shape, generator=g) * 0.2 + 0.05)
-            elif leaf == "original0":            # weight-norm magnitude g: sets each output channel's gain
+            elif leaf == "original0":  # weight-norm magnitude g: sets each output channel's gain
                 # residual branches (ResidualUnit's k1 conv) and the final decoder conv start small
                 gain = 0.3 if (".block.3.conv." in name or name.startswith(last_conv)) else 1.0
                 p.copy_(gain * (0.5 + torch.rand(p.shape, generator=g)))
@@ -106,8 +109,14 @@ def init_random_dac(model: DAC, seed: int = 0) -> DAC:
     return model.eval()
 
 
-def write_codec_pth(model: DAC, path: str | Path, generator_wrapper: bool = True, legacy_vq: bool = True,
-                    legacy_all: bool = False, with_buffers: bool = True) -> Path:
+def write_codec_pth(
+    model: DAC,
+    path: str | Path,
+    generator_wrapper: bool = True,
+    legacy_vq: bool = True,
+    legacy_all: bool = False,
+    with_buffers: bool = True,
+) -> Path:
     """Save in the real `codec.pth` layout: new-style weight norm on the causal convs, legacy `weight_g/_v` on
     the VQ projections (`legacy_all`: everywhere), the transformers' `freqs_cis` (bf16) and `causal_mask`
     buffers, optionally under `"generator"`."""
@@ -137,12 +146,20 @@ def fast_ar_rules(cfg: FastARConfig, with_embedding: bool) -> KeyRules:
     """HF safetensors: `audio_decoder.*` is the Fast AR (Fish names, `wqkv` already fused: loaded as is);
     `text_model.*` is the slow AR (never read). Without the embedding output the slow-AR-side
     `codebook_embeddings` is known but unused (dropped, counted as pruned)."""
-    ren = {"audio_decoder.norm.weight": "norm.weight", "audio_decoder.output.weight": "output.weight",
-           "audio_decoder.embeddings.weight": "embeddings.weight"}
-    per_layer = {"attention.wqkv": "self_attn.qkv_proj", "attention.wo": "self_attn.o_proj",
-                 "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj",
-                 "feed_forward.w2": "mlp.down_proj", "attention_norm": "input_layernorm",
-                 "ffn_norm": "post_attention_layernorm"}
+    ren = {
+        "audio_decoder.norm.weight": "norm.weight",
+        "audio_decoder.output.weight": "output.weight",
+        "audio_decoder.embeddings.weight": "embeddings.weight",
+    }
+    per_layer = {
+        "attention.wqkv": "self_attn.qkv_proj",
+        "attention.wo": "self_attn.o_proj",
+        "feed_forward.w1": "mlp.gate_proj",
+        "feed_forward.w3": "mlp.up_proj",
+        "feed_forward.w2": "mlp.down_proj",
+        "attention_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm",
+    }
     for i in range(cfg.n_layer):
         for src, dst in per_layer.items():
             ren[f"audio_decoder.layers.{i}.{src}.weight"] = f"layers.{i}.{dst}.weight"
@@ -207,17 +224,33 @@ def write_fast_ar_checkpoint(model: FastAR, out_dir: str | Path, seed: int = 0) 
     inverse = {v: k for k, v in fast_ar_rules(cfg, True).rename.items()}
     sd = {inverse[k]: v.detach().contiguous() for k, v in model.state_dict().items()}
     g = torch.Generator().manual_seed(seed + 1)
-    sd.setdefault("audio_decoder.codebook_embeddings.weight",
-                  torch.randn(cfg.num_codebooks * cfg.codebook_size, cfg.dim, generator=g))
+    sd.setdefault(
+        "audio_decoder.codebook_embeddings.weight",
+        torch.randn(cfg.num_codebooks * cfg.codebook_size, cfg.dim, generator=g),
+    )
     sd["text_model.model.norm.weight"] = torch.ones(cfg.dim)
     save_file(sd, str(out / "model.safetensors"))
-    adc = {k: v for k, v in asdict(cfg).items()
-           if k not in ("codebook_size", "semantic_start_token_id", "residual_codebook_size", "text_vocab_size")}
-    (out / "config.json").write_text(json.dumps({
-        "model_type": "fish_qwen3_omni", "semantic_start_token_id": cfg.semantic_start_token_id,
-        "semantic_end_token_id": cfg.semantic_start_token_id + cfg.vocab_size - 1,
-        "text_config": {"model_type": "fish_qwen3", "dim": cfg.dim, "codebook_size": cfg.codebook_size,
-                        "num_codebooks": cfg.num_codebooks, "vocab_size": cfg.text_vocab_size},
-        "audio_decoder_config": {"model_type": "fish_qwen3_audio_decoder", **adc}}, indent=2))
+    adc = {
+        k: v
+        for k, v in asdict(cfg).items()
+        if k not in ("codebook_size", "semantic_start_token_id", "residual_codebook_size", "text_vocab_size")
+    }
+    (out / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "fish_qwen3_omni",
+                "semantic_start_token_id": cfg.semantic_start_token_id,
+                "semantic_end_token_id": cfg.semantic_start_token_id + cfg.vocab_size - 1,
+                "text_config": {
+                    "model_type": "fish_qwen3",
+                    "dim": cfg.dim,
+                    "codebook_size": cfg.codebook_size,
+                    "num_codebooks": cfg.num_codebooks,
+                    "vocab_size": cfg.text_vocab_size,
+                },
+                "audio_decoder_config": {"model_type": "fish_qwen3_audio_decoder", **adc},
+            },
+            indent=2,
+        )
+    )
     return out
-

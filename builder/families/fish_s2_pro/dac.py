@@ -40,11 +40,12 @@ def wn_causal_conv_transpose(cin: int, cout: int, kernel: int, stride: int) -> C
 class ResidualUnit(nn.Module):
     def __init__(self, dim: int, dilation: int) -> None:
         super().__init__()
-        self.block = nn.Sequential(Snake1d(dim), wn_causal_conv(dim, dim, 7, dilation=dilation),
-                                   Snake1d(dim), wn_causal_conv(dim, dim, 1))
+        self.block = nn.Sequential(
+            Snake1d(dim), wn_causal_conv(dim, dim, 7, dilation=dilation), Snake1d(dim), wn_causal_conv(dim, dim, 1)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.block(x)      # causal convs keep the length: no trim
+        return x + self.block(x)  # causal convs keep the length: no trim
 
 
 def rope_tables(block_size: int, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,17 +135,26 @@ class WindowLimitedTransformer(nn.Module):
     from iota inside the graph and the RoPE tables are build-time buffers (non-persistent: the checkpoint's
     `freqs_cis`/`causal_mask` buffers are never read)."""
 
-    def __init__(self, dim: int, n_layer: int, n_head: int, head_dim: int, hidden: int, window: int,
-                 block_size: int, rope_base: float, eps: float) -> None:
+    def __init__(
+        self,
+        dim: int,
+        n_layer: int,
+        n_head: int,
+        head_dim: int,
+        hidden: int,
+        window: int,
+        block_size: int,
+        rope_base: float,
+        eps: float,
+    ) -> None:
         super().__init__()
         self.window, self.block_size = window, block_size
-        self.layers = nn.ModuleList(TransformerBlock(dim, n_head, head_dim, hidden, eps)
-                                    for _ in range(n_layer))
+        self.layers = nn.ModuleList(TransformerBlock(dim, n_head, head_dim, hidden, eps) for _ in range(n_layer))
         self.norm = RMSNorm(dim, eps)
         cos, sin = rope_tables(block_size, head_dim, rope_base)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.rope_cos_keep_fp32 = self.rope_sin_keep_fp32 = True   # applied in fp32 whatever the dtype
+        self.rope_cos_keep_fp32 = self.rope_sin_keep_fp32 = True  # applied in fp32 whatever the dtype
         self.channels_last = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -164,9 +174,13 @@ class EncoderBlock(nn.Module):
     def __init__(self, dim: int, stride: int, transformer: nn.Module | None) -> None:
         super().__init__()
         self.block = nn.Sequential(
-            ResidualUnit(dim // 2, 1), ResidualUnit(dim // 2, 3), ResidualUnit(dim // 2, 9),
-            Snake1d(dim // 2), wn_causal_conv(dim // 2, dim, 2 * stride, stride=stride),
-            transformer if transformer is not None else nn.Identity())
+            ResidualUnit(dim // 2, 1),
+            ResidualUnit(dim // 2, 3),
+            ResidualUnit(dim // 2, 9),
+            Snake1d(dim // 2),
+            wn_causal_conv(dim // 2, dim, 2 * stride, stride=stride),
+            transformer if transformer is not None else nn.Identity(),
+        )
 
     def forward(self, x):
         return self.block(x)
@@ -182,8 +196,17 @@ class Encoder(nn.Module):
             tr = None
             if n_layer:
                 hd = cfg.transformer_head_dim
-                tr = WindowLimitedTransformer(d, n_layer, d // hd, hd, d * 3, cfg.encoder_window,
-                                              cfg.encoder_block_size, cfg.rope_base, cfg.norm_eps)
+                tr = WindowLimitedTransformer(
+                    d,
+                    n_layer,
+                    d // hd,
+                    hd,
+                    d * 3,
+                    cfg.encoder_window,
+                    cfg.encoder_block_size,
+                    cfg.rope_base,
+                    cfg.norm_eps,
+                )
             blocks.append(EncoderBlock(d, stride, tr))
         blocks += [Snake1d(d), wn_causal_conv(d, cfg.latent_dim, 3)]
         self.block = nn.Sequential(*blocks)
@@ -195,8 +218,13 @@ class Encoder(nn.Module):
 class DecoderBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int) -> None:
         super().__init__()
-        self.block = nn.Sequential(Snake1d(cin), wn_causal_conv_transpose(cin, cout, 2 * stride, stride),
-                                   ResidualUnit(cout, 1), ResidualUnit(cout, 3), ResidualUnit(cout, 9))
+        self.block = nn.Sequential(
+            Snake1d(cin),
+            wn_causal_conv_transpose(cin, cout, 2 * stride, stride),
+            ResidualUnit(cout, 1),
+            ResidualUnit(cout, 3),
+            ResidualUnit(cout, 9),
+        )
 
     def forward(self, x):
         return self.block(x)
@@ -239,7 +267,7 @@ class VectorQuantize(nn.Module):
         dist = enc.pow(2).sum(1, keepdim=True) - 2 * enc @ cb.t() + cb.pow(2).sum(1, keepdim=True).t()
         idx = (-dist).max(1)[1].reshape(B, T)
         z_q = self.decode_code(idx)
-        return z_e + (z_q - z_e), idx          # the straight-through form, as computed in the reference
+        return z_e + (z_q - z_e), idx  # the straight-through form, as computed in the reference
 
 
 class ResidualVectorQuantize(nn.Module):
@@ -274,17 +302,29 @@ class DownsampleResidualVectorQuantize(nn.Module):
         d = cfg.latent_dim
 
         def transformer() -> WindowLimitedTransformer:
-            return WindowLimitedTransformer(d, cfg.quantizer_layers, cfg.quantizer_heads,
-                                            cfg.quantizer_head_dim, cfg.quantizer_intermediate,
-                                            cfg.quantizer_window, cfg.quantizer_block_size, cfg.rope_base,
-                                            cfg.norm_eps)
+            return WindowLimitedTransformer(
+                d,
+                cfg.quantizer_layers,
+                cfg.quantizer_heads,
+                cfg.quantizer_head_dim,
+                cfg.quantizer_intermediate,
+                cfg.quantizer_window,
+                cfg.quantizer_block_size,
+                cfg.rope_base,
+                cfg.norm_eps,
+            )
 
         self.semantic_quantizer = ResidualVectorQuantize(d, 1, cfg.semantic_codebook_size, cfg.codebook_dim)
         self.quantizer = ResidualVectorQuantize(d, cfg.n_codebooks, cfg.codebook_size, cfg.codebook_dim)
-        self.downsample = nn.Sequential(*[nn.Sequential(CausalConv1d(d, d, f, stride=f), ConvNeXtBlock(d))
-                                          for f in cfg.downsample_factor])
-        self.upsample = nn.Sequential(*[nn.Sequential(CausalConvTranspose1d(d, d, f, f), ConvNeXtBlock(d))
-                                        for f in reversed(cfg.downsample_factor)])
+        self.downsample = nn.Sequential(
+            *[nn.Sequential(CausalConv1d(d, d, f, stride=f), ConvNeXtBlock(d)) for f in cfg.downsample_factor]
+        )
+        self.upsample = nn.Sequential(
+            *[
+                nn.Sequential(CausalConvTranspose1d(d, d, f, f), ConvNeXtBlock(d))
+                for f in reversed(cfg.downsample_factor)
+            ]
+        )
         self.pre_module = transformer()
         self.post_module = transformer()
         self.semantic_size, self.residual_size = cfg.semantic_codebook_size, cfg.codebook_size

@@ -26,7 +26,7 @@ from ...kernels.conv_modules import KernelConvNeXt, Opaque, Residual, fuse_conv_
 from ...passes.conv import install_channels_last
 from .dac import DAC, DecoderBlock, EncoderBlock, ResidualUnit, VectorQuantize, WindowLimitedTransformer
 
-DAC_PARTS = ("encoder", "quantizer", "decoder")   # what a channels-last body takes over (those the stage has)
+DAC_PARTS = ("encoder", "quantizer", "decoder")  # what a channels-last body takes over (those the stage has)
 
 
 class VQDecodeNLC(nn.Module):
@@ -46,7 +46,7 @@ class VQDecodeNLC(nn.Module):
 
 
 def _decode_sum(vqs: nn.ModuleList, codes: torch.Tensor) -> torch.Tensor:
-    z: Any = 0.0                                  # the reference's accumulation order (ResidualVectorQuantize)
+    z: Any = 0.0  # the reference's accumulation order (ResidualVectorQuantize)
     for i, vq in enumerate(vqs):
         z = z + vq(codes[:, i])
     return z
@@ -72,7 +72,7 @@ def decoder_items(dac: DAC) -> list[Any]:
             snake, up, *units = layer.block
             items += [snake, up, *(_unit(u) for u in units)]
         else:
-            items.append(layer)                   # convs, the head's Snake and Tanh
+            items.append(layer)  # convs, the head's Snake and Tanh
     return items
 
 
@@ -89,7 +89,7 @@ def encoder_items(dac: DAC) -> list[Any]:
             elif isinstance(sub, WindowLimitedTransformer):
                 items.append(_nlc(sub))
             elif not isinstance(sub, nn.Identity):
-                items.append(sub)                 # the Snake and the strided conv
+                items.append(sub)  # the Snake and the strided conv
     q = dac.quantizer
     for down, convnext in q.downsample:
         items += [down, Opaque(KernelConvNeXt(convnext), "NLC")]
@@ -105,8 +105,9 @@ class DACDecoderNLC(nn.Module):
         self.semantic_size, self.residual_size = q.semantic_size, q.residual_size
         self.semantic = nn.ModuleList(VQDecodeNLC(v) for v in q.semantic_quantizer.quantizers)
         self.residual = nn.ModuleList(VQDecodeNLC(v) for v in q.quantizer.quantizers)
-        self.chain = fuse_conv_chain(decoder_items(dac), input_layout="NLC", output_layout="NCL",
-                                     out_dtype=torch.float32, precision=precision)
+        self.chain = fuse_conv_chain(
+            decoder_items(dac), input_layout="NLC", output_layout="NCL", out_dtype=torch.float32, precision=precision
+        )
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
         semantic = codes[:, :1].clamp(max=self.semantic_size - 1)
@@ -120,8 +121,7 @@ class DACEncoderNLC(nn.Module):
     def __init__(self, dac: DAC, precision: str) -> None:
         super().__init__()
         self.samples_per_frame = dac.cfg.samples_per_frame
-        self.chain = fuse_conv_chain(encoder_items(dac), input_layout="NCL", output_layout="NCL",
-                                     precision=precision)
+        self.chain = fuse_conv_chain(encoder_items(dac), input_layout="NCL", output_layout="NCL", precision=precision)
         self.semantic_quantizer = dac.quantizer.semantic_quantizer
         self.quantizer = dac.quantizer.quantizer
 

@@ -34,16 +34,27 @@ class FastAR(nn.Module):
         super().__init__()
         self.cfg, self.with_embedding = cfg, with_embedding
         self.layers = nn.ModuleList(
-            DecoderBlock(cfg.dim, cfg.n_head, cfg.n_local_heads, cfg.head_dim, cfg.intermediate_size,
-                         cfg.rms_norm_eps, qk_norm=False, rope_style="interleaved", fused_qkv=True)
-            for _ in range(cfg.n_layer))
+            DecoderBlock(
+                cfg.dim,
+                cfg.n_head,
+                cfg.n_local_heads,
+                cfg.head_dim,
+                cfg.intermediate_size,
+                cfg.rms_norm_eps,
+                qk_norm=False,
+                rope_style="interleaved",
+                fused_qkv=True,
+            )
+            for _ in range(cfg.n_layer)
+        )
         self.norm = RMSNorm(cfg.dim, cfg.rms_norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         if with_embedding:
             self.codebook_embeddings = nn.Embedding(cfg.num_codebooks * cfg.codebook_size, cfg.dim)
-            self.register_buffer("codebook_offsets", torch.arange(cfg.num_codebooks) * cfg.codebook_size,
-                                 persistent=False)
+            self.register_buffer(
+                "codebook_offsets", torch.arange(cfg.num_codebooks) * cfg.codebook_size, persistent=False
+            )
         cos, sin = rope_table_interleaved(cfg.head_dim, cfg.max_seq_len, cfg.rope_base, round_to=torch.bfloat16)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -57,7 +68,7 @@ class FastAR(nn.Module):
         last = cfg.num_codebooks - 1
         dt = self.norm.weight.dtype
         code0 = (token - cfg.semantic_start_token_id).clamp(0, cfg.vocab_size - 1)
-        x = torch.stack((hidden.to(dt), self.embeddings(code0)), dim=1)            # positions 0, 1
+        x = torch.stack((hidden.to(dt), self.embeddings(code0)), dim=1)  # positions 0, 1
 
         def logits_at(step: int, h: torch.Tensor) -> torch.Tensor:
             return self.output(self.norm(h))[:, : cfg.residual_codebook_size]
@@ -68,8 +79,7 @@ class FastAR(nn.Module):
         codes, all_logits = unrolled_frame(self.layers, self.rope_cos, self.rope_sin, x, last, logits_at, feed, pick)
         return torch.stack([code0, *codes], dim=1), all_logits
 
-    def next_input_embedding(self, token: torch.Tensor, codes: torch.Tensor,
-                             token_embed: torch.Tensor) -> torch.Tensor:
+    def next_input_embedding(self, token: torch.Tensor, codes: torch.Tensor, token_embed: torch.Tensor) -> torch.Tensor:
         dt = self.norm.weight.dtype
         plain = token_embed.to(dt)
         summed = self.codebook_embeddings(codes + self.codebook_offsets[None, :]).sum(dim=1)
@@ -98,11 +108,11 @@ def prune_fast_ar(m: FastAR) -> dict:
         m.output = head
     if m.with_embedding and m.codebook_embeddings.num_embeddings == cfg.num_codebooks * cfg.codebook_size:
         W = m.codebook_embeddings.weight.detach()
-        rows = [W[:cfg.codebook_size]] + [W[i * cfg.codebook_size: i * cfg.codebook_size + R]
-                                          for i in range(1, cfg.num_codebooks)]
+        rows = [W[: cfg.codebook_size]] + [
+            W[i * cfg.codebook_size : i * cfg.codebook_size + R] for i in range(1, cfg.num_codebooks)
+        ]
         packed = torch.cat(rows)
         dropped["codebook_embeddings"] = (W.shape[0] - packed.shape[0]) * cfg.dim
         m.codebook_embeddings = nn.Embedding.from_pretrained(packed.clone(), freeze=False)
-        m.codebook_offsets = torch.tensor([0] + [cfg.codebook_size + (i - 1) * R
-                                                 for i in range(1, cfg.num_codebooks)])
+        m.codebook_offsets = torch.tensor([0] + [cfg.codebook_size + (i - 1) * R for i in range(1, cfg.num_codebooks)])
     return {"pass": "prune_fast_ar", "dropped": dropped}

@@ -8,8 +8,9 @@ from ...buckets import StreamingCodecOptions, StreamingConfig
 from ...options import flag, flag_group, one_of, positive_floats, switch
 
 # vLLM-Omni connector defaults: first chunks of 4 frames (whole history as context) until 25, then 25 + 25 context.
-STREAMING_DEFAULTS = StreamingConfig(chunk_frames=25, left_context_frames=25, first_chunk_frames=4,
-                                     nonstreaming_chunk_frames=0)
+STREAMING_DEFAULTS = StreamingConfig(
+    chunk_frames=25, left_context_frames=25, first_chunk_frames=4, nonstreaming_chunk_frames=0
+)
 
 # The dac_decoder's numerics (issue 15): the target default is the faster of TF32 (≤ 1e-3 relative error vs exact
 # fp32) and bf16 (≥ 35 dB SNR vs fp32), never slower than the upstream eager path; until the GPU has measured both
@@ -29,11 +30,19 @@ class FishS2Options(StreamingCodecOptions):
     it (float32 ↔ fp32/tf32, bfloat16 ↔ bf16) and picks bf16 or exact fp32 when the precision is not given."""
 
     streaming: StreamingConfig = flag_group(lambda: STREAMING_DEFAULTS)
-    encoder_seconds: tuple[float, ...] = flag((5.0, 10.0, 15.0, 30.0), parse=positive_floats, metavar="S,S",
-                                              help="dac_encoder length buckets in seconds of reference audio.")
-    fast_ar_with_embedding: bool = switch(False, name="--with-embedding",
-                                          help="fast_ar also outputs the next slow-AR input embedding.")
+    encoder_seconds: tuple[float, ...] = flag(
+        (5.0, 10.0, 15.0, 30.0),
+        parse=positive_floats,
+        metavar="S,S",
+        help="dac_encoder length buckets in seconds of reference audio.",
+    )
+    fast_ar_with_embedding: bool = switch(
+        False, name="--with-embedding", help="fast_ar also outputs the next slow-AR input embedding."
+    )
     dac_decoder_precision: str | None = flag(
-        None, parse=one_of(*DAC_DECODER_PRECISIONS), metavar="P",
+        None,
+        parse=one_of(*DAC_DECODER_PRECISIONS),
+        metavar="P",
         help=f"dac_decoder numerics: bf16 (≥ 35 dB SNR vs fp32), tf32 (≤ 1e-3 relative error) or fp32 (exact; "
-             f"tf32x3 on the conv kernels) [default: {DAC_DECODER_PRECISION}].")
+        f"tf32x3 on the conv kernels) [default: {DAC_DECODER_PRECISION}].",
+    )

@@ -49,21 +49,29 @@ IM_END_TOKEN = 151645
 # ---------------------------------------------------------------------------------------------- DAC codec
 def decoder_unused(cfg: DACConfig) -> list[str]:
     """What decode never reads: the encoder, the encode-side quantizer modules and every VQ in_proj."""
-    return (["encoder", "quantizer.pre_module", "quantizer.downsample",
-             "quantizer.semantic_quantizer.quantizers.0.in_proj"]
-            + [f"quantizer.quantizer.quantizers.{i}.in_proj" for i in range(cfg.n_codebooks)])
+    return [
+        "encoder",
+        "quantizer.pre_module",
+        "quantizer.downsample",
+        "quantizer.semantic_quantizer.quantizers.0.in_proj",
+    ] + [f"quantizer.quantizer.quantizers.{i}.in_proj" for i in range(cfg.n_codebooks)]
 
 
 def encoder_unused(cfg: DACConfig) -> list[str]:
     """What encode never reads: the decoder, post_module/upsample (they only rebuild z, which encode discards)
     and the last residual out_proj (it only feeds Σ z_q)."""
-    return ["decoder", "quantizer.post_module", "quantizer.upsample",
-            f"quantizer.quantizer.quantizers.{cfg.n_codebooks - 1}.out_proj"]
+    return [
+        "decoder",
+        "quantizer.post_module",
+        "quantizer.upsample",
+        f"quantizer.quantizer.quantizers.{cfg.n_codebooks - 1}.out_proj",
+    ]
 
 
 def _prune(names: list[str]):
     def prune(m: nn.Module) -> dict[str, Any]:
         return prune_submodules(m, names)
+
     return prune
 
 
@@ -98,12 +106,18 @@ def _module_factory(opts: FishS2Options, cfg: DACConfig, cls: type[DAC], report:
             return model
         report.update({"random_weights": True, "seed": opts.seed})
         return init_random_dac(cls(cfg), opts.seed)
+
     return make_module
 
 
 def codes_input(cfg: DACConfig) -> dict:
-    return {"name": "codes", "dtype": "int64", "shape": ["batch", cfg.num_codebooks, "frames"], "pad": 0,
-            "range": {"dim": 1, "low": 0, "high": cfg.codebook_sizes}}
+    return {
+        "name": "codes",
+        "dtype": "int64",
+        "shape": ["batch", cfg.num_codebooks, "frames"],
+        "pad": 0,
+        "range": {"dim": 1, "low": 0, "high": cfg.codebook_sizes},
+    }
 
 
 def random_codes(cfg: DACConfig, batch: int, frames: int, g: torch.Generator) -> torch.Tensor:
@@ -125,7 +139,7 @@ class DecoderPrecision:
     criterion: dict[str, float]
 
 
-DECODER_PRECISIONS = dict(   # keyed by the option's values (not a dtype table: those live in runtime/dtypes.py)
+DECODER_PRECISIONS = dict(  # keyed by the option's values (not a dtype table: those live in runtime/dtypes.py)
     bf16=DecoderPrecision(torch.bfloat16, "ieee", False, 5e-2, {"snr_db_min": 35.0}),
     tf32=DecoderPrecision(torch.float32, "tf32", True, TF32_TOLERANCE, {"rel_error_max": 1e-3}),
     fp32=DecoderPrecision(torch.float32, "tf32x3", False, 1e-4, {"rel_error_max": 1e-4}),
@@ -138,12 +152,16 @@ def dac_decoder_precision(opts: FishS2Options) -> tuple[str, str]:
     bf16), else DAC_DECODER_PRECISION. A `--dtype` that contradicts the precision is an OptionsError."""
     allowed = _DTYPE_PRECISIONS.get(opts.dtype) if opts.dtype is not None else None
     if opts.dtype is not None and allowed is None:
-        raise OptionsError(f"dac_decoder: --dtype {str(opts.dtype).removeprefix('torch.')} is not one of its "
-                           f"numerics; use --dac-decoder-precision {'|'.join(DECODER_PRECISIONS)}")
+        raise OptionsError(
+            f"dac_decoder: --dtype {str(opts.dtype).removeprefix('torch.')} is not one of its "
+            f"numerics; use --dac-decoder-precision {'|'.join(DECODER_PRECISIONS)}"
+        )
     if opts.dac_decoder_precision is not None:
         if allowed is not None and opts.dac_decoder_precision not in allowed:
-            raise OptionsError(f"dac_decoder: --dtype {str(opts.dtype).removeprefix('torch.')} contradicts "
-                               f"--dac-decoder-precision {opts.dac_decoder_precision}")
+            raise OptionsError(
+                f"dac_decoder: --dtype {str(opts.dtype).removeprefix('torch.')} contradicts "
+                f"--dac-decoder-precision {opts.dac_decoder_precision}"
+            )
         return opts.dac_decoder_precision, "--dac-decoder-precision"
     if allowed is not None:
         return allowed[0], "--dtype"
@@ -155,8 +173,9 @@ def dac_decoder_stage(opts: FishS2Options) -> StageSpec:
     report: dict = {}
     frames = frame_sizes(opts.streaming, pow2=opts.pow2_frames, explicit=opts.frame_buckets)
     if frames[-1] > cfg.quantizer_block_size:
-        raise OptionsError(f"dac_decoder: frame bucket {frames[-1]} exceeds the post_module block_size "
-                         f"{cfg.quantizer_block_size}")
+        raise OptionsError(
+            f"dac_decoder: frame bucket {frames[-1]} exceeds the post_module block_size {cfg.quantizer_block_size}"
+        )
     plan = BucketPlan({"batch": batch_sizes(opts.max_batch, opts.batch_buckets), "frames": frames})
     name, chosen_by = dac_decoder_precision(opts)
     prec = DECODER_PRECISIONS[name]
@@ -164,31 +183,48 @@ def dac_decoder_stage(opts: FishS2Options) -> StageSpec:
     def make_inputs(sizes: dict[str, int], g: torch.Generator) -> dict[str, torch.Tensor]:
         return {"codes": random_codes(cfg, sizes["batch"], sizes["frames"], g)}
 
-    numerics = {"precision": name, "chosen_by": chosen_by, "default": DAC_DECODER_PRECISION,
-                "compute_dtype": str(prec.dtype).removeprefix("torch."), "conv_kernels": prec.conv_precision,
-                "criterion": prec.criterion}
+    numerics = {
+        "precision": name,
+        "chosen_by": chosen_by,
+        "default": DAC_DECODER_PRECISION,
+        "compute_dtype": str(prec.dtype).removeprefix("torch."),
+        "conv_kernels": prec.conv_precision,
+        "criterion": prec.criterion,
+    }
     channels_last = functools.partial(channels_last_dac_decoder, precision=prec.conv_precision)
     # the error of this precision against fp32, measured at build time (metadata "numerics")
-    measure = measure_numerics(numerics, prec.dtype, make_inputs, {"batch": 1, "frames": frames[0]},
-                               prepare=channels_last)
-    metadata = {"sample_rate": cfg.sample_rate, "samples_per_frame": cfg.samples_per_frame,
-                "num_codebooks": cfg.num_codebooks, "codebook_sizes": cfg.codebook_sizes,
-                "streaming": asdict(opts.streaming), "numerics": numerics}
+    measure = measure_numerics(
+        numerics, prec.dtype, make_inputs, {"batch": 1, "frames": frames[0]}, prepare=channels_last
+    )
+    metadata = {
+        "sample_rate": cfg.sample_rate,
+        "samples_per_frame": cfg.samples_per_frame,
+        "num_codebooks": cfg.num_codebooks,
+        "codebook_sizes": cfg.codebook_sizes,
+        "streaming": asdict(opts.streaming),
+        "numerics": numerics,
+    }
     if prec.allow_tf32:
         metadata["allow_tf32"] = True
     return StageSpec(
-        family=FAMILY.name, name="dac_decoder", kind="codec_decoder",
+        family=FAMILY.name,
+        name="dac_decoder",
+        kind="codec_decoder",
         make_module=_module_factory(opts, cfg, DACDecoder, report),
         passes=[_prune(decoder_unused(cfg)), bake_weight_norm, bake_snake, fuse_projections, measure],
         kernel_passes=[channels_last],
         # the bf16 build is the one built and timed on the H100 (1.38 / 3.34 ms at 29 frames, B=1 / 4); tf32 and the
         # exact-fp32 tf32x3 path stay opt-in until they are
         cuda_auto_kernels="ttsaot" if name == "bf16" else "inductor",
-        plan=plan, make_inputs=make_inputs, inputs=[codes_input(cfg)],
-        outputs=[{"name": "wav", "dtype": "float32",
-                  "shape": ["batch", 1, ["frames", cfg.samples_per_frame]]}],
-        dtype=prec.dtype, tolerance=prec.tolerance, metadata=metadata,
-        config=_config_json(cfg), checkpoint_report=report,
+        plan=plan,
+        make_inputs=make_inputs,
+        inputs=[codes_input(cfg)],
+        outputs=[{"name": "wav", "dtype": "float32", "shape": ["batch", 1, ["frames", cfg.samples_per_frame]]}],
+        dtype=prec.dtype,
+        tolerance=prec.tolerance,
+        metadata=metadata,
+        config=_config_json(cfg),
+        checkpoint_report=report,
         golden_sizes=[off_bucket_frames(frames)],
     )
 
@@ -203,8 +239,10 @@ def dac_encoder_stage(opts: FishS2Options) -> StageSpec:
     report: dict = {}
     samples = encoder_sample_buckets(cfg, tuple(opts.encoder_seconds))
     if samples[-1] // cfg.hop_length > cfg.encoder_block_size:
-        raise OptionsError(f"dac_encoder: {samples[-1]} samples exceed the encoder transformer block_size "
-                         f"({cfg.encoder_block_size} latent frames)")
+        raise OptionsError(
+            f"dac_encoder: {samples[-1]} samples exceed the encoder transformer block_size "
+            f"({cfg.encoder_block_size} latent frames)"
+        )
     if samples[-1] // cfg.samples_per_frame > cfg.quantizer_block_size:
         raise OptionsError(f"dac_encoder: {samples[-1]} samples exceed the pre_module block_size")
     plan = BucketPlan({"samples": samples})
@@ -213,27 +251,36 @@ def dac_encoder_stage(opts: FishS2Options) -> StageSpec:
         n = sizes["samples"]
         t = torch.arange(n, dtype=torch.float32) / cfg.sample_rate
         f0 = 110.0 + 330.0 * torch.rand((), generator=g)
-        tone = 0.3 * torch.sin(2 * math.pi * f0 * t * (1 + 0.5 * t))          # a chirp: varying frames
+        tone = 0.3 * torch.sin(2 * math.pi * f0 * t * (1 + 0.5 * t))  # a chirp: varying frames
         noise = 0.05 * torch.randn(n, generator=g)
         return {"audio": (tone + noise).view(1, 1, n)}
 
     return StageSpec(
-        family=FAMILY.name, name="dac_encoder", kind="codec_encoder",
+        family=FAMILY.name,
+        name="dac_encoder",
+        kind="codec_encoder",
         make_module=_module_factory(opts, cfg, DACEncoder, report),
         passes=[_prune(encoder_unused(cfg)), bake_weight_norm, bake_snake, fuse_projections],
         # code-exact by algorithm: the conv kernels' tf32x3 (≈ fp32) on the tensor cores, never a lower precision
         kernel_passes=[functools.partial(channels_last_dac_encoder, precision="tf32x3")],
-        cuda_auto_kernels="inductor",   # kernel path opt-in (--kernels ttsaot) until it is built and timed on a GPU
-        plan=plan, make_inputs=make_inputs,
+        cuda_auto_kernels="inductor",  # kernel path opt-in (--kernels ttsaot) until it is built and timed on a GPU
+        plan=plan,
+        make_inputs=make_inputs,
         inputs=[{"name": "audio", "dtype": "float32", "shape": [1, 1, "samples"], "pad": 0.0}],
         # "frames" is not a bucket axis: codec_encoder derives it as ⌈samples / samples_per_frame⌉
         outputs=[{"name": "codes", "dtype": "int64", "shape": [1, cfg.num_codebooks, "frames"]}],
-        dtype=opts.dtype or torch.float32, fp32_only=True,
-        tolerance=1e-4,        # codes are integers: they must match exactly whatever this says
-        metadata={"sample_rate": cfg.sample_rate, "samples_per_frame": cfg.samples_per_frame,
-                  "num_codebooks": cfg.num_codebooks, "codebook_sizes": cfg.codebook_sizes,
-                  "max_samples": samples[-1]},
-        config=_config_json(cfg), checkpoint_report=report,
+        dtype=opts.dtype or torch.float32,
+        fp32_only=True,
+        tolerance=1e-4,  # codes are integers: they must match exactly whatever this says
+        metadata={
+            "sample_rate": cfg.sample_rate,
+            "samples_per_frame": cfg.samples_per_frame,
+            "num_codebooks": cfg.num_codebooks,
+            "codebook_sizes": cfg.codebook_sizes,
+            "max_samples": samples[-1],
+        },
+        config=_config_json(cfg),
+        checkpoint_report=report,
         golden_sizes=[{"samples": samples[0] - OFF_BUCKET_SAMPLES}],
     )
 
@@ -260,37 +307,59 @@ def fast_ar_stage(opts: FishS2Options) -> StageSpec:
         B = sizes["batch"]
         start = cfg.semantic_start_token_id
         token = torch.randint(start, start + cfg.vocab_size, (B,), generator=g)
-        token[torch.rand(B, generator=g) < NON_SEMANTIC_FRACTION] = IM_END_TOKEN          # a non-semantic row
-        out = {"hidden": torch.randn(B, cfg.dim, generator=g), "token": token,
-               **random_sampling_inputs(B, n_steps, R, g, noise_dominated=dtype != torch.float32)}
+        token[torch.rand(B, generator=g) < NON_SEMANTIC_FRACTION] = IM_END_TOKEN  # a non-semantic row
+        out = {
+            "hidden": torch.randn(B, cfg.dim, generator=g),
+            "token": token,
+            **random_sampling_inputs(B, n_steps, R, g, noise_dominated=dtype != torch.float32),
+        }
         if with_emb:
             out["token_embed"] = torch.randn(B, cfg.dim, generator=g)
         return out
 
-    inputs = [{"name": "hidden", "dtype": "float32", "shape": ["batch", cfg.dim]},
-              # any slow-AR token: a non-semantic one gives code 0 = the nearest semantic code (upstream's clamp);
-              # ids outside the text vocabulary are an InputRangeError
-              {"name": "token", "dtype": "int64", "shape": ["batch"], "pad": cfg.semantic_start_token_id,
-               "range": {"dim": 0, "low": 0, "high": [cfg.text_vocab_size]}},
-              *sampling_inputs(n_steps, R)]
+    inputs = [
+        {"name": "hidden", "dtype": "float32", "shape": ["batch", cfg.dim]},
+        # any slow-AR token: a non-semantic one gives code 0 = the nearest semantic code (upstream's clamp);
+        # ids outside the text vocabulary are an InputRangeError
+        {
+            "name": "token",
+            "dtype": "int64",
+            "shape": ["batch"],
+            "pad": cfg.semantic_start_token_id,
+            "range": {"dim": 0, "low": 0, "high": [cfg.text_vocab_size]},
+        },
+        *sampling_inputs(n_steps, R),
+    ]
     outputs = [{"name": "codes", "dtype": "int64", "shape": ["batch", cfg.num_codebooks]}]
     if with_emb:
         inputs.append({"name": "token_embed", "dtype": "float32", "shape": ["batch", cfg.dim]})
         outputs.append({"name": "next_embed", "dtype": "float32", "shape": ["batch", cfg.dim]})
     return StageSpec(
-        family=FAMILY.name, name="fast_ar", kind="codebook_predictor", make_module=make_module,
+        family=FAMILY.name,
+        name="fast_ar",
+        kind="codebook_predictor",
+        make_module=make_module,
         passes=[prune_fast_ar, fuse_projections],
         kernel_passes=[use_predictor_kernels],
-        cuda_auto_kernels="inductor",   # kernel path opt-in (--kernels ttsaot) until it is built and timed on a GPU
+        cuda_auto_kernels="inductor",  # kernel path opt-in (--kernels ttsaot) until it is built and timed on a GPU
         plan=BucketPlan({"batch": batches}),
-        make_inputs=make_inputs, inputs=inputs, outputs=outputs, dtype=dtype,
+        make_inputs=make_inputs,
+        inputs=inputs,
+        outputs=outputs,
+        dtype=dtype,
         # next_embed: fp32 kernel-order noise; bf16 rounding of a [B,D] sum (measured < 1e-2 on tiny).
         tolerance=1e-4 if dtype == torch.float32 else 2e-2,
-        metadata={"num_codebooks": cfg.num_codebooks, "sampled_codebooks": n_steps, "noise_width": R,
-                  "code0": {"from": "token", "offset": cfg.semantic_start_token_id, "size": cfg.vocab_size},
-                  "codebook_sizes": [cfg.vocab_size] + [R] * n_steps, "with_embedding": with_emb,
-                  "sampling_defaults": {"temperature": 0.8, "top_k": 30, "top_p": 0.9}},
-        config=asdict(cfg), checkpoint_report=report,
+        metadata={
+            "num_codebooks": cfg.num_codebooks,
+            "sampled_codebooks": n_steps,
+            "noise_width": R,
+            "code0": {"from": "token", "offset": cfg.semantic_start_token_id, "size": cfg.vocab_size},
+            "codebook_sizes": [cfg.vocab_size] + [R] * n_steps,
+            "with_embedding": with_emb,
+            "sampling_defaults": {"temperature": 0.8, "top_k": 30, "top_p": 0.9},
+        },
+        config=asdict(cfg),
+        checkpoint_report=report,
         golden_sizes=off_bucket_batch(batches),
         reference_margins=functools.partial(reference_margins, first="token"),
     )
@@ -307,4 +376,4 @@ def default_stages(opts: FishS2Options) -> tuple[str, ...]:
     has_codec = codec_path(opts.checkpoint).is_file()
     has_lm = (Path(opts.checkpoint) / "config.json").is_file()
     chosen = tuple(n for n in STAGES if (has_lm if n == "fast_ar" else has_codec))
-    return chosen or tuple(STAGES)        # neither: let every stage name the file it misses
+    return chosen or tuple(STAGES)  # neither: let every stage name the file it misses

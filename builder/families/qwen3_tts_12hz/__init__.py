@@ -3,5 +3,10 @@
 from ...family import Family
 from .options import Qwen3TTSOptions
 
-FAMILY = Family(name="qwen3-tts-12hz", presets=("tiny", "full"), Options=Qwen3TTSOptions,
-                stages=("code2wav", "code_predictor"), package=__name__)
+FAMILY = Family(
+    name="qwen3-tts-12hz",
+    presets=("tiny", "full"),
+    Options=Qwen3TTSOptions,
+    stages=("code2wav", "code_predictor"),
+    package=__name__,
+)

@@ -89,16 +89,26 @@ def write_code2wav_checkpoint(model: Code2Wav, out_dir: str | Path, seed: int = 
     g = torch.Generator().manual_seed(seed + 1)
     sd = {f"decoder.{k}": v.detach().contiguous() for k, v in model.state_dict().items()}
     for grp in ("rvq_first", "rvq_rest"):
-        sd[f"decoder.quantizer.{grp}.input_proj.weight"] = torch.randn(cfg.codebook_dim // 2, cfg.codebook_dim, 1,
-                                                                       generator=g)
+        sd[f"decoder.quantizer.{grp}.input_proj.weight"] = torch.randn(
+            cfg.codebook_dim // 2, cfg.codebook_dim, 1, generator=g
+        )
     sd["encoder.encoder.layers.0.conv.weight"] = torch.randn(4, 1, 7, generator=g)
     save_file(sd, str(tok / "model.safetensors"))
     dcfg = asdict(cfg)
     dcfg = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dcfg.items()}
-    (tok / "config.json").write_text(json.dumps({
-        "model_type": "qwen3_tts_tokenizer_12hz", "input_sample_rate": SAMPLE_RATE, "output_sample_rate": SAMPLE_RATE,
-        "decode_upsample_rate": cfg.samples_per_frame, "encoder_valid_num_quantizers": cfg.num_quantizers,
-        "decoder_config": dcfg}, indent=2))
+    (tok / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3_tts_tokenizer_12hz",
+                "input_sample_rate": SAMPLE_RATE,
+                "output_sample_rate": SAMPLE_RATE,
+                "decode_upsample_rate": cfg.samples_per_frame,
+                "encoder_valid_num_quantizers": cfg.num_quantizers,
+                "decoder_config": dcfg,
+            },
+            indent=2,
+        )
+    )
     return tok
 
 
@@ -107,15 +117,20 @@ def write_code2wav_checkpoint(model: Code2Wav, out_dir: str | Path, seed: int = 
 # code0 row; the rest of the talker and the speaker encoder are other stages (never read).
 CODE_PREDICTOR_RULES = KeyRules(
     prefix="talker.code_predictor.",
-    ignore_prefixes=("talker.model.layers.", "talker.model.norm.", "talker.model.text_embedding.",
-                     "talker.model.rotary_emb.", "talker.text_projection.", "talker.codec_head.",
-                     "speaker_encoder."),
+    ignore_prefixes=(
+        "talker.model.layers.",
+        "talker.model.norm.",
+        "talker.model.text_embedding.",
+        "talker.model.rotary_emb.",
+        "talker.text_projection.",
+        "talker.codec_head.",
+        "speaker_encoder.",
+    ),
     rename={"talker.model.codec_embedding.weight": "talker_codec_embedding.weight"},
 )
 
 
-def load_code_predictor(path: str | Path, cfg: CodePredictorConfig,
-                        with_embedding: bool) -> tuple[CodePredictor, dict]:
+def load_code_predictor(path: str | Path, cfg: CodePredictorConfig, with_embedding: bool) -> tuple[CodePredictor, dict]:
     st = Path(path) / "model.safetensors"
     if not st.is_file():
         raise FileNotFoundError(f"{st}: model.safetensors (talker.*) not found")
@@ -151,16 +166,32 @@ def write_code_predictor_checkpoint(model: CodePredictor, out_dir: str | Path) -
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg
-    sd = {("talker.model.codec_embedding.weight" if k == "talker_codec_embedding.weight"
-           else f"talker.code_predictor.{k}"): v.detach().contiguous() for k, v in model.state_dict().items()}
+    sd = {
+        (
+            "talker.model.codec_embedding.weight"
+            if k == "talker_codec_embedding.weight"
+            else f"talker.code_predictor.{k}"
+        ): v.detach().contiguous()
+        for k, v in model.state_dict().items()
+    }
     sd["talker.model.norm.weight"] = torch.ones(cfg.talker_hidden_size)
     sd["speaker_encoder.fc.weight"] = torch.zeros(4, 4)
     save_file(sd, str(out / "model.safetensors"))
     cp = {k: v for k, v in asdict(cfg).items() if not k.startswith("talker_")}
     cp.update(hidden_act="silu", max_position_embeddings=65536, attention_bias=False, use_sliding_window=False)
-    (out / "config.json").write_text(json.dumps({
-        "model_type": "qwen3_tts", "tokenizer_type": "qwen3_tts_tokenizer_12hz",
-        "talker_config": {"hidden_size": cfg.talker_hidden_size, "vocab_size": cfg.talker_vocab_size,
-                          "num_code_groups": cfg.num_code_groups, "code_predictor_config": cp}}, indent=2))
+    (out / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3_tts",
+                "tokenizer_type": "qwen3_tts_tokenizer_12hz",
+                "talker_config": {
+                    "hidden_size": cfg.talker_hidden_size,
+                    "vocab_size": cfg.talker_vocab_size,
+                    "num_code_groups": cfg.num_code_groups,
+                    "code_predictor_config": cp,
+                },
+            },
+            indent=2,
+        )
+    )
     return out
-

@@ -82,7 +82,7 @@ class QuantizerDecoder(nn.Module):
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
         if self.baked:
-            emb = F.embedding(codes + self.offsets[None, :, None], self.table)      # [B,16,F,d]
+            emb = F.embedding(codes + self.offsets[None, :, None], self.table)  # [B,16,F,d]
             first = emb[:, 0].transpose(1, 2)
             rest = emb[:, 1:].sum(1).transpose(1, 2)
         else:
@@ -96,8 +96,9 @@ class QuantizerDecoder(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: Code2WavConfig) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
-                                   cfg.head_dim, bias=cfg.attention_bias)
+        self.self_attn = Attention(
+            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, bias=cfg.attention_bias
+        )
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -150,8 +151,13 @@ class ResidualUnit(nn.Module):
 class DecoderBlock(nn.Module):
     def __init__(self, cin: int, cout: int, rate: int) -> None:
         super().__init__()
-        self.block = nn.ModuleList([SnakeBeta(cin), CausalConvTranspose1d(cin, cout, 2 * rate, rate),
-                                    *(ResidualUnit(cout, d) for d in (1, 3, 9))])
+        self.block = nn.ModuleList(
+            [
+                SnakeBeta(cin),
+                CausalConvTranspose1d(cin, cout, 2 * rate, rate),
+                *(ResidualUnit(cout, d) for d in (1, 3, 9)),
+            ]
+        )
 
     def forward(self, x):
         for m in self.block:
@@ -170,7 +176,8 @@ class Code2Wav(nn.Module):
         self.pre_transformer = PreTransformer(cfg)
         self.upsample = nn.ModuleList(
             nn.ModuleList([CausalConvTranspose1d(cfg.latent_dim, cfg.latent_dim, r, r), ConvNeXtBlock(cfg.latent_dim)])
-            for r in cfg.upsampling_ratios)
+            for r in cfg.upsampling_ratios
+        )
         dec: list[nn.Module] = [CausalConv1d(cfg.latent_dim, cfg.decoder_dim, 7)]
         for i, rate in enumerate(cfg.upsample_rates):
             dec.append(DecoderBlock(cfg.decoder_dim // 2**i, cfg.decoder_dim // 2 ** (i + 1), rate))
@@ -192,4 +199,3 @@ class Code2Wav(nn.Module):
         for m in self.decoder:
             h = m(h)
         return h.clamp(-1.0, 1.0).float()
-

@@ -36,13 +36,13 @@ class QuantizerNLC(nn.Module):
             raise ValueError("code2wav kernels: bake the codebooks first (the stage's bake_codebooks pass)")
         self.register_buffer("table", q.table)
         self.register_buffer("offsets", q.offsets, persistent=False)
-        self.first_proj = nn.Parameter(q.rvq_first.output_proj.weight.detach()[:, :, 0].contiguous(),
-                                       requires_grad=False)
-        self.rest_proj = nn.Parameter(q.rvq_rest.output_proj.weight.detach()[:, :, 0].contiguous(),
-                                      requires_grad=False)
+        self.first_proj = nn.Parameter(
+            q.rvq_first.output_proj.weight.detach()[:, :, 0].contiguous(), requires_grad=False
+        )
+        self.rest_proj = nn.Parameter(q.rvq_rest.output_proj.weight.detach()[:, :, 0].contiguous(), requires_grad=False)
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
-        emb = F.embedding(codes + self.offsets[None, :, None], self.table)       # [B, 16, F, d]
+        emb = F.embedding(codes + self.offsets[None, :, None], self.table)  # [B, 16, F, d]
         return F.linear(emb[:, 0], self.first_proj) + F.linear(emb[:, 1:].sum(1), self.rest_proj)
 
 
@@ -68,8 +68,9 @@ class Code2WavNLC(nn.Module):
     def __init__(self, m: Code2Wav, precision: str) -> None:
         super().__init__()
         self.quantizer = QuantizerNLC(m.quantizer)
-        self.chain = fuse_conv_chain(chain_items(m), input_layout="NLC", output_layout="NCL",
-                                     out_dtype=torch.float32, precision=precision)
+        self.chain = fuse_conv_chain(
+            chain_items(m), input_layout="NLC", output_layout="NCL", out_dtype=torch.float32, precision=precision
+        )
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
         return self.chain(self.quantizer(codes))
@@ -79,5 +80,9 @@ def channels_last_code2wav(m: Code2Wav, precision: str = "tf32x3") -> dict[str, 
     """Kernel pass: run `m` through `Code2WavNLC`. `precision` is the fp32 GEMM mode of the convs (bf16 stages
     multiply on the tensor cores whatever it says). The faithful submodules move into the new body (none is
     kept twice); the parameter count changes by nothing but the layout of the same tensors."""
-    return install_channels_last(m, lambda: Code2WavNLC(m, precision),
-                                 ("quantizer", "pre_conv", "pre_transformer", "upsample", "decoder"), precision)
+    return install_channels_last(
+        m,
+        lambda: Code2WavNLC(m, precision),
+        ("quantizer", "pre_conv", "pre_transformer", "upsample", "decoder"),
+        precision,
+    )

@@ -30,12 +30,22 @@ class _Inner(nn.Module):
     def __init__(self, cfg: CodePredictorConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
-            DecoderBlock(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                         cfg.intermediate_size, cfg.rms_norm_eps, qk_norm=True, rope_style="neox")
-            for _ in range(cfg.num_hidden_layers))
+            DecoderBlock(
+                cfg.hidden_size,
+                cfg.num_attention_heads,
+                cfg.num_key_value_heads,
+                cfg.head_dim,
+                cfg.intermediate_size,
+                cfg.rms_norm_eps,
+                qk_norm=True,
+                rope_style="neox",
+            )
+            for _ in range(cfg.num_hidden_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.codec_embedding = nn.ModuleList(nn.Embedding(cfg.vocab_size, cfg.talker_hidden_size)
-                                             for _ in range(cfg.num_code_groups - 1))
+        self.codec_embedding = nn.ModuleList(
+            nn.Embedding(cfg.vocab_size, cfg.talker_hidden_size) for _ in range(cfg.num_code_groups - 1)
+        )
 
 
 class CodePredictor(nn.Module):
@@ -45,18 +55,21 @@ class CodePredictor(nn.Module):
         super().__init__()
         self.cfg, self.with_embedding = cfg, with_embedding
         self.model = _Inner(cfg)
-        self.lm_head = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-                                     for _ in range(cfg.num_code_groups - 1))
-        self.small_to_mtp_projection = (nn.Linear(cfg.talker_hidden_size, cfg.hidden_size, bias=True)
-                                        if cfg.has_projection else nn.Identity())
+        self.lm_head = nn.ModuleList(
+            nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(cfg.num_code_groups - 1)
+        )
+        self.small_to_mtp_projection = (
+            nn.Linear(cfg.talker_hidden_size, cfg.hidden_size, bias=True) if cfg.has_projection else nn.Identity()
+        )
         # `talker.model.codec_embedding`: the talker's table, for the code0 row.
         self.talker_codec_embedding = nn.Embedding(cfg.talker_vocab_size, cfg.talker_hidden_size)
         cos, sin = rope_table(cfg.head_dim, cfg.num_code_groups, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def decode(self, hidden: torch.Tensor, code0: torch.Tensor, pick: Pick,
-               collect_embedding: bool = False) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None]:
+    def decode(
+        self, hidden: torch.Tensor, code0: torch.Tensor, pick: Pick, collect_embedding: bool = False
+    ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None]:
         """`pick(step, logits [B,V]) → code [B]`. Returns codes [B,16] (invalid code0 rows zeroed), the logits
         of every step and, if asked, the summed talker-side embedding."""
         cfg = self.cfg
@@ -64,7 +77,7 @@ class CodePredictor(nn.Module):
         dt = self.model.norm.weight.dtype
         valid = (code0 >= 0) & (code0 < cfg.vocab_size)
         emb0 = self.talker_codec_embedding(code0.clamp(0, cfg.vocab_size - 1))
-        x = self.small_to_mtp_projection(torch.stack((hidden.to(dt), emb0), dim=1))       # rows 0, 1
+        x = self.small_to_mtp_projection(torch.stack((hidden.to(dt), emb0), dim=1))  # rows 0, 1
         summed = [emb0] if collect_embedding else None
 
         def logits_at(step: int, h: torch.Tensor) -> torch.Tensor:
@@ -79,8 +92,9 @@ class CodePredictor(nn.Module):
                     return self.small_to_mtp_projection(e)[:, None]
             return None
 
-        codes, all_logits = unrolled_frame(self.model.layers, self.rope_cos, self.rope_sin, x, last, logits_at,
-                                           feed, pick)
+        codes, all_logits = unrolled_frame(
+            self.model.layers, self.rope_cos, self.rope_sin, x, last, logits_at, feed, pick
+        )
         out = torch.where(valid[:, None], torch.stack([code0, *codes], dim=1), torch.zeros_like(code0)[:, None])
         total = None
         if summed is not None:
@@ -88,8 +102,9 @@ class CodePredictor(nn.Module):
         return out, all_logits, total
 
     def forward(self, hidden, code0, noise, temperature, top_k, top_p):
-        codes, _, summed = self.decode(hidden, code0, traced_sampler(noise, temperature, top_k, top_p),
-                                       collect_embedding=self.with_embedding)
+        codes, _, summed = self.decode(
+            hidden, code0, traced_sampler(noise, temperature, top_k, top_p), collect_embedding=self.with_embedding
+        )
         if not self.with_embedding:
             return codes
         return codes, summed.float()
@@ -102,10 +117,9 @@ def prune_code_predictor(m: CodePredictor) -> dict:
     if m.talker_codec_embedding.num_embeddings > cfg.vocab_size:
         W = m.talker_codec_embedding.weight.detach()
         dropped["talker_codec_embedding"] = (W.shape[0] - cfg.vocab_size) * W.shape[1]
-        m.talker_codec_embedding = nn.Embedding.from_pretrained(W[:cfg.vocab_size].clone(), freeze=False)
+        m.talker_codec_embedding = nn.Embedding.from_pretrained(W[: cfg.vocab_size].clone(), freeze=False)
     tables = m.model.codec_embedding
     if not m.with_embedding and len(tables) == cfg.num_code_groups - 1:
         dropped[f"model.codec_embedding.{len(tables) - 1}"] = tables[-1].weight.numel()
         m.model.codec_embedding = nn.ModuleList(list(tables)[:-1])
     return {"pass": "prune_code_predictor", "dropped": dropped}
-

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 SAMPLE_RATE = 24000
-TOKENIZER_DIR = "speech_tokenizer"      # the codec's folder inside a Qwen3-TTS checkpoint
+TOKENIZER_DIR = "speech_tokenizer"  # the codec's folder inside a Qwen3-TTS checkpoint
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,20 @@ CODE2WAV_PRESETS: dict[str, Code2WavConfig] = {
     "full": Code2WavConfig(),
     # Same topology (16 codebooks, 8→2 layers, 4 decoder blocks, 29 SnakeBeta), small widths: CPU tests and demo.
     "tiny": Code2WavConfig(
-        codebook_size=64, codebook_dim=32, latent_dim=32, decoder_dim=64, hidden_size=32, intermediate_size=64,
-        head_dim=8, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2, sliding_window=8,
-        max_position_embeddings=1024, upsample_rates=(2, 2, 2, 2), upsampling_ratios=(2, 2),
+        codebook_size=64,
+        codebook_dim=32,
+        latent_dim=32,
+        decoder_dim=64,
+        hidden_size=32,
+        intermediate_size=64,
+        head_dim=8,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        num_hidden_layers=2,
+        sliding_window=8,
+        max_position_embeddings=1024,
+        upsample_rates=(2, 2, 2, 2),
+        upsampling_ratios=(2, 2),
     ),
 }
 
@@ -85,7 +96,7 @@ class CodePredictorConfig:
     rope_theta: float = 1_000_000.0
     vocab_size: int = 2048
     num_code_groups: int = 16
-    talker_hidden_size: int = 1024          # 0.6B: 1024 (no projection); 1.7B: 2048
+    talker_hidden_size: int = 1024  # 0.6B: 1024 (no projection); 1.7B: 2048
     talker_vocab_size: int = 3072
 
     @property
@@ -116,9 +127,17 @@ CODE_PREDICTOR_PRESETS: dict[str, CodePredictorConfig] = {
     "1.7B": CodePredictorConfig(talker_hidden_size=2048),
     # Same topology (16 code groups, GQA 2:1, q/k norm, projection from a wider talker), small widths and one
     # layer: the 15 unrolled steps make AOTI compile time scale with the layer count (CPU CI budget).
-    "tiny": CodePredictorConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                                num_key_value_heads=2, head_dim=8, vocab_size=64, talker_hidden_size=48,
-                                talker_vocab_size=96),
+    "tiny": CodePredictorConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=64,
+        talker_hidden_size=48,
+        talker_vocab_size=96,
+    ),
 }
 
 

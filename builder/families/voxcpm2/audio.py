@@ -48,7 +48,7 @@ class MiniCPMLayer(nn.Module):
         return x + h * self.residual_scale if self.residual_scale is not None else x + h
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.self_attn, KernelAttention):     # use_sequence_kernels: the same math in 4 ops + SDPA
+        if isinstance(self.self_attn, KernelAttention):  # use_sequence_kernels: the same math in 4 ops + SDPA
             scale = 1.0 if self.residual_scale is None else self.residual_scale
             q, k, v = self.self_attn.project_qkv(x, self.input_layernorm)
             x = self.self_attn.attend(_rope(q, cos, sin), _rope(k, cos, sin), v, x, residual_scale=scale)
@@ -146,8 +146,9 @@ class LocDiT(nn.Module):
         self.delta_time_mlp = TimestepEmbedding(c.hidden_size)
         self.decoder = BidirectionalMiniCPM(c, mu_tokens + 1 + 2 * patch_size)
 
-    def forward(self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, cond: torch.Tensor,
-                dt: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, cond: torch.Tensor, dt: torch.Tensor
+    ) -> torch.Tensor:
         """x, cond [N,C,P]; mu [N, k·H]; t, dt [N] → [N,C,P]."""
         h = self.in_proj(x.transpose(1, 2))
         c = self.cond_proj(cond.transpose(1, 2))
@@ -155,17 +156,16 @@ class LocDiT(nn.Module):
         te = te + self.delta_time_mlp(sinusoidal_embedding(dt, self.hidden).to(h.dtype))
         mu = mu.view(h.shape[0], -1, h.shape[-1])
         seq = torch.cat([mu, te.unsqueeze(1), c, h], dim=1)
-        out = self.decoder(seq)[:, mu.shape[1] + 1 + c.shape[1]:, :]
+        out = self.decoder(seq)[:, mu.shape[1] + 1 + c.shape[1] :, :]
         return self.out_proj(out).transpose(1, 2)
 
 
-def euler_schedule(n_timesteps: int, dtype: torch.dtype,
-                   sway: float = 1.0) -> list[tuple[float, float, bool]]:
+def euler_schedule(n_timesteps: int, dtype: torch.dtype, sway: float = 1.0) -> list[tuple[float, float, bool]]:
     """(t, dt, zero_step) per Euler step, computed exactly as UnifiedCFM does in the model dtype: the grid
     u + sway·(cos(πu/2) − 1 + u) on u = linspace(1, 0, n+1), t advanced by t ← t − dt and
     dt ← t − grid[k+1] (0-dim tensors of `dtype`, so bf16 rounding matches), and the first
     max(1, ⌊0.04·(n+1)⌋) steps zero-init."""
-    grid = torch.linspace(1, 0, n_timesteps + 1, dtype=dtype, device="cpu")   # also under a meta-device init
+    grid = torch.linspace(1, 0, n_timesteps + 1, dtype=dtype, device="cpu")  # also under a meta-device init
     grid = grid + sway * (torch.cos(torch.pi / 2 * grid) - 1 + grid)
     t, dt = grid[0], grid[0] - grid[1]
     zero_steps = max(1, int((n_timesteps + 1) * 0.04))
@@ -190,7 +190,8 @@ class CFM(nn.Module):
         # Computed here, on real tensors: computed inside forward, a bf16 export would trace the grid with fake
         # tensors and float(t) would become an unbacked symbol (seen on torch 2.11: GuardOnDataDependentSymNode).
         self._schedules: dict[torch.dtype, list] = {
-            dt: euler_schedule(n_timesteps, dt) for dt in (torch.float32, torch.bfloat16, torch.float16)}
+            dt: euler_schedule(n_timesteps, dt) for dt in (torch.float32, torch.bfloat16, torch.float16)
+        }
 
     def schedule(self, dtype: torch.dtype) -> list[tuple[float, float, bool]]:
         return self._schedules[dtype]
@@ -201,7 +202,7 @@ class CFM(nn.Module):
         cond2 = torch.cat([cond, cond], dim=0)
         for t, dt, zero_step in self.schedule(x.dtype):
             if zero_step:
-                continue                       # velocity 0: x − dt·0 = x
+                continue  # velocity 0: x − dt·0 = x
             t_in = torch.full((2 * B,), t, dtype=x.dtype, device=x.device)
             # dt input is the step size in mean mode, zeros otherwise (the reference's "not used now")
             dt_in = torch.full((2 * B,), dt if self.mean_mode else 0.0, dtype=x.dtype, device=x.device)
@@ -218,21 +219,21 @@ class CFM(nn.Module):
 class LocDiTStage(nn.Module):
     """(lm_hidden, residual_hidden, cond, noise) → patch [B,C,P] (all float32 at the boundary)."""
 
-    def __init__(self, cfg: AudioConfig, n_timesteps: int = DEFAULT_TIMESTEPS,
-                 cfg_rate: float | None = None) -> None:
+    def __init__(self, cfg: AudioConfig, n_timesteps: int = DEFAULT_TIMESTEPS, cfg_rate: float | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.feat_decoder = CFM(cfg, n_timesteps, cfg.inference_cfg_rate if cfg_rate is None else cfg_rate)
         self.lm_to_dit_proj = nn.Linear(cfg.lm_hidden_size, cfg.dit.hidden_size)
         self.res_to_dit_proj = nn.Linear(cfg.lm_hidden_size, cfg.dit.hidden_size)
 
-    def forward(self, lm_hidden: torch.Tensor, residual_hidden: torch.Tensor, cond: torch.Tensor,
-                noise: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, lm_hidden: torch.Tensor, residual_hidden: torch.Tensor, cond: torch.Tensor, noise: torch.Tensor
+    ) -> torch.Tensor:
         dtype = self.lm_to_dit_proj.weight.dtype
-        mu = torch.cat([self.lm_to_dit_proj(lm_hidden.to(dtype)),
-                        self.res_to_dit_proj(residual_hidden.to(dtype))], dim=-1)
+        mu = torch.cat(
+            [self.lm_to_dit_proj(lm_hidden.to(dtype)), self.res_to_dit_proj(residual_hidden.to(dtype))], dim=-1
+        )
         return self.feat_decoder(mu, cond.to(dtype), noise.to(dtype)).float()
-
 
 
 def use_sequence_kernels(module: nn.Module) -> dict:
@@ -247,10 +248,15 @@ def use_sequence_kernels(module: nn.Module) -> dict:
             layers += 1
     for sub in list(module.modules()):
         if isinstance(sub, (KernelAttention, KernelSwiGLU)):
-            continue                                          # their projections run inside their own ops
+            continue  # their projections run inside their own ops
         for name, child in list(sub.named_children()):
             if type(child) is nn.Linear:
                 setattr(sub, name, KernelLinear(child))
                 linears += 1
-    return {"pass": "use_sequence_kernels", "layers": layers, "linears": linears, "ops": ["ttsaot::skinny_linear"],
-            "attention": "sdpa"}
+    return {
+        "pass": "use_sequence_kernels",
+        "layers": layers,
+        "linears": linears,
+        "ops": ["ttsaot::skinny_linear"],
+        "attention": "sdpa",
+    }

@@ -25,8 +25,14 @@ from .vae import AudioVAEDecoder
 
 # model.safetensors: the parts each stage may load; a stage ignores the others by name, anything else is an error.
 LM_PREFIXES = ("base_lm.", "residual_lm.", "fsq_layer.", "fusion_concat_proj.", "stop_proj.", "stop_head.")
-AUDIO_PREFIXES = ("feat_encoder.", "feat_decoder.", "enc_to_lm_proj.", "lm_to_dit_proj.", "res_to_dit_proj.",
-                  "audio_vae.")
+AUDIO_PREFIXES = (
+    "feat_encoder.",
+    "feat_decoder.",
+    "enc_to_lm_proj.",
+    "lm_to_dit_proj.",
+    "res_to_dit_proj.",
+    "audio_vae.",
+)
 AUDIO_STAGE_PREFIXES = {
     "locdit": ("feat_decoder.", "lm_to_dit_proj.", "res_to_dit_proj."),
     "local_encoder": ("feat_encoder.", "enc_to_lm_proj."),
@@ -37,18 +43,19 @@ AUDIO_STAGE_PREFIXES = {
 def lm_rules(stage: str) -> KeyRules:
     """What each stage reads from model.safetensors: its own parts load; `base_lm.embed_tokens` is dropped
     (counted as pruned) by the step; every other part is ignored. Anything unknown is an error."""
-    own = {"base_lm_prefill": ("base_lm.", "fsq_layer."),
-           "base_lm_step": ("base_lm.", "fsq_layer.", "stop_proj.", "stop_head."),
-           "residual_lm_prefill": ("residual_lm.", "fusion_concat_proj."),
-           "residual_lm_step": ("residual_lm.", "fusion_concat_proj."),
-           "all": LM_PREFIXES}[stage]
+    own = {
+        "base_lm_prefill": ("base_lm.", "fsq_layer."),
+        "base_lm_step": ("base_lm.", "fsq_layer.", "stop_proj.", "stop_head."),
+        "residual_lm_prefill": ("residual_lm.", "fusion_concat_proj."),
+        "residual_lm_step": ("residual_lm.", "fusion_concat_proj."),
+        "all": LM_PREFIXES,
+    }[stage]
     drop = (r"base_lm\.embed_tokens\.weight",) if stage == "base_lm_step" else ()
     ignore = tuple(p for p in LM_PREFIXES if p not in own) + AUDIO_PREFIXES
     return KeyRules(prefix="", ignore_prefixes=ignore, drop_patterns=drop)
 
 
-def load_lm_stage_module(stage: str, path: str | Path, cfg: VoxCPM2LMConfig,
-                         max_len: int) -> tuple[nn.Module, dict]:
+def load_lm_stage_module(stage: str, path: str | Path, cfg: VoxCPM2LMConfig, max_len: int) -> tuple[nn.Module, dict]:
     st = Path(path) / "model.safetensors"
     if not st.is_file():
         raise FileNotFoundError(f"{st}: VoxCPM2 model.safetensors not found")
@@ -77,8 +84,7 @@ def init_random_lm(module: nn.Module, seed: int = 0) -> nn.Module:
     return module.eval()
 
 
-def write_lm_checkpoint(model: VoxCPM2LM, out_dir: str | Path,
-                        extra: dict[str, torch.Tensor] | None = None) -> Path:
+def write_lm_checkpoint(model: VoxCPM2LM, out_dir: str | Path, extra: dict[str, torch.Tensor] | None = None) -> Path:
     """Write <out>/model.safetensors (LM tensors under their real names, + `extra`) and <out>/config.json
     (`lm_config` and the LM's top-level fields). Both are MERGED into existing files, so the audio stages'
     writer can add its parts before or after this one."""
@@ -131,10 +137,18 @@ def init_random_audio(module: nn.Module, seed: int = 0) -> nn.Module:
     return module.eval()
 
 
-def write_audio_checkpoint(out_dir: str | Path, cfg: AudioConfig, locdit: LocDiTStage, encoder: LocalEncoderStage,
-                           vae_decoder: AudioVAEDecoder, extra: dict[str, torch.Tensor] | None = None,
-                           vae_extra: dict[str, torch.Tensor] | None = None, dtype: torch.dtype = torch.float32,
-                           vae_format: str = "safetensors", config_json: dict | None = None) -> Path:
+def write_audio_checkpoint(
+    out_dir: str | Path,
+    cfg: AudioConfig,
+    locdit: LocDiTStage,
+    encoder: LocalEncoderStage,
+    vae_decoder: AudioVAEDecoder,
+    extra: dict[str, torch.Tensor] | None = None,
+    vae_extra: dict[str, torch.Tensor] | None = None,
+    dtype: torch.dtype = torch.float32,
+    vae_format: str = "safetensors",
+    config_json: dict | None = None,
+) -> Path:
     """config.json + model.safetensors (+ `extra` tensors of the other parts, e.g. the LMs) + audiovae.* in
     the real layout. The real model.safetensors is bf16: pass dtype=torch.bfloat16 to mimic it."""
     from safetensors.torch import save_file
@@ -142,9 +156,11 @@ def write_audio_checkpoint(out_dir: str | Path, cfg: AudioConfig, locdit: LocDiT
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().to(dtype).contiguous() for m in (locdit, encoder) for k, v in m.state_dict().items()}
-    if extra is None:   # a few tensors of the other parts, so loading must ignore them by name
-        extra = {"stop_head.weight": torch.zeros(2, cfg.lm_hidden_size),
-                 "base_lm.norm.weight": torch.ones(cfg.lm_hidden_size)}
+    if extra is None:  # a few tensors of the other parts, so loading must ignore them by name
+        extra = {
+            "stop_head.weight": torch.zeros(2, cfg.lm_hidden_size),
+            "base_lm.norm.weight": torch.ones(cfg.lm_hidden_size),
+        }
     sd.update({k: v.contiguous() for k, v in extra.items()})
     save_file(sd, str(d / "model.safetensors"))
     (d / "config.json").write_text(json.dumps(config_json or preset_config_json(cfg), indent=2))
@@ -232,8 +248,9 @@ def vae_state_dict_legacy(model: AudioVAEDecoder) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_vae_checkpoint(model: AudioVAEDecoder, out_dir: str | Path,
-                         extra: dict[str, torch.Tensor] | None = None, fmt: str = "safetensors") -> Path:
+def write_vae_checkpoint(
+    model: AudioVAEDecoder, out_dir: str | Path, extra: dict[str, torch.Tensor] | None = None, fmt: str = "safetensors"
+) -> Path:
     """audiovae.safetensors (or audiovae.pth with a `state_dict`) in the real layout: decoder + `extra`
     (encoder tensors; a token one when none are given)."""
     d = Path(out_dir)
@@ -249,4 +266,3 @@ def write_vae_checkpoint(model: AudioVAEDecoder, out_dir: str | Path,
         path = d / "audiovae.pth"
         torch.save({"state_dict": sd}, str(path))
     return path
-

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-DEFAULT_TIMESTEPS = 10          # generate(inference_timesteps=10) in the reference API; not in config.json
-DEFAULT_CFG = 2.0               # generate(cfg_value=2.0); config.json's inference_cfg_rate overrides
+DEFAULT_TIMESTEPS = 10  # generate(inference_timesteps=10) in the reference API; not in config.json
+DEFAULT_CFG = 2.0  # generate(cfg_value=2.0); config.json's inference_cfg_rate overrides
 
 
 # -------------------------------------------------------------------------------------------------- LMs
@@ -36,7 +36,7 @@ class MiniCPM4Config:
     rope_short_factor: tuple[float, ...] = ()
     rope_long_factor: tuple[float, ...] = ()
     rope_original_max_position_embeddings: int = 32768
-    use_mup: bool = True                   # upstream's default (voxcpm MiniCPM4Config); VoxCPM2 sets false
+    use_mup: bool = True  # upstream's default (voxcpm MiniCPM4Config); VoxCPM2 sets false
     scale_emb: float = 12.0
     dim_model_base: int = 256
     scale_depth: float = 1.4
@@ -75,9 +75,12 @@ class MiniCPM4Config:
 
     def to_json(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if not k.startswith("rope_") or k == "rope_theta"}
-        d["rope_scaling"] = {"type": self.rope_type, "short_factor": list(self.rope_short_factor),
-                             "long_factor": list(self.rope_long_factor),
-                             "original_max_position_embeddings": self.rope_original_max_position_embeddings}
+        d["rope_scaling"] = {
+            "type": self.rope_type,
+            "short_factor": list(self.rope_short_factor),
+            "long_factor": list(self.rope_long_factor),
+            "original_max_position_embeddings": self.rope_original_max_position_embeddings,
+        }
         return d
 
 
@@ -95,8 +98,9 @@ class VoxCPM2LMConfig:
     @property
     def residual(self) -> MiniCPM4Config:
         """VoxCPM2Model: deep copy of lm_config with 8 layers, vocab 0 (no embedding), no_rope from the config."""
-        return replace(self.lm, num_hidden_layers=self.residual_lm_num_layers, vocab_size=0,
-                       no_rope=self.residual_lm_no_rope)
+        return replace(
+            self.lm, num_hidden_layers=self.residual_lm_num_layers, vocab_size=0, no_rope=self.residual_lm_no_rope
+        )
 
     @classmethod
     def from_json(cls, d: dict) -> VoxCPM2LMConfig:
@@ -118,15 +122,29 @@ def _factors(n: int, seed: int) -> tuple[float, ...]:
 # same shape (64 entries, long = short in VoxCPM2) so random-weight builds have the real topology.
 _FULL_FACTORS = _factors(64, 1)
 LM_PRESETS: dict[str, VoxCPM2LMConfig] = {
-    "full": VoxCPM2LMConfig(lm=MiniCPM4Config(rope_short_factor=_FULL_FACTORS, rope_long_factor=_FULL_FACTORS,
-                                              use_mup=False)),
+    "full": VoxCPM2LMConfig(
+        lm=MiniCPM4Config(rope_short_factor=_FULL_FACTORS, rope_long_factor=_FULL_FACTORS, use_mup=False)
+    ),
     # Same topology (GQA 4/2, kv_channels ≠ hidden/heads, LongRoPE short factors, residual without RoPE).
     "tiny": VoxCPM2LMConfig(
-        lm=MiniCPM4Config(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-                          num_key_value_heads=2, kv_channels=32, vocab_size=128, max_position_embeddings=4096,
-                          rope_original_max_position_embeddings=4096, rope_short_factor=_factors(16, 2),
-                          rope_long_factor=_factors(16, 3), use_mup=False),
-        residual_lm_num_layers=2, scalar_quantization_latent_dim=16, max_length=256),
+        lm=MiniCPM4Config(
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            kv_channels=32,
+            vocab_size=128,
+            max_position_embeddings=4096,
+            rope_original_max_position_embeddings=4096,
+            rope_short_factor=_factors(16, 2),
+            rope_long_factor=_factors(16, 3),
+            use_mup=False,
+        ),
+        residual_lm_num_layers=2,
+        scalar_quantization_latent_dim=16,
+        max_length=256,
+    ),
 }
 
 
@@ -160,10 +178,13 @@ class VAEConfig:
         cfg = cls(**kw)
         if cfg.use_noise_block:
             raise ValueError("vae_decoder: use_noise_block=True draws noise inside the decoder: unsupported")
-        if cfg.sr_bin_boundaries is not None and (cfg.cond_type not in ("scale_bias", "scale_bias_init")
-                                                  or cfg.cond_out_layer):
-            raise ValueError(f"vae_decoder: sample-rate conditioning {cfg.cond_type!r} (out_layer="
-                             f"{cfg.cond_out_layer}) is not supported (scale_bias only)")
+        if cfg.sr_bin_boundaries is not None and (
+            cfg.cond_type not in ("scale_bias", "scale_bias_init") or cfg.cond_out_layer
+        ):
+            raise ValueError(
+                f"vae_decoder: sample-rate conditioning {cfg.cond_type!r} (out_layer="
+                f"{cfg.cond_out_layer}) is not supported (scale_bias only)"
+            )
         return cfg
 
     def to_json(self) -> dict:
@@ -173,8 +194,7 @@ class VAEConfig:
 VAE_PRESETS: dict[str, VAEConfig] = {
     "full": VAEConfig(),
     # Same topology (depthwise, 6 → 4 upsampling blocks, sr conditioning, 29 snakes), small widths and rates.
-    "tiny": VAEConfig(encoder_dim=8, encoder_rates=(2, 2), latent_dim=16, decoder_dim=64,
-                      decoder_rates=(8, 6, 2, 2)),
+    "tiny": VAEConfig(encoder_dim=8, encoder_rates=(2, 2), latent_dim=16, decoder_dim=64, decoder_rates=(8, 6, 2, 2)),
 }
 
 
@@ -192,8 +212,8 @@ class TransformerConfig:
     head_dim: int
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    rope_factors: tuple[float, ...] | None = None   # LongRoPE factors in use (short or long), [head_dim/2]
-    rope_scaling: float = 1.0                        # LongRoPE attention scaling of cos/sin
+    rope_factors: tuple[float, ...] | None = None  # LongRoPE factors in use (short or long), [head_dim/2]
+    rope_scaling: float = 1.0  # LongRoPE attention scaling of cos/sin
     use_mup: bool = False
     scale_depth: float = 1.0
 
@@ -215,8 +235,15 @@ class AudioConfig:
         return json.loads(json.dumps(d))
 
 
-def _minicpm(hidden: int, ffn: int, heads: int, layers: int, kv_heads: int = 2, head_dim: int = 128,
-             factors: tuple[float, ...] | None = None) -> TransformerConfig:
+def _minicpm(
+    hidden: int,
+    ffn: int,
+    heads: int,
+    layers: int,
+    kv_heads: int = 2,
+    head_dim: int = 128,
+    factors: tuple[float, ...] | None = None,
+) -> TransformerConfig:
     return TransformerConfig(hidden, ffn, heads, kv_heads, layers, head_dim, rope_factors=factors)
 
 
@@ -240,28 +267,39 @@ def _sub_config(lm: dict, sub: dict) -> TransformerConfig:
     head_dim = sub.get("kv_channels") or hidden // heads
     factors, scaling = _longrope(lm, head_dim)
     return TransformerConfig(
-        hidden_size=hidden, intermediate_size=sub.get("ffn_dim", 4096), num_attention_heads=heads,
-        num_key_value_heads=lm["num_key_value_heads"], num_hidden_layers=sub.get("num_layers", 4),
-        head_dim=head_dim, rms_norm_eps=lm["rms_norm_eps"], rope_theta=lm.get("rope_theta", 10000.0),
-        rope_factors=factors, rope_scaling=scaling, use_mup=lm.get("use_mup", MiniCPM4Config.use_mup),
-        scale_depth=lm.get("scale_depth", 1.0))
+        hidden_size=hidden,
+        intermediate_size=sub.get("ffn_dim", 4096),
+        num_attention_heads=heads,
+        num_key_value_heads=lm["num_key_value_heads"],
+        num_hidden_layers=sub.get("num_layers", 4),
+        head_dim=head_dim,
+        rms_norm_eps=lm["rms_norm_eps"],
+        rope_theta=lm.get("rope_theta", 10000.0),
+        rope_factors=factors,
+        rope_scaling=scaling,
+        use_mup=lm.get("use_mup", MiniCPM4Config.use_mup),
+        scale_depth=lm.get("scale_depth", 1.0),
+    )
 
 
 def audio_config_from_dict(d: dict) -> AudioConfig:
     lm = d["lm_config"]
     if lm.get("no_rope"):
-        raise ValueError("lm_config.no_rope=True would drop rope from the local encoder / LocDiT: "
-                         "unsupported")
+        raise ValueError("lm_config.no_rope=True would drop rope from the local encoder / LocDiT: unsupported")
     dit = d.get("dit_config", {})
     cfm = dit.get("cfm_config", {})
     if cfm.get("solver", "euler") != "euler":
         raise ValueError(f"cfm solver {cfm['solver']!r} is not supported (euler only)")
     return AudioConfig(
-        lm_hidden_size=lm["hidden_size"], patch_size=d.get("patch_size", 4), feat_dim=d.get("feat_dim", 64),
-        encoder=_sub_config(lm, d.get("encoder_config", {})), dit=_sub_config(lm, dit),
+        lm_hidden_size=lm["hidden_size"],
+        patch_size=d.get("patch_size", 4),
+        feat_dim=d.get("feat_dim", 64),
+        encoder=_sub_config(lm, d.get("encoder_config", {})),
+        dit=_sub_config(lm, dit),
         dit_mean_mode=dit.get("dit_mean_mode", False),
         inference_cfg_rate=float(cfm.get("inference_cfg_rate", 1.0)),
-        vae=VAEConfig.from_json(d.get("audio_vae_config") or {}))
+        vae=VAEConfig.from_json(d.get("audio_vae_config") or {}),
+    )
 
 
 # The audio sections of config.json per preset. The LM part (kv heads, norms, LongRoPE factors, which the
@@ -269,22 +307,35 @@ def audio_config_from_dict(d: dict) -> AudioConfig:
 # serves the whole family.
 AUDIO_SECTIONS: dict[str, dict] = {
     "full": {
-        "patch_size": 4, "feat_dim": 64,
-        "encoder_config": {"hidden_dim": 1024, "ffn_dim": 4096, "num_heads": 16, "num_layers": 12,
-                           "kv_channels": 128},
-        "dit_config": {"hidden_dim": 1024, "ffn_dim": 4096, "num_heads": 16, "num_layers": 12,
-                       "kv_channels": 128, "dit_mean_mode": False,
-                       "cfm_config": {"solver": "euler", "inference_cfg_rate": 2.0}},
+        "patch_size": 4,
+        "feat_dim": 64,
+        "encoder_config": {"hidden_dim": 1024, "ffn_dim": 4096, "num_heads": 16, "num_layers": 12, "kv_channels": 128},
+        "dit_config": {
+            "hidden_dim": 1024,
+            "ffn_dim": 4096,
+            "num_heads": 16,
+            "num_layers": 12,
+            "kv_channels": 128,
+            "dit_mean_mode": False,
+            "cfm_config": {"solver": "euler", "inference_cfg_rate": 2.0},
+        },
         "audio_vae_config": VAE_PRESETS["full"].to_json(),
     },
     # Same topology (GQA 4:2 with kv_channels ≠ hidden/heads, LongRoPE factors, 2 mu tokens, 11-token DiT
     # sequence, doubled-batch CFG, depthwise VAE with sr conditioning), small widths.
     "tiny": {
-        "patch_size": 4, "feat_dim": 16,
-        "encoder_config": {"hidden_dim": 64, "ffn_dim": 128, "num_heads": 4, "num_layers": 2,
-                           "kv_channels": 32},
-        "dit_config": {"hidden_dim": 64, "ffn_dim": 128, "num_heads": 4, "num_layers": 2, "kv_channels": 32,
-                       "dit_mean_mode": False, "cfm_config": {"solver": "euler", "inference_cfg_rate": 2.0}},
+        "patch_size": 4,
+        "feat_dim": 16,
+        "encoder_config": {"hidden_dim": 64, "ffn_dim": 128, "num_heads": 4, "num_layers": 2, "kv_channels": 32},
+        "dit_config": {
+            "hidden_dim": 64,
+            "ffn_dim": 128,
+            "num_heads": 4,
+            "num_layers": 2,
+            "kv_channels": 32,
+            "dit_mean_mode": False,
+            "cfm_config": {"solver": "euler", "inference_cfg_rate": 2.0},
+        },
         "audio_vae_config": VAE_PRESETS["tiny"].to_json(),
     },
 }
@@ -311,27 +362,60 @@ def preset_config_json(cfg: AudioConfig) -> dict:
     return {
         "architecture": "voxcpm2",
         "lm_config": {
-            "bos_token_id": 1, "eos_token_id": 2, "hidden_size": cfg.lm_hidden_size,
-            "intermediate_size": 3 * cfg.lm_hidden_size, "max_position_embeddings": 32768,
-            "num_attention_heads": enc.num_attention_heads, "num_hidden_layers": 2,
-            "num_key_value_heads": enc.num_key_value_heads, "rms_norm_eps": enc.rms_norm_eps,
-            "rope_scaling": {"type": "longrope", "long_factor": factors, "short_factor": factors,
-                             "original_max_position_embeddings": 32768},
-            "vocab_size": 256, "use_mup": enc.use_mup, "scale_emb": 12, "dim_model_base": 256,
-            "scale_depth": enc.scale_depth, "rope_theta": enc.rope_theta, "kv_channels": enc.head_dim,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "hidden_size": cfg.lm_hidden_size,
+            "intermediate_size": 3 * cfg.lm_hidden_size,
+            "max_position_embeddings": 32768,
+            "num_attention_heads": enc.num_attention_heads,
+            "num_hidden_layers": 2,
+            "num_key_value_heads": enc.num_key_value_heads,
+            "rms_norm_eps": enc.rms_norm_eps,
+            "rope_scaling": {
+                "type": "longrope",
+                "long_factor": factors,
+                "short_factor": factors,
+                "original_max_position_embeddings": 32768,
+            },
+            "vocab_size": 256,
+            "use_mup": enc.use_mup,
+            "scale_emb": 12,
+            "dim_model_base": 256,
+            "scale_depth": enc.scale_depth,
+            "rope_theta": enc.rope_theta,
+            "kv_channels": enc.head_dim,
         },
-        "patch_size": cfg.patch_size, "feat_dim": cfg.feat_dim, "residual_lm_num_layers": 1,
-        "residual_lm_no_rope": True, "scalar_quantization_latent_dim": 32, "scalar_quantization_scale": 9,
-        "encoder_config": {"hidden_dim": enc.hidden_size, "ffn_dim": enc.intermediate_size,
-                           "num_heads": enc.num_attention_heads, "num_layers": enc.num_hidden_layers,
-                           "kv_channels": enc.head_dim},
-        "dit_config": {"hidden_dim": dit.hidden_size, "ffn_dim": dit.intermediate_size,
-                       "num_heads": dit.num_attention_heads, "num_layers": dit.num_hidden_layers,
-                       "kv_channels": dit.head_dim, "dit_mean_mode": cfg.dit_mean_mode,
-                       "cfm_config": {"sigma_min": 1e-6, "solver": "euler", "t_scheduler": "log-norm",
-                                      "inference_cfg_rate": cfg.inference_cfg_rate}},
+        "patch_size": cfg.patch_size,
+        "feat_dim": cfg.feat_dim,
+        "residual_lm_num_layers": 1,
+        "residual_lm_no_rope": True,
+        "scalar_quantization_latent_dim": 32,
+        "scalar_quantization_scale": 9,
+        "encoder_config": {
+            "hidden_dim": enc.hidden_size,
+            "ffn_dim": enc.intermediate_size,
+            "num_heads": enc.num_attention_heads,
+            "num_layers": enc.num_hidden_layers,
+            "kv_channels": enc.head_dim,
+        },
+        "dit_config": {
+            "hidden_dim": dit.hidden_size,
+            "ffn_dim": dit.intermediate_size,
+            "num_heads": dit.num_attention_heads,
+            "num_layers": dit.num_hidden_layers,
+            "kv_channels": dit.head_dim,
+            "dit_mean_mode": cfg.dit_mean_mode,
+            "cfm_config": {
+                "sigma_min": 1e-6,
+                "solver": "euler",
+                "t_scheduler": "log-norm",
+                "inference_cfg_rate": cfg.inference_cfg_rate,
+            },
+        },
         "audio_vae_config": cfg.vae.to_json(),
-        "max_length": 8192, "device": "cuda", "dtype": "bfloat16",
+        "max_length": 8192,
+        "device": "cuda",
+        "dtype": "bfloat16",
     }
 
 

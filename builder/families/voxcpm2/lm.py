@@ -62,8 +62,7 @@ class MiniCPMLayer(nn.Module):
 
     def __init__(self, cfg: MiniCPM4Config) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
-                                   cfg.head_dim)
+        self.self_attn = Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -81,8 +80,9 @@ class MiniCPMLayer(nn.Module):
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         return self._add(x, self.mlp(self.post_attention_layernorm(x)))
 
-    def forward_seq(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
-                    causal: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward_seq(
+        self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, causal: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B,T,D] over a whole sequence (positions 0..T-1) → (x, k, v) with k/v [B,kvh,T,hd] after RoPE."""
         q, k, v = self.self_attn.project_qkv(self.input_layernorm(x))
         if cos is not None:
@@ -90,20 +90,26 @@ class MiniCPMLayer(nn.Module):
         o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
         return self._mlp(self._add(x, self._out(o))), k, v
 
-    def forward_step(self, x: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
-                     layer: int, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     ) -> torch.Tensor:
+    def forward_step(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        layer: int,
+        positions: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
         """x [B,D], positions [B]: write this token's k/v at (layer, row, :, positions[row]) of the caches, then
         attend over the row's keys at positions ≤ positions[row]. On the kernel layer (`use_decode_kernels`),
         cos/sin are the whole RoPE tables."""
         if isinstance(self.self_attn, KernelAttention):
             scale = 1.0 if self.branch_scale is None else self.branch_scale
-            x = self.self_attn.decode_step(x, self.input_layernorm, positions, k_cache, v_cache, layer, cos, sin,
-                                           scale)
+            x = self.self_attn.decode_step(x, self.input_layernorm, positions, k_cache, v_cache, layer, cos, sin, scale)
             return self.mlp.decode_step(x, self.post_attention_layernorm, scale)
         a = self.self_attn
         B = x.shape[0]
-        q, k, v = a.project_qkv(self.input_layernorm(x)[:, None])             # q [B,H,1,hd], k/v [B,kvh,1,hd]
+        q, k, v = a.project_qkv(self.input_layernorm(x)[:, None])  # q [B,H,1,hd], k/v [B,kvh,1,hd]
         if cos is not None:
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         dev = x.device
@@ -112,17 +118,17 @@ class MiniCPMLayer(nn.Module):
         idx = (torch.full((1, 1), layer, dtype=torch.long, device=dev), rows, heads, positions[:, None])
         k_cache.index_put_(idx, k[:, :, 0].to(k_cache.dtype))
         v_cache.index_put_(idx, v[:, :, 0].to(v_cache.dtype))
-        kc, vc = k_cache[layer].to(q.dtype), v_cache[layer].to(q.dtype)      # [B,kvh,S,hd], contiguous views
+        kc, vc = k_cache[layer].to(q.dtype), v_cache[layer].to(q.dtype)  # [B,kvh,S,hd], contiguous views
         # GQA without expanding the cache: the `rep` query heads of one kv head are its query rows. Explicit
         # attention (softmax in fp32) instead of SDPA: the math SDPA lowering scales K by √scale, which
         # materialises a scaled copy of the layer's whole K cache every step; here only q is scaled and the
         # caches are read in place (bmm on a transposed view).
         rep = a.n_heads // a.n_kv_heads
         qg = q.view(B, a.n_kv_heads, rep, a.head_dim) * a.head_dim**-0.5
-        visible = torch.arange(kc.shape[2], device=dev)[None, :] <= positions[:, None]    # [B,S]
-        scores = torch.matmul(qg, kc.transpose(-1, -2)).float()                         # [B,kvh,rep,S]
+        visible = torch.arange(kc.shape[2], device=dev)[None, :] <= positions[:, None]  # [B,S]
+        scores = torch.matmul(qg, kc.transpose(-1, -2)).float()  # [B,kvh,rep,S]
         scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-        o = torch.matmul(scores.softmax(-1).to(vc.dtype), vc)                            # [B,kvh,rep,hd]
+        o = torch.matmul(scores.softmax(-1).to(vc.dtype), vc)  # [B,kvh,rep,hd]
         o = a.o_proj(o.reshape(B, a.n_heads * a.head_dim))
         return self._mlp(self._add(x, o))
 
@@ -140,8 +146,9 @@ class MiniCPM4(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = None if cfg.no_rope else RopeTable(cfg, rope_positions)
 
-    def forward_seq(self, x: torch.Tensor, causal: bool = True
-                    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    def forward_seq(
+        self, x: torch.Tensor, causal: bool = True
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """MiniCPMModel.forward: x [B,T,D] → (norm(h) [B,T,D], per-layer (k, v))."""
         T = x.shape[1]
         cos = sin = None
@@ -155,8 +162,9 @@ class MiniCPM4(nn.Module):
             kv.append((k, v))
         return self.norm(x), kv
 
-    def forward_step(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
-                     v_cache: torch.Tensor) -> torch.Tensor:
+    def forward_step(
+        self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
         """MiniCPMModel.forward_step with a position per row: x [B,D] → norm(h) [B,D]; caches written in place."""
         cos = sin = None
         if self.rope is not None and self.uses_kernels:
@@ -171,8 +179,13 @@ class MiniCPM4(nn.Module):
     def uses_kernels(self) -> bool:
         return isinstance(self.layers[0].self_attn, KernelAttention)
 
-    def prefill(self, x: torch.Tensor, lengths: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                ) -> torch.Tensor:
+    def prefill(
+        self,
+        x: torch.Tensor,
+        lengths: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
         """forward_seq on a right-padded batch, then k/v of token t < lengths[row] written at (layer, row, :, t);
         tokens at or past a row's length go to the scratch slot (the cache's last position)."""
         h, kv = self.forward_seq(x)
@@ -180,7 +193,7 @@ class MiniCPM4(nn.Module):
         dev = x.device
         scratch = k_cache.shape[3] - 1
         t = torch.arange(T, device=dev)[None, :]
-        pos = torch.where(t < lengths[:, None], t, torch.full_like(t, scratch))       # [B,T]
+        pos = torch.where(t < lengths[:, None], t, torch.full_like(t, scratch))  # [B,T]
         rows = torch.arange(B, device=dev)[:, None, None]
         heads = torch.arange(k_cache.shape[2], device=dev)[None, :, None]
         for i, (k, v) in enumerate(kv):
@@ -201,8 +214,11 @@ def use_decode_kernels(module: nn.Module) -> dict:
                 layer.self_attn = KernelAttention(layer.self_attn)
                 layer.mlp = KernelSwiGLU(layer.mlp)
                 layers += 1
-    return {"pass": "use_decode_kernels", "layers": layers,
-            "ops": ["ttsaot::skinny_linear", "ttsaot::decode_attention"]}
+    return {
+        "pass": "use_decode_kernels",
+        "layers": layers,
+        "ops": ["ttsaot::skinny_linear", "ttsaot::decode_attention"],
+    }
 
 
 class ScalarQuantizationLayer(nn.Module):
@@ -288,14 +304,17 @@ class ResidualLMPrefill(nn.Module):
 
     def forward(self, lm_hidden, feat_embed, feat_mask, lengths, k_cache, v_cache):
         dt = _compute_dtype(self)
-        x = self.fusion_concat_proj(torch.cat((lm_hidden.to(dt), feat_mask.to(dt)[..., None] * feat_embed.to(dt)),
-                                              dim=-1))
+        x = self.fusion_concat_proj(
+            torch.cat((lm_hidden.to(dt), feat_mask.to(dt)[..., None] * feat_embed.to(dt)), dim=-1)
+        )
         return self.residual_lm.prefill(x, lengths, k_cache, v_cache).float()
 
 
 STAGE_MODULES: dict[str, type[nn.Module]] = {
-    "base_lm_prefill": BaseLMPrefill, "base_lm_step": BaseLMStep,
-    "residual_lm_prefill": ResidualLMPrefill, "residual_lm_step": ResidualLMStep,
+    "base_lm_prefill": BaseLMPrefill,
+    "base_lm_step": BaseLMStep,
+    "residual_lm_prefill": ResidualLMPrefill,
+    "residual_lm_step": ResidualLMStep,
 }
 
 

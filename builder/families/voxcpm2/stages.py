@@ -63,8 +63,9 @@ def lm_stage(name: str, opts: VoxCPM2Options) -> StageSpec:
     is_step = name.endswith("_step")
     mcfg = cfg.lm if is_base else cfg.residual
     if max_len < 1 or max_len > mcfg.max_position_embeddings:
-        raise OptionsError(f"{name}: max_len {max_len} must be in [1, max_position_embeddings="
-                           f"{mcfg.max_position_embeddings}]")
+        raise OptionsError(
+            f"{name}: max_len {max_len} must be in [1, max_position_embeddings={mcfg.max_position_embeddings}]"
+        )
     dtype = opts.dtype or torch.bfloat16
     cdt = dtype_name(dtype)
     H = mcfg.hidden_size
@@ -82,33 +83,68 @@ def lm_stage(name: str, opts: VoxCPM2Options) -> StageSpec:
         report.update({"random_weights": True, "seed": opts.seed})
         return init_random_lm(STAGE_MODULES[name](cfg, max_len), opts.seed)
 
-    cache_in = [{"name": n, "dtype": cdt, "shape": cache_shape(mcfg, "batch", max_len), "pad": 0}
-                for n in ("k_cache", "v_cache")]
+    cache_in = [
+        {"name": n, "dtype": cdt, "shape": cache_shape(mcfg, "batch", max_len), "pad": 0}
+        for n in ("k_cache", "v_cache")
+    ]
     f32 = "float32"
     if is_step:
         plan = BucketPlan({"batch": batches})
-        rows = [{"name": "embeds", "dtype": f32, "shape": ["batch", H], "pad": 0}] if is_base else [
-            {"name": "lm_hidden", "dtype": f32, "shape": ["batch", H], "pad": 0},
-            {"name": "feat_embed", "dtype": f32, "shape": ["batch", H], "pad": 0}]
+        rows = (
+            [{"name": "embeds", "dtype": f32, "shape": ["batch", H], "pad": 0}]
+            if is_base
+            else [
+                {"name": "lm_hidden", "dtype": f32, "shape": ["batch", H], "pad": 0},
+                {"name": "feat_embed", "dtype": f32, "shape": ["batch", H], "pad": 0},
+            ]
+        )
         # positions may name the scratch slot (max_len) for idle rows
-        inputs = rows + [{"name": "positions", "dtype": "int64", "shape": ["batch"], "pad": max_len,
-                          "range": {"dim": 0, "low": 0, "high": [max_len + 1]}}] + cache_in
-        outputs = ([{"name": "hidden", "dtype": f32, "shape": ["batch", H]},
-                    {"name": "lm_hidden", "dtype": f32, "shape": ["batch", H]},
-                    {"name": "stop_logits", "dtype": f32, "shape": ["batch", 2]}] if is_base else
-                   [{"name": "hidden", "dtype": f32, "shape": ["batch", H]}])
+        inputs = (
+            rows
+            + [
+                {
+                    "name": "positions",
+                    "dtype": "int64",
+                    "shape": ["batch"],
+                    "pad": max_len,
+                    "range": {"dim": 0, "low": 0, "high": [max_len + 1]},
+                }
+            ]
+            + cache_in
+        )
+        outputs = (
+            [
+                {"name": "hidden", "dtype": f32, "shape": ["batch", H]},
+                {"name": "lm_hidden", "dtype": f32, "shape": ["batch", H]},
+                {"name": "stop_logits", "dtype": f32, "shape": ["batch", 2]},
+            ]
+            if is_base
+            else [{"name": "hidden", "dtype": f32, "shape": ["batch", H]}]
+        )
         meta = {"position_input": "positions"}
     else:
         plan = BucketPlan({"batch": batches, "tokens": tokens})
         bt, bth = ["batch", "tokens"], ["batch", "tokens", H]
-        rows = ([{"name": "text_tokens", "dtype": "int64", "shape": bt, "pad": 0,
-                  "range": {"dim": 0, "low": 0, "high": [cfg.lm.vocab_size]}},
-                 {"name": "text_mask", "dtype": f32, "shape": bt, "pad": 0},
-                 {"name": "feat_embed", "dtype": f32, "shape": bth, "pad": 0},
-                 {"name": "feat_mask", "dtype": f32, "shape": bt, "pad": 0}] if is_base else
-                [{"name": "lm_hidden", "dtype": f32, "shape": bth, "pad": 0},
-                 {"name": "feat_embed", "dtype": f32, "shape": bth, "pad": 0},
-                 {"name": "feat_mask", "dtype": f32, "shape": bt, "pad": 0}])
+        rows = (
+            [
+                {
+                    "name": "text_tokens",
+                    "dtype": "int64",
+                    "shape": bt,
+                    "pad": 0,
+                    "range": {"dim": 0, "low": 0, "high": [cfg.lm.vocab_size]},
+                },
+                {"name": "text_mask", "dtype": f32, "shape": bt, "pad": 0},
+                {"name": "feat_embed", "dtype": f32, "shape": bth, "pad": 0},
+                {"name": "feat_mask", "dtype": f32, "shape": bt, "pad": 0},
+            ]
+            if is_base
+            else [
+                {"name": "lm_hidden", "dtype": f32, "shape": bth, "pad": 0},
+                {"name": "feat_embed", "dtype": f32, "shape": bth, "pad": 0},
+                {"name": "feat_mask", "dtype": f32, "shape": bt, "pad": 0},
+            ]
+        )
         inputs = rows + [{"name": "lengths", "dtype": "int64", "shape": ["batch"], "pad": 0}] + cache_in
         outputs = [{"name": "lm_hidden" if is_base else "hidden", "dtype": f32, "shape": bth}]
         meta = {"length_input": "lengths"}
@@ -119,8 +155,11 @@ def lm_stage(name: str, opts: VoxCPM2Options) -> StageSpec:
         caches = {n: torch.randn([*cshape[:1], B, *cshape[2:]], generator=g).to(dtype) for n in ("k_cache", "v_cache")}
         if is_step:
             pos = torch.randint(0, max_len, (B,), generator=g)
-            x = {"embeds": torch.randn(B, H, generator=g)} if is_base else {
-                "lm_hidden": torch.randn(B, H, generator=g), "feat_embed": torch.randn(B, H, generator=g)}
+            x = (
+                {"embeds": torch.randn(B, H, generator=g)}
+                if is_base
+                else {"lm_hidden": torch.randn(B, H, generator=g), "feat_embed": torch.randn(B, H, generator=g)}
+            )
             return {**x, "positions": pos, **caches}
         T = sizes["tokens"]
         lengths = torch.randint(1, T + 1, (B,), generator=g)
@@ -135,14 +174,31 @@ def lm_stage(name: str, opts: VoxCPM2Options) -> StageSpec:
 
     golden = [{"batch": batches[0]}] if is_step else [{"batch": batches[0], "tokens": tokens[0]}]
     return StageSpec(
-        family=FAMILY.name, name=name, kind="lm_step" if is_step else "lm_prefill", make_module=make_module,
-        passes=[fuse_projections], plan=plan, make_inputs=make_inputs, inputs=inputs, outputs=outputs,
+        family=FAMILY.name,
+        name=name,
+        kind="lm_step" if is_step else "lm_prefill",
+        make_module=make_module,
+        passes=[fuse_projections],
+        plan=plan,
+        make_inputs=make_inputs,
+        inputs=inputs,
+        outputs=outputs,
         dtype=dtype,
         tolerance=1e-4 if dtype == torch.float32 else BF16_TOLERANCE[name],
-        metadata={"lm": "base_lm" if is_base else "residual_lm", "max_len": max_len, "scratch_position": max_len,
-                  "cache_inputs": ["k_cache", "v_cache"], "cache_shape": cache_shape(mcfg, "batch", max_len),
-                  "cache_dtype": cdt, "hidden_size": H, **meta},
-        config=cfg.to_json(), checkpoint_report=report, golden_sizes=golden, golden_buckets=False,
+        metadata={
+            "lm": "base_lm" if is_base else "residual_lm",
+            "max_len": max_len,
+            "scratch_position": max_len,
+            "cache_inputs": ["k_cache", "v_cache"],
+            "cache_shape": cache_shape(mcfg, "batch", max_len),
+            "cache_dtype": cdt,
+            "hidden_size": H,
+            **meta,
+        },
+        config=cfg.to_json(),
+        checkpoint_report=report,
+        golden_sizes=golden,
+        golden_buckets=False,
         kernel_passes=[use_decode_kernels] if is_step else [],
         # Kernel layer by default on CUDA where it was built, checked and timed on a GPU: bf16 base_lm_step (H100,
         # bench/results/nvidia-h100/decode_stages.json: 1.36x torch.compile + graph at B=1, outputs within the
@@ -180,32 +236,48 @@ def locdit_stage(opts: VoxCPM2Options) -> StageSpec:
 
     def make_inputs(sizes: dict[str, int], g: torch.Generator) -> dict[str, torch.Tensor]:
         B = sizes["batch"]
-        return {"lm_hidden": torch.randn(B, H, generator=g),
-                "residual_hidden": torch.randn(B, H, generator=g),
-                "cond": torch.randn(B, C, P, generator=g), "noise": torch.randn(B, C, P, generator=g)}
+        return {
+            "lm_hidden": torch.randn(B, H, generator=g),
+            "residual_hidden": torch.randn(B, H, generator=g),
+            "cond": torch.randn(B, C, P, generator=g),
+            "noise": torch.randn(B, C, P, generator=g),
+        }
 
     dtype = opts.dtype or torch.bfloat16
     plan = BucketPlan({"batch": batch_sizes(opts.max_batch, opts.batch_buckets)})
     estimator_calls = sum(1 for *_, z in euler_schedule(n_steps, dtype) if not z)
     return StageSpec(
-        family=FAMILY.name, name="locdit", kind="generic", make_module=make_module, passes=[fuse_projections],
-        plan=plan, make_inputs=make_inputs,
-        inputs=[{"name": "lm_hidden", "dtype": "float32", "shape": ["batch", H]},
-                {"name": "residual_hidden", "dtype": "float32", "shape": ["batch", H]},
-                {"name": "cond", "dtype": "float32", "shape": ["batch", C, P]},
-                {"name": "noise", "dtype": "float32", "shape": ["batch", C, P]}],
+        family=FAMILY.name,
+        name="locdit",
+        kind="generic",
+        make_module=make_module,
+        passes=[fuse_projections],
+        plan=plan,
+        make_inputs=make_inputs,
+        inputs=[
+            {"name": "lm_hidden", "dtype": "float32", "shape": ["batch", H]},
+            {"name": "residual_hidden", "dtype": "float32", "shape": ["batch", H]},
+            {"name": "cond", "dtype": "float32", "shape": ["batch", C, P]},
+            {"name": "noise", "dtype": "float32", "shape": ["batch", C, P]},
+        ],
         outputs=[{"name": "patch", "dtype": "float32", "shape": ["batch", C, P]}],
         dtype=dtype,
         # fp32: kernel-order noise. bf16 vs the fp32 reference (whose time grid is fp32; the bf16 grid is what
         # the reference serves with): measured 1.6e-2..3.9e-2 on tiny random weights over seeds and batches.
         tolerance=1e-4 if dtype == torch.float32 else 8e-2,
-        metadata={"n_timesteps": n_steps, "cfg_rate": cfg_rate, "estimator_calls": estimator_calls,
-                  "cfg_zero_star": True, "noise": "standard normal [B, feat_dim, patch_size], caller-drawn",
-                  "projections_inside": ["lm_to_dit_proj", "res_to_dit_proj"]},
-        config=cfg.to_json(), checkpoint_report=report,
+        metadata={
+            "n_timesteps": n_steps,
+            "cfg_rate": cfg_rate,
+            "estimator_calls": estimator_calls,
+            "cfg_zero_star": True,
+            "noise": "standard normal [B, feat_dim, patch_size], caller-drawn",
+            "projections_inside": ["lm_to_dit_proj", "res_to_dit_proj"],
+        },
+        config=cfg.to_json(),
+        checkpoint_report=report,
         golden_sizes=[],
         kernel_passes=[use_sequence_kernels],
-        cuda_auto_kernels="inductor",   # kernel path opt-in (--kernels ttsaot) until it is built and timed on a GPU
+        cuda_auto_kernels="inductor",  # kernel path opt-in (--kernels ttsaot) until it is built and timed on a GPU
     )
 
 
@@ -228,15 +300,21 @@ def local_encoder_stage(opts: VoxCPM2Options) -> StageSpec:
 
     dtype = opts.dtype or torch.bfloat16
     return StageSpec(
-        family=FAMILY.name, name="local_encoder", kind="generic", make_module=make_module,
+        family=FAMILY.name,
+        name="local_encoder",
+        kind="generic",
+        make_module=make_module,
         passes=[fuse_projections],
-        plan=BucketPlan({"batch": batch_sizes(opts.max_batch, opts.batch_buckets)}), make_inputs=make_inputs,
+        plan=BucketPlan({"batch": batch_sizes(opts.max_batch, opts.batch_buckets)}),
+        make_inputs=make_inputs,
         inputs=[{"name": "patch", "dtype": "float32", "shape": ["batch", 1, P, C]}],
         outputs=[{"name": "embed", "dtype": "float32", "shape": ["batch", H]}],
-        dtype=dtype, tolerance=1e-4 if dtype == torch.float32 else 3e-2,
-        config=cfg.to_json(), checkpoint_report=report,
+        dtype=dtype,
+        tolerance=1e-4 if dtype == torch.float32 else 3e-2,
+        config=cfg.to_json(),
+        checkpoint_report=report,
         kernel_passes=[use_sequence_kernels],
-        cuda_auto_kernels="inductor",   # kernel path opt-in (--kernels ttsaot) until it is built and timed on a GPU
+        cuda_auto_kernels="inductor",  # kernel path opt-in (--kernels ttsaot) until it is built and timed on a GPU
     )
 
 
@@ -261,22 +339,30 @@ def vae_decoder_stage(opts: VoxCPM2Options) -> StageSpec:
     plan = BucketPlan({"batch": batch_sizes(opts.max_batch, opts.batch_buckets), "frames": frames})
     spf = cfg.samples_per_frame
     return StageSpec(
-        family=FAMILY.name, name="vae_decoder", kind="codec_decoder", make_module=make_module,
+        family=FAMILY.name,
+        name="vae_decoder",
+        kind="codec_decoder",
+        make_module=make_module,
         passes=[bake_weight_norm, bake_snake, bake_sample_rate],
         # kernels=ttsaot: channels-last on the conv kernels, tf32x3 (≈ fp32: the stage is fp32 by policy)
         kernel_passes=[channels_last_vae_decoder],
-        cuda_auto_kernels="inductor",   # kernel path opt-in (--kernels ttsaot) until it is built and timed on a GPU
-        plan=plan, make_inputs=make_inputs,
-        inputs=[{"name": "latents", "dtype": "float32", "shape": ["batch", cfg.latent_dim, "frames"],
-                 "pad": 0}],
+        cuda_auto_kernels="inductor",  # kernel path opt-in (--kernels ttsaot) until it is built and timed on a GPU
+        plan=plan,
+        make_inputs=make_inputs,
+        inputs=[{"name": "latents", "dtype": "float32", "shape": ["batch", cfg.latent_dim, "frames"], "pad": 0}],
         outputs=[{"name": "wav", "dtype": "float32", "shape": ["batch", 1, ["frames", spf]]}],
-        dtype=torch.float32, fp32_only=True,
-        tolerance=1e-4,   # fp32: kernel-order noise only
-        metadata={"sample_rate": cfg.out_sample_rate, "samples_per_frame": spf,
-                  "streaming": asdict(streaming),
-                  "receptive_field_frames": rf,
-                  "streaming_exact": streaming.left_context_frames >= rf},
-        config=cfg.to_json(), checkpoint_report=report,
+        dtype=torch.float32,
+        fp32_only=True,
+        tolerance=1e-4,  # fp32: kernel-order noise only
+        metadata={
+            "sample_rate": cfg.out_sample_rate,
+            "samples_per_frame": spf,
+            "streaming": asdict(streaming),
+            "receptive_field_frames": rf,
+            "streaming_exact": streaming.left_context_frames >= rf,
+        },
+        config=cfg.to_json(),
+        checkpoint_report=report,
         golden_sizes=[off_bucket_frames(frames)],
     )
 
@@ -289,8 +375,12 @@ def _lm_recipe(name: str):
     return recipe
 
 
-STAGES = {**{n: _lm_recipe(n) for n in LM_STAGES}, "locdit": locdit_stage, "local_encoder": local_encoder_stage,
-          "vae_decoder": vae_decoder_stage}
+STAGES = {
+    **{n: _lm_recipe(n) for n in LM_STAGES},
+    "locdit": locdit_stage,
+    "local_encoder": local_encoder_stage,
+    "vae_decoder": vae_decoder_stage,
+}
 
 
 def default_stages(opts: VoxCPM2Options) -> tuple[str, ...]:

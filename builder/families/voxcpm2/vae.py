@@ -45,15 +45,17 @@ class CausalConvTranspose1d(nn.ConvTranspose1d):
 
 
 def _wn_conv(cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1) -> nn.Module:
-    return weight_norm(CausalConv1d(cin, cout, kernel, dilation=dilation, groups=groups,
-                                    left_pad=(kernel - 1) * dilation))
+    return weight_norm(
+        CausalConv1d(cin, cout, kernel, dilation=dilation, groups=groups, left_pad=(kernel - 1) * dilation)
+    )
 
 
 class CausalResidualUnit(nn.Module):
     def __init__(self, dim: int, dilation: int, groups: int) -> None:
         super().__init__()
-        self.block = nn.Sequential(Snake1d(dim), _wn_conv(dim, dim, 7, dilation, groups), Snake1d(dim),
-                                   _wn_conv(dim, dim, 1))
+        self.block = nn.Sequential(
+            Snake1d(dim), _wn_conv(dim, dim, 7, dilation, groups), Snake1d(dim), _wn_conv(dim, dim, 1)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.block(x)
@@ -115,8 +117,8 @@ class CausalDecoder(nn.Module):
             self.register_buffer("sr_bin_boundaries", torch.tensor(cfg.sr_bin_boundaries, dtype=torch.int32))
             n = len(cfg.sr_bin_boundaries) + 1
             self.sr_cond_model = nn.ModuleList(
-                SampleRateCondition(m.input_channels, n) if isinstance(m, CausalDecoderBlock) else None
-                for m in layers)
+                SampleRateCondition(m.input_channels, n) if isinstance(m, CausalDecoderBlock) else None for m in layers
+            )
         else:
             self.sr_bin_boundaries = None
             self.sr_cond_model = None
@@ -183,7 +185,11 @@ def bake_sample_rate(module: nn.Module) -> dict[str, Any]:
         if isinstance(c, SampleRateCondition):
             dec.sr_cond_model[i] = ChannelAffine(c.scale_embed.weight[b], c.bias_embed.weight[b])
             n += 1
-    dec.sr_bin_boundaries = None   # a None buffer: gone from the state dict, sr_bin() returns None
-    return {"pass": "bake_sample_rate", "sample_rate": dec.out_sample_rate, "bin": b, "replaced": n,
-            "folded": {"sample-rate embeddings (one bin kept, as an affine)":
-                       before - count_parameters(module)["params"]}}
+    dec.sr_bin_boundaries = None  # a None buffer: gone from the state dict, sr_bin() returns None
+    return {
+        "pass": "bake_sample_rate",
+        "sample_rate": dec.out_sample_rate,
+        "bin": b,
+        "replaced": n,
+        "folded": {"sample-rate embeddings (one bin kept, as an affine)": before - count_parameters(module)["params"]},
+    }

@@ -39,7 +39,7 @@ def chain_items(m: AudioVAEDecoder) -> list[Any]:
                     raise ValueError(f"vae_decoder kernels: unexpected {type(u).__name__} in a decoder block")
                 items.append(Residual(list(u.block)))
         else:
-            items.append(layer)                   # the input convs, the head's Snake, conv and Tanh
+            items.append(layer)  # the input convs, the head's Snake, conv and Tanh
     return items
 
 
