@@ -177,7 +177,7 @@ def _load(path: Path, stage: str, device: torch.device):
     mem: dict[str, Any] = {"load_s": round(time.perf_counter() - t0, 3), **st.load_stats}
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        weights = sum(t.numel() * t.element_size() for t in st._weights.values())
+        weights = st.weight_bytes
         used = free0 - torch.cuda.mem_get_info(device)[0]
         mem.update(
             weights_bytes=weights,

@@ -44,6 +44,7 @@ def child_main(a) -> None:
         y = stage(*[x.to(device) for x in inputs])
     else:
         torch.set_grad_enabled(False)
+        from ttsaot.builder.build import prepare_modules
         from ttsaot.builder.passes import cast_to_compute_dtype
 
         from .specs import make_spec
@@ -52,9 +53,7 @@ def child_main(a) -> None:
         axes = {k: tuple(v) for k, v in json.loads(a.axes).items()} if a.axes else None
         spec, _ = make_spec(a.family, a.stage, a.preset, seed=a.seed, axes=axes, dtype=a.dtype)
         t0 = time.time()
-        m = spec.make_module().eval()
-        for p in spec.passes:
-            p(m)
+        _, m, _ = prepare_modules(spec, "inductor")
         m = cast_to_compute_dtype(m, spec.dtype).to(device).eval()
         if device.type == "cuda":
             torch.cuda.synchronize(device)

@@ -153,7 +153,7 @@ def _as_list(out) -> list[torch.Tensor]:
 
 
 def run(a: argparse.Namespace, progress: Callable[[dict], None] | None = None) -> dict[str, Any]:
-    from ttsaot.builder.build import build_family
+    from ttsaot.builder.build import build_family, prepare_modules
     from ttsaot.builder.families.voxcpm2 import FAMILY as VOX
     from ttsaot.builder.families.voxcpm2.config import LM_PRESETS
     from ttsaot.builder.passes import cast_to_compute_dtype
@@ -236,9 +236,7 @@ def run(a: argparse.Namespace, progress: Callable[[dict], None] | None = None) -
                 for w in entry.constants.values()
             )
             # ------------------------------------------------------------------------------ eager module
-            module = specs["inductor"].make_module().eval()
-            for p in specs["inductor"].passes:
-                p(module)
+            _, module, _ = prepare_modules(specs["inductor"], "inductor")
             module = cast_to_compute_dtype(module, torch.bfloat16).to(dev).eval()
             compiled = None
             for B in a.batches:
