@@ -394,7 +394,9 @@ def status(res: dict) -> str:
     buckets = [s for k, s in res.get("sections", {}).items() if k.startswith("B=")]
     if any("check" in s and not s["check"].get("agree") for s in buckets):
         return "check failed"
-    if not buckets or any("check" not in s for s in buckets):
+    if not buckets:
+        return "incomplete: no bucket measured"
+    if any("check" not in s for s in buckets):
         return (
             "incomplete: "
             + ", ".join(k for k, s in res.get("sections", {}).items() if k.startswith("B=") and "check" not in s)
