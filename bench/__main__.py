@@ -463,7 +463,10 @@ def _add_tool_parsers(sub) -> None:
     p.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
     p.add_argument("--budget", type=float, default=200.0, help="seconds; later cases and sections are skipped")
     p.add_argument(
-        "--sections", type=csv, default=None, help="copy,skinny,attention,aoti,layer,predictors,sweep (default all)"
+        "--sections",
+        type=csv,
+        default=None,
+        help="copy,skinny,attention,aoti,layer,predictors,sweep,configs (default all but configs)",
     )
     p.add_argument("--with-compile", action="store_true", help="layer: also torch.compile max-autotune (minutes)")
     p.add_argument("--result", default=None)
@@ -515,7 +518,7 @@ def cmd_kernels(a) -> int:
     import torch
 
     from .common import device_info
-    from .kernels import SECTIONS, run_kernels, summary
+    from .kernels import DEFAULT_SECTIONS, run_kernels, summary
 
     dev = torch.device(a.device or default_device())
     slug = device_info(dev)["slug"]
@@ -524,7 +527,7 @@ def cmd_kernels(a) -> int:
         dev,
         a.quick,
         a.budget,
-        tuple(a.sections or SECTIONS),
+        tuple(a.sections or DEFAULT_SECTIONS),
         a.with_compile,
         progress=lambda res: write_json(path, res),
     )

@@ -23,6 +23,9 @@ after the time budget are recorded as skipped):
 - `predictors`: the re-prefill predictors' shapes (Fish fast_ar, Qwen code_predictor, VoxCPM2 locdit) at their M.
 - `sweep`: split-K × GEMV/tensor-core form for the VoxCPM2 shapes, split size × BLOCK_S for attention: what
   phase 2 tunes the plans from.
+- `configs`: explicit launch configs (block sizes, warps, stages) × split-K × form for the VoxCPM2 decode shapes at
+  M = 1, 16 and 4, each timed like `skinny` (one weight rotation and one same-bytes copy per shape): what the
+  autotune lists and the split-K plan are chosen from (not run by default; `--sections configs`).
 A fresh machine compiles ~50 Triton kernels for the first four sections: ~3-4 minutes with the default budget;
 `--budget 540` also covers `predictors` and `sweep`. Writes `<out>/<device-slug>/kernels.json` (rewritten after
 every case, so a crash keeps what was measured).
@@ -47,7 +50,8 @@ from . import RESULTS_SCHEMA
 from .common import device_info, git_commit, graph_replay_ms, now_iso, rel_err, short_error, time_fn
 
 TARGET_RATIO = 0.85
-SECTIONS = ("copy", "skinny", "attention", "aoti", "layer", "predictors", "sweep")
+SECTIONS = ("copy", "skinny", "attention", "aoti", "layer", "predictors", "sweep", "configs")
+DEFAULT_SECTIONS = SECTIONS[:-1]  # `configs` (minutes of compiles) only when asked for
 _WARMUP = {True: 3, False: 0}  # warm-up calls before eager timings: on the GPU, none in a CPU smoke run
 ROTATE_L2_MULTIPLE = 4  # weights rotated over at least this many times the L2 size
 MIN_GRAPH_CALLS = 16
@@ -75,6 +79,27 @@ PREDICTOR_SHAPES: dict[str, tuple[int, int, dict, tuple[int, ...]]] = {
 # VoxCPM2's base/residual LM attention (16 q heads, 2 kv heads, hd 128) over a cache of max_len 4096 (+ scratch).
 ATTENTION = {"hq": 16, "hkv": 2, "hd": 128, "cache_positions": 4097, "contexts": (512, 2048)}
 LAYER = {"preset": "full", "cache_positions": 4097, "context": 512, "layers": 4}
+# `configs` candidates: (BLOCK_N, BLOCK_K, num_warps, num_stages) per form, tried with split-K 1/2/4 (1 only for
+# gate_up, whose 6144 output columns already give every SM several programs).
+GEMV_CANDIDATES = (
+    (4, 1024, 4, 1),
+    (8, 512, 4, 1),
+    (16, 256, 4, 1),
+    (8, 1024, 8, 1),
+    (4, 512, 2, 1),
+    (2, 1024, 2, 1),
+    (8, 512, 4, 2),
+    (16, 512, 8, 1),
+)
+DOT_CANDIDATES = (
+    (16, 256, 4, 4),
+    (16, 512, 4, 3),
+    (32, 256, 4, 4),
+    (64, 128, 4, 4),
+    (16, 128, 4, 6),
+    (32, 128, 4, 5),
+)
+CONFIG_SWEEP_M = ((1, "gemv"), (16, "dot"), (4, "gemv"), (4, "dot"), (2, "gemv"), (8, "dot"))
 
 
 def _interpreter_kwargs(device: torch.device, kind: str) -> dict:
@@ -224,6 +249,70 @@ def bench_skinny_case(
         case["torch_eager_graph"] = {"ms": tms, "gb_per_s": nbytes / (tms * 1e-3) / 1e9}
         case["speedup_vs_torch"] = tms / ms
     return case
+
+
+def bench_skinny_configs(
+    M: int,
+    N: int,
+    K: int,
+    spec: dict,
+    form: str,
+    peak_gbps: float,
+    reps: int,
+    device: torch.device,
+    time_left: Callable[[], float] = lambda: math.inf,
+) -> dict:
+    """Every candidate launch config × split-K of one (shape, M, form) on one weight rotation, each checked against
+    the aten reference and timed in a graph of back-to-back calls; the same-bytes copy once. Candidates that would
+    start past `time_left()` are recorded as skipped."""
+    from ttsaot.builder.kernels.skinny_linear import launch_skinny_linear, skinny_linear_reference
+
+    g = torch.Generator(device=device).manual_seed(M * 7 + N)
+    n_sets = _sets_for(N * K * 2, device)
+    t = _skinny_inputs(M, N, K, spec, n_sets, g, device)
+    kw = _skinny_kwargs(t, spec)
+    n_out = N // 2 if spec.get("gated") else N
+    nbytes = N * K * 2 + 2 * (M * K + M * n_out * (2 if spec.get("residual") else 1) + (K if spec.get("norm") else 0))
+    ref = skinny_linear_reference(t["x"], t["weights"][0], **kw).float()
+    copy = copy_gbps(nbytes, reps, device)
+    out: dict[str, Any] = {"M": M, "N": N, "K": K, "form": form, "bytes": nbytes, "copy_same_bytes": copy}
+    candidates = GEMV_CANDIDATES if form == "gemv" else DOT_CANDIDATES
+    splits = (1,) if spec.get("gated") else (1, 2, 4)
+    runs: dict[str, Any] = {}
+    for bn, bk, warps, stages in candidates:
+        for split in splits:
+            key = f"bn{bn}/bk{bk}/w{warps}/s{stages}/split{split}"
+            if time_left() <= 0:
+                runs[key] = {"skipped": "time budget used up"}
+                continue
+            launch = dict(
+                config={"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages},
+                split_k=split,
+                use_dot=form == "dot",
+            )
+            try:
+                err = rel_err(launch_skinny_linear(t["x"], t["weights"][0], **kw, **launch).float(), ref)
+                calls = [
+                    lambda i=i, launch=launch: launch_skinny_linear(t["x"], t["weights"][i], **kw, **launch)
+                    for i in _rotation(n_sets, device)
+                ]
+                ms = graph_ms(calls, reps, device)
+                gbps = nbytes / (ms * 1e-3) / 1e9
+                runs[key] = {
+                    "graph_ms": ms,
+                    "gb_per_s": gbps,
+                    "ratio_to_copy": gbps / copy["gb_per_s"],
+                    "ratio_to_peak_copy": gbps / peak_gbps,
+                    "rel_err_vs_reference": err,
+                }
+            except Exception as e:  # noqa: BLE001 - a config the compiler refuses is a result too
+                runs[key] = {"error": short_error(e)}
+    out["runs"] = runs
+    timed = {k: r for k, r in runs.items() if "graph_ms" in r}
+    if timed:
+        best = min(timed, key=lambda k: timed[k]["graph_ms"])
+        out["best"] = {"config": best, **timed[best]}
+    return out
 
 
 def _plan(M: int, N: int, K: int, spec: dict, device: torch.device) -> dict:
@@ -501,7 +590,7 @@ def run_kernels(
     device: torch.device,
     quick: bool = False,
     budget_s: float = 200.0,
-    sections: tuple[str, ...] = SECTIONS,
+    sections: tuple[str, ...] = DEFAULT_SECTIONS,
     with_compile: bool = False,
     progress: Callable[[dict], None] | None = None,
 ) -> dict[str, Any]:
@@ -639,6 +728,16 @@ def run_kernels(
         return out
 
     guarded("sweep", sweep_section)
+
+    def configs_section() -> dict:
+        items = [
+            (f"{name}/M={M}/{form}", dict(M=M, N=N, K=K, spec=spec, form=form, time_left=budget.left))
+            for M, form in CONFIG_SWEEP_M
+            for name, (N, K, spec, _) in SKINNY_SHAPES.items()
+        ]
+        return cases(bench_skinny_configs, items)
+
+    guarded("configs", configs_section)
     _voxcpm2_layers.cache_clear()
     res["seconds"] = round(time.time() - t_all, 1)
     res["status"] = "ok"
@@ -705,5 +804,14 @@ def summary(res: dict) -> str:
                     best[group] = (ms, key)
         for ms, key in best.values():
             lines.append(f"sweep best {key}: {ms * 1e3:.1f} us")
+    for key, c in sec.get("configs", {}).items():
+        if isinstance(c, dict) and "best" in c:
+            b = c["best"]
+            lines.append(
+                f"configs {key:<26} best {b['config']:<30} {b['graph_ms'] * 1e3:6.1f} us "
+                f"{b['ratio_to_copy']:4.0%} of copy {b['ratio_to_peak_copy']:4.0%} of peak"
+            )
+        elif isinstance(c, dict):
+            lines.append(f"configs {key:<26} {c.get('error') or c.get('skipped') or 'no run timed'}")
     lines.append(f"status {res.get('status')} in {res.get('seconds', 0)} s")
     return "\n".join(lines)

@@ -70,3 +70,44 @@ def test_kernels_bench_smoke_on_cpu(monkeypatch, tmp_path):
     (out / "kernels.json").write_text(json.dumps(res))
     report = write_report(tmp_path / "results", tmp_path / "BENCH.md", tmp_path / "plots", include_cpu=True)
     assert "Kernel layer" in report.read_text() and "skinny voxcpm2_qkv/M=1" in report.read_text()
+
+
+@pytest.mark.skipif(ON_GPU, reason="the GPU runs the real bench")
+def test_kernels_bench_config_sweep_on_cpu(monkeypatch):
+    """`--sections configs`: every candidate × split-K is checked against the reference and timed; the best is
+    named; a gated shape only tries split 1; a candidate past the budget is recorded as skipped."""
+    require_kernel_runtime()
+    monkeypatch.setattr(
+        kb,
+        "SKINNY_SHAPES",
+        {
+            "voxcpm2_qkv": (40, 48, {"norm": True}, (1,)),
+            "voxcpm2_gate_up": (64, 32, {"norm": True, "gated": True}, (1,)),
+        },
+    )
+    monkeypatch.setattr(kb, "GEMV_CANDIDATES", ((4, 32, 4, 1), (8, 16, 2, 1)))
+    monkeypatch.setattr(kb, "DOT_CANDIDATES", ((16, 32, 4, 2),))
+    monkeypatch.setattr(kb, "CONFIG_SWEEP_M", ((1, "gemv"), (5, "dot")))
+    res = kb.run_kernels(torch.device("cpu"), budget_s=600, sections=("copy", "configs"))
+    sec = res["sections"]["configs"]
+    assert set(sec) == {
+        "voxcpm2_qkv/M=1/gemv",
+        "voxcpm2_gate_up/M=1/gemv",
+        "voxcpm2_qkv/M=5/dot",
+        "voxcpm2_gate_up/M=5/dot",
+    }, sec
+    assert set(sec["voxcpm2_qkv/M=1/gemv"]["runs"]) == {
+        f"bn{bn}/bk{bk}/w{w}/s1/split{s}" for bn, bk, w in ((4, 32, 4), (8, 16, 2)) for s in (1, 2, 4)
+    }
+    assert set(sec["voxcpm2_gate_up/M=5/dot"]["runs"]) == {"bn16/bk32/w4/s2/split1"}
+    for case in sec.values():
+        for key, run in case["runs"].items():
+            assert "error" not in run, (key, run)
+            assert run["rel_err_vs_reference"] < 5e-2 and run["graph_ms"] > 0
+        assert case["best"]["graph_ms"] == min(r["graph_ms"] for r in case["runs"].values())
+    assert "configs voxcpm2_qkv/M=1/gemv" in kb.summary(res)
+
+    skipped = kb.bench_skinny_configs(
+        1, 40, 48, {"norm": True}, "gemv", 1.0, 1, torch.device("cpu"), time_left=lambda: 0.0
+    )
+    assert all(r == {"skipped": "time budget used up"} for r in skipped["runs"].values()) and "best" not in skipped

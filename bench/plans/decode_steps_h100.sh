@@ -3,7 +3,9 @@
 # --kernels ttsaot and --kernels inductor, checked, timed (eager, eager + graph, torch.compile + graph, floor) and
 # profiled, in < 10 minutes on an H100:   bash bench/plans/decode_steps_h100.sh
 #   BASE_S / RESIDUAL_S: seconds for each stage (0 skips it); COMPILE_MODE (default "default": max-autotune's compile
-#   does not fit the box); RESIDUAL_JOBS: AOTI compile workers for the residual builds (checks --jobs with ttsaot ops).
+#   does not fit the box); RESIDUAL_JOBS / BASE_JOBS: AOTI compile workers for the builds (checks --jobs with ttsaot
+#   ops); CONFIGS_S: seconds for `bench kernels --sections copy,configs` first (the skinny_linear launch-config sweep
+#   the autotune lists are chosen from; 0 skips it).
 set -u
 cd "$(dirname "$0")/../.."
 export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
@@ -16,6 +18,12 @@ run_stage() {  # stage seconds jobs
     --compile-mode "${COMPILE_MODE:-default}" --out "$OUT" > "$OUT/decode_stages_$1.log" 2>&1
   echo "$1 rc $? at $(( $(date +%s) - T0 )) s"; tail -8 "$OUT/decode_stages_$1.log" | cut -c1-400
 }
-run_stage base_lm_step "${BASE_S:-300}" 1
+CONFIGS_S=${CONFIGS_S:-0}
+if [ "$CONFIGS_S" -gt 0 ]; then
+  timeout -s INT -k 10 "$CONFIGS_S" python3 -m bench kernels --sections copy,configs --budget $((CONFIGS_S - 30)) \
+    --result "$OUT/kernel_configs.json" > "$OUT/kernel_configs.log" 2>&1
+  echo "configs rc $? at $(( $(date +%s) - T0 )) s"; grep -E "^configs|^copy" "$OUT/kernel_configs.log" | cut -c1-160
+fi
+run_stage base_lm_step "${BASE_S:-300}" "${BASE_JOBS:-1}"
 LEFT=$(( 580 - ($(date +%s) - T0) ))
 run_stage residual_lm_step "$(( ${RESIDUAL_S:-250} < LEFT ? ${RESIDUAL_S:-250} : LEFT ))" "${RESIDUAL_JOBS:-2}"
