@@ -90,7 +90,8 @@ def load_results(results: Path, include_cpu: bool) -> dict[str, dict[str, Any]]:
             if r.get("kind") == "snake_kernel":
                 entry["snake"] = r
             elif r.get("kind") == "kernels":
-                entry["kernels"] = r
+                r["_file"] = f.name
+                entry.setdefault("kernels", []).append(r)
             elif r.get("kind") == "profile":
                 entry.setdefault("profiles", []).append(r)
             elif r.get("kind") == "conv_kernels":
@@ -700,14 +701,14 @@ def write_report(results: Path, output: Path, plot_dir: Path | None = None, incl
         parts += [f"## {d['device'].get('name', slug)}", ""]
         if d["snake"]:
             parts += [_snake_section(d["snake"]), ""]
-        if d.get("kernels"):
+        for res in d.get("kernels", []):
             from .kernels import summary
 
             parts += [
-                "Kernel layer (`python -m bench kernels`; figures in `kernels.json`):",
+                f"Kernel layer (`python -m bench kernels`; figures in `{res['_file']}`):",
                 "",
                 "```text",
-                summary(d["kernels"]),
+                summary(res),
                 "```",
                 "",
             ]
