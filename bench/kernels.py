@@ -414,26 +414,18 @@ def _voxcpm2_layers(n: int, S: int, device: torch.device):
     return cfg, layers, rope
 
 
-def _kernel_layer_step(layer, x, positions, k_cache, v_cache, i, cos, sin, next_weight=None):
-    """The layer as the kernel pass wires it (builder/kernels/decode_modules.py, families/voxcpm2/lm.py), with the
-    next layer's qkv weight for its last kernel to prefetch."""
+def _kernel_layer_step(layer, x, positions, k_cache, v_cache, i, cos, sin):
+    """The layer as the kernel pass wires it (builder/kernels/decode_modules.py)."""
     from ttsaot.builder.kernels.decode_modules import KernelAttention, KernelSwiGLU
 
     scale = layer.branch_scale or 1.0
     h = KernelAttention(layer.self_attn).decode_step(
-        x, layer.input_layernorm, positions, k_cache, v_cache, i, cos, sin, scale, layer.mlp.gate_up_proj.weight
+        x, layer.input_layernorm, positions, k_cache, v_cache, i, cos, sin, scale
     )
-    return KernelSwiGLU(layer.mlp).decode_step(h, layer.post_attention_layernorm, scale, next_weight)
-
-
-# `layer` variants of the L2 prefetch (kernels/prefetch_triton.py): bytes prefetched per op (0 = off)
-PREFETCH_VARIANTS = {"kernels_graph_no_prefetch": 0, "kernels_graph_prefetch_4mb": 4 << 20}
-PREFETCH_VARIANTS.update({"kernels_graph_prefetch_16mb": 16 << 20, "kernels_graph_prefetch_32mb": 32 << 20})
+    return KernelSwiGLU(layer.mlp).decode_step(h, layer.post_attention_layernorm, scale)
 
 
 def bench_layer(B: int, peak_gbps: float, reps: int, with_compile: bool, device: torch.device) -> dict:
-    from ttsaot.builder.kernels import common as kernel_common
-
     n_layers, S, ctx = LAYER["layers"], LAYER["cache_positions"], LAYER["context"]
     cfg, layers, rope = _voxcpm2_layers(n_layers, S, device)
     hkv, hd = cfg.num_key_value_heads, cfg.head_dim
@@ -452,8 +444,7 @@ def bench_layer(B: int, peak_gbps: float, reps: int, with_compile: bool, device:
 
     def kernel_stack(x, kc, vc):
         for i, layer in enumerate(layers):
-            nxt = layers[(i + 1) % len(layers)].self_attn.qkv_proj.weight  # the graph replays as a longer stack
-            x = _kernel_layer_step(layer, x, positions, kc, vc, i, cos_all, sin_all, nxt)
+            x = _kernel_layer_step(layer, x, positions, kc, vc, i, cos_all, sin_all)
         return x
 
     w_bytes = sum(p.numel() * p.element_size() for p in layers[0].parameters())
@@ -483,18 +474,6 @@ def bench_layer(B: int, peak_gbps: float, reps: int, with_compile: bool, device:
             kc, vc = kc0.clone(), vc0.clone()
             ms = graph_ms([lambda fn=fn, kc=kc, vc=vc: fn(x, kc, vc)], reps, device) / n_layers
             res[name] = {"ms_per_layer": ms, "x_floor": ms / floor_ms}
-        res["kernels_graph"]["prefetch_bytes"] = kernel_common.PREFETCH_MAX_BYTES
-        default_cap = kernel_common.PREFETCH_MAX_BYTES
-        for name, cap in PREFETCH_VARIANTS.items() if device.type == "cuda" else ():
-            kernel_common.PREFETCH_MAX_BYTES = cap  # read by the launchers at each (captured) call
-            try:
-                kc, vc = kc0.clone(), vc0.clone()
-                got_v = kernel_stack(x, kc, vc)
-                ms = graph_ms([lambda kc=kc, vc=vc: kernel_stack(x, kc, vc)], reps, device) / n_layers
-                res[name] = {"ms_per_layer": ms, "x_floor": ms / floor_ms, "prefetch_bytes": cap}
-                res[name]["same_output"] = bool(torch.equal(got_v, got))  # a hint: no result may change
-            finally:
-                kernel_common.PREFETCH_MAX_BYTES = default_cap
         if with_compile:
             try:
                 t0 = time.time()
@@ -797,13 +776,8 @@ def summary(res: dict) -> str:
             extra = ""
             if "compile_graph" in c and "ms_per_layer" in c["compile_graph"]:
                 extra = f", compile {c['compile_graph']['ms_per_layer'] * 1e3:.1f} us"
-            pf = "".join(
-                f", {name.removeprefix('kernels_graph_')} {c[name]['ms_per_layer'] * 1e3:.1f} us"
-                for name in PREFETCH_VARIANTS
-                if name in c
-            )
             lines.append(
-                f"layer {key:<12} kernels {c['kernels_graph']['ms_per_layer'] * 1e3:.1f} us{pf} "
+                f"layer {key:<12} kernels {c['kernels_graph']['ms_per_layer'] * 1e3:.1f} us "
                 f"({c['kernels_graph']['x_floor']:.2f}x floor {c['floor_ms_per_layer'] * 1e3:.1f} us), "
                 f"eager {c['eager_graph']['ms_per_layer'] * 1e3:.1f} us{extra}; "
                 f"err {c['check']['rel_err_out_vs_eager']:.1e}"

@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent(r"""
     from ttsaot.builder.kernels import decode_attention_triton as A, skinny_linear_triton as S
 
     BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    OPS = ("LDG.E.128", "LDGSTS", "HMMA", "HGMMA", "LDL", "STL", "CCTL")
+    OPS = ("LDG.E.128", "LDGSTS", "HMMA", "HGMMA", "LDL", "STL")
 
     def build(fn, types, constexprs, num_warps, num_stages, aligned):
         sig = {n: ("constexpr" if n in constexprs else types[n]) for n in fn.arg_names}
@@ -45,10 +45,8 @@ SCRIPT = textwrap.dedent(r"""
 
     bf = "bf16"
     sl_types = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", g_ptr="*bf16", r_ptr="*bf16", y_ptr="*bf16",
-                    part_ptr="*fp32", pf_ptr="*bf16", M="i32", N_OUT="i32", K="i32", K_SPLIT="i32", PF_ELEMS="i32",
-                    eps="fp32", scale="fp32")
-    sl_aligned = {"x_ptr", "w_ptr", "b_ptr", "g_ptr", "r_ptr", "y_ptr", "part_ptr", "pf_ptr", "N_OUT", "K", "K_SPLIT"}
-    NO_PF = dict(PREFETCH=False, PF_LINE=64)
+                    part_ptr="*fp32", M="i32", N_OUT="i32", K="i32", K_SPLIT="i32", eps="fp32", scale="fp32")
+    sl_aligned = {"x_ptr", "w_ptr", "b_ptr", "g_ptr", "r_ptr", "y_ptr", "part_ptr", "N_OUT", "K", "K_SPLIT"}
     results = {}
     flags = {"plain": dict(HAS_NORM=False, HAS_BIAS=False, GATED=False, HAS_RESIDUAL=False),
              "norm_gated": dict(HAS_NORM=True, HAS_BIAS=False, GATED=True, HAS_RESIDUAL=False),
@@ -59,7 +57,7 @@ SCRIPT = textwrap.dedent(r"""
              ("dot64", 64, S.GEMM_CONFIGS[3], "norm_gated", 1)]
     for form, block_m, c, fname, split in cases:
         cx = dict(flags[fname], SPLIT_K=split, USE_DOT=form != "gemv", FP32_DOT=False,
-                  BLOCK_M=block_m, **NO_PF, **c.kwargs)
+                  BLOCK_M=block_m, **c.kwargs)
         key = f"skinny/{form}/{fname}/m{block_m}/split{split}/bn{c.kwargs['BLOCK_N']}bk{c.kwargs['BLOCK_K']}"
         results[key] = build(S.skinny_linear_kernel, sl_types, cx, c.num_warps, c.num_stages, sl_aligned)
     ep_types = dict(part_ptr="*fp32", b_ptr="*bf16", r_ptr="*bf16", y_ptr="*bf16", M="i32", N_OUT="i32",
@@ -68,40 +66,28 @@ SCRIPT = textwrap.dedent(r"""
         dict(HAS_BIAS=True, GATED=True, HAS_RESIDUAL=True, SPLIT_K=4, BLOCK_M=16, BLOCK_N=128), 4, 1, set())
     da_types = dict(qkv_ptr="*bf16", pos_ptr="*i64", kc_ptr="*bf16", vc_ptr="*bf16", cos_ptr="*fp32",
                     sin_ptr="*fp32", qn_ptr="*bf16", kn_ptr="*bf16", o_ptr="*bf16", part_o_ptr="*fp32",
-                    part_ml_ptr="*fp32", pf_ptr="*bf16", layer="i32", S="i32", QKV_ROW="i32", CACHE_LAYER="i32",
-                    SPLIT_SIZE="i32", NUM_SPLITS="i32", PF_ELEMS="i32", eps="fp32", qk_scale="fp32")
+                    part_ml_ptr="*fp32", layer="i32", S="i32", QKV_ROW="i32", CACHE_LAYER="i32", SPLIT_SIZE="i32",
+                    NUM_SPLITS="i32", eps="fp32", qk_scale="fp32")
     da_aligned = {n for n in da_types if n.endswith("_ptr")} | {"QKV_ROW", "SPLIT_SIZE"}
     for name, (hq, hkv, rope, qkn) in {"voxcpm2": (16, 2, 1, False), "residual": (16, 2, 0, False),
                                        "interleaved_gqa4": (32, 8, 2, False), "qk_norm": (16, 8, 1, True)}.items():
         for ns in ((1, 8) if name == "voxcpm2" else (8,)):
             cx = dict(HQ=hq, HKV=hkv, HEAD_DIM=128, G_PAD=16, ROPE=rope, QK_NORM=qkn, SINGLE_SPLIT=ns == 1, BLOCK_S=64,
-                      FP32_DOT=False, **NO_PF)
+                      FP32_DOT=False)
             results[f"attention/{name}/splits{ns}"] = build(A.decode_attention_kernel, da_types, cx, 4, 2,
                                                             da_aligned)
     # AOTInductor types float arguments of user kernels fp64: the kernels must keep their fp32 state (the loop-carried
     # softmax state of decode attention became fp64 and failed to compile on the H100)
-    cx_attn = dict(HQ=16, HKV=2, HEAD_DIM=128, G_PAD=16, ROPE=1, QK_NORM=False, SINGLE_SPLIT=False, BLOCK_S=64,
-                   FP32_DOT=False)
     results["attention/voxcpm2/fp64_scalars"] = build(
         A.decode_attention_kernel, dict(da_types, eps="fp64", qk_scale="fp64"),
-        dict(cx_attn, **NO_PF, QK_NORM=True), 4, 2, da_aligned)
+        dict(cx, HQ=16, HKV=2, ROPE=1, QK_NORM=True, SINGLE_SPLIT=False), 4, 2, da_aligned)
     results["skinny/gemv/norm_gated/fp64_scalars"] = build(
         S.skinny_linear_kernel, dict(sl_types, eps="fp64", scale="fp64"),
-        dict(flags["norm_gated"], SPLIT_K=1, USE_DOT=False, FP32_DOT=False, BLOCK_M=1, **NO_PF,
-             **S.GEMV_CONFIGS[1].kwargs),
+        dict(flags["norm_gated"], SPLIT_K=1, USE_DOT=False, FP32_DOT=False, BLOCK_M=1, **S.GEMV_CONFIGS[1].kwargs),
         S.GEMV_CONFIGS[1].num_warps, S.GEMV_CONFIGS[1].num_stages, sl_aligned)
-    # The L2 prefetch of the next op's weight (prefetch_triton.py): inline PTX the interpreter cannot run
-    pf = dict(PREFETCH=True, PF_LINE=64)
-    for form, block_m, c, fname, split in cases[:4]:
-        cx = dict(flags[fname], SPLIT_K=split, USE_DOT=form != "gemv", FP32_DOT=False, BLOCK_M=block_m, **pf,
-                  **c.kwargs)
-        results[f"skinny/{form}/{fname}/split{split}/prefetch"] = build(
-            S.skinny_linear_kernel, sl_types, cx, c.num_warps, c.num_stages, sl_aligned)
-    results["attention/voxcpm2/prefetch"] = build(
-        A.decode_attention_kernel, da_types, dict(cx_attn, **pf), 4, 2, da_aligned)
     # Triton specialises an int argument equal to 1 into a constexpr: layer 1 of every LM compiles this variant
     results["attention/voxcpm2/layer1"] = build(
-        A.decode_attention_kernel, da_types, dict(cx_attn, **NO_PF, SINGLE_SPLIT=True, layer=1),
+        A.decode_attention_kernel, da_types, dict(cx, HQ=16, HKV=2, ROPE=1, QK_NORM=False, SINGLE_SPLIT=True, layer=1),
         4, 2, da_aligned)
     cb_types = dict(part_o_ptr="*fp32", part_ml_ptr="*fp32", pos_ptr="*i64", o_ptr="*bf16", S="i32",
                     SPLIT_SIZE="i32", NUM_SPLITS="i32")
@@ -132,6 +118,4 @@ def test_kernels_compile_for_sm90_with_the_intended_machine_code(sm90):
             assert r["HMMA"] + r["HGMMA"] > 0 and r["LDGSTS"] > 0, (key, r)  # tensor cores, cp.async pipeline
         elif key.startswith("attention/") and key != "attention/combine":
             assert r["HMMA"] > 0 and r["LDGSTS"] > 0, (key, r)
-        # the L2 prefetch is there exactly when asked for (prefetch.global.L2 → CCTL)
-        assert (r["CCTL"] > 0) == key.endswith("/prefetch"), (key, r)
     assert sum(k.startswith("skinny/dot64") and sm90[k]["HGMMA"] > 0 for k in sm90) > 0  # wgmma at 64 rows

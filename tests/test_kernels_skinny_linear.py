@@ -179,26 +179,6 @@ def test_launches_pass_each_kernel_only_its_own_arguments(epilogue):
     assert len(launched) == 2  # the split-K pass and its epilogue
 
 
-def test_prefetch_hint_changes_no_result():
-    """`prefetch` (the next op's weight to pull into L2) is a hint: the op, its reference and the kernels return
-    the same bits with and without it (off-GPU the launcher drops it: the interpreter has no inline PTX; the sm_90
-    compile test checks the PTX, the GPU bench times it)."""
-    from ttsaot.builder.kernels.common import prefetch_elements
-
-    t = _inputs(None, 64, 96, torch.bfloat16, lead=(2,), norm=True, gated=True)
-    nxt = torch.randn(40, 96).to(torch.bfloat16).to(DEVICE)
-    assert torch.equal(SL(**t, gated=True, prefetch=nxt), SL(**t, gated=True))
-    cfg = {"BLOCK_N": 16, "BLOCK_K": 32}
-    assert torch.equal(
-        launch_skinny_linear(**t, gated=True, prefetch=nxt, config=cfg),
-        launch_skinny_linear(**t, gated=True, config=cfg),
-    )
-    assert prefetch_elements(None) == 0 and prefetch_elements(nxt, 0) == 0
-    assert prefetch_elements(nxt, 1 << 30) == nxt.numel() and prefetch_elements(nxt, 64) == 32  # capped in bytes
-    with pytest.raises(RuntimeError, match="contiguous"):
-        prefetch_elements(nxt.t())
-
-
 def test_rows_above_the_threshold_take_the_aten_path():
     assert kernel_rows(torch.empty(16, 8)) and kernel_rows(torch.empty(2, 16, 8))
     assert not kernel_rows(torch.empty(MAX_KERNEL_ROWS + 1, 8)) and not kernel_rows(torch.empty(4, 11, 8))

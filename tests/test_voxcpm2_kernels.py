@@ -153,36 +153,3 @@ def test_artifact_steps_and_caches_match_the_inductor_build(kernels_build, voxcp
     for ck, ci in zip(caches[id(kern)], caches[id(ind)]):
         assert ck.positions.tolist() == ci.positions.tolist() == [5, 14]
         assert rel_err(ck.k, ci.k) < tol and rel_err(ck.v, ci.v) < tol
-
-
-def test_each_kernel_is_handed_the_next_ops_weight_to_prefetch():
-    """The L2 prefetch chain of a decode step (kernels/decode_modules.py): in the exported program the attention
-    names o_proj's weight, o_proj gate_up's, gate_up down's, and down the NEXT layer's qkv (the last layer: none);
-    qkv names nothing (attention follows, which reads no weight)."""
-    _, kern, _ = _module_pair("base_lm_step")
-    cfg = TINY.lm
-    caches = _caches("base_lm_step")
-    args = (torch.randn(3, cfg.hidden_size), torch.tensor([0, 5, MAX_LEN]), *caches)
-    ep = torch.export.export(kern, args, strict=False)
-    param_of = ep.graph_signature.inputs_to_parameters
-    calls = []
-    for node in ep.graph.nodes:
-        if node.op == "call_function" and str(node.target) in OPS:
-            idx = [a.name for a in node.target._schema.arguments].index("prefetch")
-            pf = node.kwargs.get("prefetch", node.args[idx] if idx < len(node.args) else None)
-            weight = param_of.get(node.args[1].name, "") if str(node.target) == OPS[0] else "attention"
-            calls.append((weight, param_of.get(pf.name) if pf is not None else None))
-    n = cfg.num_hidden_layers
-    expect = []
-    for i in range(n):
-        p = f"base_lm.layers.{i}."
-        nxt = f"base_lm.layers.{i + 1}.self_attn.qkv_proj.weight" if i + 1 < n else None
-        expect += [
-            (p + "self_attn.qkv_proj.weight", None),
-            ("attention", p + "self_attn.o_proj.weight"),
-            (p + "self_attn.o_proj.weight", p + "mlp.gate_up_proj.weight"),
-            (p + "mlp.gate_up_proj.weight", p + "mlp.down_proj.weight"),
-            (p + "mlp.down_proj.weight", nxt),
-        ]
-    layer_calls = [c for c in calls if c[0] == "attention" or ".layers." in c[0]]
-    assert layer_calls == expect, layer_calls

@@ -36,19 +36,3 @@ def cdiv(a: int, b: int) -> int:
 
 def next_power_of_2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
-
-
-# At most this much of an op's `prefetch` tensor goes to L2 (prefetch_triton.py). H100: 50 MB of L2; what one kernel
-# tail plus launch gap (or one latency-bound attention) hides at ~3 TB/s is a few MB, and more could evict lines
-# before the next kernel reads them.
-PREFETCH_MAX_BYTES = 8 << 20
-
-
-def prefetch_elements(prefetch: torch.Tensor | None, max_bytes: int | None = None) -> int:
-    """How many leading elements of `prefetch` a kernel prefetches into L2: at most `max_bytes` of them (None: this
-    module's PREFETCH_MAX_BYTES, read at the call, so the bench can sweep it)."""
-    max_bytes = PREFETCH_MAX_BYTES if max_bytes is None else max_bytes
-    if prefetch is None or max_bytes <= 0:
-        return 0
-    torch._check(prefetch.is_contiguous(), lambda: "prefetch: the tensor to prefetch must be contiguous")
-    return min(prefetch.numel(), max_bytes // prefetch.element_size())

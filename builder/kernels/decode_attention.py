@@ -2,7 +2,7 @@
 
     decode_attention(qkv [B, (Hq + 2·Hkv)·hd], positions [B] int, k_cache!, v_cache! [L, B, Hkv, S, hd],
                      layer: int, scale: float, cos? , sin?, rope_interleaved = False, q_norm? [hd], k_norm? [hd],
-                     norm_eps = 1e-6, prefetch? = None) -> o [B, Hq·hd]
+                     norm_eps = 1e-6) -> o [B, Hq·hd]
 
 `qkv` is the fused projection output (rows q ∣ k ∣ v, heads contiguous, as `fuse_projections` builds it). Per row b
 with p = positions[b] (clamped to [0, S-1]: slot S-1 is the runtime's scratch slot, so an idle row still stays
@@ -34,14 +34,7 @@ from typing import Any
 import torch
 
 from ..layers.rope import apply_rope_interleaved, apply_rope_neox
-from .common import (
-    HAVE_TRITON,
-    cdiv,
-    multiprocessor_count,
-    next_power_of_2,
-    prefetch_elements,
-    rms_norm,
-)
+from .common import HAVE_TRITON, cdiv, multiprocessor_count, next_power_of_2, rms_norm
 
 OP_NAME = "ttsaot::decode_attention"
 MIN_SPLIT = 64  # fewest cache positions per program
@@ -67,9 +60,8 @@ def decode_attention_reference(
     q_norm: torch.Tensor | None = None,
     k_norm: torch.Tensor | None = None,
     norm_eps: float = 1e-6,
-    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The op in aten (writes the caches in place, like the kernel; `prefetch` is a GPU hint: nothing to do)."""
+    """The op in aten (writes the caches in place, like the kernel)."""
     hq, hkv, hd = _heads(qkv, k_cache)
     B, S, dt = qkv.shape[0], k_cache.shape[3], qkv.dtype
     pos = positions.clamp(0, S - 1)
@@ -195,19 +187,15 @@ def launch_decode_attention(
     q_norm: torch.Tensor | None = None,
     k_norm: torch.Tensor | None = None,
     norm_eps: float = 1e-6,
-    prefetch: torch.Tensor | None = None,
     *,
     wrap: Callable[[Any], Any] = _identity,
     split_size: int | None = None,
     block_s: int | None = None,
     config: dict | None = None,
-    prefetch_bytes: int | None = None,
 ) -> torch.Tensor:
     """Run the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1). `split_size` / `block_s` override the plan;
-    `config` ({"num_warps", "num_stages"}) skips autotuning (interpreter tests, bench sweeps); `prefetch_bytes`
-    caps the L2 prefetch of `prefetch` (skinny_linear.py; off-GPU it is dropped: the interpreter has no PTX)."""
+    `config` ({"num_warps", "num_stages"}) skips autotuning (interpreter tests, bench sweeps)."""
     from . import decode_attention_triton as kernels
-    from .prefetch_triton import LINE_BYTES
 
     hq, hkv, hd = _heads(qkv, k_cache)
     B, S = qkv.shape[0], k_cache.shape[3]
@@ -224,7 +212,6 @@ def launch_decode_attention(
         # Never touched with one split. A read-only dummy: an argument aliasing a written one (o) would confuse the
         # functionalization of the kernel's writes under AOTInductor.
         part_o = part_ml = qkv
-    pf_elems = prefetch_elements(prefetch, prefetch_bytes) if qkv.device.type == "cuda" else 0
     rope = kernels.ROPE_NONE if cos is None else kernels.ROPE_INTERLEAVED if rope_interleaved else kernels.ROPE_NEOX
     args = (
         qkv,
@@ -238,14 +225,12 @@ def launch_decode_attention(
         o,
         part_o,
         part_ml,
-        prefetch if pf_elems else qkv,
         layer,
         S,
         qkv.stride(0),
         B * hkv * S,
         split_size,
         num_splits,
-        pf_elems,
         float(norm_eps),
         float(scale) * kernels.LOG2E,
     )
@@ -259,8 +244,6 @@ def launch_decode_attention(
         SINGLE_SPLIT=num_splits == 1,
         BLOCK_S=block_s,
         FP32_DOT=qkv.dtype == torch.float32 or qkv.device.type != "cuda",
-        PREFETCH=pf_elems > 0,
-        PF_LINE=max(1, LINE_BYTES // (prefetch.element_size() if pf_elems else 1)),
     )  # off-GPU = the interpreter
     grid = (B * hkv, num_splits)
     if config is None:
@@ -290,7 +273,6 @@ if HAVE_TRITON:
         q_norm: torch.Tensor | None = None,
         k_norm: torch.Tensor | None = None,
         norm_eps: float = 1e-6,
-        prefetch: torch.Tensor | None = None,
     ) -> torch.Tensor:
         _check(qkv, positions, k_cache, v_cache, layer, cos, sin, rope_interleaved, q_norm, k_norm)
         if qkv.device.type != "cuda" or qkv.dtype != k_cache.dtype:
@@ -312,7 +294,6 @@ if HAVE_TRITON:
             q_norm,
             k_norm,
             norm_eps,
-            prefetch,
             wrap=torch.library.wrap_triton,
         )
 
@@ -333,7 +314,6 @@ else:
         q_norm=None,
         k_norm=None,
         norm_eps=1e-6,
-        prefetch=None,
     ):
         _check(qkv, positions, k_cache, v_cache, layer, cos, sin, rope_interleaved, q_norm, k_norm)
         return decode_attention_reference(
@@ -359,20 +339,7 @@ else:
         q_norm=None,
         k_norm=None,
         norm_eps=1e-6,
-        prefetch=None,
     ):
         return torch.ops.ttsaot.decode_attention(
-            qkv,
-            positions,
-            k_cache,
-            v_cache,
-            layer,
-            scale,
-            cos,
-            sin,
-            rope_interleaved,
-            q_norm,
-            k_norm,
-            norm_eps,
-            prefetch,
+            qkv, positions, k_cache, v_cache, layer, scale, cos, sin, rope_interleaved, q_norm, k_norm, norm_eps
         )

@@ -16,8 +16,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .prefetch_triton import PREFETCH_BLOCK, prefetch_l2
-
 ROPE_NONE, ROPE_NEOX, ROPE_INTERLEAVED = 0, 1, 2
 LOG2E = 1.4426950408889634
 
@@ -80,14 +78,12 @@ def decode_attention_kernel(
     o_ptr,
     part_o_ptr,
     part_ml_ptr,
-    pf_ptr,
     layer,
     S,
     QKV_ROW,
     CACHE_LAYER,
     SPLIT_SIZE,
     NUM_SPLITS,
-    PF_ELEMS,
     eps,
     qk_scale,
     HQ: tl.constexpr,
@@ -99,13 +95,9 @@ def decode_attention_kernel(
     SINGLE_SPLIT: tl.constexpr,
     BLOCK_S: tl.constexpr,
     FP32_DOT: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    PF_LINE: tl.constexpr,
 ):
     """Grid (B·HKV, NUM_SPLITS). qk_scale = softmax scale · log2(e) (the softmax runs in base 2). SINGLE_SPLIT
-    (NUM_SPLITS == 1): the output is written directly, no partials. FP32_DOT: as in skinny_linear_triton.
-    PREFETCH: every program first issues its share of the L2 prefetch of pf_ptr[0 : PF_ELEMS] (the o_proj weight
-    that the next op reads), which streams in while this latency-bound kernel leaves HBM nearly idle."""
+    (NUM_SPLITS == 1): the output is written directly, no partials. FP32_DOT: as in skinny_linear_triton."""
     # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
     # _use_fp64_for_unbacked_floats), which turned the loop-carried softmax state fp64 (H100 AOTI build failed).
     eps = tl.cast(eps, tl.float32)
@@ -113,9 +105,6 @@ def decode_attention_kernel(
     G: tl.constexpr = HQ // HKV
     pid = tl.program_id(0)
     split = tl.program_id(1)
-    if PREFETCH:
-        n_rows = tl.num_programs(0)
-        prefetch_l2(pf_ptr, PF_ELEMS, pid + n_rows * split, n_rows * tl.num_programs(1), PF_LINE, PREFETCH_BLOCK)
     b = pid // HKV
     h = pid % HKV
     dt = qkv_ptr.dtype.element_ty
@@ -257,6 +246,6 @@ ATTENTION_CONFIGS = [
     triton.Config({}, num_warps=8, num_stages=2),
 ]
 decode_attention_autotuned = triton.autotune(
-    configs=ATTENTION_CONFIGS,  # PREFETCH in the key: the prefetching kernel is a different one
-    key=["S", "SPLIT_SIZE", "HQ", "HKV", "BLOCK_S", "ROPE", "QK_NORM", "SINGLE_SPLIT", "PREFETCH"],
+    configs=ATTENTION_CONFIGS,
+    key=["S", "SPLIT_SIZE", "HQ", "HKV", "BLOCK_S", "ROPE", "QK_NORM", "SINGLE_SPLIT"],
 )(decode_attention_kernel)

@@ -23,10 +23,6 @@ time), so a bucket whose rows × tokens exceed it keeps cuBLAS with the same gra
 They hold the SAME child modules as the blocks they replace (qkv_proj, o_proj, q_norm/k_norm; gate_up_proj,
 down_proj), so parameter names, hence the artifact's constant names and the weights a prefill and a step stage
 share, do not change. Both need the fused projections (`passes.fuse_projections`, which every LM stage runs first).
-
-L2 prefetch (`PREFETCH_NEXT_WEIGHT`): in a decode step each op hands the kernel the weight of the op after it, which
-the kernel prefetches into L2 (prefetch_triton.py): the attention prefetches o_proj's, o_proj gate_up's, gate_up
-down's, and down the `prefetch` its caller passes (the next layer's qkv). No result changes.
 Numerics: each op rounds where the eager modules round (skinny_linear.py, decode_attention.py); the one known
 difference is the attention's fp32 scores (decode_attention.py), within every stage tolerance.
 """
@@ -41,13 +37,6 @@ from ..layers.mlp import SwiGLU
 from ..layers.norms import RMSNorm
 from .decode_attention import decode_attention
 from .skinny_linear import skinny_linear
-
-# Decode steps hand each kernel the next op's weight to prefetch into L2 (see the module docstring).
-PREFETCH_NEXT_WEIGHT = True
-
-
-def _next(weight: torch.Tensor | None) -> torch.Tensor | None:
-    return weight if PREFETCH_NEXT_WEIGHT else None
 
 
 class KernelAttention(nn.Module):
@@ -71,11 +60,9 @@ class KernelAttention(nn.Module):
         cos: torch.Tensor | None,
         sin: torch.Tensor | None,
         residual_scale: float = 1.0,
-        prefetch: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x [B, D] → x + residual_scale · attention branch; this token's k/v written at (layer, b, :, positions[b]).
-        cos/sin: the WHOLE fp32 tables [≥ cache positions, hd] (the op picks each row's position), or None.
-        prefetch: the weight of the op after this block (the MLP's gate_up), for o_proj's kernel to prefetch."""
+        cos/sin: the WHOLE fp32 tables [≥ cache positions, hd] (the op picks each row's position), or None."""
         qkv = skinny_linear(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps)
         qn = kn = None
         qk_eps = 1e-6
@@ -94,9 +81,8 @@ class KernelAttention(nn.Module):
             qn,
             kn,
             qk_eps,
-            _next(self.o_proj.weight),
         )
-        return self.project_out(o, x, residual_scale, prefetch)
+        return self.project_out(o, x, residual_scale)
 
     def project_qkv(self, x: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sequence form: x [B,T,D] → q [B,H,T,hd], k/v [B,Hkv,T,hd] from one skinny_linear over norm(x) (the
@@ -116,18 +102,9 @@ class KernelAttention(nn.Module):
         """Sequence form: x + residual_scale · o_proj(SDPA(q, k, v)) [B,T,D] (Attention.attend + the residual)."""
         return self.project_out(sdpa_gqa(q, k, v, mask, is_causal, self.head_dim**-0.5), x, residual_scale)
 
-    def project_out(
-        self, o: torch.Tensor, x: torch.Tensor, residual_scale: float, prefetch: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def project_out(self, o: torch.Tensor, x: torch.Tensor, residual_scale: float) -> torch.Tensor:
         """x + residual_scale · o_proj(o): one skinny_linear with the residual epilogue."""
-        return skinny_linear(
-            o,
-            self.o_proj.weight,
-            self.o_proj.bias,
-            residual=x,
-            residual_scale=residual_scale,
-            prefetch=_next(prefetch),
-        )
+        return skinny_linear(o, self.o_proj.weight, self.o_proj.bias, residual=x, residual_scale=residual_scale)
 
 
 class KernelSwiGLU(nn.Module):
@@ -137,28 +114,10 @@ class KernelSwiGLU(nn.Module):
             raise ValueError("KernelSwiGLU needs the fused gate_up_proj (run passes.fuse_projections first)")
         self.gate_up_proj, self.down_proj, self.hidden = mlp.gate_up_proj, mlp.down_proj, mlp.hidden
 
-    def decode_step(
-        self, x: torch.Tensor, norm: RMSNorm, residual_scale: float = 1.0, prefetch: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """x [..., D] (a step's [B, D], a sequence's [B, T, D]) → x + residual_scale · down(silu(gate)·up)(norm(x)).
-        prefetch: the weight of the op after this block (the next layer's qkv), for down's kernel to prefetch."""
-        h = skinny_linear(
-            x,
-            self.gate_up_proj.weight,
-            self.gate_up_proj.bias,
-            norm.weight,
-            norm.eps,
-            gated=True,
-            prefetch=_next(self.down_proj.weight),
-        )
-        return skinny_linear(
-            h,
-            self.down_proj.weight,
-            self.down_proj.bias,
-            residual=x,
-            residual_scale=residual_scale,
-            prefetch=_next(prefetch),
-        )
+    def decode_step(self, x: torch.Tensor, norm: RMSNorm, residual_scale: float = 1.0) -> torch.Tensor:
+        """x [..., D] (a step's [B, D], a sequence's [B, T, D]) → x + residual_scale · down(silu(gate)·up)(norm(x))."""
+        h = skinny_linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, norm.weight, norm.eps, gated=True)
+        return skinny_linear(h, self.down_proj.weight, self.down_proj.bias, residual=x, residual_scale=residual_scale)
 
 
 class KernelLinear(nn.Module):

@@ -2,8 +2,7 @@
 re-prefills (M = batch ≤ 16, or batch × positions ≤ a few hundred), where reading W once is the whole cost.
 
     skinny_linear(x [..., K], weight [N, K], bias [N]? = None, norm_weight [K]? = None, norm_eps = 1e-6,
-                  gated = False, residual [..., N_out]? = None, residual_scale = 1.0, prefetch [...]? = None)
-                  -> y [..., N_out]
+                  gated = False, residual [..., N_out]? = None, residual_scale = 1.0) -> y [..., N_out]
 
 W is in nn.Linear layout (row-major [N, K]) in x's dtype (bf16 or fp32); products accumulate in fp32; y has
 x's dtype. N_out = N/2 when gated, else N. Each step below rounds to x's dtype exactly where the eager modules
@@ -16,10 +15,6 @@ op computes the eager layer's function up to the order of the fp32 accumulation:
    z = round(round(silu(gate)) · up)               (F.silu(gate) * up, each eager op rounding once);
 4. residual: y = round(residual + round(z · residual_scale))   (`residual + branch * scale`; with scale 1.0 the
    inner rounding is exact, i.e. `residual + branch`).
-
-`prefetch` (the next op's weight, e.g. the following projection's) changes no result: on CUDA each program, its
-tile done, prefetches its share of the tensor's first PREFETCH_MAX_BYTES into L2 (prefetch_triton.py), so HBM keeps
-streaming through the tail of this kernel and the launch of the next, which then finds those lines in L2.
 
 The Triton kernels (skinny_linear_triton.py) implement this on CUDA; the aten reference below is the same math and
 is what CPU builds and the ONNX exporter use (decompositions.py). One op serves every stage: M ≤ 2 takes the GEMV
@@ -35,14 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .common import (
-    HAVE_TRITON,
-    cdiv,
-    multiprocessor_count,
-    next_power_of_2,
-    prefetch_elements,
-    rms_norm,
-)
+from .common import HAVE_TRITON, cdiv, multiprocessor_count, next_power_of_2, rms_norm
 from .decompositions import register_cpu_decomposition
 
 OP_NAME = "ttsaot::skinny_linear"
@@ -66,9 +54,8 @@ def skinny_linear_reference(
     gated: bool = False,
     residual: torch.Tensor | None = None,
     residual_scale: float = 1.0,
-    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The op in aten: the eager modules' own calls, in their order (`prefetch` is a GPU hint: nothing to do)."""
+    """The op in aten: the eager modules' own calls, in their order."""
     if norm_weight is not None:
         x = rms_norm(x, norm_weight, norm_eps)
     y = F.linear(x, weight, bias)
@@ -159,19 +146,16 @@ def launch_skinny_linear(
     gated: bool = False,
     residual: torch.Tensor | None = None,
     residual_scale: float = 1.0,
-    prefetch: torch.Tensor | None = None,
     *,
     wrap: Callable[[Any], Any] = _identity,
     config: dict | None = None,
     split_k: int | None = None,
     use_dot: bool | None = None,
-    prefetch_bytes: int | None = None,
 ) -> torch.Tensor:
     """Run the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1). `config` ({"BLOCK_N", "BLOCK_K",
     "num_warps", "num_stages"}) skips autotuning (the interpreter tests and the bench's sweeps use it); `split_k`
-    and `use_dot` override the plan; `prefetch_bytes` caps the prefetch (the bench sweeps it)."""
+    and `use_dot` override the plan."""
     from . import skinny_linear_triton as kernels
-    from .prefetch_triton import LINE_BYTES
 
     k = weight.shape[1]
     n_out = _out_features(weight, gated)
@@ -191,8 +175,6 @@ def launch_skinny_linear(
     flags = dict(
         HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, GATED=gated, HAS_RESIDUAL=residual is not None
     )
-    # Off-GPU = the interpreter, which has no inline PTX: the hint is dropped there.
-    pf_elems = prefetch_elements(prefetch, prefetch_bytes) if x.device.type == "cuda" else 0
     args = (
         x2,
         weight,
@@ -201,12 +183,10 @@ def launch_skinny_linear(
         r2,
         y,
         part,
-        prefetch if pf_elems else x2,
         m,
         n_out,
         k,
         k_split,
-        pf_elems,
         float(norm_eps),
         float(residual_scale),
     )
@@ -216,9 +196,7 @@ def launch_skinny_linear(
         USE_DOT=use_dot,
         BLOCK_M=block_m,
         FP32_DOT=x.dtype == torch.float32 or x.device.type != "cuda",
-        PREFETCH=pf_elems > 0,
-        PF_LINE=max(1, LINE_BYTES // (prefetch.element_size() if pf_elems else 1)),
-    )
+    )  # off-GPU = the interpreter
 
     def grid(meta):
         return (cdiv(m, meta["BLOCK_M"]), cdiv(n_out, meta["BLOCK_N"]), split_k)
@@ -250,7 +228,6 @@ if HAVE_TRITON:
         gated: bool = False,
         residual: torch.Tensor | None = None,
         residual_scale: float = 1.0,
-        prefetch: torch.Tensor | None = None,
     ) -> torch.Tensor:
         _check(x, weight, bias, norm_weight, gated, residual)
         if x.device.type != "cuda" or not kernel_rows(x):
@@ -258,16 +235,7 @@ if HAVE_TRITON:
             # on CUDA above MAX_KERNEL_ROWS, where Inductor's cuBLAS call + fused epilogue is faster.
             return skinny_linear_reference(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale)
         return launch_skinny_linear(
-            x,
-            weight,
-            bias,
-            norm_weight,
-            norm_eps,
-            gated,
-            residual,
-            residual_scale,
-            prefetch,
-            wrap=torch.library.wrap_triton,
+            x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale, wrap=torch.library.wrap_triton
         )
 
 else:
@@ -282,23 +250,12 @@ else:
         gated: bool = False,
         residual: torch.Tensor | None = None,
         residual_scale: float = 1.0,
-        prefetch: torch.Tensor | None = None,
     ) -> torch.Tensor:
         _check(x, weight, bias, norm_weight, gated, residual)
         return skinny_linear_reference(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale)
 
     @skinny_linear.register_fake
-    def _(
-        x,
-        weight,
-        bias=None,
-        norm_weight=None,
-        norm_eps=1e-6,
-        gated=False,
-        residual=None,
-        residual_scale=1.0,
-        prefetch=None,
-    ):
+    def _(x, weight, bias=None, norm_weight=None, norm_eps=1e-6, gated=False, residual=None, residual_scale=1.0):
         _check(x, weight, bias, norm_weight, gated, residual)
         return x.new_empty((*x.shape[:-1], _out_features(weight, gated)))
 

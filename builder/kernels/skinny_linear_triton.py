@@ -15,8 +15,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .prefetch_triton import PREFETCH_BLOCK, prefetch_l2
-
 
 @triton.jit
 def _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -178,12 +176,10 @@ def skinny_linear_kernel(
     r_ptr,
     y_ptr,
     part_ptr,
-    pf_ptr,
     M,
     N_OUT,
     K,
     K_SPLIT,
-    PF_ELEMS,
     eps,
     scale,
     HAS_NORM: tl.constexpr,
@@ -193,8 +189,6 @@ def skinny_linear_kernel(
     SPLIT_K: tl.constexpr,
     USE_DOT: tl.constexpr,
     FP32_DOT: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    PF_LINE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -205,9 +199,7 @@ def skinny_linear_kernel(
     FP32_DOT: `tl.dot` in exact fp32 ("ieee", not TF32), on fp32 copies of 16-bit operands if need be (the same
     products, exact in fp32): fp32 weights, and Triton's CPU interpreter, which multiplies bf16 operands as raw
     integers. With SPLIT_K > 1 the fp32 partial sums go to part_ptr
-    [SPLIT_K, M, N] and `split_k_epilogue_kernel` adds them in a fixed order (deterministic). PREFETCH: once its
-    tile is done, each program prefetches its share of pf_ptr[0 : PF_ELEMS] (PF_LINE elements per L2 line) into
-    L2 for the next op (prefetch_triton.py)."""
+    [SPLIT_K, M, N] and `split_k_epilogue_kernel` adds them in a fixed order (deterministic)."""
     # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
     # _use_fp64_for_unbacked_floats), which turned the loop-carried state fp64 (H100 AOTI build failed).
     eps = tl.cast(eps, tl.float32)
@@ -288,10 +280,6 @@ def skinny_linear_kernel(
         tl.store(base, acc, mask=mask)
         if GATED:
             tl.store(base + N_OUT, acc_up, mask=mask)
-    if PREFETCH:
-        n_m = tl.num_programs(0)
-        n_n = tl.num_programs(1)
-        prefetch_l2(pf_ptr, PF_ELEMS, pid_m + n_m * (pid_n + n_n * pid_k), n_m * n_n * SPLIT_K, PF_LINE, PREFETCH_BLOCK)
 
 
 @triton.jit
@@ -349,6 +337,6 @@ GEMM_CONFIGS = [
     triton.Config({"BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4, num_stages=4),
 ]
 # The epilogue flags are part of the key: a gated and a plain call of the same size are different kernels.
-AUTOTUNE_KEY = ["M", "N_OUT", "K", "K_SPLIT", "BLOCK_M", "HAS_NORM", "GATED", "HAS_BIAS", "HAS_RESIDUAL", "PREFETCH"]
+AUTOTUNE_KEY = ["M", "N_OUT", "K", "K_SPLIT", "BLOCK_M", "HAS_NORM", "GATED", "HAS_BIAS", "HAS_RESIDUAL"]
 skinny_gemv_autotuned = triton.autotune(configs=GEMV_CONFIGS, key=AUTOTUNE_KEY)(skinny_linear_kernel)
 skinny_gemm_autotuned = triton.autotune(configs=GEMM_CONFIGS, key=AUTOTUNE_KEY)(skinny_linear_kernel)

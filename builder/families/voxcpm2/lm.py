@@ -99,27 +99,14 @@ class MiniCPMLayer(nn.Module):
         positions: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        next_weight: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x [B,D], positions [B]: write this token's k/v at (layer, row, :, positions[row]) of the caches, then
         attend over the row's keys at positions ≤ positions[row]. On the kernel layer (`use_decode_kernels`),
-        cos/sin are the whole RoPE tables and `next_weight` (the next layer's qkv weight) is prefetched into L2 by
-        this layer's last kernel (kernels/decode_modules.py)."""
+        cos/sin are the whole RoPE tables."""
         if isinstance(self.self_attn, KernelAttention):
             scale = 1.0 if self.branch_scale is None else self.branch_scale
-            x = self.self_attn.decode_step(
-                x,
-                self.input_layernorm,
-                positions,
-                k_cache,
-                v_cache,
-                layer,
-                cos,
-                sin,
-                scale,
-                self.mlp.gate_up_proj.weight,
-            )
-            return self.mlp.decode_step(x, self.post_attention_layernorm, scale, next_weight)
+            x = self.self_attn.decode_step(x, self.input_layernorm, positions, k_cache, v_cache, layer, cos, sin, scale)
+            return self.mlp.decode_step(x, self.post_attention_layernorm, scale)
         a = self.self_attn
         B = x.shape[0]
         q, k, v = a.project_qkv(self.input_layernorm(x)[:, None])  # q [B,H,1,hd], k/v [B,kvh,1,hd]
@@ -185,8 +172,7 @@ class MiniCPM4(nn.Module):
         elif self.rope is not None:
             cos, sin = self.rope.cos[positions][:, None, None, :], self.rope.sin[positions][:, None, None, :]
         for i, layer in enumerate(self.layers):
-            nxt = self.layers[i + 1].self_attn if i + 1 < len(self.layers) and self.uses_kernels else None
-            x = layer.forward_step(x, cos, sin, i, positions, k_cache, v_cache, nxt.qkv_proj.weight if nxt else None)
+            x = layer.forward_step(x, cos, sin, i, positions, k_cache, v_cache)
         return self.norm(x)
 
     @property
