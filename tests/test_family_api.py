@@ -220,7 +220,7 @@ def test_a_flag_is_a_switch_or_takes_a_value_for_every_family():
 
 def test_auto_kernels_on_cuda_follow_what_the_gpu_verified():
     """`--kernels auto` takes the kernel layer on CUDA only where its build was verified and timed on a GPU
-    (bf16 code2wav, bf16 dac_decoder, bf16 base_lm_step); the other wired stages keep Inductor unless asked
+    (bf16 code2wav, bf16 dac_decoder, bf16 base_lm_step and residual_lm_step); the others keep Inductor unless asked
     (`--kernels ttsaot`); CPU is Inductor."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     expect = {
@@ -230,7 +230,7 @@ def test_auto_kernels_on_cuda_follow_what_the_gpu_verified():
         ("fish-s2-pro", "fast_ar"): "inductor",
         ("fish-s2-pro", "dac_encoder"): "inductor",
         ("voxcpm2", "base_lm_step"): "ttsaot",
-        ("voxcpm2", "residual_lm_step"): "inductor",
+        ("voxcpm2", "residual_lm_step"): "ttsaot",
         ("voxcpm2", "vae_decoder"): "inductor",
     }
     for (family, stage), on_cuda in expect.items():
