@@ -319,22 +319,24 @@ def split_k_epilogue_kernel(
     )
 
 
-# Tuned per bucket at AOTI compile time on the build GPU (one config is baked into each package); the bench
-# (`python -m bench kernels`) times them all on the real shapes. BLOCK_M, SPLIT_K and USE_DOT come from the
-# launcher. The FMA accumulator holds BLOCK_M·BLOCK_N·BLOCK_K fp32 values: ≤ 64 registers per thread at M = 1.
+# Tuned per bucket at AOTI compile time on the build GPU (one config is baked into each package). The lists are the
+# smallest sets that keep the best time of every VoxCPM2 decode shape in the H100 sweep
+# (bench/results/nvidia-h100/kernel_configs.json, `python -m bench kernels --sections configs`): the GEMV set
+# reaches 93.9 us summed over qkv/o/gate_up/down at M = 1 and 2 (every candidate's best: 93.5; the previous four
+# configs: 94.9), the tile set 167.9 us at M = 4, 8, 16 (best: 167.9; previous four: 168.6). Fewer configs, less
+# autotuning per package at build time. BLOCK_M, SPLIT_K and USE_DOT come from the launcher. The FMA accumulator
+# holds BLOCK_M·BLOCK_N·BLOCK_K fp32 values: ≤ 64 registers per thread at M = 1.
 GEMV_CONFIGS = [
-    triton.Config({"BLOCK_N": 4, "BLOCK_K": 1024}, num_warps=4, num_stages=1),
-    triton.Config({"BLOCK_N": 8, "BLOCK_K": 512}, num_warps=4, num_stages=1),
-    triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=1),
-    triton.Config({"BLOCK_N": 8, "BLOCK_K": 1024}, num_warps=8, num_stages=1),
+    triton.Config({"BLOCK_N": 8, "BLOCK_K": 1024}, num_warps=8, num_stages=1),  # qkv, o, down at M = 1
+    triton.Config({"BLOCK_N": 8, "BLOCK_K": 512}, num_warps=4, num_stages=1),  # gate_up at M = 2
+    triton.Config({"BLOCK_N": 2, "BLOCK_K": 1024}, num_warps=2, num_stages=1),  # o, down at M = 2
 ]
-# Few rows: BLOCK_N 16 with a deep cp.async pipeline keeps ≥ 24 KB of W in flight per SM even at one program per
-# SM; BLOCK_M ≥ 64 (re-prefills) runs on wgmma.
+# Few rows: a deep cp.async pipeline keeps ≥ 24 KB of W in flight per SM even at one program per SM (BLOCK_N 32:
+# qkv and gate_up; 16: o and down at M = 16; 16 × 128 with 6 stages: o at M = 4 and 8).
 GEMM_CONFIGS = [
     triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_N": 16, "BLOCK_K": 512}, num_warps=4, num_stages=3),
     triton.Config({"BLOCK_N": 32, "BLOCK_K": 256}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_N": 16, "BLOCK_K": 128}, num_warps=4, num_stages=6),
 ]
 # The epilogue flags are part of the key: a gated and a plain call of the same size are different kernels.
 AUTOTUNE_KEY = ["M", "N_OUT", "K", "K_SPLIT", "BLOCK_M", "HAS_NORM", "GATED", "HAS_BIAS", "HAS_RESIDUAL"]
