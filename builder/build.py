@@ -7,6 +7,7 @@ subprocess and compared with eager → atomic rename into place."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as _dt
 import fcntl
 import hashlib
@@ -47,7 +48,17 @@ from ..runtime.errors import ArtifactError, ManifestError
 from ..runtime.metrics import rel_error
 from .buckets import BucketPlan
 from .export import CompileError, compile_bucket, compiler_info, export_bucket, inductor_options
-from .package_cache import PackageCache, cache_key, cached_compile, kernel_sources_hash, program_sources
+from .package_cache import (
+    PackageCache,
+    cache_key,
+    cached_compile,
+    kernel_sources_hash,
+    module_layout,
+    module_tensors,
+    pre_export_key,
+    program_sources,
+    stable_text,
+)
 from .parallel_compile import CompileTask, compile_in_workers
 from .passes import cast_to_compute_dtype, count_parameters
 from .stage_spec import StageSpec
@@ -356,6 +367,21 @@ def _compile_buckets(
     reporter.stage_start(spec.name, len(buckets))
     toolchain = build_env(device) if cache is not None else None
     parallel = jobs > 1 and len(buckets) > 1
+    results: dict[str, dict[str, torch.Tensor]] = {}
+    reused = 0
+
+    def finished(b: _Bucket, bucket_weights: dict[str, torch.Tensor]) -> None:
+        results[b.key] = bucket_weights
+        reporter.bucket_done(spec.name, b.key, time.time() - b.t0)
+
+    def indexed(b: _Bucket) -> None:
+        """Point the bucket's pre-export key at its package, now in the cache, so a rebuild skips the export."""
+        if cache is not None and b.pre_id is not None and b.cache_id is not None:
+            cache.index(b.pre_id, b.cache_id, b.sources, tensors)
+
+    # What decides the exported program besides the bucket (builder/package_cache.py `pre_export_key`).
+    tensors = module_tensors(module) if cache is not None else {}
+    layout = _stage_layout(spec, module) if cache is not None else ""
     work: list[_Bucket] = []
     for sizes in buckets:
         key = BucketPlan.key(sizes)
@@ -372,49 +398,33 @@ def _compile_buckets(
             "ttsaot_family": spec.family,
             "ttsaot_inputs": input_signature(args),
         }
+        b = _Bucket(key, dict(sizes), f"{spec.name}/{key}.pt2", args, model_name, metadata, None, None, {}, t0)
+        work.append(b)
+        context = {
+            "family": spec.family,
+            "stage": spec.name,
+            "bucket": key,
+            "sizes": dict(sizes),
+            "dtype": dtype_name(spec.dtype),
+            "kernels": spec.kernels_on(device),
+            "inputs": input_signature(args),
+            "toolchain": toolchain,
+            "inductor_options": inductor_options(model_name, metadata, device, extra_inductor_options),
+        }
+        if cache is not None:
+            b.pre_id = pre_export_key(context, layout)
+            found = cache.fetch_indexed(b.pre_id, tensors, tmp / b.rel)
+            if found.weights is not None:  # the package of this very program: no export needed
+                reused += 1
+                finished(b, found.weights)
+                continue
         try:
-            ep = export_bucket(module, args, device) if cache is not None or parallel else None
+            b.ep = export_bucket(module, args, device) if cache is not None or parallel else None
         except CompileError as e:
             raise BuildError(f"{spec.name}/{key}: {e}") from e
-        cache_id = (
-            None
-            if cache is None
-            else cache_key(
-                ep,
-                {
-                    "family": spec.family,
-                    "stage": spec.name,
-                    "bucket": key,
-                    "sizes": dict(sizes),
-                    "dtype": dtype_name(spec.dtype),
-                    "kernels": spec.kernels_on(device),
-                    "inputs": input_signature(args),
-                    "toolchain": toolchain,
-                    "inductor_options": inductor_options(model_name, metadata, device, extra_inductor_options),
-                },
-            )
-        )
-        work.append(
-            _Bucket(
-                key,
-                dict(sizes),
-                f"{spec.name}/{key}.pt2",
-                args,
-                model_name,
-                metadata,
-                ep,
-                cache_id,
-                program_sources(ep) if cache is not None else {},
-                t0,
-            )
-        )
-
-    results: dict[str, dict[str, torch.Tensor]] = {}
-    reused = 0
-
-    def finished(b: _Bucket, bucket_weights: dict[str, torch.Tensor]) -> None:
-        results[b.key] = bucket_weights
-        reporter.bucket_done(spec.name, b.key, time.time() - b.t0)
+        if cache is not None:
+            b.cache_id = cache_key(b.ep, context)
+            b.sources = program_sources(b.ep)
 
     def compile_here(b: _Bucket):
         return compile_bucket(
@@ -428,22 +438,25 @@ def _compile_buckets(
             exported=b.ep,
         )
 
+    todo = [b for b in work if b.key not in results]
     if not parallel:
-        for b in work:
+        for b in todo:
             try:
                 bw, from_cache = cached_compile(cache, b.cache_id, b.sources, tmp / b.rel, partial(compile_here, b))
             except CompileError as e:
                 raise BuildError(f"{spec.name}/{b.key}: {e}") from e
             reused += from_cache
+            indexed(b)
             finished(b, bw)
     else:
         misses = []
-        for b in work:
+        for b in todo:
             if cache is not None:
                 with cache.lock(b.cache_id):
                     found = cache.fetch(b.cache_id, b.sources, tmp / b.rel)
                 if found.weights is not None:
                     reused += 1
+                    indexed(b)
                     finished(b, found.weights)
                     continue
             misses.append(b)
@@ -469,6 +482,7 @@ def _compile_buckets(
                 if cache is not None:
                     with cache.lock(b.cache_id):
                         cache.store(b.cache_id, tmp / b.rel, bucket_weights, b.sources)
+                    indexed(b)
                 finished(b, bucket_weights)
 
             try:
@@ -510,6 +524,18 @@ def _compile_buckets(
     }
 
 
+# StageSpec fields that do not shape a bucket's program: the plan (each bucket keys on its own sizes, so adding one
+# leaves the others' keys alone), golden cases, and the checkpoint report (file hashes: values, not layout).
+_NOT_PROGRAM = frozenset({"plan", "golden_sizes", "golden_buckets", "checkpoint_report", "reference_margins"})
+
+
+def _stage_layout(spec: StageSpec, module: torch.nn.Module) -> str:
+    """The stage's part of the pre-export key: its spec (config, I/O, passes, kernel choice) and the module the
+    passes made, by layout (builder/package_cache.py `module_layout`)."""
+    fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name not in _NOT_PROGRAM}
+    return stable_text(fields) + "\n" + module_layout(module)
+
+
 @dataclass
 class _Bucket:
     """One bucket's compile job: what the package is compiled from and where it goes."""
@@ -524,6 +550,7 @@ class _Bucket:
     cache_id: str | None
     sources: dict[str, torch.Tensor]
     t0: float
+    pre_id: str | None = None  # the pre-export key (package cache index), when a cache is used
 
 
 def subprocess_verify(

@@ -14,13 +14,27 @@ Layout: `<root>/<key>/{package.pt2, entry.json}`, written in a temporary folder 
 lock per key (`<root>/<key>.lock`, the `filelock` the bench's artifact cache uses), so concurrent builds share
 entries: one compiles, the other waits and reuses. An entry whose package does not hash to what it recorded is
 discarded and rebuilt. Reused packages are copied into the artifact and still pass the build's subprocess load
-check like fresh ones."""
+check like fresh ones.
+
+The key above needs the exported program, and torch.export (with the CPU lowering) costs seconds to a minute per
+bucket. So each bucket also has a pre-export key (`pre_export_key`): what determines the program before it is
+made — the stage spec, the rewritten module's structure, attributes and tensor layouts (not values), the bucket's
+example-input layouts, dtype, kernel choice, the builder's own source, and the same toolchain / Inductor options /
+environment as the key. `<root>/index/<pre-key>.json` records the package key it led to and the names and layouts
+of the program's tensors, which are the module's own parameters and buffers (checked byte for byte before an index
+entry is written), so a rebuild finds the package and its weights without exporting. An index entry only points:
+the package entry is fetched and checked as above, and any miss (no entry, an unreadable one, a package gone or
+stale) falls back to exporting, which rewrites the index entry."""
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -32,7 +46,9 @@ import torch
 
 CACHE_ENV = "TTSAOT_CACHE_DIR"
 ENTRY_FORMAT = 1
-PACKAGE, ENTRY = "package.pt2", "entry.json"
+INDEX_FORMAT = 1
+PACKAGE, ENTRY, INDEX = "package.pt2", "entry.json", "index"
+_KEY = re.compile(r"[0-9a-f]{64}")
 _BUILDER = Path(__file__).parent
 
 
@@ -129,14 +145,10 @@ def _inductor_env() -> dict[str, str]:
     }
 
 
-def cache_key(ep: torch.export.ExportedProgram, context: dict[str, Any]) -> str:
-    """`context`: what the build adds (stage, bucket sizes, dtype, kernel choice, example-input signature, Inductor
-    options incl. the package's metadata, build environment). The kernel layer's and export.py's source, and the
-    precision flags Inductor reads at compile time, are added here."""
-    info = {
-        "entry_format": ENTRY_FORMAT,
-        "program": program_fingerprint(ep),
-        "context": context,
+def _environment() -> dict[str, Any]:
+    """What both keys take from this process rather than from the build: the kernel layer's and export.py's
+    source, the precision flags Inductor reads at compile time, and the Inductor / Triton environment."""
+    return {
         "kernel_sources": kernel_sources_hash(),
         "export_source": hashlib.sha256((_BUILDER / "export.py").read_bytes()).hexdigest(),
         "precision": [
@@ -146,7 +158,111 @@ def cache_key(ep: torch.export.ExportedProgram, context: dict[str, Any]) -> str:
         ],
         "env": _inductor_env(),
     }
+
+
+def _digest(info: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(info, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def cache_key(ep: torch.export.ExportedProgram, context: dict[str, Any]) -> str:
+    """`context`: what the build adds (stage, bucket sizes, dtype, kernel choice, example-input signature, Inductor
+    options incl. the package's metadata, build environment); `_environment()` is added here."""
+    return _digest(
+        {"entry_format": ENTRY_FORMAT, "program": program_fingerprint(ep), "context": context, **_environment()}
+    )
+
+
+def builder_sources_hash() -> str:
+    """The source text of the builder (every builder/**/*.py but the CLI): the families' modules, layers, passes
+    and export code that decide what torch.export makes of a stage."""
+    h = hashlib.sha256()
+    for src in sorted(_BUILDER.rglob("*.py")):
+        rel = src.relative_to(_BUILDER).as_posix()
+        if rel != "cli.py":
+            h.update(rel.encode() + b"\0" + src.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def pre_export_key(context: dict[str, Any], layout: str) -> str:
+    """The key of a bucket BEFORE it is exported: the same `context` and `_environment()` as `cache_key`, with the
+    builder's source and `layout` (the stage spec and the module, `stable_text` / `module_layout`) in place of the
+    exported program, which they determine. It names an index entry pointing at the package's `cache_key`."""
+    info = {
+        "index_format": INDEX_FORMAT,
+        "context": context,
+        "layout": layout,
+        "builder_sources": builder_sources_hash(),
+    }
+    return _digest({**info, **_environment()})
+
+
+# What every nn.Module carries (parameters, submodules, hooks, ...): covered by module_layout's own lines.
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) | {"training"}
+
+
+def stable_text(v: Any) -> str:
+    """A text of `v` that is the same in every process (no object addresses): values of plain data, the layout of
+    tensors (never their values: packages are weightless), the qualified names of functions and classes."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return repr(v)
+    if isinstance(v, (torch.dtype, torch.device, enum.Enum)):
+        return str(v)
+    if isinstance(v, torch.Tensor):
+        return f"tensor({v.dtype}, {list(v.shape)}, {list(v.stride())}, {v.device.type})"
+    if isinstance(v, (list, tuple, set, frozenset)):
+        items = [stable_text(x) for x in v]
+        return f"{type(v).__name__}[{', '.join(sorted(items) if isinstance(v, (set, frozenset)) else items)}]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(sorted(f"{stable_text(k)}: {stable_text(x)}" for k, x in v.items())) + "}"
+    if isinstance(v, functools.partial):
+        return f"partial({stable_text(v.func)}, {stable_text(v.args)}, {stable_text(v.keywords)})"
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        fields = ", ".join(f"{f.name}={stable_text(getattr(v, f.name))}" for f in dataclasses.fields(v))
+        return f"{_qualname(type(v))}({fields})"
+    if callable(v) and hasattr(v, "__qualname__"):
+        return _qualname(v)
+    return _qualname(type(v))
+
+
+def _qualname(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__qualname__)}"
+
+
+def module_layout(module: torch.nn.Module) -> str:
+    """Everything of a module that torch.export reads besides the code (the builder's source): every submodule's
+    class and plain attributes, its hooks, and the name, layout, aliasing and persistence of every parameter and
+    buffer — not their values."""
+    lines = []
+    for name, m in module.named_modules(remove_duplicate=False):
+        attrs = {k: v for k, v in vars(m).items() if k not in _MODULE_INTERNALS}
+        hooks = [len(m._forward_pre_hooks), len(m._forward_hooks)]
+        lines.append(f"module {name!r} {_qualname(type(m))} {stable_text(attrs)} hooks={hooks}")
+        lines.append(f"  non_persistent {sorted(m._non_persistent_buffers_set)}")
+    first: dict[int, str] = {}
+    named = [("param", *kv) for kv in module.named_parameters(remove_duplicate=False)]
+    named += [("buffer", *kv) for kv in module.named_buffers(remove_duplicate=False)]
+    for kind, name, t in named:
+        alias = first.setdefault(id(t), name)
+        lines.append(f"{kind} {name} {stable_text(t)} requires_grad={t.requires_grad} same_as={alias}")
+    return "\n".join(lines)
+
+
+def module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The module's parameters and buffers by every name they have: what an exported program's tensors are."""
+    out = dict(module.named_parameters(remove_duplicate=False))
+    out.update(module.named_buffers(remove_duplicate=False))
+    return out
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same layout and the same bytes (the weights file is written from one or the other)."""
+    if (a.dtype, a.shape, a.stride(), a.device) != (b.dtype, b.shape, b.stride(), b.device):
+        return False
+    if a.data_ptr() == b.data_ptr():
+        return True
+    return torch.equal(
+        a.detach().contiguous().view(-1).view(torch.uint8), b.detach().contiguous().view(-1).view(torch.uint8)
+    )
 
 
 @dataclass
@@ -251,6 +367,83 @@ class PackageCache:
             raise
         return True
 
+    def _index_path(self, pre_key: str) -> Path:
+        return self.root / INDEX / f"{pre_key}.json"
+
+    def fetch_indexed(self, pre_key: str, tensors: dict[str, torch.Tensor], dest: Path) -> Lookup:
+        """Reuse a package without exporting: the index entry of `pre_key` names the package's key and the tensors
+        of its program, taken here from `tensors` (`module_tensors` of the module the build would export); the
+        package entry is then fetched as by `fetch` (sha256, inlined values, constants all checked). A miss of any
+        kind returns no weights: the build exports, and `index` repairs the entry. An unreadable entry, or one
+        whose tensors the module does not have, is discarded."""
+        path = self._index_path(pre_key)
+        with self.lock(f"{INDEX}-{pre_key}"):
+            if not path.is_file():
+                return Lookup(None, "not indexed")
+            try:
+                meta = json.loads(path.read_text())
+                ok = meta["format"] == INDEX_FORMAT and meta["pre_key"] == pre_key
+                key = meta["package_key"]
+                ok = ok and isinstance(key, str) and _KEY.fullmatch(key) is not None
+                layout = {name: (dtype, shape, stride) for name, dtype, shape, stride in meta["sources"]}
+            except (OSError, ValueError, KeyError, TypeError):
+                ok = False
+            if not ok:
+                self._discard_index(path, "unreadable index entry")
+                return Lookup(None, "corrupted index entry")
+            sources: dict[str, torch.Tensor] = {}
+            for name, (dtype, shape, stride) in layout.items():
+                t = tensors.get(name)
+                if t is None or (str(t.dtype), list(t.shape), list(t.stride())) != (dtype, shape, stride):
+                    self._discard_index(path, f"the module has no tensor {name!r} of the indexed layout")
+                    return Lookup(None, "corrupted index entry")
+                sources[name] = t
+        with self.lock(key):
+            return self.fetch(key, sources, dest)
+
+    def index(
+        self,
+        pre_key: str,
+        key: str,
+        sources: dict[str, torch.Tensor],
+        tensors: dict[str, torch.Tensor],
+    ) -> bool:
+        """Point `pre_key` at the package entry of `key`, once that entry exists; `sources` are the exported
+        program's tensors, `tensors` the module's. False (nothing written) when some program tensor is not the
+        module's tensor of the same name, byte for byte: a reuse without export could not bind it."""
+        if not (self.root / key / ENTRY).is_file():
+            return False
+        for name, t in sources.items():
+            m = tensors.get(name)
+            if m is None or not _same_tensor(m, t):
+                self.notes.append(
+                    f"package cache: {key[:12]} not indexed (program tensor {name!r} is not the module's own); "
+                    "its rebuilds export"
+                )
+                return False
+        meta = {
+            "format": INDEX_FORMAT,
+            "pre_key": pre_key,
+            "package_key": key,
+            "sources": [[n, str(t.dtype), list(t.shape), list(t.stride())] for n, t in sorted(sources.items())],
+        }
+        path = self._index_path(pre_key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with self.lock(f"{INDEX}-{pre_key}"):
+            fd, tmp = tempfile.mkstemp(prefix=f".tmp-{pre_key[:12]}-", dir=path.parent)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(meta, f, indent=1)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        return True
+
+    def _discard_index(self, path: Path, why: str) -> None:
+        self.notes.append(f"package cache: discarded index entry {path.stem[:12]} ({why})")
+        path.unlink(missing_ok=True)
+
 
 def cached_compile(
     cache: PackageCache | None,
@@ -275,10 +468,15 @@ def cached_compile(
 __all__ = [
     "CACHE_ENV",
     "PackageCache",
+    "builder_sources_hash",
     "cache_key",
     "cached_compile",
     "default_cache_dir",
     "kernel_sources_hash",
+    "module_layout",
+    "module_tensors",
+    "pre_export_key",
     "program_fingerprint",
     "program_sources",
+    "stable_text",
 ]

@@ -1,6 +1,7 @@
-"""The package cache (builder/package_cache.py): a rebuild with no change compiles nothing and still passes the
-subprocess load check; a changed bucket, dtype or kernel source compiles; a changed value that the package inlined
-misses; a corrupted entry is discarded and rebuilt; concurrent builds sharing the cache both succeed."""
+"""The package cache (builder/package_cache.py): a rebuild with no change exports and compiles nothing and still
+passes the subprocess load check; a changed bucket, dtype or kernel source exports and compiles; a changed spec
+field exports but reuses the package; a changed value that the package inlined misses; a corrupted entry or index
+entry, or a missing package, is discarded and rebuilt; concurrent builds sharing the cache both succeed."""
 
 import json
 import shutil
@@ -17,7 +18,15 @@ from ttsaot.builder import package_cache
 from ttsaot.builder.buckets import BucketPlan
 from ttsaot.builder.build import BuildError, Reporter, build_family
 from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
-from ttsaot.builder.package_cache import ENTRY, PACKAGE, PackageCache, program_sources
+from ttsaot.builder.package_cache import (
+    ENTRY,
+    INDEX,
+    PACKAGE,
+    PackageCache,
+    module_layout,
+    module_tensors,
+    program_sources,
+)
 
 from .test_build_atomic import _specs
 
@@ -43,7 +52,42 @@ def cached(tmp_path_factory):
 
 
 def _entries(cache: Path) -> list[Path]:
-    return [p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    return [p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != INDEX]
+
+
+def _index(cache: Path) -> dict[str, dict]:
+    """pre-export key → index entry (read as JSON; an unreadable one as its text)."""
+    out = {}
+    for p in (cache / INDEX).glob("*.json"):
+        try:
+            out[p.stem] = json.loads(p.read_text())
+        except ValueError:
+            out[p.stem] = {"text": p.read_text()}
+    return out
+
+
+def _count_exports(monkeypatch) -> list:
+    """Every torch.export of the build (the builder's entry and torch's own), counted; both still export."""
+    calls = []
+    real_bucket, real_export = build_mod.export_bucket, torch.export.export
+
+    def bucket(*a, **k):
+        calls.append("export_bucket")
+        return real_bucket(*a, **k)
+
+    def export(*a, **k):
+        calls.append("torch.export.export")
+        return real_export(*a, **k)
+
+    monkeypatch.setattr(build_mod, "export_bucket", bucket)
+    monkeypatch.setattr(torch.export, "export", export)
+    return calls
+
+
+def _manifest(path: Path) -> dict:
+    m = json.loads((path / "manifest.json").read_text())
+    m.pop("created")  # the build's time
+    return m
 
 
 def _no_compile(monkeypatch) -> list:
@@ -61,19 +105,61 @@ def _no_compile(monkeypatch) -> list:
 def test_rebuild_with_no_change_reuses_every_package(cached, monkeypatch, tmp_path):
     cache, first = cached
     calls = _no_compile(monkeypatch)
+    exports = _count_exports(monkeypatch)
     rep = Notes()
     res = build_family(QWEN.name, _specs(), tmp_path, "cpu", cache_dir=cache, reporter=rep)  # verified in a child
     assert calls == [] and "code2wav: 1 of 1 packages reused from the package cache" in rep.notes
+    assert exports == []  # found through the pre-export index: not even exported
     for rel in ("code2wav/b1_f8.pt2", "code2wav.safetensors", "golden/code2wav.safetensors"):
         assert (res.path / rel).read_bytes() == (first / rel).read_bytes(), rel
     assert not (res.path / "code2wav/b1_f8.pt2").is_symlink()
-    m1, m2 = (json.loads((p / "manifest.json").read_text()) for p in (first, res.path))
-    assert m1["stages"]["code2wav"]["buckets"] == m2["stages"]["code2wav"]["buckets"]
+    assert _manifest(first) == _manifest(res.path)
+
+
+def test_changed_spec_field_exports_and_reuses_the_package(cached, monkeypatch, tmp_path):
+    """A spec field that does not change the program misses the pre-export key: the build exports, finds the same
+    package by the program's key, and indexes it under the new pre-export key too (the next build skips export)."""
+    cache, first = cached
+    calls = _no_compile(monkeypatch)
+    exports = _count_exports(monkeypatch)
+    before = set(_index(cache))
+    specs = [replace(_specs()[0], tolerance=2e-4)]
+    build_family(QWEN.name, specs, tmp_path / "a", "cpu", cache_dir=cache, verify_in_subprocess=False)
+    assert calls == [] and "export_bucket" in exports
+    added = set(_index(cache)) - before
+    assert len(added) == 1 and _index(cache)[added.pop()]["package_key"] == _entries(cache)[0].name
+    exports.clear()
+    res = build_family(QWEN.name, specs, tmp_path / "b", "cpu", cache_dir=cache, verify_in_subprocess=False)
+    assert exports == [] and calls == []
+    assert (res.path / "code2wav/b1_f8.pt2").read_bytes() == (first / "code2wav/b1_f8.pt2").read_bytes()
+
+
+def test_module_layout_sees_attributes_layout_and_ties_not_values():
+    spec = _specs()[0]
+    module = spec.make_module().eval()
+    base = module_layout(module)
+    other = spec.make_module().eval()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(1.0)
+    assert module_layout(other) == base  # weights' values: packages are weightless
+    name, sub = next((n, m) for n, m in module.named_modules() if isinstance(m, torch.nn.Conv1d))
+    changed = spec.make_module().eval()
+    changed.get_submodule(name).dilation = (7,)  # a plain attribute forward reads
+    assert module_layout(changed) != base
+    assert module_layout(build_mod.cast_to_compute_dtype(spec.make_module(), torch.bfloat16)) != base
+    tied = spec.make_module().eval()
+    convs = [m for m in tied.modules() if isinstance(m, torch.nn.Conv1d) and m.weight.shape == sub.weight.shape]
+    if len(convs) >= 2:
+        convs[1].weight = convs[0].weight
+        assert module_layout(tied) != base
+    assert set(module_tensors(module)) >= set(dict(module.named_parameters()))
 
 
 def test_changed_bucket_or_dtype_misses(cached, monkeypatch, tmp_path):
     cache, _ = cached
     calls = _no_compile(monkeypatch)
+    exports = _count_exports(monkeypatch)
     specs = [replace(_specs()[0], plan=BucketPlan({"batch": (1,), "frames": (16,)}))]
     with pytest.raises(BuildError, match="code2wav/b1_f16: compile was called"):
         build_family(QWEN.name, specs, tmp_path, "cpu", cache_dir=cache)
@@ -82,19 +168,71 @@ def test_changed_bucket_or_dtype_misses(cached, monkeypatch, tmp_path):
     with pytest.raises(BuildError, match="code2wav/b1_f8: compile was called"):
         build_family(QWEN.name, bf16, tmp_path, "cpu", cache_dir=cache)
     assert calls == ["code2wav_b1_f16", "code2wav_b1_f8"]
+    assert exports.count("export_bucket") == 2  # the pre-export key missed both times
 
 
 def test_changed_kernel_source_misses(cached, monkeypatch, tmp_path):
     cache, _ = cached
-    builder = tmp_path / "builder"  # a copy of the sources the key reads, one kernel file edited
-    shutil.copytree(package_cache._BUILDER / "kernels", builder / "kernels")
-    shutil.copy(package_cache._BUILDER / "export.py", builder / "export.py")
+    builder = tmp_path / "builder"  # a copy of the sources the keys read, one kernel file edited
+    shutil.copytree(package_cache._BUILDER, builder, ignore=shutil.ignore_patterns("__pycache__"))
+    assert package_cache.builder_sources_hash() == _with_builder(
+        monkeypatch, builder, package_cache.builder_sources_hash
+    )
     src = builder / "kernels" / "skinny_linear.py"
     src.write_text(src.read_text() + "\n# edited\n")
     monkeypatch.setattr(package_cache, "_BUILDER", builder)
     _no_compile(monkeypatch)
+    exports = _count_exports(monkeypatch)
     with pytest.raises(BuildError, match="code2wav/b1_f8: compile was called"):
         build_family(QWEN.name, _specs(), tmp_path / "out", "cpu", cache_dir=cache)
+    assert exports.count("export_bucket") == 1
+
+
+def _with_builder(monkeypatch, builder: Path, fn):
+    with monkeypatch.context() as m:
+        m.setattr(package_cache, "_BUILDER", builder)
+        return fn()
+
+
+def test_corrupted_index_entry_exports_and_repairs_it(cached, monkeypatch, tmp_path):
+    cache, first = cached
+    calls = _no_compile(monkeypatch)
+    exports = _count_exports(monkeypatch)
+    before = _index(cache)
+    for pre in before:  # truncated JSON naming a path outside the cache
+        (cache / INDEX / f"{pre}.json").write_text('{"format": 1, "pre_key": "' + pre + '", "package_key": "../x"')
+    rep = Notes()
+    res = build_family(QWEN.name, _specs(), tmp_path, "cpu", cache_dir=cache, reporter=rep, verify_in_subprocess=False)
+    assert calls == [] and exports.count("export_bucket") == 1  # exported once, the package found by its key
+    assert any("discarded index entry" in n for n in rep.notes), rep.notes
+    after = _index(cache)
+    assert [k for k in before if after[k] == before[k]] != []  # this build's entry repaired
+    assert (res.path / "code2wav.safetensors").read_bytes() == (first / "code2wav.safetensors").read_bytes()
+    exports.clear()
+    build_family(QWEN.name, _specs(), tmp_path / "again", "cpu", cache_dir=cache, verify_in_subprocess=False)
+    assert exports == []
+
+
+def test_missing_package_exports_compiles_and_repairs_the_index(cached, monkeypatch, tmp_path):
+    cache, first = cached
+    copy = tmp_path / "cache"  # the shared cache keeps its entry for the other tests
+    shutil.copytree(cache, copy, ignore=shutil.ignore_patterns("*.lock"))
+    (entry,) = _entries(copy)
+    shutil.rmtree(entry)
+    before = _index(copy)
+    compiles = []
+    real = build_mod.compile_bucket
+    monkeypatch.setattr(build_mod, "compile_bucket", lambda *a, **k: compiles.append(1) or real(*a, **k))
+    exports = _count_exports(monkeypatch)
+    res = build_family(QWEN.name, _specs(), tmp_path / "out", "cpu", cache_dir=copy, verify_in_subprocess=False)
+    assert compiles == [1] and exports.count("export_bucket") == 1
+    assert [e.name for e in _entries(copy)] == [entry.name] and _index(copy) == before
+    for rel in ("code2wav.safetensors", "golden/code2wav.safetensors"):
+        assert (res.path / rel).read_bytes() == (first / rel).read_bytes(), rel
+    m1, m2 = _manifest(first)["stages"]["code2wav"], _manifest(res.path)["stages"]["code2wav"]
+    for m in (m1, m2):  # a fresh compile is the same package, not the same bytes (the .so differs)
+        m["buckets"] = [{k: v for k, v in b.items() if k != "sha256"} for b in m["buckets"]]
+    assert m1 == m2
 
 
 def test_changed_inlined_value_misses(cached):
