@@ -213,6 +213,7 @@ def test_corrupted_index_entry_exports_and_repairs_it(cached, monkeypatch, tmp_p
     assert exports == []
 
 
+@pytest.mark.heavy  # compiles a package again (CI covers the fallback through the corrupted-index test)
 def test_missing_package_exports_compiles_and_repairs_the_index(cached, monkeypatch, tmp_path):
     cache, first = cached
     copy = tmp_path / "cache"  # the shared cache keeps its entry for the other tests
