@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ttsaot.runtime import BindingError, InputError, IntegrityError, TTSAOTError, load
+from ttsaot.runtime import BindingError, InputError, IntegrityError, ManifestError, TTSAOTError, load
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +140,28 @@ def test_manifest_mutations_end_in_typed_errors(qwen_tiny_fp32, workdir, data):
         return
     # a mutation that loads and runs must not have changed what the artifact computes
     assert out.shape == (1, 1, 8 * 64) and torch.isfinite(out).all()
+
+
+def test_kind_whose_class_needs_another_bucket_axis_is_refused(qwen_tiny_fp32, workdir):
+    # Found by the manifest sweep (kind → "codec_encoder" on the decoder): the encoder class reads the `samples` axis,
+    # which this stage's buckets lack; that was a bare KeyError('samples') on the first call, now refused at load.
+    art = _fresh_copy(qwen_tiny_fp32, workdir, "kind")
+    m = json.loads((art / "manifest.json").read_text())
+    m["stages"]["code2wav"]["kind"] = "codec_encoder"
+    (art / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match="no 'samples' axis, which stage kind 'codec_encoder' needs"):
+        load(art)
+
+
+def test_bucket_size_true_is_refused(qwen_tiny_fp32, workdir):
+    # Found by the manifest sweep: `"batch": true` passed as the int 1 (bool is an int in Python, and the package
+    # signature compares equal), then torch refused the bool dim with a bare TypeError while binding the bucket.
+    art = _fresh_copy(qwen_tiny_fp32, workdir, "booldim")
+    m = json.loads((art / "manifest.json").read_text())
+    m["stages"]["code2wav"]["buckets"][0]["sizes"]["batch"] = True
+    (art / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match=r"buckets\[0\]\.sizes must be positive integers"):
+        load(art)
 
 
 def test_edited_bucket_sizes_are_caught_by_the_package_signature(qwen_tiny_fp32, workdir):
