@@ -461,6 +461,8 @@ def _stage(name: str, d: dict) -> StageEntry:
     _check_metadata(kind, metadata, inputs, f"{w}.metadata")
     if buckets:
         _check_axes(kind, axes, inputs, outputs, w)
+    if kind == "codec_decoder":
+        _check_decoder_hop(metadata["samples_per_frame"], outputs, w)
     return StageEntry(
         name=name,
         kind=kind,
@@ -524,6 +526,19 @@ def _check_axes(kind: str, axes: set[str], inputs: list[TensorSpec], outputs: li
                 raise ManifestError(
                     f"manifest.json: {where}.outputs[{i}].shape names axis {axis!r}, which is neither "
                     f"a bucket axis nor derived by kind {kind!r}"
+                )
+
+
+def _check_decoder_hop(samples_per_frame: int, outputs: list[TensorSpec], where: str) -> None:
+    """A decoder's streaming trims `samples_per_frame` samples per context frame while the packages' outputs are
+    checked against the descriptors' `[frames, scale]`: the two must agree, or streamed audio is cut at the wrong
+    sample with no error."""
+    for i, spec in enumerate(outputs):
+        for _, axis, scale in spec.axes():
+            if axis == "frames" and scale != samples_per_frame:
+                raise ManifestError(
+                    f"manifest.json: {where}.outputs[{i}].shape has {scale} samples per frame, metadata."
+                    f"samples_per_frame says {samples_per_frame}"
                 )
 
 

@@ -164,6 +164,17 @@ def test_bucket_size_true_is_refused(qwen_tiny_fp32, workdir):
         load(art)
 
 
+def test_decoder_hop_that_disagrees_with_its_outputs_is_refused(qwen_tiny_fp32, workdir):
+    # metadata.samples_per_frame is what streaming trims context samples by; the outputs are checked against the
+    # descriptor's [frames, 64]. An edited hop used to load and run, then cut streamed audio at the wrong sample.
+    art = _fresh_copy(qwen_tiny_fp32, workdir, "hop")
+    m = json.loads((art / "manifest.json").read_text())
+    m["stages"]["code2wav"]["metadata"]["samples_per_frame"] = 32
+    (art / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match="has 64 samples per frame, metadata.samples_per_frame says 32"):
+        load(art)
+
+
 def test_edited_bucket_sizes_are_caught_by_the_package_signature(qwen_tiny_fp32, workdir):
     art = _fresh_copy(qwen_tiny_fp32, workdir, "sizes")
     m = json.loads((art / "manifest.json").read_text())
@@ -177,7 +188,8 @@ def test_edited_bucket_sizes_are_caught_by_the_package_signature(qwen_tiny_fp32,
 def test_edited_output_scale_is_caught_on_first_use(qwen_tiny_fp32, workdir):
     art = _fresh_copy(qwen_tiny_fp32, workdir, "outs")
     m = json.loads((art / "manifest.json").read_text())
-    m["stages"]["code2wav"]["outputs"][0]["shape"][2][1] = 32  # claim 32 samples per frame instead of 64
+    m["stages"]["code2wav"]["outputs"][0]["shape"][2][1] = 32  # claim 32 samples per frame instead of 64,
+    m["stages"]["code2wav"]["metadata"]["samples_per_frame"] = 32  # consistently: only the package can tell
     (art / "manifest.json").write_text(json.dumps(m))
     stage = load(art)["code2wav"]
     with pytest.raises(BindingError, match="package outputs"):
