@@ -405,7 +405,7 @@ def _stage(name: str, d: dict) -> StageEntry:
         bw = f"{w}.buckets[{i}]"
         _known_fields(b, BucketEntry, bw)
         sizes = _get(b, "sizes", dict, bw)
-        if not all(isinstance(v, int) and v > 0 for v in sizes.values()):
+        if not all(_positive_int(v) for v in sizes.values()):  # `true` is no size: torch refuses bool dims
             raise ManifestError(f"manifest.json: {bw}.sizes must be positive integers")
         buckets.append(
             BucketEntry(
@@ -461,6 +461,8 @@ def _stage(name: str, d: dict) -> StageEntry:
     _check_metadata(kind, metadata, inputs, f"{w}.metadata")
     if buckets:
         _check_axes(kind, axes, inputs, outputs, w)
+    if kind == "codec_decoder":
+        _check_decoder_hop(metadata["samples_per_frame"], outputs, w)
     return StageEntry(
         name=name,
         kind=kind,
@@ -486,11 +488,26 @@ def _stage(name: str, d: dict) -> StageEntry:
 # Output axes a stage kind derives from its bucket axes (runtime: Stage._derived_sizes); every other axis an I/O
 # descriptor names must be a bucket axis.
 DERIVED_AXES: dict[str, tuple[str, ...]] = {"codec_encoder": ("frames",)}  # ⌈samples / samples_per_frame⌉
+# Bucket axes a kind's runtime class reads by name (the decoder chunks along `frames`, the encoder derives frames
+# from `samples`, the LMs bind caches per `batch` and prefill `tokens`): without them it would fail deep inside a
+# call with a bare KeyError, so a manifest that lacks one is refused at load.
+REQUIRED_AXES: dict[str, tuple[str, ...]] = {
+    "codec_decoder": ("frames",),
+    "codec_encoder": ("samples",),
+    "lm_step": ("batch",),
+    "lm_prefill": ("batch", "tokens"),
+}
 
 
 def _check_axes(kind: str, axes: set[str], inputs: list[TensorSpec], outputs: list[TensorSpec], where: str) -> None:
     """Inputs name only bucket axes and together name all of them (the request's sizes pick the bucket); outputs
     name bucket axes or the kind's derived axes."""
+    for axis in REQUIRED_AXES.get(kind, ()):
+        if axis not in axes:
+            raise ManifestError(
+                f"manifest.json: {where}.buckets have no {axis!r} axis, which stage kind {kind!r} needs "
+                f"(axes: {', '.join(sorted(axes))})"
+            )
     named = set()
     for i, spec in enumerate(inputs):
         for _, axis, _ in spec.axes():
@@ -509,6 +526,19 @@ def _check_axes(kind: str, axes: set[str], inputs: list[TensorSpec], outputs: li
                 raise ManifestError(
                     f"manifest.json: {where}.outputs[{i}].shape names axis {axis!r}, which is neither "
                     f"a bucket axis nor derived by kind {kind!r}"
+                )
+
+
+def _check_decoder_hop(samples_per_frame: int, outputs: list[TensorSpec], where: str) -> None:
+    """A decoder's streaming trims `samples_per_frame` samples per context frame while the packages' outputs are
+    checked against the descriptors' `[frames, scale]`: the two must agree, or streamed audio is cut at the wrong
+    sample with no error."""
+    for i, spec in enumerate(outputs):
+        for _, axis, scale in spec.axes():
+            if axis == "frames" and scale != samples_per_frame:
+                raise ManifestError(
+                    f"manifest.json: {where}.outputs[{i}].shape has {scale} samples per frame, metadata."
+                    f"samples_per_frame says {samples_per_frame}"
                 )
 
 

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ttsaot.runtime import BindingError, InputError, IntegrityError, TTSAOTError, load
+from ttsaot.runtime import BindingError, InputError, IntegrityError, ManifestError, TTSAOTError, load
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +142,39 @@ def test_manifest_mutations_end_in_typed_errors(qwen_tiny_fp32, workdir, data):
     assert out.shape == (1, 1, 8 * 64) and torch.isfinite(out).all()
 
 
+def test_kind_whose_class_needs_another_bucket_axis_is_refused(qwen_tiny_fp32, workdir):
+    # Found by the manifest sweep (kind → "codec_encoder" on the decoder): the encoder class reads the `samples` axis,
+    # which this stage's buckets lack; that was a bare KeyError('samples') on the first call, now refused at load.
+    art = _fresh_copy(qwen_tiny_fp32, workdir, "kind")
+    m = json.loads((art / "manifest.json").read_text())
+    m["stages"]["code2wav"]["kind"] = "codec_encoder"
+    (art / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match="no 'samples' axis, which stage kind 'codec_encoder' needs"):
+        load(art)
+
+
+def test_bucket_size_true_is_refused(qwen_tiny_fp32, workdir):
+    # Found by the manifest sweep: `"batch": true` passed as the int 1 (bool is an int in Python, and the package
+    # signature compares equal), then torch refused the bool dim with a bare TypeError while binding the bucket.
+    art = _fresh_copy(qwen_tiny_fp32, workdir, "booldim")
+    m = json.loads((art / "manifest.json").read_text())
+    m["stages"]["code2wav"]["buckets"][0]["sizes"]["batch"] = True
+    (art / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match=r"buckets\[0\]\.sizes must be positive integers"):
+        load(art)
+
+
+def test_decoder_hop_that_disagrees_with_its_outputs_is_refused(qwen_tiny_fp32, workdir):
+    # metadata.samples_per_frame is what streaming trims context samples by; the outputs are checked against the
+    # descriptor's [frames, 64]. An edited hop used to load and run, then cut streamed audio at the wrong sample.
+    art = _fresh_copy(qwen_tiny_fp32, workdir, "hop")
+    m = json.loads((art / "manifest.json").read_text())
+    m["stages"]["code2wav"]["metadata"]["samples_per_frame"] = 32
+    (art / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match="has 64 samples per frame, metadata.samples_per_frame says 32"):
+        load(art)
+
+
 def test_edited_bucket_sizes_are_caught_by_the_package_signature(qwen_tiny_fp32, workdir):
     art = _fresh_copy(qwen_tiny_fp32, workdir, "sizes")
     m = json.loads((art / "manifest.json").read_text())
@@ -155,7 +188,8 @@ def test_edited_bucket_sizes_are_caught_by_the_package_signature(qwen_tiny_fp32,
 def test_edited_output_scale_is_caught_on_first_use(qwen_tiny_fp32, workdir):
     art = _fresh_copy(qwen_tiny_fp32, workdir, "outs")
     m = json.loads((art / "manifest.json").read_text())
-    m["stages"]["code2wav"]["outputs"][0]["shape"][2][1] = 32  # claim 32 samples per frame instead of 64
+    m["stages"]["code2wav"]["outputs"][0]["shape"][2][1] = 32  # claim 32 samples per frame instead of 64,
+    m["stages"]["code2wav"]["metadata"]["samples_per_frame"] = 32  # consistently: only the package can tell
     (art / "manifest.json").write_text(json.dumps(m))
     stage = load(art)["code2wav"]
     with pytest.raises(BindingError, match="package outputs"):

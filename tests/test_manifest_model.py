@@ -184,3 +184,15 @@ def test_kernels_choice_is_recorded_and_validated(tmp_path):
     d["stages"]["code2wav"]["kernels"] = "cudnn"
     with pytest.raises(ManifestError, match="kernels must be one of"):
         parse_manifest(d)
+
+
+def test_a_kind_needs_the_bucket_axes_its_runtime_class_reads():
+    d = _manifest().to_dict()
+    st = d["stages"]["code2wav"]
+    st["buckets"][0]["sizes"] = {"batch": 1, "time": 8}  # the decoder chunks along `frames`
+    st["inputs"][0]["shape"] = ["batch", 16, "time"]
+    st["outputs"][0]["shape"] = ["batch", 1, ["time", 1920]]
+    with pytest.raises(ManifestError, match="no 'frames' axis, which stage kind 'codec_decoder' needs"):
+        parse_manifest(d)
+    st["kind"] = "generic"  # a generic stage reads no axis by name
+    assert parse_manifest(d).stages["code2wav"].axis_names() == ["batch", "time"]
