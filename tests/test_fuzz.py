@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from ttsaot.runtime import BindingError, InputError, IntegrityError, ManifestError, TTSAOTError, load
 
+from .conftest import rel_err
+
 
 @pytest.fixture(scope="module")
 def bundle(qwen_tiny_fp32):
@@ -65,13 +67,16 @@ def test_random_requests_get_output_or_typed_error(bundle, dtype, shape, low, sp
 
 
 def test_stage_usable_after_every_kind_of_error(bundle):
+    """A refused request leaves the stage as it was. Compared within 1e-6, not bit for bit: the CPU packages are not
+    bit-reproducible from call to call (a 20-seed fuzz sweep saw differences of ≤ 3e-8 on 4 of 913 repeated calls of
+    one input, with cpu_threads=1 and with MKL_CBWR=AUTO,STRICT), while a corrupted stage would be off by O(1)."""
     stage = bundle["code2wav"]
-    good = torch.randint(0, 64, (1, 16, 8))
+    good = torch.randint(0, 64, (1, 16, 8), generator=torch.Generator().manual_seed(0))
     ref = stage(good)
     for bad in (good.float(), good[:, :3], good * 1000, torch.zeros(0, 16, 8, dtype=torch.int64), good[..., None]):
         with pytest.raises(InputError):
             stage(bad)
-        assert torch.equal(stage(good), ref)
+        assert rel_err(stage(good), ref) < 1e-6
 
 
 # ------------------------------------------------------------------------------------------- artifact files
