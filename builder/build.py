@@ -159,18 +159,25 @@ class _BuildLock:
 
 class _TerminateAsInterrupt:
     """SIGTERM (a job scheduler, `kill`, a container stop) raises KeyboardInterrupt while a build runs, so the
-    same cleanup as Ctrl-C removes the temporary directory. Signal handlers belong to the main thread: elsewhere
-    this does nothing."""
+    same cleanup as Ctrl-C removes the temporary directory. Library code that swallows the KeyboardInterrupt
+    (seen: a SIGTERM during a CPU build let the build finish and exit 0) cannot hide it: the signal is remembered
+    and `check()`, called between stages and before the install, raises it again. Signal handlers belong to the
+    main thread: elsewhere this does nothing."""
 
     def __enter__(self):
         self.previous = None
+        self.signalled: int | None = None
         if threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(signal.SIGTERM, self._raise)
         return self
 
-    @staticmethod
-    def _raise(signum, frame):
+    def _raise(self, signum, frame):
+        self.signalled = signum
         raise KeyboardInterrupt(f"terminated by signal {signum}")
+
+    def check(self) -> None:
+        if self.signalled is not None:
+            raise KeyboardInterrupt(f"terminated by signal {self.signalled}")
 
     def __exit__(self, *exc):
         if self.previous is not None:
@@ -660,7 +667,7 @@ def build_family(
     final = out_root / family
     cache = PackageCache(Path(cache_dir)) if cache_dir is not None else None
     t_start = time.time()
-    with _BuildLock(final), _TerminateAsInterrupt():
+    with _BuildLock(final), _TerminateAsInterrupt() as term:
         tmp: Path | None = None
         try:
             tmp = Path(tempfile.mkdtemp(prefix=f".{family}.tmp-", dir=out_root))
@@ -670,6 +677,7 @@ def build_family(
                 stages[spec.name] = build_stage(
                     spec, tmp, dev, seed, reporter, extra_inductor_options, formats=formats, cache=cache, jobs=jobs
                 )
+                term.check()
             kept = _carry_over_stages(final, tmp, env, dev, set(stages), reporter) if keep_existing_stages else {}
             if dev.type == "cpu":
                 env["cpu_isa"] = _package_cpu_isa(tmp, stages)
@@ -696,6 +704,7 @@ def build_family(
                 if onnx_stages:
                     reporter.note("verifying the fresh ONNX models with onnxruntime in a subprocess")
                     subprocess_verify_onnx(tmp, onnx_stages, reporter)
+            term.check()  # a SIGTERM that some library swallowed still stops the build before it installs
             _replace_dir(tmp, final)
         except BaseException:
             if tmp is not None:

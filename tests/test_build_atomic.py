@@ -3,6 +3,7 @@ a lock stops two builds into one directory; a package that crashes on load fails
 every file of an artifact has one mode."""
 
 import json
+import os
 import shutil
 import signal
 import stat
@@ -145,3 +146,20 @@ def test_sigterm_mid_build_leaves_nothing_behind(previous):
     assert child.returncode != 0 and "terminated by signal 15" in err, err[-2000:]
     assert (out / "qwen3-tts-12hz" / "manifest.json").read_text() == before
     assert sorted(p.name for p in out.iterdir()) == ["qwen3-tts-12hz"], list(out.iterdir())
+
+
+def test_a_swallowed_sigterm_still_stops_the_build():
+    """A library that catches the KeyboardInterrupt a SIGTERM raises (the CPU build once finished and exited 0
+    after one) cannot hide it: the build re-raises it between stages and before installing."""
+    from ttsaot.builder.build import _TerminateAsInterrupt
+
+    with _TerminateAsInterrupt() as term:
+        term.check()  # nothing yet
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs at the next bytecode boundary
+        except KeyboardInterrupt:
+            pass  # what the swallowing library does
+        with pytest.raises(KeyboardInterrupt, match="terminated by signal 15"):
+            term.check()
+    assert signal.getsignal(signal.SIGTERM) is not term._raise  # the previous handler is back
