@@ -147,37 +147,46 @@ def test_manifest_mutations_end_in_typed_errors(qwen_tiny_fp32, workdir, data):
     assert out.shape == (1, 1, 8 * 64) and torch.isfinite(out).all()
 
 
-def test_kind_whose_class_needs_another_bucket_axis_is_refused(qwen_tiny_fp32, workdir):
-    # Found by the manifest sweep (kind → "codec_encoder" on the decoder): the encoder class reads the `samples` axis,
-    # which this stage's buckets lack; that was a bare KeyError('samples') on the first call, now refused at load.
-    art = _fresh_copy(qwen_tiny_fp32, workdir, "kind")
+def _edited_copy(src, workdir, tag: str, edit):
+    """A fresh copy of the artifact whose manifest `edit(manifest_dict)` changed in place."""
+    art = _fresh_copy(src, workdir, tag)
     m = json.loads((art / "manifest.json").read_text())
-    m["stages"]["code2wav"]["kind"] = "codec_encoder"
+    edit(m)
     (art / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(ManifestError, match="no 'samples' axis, which stage kind 'codec_encoder' needs"):
-        load(art)
+    return art
 
 
-def test_bucket_size_true_is_refused(qwen_tiny_fp32, workdir):
-    # Found by the manifest sweep: `"batch": true` passed as the int 1 (bool is an int in Python, and the package
-    # signature compares equal), then torch refused the bool dim with a bare TypeError while binding the bucket.
-    art = _fresh_copy(qwen_tiny_fp32, workdir, "booldim")
-    m = json.loads((art / "manifest.json").read_text())
-    m["stages"]["code2wav"]["buckets"][0]["sizes"]["batch"] = True
-    (art / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(ManifestError, match=r"buckets\[0\]\.sizes must be positive integers"):
-        load(art)
+def _code2wav(m: dict) -> dict:
+    return m["stages"]["code2wav"]
 
 
-def test_decoder_hop_that_disagrees_with_its_outputs_is_refused(qwen_tiny_fp32, workdir):
-    # metadata.samples_per_frame is what streaming trims context samples by; the outputs are checked against the
-    # descriptor's [frames, 64]. An edited hop used to load and run, then cut streamed audio at the wrong sample.
-    art = _fresh_copy(qwen_tiny_fp32, workdir, "hop")
-    m = json.loads((art / "manifest.json").read_text())
-    m["stages"]["code2wav"]["metadata"]["samples_per_frame"] = 32
-    (art / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(ManifestError, match="has 64 samples per frame, metadata.samples_per_frame says 32"):
-        load(art)
+# Found by an exhaustive manifest-mutation sweep beside the fuzz runs; each was a bare error (or silently wrong
+# audio) and is refused at load now:
+# - kind → "codec_encoder": the encoder class reads the `samples` axis this stage lacks (a bare KeyError('samples')
+#   on the first call);
+# - `"batch": true` passed as the int 1 (bool is an int in Python, and the package signature compares equal), then
+#   torch refused the bool dim with a bare TypeError while binding the bucket;
+# - metadata.samples_per_frame (what streaming trims context samples by) edited away from the outputs'
+#   [frames, 64]: it loaded and ran, then cut streamed audio at the wrong sample.
+@pytest.mark.parametrize(
+    "tag, edit, message",
+    [
+        ("kind", lambda m: _code2wav(m).update(kind="codec_encoder"), "no 'samples' axis, which stage kind"),
+        (
+            "booldim",
+            lambda m: _code2wav(m)["buckets"][0]["sizes"].update(batch=True),
+            r"buckets\[0\]\.sizes must be positive integers",
+        ),
+        (
+            "hop",
+            lambda m: _code2wav(m)["metadata"].update(samples_per_frame=32),
+            "has 64 samples per frame, metadata.samples_per_frame says 32",
+        ),
+    ],
+)
+def test_sweep_findings_are_refused_at_load(qwen_tiny_fp32, workdir, tag, edit, message):
+    with pytest.raises(ManifestError, match=message):
+        load(_edited_copy(qwen_tiny_fp32, workdir, tag, edit))
 
 
 def test_edited_bucket_sizes_are_caught_by_the_package_signature(qwen_tiny_fp32, workdir):
