@@ -179,6 +179,12 @@ def _skinny_inputs(M: int, N: int, K: int, spec: dict, n_sets: int, g: torch.Gen
     }
 
 
+def _skinny_bytes(M: int, N: int, K: int, spec: dict) -> int:
+    """Bytes one call moves: the bf16 weight once, x, y (and the residual read), the norm weight."""
+    n_out = N // 2 if spec.get("gated") else N
+    return N * K * 2 + 2 * (M * K + M * n_out * (2 if spec.get("residual") else 1) + (K if spec.get("norm") else 0))
+
+
 def _skinny_kwargs(t: dict, spec: dict) -> dict:
     return dict(
         norm_weight=t["norm_weight"],
@@ -208,9 +214,7 @@ def bench_skinny_case(
     t = _skinny_inputs(M, N, K, spec, n_sets, g, device)
     kw = _skinny_kwargs(t, spec)
     launch_kw = {**_interpreter_kwargs(device, "skinny"), **(launch_kw or {})}
-    n_out = N // 2 if spec.get("gated") else N
-    io_bytes = 2 * (M * K + M * n_out * (2 if spec.get("residual") else 1) + (K if spec.get("norm") else 0))
-    nbytes = w_bytes + io_bytes
+    nbytes = _skinny_bytes(M, N, K, spec)
     out = launch_skinny_linear(t["x"], t["weights"][0], **kw, **launch_kw)  # autotunes here
     ref = skinny_linear_reference(t["x"], t["weights"][0], **kw)
     case: dict[str, Any] = {
@@ -271,8 +275,7 @@ def bench_skinny_configs(
     n_sets = _sets_for(N * K * 2, device)
     t = _skinny_inputs(M, N, K, spec, n_sets, g, device)
     kw = _skinny_kwargs(t, spec)
-    n_out = N // 2 if spec.get("gated") else N
-    nbytes = N * K * 2 + 2 * (M * K + M * n_out * (2 if spec.get("residual") else 1) + (K if spec.get("norm") else 0))
+    nbytes = _skinny_bytes(M, N, K, spec)
     ref = skinny_linear_reference(t["x"], t["weights"][0], **kw).float()
     copy = copy_gbps(nbytes, reps, device)
     out: dict[str, Any] = {"M": M, "N": N, "K": K, "form": form, "bytes": nbytes, "copy_same_bytes": copy}
