@@ -21,7 +21,7 @@ after the time budget are recorded as skipped):
   graphs over 4 distinct layers; output and caches checked against eager; time per layer vs the layer's byte
   floor. `--with-compile` adds torch.compile(mode="max-autotune-no-cudagraphs") + manual graph (minutes).
 - `predictors`: the re-prefill predictors' shapes (Fish fast_ar, Qwen code_predictor, VoxCPM2 locdit) at their M.
-- `sweep`: split-K × GEMV/tensor-core form for the VoxCPM2 shapes, split size × BLOCK_S for attention: what
+- `sweep`: split-K × GEMV/tensor-core form for the VoxCPM2 shapes, split count × BLOCK_S for attention: what
   phase 2 tunes the plans from.
 - `configs`: explicit launch configs (block sizes, warps, stages) × split-K × form for the VoxCPM2 decode shapes at
   M = 1, 16 and 4, each timed like `skinny` (one weight rotation and one same-bytes copy per shape): what the
@@ -358,9 +358,11 @@ def bench_attention_case(
     g = torch.Generator(device=device).manual_seed(B * 31 + ctx)
     t = _attention_inputs(B, S, L, ctx, rope, g, device)
     launch_kw = {**_interpreter_kwargs(device, "attention"), **(launch_kw or {})}
+    # One zeroed workspace for every call, as a step passes one to all its layers (the kernel returns it zeroed).
+    ws = torch.zeros(B * hkv, dtype=torch.int32, device=device)
     one = {**t, "k_cache": t["k_cache"][:1].clone(), "v_cache": t["v_cache"][:1].clone()}
     ref_t = {**t, "k_cache": t["k_cache"][:1].clone(), "v_cache": t["v_cache"][:1].clone()}
-    out = launch_decode_attention(**one, layer=0, scale=hd**-0.5, **launch_kw)
+    out = launch_decode_attention(**one, layer=0, scale=hd**-0.5, workspace=ws, **launch_kw)
     ref = decode_attention_reference(**ref_t, layer=0, scale=hd**-0.5)
     # K/V of the context read, qkv read, o written, this token's k/v written
     nbytes = B * hkv * ctx * hd * 2 * 2 + B * (hq + 2 * hkv) * hd * 2 + B * hq * hd * 2 + B * hkv * hd * 2 * 2
@@ -374,9 +376,11 @@ def bench_attention_case(
         "layers_rotated": L,
         "rel_err_vs_reference": rel_err(out.float(), ref.float()),
         "k_cache_rel_err_vs_reference": rel_err(one["k_cache"].float(), ref_t["k_cache"].float()),
+        "workspace_zero_after": not bool(ws.any()),
     }
     calls = [
-        lambda i=i: launch_decode_attention(**t, layer=i, scale=hd**-0.5, **launch_kw) for i in _rotation(L, device)
+        lambda i=i: launch_decode_attention(**t, layer=i, scale=hd**-0.5, workspace=ws, **launch_kw)
+        for i in _rotation(L, device)
     ]
     ms = graph_ms(calls, reps, device)
     gbps = nbytes / (ms * 1e-3) / 1e9
@@ -386,8 +390,9 @@ def bench_attention_case(
         "ratio_to_peak_copy": gbps / peak_gbps,
         "floor_ms": nbytes / (peak_gbps * 1e9) * 1e3,
     }
+    case["workspace_zero_after_timing"] = not bool(ws.any())
     single = time_fn(
-        lambda: launch_decode_attention(**t, layer=0, scale=hd**-0.5, **launch_kw),
+        lambda: launch_decode_attention(**t, layer=0, scale=hd**-0.5, workspace=ws, **launch_kw),
         device,
         _WARMUP[device.type == "cuda"],
         reps,
@@ -719,13 +724,17 @@ def run_kernels(
         out = cases(bench_skinny_case, items)
         attn = [
             (
-                f"attention/base/B={B}/ctx={contexts[0]}/split={split}/block_s={block_s}",
-                dict(B=B, ctx=contexts[0], rope=True, launch_kw={"split_size": split, "block_s": block_s}),
+                f"attention/base/B={B}/ctx={contexts[0]}/splits={splits}/block_s={block_s}",
+                dict(
+                    B=B,
+                    ctx=contexts[0],
+                    rope=True,
+                    launch_kw={"num_splits": splits, "min_chunk": block_s, "block_s": block_s},
+                ),
             )
             for B in (1, 16)
-            for split in (64, 128, 256, 512)
+            for splits in (1, 2, 4, 8, 16)
             for block_s in (32, 64, 128)
-            if block_s <= split
         ]
         out.update(cases(bench_attention_case, attn))
         return out

@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent(r"""
     from ttsaot.builder.kernels import decode_attention_triton as A, skinny_linear_triton as S
 
     BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    OPS = ("LDG.E.128", "LDGSTS", "HMMA", "HGMMA", "LDL", "STL")
+    OPS = ("LDG.E.128", "LDGSTS", "HMMA", "HGMMA", "LDL", "STL", "ATOM")
 
     def build(fn, types, constexprs, num_warps, num_stages, aligned):
         sig = {n: ("constexpr" if n in constexprs else types[n]) for n in fn.arg_names}
@@ -68,33 +68,33 @@ SCRIPT = textwrap.dedent(r"""
         dict(HAS_BIAS=True, GATED=True, HAS_RESIDUAL=True, SPLIT_K=4, BLOCK_M=16, BLOCK_N=128), 4, 1, set())
     da_types = dict(qkv_ptr="*bf16", pos_ptr="*i64", kc_ptr="*bf16", vc_ptr="*bf16", cos_ptr="*fp32",
                     sin_ptr="*fp32", qn_ptr="*bf16", kn_ptr="*bf16", o_ptr="*bf16", part_o_ptr="*fp32",
-                    part_ml_ptr="*fp32", layer="i32", S="i32", QKV_ROW="i32", CACHE_LAYER="i32", SPLIT_SIZE="i32",
-                    NUM_SPLITS="i32", eps="fp32", qk_scale="fp32")
-    da_aligned = {n for n in da_types if n.endswith("_ptr")} | {"QKV_ROW", "SPLIT_SIZE"}
+                    part_ml_ptr="*fp32", ws_ptr="*i32", layer="i32", S="i32", QKV_ROW="i32", CACHE_LAYER="i32",
+                    eps="fp32", qk_scale="fp32")
+    da_aligned = {n for n in da_types if n.endswith("_ptr")} | {"QKV_ROW"}
     for name, (hq, hkv, rope, qkn) in {"voxcpm2": (16, 2, 1, False), "residual": (16, 2, 0, False),
                                        "interleaved_gqa4": (32, 8, 2, False), "qk_norm": (16, 8, 1, True)}.items():
-        for ns in ((1, 8) if name == "voxcpm2" else (8,)):
-            cx = dict(HQ=hq, HKV=hkv, HEAD_DIM=128, G_PAD=16, ROPE=rope, QK_NORM=qkn, SINGLE_SPLIT=ns == 1, BLOCK_S=64,
-                      FP32_DOT=False)
+        for ns in ((1, 16) if name == "voxcpm2" else (4,)):
+            cx = dict(HQ=hq, HKV=hkv, HEAD_DIM=128, D_PAD=128, G_PAD=16, ROPE=rope, QK_NORM=qkn, NUM_SPLITS=ns,
+                      MIN_CHUNK=64, BLOCK_S=64, FP32_DOT=False)
             results[f"attention/{name}/splits{ns}"] = build(A.decode_attention_kernel, da_types, cx, 4, 2,
                                                             da_aligned)
     # AOTInductor types float arguments of user kernels fp64: the kernels must keep their fp32 state (the loop-carried
     # softmax state of decode attention became fp64 and failed to compile on the H100)
     results["attention/voxcpm2/fp64_scalars"] = build(
         A.decode_attention_kernel, dict(da_types, eps="fp64", qk_scale="fp64"),
-        dict(cx, HQ=16, HKV=2, ROPE=1, QK_NORM=True, SINGLE_SPLIT=False), 4, 2, da_aligned)
+        dict(cx, HQ=16, HKV=2, ROPE=1, QK_NORM=True, NUM_SPLITS=16), 4, 2, da_aligned)
     results["skinny/gemv/norm_gated/fp64_scalars"] = build(
         S.skinny_linear_kernel, dict(sl_types, eps="fp64", scale="fp64"),
         dict(flags["norm_gated"], SPLIT_K=1, USE_DOT=False, FP32_DOT=False, BLOCK_M=1, **S.GEMV_CONFIGS[1].kwargs),
         S.GEMV_CONFIGS[1].num_warps, S.GEMV_CONFIGS[1].num_stages, sl_aligned)
     # Triton specialises an int argument equal to 1 into a constexpr: layer 1 of every LM compiles this variant
     results["attention/voxcpm2/layer1"] = build(
-        A.decode_attention_kernel, da_types, dict(cx, HQ=16, HKV=2, ROPE=1, QK_NORM=False, SINGLE_SPLIT=True, layer=1),
+        A.decode_attention_kernel, da_types, dict(cx, HQ=16, HKV=2, ROPE=1, QK_NORM=False, NUM_SPLITS=1, layer=1),
         4, 2, da_aligned)
-    cb_types = dict(part_o_ptr="*fp32", part_ml_ptr="*fp32", pos_ptr="*i64", o_ptr="*bf16", S="i32",
-                    SPLIT_SIZE="i32", NUM_SPLITS="i32")
-    results["attention/combine"] = build(A.combine_splits_kernel, cb_types, dict(HQ=16, HEAD_DIM=128, CHUNK=16),
-                                         4, 1, set())
+    # The Qwen tiny presets' head_dim 8, padded to 16 lanes for tl.dot, with the ticket merge
+    results["attention/hd8_padded/splits4"] = build(
+        A.decode_attention_kernel, da_types, dict(cx, HQ=4, HKV=2, HEAD_DIM=8, D_PAD=16, ROPE=1, QK_NORM=True,
+                                                  NUM_SPLITS=4, BLOCK_S=16, MIN_CHUNK=16), 4, 2, da_aligned)
     print(json.dumps(results))
 """)
 
@@ -118,6 +118,8 @@ def test_kernels_compile_for_sm90_with_the_intended_machine_code(sm90):
             assert r["LDG.E.128"] > 0, (key, r)  # W streamed with 16-byte loads
         elif key.startswith("skinny/dot"):
             assert r["HMMA"] + r["HGMMA"] > 0 and r["LDGSTS"] > 0, (key, r)  # tensor cores, cp.async pipeline
-        elif key.startswith("attention/") and key != "attention/combine":
+        elif key.startswith("attention/"):
             assert r["HMMA"] > 0 and r["LDGSTS"] > 0, (key, r)
+            if "splits1" not in key and "layer1" not in key:
+                assert r["ATOM"] > 0, (key, r)  # the ticket of the split merge
     assert sum(k.startswith("skinny/dot64") and sm90[k]["HGMMA"] > 0 for k in sm90) > 0  # wgmma at 64 rows

@@ -1,8 +1,10 @@
-"""`ttsaot::decode_attention`: the Triton kernels (interpreter on CPU, compiled on a GPU) against the aten
-reference (GQA ratios 1/4/8, RoPE NeoX / interleaved / none, q/k norm, positions at 0 and at the scratch slot,
-several context splits), the cache written in place and nowhere else, one node under torch.export, the CPU
-lowering of a mutating op, an AOTI CPU package writing the caller's cache in place, CPU installs without Triton.
-The `gpu` tests at the end: real shapes, and the AOTI CUDA package re-inplacing the functionalized cache write."""
+"""`ttsaot::decode_attention`: the Triton kernel (interpreter on CPU, compiled on a GPU) against the aten
+reference (GQA ratios 1/2/4/8, head_dim 8/16/32, RoPE NeoX / interleaved / none, q/k norm, positions at 0, mid
+and the scratch slot S-1, B not a power of two, several context splits merged by the last split through the
+workspace tickets, which end zeroed), the cache written in place and nowhere else, one node under torch.export, the
+CPU lowering of a mutating op, an AOTI CPU package writing the caller's cache in place, CPU installs without Triton.
+The `gpu` tests at the end: real shapes (VoxCPM2, Fish, Qwen code_predictor), forced many-split runs reusing one
+workspace, and the AOTI CUDA package re-inplacing the functionalized cache write."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from ttsaot.builder.kernels.decode_attention import (
     decode_attention,
     decode_attention_reference,
     launch_decode_attention,
-    plan_split_size,
+    plan_num_splits,
 )
 from ttsaot.builder.kernels.skinny_linear import skinny_linear
 from ttsaot.builder.layers.rope import apply_rope_interleaved, apply_rope_neox, rope_table, rope_table_interleaved
@@ -41,6 +43,8 @@ def _case(B, hq, hkv, hd, S, L, dtype, rope, qk_norm, seed=0):
     g = torch.Generator().manual_seed(seed)
     pos = torch.randint(0, S, (B,), generator=g)
     pos[0], pos[-1] = 0, S - 1  # first position, and an idle row on the scratch slot
+    if B > 2:
+        pos[1] = S // 2
     t = {
         "qkv": torch.randn(B, (hq + 2 * hkv) * hd, generator=g).to(dtype),
         "positions": pos,
@@ -76,25 +80,31 @@ def _written_k_mirror(t, hq, hkv, hd, rope, rnd):
     return k
 
 
-# (B, Hq, Hkv, hd, S, L, split): GQA 4 with three context splits, MHA with one split, GQA 8 (VoxCPM2's ratio) with
-# three splits; B = 3 and 5 (not powers of two).
-CONFIGS = [(3, 4, 1, 32, 40, 2, 16), (5, 2, 2, 16, 33, 2, 64), (2, 16, 2, 32, 70, 2, 32)]
+# (B, Hq, Hkv, hd, S, L, num_splits), min_chunk = block_s = 16 so short caches still split: GQA 4 with three active
+# splits at the cache end, MHA with one split, GQA 8 (VoxCPM2's ratio) with four splits planned (three active at
+# S-1, two at S/2), GQA 2 at head_dim 8 (lanes padded to 16) with four; B = 3 and 5 (not powers of two).
+CONFIGS = [(3, 4, 1, 32, 40, 2, 3), (5, 2, 2, 16, 33, 2, 1), (3, 16, 2, 32, 70, 2, 4), (3, 4, 2, 8, 50, 1, 4)]
 VARIANTS = [(None, False), ("neox", False), ("interleaved", False), ("neox", True), (None, True)]
+SMALL = dict(min_chunk=16, block_s=16, config={"num_warps": 4})
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("rope,qk_norm", VARIANTS, ids=[f"{r}-{'qknorm' if n else 'plain'}" for r, n in VARIANTS])
 def test_kernel_matches_reference_and_writes_only_its_slots(rope, qk_norm, dtype):
-    for i, (B, hq, hkv, hd, S, L, split) in enumerate(CONFIGS):
+    for i, (B, hq, hkv, hd, S, L, splits) in enumerate(CONFIGS):
         t = _case(B, hq, hkv, hd, S, L, dtype, rope, qk_norm, seed=i)
         kc0, vc0 = t["k_cache"].clone(), t["v_cache"].clone()
         ref_t = {**t, "k_cache": kc0.clone(), "v_cache": vc0.clone()}
         args = dict(layer=L - 1, scale=hd**-0.5, rope_interleaved=rope == "interleaved", norm_eps=1e-6)
-        o = launch_decode_attention(**t, **args, split_size=split, block_s=16, config={"num_warps": 4})
+        # every other config brings its own workspace (larger than needed); the others let the op zero one
+        ws = torch.zeros(B * hkv + 3, dtype=torch.int32, device=DEVICE) if i % 2 == 0 else None
+        o = launch_decode_attention(**t, **args, workspace=ws, num_splits=splits, **SMALL)
         ref = decode_attention_reference(**ref_t, **args)
         assert o.shape == (B, hq * hd) and o.dtype == dtype
         tol = 1e-5 if dtype == torch.float32 else (1e-2 if ON_GPU else 3e-2)  # CPU: truncating casts
-        assert rel_err(o.cpu().float(), ref.cpu().float()) < tol, (B, hq, hkv, S, split)
+        assert rel_err(o.cpu().float(), ref.cpu().float()) < tol, (B, hq, hkv, S, splits)
+        if ws is not None:
+            assert not ws.any(), "workspace not returned zeroed"
 
         written = torch.zeros(L, B, hkv, S, dtype=torch.bool)
         written[L - 1, torch.arange(B), :, t["positions"].cpu()] = True
@@ -113,17 +123,49 @@ def test_kernel_matches_reference_and_writes_only_its_slots(rope, qk_norm, dtype
 
 
 def test_split_count_does_not_change_the_result_and_runs_are_deterministic():
-    B, hq, hkv, hd, S, L = 3, 8, 2, 32, 100, 1
+    """1..8 splits (the last active split merges up to 7 partials at S-1) agree; a repeated plan is bit-identical;
+    one workspace serves every call and ends zeroed."""
+    B, hq, hkv, hd, S, L = 3, 8, 2, 32, 130, 1
     t = _case(B, hq, hkv, hd, S, L, torch.float32, "neox", False)
+    ws = torch.zeros(B * hkv, dtype=torch.int32, device=DEVICE)
     outs = []
-    for split in (16, 48, 128, 16):
+    for splits in (1, 2, 8, 3, 8):
         tt = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
-        outs.append(
-            launch_decode_attention(**tt, layer=0, scale=0.1, split_size=split, block_s=16, config={"num_warps": 4})
-        )
-    assert torch.equal(outs[0], outs[3])
-    for o in outs[1:3]:
+        outs.append(launch_decode_attention(**tt, layer=0, scale=0.1, workspace=ws, num_splits=splits, **SMALL))
+        assert not ws.any()
+    assert torch.equal(outs[2], outs[4])
+    for o in outs[1:]:
         assert rel_err(o.cpu(), outs[0].cpu()) < 1e-6
+
+
+def test_min_chunk_keeps_a_short_context_in_one_program():
+    """A row whose context fits MIN_CHUNK is answered by its first split alone (no partials, no ticket) even when the
+    bucket plans several; a longer row of the same launch still merges its splits."""
+    B, hq, hkv, hd, S, L = 2, 4, 2, 16, 200, 1
+    t = _case(B, hq, hkv, hd, S, L, torch.float32, "neox", True)
+    t["positions"] = torch.tensor([40, 190], device=DEVICE)  # 41 positions < min_chunk 64; 191 → three 64-chunks
+    ref_t = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
+    ws = torch.zeros(B * hkv, dtype=torch.int32, device=DEVICE)
+    o = launch_decode_attention(
+        **t, layer=0, scale=0.25, workspace=ws, num_splits=4, min_chunk=64, block_s=16, config={"num_warps": 4}
+    )
+    ref = decode_attention_reference(**ref_t, layer=0, scale=0.25)
+    assert rel_err(o.cpu(), ref.cpu()) < 1e-5 and not ws.any()
+
+
+def test_strided_qkv_rows():
+    """qkv may be one position of a [B, T, ·] projection (rows strided, elements contiguous)."""
+    B, hq, hkv, hd, S, L = 3, 4, 2, 16, 40, 1
+    t = _case(B, hq, hkv, hd, S, L, torch.float32, "interleaved", False)
+    wide = torch.randn(B, 2, t["qkv"].shape[1], device=DEVICE)
+    wide[:, 1] = t["qkv"]
+    ref_t = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
+    got_t = {**t, "qkv": wide[:, 1]}
+    args = dict(layer=0, scale=0.25, rope_interleaved=True)
+    o = launch_decode_attention(**got_t, **args, num_splits=2, **SMALL)
+    ref = decode_attention_reference(**ref_t, **args)
+    assert rel_err(o.cpu(), ref.cpu()) < 1e-5
+    assert rel_err(got_t["k_cache"].cpu(), ref_t["k_cache"].cpu()) < 1e-6
 
 
 def test_positions_outside_the_cache_are_clamped_like_the_reference():
@@ -132,18 +174,22 @@ def test_positions_outside_the_cache_are_clamped_like_the_reference():
     t = _case(B, hq, hkv, hd, S, L, torch.float32, "neox", False)
     t["positions"] = torch.tensor([-3, S + 7, 5], device=DEVICE)
     ref_t = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
-    o = launch_decode_attention(**t, layer=1, scale=0.25, split_size=16, block_s=16, config={"num_warps": 4})
+    o = launch_decode_attention(**t, layer=1, scale=0.25, num_splits=2, **SMALL)
     ref = decode_attention_reference(**ref_t, layer=1, scale=0.25)
     assert rel_err(o.cpu(), ref.cpu()) < 1e-5
     assert torch.equal(t["v_cache"].cpu(), ref_t["v_cache"].cpu())
 
 
 def test_split_plan():
-    assert plan_split_size(513, 2, 132) == 64  # VoxCPM2 B=1: every 64 positions its own program
-    for S, rows in ((513, 32), (8193, 2), (8193, 32), (100_001, 128)):
-        size = plan_split_size(S, rows, 132)
-        assert size >= 64 and size & (size - 1) == 0
-        assert rows * math.ceil(S / size) <= 8 * 132 or size == 64
+    assert plan_num_splits(2, 4097, 132) == 16  # VoxCPM2 B=1: 2 (row, kv head) pairs, capped at MAX_SPLITS
+    assert plan_num_splits(32, 4097, 132) == 4  # B=16: 32 pairs × 4 splits ≈ one program per SM
+    assert plan_num_splits(2, 40, 132) == 1  # a cache shorter than MIN_CHUNK: one program per pair
+    assert plan_num_splits(16, 17, 132) == 1  # Qwen code_predictor: 17 positions
+    assert plan_num_splits(300, 4097, 132) == 1  # more pairs than SMs
+    for rows in (1, 2, 3, 7, 16, 64, 133):
+        for S in (1, 64, 65, 513, 4097, 100_001):
+            n = plan_num_splits(rows, S, 132)
+            assert 1 <= n <= 16 and n <= math.ceil(S / 64) and (n == 1 or rows * n <= 132)
 
 
 def test_shape_and_dtype_errors():
@@ -162,6 +208,13 @@ def test_shape_and_dtype_errors():
         decode_attention(**{**t, "qkv": torch.randn(2, 16 * 7)}, **base)
     with pytest.raises(RuntimeError, match="q/k norm weights"):
         decode_attention(**{**t, "q_norm": torch.ones(8), "k_norm": torch.ones(8)}, **base)
+    with pytest.raises(RuntimeError, match="workspace must be"):
+        decode_attention(**t, **base, workspace=torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="workspace must be"):
+        decode_attention(**t, **base, workspace=torch.zeros(3, dtype=torch.int32))  # B·Hkv = 4
+    with pytest.raises(RuntimeError, match="head_dim 12 is not a power of 2"):
+        c = torch.zeros(2, 2, 2, 10, 12)
+        decode_attention(torch.zeros(2, 8 * 12), t["positions"], c, c.clone(), 0, 0.25)
 
 
 # --------------------------------------------------------------------------------------------- export
@@ -227,6 +280,44 @@ def test_export_one_node_per_call_functionalized_as_user_input_mutation():
     torch.testing.assert_close(got_args[3], want_args[3])
 
 
+class _WorkspaceStep(torch.nn.Module):
+    """Two layers' attention sharing the caller's workspace, as a step module that passes one will."""
+
+    def forward(self, qkv, positions, k_cache, v_cache, workspace):
+        o = decode_attention(qkv, positions, k_cache, v_cache, 0, 0.25, workspace=workspace)
+        return decode_attention(o.repeat(1, 2), positions, k_cache, v_cache, 1, 0.25, workspace=workspace)
+
+
+def test_export_with_a_workspace_one_node_per_call_and_lowered_reference_unchanged():
+    def inputs():
+        g = torch.Generator().manual_seed(2)
+        k = torch.randn(2, 3, 2, 24, 16, generator=g)
+        return (
+            torch.randn(3, 8 * 16, generator=g),
+            torch.tensor([0, 11, 23]),
+            k,
+            k.clone() + 1,
+            torch.zeros(6, dtype=torch.int32),
+        )
+
+    m = _WorkspaceStep()
+    with torch.no_grad():
+        ep = torch.export.export(m, inputs(), strict=False)
+    assert _targets(ep).count(DA) == 2
+    sig = ep.run_decompositions({}).graph_signature
+    assert sorted(sig.user_inputs_to_mutate.values()) == ["k_cache", "v_cache", "workspace"]
+    lowered = lower_for_cpu(ep)
+    assert not any("ttsaot" in str(t) for t in _targets(lowered))
+    got_args, want_args = inputs(), inputs()
+    with torch.no_grad():
+        got = lowered.module()(*got_args)
+        want = [decode_attention_reference(*want_args[:4], layer=0, scale=0.25)]
+        want = decode_attention_reference(want[0].repeat(1, 2), *want_args[1:4], layer=1, scale=0.25)
+    assert torch.equal(got, want)  # the lowering is the aten reference, bit for bit
+    assert torch.equal(got_args[2], want_args[2]) and torch.equal(got_args[3], want_args[3])
+    assert not got_args[4].any()
+
+
 @pytest.mark.slow
 def test_aoti_cpu_package_writes_the_callers_cache_in_place(tmp_path):
     from torch._inductor import aoti_compile_and_package, aoti_load_package
@@ -285,21 +376,22 @@ def test_cpu_install_without_triton_exports_and_lowers():
 
 
 # ------------------------------------------------------------------------------------ GPU, real shapes
-REAL = {  # name: (Hq, Hkv, rope, qk_norm)
-    "voxcpm2_base_lm": (16, 2, "neox", False),
-    "voxcpm2_residual_lm": (16, 2, None, False),
-    "fish_slow_ar_like": (32, 8, "interleaved", False),
-    "qwen_like_qk_norm": (16, 8, "neox", True),
+REAL = {  # name: (Hq, Hkv, rope, qk_norm, cache positions)
+    "voxcpm2_base_lm": (16, 2, "neox", False, (513, 4097)),
+    "voxcpm2_residual_lm": (16, 2, None, False, (513, 4097)),
+    "fish_slow_ar_like": (32, 8, "interleaved", False, (513, 4097)),
+    "qwen_like_qk_norm": (16, 8, "neox", True, (513, 4097)),
+    "qwen_code_predictor": (16, 8, "neox", True, (17,)),  # 16 code groups + the talker's hidden state
 }
+REAL_CASES = [(name, S) for name, r in REAL.items() for S in r[4]]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("S", [513, 4097])
 @pytest.mark.parametrize("B", [1, 3, 16])
-@pytest.mark.parametrize("name", list(REAL))
-def test_gpu_real_shapes_autotuned(name, B, S):
-    hq, hkv, rope, qk_norm = REAL[name]
+@pytest.mark.parametrize("name,S", REAL_CASES, ids=[f"{n}-S{S}" for n, S in REAL_CASES])
+def test_gpu_real_shapes_autotuned(name, S, B):
+    hq, hkv, rope, qk_norm, _ = REAL[name]
     t = _case(B, hq, hkv, 128, S, 4, torch.bfloat16, rope, qk_norm)
     ref_t = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
     args = dict(layer=2, scale=128**-0.5, rope_interleaved=rope == "interleaved")
@@ -312,6 +404,34 @@ def test_gpu_real_shapes_autotuned(name, B, S):
     assert (k_new == k_mirror).float().mean().item() >= 0.99
     again = decode_attention(**t, **args)  # same inputs (the slot now holds the same k/v)
     assert torch.equal(o, again)
+    ws = torch.zeros(B * 2 * hkv, dtype=torch.int32, device="cuda")  # a step's workspace, larger than needed
+    with_ws = decode_attention(**t, **args, workspace=ws)
+    torch.cuda.synchronize()
+    assert torch.equal(o, with_ws) and not ws.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("splits", [2, 5, 16])
+@pytest.mark.parametrize("B", [1, 3])
+def test_gpu_forced_splits_merge_through_one_workspace(B, splits):
+    """VoxCPM2 shapes at S = 4097 with the split count forced: every layer of a 'step' reuses one workspace (the
+    tickets must come back to zero after every call), each layer matches the reference, repeats are bit-identical
+    (the last split merges in split order whatever order the splits finished in)."""
+    hq, hkv, S, L = 16, 2, 4097, 3
+    t = _case(B, hq, hkv, 128, S, L, torch.bfloat16, "neox", False)
+    ref_t = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
+    ws = torch.zeros(B * hkv, dtype=torch.int32, device="cuda")
+    for layer in range(L):
+        args = dict(layer=layer, scale=128**-0.5)
+        o = launch_decode_attention(**t, **args, workspace=ws, num_splits=splits, min_chunk=64)
+        ref = decode_attention_reference(**ref_t, **args)
+        assert rel_err(o.float(), ref.float()) < 1e-2, layer
+        for _ in range(3):
+            assert torch.equal(o, launch_decode_attention(**t, **args, workspace=ws, num_splits=splits, min_chunk=64))
+        torch.cuda.synchronize()
+        assert not ws.any(), layer
+    assert torch.equal(t["v_cache"], ref_t["v_cache"])
 
 
 @pytest.mark.gpu

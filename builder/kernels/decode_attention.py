@@ -2,11 +2,11 @@
 
     decode_attention(qkv [B, (Hq + 2·Hkv)·hd], positions [B] int, k_cache!, v_cache! [L, B, Hkv, S, hd],
                      layer: int, scale: float, cos? , sin?, rope_interleaved = False, q_norm? [hd], k_norm? [hd],
-                     norm_eps = 1e-6) -> o [B, Hq·hd]
+                     norm_eps = 1e-6, workspace!? [≥ B·Hkv] int32) -> o [B, Hq·hd]
 
-`qkv` is the fused projection output (rows q ∣ k ∣ v, heads contiguous, as `fuse_projections` builds it). Per row b
-with p = positions[b] (clamped to [0, S-1]: slot S-1 is the runtime's scratch slot, so an idle row still stays
-inside the cache):
+`qkv` is the fused projection output (rows q ∣ k ∣ v, heads contiguous, as `fuse_projections` builds it; rows may be
+strided, e.g. one position of a [B, T, ·] tensor). Per row b with p = positions[b] (clamped to [0, S-1]: slot S-1
+is the runtime's scratch slot, so an idle row still stays inside the cache):
 1. q/k heads: RMSNorm per head with q_norm / k_norm (Qwen; project rounding, see common.rms_norm), then RoPE at
    position p: the rotation in fp32 with fp32 tables, cast back to the compute dtype (VoxCPM2's `_rope`, Fish's
    interleaved rope). Tables: NeoX rotate-half cos/sin [≥ S, hd] (layers.rope.rope_table), or with
@@ -18,12 +18,19 @@ inside the cache):
 Unlike the eager step (which rounds q·scale and the scores to bf16 before the softmax), the scores stay fp32.
 qkv may be fp32 over bf16 caches (what the builder's fp32 parity run of a bf16 stage feeds a step module): k/v are
 rounded to the caches' dtype as they are written, as the eager steps do; the op then runs its aten reference.
+head_dim: any power of 2 (the kernel pads lanes to 16 for tl.dot); `supports_head_dim` is the stricter gate the
+step modules route by.
 
-Mutation, export and lowering: the op declares `mutates_args={"k_cache", "v_cache"}`; `torch.export` keeps it as
-ONE node (on CUDA, AOTInductor traces the body into the Triton kernels and re-inplaces the functionalized write,
-which `python -m bench kernels` checks on the GPU). CPU builds must lower it with
-`decompositions.lower_for_cpu` (a table entry cannot lower a mutating op); the body's CPU branch is the aten
-reference below (an in-place index_put_ into the caches, which AOTI keeps in place).
+`workspace` (optional): a ZEROED int32 buffer of ≥ B·Hkv entries, returned zeroed. The kernel's context splits
+meet there (the last split of a (row, kv head) merges the partials: one launch, no combine kernel); a step module
+can allocate one per step and pass it to every layer. Without it the op zeroes a buffer of its own per call.
+
+Mutation, export and lowering: the op declares `mutates_args={"k_cache", "v_cache", "workspace"}`; `torch.export`
+keeps it as ONE node (on CUDA, AOTInductor traces the body into the Triton kernel and re-inplaces the
+functionalized writes, which `python -m bench kernels` checks on the GPU). CPU builds and ONNX exports must lower
+it with `decompositions.lower_for_cpu` (a table entry cannot lower a mutating op); the body's CPU branch is the
+aten reference below (an in-place index_put_ into the caches, which AOTI keeps in place; the workspace, unchanged
+by the kernel, is not touched).
 """
 
 from __future__ import annotations
@@ -37,9 +44,14 @@ from ..layers.rope import apply_rope_interleaved, apply_rope_neox
 from .common import HAVE_TRITON, cdiv, multiprocessor_count, next_power_of_2, rms_norm
 
 OP_NAME = "ttsaot::decode_attention"
-MIN_SPLIT = 64  # fewest cache positions per program
-MAX_PROGRAMS_PER_SM = 8  # split size doubles until B·Hkv·splits fits in this many programs per SM
-COMBINE_CHUNK = 16
+# Split plan (per bucket, from B·Hkv and the GPU's SM count; the split SIZE follows each row's position at run time).
+# Phase 1 (bench/results/nvidia-h100/kernels_phase1.json, fixed 64-position splits + a combine launch): ctx 512 took
+# 6.2-6.5 us at B=1 (bytes: 0.2 us) and 13.5 us at B=16, i.e. launch/latency-bound; the combine is now done by the
+# last split in the same launch, and a short context runs as one program.
+SPLIT_PROGRAMS_PER_SM = 1  # NUM_SPLITS ≈ this many programs per SM over the B·Hkv (row, kv head) pairs
+MAX_SPLITS = 16  # the last split merges ≤ this many partials
+MIN_CHUNK = 64  # fewest positions per split: shorter contexts run in one program
+BLOCK_S = 64  # cache positions per loop step (a whole number of them per split)
 
 
 def _heads(qkv: torch.Tensor, k_cache: torch.Tensor) -> tuple[int, int, int]:
@@ -60,12 +72,14 @@ def decode_attention_reference(
     q_norm: torch.Tensor | None = None,
     k_norm: torch.Tensor | None = None,
     norm_eps: float = 1e-6,
+    workspace: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The op in aten (writes the caches in place, like the kernel)."""
+    """The op in aten (writes the caches in place, like the kernel; the workspace is left as it is, as the kernel
+    leaves it)."""
     hq, hkv, hd = _heads(qkv, k_cache)
     B, S, dt = qkv.shape[0], k_cache.shape[3], qkv.dtype
     pos = positions.clamp(0, S - 1)
-    q, k, v = qkv.view(B, hq + 2 * hkv, hd).split((hq, hkv, hkv), dim=1)
+    q, k, v = qkv.reshape(B, hq + 2 * hkv, hd).split((hq, hkv, hkv), dim=1)
     if q_norm is not None:
         q, k = rms_norm(q, q_norm, norm_eps), rms_norm(k, k_norm, norm_eps)
     if cos is not None:
@@ -91,7 +105,9 @@ def decode_attention_reference(
 
 
 def supports_head_dim(hd: int) -> bool:
-    """The kernel's tl.dot tiles need a power-of-2 head dim of at least 16."""
+    """Head dims the step modules hand to the kernel: powers of 2 of at least 16, the sizes verified on the GPU. The
+    op itself takes any power of 2 (`_check`; lanes padded to 16, interpreter-tested): widening this gate moves the
+    tiny presets' predictors onto the kernels."""
     return hd >= 16 and hd & (hd - 1) == 0
 
 
@@ -106,6 +122,7 @@ def _check(
     rope_interleaved: bool,
     q_norm: torch.Tensor | None,
     k_norm: torch.Tensor | None,
+    workspace: torch.Tensor | None,
 ) -> None:
     torch._check(
         k_cache.dim() == 5, lambda: f"decode_attention: caches must be [L, B, Hkv, S, hd], got {tuple(k_cache.shape)}"
@@ -118,7 +135,7 @@ def _check(
         k_cache.is_contiguous() and v_cache.is_contiguous(), lambda: "decode_attention: caches must be contiguous"
     )
     L, B, hkv, S, hd = k_cache.shape
-    torch._check(supports_head_dim(hd), lambda: f"decode_attention: head_dim {hd} is not a power of 2 ≥ 16")
+    torch._check(hd >= 2 and hd & (hd - 1) == 0, lambda: f"decode_attention: head_dim {hd} is not a power of 2")
     torch._check(
         qkv.dim() == 2 and qkv.shape[0] == B and qkv.shape[1] % hd == 0 and qkv.stride(1) == 1,
         lambda: (
@@ -158,16 +175,22 @@ def _check(
                 t.shape == (hd,) and t.dtype == qkv.dtype,
                 lambda: f"decode_attention: q/k norm weights must be [{hd}] in {qkv.dtype}",
             )
+    if workspace is not None:
+        torch._check(
+            workspace.dtype == torch.int32 and workspace.is_contiguous() and workspace.numel() >= B * hkv,
+            lambda: (
+                f"decode_attention: workspace must be a contiguous int32 buffer of ≥ {B * hkv} entries, "
+                f"got {tuple(workspace.shape)} {workspace.dtype}"
+            ),
+        )
 
 
-def plan_split_size(cache_len: int, rows: int, multiprocessors: int) -> int:
-    """Cache positions per program: MIN_SPLIT, doubled while B·Hkv·splits exceeds MAX_PROGRAMS_PER_SM per SM.
-    Programs whose split starts past their row's position exit at once, so short contexts in a long cache cost
-    little, and long ones spread over the whole GPU."""
-    size = MIN_SPLIT
-    while rows * cdiv(cache_len, size) > MAX_PROGRAMS_PER_SM * multiprocessors:
-        size *= 2
-    return size
+def plan_num_splits(rows: int, cache_len: int, multiprocessors: int) -> int:
+    """Programs per (row, kv head): enough that the B·Hkv pairs fill about SPLIT_PROGRAMS_PER_SM programs per SM,
+    at most MAX_SPLITS, and no more than the cache holds MIN_CHUNK blocks. Which of them work, and on how many
+    positions each, follows the row's position at run time (decode_attention_triton.py)."""
+    splits = max(1, SPLIT_PROGRAMS_PER_SM * multiprocessors // max(rows, 1))
+    return max(1, min(splits, MAX_SPLITS, cdiv(cache_len, MIN_CHUNK)))
 
 
 def _identity(kernel: Any) -> Any:
@@ -187,31 +210,34 @@ def launch_decode_attention(
     q_norm: torch.Tensor | None = None,
     k_norm: torch.Tensor | None = None,
     norm_eps: float = 1e-6,
+    workspace: torch.Tensor | None = None,
     *,
     wrap: Callable[[Any], Any] = _identity,
-    split_size: int | None = None,
+    num_splits: int | None = None,
+    min_chunk: int | None = None,
     block_s: int | None = None,
     config: dict | None = None,
 ) -> torch.Tensor:
-    """Run the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1). `split_size` / `block_s` override the plan;
-    `config` ({"num_warps", "num_stages"}) skips autotuning (interpreter tests, bench sweeps)."""
+    """Run the Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1). `num_splits` / `min_chunk` / `block_s`
+    override the plan; `config` ({"num_warps", "num_stages"}) skips autotuning (interpreter tests, bench sweeps)."""
     from . import decode_attention_triton as kernels
 
     hq, hkv, hd = _heads(qkv, k_cache)
     B, S = qkv.shape[0], k_cache.shape[3]
-    if split_size is None:
-        split_size = plan_split_size(S, B * hkv, multiprocessor_count(qkv.device))
-    num_splits = cdiv(S, split_size)
-    if block_s is None:
-        block_s = min(64, max(16, next_power_of_2(split_size)))
+    if num_splits is None:
+        num_splits = plan_num_splits(B * hkv, S, multiprocessor_count(qkv.device))
+    block_s = block_s or BLOCK_S
+    min_chunk = max(min_chunk or MIN_CHUNK, block_s)
+    d_pad = max(16, hd)
     o = qkv.new_empty((B, hq * hd))
     if num_splits > 1:
-        part_o = qkv.new_empty((B * hq * num_splits * hd,), dtype=torch.float32)
+        part_o = qkv.new_empty((B * hq * num_splits * d_pad,), dtype=torch.float32)
         part_ml = qkv.new_empty((B * hq * num_splits * 2,), dtype=torch.float32)
+        ws = workspace if workspace is not None else torch.zeros(B * hkv, dtype=torch.int32, device=qkv.device)
     else:
-        # Never touched with one split. A read-only dummy: an argument aliasing a written one (o) would confuse the
+        # Never touched with one split. Read-only dummies: an argument aliasing a written one (o) would confuse the
         # functionalization of the kernel's writes under AOTInductor.
-        part_o = part_ml = qkv
+        part_o = part_ml = ws = positions
     rope = kernels.ROPE_NONE if cos is None else kernels.ROPE_INTERLEAVED if rope_interleaved else kernels.ROPE_NEOX
     args = (
         qkv,
@@ -225,12 +251,11 @@ def launch_decode_attention(
         o,
         part_o,
         part_ml,
+        ws,
         layer,
         S,
         qkv.stride(0),
         B * hkv * S,
-        split_size,
-        num_splits,
         float(norm_eps),
         float(scale) * kernels.LOG2E,
     )
@@ -238,10 +263,12 @@ def launch_decode_attention(
         HQ=hq,
         HKV=hkv,
         HEAD_DIM=hd,
+        D_PAD=d_pad,
         G_PAD=max(16, next_power_of_2(hq // hkv)),
         ROPE=rope,
         QK_NORM=q_norm is not None,
-        SINGLE_SPLIT=num_splits == 1,
+        NUM_SPLITS=num_splits,
+        MIN_CHUNK=min_chunk,
         BLOCK_S=block_s,
         FP32_DOT=qkv.dtype == torch.float32 or qkv.device.type != "cuda",
     )  # off-GPU = the interpreter
@@ -250,16 +277,12 @@ def launch_decode_attention(
         wrap(kernels.decode_attention_autotuned)[grid](*args, **meta)
     else:
         wrap(kernels.decode_attention_kernel)[grid](*args, **meta, **config)
-    if num_splits > 1:
-        wrap(kernels.combine_splits_kernel)[(B * hq,)](
-            part_o, part_ml, positions, o, S, split_size, num_splits, HQ=hq, HEAD_DIM=hd, CHUNK=COMBINE_CHUNK
-        )
     return o
 
 
 if HAVE_TRITON:
 
-    @torch.library.triton_op(OP_NAME, mutates_args={"k_cache", "v_cache"})
+    @torch.library.triton_op(OP_NAME, mutates_args={"k_cache", "v_cache", "workspace"})
     def decode_attention(
         qkv: torch.Tensor,
         positions: torch.Tensor,
@@ -273,13 +296,27 @@ if HAVE_TRITON:
         q_norm: torch.Tensor | None = None,
         k_norm: torch.Tensor | None = None,
         norm_eps: float = 1e-6,
+        workspace: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        _check(qkv, positions, k_cache, v_cache, layer, cos, sin, rope_interleaved, q_norm, k_norm)
+        _check(qkv, positions, k_cache, v_cache, layer, cos, sin, rope_interleaved, q_norm, k_norm, workspace)
         if qkv.device.type != "cuda" or qkv.dtype != k_cache.dtype:
-            # Also what a CPU compile traces (lower_for_cpu): aten ops, the cache write an in-place index_put_.
+            # Also what a CPU compile / ONNX export traces (lower_for_cpu): aten ops, the cache write an in-place
+            # index_put_, the workspace untouched.
             # fp32 qkv over 16-bit caches: the builder's fp32 parity run of a bf16 stage (never a compiled bucket).
             return decode_attention_reference(
-                qkv, positions, k_cache, v_cache, layer, scale, cos, sin, rope_interleaved, q_norm, k_norm, norm_eps
+                qkv,
+                positions,
+                k_cache,
+                v_cache,
+                layer,
+                scale,
+                cos,
+                sin,
+                rope_interleaved,
+                q_norm,
+                k_norm,
+                norm_eps,
+                workspace,
             )
         return launch_decode_attention(
             qkv,
@@ -294,6 +331,7 @@ if HAVE_TRITON:
             q_norm,
             k_norm,
             norm_eps,
+            workspace,
             wrap=torch.library.wrap_triton,
         )
 
@@ -314,15 +352,29 @@ else:
         q_norm=None,
         k_norm=None,
         norm_eps=1e-6,
+        workspace=None,
     ):
-        _check(qkv, positions, k_cache, v_cache, layer, cos, sin, rope_interleaved, q_norm, k_norm)
+        _check(qkv, positions, k_cache, v_cache, layer, cos, sin, rope_interleaved, q_norm, k_norm, workspace)
         return decode_attention_reference(
-            qkv, positions, k_cache, v_cache, layer, scale, cos, sin, rope_interleaved, q_norm, k_norm, norm_eps
+            qkv,
+            positions,
+            k_cache,
+            v_cache,
+            layer,
+            scale,
+            cos,
+            sin,
+            rope_interleaved,
+            q_norm,
+            k_norm,
+            norm_eps,
+            workspace,
         )
 
     _LIB = torch.library.Library("ttsaot", "FRAGMENT")
     _LIB.define(
-        "decode_attention" + torch.library.infer_schema(decode_attention_reference, mutates_args={"k_cache", "v_cache"})
+        "decode_attention"
+        + torch.library.infer_schema(decode_attention_reference, mutates_args={"k_cache", "v_cache", "workspace"})
     )
     _LIB.impl("decode_attention", _checked_reference, "CompositeImplicitAutograd")
 
@@ -339,7 +391,20 @@ else:
         q_norm=None,
         k_norm=None,
         norm_eps=1e-6,
+        workspace=None,
     ):
         return torch.ops.ttsaot.decode_attention(
-            qkv, positions, k_cache, v_cache, layer, scale, cos, sin, rope_interleaved, q_norm, k_norm, norm_eps
+            qkv,
+            positions,
+            k_cache,
+            v_cache,
+            layer,
+            scale,
+            cos,
+            sin,
+            rope_interleaved,
+            q_norm,
+            k_norm,
+            norm_eps,
+            workspace,
         )

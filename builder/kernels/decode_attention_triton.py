@@ -1,14 +1,20 @@
-"""Triton kernels of `ttsaot::decode_attention` (semantics: decode_attention.py).
+"""Triton kernel of `ttsaot::decode_attention` (semantics: decode_attention.py).
 
 Imported by the launcher on first use, like skinny_linear_triton.py.
 
-Flash-decoding over a static cache: program (row b, kv head h, context split s) handles the G = Hq/Hkv query heads
-that share kv head h as the rows of one tile, so K/V are read once per kv head (no repeat_interleave). Each
+Flash-decoding over a static cache in ONE launch: program (row b, kv head h, split s) handles the G = Hq/Hkv query
+heads that share kv head h as the rows of one tile, so K/V are read once per kv head (no repeat_interleave). Each
 program rebuilds this token's q/k/v from the fused projection (q/k RMSNorm, RoPE) in registers; the program whose
-split holds position p writes k/v there and adds position p's key/value from its registers, while the cache loop
-reads positions < p only, so no program ever reads the slot being written (no ordering between programs needed). With
-several splits, the partial (max, sum, unnormalised output) of each split goes to a small fp32 buffer and a second
-kernel combines the splits in a fixed order (deterministic).
+positions hold p writes k/v there and adds position p's key/value from its registers, while the cache loop reads
+positions < p only, so no program ever reads the slot being written.
+
+Splits are sized at RUN time from the row's position: the row's p + 1 positions are cut into NUM_SPLITS (fixed per
+bucket) whole BLOCK_S blocks of at least MIN_CHUNK positions, so a short context runs in one program that writes
+the output directly and a long one spreads over all NUM_SPLITS programs. With several active splits each writes its
+partial (max, sum, unnormalised output) to a small fp32 buffer, then takes a ticket from a per-(row, kv head)
+counter in `ws` (int32, zero on entry): the program holding the last ticket merges the partials in split order
+(deterministic whatever the arrival order), writes the output and puts the counter back to zero, so the workspace
+is unchanged by the call and one zeroed buffer serves every layer of a step. No second (combine) launch.
 """
 
 from __future__ import annotations
@@ -35,10 +41,12 @@ def _norm_rope(
     ROPE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
 ):
-    """Heads `rows` ([R] head offsets in elements) of the fused qkv row → [R, HEAD_DIM] in x's dtype: RMSNorm over
-    the head (project rounding), then the rotation in fp32 with fp32 tables, cast back (as the eager `_rope`)."""
+    """Heads `rows` ([R] head offsets in elements) of the fused qkv row → [R, len(offs_d)] in x's dtype: RMSNorm
+    over the head (project rounding), then the rotation in fp32 with fp32 tables, cast back (as the eager `_rope`).
+    `offs_d` may run past HEAD_DIM (a tile padded for tl.dot): those lanes are zero."""
     dt = x_ptr.dtype.element_ty
-    mask = row_mask[:, None]
+    d_mask = offs_d < HEAD_DIM
+    mask = row_mask[:, None] & d_mask[None, :]
     x = tl.load(x_ptr + rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
     if ROPE == 1:  # NeoX rotate-half: partner d ± HEAD_DIM/2, −sin on the first half
         offs_p = (offs_d + HEAD_DIM // 2) % HEAD_DIM
@@ -53,14 +61,14 @@ def _norm_rope(
     if QK_NORM:
         xf = x.to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / HEAD_DIM + eps)
-        w = tl.load(w_ptr + offs_d).to(tl.float32)
+        w = tl.load(w_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)
         x = (w[None, :] * (xf * rstd[:, None]).to(dt).to(tl.float32)).to(dt)
         if ROPE != 0:
-            wp = tl.load(w_ptr + offs_p).to(tl.float32)
+            wp = tl.load(w_ptr + offs_p, mask=d_mask, other=0.0).to(tl.float32)
             xp = (wp[None, :] * (xp.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)).to(dt)
     if ROPE != 0:
-        c = tl.load(cos_ptr + tab)
-        s = tl.load(sin_ptr + tab)
+        c = tl.load(cos_ptr + tab, mask=d_mask, other=0.0)
+        s = tl.load(sin_ptr + tab, mask=d_mask, other=0.0)
         x = (x.to(tl.float32) * c[None, :] + xp.to(tl.float32) * (sign * s)[None, :]).to(dt)
     return x
 
@@ -78,26 +86,28 @@ def decode_attention_kernel(
     o_ptr,
     part_o_ptr,
     part_ml_ptr,
+    ws_ptr,
     layer,
     S,
     QKV_ROW,
     CACHE_LAYER,
-    SPLIT_SIZE,
-    NUM_SPLITS,
     eps,
     qk_scale,
     HQ: tl.constexpr,
     HKV: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
     G_PAD: tl.constexpr,
     ROPE: tl.constexpr,
     QK_NORM: tl.constexpr,
-    SINGLE_SPLIT: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    MIN_CHUNK: tl.constexpr,
     BLOCK_S: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
-    """Grid (B·HKV, NUM_SPLITS). qk_scale = softmax scale · log2(e) (the softmax runs in base 2). SINGLE_SPLIT
-    (NUM_SPLITS == 1): the output is written directly, no partials. FP32_DOT: as in skinny_linear_triton."""
+    """Grid (B·HKV, NUM_SPLITS). qk_scale = softmax scale · log2(e) (the softmax runs in base 2). D_PAD = the head
+    dim padded to ≥ 16 for tl.dot (lanes past HEAD_DIM are masked). NUM_SPLITS == 1: no partials, no workspace.
+    FP32_DOT: as in skinny_linear_triton."""
     # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
     # _use_fp64_for_unbacked_floats), which turned the loop-carried softmax state fp64 (H100 AOTI build failed).
     eps = tl.cast(eps, tl.float32)
@@ -110,14 +120,24 @@ def decode_attention_kernel(
     dt = qkv_ptr.dtype.element_ty
     pos = tl.load(pos_ptr + b).to(tl.int32)
     pos = tl.minimum(tl.maximum(pos, 0), S - 1)  # never write or read outside the cache
-    offs_d = tl.arange(0, HEAD_DIM)
+    # This row's split size: p + 1 positions over NUM_SPLITS programs, whole BLOCK_S blocks, ≥ MIN_CHUNK.
+    chunk = tl.cdiv(tl.cdiv(pos + 1, NUM_SPLITS), BLOCK_S) * BLOCK_S
+    chunk = tl.maximum(chunk, MIN_CHUNK)
+    n_active = tl.cdiv(pos + 1, chunk)  # splits holding positions (the last one holds p)
+    lo = split * chunk
+    active = lo <= pos
+    writer = active & (pos < lo + chunk)
+
+    offs_d = tl.arange(0, D_PAD)
+    d_mask = offs_d < HEAD_DIM
     offs_g = tl.arange(0, G_PAD)
+    g_mask = offs_g < G
     row = qkv_ptr + b.to(tl.int64) * QKV_ROW
     q = _norm_rope(
         row,
         (h * G + offs_g) * HEAD_DIM,
         offs_d,
-        offs_g < G,
+        g_mask,
         qn_ptr,
         cos_ptr,
         sin_ptr,
@@ -126,33 +146,33 @@ def decode_attention_kernel(
         QK_NORM,
         ROPE,
         HEAD_DIM,
-    )  # [G_PAD, HEAD_DIM]
+    )  # [G_PAD, D_PAD]
     one = tl.arange(0, 1)
     k_new = _norm_rope(
         row, (HQ + h) * HEAD_DIM + one, offs_d, one == 0, kn_ptr, cos_ptr, sin_ptr, pos, eps, QK_NORM, ROPE, HEAD_DIM
-    )  # [1, HEAD_DIM]
-    v_new = tl.load(row + (HQ + HKV + h) * HEAD_DIM + one[:, None] + offs_d[None, :])
+    )  # [1, D_PAD]
+    v_new = tl.load(row + (HQ + HKV + h) * HEAD_DIM + one[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
     # (layer, b, h, 0, 0). No `.to` on `layer`: Triton specialises an int argument equal to 1 into a constexpr
     # (a plain Python int), which has no `.to` (H100: every layer-1 launch failed to compile under AOTI).
     cache_off = (pid.to(tl.int64) * S + layer * CACHE_LAYER) * HEAD_DIM
     k_base = kc_ptr + cache_off
     v_base = vc_ptr + cache_off
-    lo = split * SPLIT_SIZE
-    writer = (pos >= lo) & (pos < lo + SPLIT_SIZE)
-    tl.store(k_base + pos * HEAD_DIM + offs_d[None, :], k_new, mask=writer)
-    tl.store(v_base + pos * HEAD_DIM + offs_d[None, :], v_new, mask=writer)
+    new_mask = writer & d_mask[None, :]
+    tl.store(k_base + pos * HEAD_DIM + offs_d[None, :], k_new, mask=new_mask)
+    tl.store(v_base + pos * HEAD_DIM + offs_d[None, :], v_new, mask=new_mask)
 
-    # Cached keys lo ≤ s < min(lo + SPLIT_SIZE, pos): plain loads → dot → online softmax (base 2).
+    # Cached keys lo ≤ s < min(lo + chunk, p) (none for an inactive split): loads → dot → online softmax (base 2).
     m_i = tl.full([G_PAD], -1.0e30, dtype=tl.float32)  # finite: an empty split never computes −inf − (−inf)
     l_i = tl.zeros([G_PAD], dtype=tl.float32)
-    acc = tl.zeros([G_PAD, HEAD_DIM], dtype=tl.float32)
-    hi = tl.minimum(lo + SPLIT_SIZE, pos)
+    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+    hi = tl.minimum(lo + chunk, pos)
     for start in range(lo, hi, BLOCK_S):
         offs_s = start + tl.arange(0, BLOCK_S)
         valid = offs_s < hi
         kv_off = offs_s[:, None] * HEAD_DIM + offs_d[None, :]
-        kt = tl.load(k_base + kv_off, mask=valid[:, None], other=0.0)
-        vt = tl.load(v_base + kv_off, mask=valid[:, None], other=0.0)
+        kv_mask = valid[:, None] & d_mask[None, :]
+        kt = tl.load(k_base + kv_off, mask=kv_mask, other=0.0)
+        vt = tl.load(v_base + kv_off, mask=kv_mask, other=0.0)
         if FP32_DOT:
             sc = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
         else:
@@ -168,8 +188,7 @@ def decode_attention_kernel(
             pv = tl.dot(p.to(dt), vt)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
-    # This token's key/value (position pos) from registers, in the split that holds pos. Other splits add
-    # nothing (score −inf); a split past pos is inactive and stores nothing.
+    # This token's key/value (position p) from registers, in the split that holds p; other splits add nothing.
     s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), axis=1) * qk_scale  # [G_PAD]
     s_new = tl.where(writer, s_new, float("-inf"))
     m_new = tl.maximum(m_i, s_new)
@@ -180,66 +199,50 @@ def decode_attention_kernel(
     m_i = m_new
 
     heads = h * G + offs_g
-    g_mask = (offs_g < G)[:, None]
-    if SINGLE_SPLIT:
-        o = acc / l_i[:, None]
-        tl.store(
-            o_ptr + b.to(tl.int64) * (HQ * HEAD_DIM) + heads[:, None] * HEAD_DIM + offs_d[None, :],
-            o.to(dt),
-            mask=g_mask,
-        )
+    o_ptrs = o_ptr + b.to(tl.int64) * (HQ * HEAD_DIM) + heads[:, None] * HEAD_DIM + offs_d[None, :]
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(o_ptrs, (acc / l_i[:, None]).to(dt), mask=out_mask)
     else:
-        active = lo <= pos
+        # One active split (a short context): it is the whole answer. (l = 0 only where nothing is stored: inactive
+        # splits, padded heads; 1 there keeps the masked lanes finite.)
+        l_safe = tl.where(l_i > 0, l_i, 1.0)
+        tl.store(o_ptrs, (acc / l_safe[:, None]).to(dt), mask=out_mask & active & (n_active == 1))
+        multi = active & (n_active > 1)
         slot = (b * HQ + heads).to(tl.int64) * NUM_SPLITS + split  # [G_PAD]
-        tl.store(part_o_ptr + slot[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=g_mask & active)
-        tl.store(part_ml_ptr + slot * 2, m_i, mask=(offs_g < G) & active)
-        tl.store(part_ml_ptr + slot * 2 + 1, l_i, mask=(offs_g < G) & active)
+        tl.store(part_o_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None] & multi)
+        tl.store(part_ml_ptr + slot * 2, m_i, mask=g_mask & multi)
+        tl.store(part_ml_ptr + slot * 2 + 1, l_i, mask=g_mask & multi)
+        tl.debug_barrier()  # every thread's partial is written before the ticket is taken
+        ticket = tl.atomic_add(ws_ptr + pid, 1, mask=multi, sem="acq_rel", scope="gpu")
+        if multi & (ticket == n_active - 1):
+            # The last of the row's splits: merge the partials in split order (deterministic), from L2.
+            tl.debug_barrier()
+            base = (b * HQ + heads).to(tl.int64) * NUM_SPLITS  # [G_PAD]
+            m_all = tl.full([G_PAD], -1.0e30, dtype=tl.float32)
+            l_all = tl.zeros([G_PAD], dtype=tl.float32)
+            o_all = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+            for s in range(0, n_active):
+                ms = tl.load(part_ml_ptr + (base + s) * 2, mask=g_mask, other=-1.0e30, cache_modifier=".cg")
+                ls = tl.load(part_ml_ptr + (base + s) * 2 + 1, mask=g_mask, other=0.0, cache_modifier=".cg")
+                ps = tl.load(
+                    part_o_ptr + (base + s)[:, None] * D_PAD + offs_d[None, :],
+                    mask=g_mask[:, None],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
+                m_next = tl.maximum(m_all, ms)
+                a_old = tl.exp2(m_all - m_next)
+                a_s = tl.exp2(ms - m_next)
+                l_all = l_all * a_old + ls * a_s
+                o_all = o_all * a_old[:, None] + ps * a_s[:, None]
+                m_all = m_next
+            tl.store(o_ptrs, (o_all / tl.where(l_all > 0, l_all, 1.0)[:, None]).to(dt), mask=out_mask)
+            tl.atomic_xchg(ws_ptr + pid, 0, sem="relaxed", scope="gpu")  # the workspace is zero again
 
 
-@triton.jit
-def combine_splits_kernel(
-    part_o_ptr,
-    part_ml_ptr,
-    pos_ptr,
-    o_ptr,
-    S,
-    SPLIT_SIZE,
-    NUM_SPLITS,
-    HQ: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    CHUNK: tl.constexpr,
-):
-    """One program per (row, query head): merge the row's active splits (those at or before its position) in
-    split order, CHUNK splits at a time (the running max first, then the weighted sums)."""
-    pid = tl.program_id(0)
-    b = pid // HQ
-    pos = tl.load(pos_ptr + b).to(tl.int32)
-    pos = tl.minimum(tl.maximum(pos, 0), S - 1)
-    last = pos // SPLIT_SIZE
-    base = pid.to(tl.int64) * NUM_SPLITS
-    m_max = tl.full([CHUNK], -1.0e30, dtype=tl.float32)
-    for c in range(0, last + 1, CHUNK):
-        offs_c = c + tl.arange(0, CHUNK)
-        m_max = tl.maximum(m_max, tl.load(part_ml_ptr + (base + offs_c) * 2, mask=offs_c <= last, other=-1.0e30))
-    m_all = tl.max(m_max, axis=0)
-    offs_d = tl.arange(0, HEAD_DIM)
-    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
-    denom = tl.zeros([CHUNK], dtype=tl.float32)
-    for c in range(0, last + 1, CHUNK):
-        offs_c = c + tl.arange(0, CHUNK)
-        act = offs_c <= last
-        mc = tl.load(part_ml_ptr + (base + offs_c) * 2, mask=act, other=-1.0e30)
-        lc = tl.load(part_ml_ptr + (base + offs_c) * 2 + 1, mask=act, other=0.0)
-        w = tl.where(act, tl.exp2(mc - m_all), 0.0)
-        denom += w * lc
-        part = tl.load(part_o_ptr + (base + offs_c)[:, None] * HEAD_DIM + offs_d[None, :], mask=act[:, None], other=0.0)
-        acc += tl.sum(part * w[:, None], axis=0)
-    o = acc / tl.sum(denom, axis=0)
-    tl.store(o_ptr + pid.to(tl.int64) * HEAD_DIM + offs_d, o.to(o_ptr.dtype.element_ty))
-
-
-# BLOCK_S comes from the launcher (it must not exceed the split size); the autotuner picks warps and stages per
-# bucket at AOTI compile time.
+# BLOCK_S, NUM_SPLITS and MIN_CHUNK come from the launcher (decode_attention.py); the autotuner picks warps and
+# stages per bucket at AOTI compile time.
 ATTENTION_CONFIGS = [
     triton.Config({}, num_warps=4, num_stages=2),
     triton.Config({}, num_warps=4, num_stages=3),
@@ -247,5 +250,5 @@ ATTENTION_CONFIGS = [
 ]
 decode_attention_autotuned = triton.autotune(
     configs=ATTENTION_CONFIGS,
-    key=["S", "SPLIT_SIZE", "HQ", "HKV", "BLOCK_S", "ROPE", "QK_NORM", "SINGLE_SPLIT"],
+    key=["S", "HQ", "HKV", "HEAD_DIM", "BLOCK_S", "NUM_SPLITS", "MIN_CHUNK", "ROPE", "QK_NORM"],
 )(decode_attention_kernel)
