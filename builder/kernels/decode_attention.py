@@ -283,7 +283,7 @@ def launch_decode_attention(
 if HAVE_TRITON:
 
     @torch.library.triton_op(OP_NAME, mutates_args={"k_cache", "v_cache", "workspace"})
-    def decode_attention(
+    def _decode_attention_op(
         qkv: torch.Tensor,
         positions: torch.Tensor,
         k_cache: torch.Tensor,
@@ -378,20 +378,20 @@ else:
     )
     _LIB.impl("decode_attention", _checked_reference, "CompositeImplicitAutograd")
 
-    def decode_attention(
+    def _decode_attention_op(  # type: ignore[misc]
         qkv,
         positions,
         k_cache,
         v_cache,
         layer,
         scale,
-        cos=None,
-        sin=None,  # type: ignore[misc]
-        rope_interleaved=False,
-        q_norm=None,
-        k_norm=None,
-        norm_eps=1e-6,
-        workspace=None,
+        cos,
+        sin,
+        rope_interleaved,
+        q_norm,
+        k_norm,
+        norm_eps,
+        workspace,
     ):
         return torch.ops.ttsaot.decode_attention(
             qkv,
@@ -408,3 +408,28 @@ else:
             norm_eps,
             workspace,
         )
+
+
+def decode_attention(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    layer: int,
+    scale: float,
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
+    rope_interleaved: bool = False,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+    workspace: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The op with every argument passed and a workspace always given (a zeroed one of B·Hkv entries when None):
+    torch 2.11's version bump of a mutating custom op indexes the positional arguments by the schema's mutated
+    positions, so an omitted mutated argument raised IndexError (H100 run, torch 2.11)."""
+    if workspace is None:
+        workspace = torch.zeros(qkv.shape[0] * k_cache.shape[2], dtype=torch.int32, device=qkv.device)
+    return _decode_attention_op(
+        qkv, positions, k_cache, v_cache, layer, scale, cos, sin, rope_interleaved, q_norm, k_norm, norm_eps, workspace
+    )

@@ -29,8 +29,8 @@ import triton.language as tl
 from .decode_attention_triton import _norm_rope
 from .skinny_linear_triton import _epilogue, _row_rstd
 
-EXIT = 8  # counter slot of the programs that ran out of work (slots 1..6: the phases' done counts)
-N_COUNTERS = 16
+EXIT = tl.constexpr(8)  # counter slot of the programs that ran out of work (slots 1..6: the phases' done counts)
+N_COUNTERS = tl.constexpr(16)
 
 
 @triton.jit
@@ -566,8 +566,8 @@ def decode_layer_kernel(
     # exits) and puts the counters back to zero for the next launch
     done = tl.atomic_add(ctr_ptr + EXIT, 1, sem="acq_rel", scope="gpu")
     if done == tl.num_programs(0) - 1:
-        offs = tl.arange(0, 16)
-        tl.store(ctr_ptr + offs, tl.zeros([16], dtype=tl.int32))
+        offs = tl.arange(0, N_COUNTERS)
+        tl.store(ctr_ptr + offs, tl.zeros([N_COUNTERS], dtype=tl.int32))
 
 
 # Tuned per bucket at AOTI compile time on the build GPU (one config per package). The grid comes from the launcher
