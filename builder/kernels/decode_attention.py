@@ -119,7 +119,6 @@ def _check(
         k_cache.is_contiguous() and v_cache.is_contiguous(), lambda: "decode_attention: caches must be contiguous"
     )
     L, B, hkv, S, hd = k_cache.shape
-    cuda = qkv.device.type == "cuda"
     torch._check(supports_head_dim(hd), lambda: f"decode_attention: head_dim {hd} is not a power of 2 ≥ 16")
     torch._check(
         qkv.dim() == 2 and qkv.shape[0] == B and qkv.shape[1] % hd == 0 and qkv.stride(1) == 1,
@@ -131,7 +130,7 @@ def _check(
     torch._check(hq > 0 and hq % hkv == 0, lambda: f"decode_attention: {hq} query heads for {hkv} kv heads")
     torch._check(
         # float64: the aten reference only (the builder's float64 pass-parity re-check), never a Triton launch
-        (k_cache.dtype in (torch.float32, torch.bfloat16) or (k_cache.dtype == torch.float64 and not cuda))
+        (k_cache.dtype in (torch.float32, torch.bfloat16) or (k_cache.dtype == torch.float64 and not qkv.is_cuda))
         and (qkv.dtype == k_cache.dtype or qkv.dtype == torch.float32),
         lambda: f"decode_attention: qkv {qkv.dtype} and caches {k_cache.dtype} must share a float dtype (or qkv fp32)",
     )
@@ -148,7 +147,7 @@ def _check(
                 t.dim() == 2
                 and t.shape[0] >= S
                 and t.shape[1] == width
-                and (t.dtype == torch.float32 or (t.dtype == torch.float64 and not cuda))
+                and (t.dtype == torch.float32 or (t.dtype == torch.float64 and not qkv.is_cuda))
                 and t.is_contiguous(),
                 lambda t=t: (
                     f"decode_attention: rope tables must be contiguous fp32 [≥ {S}, {width}], "
