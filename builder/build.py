@@ -45,7 +45,6 @@ from ..runtime.artifact import (
 )
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import ArtifactError, ManifestError
-from ..runtime.metrics import rel_error
 from .buckets import BucketPlan
 from .export import CompileError, compile_bucket, compiler_info, export_bucket, inductor_options
 from .package_cache import (
@@ -60,10 +59,10 @@ from .package_cache import (
     stable_text,
 )
 from .parallel_compile import CompileTask, compile_in_workers
+from .pass_parity import pass_parity_problem
 from .passes import cast_to_compute_dtype, count_parameters
 from .stage_spec import StageSpec
 
-PASS_PARITY_LIMIT = 1e-5  # rewritten vs original module, fp32 on CPU: rewrites must not change the math
 VERIFY_TIMEOUT_S = 1800  # the subprocess that loads the fresh packages and runs the golden cases
 FILE_MODE, DIR_MODE = 0o644, 0o755  # every file / folder of an artifact: written by the builder, read by servers
 
@@ -297,13 +296,10 @@ def build_stage(
         ref = ref if isinstance(ref, tuple) else (ref,)
         mid = mid if isinstance(mid, tuple) else (mid,)
         case = BucketPlan.key(sizes)
-        for o_desc, r, m in zip(spec.outputs, ref, mid):
-            err = rel_error(m, r) if r.is_floating_point() else float((m != r).sum())
-            if err > PASS_PARITY_LIMIT:
-                raise BuildError(
-                    f"{spec.name}: passes changed output {o_desc['name']!r} on case {case} "
-                    f"(rel error {err:.3g} > {PASS_PARITY_LIMIT}); a rewrite is wrong"
-                )
+        problem = pass_parity_problem(spec, original, rewritten, sizes, seed * 1000 + i, ref, mid)
+        if problem is not None:
+            raise BuildError(problem)
+        for o_desc, r in zip(spec.outputs, ref):
             golden[f"{case}/out/{o_desc['name']}"] = r.detach().contiguous()
         if spec.reference_margins is not None:
             # how decided each sampled code of the reference is: verify allows a different code only at a near-tie

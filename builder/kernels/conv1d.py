@@ -226,10 +226,12 @@ def dwconv1d_reference(
 def _check_epilogue(
     x, cout: int, out_shape, bias, residual, scale, shift, alpha, inv_beta, act, out_dtype, precision
 ) -> None:
-    torch._check(x.dtype in _DTYPES, lambda: f"conv kernels take fp32/bf16/fp16 inputs, got {x.dtype}")
+    # float64 off CUDA: the aten reference only (the builder's float64 pass-parity re-check)
+    fp64 = (torch.float64,) if x.device.type != "cuda" else ()
+    torch._check(x.dtype in _DTYPES + fp64, lambda: f"conv kernels take fp32/bf16/fp16 inputs, got {x.dtype}")
     torch._check(act in ACTS, lambda: f"act must be one of {ACTS}, got {act!r}")
     torch._check(precision in PRECISIONS, lambda: f"precision must be one of {PRECISIONS}, got {precision!r}")
-    torch._check(out_dtype is None or out_dtype in _DTYPES, lambda: f"unsupported out_dtype {out_dtype}")
+    torch._check(out_dtype is None or out_dtype in _DTYPES + fp64, lambda: f"unsupported out_dtype {out_dtype}")
     if bias is not None:
         torch._check(tuple(bias.shape) == (cout,), lambda: f"bias must be [{cout}], got {tuple(bias.shape)}")
     if residual is not None:

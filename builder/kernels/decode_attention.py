@@ -95,12 +95,13 @@ def decode_attention_reference(
     )
     k_cache.index_put_(idx, k.to(k_cache.dtype))
     v_cache.index_put_(idx, v.to(v_cache.dtype))
-    kc, vc = k_cache[layer].float(), v_cache[layer].float()  # [B, Hkv, S, hd]
-    qg = q.reshape(B, hkv, hq // hkv, hd).float()
+    acc = torch.promote_types(dt, torch.float32)  # float64 only in the builder's float64 pass-parity re-check
+    kc, vc = k_cache[layer].to(acc), v_cache[layer].to(acc)  # [B, Hkv, S, hd]
+    qg = q.reshape(B, hkv, hq // hkv, hd).to(acc)
     scores = torch.matmul(qg, kc.transpose(-1, -2)) * scale  # [B, Hkv, G, S]
     visible = torch.arange(S, device=dev)[None, :] <= pos[:, None]
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-    probs = scores.softmax(-1).to(dt).float()
+    probs = scores.softmax(-1).to(dt).to(acc)
     return torch.matmul(probs, vc).to(dt).reshape(B, hq * hd)
 
 
@@ -145,7 +146,9 @@ def _check(
     hq = qkv.shape[1] // hd - 2 * hkv
     torch._check(hq > 0 and hq % hkv == 0, lambda: f"decode_attention: {hq} query heads for {hkv} kv heads")
     torch._check(
-        k_cache.dtype in (torch.float32, torch.bfloat16) and (qkv.dtype == k_cache.dtype or qkv.dtype == torch.float32),
+        # float64: the aten reference only (the builder's float64 pass-parity re-check), never a Triton launch
+        (k_cache.dtype in (torch.float32, torch.bfloat16) or (k_cache.dtype == torch.float64 and not qkv.is_cuda))
+        and (qkv.dtype == k_cache.dtype or qkv.dtype == torch.float32),
         lambda: f"decode_attention: qkv {qkv.dtype} and caches {k_cache.dtype} must share a float dtype (or qkv fp32)",
     )
     torch._check(
@@ -161,7 +164,7 @@ def _check(
                 t.dim() == 2
                 and t.shape[0] >= S
                 and t.shape[1] == width
-                and t.dtype == torch.float32
+                and (t.dtype == torch.float32 or (t.dtype == torch.float64 and not qkv.is_cuda))
                 and t.is_contiguous(),
                 lambda t=t: (
                     f"decode_attention: rope tables must be contiguous fp32 [≥ {S}, {width}], "

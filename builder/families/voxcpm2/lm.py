@@ -130,7 +130,8 @@ class MiniCPMLayer(nn.Module):
         rep = a.n_heads // a.n_kv_heads
         qg = q.view(B, a.n_kv_heads, rep, a.head_dim) * a.head_dim**-0.5
         visible = torch.arange(kc.shape[2], device=dev)[None, :] <= positions[:, None]  # [B,S]
-        scores = torch.matmul(qg, kc.transpose(-1, -2)).float()  # [B,kvh,rep,S]
+        # softmax in fp32 (float64 in the builder's float64 pass-parity re-check)
+        scores = torch.matmul(qg, kc.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32))
         scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
         o = torch.matmul(scores.softmax(-1).to(vc.dtype), vc)  # [B,kvh,rep,hd]
         o = a.o_proj(o.reshape(B, a.n_heads * a.head_dim))
