@@ -43,7 +43,7 @@ OP_NAME = "ttsaot::decode_layer"
 N_COUNTERS = 16
 MAX_ROWS = 16  # rows (batch) the kernel takes; the caller keeps the per-op path above
 GEMV_MAX_M = 2  # FMA form up to this many rows, tensor cores above (as skinny_linear)
-PROGRAMS_PER_SM = 2  # persistent programs per SM: one can stream weights while another waits on a phase
+PROGRAMS_PER_SM = 4  # persistent programs per SM when a config does not say (the autotuned configs do)
 MUTATED = {"k_cache", "v_cache", "counters"}
 
 
@@ -179,8 +179,9 @@ def launch_decode_layer(
     block_s: int | None = None,
 ) -> torch.Tensor:
     """Run the persistent kernel (CUDA, or CPU under TRITON_INTERPRET=1). `config` ({"BLOCK_N", "BLOCK_K",
-    "num_warps", "num_stages"}) skips autotuning; `programs`, `num_splits` / `min_chunk` / `block_s` override
-    the grid and decode_attention's context-split plan (tests force few programs and many splits)."""
+    "num_warps", "num_stages", optional "PROGRAMS_PER_SM"}) skips autotuning; `programs`, `num_splits` /
+    `min_chunk` / `block_s` override the grid and decode_attention's context-split plan (tests force few programs
+    and many splits)."""
     from . import decode_attention_triton as attn_kernels
     from . import decode_layer_triton as kernels
 
@@ -256,12 +257,15 @@ def launch_decode_layer(
         FP32_DOT=x.dtype == torch.float32 or x.device.type != "cuda",  # off-GPU = the interpreter
         BLOCK_M=16 if use_dot else next_power_of_2(B),
     )
-    if programs is None:
-        programs = PROGRAMS_PER_SM * multiprocessor_count(x.device)
-    grid = (programs,)
+    sms = multiprocessor_count(x.device)
+
+    def grid(meta: dict) -> tuple[int]:
+        return (programs or meta["PROGRAMS_PER_SM"] * sms,)
+
     if config is None:
         wrap(kernels.decode_layer_autotuned)[grid](*args, **meta)
     else:
+        config = {"PROGRAMS_PER_SM": PROGRAMS_PER_SM, **config}
         wrap(kernels.decode_layer_kernel)[grid](*args, **meta, **config)
     return y
 

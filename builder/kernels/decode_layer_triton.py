@@ -370,8 +370,12 @@ def decode_layer_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PROGRAMS_PER_SM: tl.constexpr,
 ):
-    """Grid (any number of programs): each takes tickets until the layer's items run out (module docstring)."""
+    """Grid (any number of programs; PROGRAMS_PER_SM × SMs from the launcher, a tuning knob the kernel itself does
+    not read): each takes tickets until the layer's items run out (module docstring). A program reserves its next
+    ticket when it starts an item, so the ticket's round trip hides behind the item's work (still deadlock-free:
+    every item waits only on smaller tickets, and the smallest unfinished one is always being processed)."""
     # fp32 scalars whatever the caller passes (AOTInductor passes a user kernel's float arguments as fp64)
     eps = tl.cast(eps, tl.float32)
     qk_eps = tl.cast(qk_eps, tl.float32)
@@ -390,6 +394,7 @@ def decode_layer_kernel(
     E5 = E4 + (D + BLOCK_N - 1) // BLOCK_N
     t = tl.atomic_add(ctr_ptr, 1, sem="relaxed", scope="gpu")
     while t < E5:
+        t_next = tl.atomic_add(ctr_ptr, 1, sem="relaxed", scope="gpu")
         if t < E0:
             _gemv_item(
                 x_ptr,
@@ -561,7 +566,7 @@ def decode_layer_kernel(
                 BLOCK_N,
                 BLOCK_K,
             )
-        t = tl.atomic_add(ctr_ptr, 1, sem="relaxed", scope="gpu")
+        t = t_next
     # out of work: the last program to get here has seen every item finish (each finishes before its program
     # exits) and puts the counters back to zero for the next launch
     done = tl.atomic_add(ctr_ptr + EXIT, 1, sem="acq_rel", scope="gpu")
@@ -570,12 +575,13 @@ def decode_layer_kernel(
         tl.store(ctr_ptr + offs, tl.zeros([N_COUNTERS], dtype=tl.int32))
 
 
-# Tuned per bucket at AOTI compile time on the build GPU (one config per package). The grid comes from the launcher
-# (PROGRAMS_PER_SM programs per SM); BLOCK_M, USE_DOT, NUM_SPLITS come from the shapes.
+# Tuned per bucket at AOTI compile time on the build GPU (one config per package); BLOCK_M, USE_DOT, NUM_SPLITS come
+# from the shapes. More programs per SM = more items (weight chunks) in flight per SM.
 LAYER_CONFIGS = [
-    triton.Config({"BLOCK_N": 16, "BLOCK_K": 512}, num_warps=4, num_stages=1),
-    triton.Config({"BLOCK_N": 16, "BLOCK_K": 1024}, num_warps=8, num_stages=1),
-    triton.Config({"BLOCK_N": 32, "BLOCK_K": 256}, num_warps=4, num_stages=1),
+    triton.Config({"BLOCK_N": 16, "BLOCK_K": 512, "PROGRAMS_PER_SM": 4}, num_warps=4, num_stages=1),
+    triton.Config({"BLOCK_N": 8, "BLOCK_K": 1024, "PROGRAMS_PER_SM": 4}, num_warps=4, num_stages=1),
+    triton.Config({"BLOCK_N": 16, "BLOCK_K": 1024, "PROGRAMS_PER_SM": 2}, num_warps=8, num_stages=1),
+    triton.Config({"BLOCK_N": 16, "BLOCK_K": 256, "PROGRAMS_PER_SM": 8}, num_warps=2, num_stages=1),
 ]
 decode_layer_autotuned = triton.autotune(
     configs=LAYER_CONFIGS, key=["M", "S", "D", "INTER", "HQ", "HKV", "HEAD_DIM", "NUM_SPLITS", "MIN_CHUNK", "USE_DOT"]
