@@ -86,7 +86,8 @@ def _sha256_file(path: Path) -> str:
 
 def tensor_digest(t: torch.Tensor) -> str:
     t = t.detach().to("cpu").contiguous()
-    return hashlib.sha256(str((t.dtype, tuple(t.shape))).encode() + t.view(torch.uint8).numpy().tobytes()).hexdigest()
+    data = t.reshape(-1).view(torch.uint8).numpy().tobytes()  # reshape: a 0-dim tensor has no byte view
+    return hashlib.sha256(str((t.dtype, tuple(t.shape))).encode() + data).hexdigest()
 
 
 def _arg_text(a: Any) -> str:
