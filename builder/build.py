@@ -6,6 +6,7 @@ subprocess and compared with eager → atomic rename into place."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import datetime as _dt
@@ -47,16 +48,20 @@ from ..runtime.dtypes import dtype_name
 from ..runtime.errors import ArtifactError, ManifestError
 from .buckets import BucketPlan
 from .export import CompileError, compile_bucket, compiler_info, export_bucket, inductor_options
+from .load_check import LoadCheck
 from .package_cache import (
     PackageCache,
     cache_key,
     cached_compile,
+    golden_key,
     kernel_sources_hash,
     module_layout,
     module_tensors,
+    module_values_digest,
     pre_export_key,
     program_sources,
     stable_text,
+    tensor_digest,
 )
 from .parallel_compile import CompileTask, compile_in_workers
 from .pass_parity import pass_parity_problem
@@ -284,30 +289,19 @@ def build_stage(
     original, rewritten, pass_reports = prepare_modules(spec, kernels)
     before = count_parameters(original)
 
-    # Golden inputs and the fp32 eager reference of the ORIGINAL faithful module.
-    golden: dict[str, torch.Tensor] = {}
-    cases: list[str] = []
-    for i, sizes in enumerate(_golden_sizes(spec)):
-        g = torch.Generator().manual_seed(seed * 1000 + i)
-        inputs = spec.make_inputs(sizes, g)
-        with torch.no_grad():
-            ref = original(*[inputs[n] for n in spec.input_names])
-            mid = rewritten(*[inputs[n] for n in spec.input_names])
-        ref = ref if isinstance(ref, tuple) else (ref,)
-        mid = mid if isinstance(mid, tuple) else (mid,)
-        case = BucketPlan.key(sizes)
-        problem = pass_parity_problem(spec, original, rewritten, sizes, seed * 1000 + i, ref, mid)
-        if problem is not None:
-            raise BuildError(problem)
-        for o_desc, r in zip(spec.outputs, ref):
-            golden[f"{case}/out/{o_desc['name']}"] = r.detach().contiguous()
-        if spec.reference_margins is not None:
-            # how decided each sampled code of the reference is: verify allows a different code only at a near-tie
-            for name, margin in spec.reference_margins(original, inputs).items():
-                golden[f"{case}/margin/{name}"] = margin.float().contiguous()
-        for n in spec.input_names:
-            golden[f"{case}/in/{n}"] = inputs[n].contiguous()
-        cases.append(case)
+    # Golden inputs and the fp32 eager reference of the ORIGINAL faithful module (from the cache when it holds the
+    # cases of these very modules, weights and inputs: builder/package_cache.py `golden_key`).
+    golden_sizes = [(sizes, seed * 1000 + i) for i, sizes in enumerate(_golden_sizes(spec))]
+    golden_inputs = [
+        (BucketPlan.key(sizes), spec.make_inputs(sizes, torch.Generator().manual_seed(case_seed)))
+        for sizes, case_seed in golden_sizes
+    ]
+    cases = [case for case, _ in golden_inputs]
+    grel = f"golden/{spec.name}.safetensors"
+    gkey = _golden_key(spec, original, rewritten, golden_inputs) if cache is not None else None
+    golden = None
+    if gkey is None or not cache.fetch_golden(gkey, tmp / grel):
+        golden = _golden_cases(spec, original, rewritten, golden_inputs, golden_sizes)
     del original
 
     module = cast_to_compute_dtype(rewritten, spec.dtype).to(device).eval()
@@ -347,9 +341,60 @@ def build_stage(
         entry = replace(
             entry, **_compile_buckets(spec, module, tmp, device, seed, reporter, extra_inductor_options, cache, jobs)
         )
-    grel = f"golden/{spec.name}.safetensors"
-    _save_safetensors(golden, tmp / grel)
+    if golden is not None:
+        _save_safetensors(golden, tmp / grel)
+        if gkey is not None:
+            cache.store_golden(gkey, tmp / grel)
     return replace(entry, golden=FileEntry.of(tmp, grel))
+
+
+def _golden_key(
+    spec: StageSpec,
+    original: torch.nn.Module,
+    rewritten: torch.nn.Module,
+    golden_inputs: list[tuple[str, dict[str, torch.Tensor]]],
+) -> str:
+    """What decides `_golden_cases` (builder/package_cache.py `golden_key` adds the code, torch and the CPU)."""
+    return golden_key(
+        {
+            "spec": stable_text({f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}),
+            "original": module_layout(original),
+            "rewritten": module_layout(rewritten),
+            "weights": module_values_digest(original),
+            "inputs": [[case, {n: tensor_digest(t) for n, t in sorted(ins.items())}] for case, ins in golden_inputs],
+        }
+    )
+
+
+def _golden_cases(
+    spec: StageSpec,
+    original: torch.nn.Module,
+    rewritten: torch.nn.Module,
+    golden_inputs: list[tuple[str, dict[str, torch.Tensor]]],
+    golden_sizes: list[tuple[dict[str, int], int]],
+) -> dict[str, torch.Tensor]:
+    """Per case: the inputs, the faithful module's outputs (and sampling margins), after checking that the
+    rewritten module computes the same (`pass_parity`; golden_sizes: each case's sizes and input seed, for its
+    float64 re-check)."""
+    golden: dict[str, torch.Tensor] = {}
+    for (case, inputs), (sizes, case_seed) in zip(golden_inputs, golden_sizes):
+        with torch.no_grad():
+            ref = original(*[inputs[n] for n in spec.input_names])
+            mid = rewritten(*[inputs[n] for n in spec.input_names])
+        ref = ref if isinstance(ref, tuple) else (ref,)
+        mid = mid if isinstance(mid, tuple) else (mid,)
+        problem = pass_parity_problem(spec, original, rewritten, sizes, case_seed, ref, mid)
+        if problem is not None:
+            raise BuildError(problem)
+        for o_desc, r in zip(spec.outputs, ref):
+            golden[f"{case}/out/{o_desc['name']}"] = r.detach().contiguous()
+        if spec.reference_margins is not None:
+            # how decided each sampled code of the reference is: verify allows a different code only at a near-tie
+            for name, margin in spec.reference_margins(original, inputs).items():
+                golden[f"{case}/margin/{name}"] = margin.float().contiguous()
+        for n in spec.input_names:
+            golden[f"{case}/in/{n}"] = inputs[n].contiguous()
+    return golden
 
 
 def _compile_buckets(
@@ -557,14 +602,23 @@ class _Bucket:
 
 
 def subprocess_verify(
-    path: Path, device: torch.device, timeout: float = VERIFY_TIMEOUT_S, stages: list[str] | None = None
+    path: Path,
+    device: torch.device,
+    timeout: float = VERIFY_TIMEOUT_S,
+    stages: list[str] | None = None,
+    load_check: LoadCheck | None = None,
 ) -> list[dict]:
     """Load the fresh packages in a child process and run the golden cases: a package that segfaults on load
-    fails the build here instead of crashing a user's server later."""
-    cmd = [sys.executable, "-m", "ttsaot.runtime.verify", str(path), "--device", str(device), "--json"]
+    fails the build here instead of crashing a user's server later. `load_check`: the child started early
+    (builder/load_check.py) runs it; None starts one now."""
+    argv = [str(path), "--device", str(device), "--json"]
     if stages:
-        cmd += ["--stages", ",".join(stages)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        argv += ["--stages", ",".join(stages)]
+    if load_check is not None:
+        proc = load_check.run(argv, timeout)
+    else:
+        cmd = [sys.executable, "-m", "ttsaot.runtime.verify", *argv]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode < 0:
         raise BuildError(
             f"loading the fresh packages killed the process with signal {-proc.returncode} "
@@ -643,16 +697,57 @@ def build_family(
     formats: str | tuple[str, ...] = ("aoti",),
     cache_dir: str | Path | None = None,
     jobs: int = 1,
+    load_check: LoadCheck | None = None,
 ) -> BuildResult:
     """Build `specs` into <out_root>/<family>/ atomically (temp dir + rename, under a lock). `formats`: "aoti"
     (packages per bucket), "onnx" (one ONNX model per stage, builder/onnx_export.py), or both. `cache_dir`: the
     package cache to reuse packages from and add to (builder/package_cache.py); None compiles every package.
     `jobs`: AOTI compiles of a stage's buckets run on up to that many worker processes (builder/parallel_compile.py);
-    the artifact is the same as with 1."""
-    if jobs < 1:
-        raise BuildError(f"jobs must be at least 1, got {jobs}")
-    reporter = reporter or Reporter()
-    formats = parse_formats(formats)
+    the artifact is the same as with 1. `load_check`: the child process of the subprocess check, started by the
+    caller before it imported torch (builder/load_check.py); None starts one here when the check runs. The build
+    closes it, used or not."""
+    with contextlib.ExitStack() as stack:
+        if load_check is not None:
+            stack.enter_context(load_check)
+        if jobs < 1:
+            raise BuildError(f"jobs must be at least 1, got {jobs}")
+        formats = parse_formats(formats)
+        if load_check is None and verify_in_subprocess and "aoti" in formats:
+            load_check = stack.enter_context(LoadCheck())  # its imports overlap the stages' work
+        return _build_family(
+            family,
+            specs,
+            out_root,
+            device,
+            seed,
+            preset,
+            reporter or Reporter(),
+            verify_in_subprocess,
+            extra_inductor_options,
+            keep_existing_stages,
+            formats,
+            cache_dir,
+            jobs,
+            load_check,
+        )
+
+
+def _build_family(
+    family: str,
+    specs: list[StageSpec],
+    out_root: str | Path,
+    device: str | torch.device,
+    seed: int,
+    preset: str | None,
+    reporter: Reporter,
+    verify_in_subprocess: bool,
+    extra_inductor_options: dict | None,
+    keep_existing_stages: bool,
+    formats: tuple[str, ...],
+    cache_dir: str | Path | None,
+    jobs: int,
+    load_check: LoadCheck | None,
+) -> BuildResult:
     _use_private_inductor_cache()
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
@@ -695,7 +790,7 @@ def build_family(
                 aoti_stages = [n for n, e in manifest.stages.items() if e.buckets]
                 if aoti_stages:
                     reporter.note("verifying the fresh artifact in a subprocess")
-                    subprocess_verify(tmp, dev, stages=aoti_stages)
+                    subprocess_verify(tmp, dev, stages=aoti_stages, load_check=load_check)
                 onnx_stages = [n for n, e in stages.items() if e.onnx is not None]
                 if onnx_stages:
                     reporter.note("verifying the fresh ONNX models with onnxruntime in a subprocess")

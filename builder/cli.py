@@ -355,6 +355,11 @@ def build(
     except OptionsError as e:
         raise click.UsageError(str(e)) from None
     # ---- the build
+    load_check = None
+    if not no_verify and "aoti" in formats:
+        from .load_check import LoadCheck
+
+        load_check = LoadCheck()  # its torch import runs while this process imports torch and builds
     try:
         from .build import build_family, stage_summary
         from .package_cache import default_cache_dir
@@ -402,6 +407,7 @@ def build(
                 formats=formats,
                 cache_dir=None if no_cache else (cache_dir or default_cache_dir()),
                 jobs=jobs or default_jobs(),
+                load_check=load_check,
             )
         table = Table(title=f"{family} → {result.path} ({result.seconds:.0f}s)")
         cols = ("stage", "buckets", "dtype", "weights_mib", "package_mib") + (
@@ -419,6 +425,9 @@ def build(
         sys.exit(EXIT_INTERRUPTED)
     except Exception as e:  # noqa: BLE001 - one line per failure unless --debug
         _fail(e, debug)
+    finally:
+        if load_check is not None:
+            load_check.close()  # build_family closed it, unless the build failed before calling it
 
 
 def _artifact_dir(path: str) -> str:

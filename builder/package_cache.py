@@ -24,7 +24,13 @@ environment as the key. `<root>/index/<pre-key>.json` records the package key it
 of the program's tensors, which are the module's own parameters and buffers (checked byte for byte before an index
 entry is written), so a rebuild finds the package and its weights without exporting. An index entry only points:
 the package entry is fetched and checked as above, and any miss (no entry, an unreadable one, a package gone or
-stale) falls back to exporting, which rewrites the index entry."""
+stale) falls back to exporting, which rewrites the index entry.
+
+The golden cases of a stage (the faithful module's fp32 eager outputs on the golden inputs) are kept too, as
+`<root>/golden/<key>.{safetensors,json}`: `golden_key` covers what decides them — the stage spec, the faithful and
+rewritten modules' layout, the values of every tensor of the faithful module (the weights, `module_values_digest`),
+the golden inputs themselves, the builder's source, torch and the CPU's kernels and threads. A file that does not
+hash to its record is discarded; any miss runs the forwards (and the passes' parity check) as without a cache."""
 
 from __future__ import annotations
 
@@ -47,7 +53,8 @@ import torch
 CACHE_ENV = "TTSAOT_CACHE_DIR"
 ENTRY_FORMAT = 1
 INDEX_FORMAT = 1
-PACKAGE, ENTRY, INDEX = "package.pt2", "entry.json", "index"
+GOLDEN_FORMAT = 1
+PACKAGE, ENTRY, INDEX, GOLDEN = "package.pt2", "entry.json", "index", "golden"
 _KEY = re.compile(r"[0-9a-f]{64}")
 _BUILDER = Path(__file__).parent
 
@@ -79,7 +86,8 @@ def _sha256_file(path: Path) -> str:
 
 def tensor_digest(t: torch.Tensor) -> str:
     t = t.detach().to("cpu").contiguous()
-    return hashlib.sha256(str((t.dtype, tuple(t.shape))).encode() + t.view(torch.uint8).numpy().tobytes()).hexdigest()
+    data = t.reshape(-1).view(torch.uint8).numpy().tobytes()  # reshape: a 0-dim tensor has no byte view
+    return hashlib.sha256(str((t.dtype, tuple(t.shape))).encode() + data).hexdigest()
 
 
 def _arg_text(a: Any) -> str:
@@ -194,6 +202,41 @@ def pre_export_key(context: dict[str, Any], layout: str) -> str:
         "builder_sources": builder_sources_hash(),
     }
     return _digest({**info, **_environment()})
+
+
+def module_values_digest(module: torch.nn.Module) -> str:
+    """A hash of the values of every tensor a module holds: parameters and buffers by every name, and tensors kept
+    as plain attributes (directly or in a list, tuple or dict), which `module_layout` records by layout only."""
+    h = hashlib.sha256()
+    for name, t in sorted(module_tensors(module).items()):
+        h.update(f"{name} {tensor_digest(t)}\n".encode())
+    for mname, m in module.named_modules(remove_duplicate=False):
+        for k, v in sorted(vars(m).items()):
+            if k in _MODULE_INTERNALS:
+                continue
+            items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, (list, tuple)) else [("", v)]
+            for i, t in items:
+                if isinstance(t, torch.Tensor):
+                    h.update(f"{mname}.{k}[{i}] {tensor_digest(t)}\n".encode())
+    return h.hexdigest()
+
+
+def golden_key(info: dict[str, Any]) -> str:
+    """The key of a stage's golden cases (the fp32 eager outputs of the faithful module on the golden inputs).
+    `info`: what the build adds (the stage spec, the modules' layout and values digest, the golden inputs' digests);
+    added here: the builder's source (the modules' code, the passes whose parity the cases also checked), the
+    torch version, the CPU's kernels and thread count (they decide the last bits of the outputs) and
+    `_environment()` (precision flags)."""
+    return _digest(
+        {
+            "golden_format": GOLDEN_FORMAT,
+            "info": info,
+            "builder_sources": builder_sources_hash(),
+            "torch": torch.__version__,
+            "cpu": [torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(), os.uname().machine],
+            **_environment(),
+        }
+    )
 
 
 # What every nn.Module carries (parameters, submodules, hooks, ...): covered by module_layout's own lines.
@@ -440,6 +483,53 @@ class PackageCache:
                 raise
         return True
 
+    def fetch_golden(self, key: str, dest: Path) -> bool:
+        """Copy the golden cases stored under `key` to `dest`; False (nothing at `dest`) when there are none or
+        the stored file does not hash to what its record says (then it is discarded)."""
+        base = self.root / GOLDEN / key
+        with self.lock(f"{GOLDEN}-{key}"):
+            try:
+                meta = json.loads(base.with_suffix(".json").read_text())
+                ok = meta["format"] == GOLDEN_FORMAT and meta["key"] == key
+                digest = meta["sha256"]
+            except FileNotFoundError:
+                return False
+            except (OSError, ValueError, KeyError, TypeError):
+                ok = False
+            if ok:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    shutil.copyfile(base.with_suffix(".safetensors"), dest)
+                    ok = _sha256_file(dest) == digest
+                except OSError:
+                    ok = False
+            if not ok:
+                dest.unlink(missing_ok=True)
+                self.notes.append(f"package cache: discarded golden cases {key[:12]} (unreadable or corrupted)")
+                base.with_suffix(".json").unlink(missing_ok=True)
+                base.with_suffix(".safetensors").unlink(missing_ok=True)
+            return ok
+
+    def store_golden(self, key: str, path: Path) -> None:
+        """Record the golden cases file `path` under `key` (its record last, so a reader never sees a half-written
+        entry)."""
+        base = self.root / GOLDEN / key
+        base.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"format": GOLDEN_FORMAT, "key": key, "sha256": _sha256_file(path)}
+        with self.lock(f"{GOLDEN}-{key}"):
+            for suffix, write in (
+                (".safetensors", lambda tmp: shutil.copyfile(path, tmp)),
+                (".json", lambda tmp: Path(tmp).write_text(json.dumps(meta))),
+            ):
+                fd, tmp = tempfile.mkstemp(prefix=f".tmp-{key[:12]}-", dir=base.parent)
+                os.close(fd)
+                try:
+                    write(tmp)
+                    os.replace(tmp, base.with_suffix(suffix))
+                except BaseException:
+                    Path(tmp).unlink(missing_ok=True)
+                    raise
+
     def _discard_index(self, path: Path, why: str) -> None:
         self.notes.append(f"package cache: discarded index entry {path.stem[:12]} ({why})")
         path.unlink(missing_ok=True)
@@ -472,9 +562,11 @@ __all__ = [
     "cache_key",
     "cached_compile",
     "default_cache_dir",
+    "golden_key",
     "kernel_sources_hash",
     "module_layout",
     "module_tensors",
+    "module_values_digest",
     "pre_export_key",
     "program_fingerprint",
     "program_sources",

@@ -8,10 +8,12 @@ import shutil
 import subprocess
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from ttsaot.builder import build as build_mod
 from ttsaot.builder import package_cache
@@ -20,6 +22,7 @@ from ttsaot.builder.build import BuildError, Reporter, build_family
 from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
 from ttsaot.builder.package_cache import (
     ENTRY,
+    GOLDEN,
     INDEX,
     PACKAGE,
     PackageCache,
@@ -52,7 +55,7 @@ def cached(tmp_path_factory):
 
 
 def _entries(cache: Path) -> list[Path]:
-    return [p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != INDEX]
+    return [p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in (INDEX, GOLDEN)]
 
 
 def _index(cache: Path) -> dict[str, dict]:
@@ -102,14 +105,29 @@ def _no_compile(monkeypatch) -> list:
     return calls
 
 
+def _count_golden(monkeypatch) -> list:
+    """Every run of the golden forwards, counted (they still run)."""
+    calls = []
+    real = build_mod._golden_cases
+
+    def golden(spec, *a, **k):
+        calls.append(spec.name)
+        return real(spec, *a, **k)
+
+    monkeypatch.setattr(build_mod, "_golden_cases", golden)
+    return calls
+
+
 def test_rebuild_with_no_change_reuses_every_package(cached, monkeypatch, tmp_path):
     cache, first = cached
     calls = _no_compile(monkeypatch)
     exports = _count_exports(monkeypatch)
+    forwards = _count_golden(monkeypatch)
     rep = Notes()
     res = build_family(QWEN.name, _specs(), tmp_path, "cpu", cache_dir=cache, reporter=rep)  # verified in a child
     assert calls == [] and "code2wav: 1 of 1 packages reused from the package cache" in rep.notes
     assert exports == []  # found through the pre-export index: not even exported
+    assert forwards == []  # the golden cases of these very modules, weights and inputs: reused
     for rel in ("code2wav/b1_f8.pt2", "code2wav.safetensors", "golden/code2wav.safetensors"):
         assert (res.path / rel).read_bytes() == (first / rel).read_bytes(), rel
     assert not (res.path / "code2wav/b1_f8.pt2").is_symlink()
@@ -132,6 +150,83 @@ def test_changed_spec_field_exports_and_reuses_the_package(cached, monkeypatch, 
     res = build_family(QWEN.name, specs, tmp_path / "b", "cpu", cache_dir=cache, verify_in_subprocess=False)
     assert exports == [] and calls == []
     assert (res.path / "code2wav/b1_f8.pt2").read_bytes() == (first / "code2wav/b1_f8.pt2").read_bytes()
+
+
+def _scaled(make, name: str):
+    """The faithful module with parameter `name` scaled: other weights values, the same layout."""
+    module = make()
+    with torch.no_grad():
+        module.get_parameter(name).mul_(1.5)
+    return module
+
+
+def test_changed_weights_miss_the_golden_cases(cached, monkeypatch, tmp_path):
+    """Other weight values (a bound constant: the package is reused) must not reuse the golden cases: the forwards
+    run again, the artifact's cases are the new module's outputs, and the packages pass the subprocess check
+    against them."""
+    cache, first = cached
+    (entry,) = _entries(cache)
+    spec = _specs()[0]
+    params = dict(spec.make_module().named_parameters())
+    bound = [n for n, _, _ in json.loads((entry / ENTRY).read_text())["constants"] if n in params]
+    assert bound, "no weight of the faithful module is bound by name"
+    specs = [replace(spec, make_module=partial(_scaled, spec.make_module, bound[0]))]
+    calls = _no_compile(monkeypatch)
+    forwards = _count_golden(monkeypatch)
+    res = build_family(QWEN.name, specs, tmp_path, "cpu", cache_dir=cache)  # verified in a child
+    assert calls == [] and forwards == ["code2wav"]
+    new, old = (load_file(str(p / "golden/code2wav.safetensors")) for p in (res.path, first))
+    module = specs[0].make_module().eval()
+    for case in res.manifest.stages["code2wav"].golden_cases:
+        assert torch.equal(new[f"{case}/in/codes"], old[f"{case}/in/codes"])
+        with torch.no_grad():
+            out = module(new[f"{case}/in/codes"])
+        assert torch.equal(new[f"{case}/out/wav"], out)
+        assert not torch.equal(new[f"{case}/out/wav"], old[f"{case}/out/wav"])
+
+
+def test_golden_key_sees_weight_values_and_inputs():
+    spec = _specs()[0]
+    original = spec.make_module().eval()
+    inputs = [("b1_f8", spec.make_inputs({"batch": 1, "frames": 8}, torch.Generator().manual_seed(0)))]
+    base = build_mod._golden_key(spec, original, original, inputs)
+    assert build_mod._golden_key(spec, spec.make_module().eval(), original, inputs) == base
+    name = next(iter(dict(original.named_parameters())))
+    with torch.no_grad():
+        original.get_parameter(name).view(-1)[0] += 1.0  # one value
+    assert build_mod._golden_key(spec, original, original, inputs) != base
+    other = [("b1_f8", spec.make_inputs({"batch": 1, "frames": 8}, torch.Generator().manual_seed(1)))]
+    assert build_mod._golden_key(spec, spec.make_module().eval(), original, other) != base
+
+
+def test_values_digest_sees_scalars_and_plain_tensor_attributes():
+    module = torch.nn.Linear(2, 2)
+    module.scale = torch.nn.Parameter(torch.tensor(1.0))  # 0-dim: no byte view of its own
+    module.table = [torch.zeros(3)]  # a tensor kept as a plain attribute (not a buffer)
+    base = package_cache.module_values_digest(module)
+    with torch.no_grad():
+        module.scale.fill_(2.0)
+    assert package_cache.module_values_digest(module) != base
+    module.scale.data.fill_(1.0)
+    assert package_cache.module_values_digest(module) == base
+    module.table[0][1] = 1.0
+    assert package_cache.module_values_digest(module) != base
+
+
+def test_corrupted_golden_cases_are_recomputed(cached, monkeypatch, tmp_path):
+    cache, first = cached
+    rel = "golden/code2wav.safetensors"
+    good = (first / rel).read_bytes()
+    stored = [p for p in (cache / GOLDEN).glob("*.safetensors") if p.read_bytes() == good]  # (other specs' too)
+    assert stored
+    for p in stored:
+        p.write_bytes(good[:-1] + bytes([good[-1] ^ 0xFF]))
+    forwards = _count_golden(monkeypatch)
+    rep = Notes()
+    res = build_family(QWEN.name, _specs(), tmp_path, "cpu", cache_dir=cache, reporter=rep, verify_in_subprocess=False)
+    assert forwards == ["code2wav"] and any("discarded golden cases" in n for n in rep.notes), rep.notes
+    assert (res.path / rel).read_bytes() == good
+    assert any(p.is_file() and p.read_bytes() == good for p in stored)  # this build's cases stored again
 
 
 def test_module_layout_sees_attributes_layout_and_ties_not_values():
