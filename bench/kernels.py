@@ -50,8 +50,8 @@ from . import RESULTS_SCHEMA
 from .common import device_info, git_commit, graph_replay_ms, now_iso, rel_err, short_error, time_fn
 
 TARGET_RATIO = 0.85
-SECTIONS = ("copy", "skinny", "attention", "aoti", "layer", "predictors", "sweep", "layer_aoti", "configs")
-DEFAULT_SECTIONS = SECTIONS[:-2]  # `layer_aoti` and `configs` (minutes of compiles) only when asked for
+SECTIONS = ("copy", "skinny", "attention", "aoti", "layer", "predictors", "sweep", "configs")
+DEFAULT_SECTIONS = SECTIONS[:-1]  # `configs` (minutes of compiles) only when asked for
 _WARMUP = {True: 3, False: 0}  # warm-up calls before eager timings: on the GPU, none in a CPU smoke run
 ROTATE_L2_MULTIPLE = 4  # weights rotated over at least this many times the L2 size
 MIN_GRAPH_CALLS = 16
@@ -433,40 +433,6 @@ def _kernel_layer_step(layer, x, positions, k_cache, v_cache, i, cos, sin):
     return KernelSwiGLU(layer.mlp).decode_step(h, layer.post_attention_layernorm, scale)
 
 
-def _layer_weights(layer) -> dict:
-    """decode_layer's weight arguments of one (fused) MiniCPMLayer."""
-    a, m = layer.self_attn, layer.mlp
-    return dict(
-        ln1=layer.input_layernorm.weight,
-        w_qkv=a.qkv_proj.weight,
-        q_norm=None,
-        k_norm=None,
-        w_o=a.o_proj.weight,
-        ln2=layer.post_attention_layernorm.weight,
-        w_gate_up=m.gate_up_proj.weight,
-        w_down=m.down_proj.weight,
-        norm_eps=layer.input_layernorm.eps,
-        residual_scale=layer.branch_scale or 1.0,
-    )
-
-
-# ttsaot::decode_layer launch configs timed side by side (the autotune list's candidates and neighbours)
-LAYER_KERNEL_CONFIGS = [
-    {"BLOCK_N": bn, "BLOCK_K": bk, "PROGRAMS_PER_SM": p, "num_warps": w, "num_stages": 1}
-    for bn, bk, p, w in [
-        (16, 512, 2, 4),
-        (16, 512, 4, 4),
-        (16, 512, 8, 4),
-        (8, 1024, 4, 4),
-        (8, 512, 8, 4),
-        (16, 1024, 2, 8),
-        (16, 256, 8, 2),
-        (32, 256, 4, 4),
-        (8, 256, 16, 2),
-    ]
-]
-
-
 def bench_layer(B: int, peak_gbps: float, reps: int, with_compile: bool, device: torch.device) -> dict:
     n_layers, S, ctx = LAYER["layers"], LAYER["cache_positions"], LAYER["context"]
     cfg, layers, rope = _voxcpm2_layers(n_layers, S, device)
@@ -487,18 +453,6 @@ def bench_layer(B: int, peak_gbps: float, reps: int, with_compile: bool, device:
     def kernel_stack(x, kc, vc):
         for i, layer in enumerate(layers):
             x = _kernel_layer_step(layer, x, positions, kc, vc, i, cos_all, sin_all)
-        return x
-
-    from ttsaot.builder.kernels.decode_layer import launch_decode_layer, new_counters
-
-    counters = new_counters(x)
-    weights = [_layer_weights(layer) for layer in layers]
-
-    def layer_kernel_stack(x, kc, vc, **launch):
-        if device.type != "cuda" and "config" not in launch:  # the interpreter cannot autotune
-            launch = {"config": LAYER_KERNEL_CONFIGS[0]}
-        for i, w in enumerate(weights):
-            x = launch_decode_layer(x, positions, kc, vc, counters, i, cos_all, sin_all, **w, **launch)
         return x
 
     w_bytes = sum(p.numel() * p.element_size() for p in layers[0].parameters())
@@ -523,26 +477,11 @@ def bench_layer(B: int, peak_gbps: float, reps: int, with_compile: bool, device:
             "rel_err_k_cache_vs_eager": rel_err(kc_k.float(), kc_e.float()),
             "rel_err_v_cache_vs_eager": rel_err(vc_k.float(), vc_e.float()),
         }
-        variants = {"kernels_graph": kernel_stack, "eager_graph": eager_stack, "layer_kernel_graph": layer_kernel_stack}
+        variants = {"kernels_graph": kernel_stack, "eager_graph": eager_stack}
         for name, fn in variants.items():
             kc, vc = kc0.clone(), vc0.clone()
             ms = graph_ms([lambda fn=fn, kc=kc, vc=vc: fn(x, kc, vc)], reps, device) / n_layers
             res[name] = {"ms_per_layer": ms, "x_floor": ms / floor_ms}
-        kc, vc = kc0.clone(), vc0.clone()
-        res["check"]["rel_err_layer_kernel_vs_eager"] = rel_err(layer_kernel_stack(x, kc, vc).float(), want.float())
-        res["check"]["layer_kernel_counters_zero"] = not bool(counters.any())
-        # each explicit config: checked against eager, then timed in a graph (one process, same inputs)
-        sweep: dict[str, Any] = {}
-        for cfg in LAYER_KERNEL_CONFIGS if device.type == "cuda" else LAYER_KERNEL_CONFIGS[:1]:
-            key = "bn{BLOCK_N}/bk{BLOCK_K}/p{PROGRAMS_PER_SM}/w{num_warps}".format(**cfg)
-            try:
-                kc, vc = kc0.clone(), vc0.clone()
-                err = rel_err(layer_kernel_stack(x, kc, vc, config=cfg).float(), want.float())
-                ms = graph_ms([lambda kc=kc, vc=vc, cfg=cfg: layer_kernel_stack(x, kc, vc, config=cfg)], reps, device)
-                sweep[key] = {"ms_per_layer": ms / n_layers, "x_floor": ms / n_layers / floor_ms, "rel_err": err}
-            except Exception as e:  # noqa: BLE001
-                sweep[key] = {"error": short_error(e)}
-        res["layer_kernel_configs"] = sweep
         if with_compile:
             try:
                 t0 = time.time()
@@ -654,81 +593,6 @@ def bench_aoti(reps: int, B: int = 4, S: int = 8193) -> dict:
     return res
 
 
-class _LayerAotiProbe(torch.nn.Module):
-    """VoxCPM2 decode layers through `ttsaot::decode_layer` (one node per layer, one counter buffer per step):
-    what an exported step stage holds on the layer kernel."""
-
-    def __init__(self, layers) -> None:
-        super().__init__()
-        self.layers = torch.nn.ModuleList(layers)
-
-    def forward(self, x, positions, k_cache, v_cache, cos, sin):
-        from ttsaot.builder.kernels.decode_layer import decode_layer, new_counters
-
-        counters = new_counters(x)
-        for i, layer in enumerate(self.layers):
-            w = _layer_weights(layer)
-            x = decode_layer(
-                x, positions, k_cache, v_cache, counters, i, cos, sin, w["ln1"], w["w_qkv"], None, None, w["w_o"],
-                w["ln2"], w["w_gate_up"], w["w_down"], w["norm_eps"], 1e-6, w["residual_scale"], False,
-            )  # fmt: skip
-        return x
-
-
-def bench_layer_aoti(reps: int, B: int) -> dict:
-    """The layer kernel inside an AOTI package (what a build ships): exported (one node per layer), compiled,
-    checked against the same kernel launched eagerly and against the eager layers, timed in a graph."""
-    from torch._inductor import aoti_compile_and_package, aoti_load_package
-
-    if "CXX" not in os.environ and Path("/usr/bin/g++").exists():
-        os.environ["CXX"] = "/usr/bin/g++"
-    n_layers, S, ctx = LAYER["layers"], LAYER["cache_positions"], LAYER["context"]
-    cfg, layers, rope = _voxcpm2_layers(n_layers, S, torch.device("cuda"))
-    m = _LayerAotiProbe(layers)
-    hkv, hd = cfg.num_key_value_heads, cfg.head_dim
-
-    def inputs(seed: int):
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        return (
-            torch.randn(B, cfg.hidden_size, generator=g, device="cuda").bfloat16(),
-            torch.full((B,), ctx, dtype=torch.long, device="cuda"),
-            torch.randn(n_layers, B, hkv, S, hd, generator=g, device="cuda").bfloat16(),
-            torch.randn(n_layers, B, hkv, S, hd, generator=g, device="cuda").bfloat16(),
-            rope.cos,
-            rope.sin,
-        )
-
-    res: dict[str, Any] = {"B": B, "layers": n_layers, "context": ctx}
-    with tempfile.TemporaryDirectory(prefix="bench-layer-aoti-") as tmp, torch.no_grad():
-        t0 = time.time()
-        ep = torch.export.export(m, inputs(0), strict=False)
-        res["exported_decode_layer_nodes"] = sum(
-            1 for n in ep.graph.nodes if n.op == "call_function" and "decode_layer" in str(n.target)
-        )
-        path = aoti_compile_and_package(ep, package_path=str(Path(tmp) / "layer.pt2"))
-        res["compile_s"] = time.time() - t0
-        with zipfile.ZipFile(path) as z:
-            code = "".join(z.read(n).decode(errors="replace") for n in z.namelist() if n.endswith((".cpp", ".py")))
-        res["generated_code"] = {
-            "clone_calls": code.count("aoti_torch_clone"),
-            "copy_calls": code.count("aoti_torch_copy_"),
-            "decode_layer_kernel_launches": code.count("decode_layer_kernel"),
-        }
-        runner = aoti_load_package(path, run_single_threaded=True)
-        runner(*inputs(2))
-        a_in, e_in = inputs(1), inputs(1)
-        got = runner(*a_in)
-        want = m(*e_in)  # the op eagerly (autotuned launch)
-        torch.cuda.synchronize()
-        res["rel_err_aoti_vs_eager_kernel"] = rel_err(got.float(), want.float())
-        res["rel_err_k_cache_aoti_vs_eager_kernel"] = rel_err(a_in[2].float(), e_in[2].float())
-        res["aoti_finite"] = bool(torch.isfinite(got).all())
-        res["graph_ms_per_layer"] = graph_ms([lambda: runner(*a_in)], reps, torch.device("cuda")) / n_layers
-        res["eager_kernel_graph_ms_per_layer"] = graph_ms([lambda: m(*e_in)], reps, torch.device("cuda")) / n_layers
-    res["ok"] = res["aoti_finite"] and res["rel_err_aoti_vs_eager_kernel"] < 1e-2
-    return res
-
-
 # ---------------------------------------------------------------------------------------------- runner
 def run_kernels(
     device: torch.device,
@@ -837,8 +701,6 @@ def run_kernels(
     ]
     guarded("layer", lambda: cases(bench_layer, layer_items))
     guarded("predictors", lambda: skinny_section(PREDICTOR_SHAPES))
-    if device.type == "cuda":
-        guarded("layer_aoti", lambda: {f"B={B}": bench_layer_aoti(reps, B) for B in (1, 16)})
 
     def sweep_section() -> dict:
         items = []

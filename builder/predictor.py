@@ -21,9 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .kernels.decode_attention import supports_head_dim
-from .kernels.decode_layer import new_counters
-from .kernels.decode_modules import KernelAttention, KernelSwiGLU, decode_layer_step
+from .kernels.decode_attention import attention_workspace, supports_head_dim
+from .kernels.decode_modules import KernelAttention, KernelSwiGLU
 from .layers.transformer import DecoderBlock
 
 # u is clamped into (0, 1) so that −log(−log u) stays finite whatever the caller passes.
@@ -157,24 +156,21 @@ def _unrolled_frame_kernels(
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """`unrolled_frame` on the kernel layer (`use_predictor_kernels`): a static cache of the frame's positions,
     zeroed in the graph, and every position (the first T0 too: causal attention over T0 positions = T0 one-position
-    steps) one decode step per layer (decode_modules.decode_layer_step: the one-launch layer kernel on CUDA, else
-    skinny_linear + decode_attention), with M = batch rows."""
+    steps) one decode step of skinny_linear + decode_attention per layer, with M = batch rows."""
     B, T0, _ = x.shape
     a = layers[0].self_attn
     shape = (len(layers), B, a.n_kv_heads, T0 + n_steps - 1, a.head_dim)
     k_cache, v_cache = x.new_zeros(shape), x.new_zeros(shape)
     cos, sin = rope_cos.float(), rope_sin.float()  # the op rotates in fp32 with fp32 tables
 
-    # the persistent layer kernel's work counters (decode_layer.py), one buffer for every layer and position
-    counters = new_counters(x) if x.device.type == "cuda" else None
+    workspace = attention_workspace(x, k_cache)  # decode_attention's split-merge tickets, zeroed by every call
 
     def position(h: torch.Tensor, p: int) -> torch.Tensor:
         positions = torch.full((B,), p, dtype=torch.long, device=h.device)
         for i, layer in enumerate(layers):
-            ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
-            h = decode_layer_step(
-                layer.self_attn, layer.mlp, h, ln1, ln2, positions, k_cache, v_cache, i, cos, sin, counters
-            )
+            a, ln1 = layer.self_attn, layer.input_layernorm
+            h = a.decode_step(h, ln1, positions, k_cache, v_cache, i, cos, sin, workspace=workspace)
+            h = layer.mlp.decode_step(h, layer.post_attention_layernorm)
         return h
 
     for t in range(T0):

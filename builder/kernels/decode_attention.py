@@ -413,6 +413,12 @@ else:
         )
 
 
+def attention_workspace(rows: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
+    """A zeroed workspace for a step's decode_attention calls: one int32 ticket per (row, kv head); every call
+    leaves it zeroed, so one per step serves all its layers. `rows`: any [B, ...] tensor of the step."""
+    return torch.zeros(rows.shape[0] * k_cache.shape[2], dtype=torch.int32, device=rows.device)
+
+
 def decode_attention(
     qkv: torch.Tensor,
     positions: torch.Tensor,
@@ -432,7 +438,7 @@ def decode_attention(
     torch 2.11's version bump of a mutating custom op indexes the positional arguments by the schema's mutated
     positions, so an omitted mutated argument raised IndexError (H100 run, torch 2.11)."""
     if workspace is None:
-        workspace = torch.zeros(qkv.shape[0] * k_cache.shape[2], dtype=torch.int32, device=qkv.device)
+        workspace = attention_workspace(qkv, k_cache)
     return _decode_attention_op(
         qkv, positions, k_cache, v_cache, layer, scale, cos, sin, rope_interleaved, q_norm, k_norm, norm_eps, workspace
     )

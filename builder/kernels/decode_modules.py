@@ -36,7 +36,6 @@ from ..layers.attention import Attention, sdpa_gqa, split_heads
 from ..layers.mlp import SwiGLU
 from ..layers.norms import RMSNorm
 from .decode_attention import decode_attention
-from .decode_layer import decode_layer, kernel_eligible
 from .skinny_linear import skinny_linear
 
 
@@ -61,9 +60,12 @@ class KernelAttention(nn.Module):
         cos: torch.Tensor | None,
         sin: torch.Tensor | None,
         residual_scale: float = 1.0,
+        workspace: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x [B, D] → x + residual_scale · attention branch; this token's k/v written at (layer, b, :, positions[b]).
-        cos/sin: the WHOLE fp32 tables [≥ cache positions, hd] (the op picks each row's position), or None."""
+        cos/sin: the WHOLE fp32 tables [≥ cache positions, hd] (the op picks each row's position), or None.
+        workspace: the step's zeroed split-merge tickets (`attention_workspace`), shared by every layer (the op
+        leaves it zeroed); None = the op zeroes one per call (one more launch per layer)."""
         qkv = skinny_linear(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps)
         qn = kn = None
         qk_eps = 1e-6
@@ -82,6 +84,7 @@ class KernelAttention(nn.Module):
             qn,
             kn,
             qk_eps,
+            workspace,
         )
         return self.project_out(o, x, residual_scale)
 
@@ -119,58 +122,6 @@ class KernelSwiGLU(nn.Module):
         """x [..., D] (a step's [B, D], a sequence's [B, T, D]) → x + residual_scale · down(silu(gate)·up)(norm(x))."""
         h = skinny_linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, norm.weight, norm.eps, gated=True)
         return skinny_linear(h, self.down_proj.weight, self.down_proj.bias, residual=x, residual_scale=residual_scale)
-
-
-def decode_layer_step(
-    attn: KernelAttention,
-    mlp: KernelSwiGLU,
-    x: torch.Tensor,
-    ln1: RMSNorm,
-    ln2: RMSNorm,
-    positions: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    layer: int,
-    cos: torch.Tensor | None,
-    sin: torch.Tensor | None,
-    counters: torch.Tensor | None,
-    residual_scale: float = 1.0,
-) -> torch.Tensor:
-    """One pre-norm layer's decode step: `ttsaot::decode_layer` (the whole layer in one persistent launch) where
-    it applies — a CUDA bf16 step of ≤ 16 rows without projection biases, given the step's `counters`
-    (decode_layer.new_counters) —, else attn.decode_step then mlp.decode_step (the same function, six launches).
-    Decided at trace time from static shapes."""
-    projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-    biased = any(p.bias is not None for p in projections)
-    if counters is None or biased or x.device.type != "cuda" or not kernel_eligible(x, k_cache, attn.qkv_proj.weight):
-        x = attn.decode_step(x, ln1, positions, k_cache, v_cache, layer, cos, sin, residual_scale)
-        return mlp.decode_step(x, ln2, residual_scale)
-    qn = kn = None
-    qk_eps = 1e-6
-    if attn.q_norm is not None:
-        qn, kn, qk_eps = attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps
-    return decode_layer(
-        x,
-        positions,
-        k_cache,
-        v_cache,
-        counters,
-        layer,
-        cos,
-        sin,
-        ln1.weight,
-        attn.qkv_proj.weight,
-        qn,
-        kn,
-        attn.o_proj.weight,
-        ln2.weight,
-        mlp.gate_up_proj.weight,
-        mlp.down_proj.weight,
-        ln1.eps,
-        qk_eps,
-        residual_scale,
-        attn.rope_interleaved,
-    )
 
 
 class KernelLinear(nn.Module):

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...kernels.decode_layer import new_counters
-from ...kernels.decode_modules import KernelAttention, KernelSwiGLU, decode_layer_step
+from ...kernels.decode_attention import attention_workspace
+from ...kernels.decode_modules import KernelAttention, KernelSwiGLU
 from ...layers import RMSNorm, SwiGLU, apply_rope_neox, rope_table
 from ...layers.attention import Attention
 from .config import MiniCPM4Config, VoxCPM2LMConfig
@@ -100,17 +100,17 @@ class MiniCPMLayer(nn.Module):
         positions: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
-        counters: torch.Tensor | None = None,
+        workspace: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x [B,D], positions [B]: write this token's k/v at (layer, row, :, positions[row]) of the caches, then
         attend over the row's keys at positions ≤ positions[row]. On the kernel layer (`use_decode_kernels`),
         cos/sin are the whole RoPE tables."""
         if isinstance(self.self_attn, KernelAttention):
             scale = 1.0 if self.branch_scale is None else self.branch_scale
-            ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
-            return decode_layer_step(
-                self.self_attn, self.mlp, x, ln1, ln2, positions, k_cache, v_cache, layer, cos, sin, counters, scale
+            x = self.self_attn.decode_step(
+                x, self.input_layernorm, positions, k_cache, v_cache, layer, cos, sin, scale, workspace
             )
+            return self.mlp.decode_step(x, self.post_attention_layernorm, scale)
         a = self.self_attn
         B = x.shape[0]
         q, k, v = a.project_qkv(self.input_layernorm(x)[:, None])  # q [B,H,1,hd], k/v [B,kvh,1,hd]
@@ -176,10 +176,10 @@ class MiniCPM4(nn.Module):
             cos, sin = self.rope.cos, self.rope.sin
         elif self.rope is not None:
             cos, sin = self.rope.cos[positions][:, None, None, :], self.rope.sin[positions][:, None, None, :]
-        # the kernel layer's per-step work counters (decode_layer.py: zero on entry, left zero by every layer)
-        counters = new_counters(x) if self.uses_kernels and x.device.type == "cuda" else None
+        # one zeroed split-merge workspace per step for every layer's decode_attention (each call leaves it zeroed)
+        workspace = attention_workspace(x, k_cache) if self.uses_kernels else None
         for i, layer in enumerate(self.layers):
-            x = layer.forward_step(x, cos, sin, i, positions, k_cache, v_cache, counters)
+            x = layer.forward_step(x, cos, sin, i, positions, k_cache, v_cache, workspace)
         return self.norm(x)
 
     @property
@@ -224,7 +224,7 @@ def use_decode_kernels(module: nn.Module) -> dict:
     return {
         "pass": "use_decode_kernels",
         "layers": layers,
-        "ops": ["ttsaot::decode_layer", "ttsaot::skinny_linear", "ttsaot::decode_attention"],
+        "ops": ["ttsaot::skinny_linear", "ttsaot::decode_attention"],
     }
 
 
