@@ -153,3 +153,19 @@ def test_artifact_steps_and_caches_match_the_inductor_build(kernels_build, voxcp
     for ck, ci in zip(caches[id(kern)], caches[id(ind)]):
         assert ck.positions.tolist() == ci.positions.tolist() == [5, 14]
         assert rel_err(ck.k, ci.k) < tol and rel_err(ck.v, ci.v) < tol
+
+
+@pytest.mark.parametrize("name", STEPS)
+def test_one_attention_workspace_per_step(name):
+    """The exported step zeroes ONE decode_attention workspace and hands it to every layer (each call leaves it
+    zeroed), instead of a zeroing launch per layer."""
+    _, kern, _ = _module_pair(name)
+    cfg = TINY.lm if name.startswith("base") else TINY.residual
+    xs = tuple(torch.randn(3, cfg.hidden_size) for _ in range(1 if name.startswith("base") else 2))
+    ep = torch.export.export(kern, (*xs, torch.tensor([0, 5, MAX_LEN]), *_caches(name)), strict=False)
+    nodes = [n for n in ep.graph.nodes if n.op == "call_function"]
+    attn = [n for n in nodes if "decode_attention" in str(n.target)]
+    zeros = [n for n in nodes if "zeros" in str(n.target)]
+    lm = kern.base_lm if name.startswith("base") else kern.residual_lm
+    assert len(attn) == len(lm.layers)
+    assert len(zeros) == 1 and all(n.args[-1] is zeros[0] for n in attn), [n.args[-1] for n in attn]
