@@ -57,6 +57,7 @@ def test_kernels_bench_smoke_on_cpu(monkeypatch, tmp_path):
     for key, case in sec["attention"].items():
         assert "error" not in case, (key, case)
         assert case["rel_err_vs_reference"] < 3e-2 and case["k_cache_rel_err_vs_reference"] < 1e-2
+        assert case["workspace_zero_after"] and case["workspace_zero_after_timing"]
     for key, case in sec["layer"].items():
         assert "error" not in case, (key, case)
         assert case["check"]["rel_err_out_vs_eager"] < 5e-2, case["check"]
