@@ -351,7 +351,11 @@ def _attention_inputs(B: int, S: int, L: int, ctx: int, rope: bool, g: torch.Gen
 def bench_attention_case(
     B: int, ctx: int, rope: bool, peak_gbps: float, reps: int, device: torch.device, launch_kw: dict | None = None
 ) -> dict:
-    from ttsaot.builder.kernels.decode_attention import decode_attention_reference, launch_decode_attention
+    from ttsaot.builder.kernels.decode_attention import (
+        attention_workspace,
+        decode_attention_reference,
+        launch_decode_attention,
+    )
 
     hq, hkv, hd, S = ATTENTION["hq"], ATTENTION["hkv"], ATTENTION["hd"], ATTENTION["cache_positions"]
     L = max(2, min(28, _sets_for(B * hkv * (ctx + 1) * hd * 2 * 2, device)))
@@ -359,7 +363,7 @@ def bench_attention_case(
     t = _attention_inputs(B, S, L, ctx, rope, g, device)
     launch_kw = {**_interpreter_kwargs(device, "attention"), **(launch_kw or {})}
     # One zeroed workspace for every call, as a step passes one to all its layers (the kernel returns it zeroed).
-    ws = torch.zeros(B * hkv, dtype=torch.int32, device=device)
+    ws = attention_workspace(t["qkv"], t["k_cache"])
     one = {**t, "k_cache": t["k_cache"][:1].clone(), "v_cache": t["v_cache"][:1].clone()}
     ref_t = {**t, "k_cache": t["k_cache"][:1].clone(), "v_cache": t["v_cache"][:1].clone()}
     out = launch_decode_attention(**one, layer=0, scale=hd**-0.5, workspace=ws, **launch_kw)

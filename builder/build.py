@@ -604,21 +604,17 @@ class _Bucket:
 def subprocess_verify(
     path: Path,
     device: torch.device,
+    load_check: LoadCheck,
     timeout: float = VERIFY_TIMEOUT_S,
     stages: list[str] | None = None,
-    load_check: LoadCheck | None = None,
 ) -> list[dict]:
     """Load the fresh packages in a child process and run the golden cases: a package that segfaults on load
-    fails the build here instead of crashing a user's server later. `load_check`: the child started early
-    (builder/load_check.py) runs it; None starts one now."""
+    fails the build here instead of crashing a user's server later. `load_check`: the child, started early so that
+    its imports overlap the build (builder/load_check.py)."""
     argv = [str(path), "--device", str(device), "--json"]
     if stages:
         argv += ["--stages", ",".join(stages)]
-    if load_check is not None:
-        proc = load_check.run(argv, timeout)
-    else:
-        cmd = [sys.executable, "-m", "ttsaot.runtime.verify", *argv]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = load_check.run(argv, timeout)
     if proc.returncode < 0:
         raise BuildError(
             f"loading the fresh packages killed the process with signal {-proc.returncode} "
@@ -790,7 +786,7 @@ def _build_family(
                 aoti_stages = [n for n, e in manifest.stages.items() if e.buckets]
                 if aoti_stages:
                     reporter.note("verifying the fresh artifact in a subprocess")
-                    subprocess_verify(tmp, dev, stages=aoti_stages, load_check=load_check)
+                    subprocess_verify(tmp, dev, load_check, stages=aoti_stages)
                 onnx_stages = [n for n, e in stages.items() if e.onnx is not None]
                 if onnx_stages:
                     reporter.note("verifying the fresh ONNX models with onnxruntime in a subprocess")

@@ -196,6 +196,12 @@ def plan_num_splits(rows: int, cache_len: int, multiprocessors: int) -> int:
     return max(1, min(splits, MAX_SPLITS, cdiv(cache_len, MIN_CHUNK)))
 
 
+def attention_workspace(rows: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
+    """A zeroed workspace for a step's decode_attention calls: one int32 ticket per (row, kv head); every call
+    leaves it zeroed, so one per step serves all its layers. `rows`: any [B, ...] tensor of the step."""
+    return torch.zeros(rows.shape[0] * k_cache.shape[2], dtype=torch.int32, device=rows.device)
+
+
 def _identity(kernel: Any) -> Any:
     return kernel
 
@@ -236,7 +242,7 @@ def launch_decode_attention(
     if num_splits > 1:
         part_o = qkv.new_empty((B * hq * num_splits * d_pad,), dtype=torch.float32)
         part_ml = qkv.new_empty((B * hq * num_splits * 2,), dtype=torch.float32)
-        ws = workspace if workspace is not None else torch.zeros(B * hkv, dtype=torch.int32, device=qkv.device)
+        ws = workspace if workspace is not None else attention_workspace(qkv, k_cache)
     else:
         # Never touched with one split. Read-only dummies: an argument aliasing a written one (o) would confuse the
         # functionalization of the kernel's writes under AOTInductor.
@@ -381,42 +387,7 @@ else:
     )
     _LIB.impl("decode_attention", _checked_reference, "CompositeImplicitAutograd")
 
-    def _decode_attention_op(  # type: ignore[misc]
-        qkv,
-        positions,
-        k_cache,
-        v_cache,
-        layer,
-        scale,
-        cos,
-        sin,
-        rope_interleaved,
-        q_norm,
-        k_norm,
-        norm_eps,
-        workspace,
-    ):
-        return torch.ops.ttsaot.decode_attention(
-            qkv,
-            positions,
-            k_cache,
-            v_cache,
-            layer,
-            scale,
-            cos,
-            sin,
-            rope_interleaved,
-            q_norm,
-            k_norm,
-            norm_eps,
-            workspace,
-        )
-
-
-def attention_workspace(rows: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
-    """A zeroed workspace for a step's decode_attention calls: one int32 ticket per (row, kv head); every call
-    leaves it zeroed, so one per step serves all its layers. `rows`: any [B, ...] tensor of the step."""
-    return torch.zeros(rows.shape[0] * k_cache.shape[2], dtype=torch.int32, device=rows.device)
+    _decode_attention_op = torch.ops.ttsaot.decode_attention
 
 
 def decode_attention(
