@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,10 +49,14 @@ def inductor_options(
         "aot_inductor.package_constants_on_disk_format": "pickle_weights",
         "aot_inductor.model_name_for_generated_files": model_name,
         "aot_inductor.metadata": {k: str(v) for k, v in metadata.items()},
-        # Inductor's caches key on the graph, not on constant values, yet some constants (e.g. a CPU Linear's
-        # bias) are folded into the generated code: a second compile of the same graph with other weights
-        # (another seed, a real checkpoint) silently reused the stale values. Never reuse a cached compile.
-        "force_disable_caches": True,
+        # Never reuse a cached GRAPH compile: packages are weightless, yet small constants (e.g. a 4-element
+        # bias) are folded into the generated code, and the FX-graph cache keys a frozen parameter on its
+        # metadata only. (compile_bucket also gives every compile its own output folder, for the same reason.)
+        # The kernel-level caches stay on (Triton binaries, generated kernel sources, autotune picks): they key
+        # on the code itself, and without them every bucket and every rebuild recompiled and re-tuned the same
+        # kernels from an empty cache, as `force_disable_caches` made them.
+        "fx_graph_cache": False,
+        "fx_graph_remote_cache": False,
     }
     if device.type == "cpu":
         # Thread count decided by the serving process, not frozen at the build host's core count.
@@ -84,18 +89,23 @@ def compile_bucket(
     from torch.export.pt2_archive._package_weights import Weights
 
     ep = exported if exported is not None else export_bucket(module, args, device)
-    try:
-        with torch.no_grad():
-            files = aot_compile(
-                ep.module(), args, options=inductor_options(model_name, metadata, device, extra_options)
-            )
-    except Exception as e:  # noqa: BLE001
-        raise CompileError(f"AOTInductor compile failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e
-    weights = [f for f in files if isinstance(f, Weights)]
-    if len(weights) != 1:
-        raise CompileError("AOTInductor returned no weights object (is package_constants_in_so honoured?)")
-    package_path.parent.mkdir(parents=True, exist_ok=True)
-    package_aoti(str(package_path), [f for f in files if isinstance(f, str)])
+    # AOTI writes the wrapper sources to <output_path>/<model name>.cpp and keeps a file that already exists; its
+    # default output_path is a hash of the graph's code, the same for the same graph compiled again with other
+    # weights (another seed, a real checkpoint, a concurrent build): the first compile's wrapper, with its folded
+    # constants, would be built into this package. Each compile gets its own folder, removed once packaged.
+    with tempfile.TemporaryDirectory(prefix="ttsaot-aoti-") as work:
+        options = inductor_options(model_name, metadata, device, extra_options)
+        options["aot_inductor.output_path"] = work
+        try:
+            with torch.no_grad():
+                files = aot_compile(ep.module(), args, options=options)
+        except Exception as e:  # noqa: BLE001
+            raise CompileError(f"AOTInductor compile failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+        weights = [f for f in files if isinstance(f, Weights)]
+        if len(weights) != 1:
+            raise CompileError("AOTInductor returned no weights object (is package_constants_in_so honoured?)")
+        package_path.parent.mkdir(parents=True, exist_ok=True)
+        package_aoti(str(package_path), [f for f in files if isinstance(f, str)])
     tensors = {name: t.detach().to("cpu") for name, (t, _props) in weights[0].items()}
     return CompiledBucket(package=package_path, weights=tensors, metadata=metadata)
 
