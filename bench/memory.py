@@ -328,6 +328,11 @@ def _mib(m: dict[str, Any], key: str) -> str:
     return "—" if m.get(key) is None else f"{m[key] / MIB:.0f}"
 
 
+def _stage_cell(name: str, r: dict[str, Any]) -> str:
+    """A stage measured in another run than the file's header names its own commit."""
+    return f"`{name}`" + (f" (commit `{r['git_commit'][:12]}`)" if r.get("git_commit") else "")
+
+
 def report_section(res: dict[str, Any]) -> str:
     """The BENCHMARKS.md section of one memory.json (bench/report.py)."""
     from .report import _table
@@ -336,14 +341,14 @@ def report_section(res: dict[str, Any]) -> str:
     for name, r in res.get("stages", {}).items():
         m = r.get("measured")
         if r.get("status") != "ok" or not m:
-            rows.append([f"`{name}`", r.get("status", "?"), *["—"] * 8, str(r.get("reason", ""))[:120]])
+            rows.append([_stage_cell(name, r), r.get("status", "?"), *["—"] * 8, str(r.get("reason", ""))[:120]])
             continue
         gp = m.get("graph_pools", {}).get("reserved_bytes")
         ls = m.get("load_stats", {})
         plan = "default" if not r.get("axes_override") else "override"
         rows.append(
             [
-                f"`{name}`",
+                _stage_cell(name, r),
                 f"{m['dtype']}, {m['kernels']}",
                 f"{m['buckets']} ({plan})",
                 str(m["graphs"]),

@@ -57,14 +57,20 @@ def powers_of_two(upto: int, start: int = 1) -> list[int]:
 
 @dataclass(frozen=True)
 class BucketPlan:
-    """The static shapes a stage is compiled for: the cross product of its axes' sizes."""
+    """The static shapes a stage is compiled for: the cross product of its axes' sizes, less the batch > 1
+    buckets whose batch × frames exceeds `max_batch_frames` (None: none left out). One row at every size is
+    always kept; the runtime serves a batch no bucket covers in smaller batches."""
 
     axes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    max_batch_frames: int | None = None
 
     def buckets(self) -> list[dict[str, int]]:
         out: list[dict[str, int]] = [{}]
         for axis, sizes in self.axes.items():
             out = [{**b, axis: s} for b in out for s in sizes]
+        cap = self.max_batch_frames
+        if cap and "batch" in self.axes and "frames" in self.axes:
+            out = [b for b in out if b["batch"] == 1 or b["batch"] * b["frames"] <= cap]
         return out
 
     @staticmethod
@@ -99,6 +105,16 @@ def frame_sizes(
     return tuple(sorted(sizes))
 
 
+def batch_frames_cap(streaming: StreamingConfig, batches: tuple[int, ...], frames: tuple[int, ...]) -> int:
+    """Default `max_batch_frames`: the largest batch at a steady streaming window (chunk + left context), or the
+    longest window at one row, whichever is more. Batches exist for concurrent streams, whose windows are short;
+    one row of a long one-shot window is already as much work as the largest streaming batch (a codec's compute
+    per frame-row is fixed), while a graph's activation memory, held for the life of the process, grows with
+    batch × frames: Qwen code2wav's 4 × 325-frame graph alone reserved 4.0 GiB on an H100."""
+    window = streaming.chunk_frames + streaming.left_context_frames
+    return max(max(batches) * window, max(frames))
+
+
 @dataclass
 class StreamingCodecOptions(BuildOptions):
     """Options of a family with a streaming codec stage: its frame buckets come from the streaming plan (plus
@@ -108,6 +124,21 @@ class StreamingCodecOptions(BuildOptions):
         None, parse=positive_ints, metavar="N,N", help="Explicit frame buckets instead of the streaming plan."
     )
     pow2_frames: bool = switch(True, name="--no-pow2", help="Do not add power-of-two frame buckets.")
+    max_batch_frames: int | None = flag(
+        None,
+        parse=non_negative_int,
+        metavar="N",
+        help="Leave out batch > 1 buckets whose batch × frames exceeds N (served in smaller batches) "
+        "[default: max(largest batch × (chunk + left context), longest window); 0 = keep every one].",
+    )
+
+    def codec_plan(self, batches: tuple[int, ...], frames: tuple[int, ...]) -> BucketPlan:
+        """The batch × frames plan of the family's streaming codec stage."""
+        cap = self.max_batch_frames
+        if cap is None:
+            cap = batch_frames_cap(self.streaming, batches, frames)
+        return BucketPlan({"batch": batches, "frames": frames}, max_batch_frames=cap or None)
+
     streaming: StreamingConfig = flag_group(StreamingConfig)
 
 

@@ -360,11 +360,25 @@ class Stage:
 
     def _run(self, named: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
         if "batch" in sizes and sizes["batch"] > self.max_sizes.get("batch", sizes["batch"]):
-            return self._run_split_batch(named, sizes)
+            return self._run_split_batch(named, sizes, self.max_sizes["batch"])
         for axis in self._axes:
             if sizes[axis] > self.max_sizes[axis]:
                 return self._run_overflow(named, sizes, axis)
+        if "batch" in sizes and self.pick_bucket(sizes) is None:
+            # a plan without the large-batch buckets of its long windows (BucketPlan.max_batch_frames): the
+            # rows go through in the largest batch compiled at this size (batch 1 always is)
+            return self._run_split_batch(named, sizes, self._largest_batch_at(sizes))
         return self._run_bucket(named, sizes)
+
+    def _largest_batch_at(self, sizes: dict[str, int]) -> int:
+        fits = [
+            b.sizes["batch"]
+            for b in self.entry.buckets
+            if b.sizes["batch"] <= sizes["batch"] and all(b.sizes[a] >= sizes[a] for a in self._axes if a != "batch")
+        ]
+        if not fits:
+            raise InputShapeError(f"{self.name}: no bucket covers {sizes} even at batch 1; rebuild with one")
+        return max(fits)
 
     def _run_bucket(self, named: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
         bucket = self.pick_bucket(sizes)
@@ -395,8 +409,7 @@ class Stage:
     def _batch_dim(self, spec: TensorSpec) -> int | None:
         return next((d for d, axis, _ in spec.axes() if axis == "batch"), None)
 
-    def _run_split_batch(self, named, sizes) -> list[torch.Tensor]:
-        step = self.max_sizes["batch"]
+    def _run_split_batch(self, named, sizes, step: int) -> list[torch.Tensor]:
         parts = []
         for start in range(0, sizes["batch"], step):
             sub = {}

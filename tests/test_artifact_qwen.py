@@ -1,6 +1,7 @@
 """The built tiny code2wav artifact through the runtime: every bucket vs eager, padding, splitting, chunking,
 streaming, golden verify, typed input errors, threads."""
 
+import dataclasses
 import json
 import threading
 
@@ -66,6 +67,19 @@ def test_batch_above_largest_bucket_is_split(bundle, eager):
     out = bundle["code2wav"](x)
     assert out.shape == (5, 1, 8 * SPF)
     assert rel_err(out, eager(x)) < 1e-4
+
+
+def test_batch_without_a_covering_bucket_runs_in_smaller_batches(qwen_tiny_fp32, eager):
+    # a plan capped by max_batch_frames has b1 at every window but no b2 at the longest: 2 rows × 40 frames go
+    # through b1_f48 twice (the stage's largest batch, 2, and largest frames, 48, are still buckets)
+    stage = load(qwen_tiny_fp32)["code2wav"]
+    stage.entry = dataclasses.replace(stage.entry, buckets=[b for b in stage.entry.buckets if b.key != "b2_f48"])
+    assert stage.pick_bucket({"batch": 2, "frames": 40}) is None
+    x = _codes(2, 40, seed=9)
+    out = stage(x)
+    assert out.shape == (2, 1, 40 * SPF)
+    assert rel_err(out, eager(x)) < 1e-4
+    assert stage(x[:, :, :16]).shape == (2, 1, 16 * SPF)  # b2_f16 still covers the short window in one call
 
 
 def test_frames_above_largest_bucket_are_chunked_not_rejected(bundle, eager):

@@ -51,3 +51,41 @@ def test_invalid_streaming_config():
         StreamingConfig(chunk_frames=0)
     with pytest.raises(ValueError):
         StreamingConfig(left_context_frames=-1)
+
+
+def test_plan_cap_leaves_out_only_large_batches_at_long_windows():
+    plan = BucketPlan({"batch": (1, 2, 4), "frames": (25, 50, 325)}, max_batch_frames=200)
+    assert [BucketPlan.key(b) for b in plan.buckets()] == [
+        "b1_f25",
+        "b1_f50",
+        "b1_f325",
+        "b2_f25",
+        "b2_f50",
+        "b4_f25",
+        "b4_f50",
+    ]  # one row at every window is always kept, however long
+    assert len(BucketPlan(plan.axes, max_batch_frames=None).buckets()) == 9
+
+
+@pytest.mark.parametrize(
+    ("family", "stage", "cap", "left_out"),
+    [
+        # the 300-frame one-shot chunk (+25 context) runs one row at a time; 4 streams × 50-frame windows batch
+        ("qwen3-tts-12hz", "code2wav", 325, ["b2_f256", "b2_f325", "b4_f128", "b4_f256", "b4_f325"]),
+        ("fish-s2-pro", "dac_decoder", 200, []),  # 4 × (25 + 25): every window batches
+        ("voxcpm2", "vae_decoder", 144, []),  # 4 × (12 + 24)
+    ],
+)
+def test_default_codec_plans_cap_batch_times_frames(family, stage, cap, left_out):
+    from ttsaot.builder.families import get_family
+
+    fam = get_family(family)
+    spec = fam.specs(fam.options(), [stage])[0]
+    assert spec.plan.max_batch_frames == cap
+    kept = {BucketPlan.key(b) for b in spec.plan.buckets()}
+    every = {
+        BucketPlan.key({"batch": b, "frames": f}) for b in spec.plan.axes["batch"] for f in spec.plan.axes["frames"]
+    }
+    assert sorted(every - kept) == sorted(left_out)
+    uncapped = fam.specs(fam.options(max_batch_frames=0), [stage])[0]
+    assert len(uncapped.plan.buckets()) == len(every)

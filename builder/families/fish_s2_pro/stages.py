@@ -176,7 +176,7 @@ def dac_decoder_stage(opts: FishS2Options) -> StageSpec:
         raise OptionsError(
             f"dac_decoder: frame bucket {frames[-1]} exceeds the post_module block_size {cfg.quantizer_block_size}"
         )
-    plan = BucketPlan({"batch": batch_sizes(opts.max_batch, opts.batch_buckets), "frames": frames})
+    plan = opts.codec_plan(batch_sizes(opts.max_batch, opts.batch_buckets), frames)
     name, chosen_by = dac_decoder_precision(opts)
     prec = DECODER_PRECISIONS[name]
 

@@ -85,7 +85,7 @@ def code2wav_stage(opts: Qwen3TTSOptions) -> StageSpec:
         raise OptionsError(
             f"code2wav: frame bucket {frames[-1]} exceeds max_position_embeddings {cfg.max_position_embeddings}"
         )
-    plan = BucketPlan({"batch": batch_sizes(opts.max_batch, opts.batch_buckets), "frames": frames})
+    plan = opts.codec_plan(batch_sizes(opts.max_batch, opts.batch_buckets), frames)
     dtype = opts.dtype or torch.bfloat16
     cfg_json = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
     return StageSpec(

@@ -336,7 +336,7 @@ def vae_decoder_stage(opts: VoxCPM2Options) -> StageSpec:
     streaming = opts.streaming
     rf = receptive_field_frames(cfg)
     frames = frame_sizes(streaming, pow2=opts.pow2_frames, explicit=opts.frame_buckets)
-    plan = BucketPlan({"batch": batch_sizes(opts.max_batch, opts.batch_buckets), "frames": frames})
+    plan = opts.codec_plan(batch_sizes(opts.max_batch, opts.batch_buckets), frames)
     spf = cfg.samples_per_frame
     return StageSpec(
         family=FAMILY.name,
