@@ -97,7 +97,10 @@ def make_spec(
             plan_axes[axis] = tuple(want_axes[axis])
         else:
             plan_axes[axis] = tuple(sorted(sizes))[:per_axis]
-    spec = replace(spec, plan=BucketPlan(plan_axes))
+    # the default plan's batch × frames cap holds for the memory bench (what `build-artifacts` builds, an axis
+    # override included); the bench's own subsets compile exactly the buckets they name
+    cap = spec.plan.max_batch_frames if full_plan else None
+    spec = replace(spec, plan=BucketPlan(plan_axes, max_batch_frames=cap))
     desc = {
         "family": family,
         "stage": stage,
@@ -114,4 +117,5 @@ def make_spec(
     }
     if full_plan:  # recorded only when set: the cache keys of the bench's own artifacts stay what they were
         desc["full_plan"] = True
+        desc["max_batch_frames"] = cap
     return spec, desc

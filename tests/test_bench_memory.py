@@ -34,12 +34,15 @@ def test_tensor_storage_bytes_follows_the_strides():
 
 def test_full_plan_spec_is_the_family_default_and_the_bench_subset_keeps_its_key():
     from bench.specs import family_module, make_spec
+    from ttsaot.builder.buckets import BucketPlan
 
     fam = family_module("qwen3-tts-12hz")
     default = fam.specs(fam.options(preset="tiny"), ["code2wav"])[0].plan
     spec, desc = make_spec("qwen3-tts-12hz", "code2wav", "tiny", full_plan=True)
-    assert spec.plan.axes == default.axes and len(spec.plan.buckets()) == len(default.buckets())
-    assert desc["full_plan"] is True
+    assert spec.plan.axes == default.axes and spec.plan.buckets() == default.buckets()  # the batch × frames cap too
+    assert desc["full_plan"] is True and desc["max_batch_frames"] == default.max_batch_frames == 325
+    capped, _ = make_spec("qwen3-tts-12hz", "code2wav", "tiny", axes={"frames": (64, 325)}, full_plan=True)
+    assert [BucketPlan.key(b) for b in capped.plan.buckets()] == ["b1_f64", "b1_f325", "b2_f64", "b4_f64"]
     sub, sub_desc = make_spec("qwen3-tts-12hz", "code2wav", "tiny")
     assert len(sub.plan.buckets()) < len(default.buckets()) and "full_plan" not in sub_desc
 
