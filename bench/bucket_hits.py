@@ -90,6 +90,8 @@ def build_one_package(family: str, stage: str, plan: list[dict[str, int]], out: 
         str(max(b["batch"] for b in plan)),
         "--frame-buckets",
         str(max(b["frames"] for b in plan)),
+        "--max-batch-frames",
+        "0",  # the one package IS the largest batch at the largest window, which a default plan may leave out
     ]
     subprocess.run(cmd, check=True, cwd=str(REPO), env=dict(os.environ, PYTHONPATH=str(REPO)))
     return art
@@ -177,6 +179,17 @@ def _codes(stage, k: int, frames: int, high: int, rng, torch):
     return torch.randint(0, high, (1, k, frames), generator=g, dtype=torch.int64)
 
 
+def _calls_on_plan(rule, sizes: dict[str, int]) -> list[dict[str, int]]:
+    """The package calls the runtime makes for one call on the plan (`Stage._run`): the call itself where a bucket
+    covers it, else its rows in the largest batch the plan compiled at its size (a batch × frames cap)."""
+    from ttsaot.runtime.stage import Stage
+
+    if "batch" not in sizes or Stage.pick_bucket(rule, sizes) is not None:
+        return [sizes]
+    step = Stage._largest_batch_at(rule, sizes)
+    return [{**sizes, "batch": min(step, sizes["batch"] - s)} for s in range(0, sizes["batch"], step)]
+
+
 def tally(calls: list[dict[str, int]], plan: list[dict[str, int]]) -> dict[str, Any]:
     """Per default-plan bucket: calls, and padding (bucket rows × frames not asked for) as a share of its work."""
     from ttsaot.builder.buckets import BucketPlan
@@ -184,9 +197,9 @@ def tally(calls: list[dict[str, int]], plan: list[dict[str, int]]) -> dict[str, 
     from ttsaot.runtime.stage import Stage
 
     entries = [BucketEntry(key=BucketPlan.key(b), sizes=b, file="", sha256="", bytes=0) for b in plan]
-    rule = SimpleNamespace(entry=SimpleNamespace(buckets=entries), _axes=list(plan[0]))
+    rule = SimpleNamespace(name="plan", entry=SimpleNamespace(buckets=entries), _axes=list(plan[0]))
     per: dict[str, dict[str, int]] = {e.key: {"calls": 0, "work": 0, "useful": 0} for e in entries}
-    for sizes in calls:
+    for sizes in (part for asked in calls for part in _calls_on_plan(rule, asked)):
         b = Stage.pick_bucket(rule, sizes)  # the runtime's choice, on the default plan's buckets
         cell = per[b.key]
         cell["calls"] += 1

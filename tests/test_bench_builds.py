@@ -9,6 +9,7 @@ import pytest
 from bench.bucket_hits import chunk_plan, default_plan, tally
 from bench.build_times import parse_reuse, summary
 from bench.report import write_report
+from ttsaot.builder.buckets import BucketPlan
 
 
 def test_reuse_notes_parse_per_stage():
@@ -119,6 +120,14 @@ def test_tally_uses_the_runtimes_smallest_covering_bucket():
     assert t["buckets"]["b4_f50"]["calls"] == 1 and t["buckets"]["b4_f50"]["padding"] == round(1 - 78 / 200, 3)
     assert t["buckets_hit"] == 3 and t["packages"] == 9
     assert t["padding"] == round(1 - (25 + 78 + 16) / (25 + 200 + 16), 3)
+
+
+def test_tally_splits_a_batch_the_capped_plan_does_not_cover_like_the_runtime():
+    plan = BucketPlan({"batch": (1, 2, 4), "frames": (25, 50)}, max_batch_frames=100).buckets()  # no b4_f50
+    t = tally([{"batch": 4, "frames": 40}, {"batch": 3, "frames": 50}, {"batch": 4, "frames": 25}], plan)
+    assert t["buckets"]["b2_f50"]["calls"] == 3  # 4 rows → 2 + 2; 3 rows → 2 + 1 (b1_f50)
+    assert t["buckets"]["b1_f50"]["calls"] == 1 and t["buckets"]["b4_f25"]["calls"] == 1
+    assert t["packages"] == 5 and "b4_f50" not in t["buckets"]
 
 
 @pytest.mark.heavy
