@@ -132,14 +132,14 @@ class StreamingCodecOptions(BuildOptions):
         "[default: max(largest batch × (chunk + left context), longest window); 0 = keep every one].",
     )
 
+    streaming: StreamingConfig = flag_group(StreamingConfig)
+
     def codec_plan(self, batches: tuple[int, ...], frames: tuple[int, ...]) -> BucketPlan:
         """The batch × frames plan of the family's streaming codec stage."""
         cap = self.max_batch_frames
         if cap is None:
             cap = batch_frames_cap(self.streaming, batches, frames)
         return BucketPlan({"batch": batches, "frames": frames}, max_batch_frames=cap or None)
-
-    streaming: StreamingConfig = flag_group(StreamingConfig)
 
 
 # A golden case this many frames short of the smallest frame bucket exercises padding and trimming.
