@@ -291,17 +291,16 @@ def build_stage(
 
     # Golden inputs and the fp32 eager reference of the ORIGINAL faithful module (from the cache when it holds the
     # cases of these very modules, weights and inputs: builder/package_cache.py `golden_key`).
-    golden_sizes = [(sizes, seed * 1000 + i) for i, sizes in enumerate(_golden_sizes(spec))]
     golden_inputs = [
-        (BucketPlan.key(sizes), spec.make_inputs(sizes, torch.Generator().manual_seed(case_seed)))
-        for sizes, case_seed in golden_sizes
+        _GoldenCase(sizes, seed * 1000 + i, spec.make_inputs(sizes, torch.Generator().manual_seed(seed * 1000 + i)))
+        for i, sizes in enumerate(_golden_sizes(spec))
     ]
-    cases = [case for case, _ in golden_inputs]
+    cases = [c.name for c in golden_inputs]
     grel = f"golden/{spec.name}.safetensors"
     gkey = _golden_key(spec, original, rewritten, golden_inputs) if cache is not None else None
     golden = None
     if gkey is None or not cache.fetch_golden(gkey, tmp / grel):
-        golden = _golden_cases(spec, original, rewritten, golden_inputs, golden_sizes)
+        golden = _golden_cases(spec, original, rewritten, golden_inputs)
     del original
 
     module = cast_to_compute_dtype(rewritten, spec.dtype).to(device).eval()
@@ -348,11 +347,19 @@ def build_stage(
     return replace(entry, golden=FileEntry.of(tmp, grel))
 
 
+@dataclass(frozen=True)
+class _GoldenCase:
+    sizes: dict[str, int]
+    seed: int  # of its inputs (the float64 pass-parity re-check draws them again)
+    inputs: dict[str, torch.Tensor]
+
+    @property
+    def name(self) -> str:
+        return BucketPlan.key(self.sizes)
+
+
 def _golden_key(
-    spec: StageSpec,
-    original: torch.nn.Module,
-    rewritten: torch.nn.Module,
-    golden_inputs: list[tuple[str, dict[str, torch.Tensor]]],
+    spec: StageSpec, original: torch.nn.Module, rewritten: torch.nn.Module, golden_inputs: list[_GoldenCase]
 ) -> str:
     """What decides `_golden_cases` (builder/package_cache.py `golden_key` adds the code, torch and the CPU)."""
     return golden_key(
@@ -361,29 +368,25 @@ def _golden_key(
             "original": module_layout(original),
             "rewritten": module_layout(rewritten),
             "weights": module_values_digest(original),
-            "inputs": [[case, {n: tensor_digest(t) for n, t in sorted(ins.items())}] for case, ins in golden_inputs],
+            "inputs": [[c.name, {n: tensor_digest(t) for n, t in sorted(c.inputs.items())}] for c in golden_inputs],
         }
     )
 
 
 def _golden_cases(
-    spec: StageSpec,
-    original: torch.nn.Module,
-    rewritten: torch.nn.Module,
-    golden_inputs: list[tuple[str, dict[str, torch.Tensor]]],
-    golden_sizes: list[tuple[dict[str, int], int]],
+    spec: StageSpec, original: torch.nn.Module, rewritten: torch.nn.Module, golden_inputs: list[_GoldenCase]
 ) -> dict[str, torch.Tensor]:
     """Per case: the inputs, the faithful module's outputs (and sampling margins), after checking that the
-    rewritten module computes the same (`pass_parity`; golden_sizes: each case's sizes and input seed, for its
-    float64 re-check)."""
+    rewritten module computes the same (`pass_parity`)."""
     golden: dict[str, torch.Tensor] = {}
-    for (case, inputs), (sizes, case_seed) in zip(golden_inputs, golden_sizes):
+    for c in golden_inputs:
+        case, inputs = c.name, c.inputs
         with torch.no_grad():
             ref = original(*[inputs[n] for n in spec.input_names])
             mid = rewritten(*[inputs[n] for n in spec.input_names])
         ref = ref if isinstance(ref, tuple) else (ref,)
         mid = mid if isinstance(mid, tuple) else (mid,)
-        problem = pass_parity_problem(spec, original, rewritten, sizes, case_seed, ref, mid)
+        problem = pass_parity_problem(spec, original, rewritten, c.sizes, c.seed, ref, mid)
         if problem is not None:
             raise BuildError(problem)
         for o_desc, r in zip(spec.outputs, ref):

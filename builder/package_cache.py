@@ -84,6 +84,20 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _replace_file(path: Path, write: Callable[[Path], Any]) -> None:
+    """Write `path` through a temporary file beside it and an atomic rename: a reader sees the old file or the
+    whole new one, never a part (the temporary file is removed if `write` fails)."""
+    fd, name = tempfile.mkstemp(prefix=f".tmp-{path.name[:12]}-", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def tensor_digest(t: torch.Tensor) -> str:
     t = t.detach().to("cpu").contiguous()
     data = t.reshape(-1).view(torch.uint8).numpy().tobytes()  # reshape: a 0-dim tensor has no byte view
@@ -473,14 +487,7 @@ class PackageCache:
         path = self._index_path(pre_key)
         path.parent.mkdir(parents=True, exist_ok=True)
         with self.lock(f"{INDEX}-{pre_key}"):
-            fd, tmp = tempfile.mkstemp(prefix=f".tmp-{pre_key[:12]}-", dir=path.parent)
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump(meta, f, indent=1)
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            _replace_file(path, lambda tmp: tmp.write_text(json.dumps(meta, indent=1)))
         return True
 
     def fetch_golden(self, key: str, dest: Path) -> bool:
@@ -517,18 +524,8 @@ class PackageCache:
         base.parent.mkdir(parents=True, exist_ok=True)
         meta = {"format": GOLDEN_FORMAT, "key": key, "sha256": _sha256_file(path)}
         with self.lock(f"{GOLDEN}-{key}"):
-            for suffix, write in (
-                (".safetensors", lambda tmp: shutil.copyfile(path, tmp)),
-                (".json", lambda tmp: Path(tmp).write_text(json.dumps(meta))),
-            ):
-                fd, tmp = tempfile.mkstemp(prefix=f".tmp-{key[:12]}-", dir=base.parent)
-                os.close(fd)
-                try:
-                    write(tmp)
-                    os.replace(tmp, base.with_suffix(suffix))
-                except BaseException:
-                    Path(tmp).unlink(missing_ok=True)
-                    raise
+            _replace_file(base.with_suffix(".safetensors"), lambda tmp: shutil.copyfile(path, tmp))
+            _replace_file(base.with_suffix(".json"), lambda tmp: tmp.write_text(json.dumps(meta)))
 
     def _discard_index(self, path: Path, why: str) -> None:
         self.notes.append(f"package cache: discarded index entry {path.stem[:12]} ({why})")

@@ -168,8 +168,9 @@ def _unrolled_frame_kernels(
     def position(h: torch.Tensor, p: int) -> torch.Tensor:
         positions = torch.full((B,), p, dtype=torch.long, device=h.device)
         for i, layer in enumerate(layers):
-            a, ln1 = layer.self_attn, layer.input_layernorm
-            h = a.decode_step(h, ln1, positions, k_cache, v_cache, i, cos, sin, workspace=workspace)
+            h = layer.self_attn.decode_step(
+                h, layer.input_layernorm, positions, k_cache, v_cache, i, cos, sin, workspace=workspace
+            )
             h = layer.mlp.decode_step(h, layer.post_attention_layernorm)
         return h
 

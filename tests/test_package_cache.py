@@ -188,14 +188,15 @@ def test_changed_weights_miss_the_golden_cases(cached, monkeypatch, tmp_path):
 def test_golden_key_sees_weight_values_and_inputs():
     spec = _specs()[0]
     original = spec.make_module().eval()
-    inputs = [("b1_f8", spec.make_inputs({"batch": 1, "frames": 8}, torch.Generator().manual_seed(0)))]
+    sizes = {"batch": 1, "frames": 8}
+    inputs = [build_mod._GoldenCase(sizes, 0, spec.make_inputs(sizes, torch.Generator().manual_seed(0)))]
     base = build_mod._golden_key(spec, original, original, inputs)
     assert build_mod._golden_key(spec, spec.make_module().eval(), original, inputs) == base
     name = next(iter(dict(original.named_parameters())))
     with torch.no_grad():
         original.get_parameter(name).view(-1)[0] += 1.0  # one value
     assert build_mod._golden_key(spec, original, original, inputs) != base
-    other = [("b1_f8", spec.make_inputs({"batch": 1, "frames": 8}, torch.Generator().manual_seed(1)))]
+    other = [build_mod._GoldenCase(sizes, 1, spec.make_inputs(sizes, torch.Generator().manual_seed(1)))]
     assert build_mod._golden_key(spec, spec.make_module().eval(), original, other) != base
 
 
