@@ -14,9 +14,12 @@ Per task (a stage at one numerics choice; `--stages` picks a subset, the order b
   (issue 15: bf16 ≥ 35 dB, TF32 ≤ 1e-3, fp32 ≤ 1e-4, encoder codes 100% equal).
 - Median time per call: each artifact's captured graph replayed (`replay_ms`) and through `stage(x)` (`call_ms`:
   + the input copy and the output clone); `eager`: the stage module as the inductor build compiles it (passes
-  applied, compute dtype) with the precision's TF32 setting, plus `eager_tf32` for fp32 stages (PyTorch's
-  default cuDNN TF32: what users run); `compile_graph`: torch.compile(mode=--compile-mode) of that module
-  replayed in a manual CUDA graph (runtime.graphs.StaticGraph).
+  applied, compute dtype) with the precision's TF32 setting, plus `eager_tf32` for fp32 stages (cuDNN and matmul
+  TF32 on); `eager_default`: the faithful module itself (the upstream structure, weight-norm parametrisations and
+  all, proven against the upstream packages in tests/oracle/) in fp32 with PyTorch's default flags (cuDNN
+  convolutions in TF32, matmuls in fp32): what a user of the upstream code runs, the issue's "upstream eager"
+  column, measured for every task whatever its precision; `compile_graph`: torch.compile(mode=--compile-mode) of
+  that module replayed in a manual CUDA graph (runtime.graphs.StaticGraph).
 - Memory: device memory the loaded stage holds beyond its weights (graphs, pools, static buffers) for the buckets
   built here (not the stage's whole default plan), and its graph capture time.
 
@@ -85,8 +88,8 @@ class Task:
 def make_tasks(
     names: list[str],
     batches: tuple[int, ...],
-    code2wav_frames: int,
-    dac_frames: int,
+    code2wav_frames: tuple[int, ...],
+    dac_frames: tuple[int, ...],
     encoder_seconds: float,
     vae_frames: int = 36,
 ) -> list[Task]:
@@ -99,11 +102,11 @@ def make_tasks(
         stage, _, prec = name.partition(":")
         if stage == "code2wav":
             dtype = torch.float32 if prec == "fp32" else None  # None: the stage default (bf16)
-            opts = {"batch_buckets": batches, "frame_buckets": (code2wav_frames,), "dtype": dtype}
+            opts = {"batch_buckets": batches, "frame_buckets": tuple(code2wav_frames), "dtype": dtype}
             p = prec or "bf16"
             out.append(Task(name, "qwen3-tts-12hz", "code2wav", opts, p, CRITERIA[p]))
         elif stage == "dac_decoder":
-            opts = {"batch_buckets": batches, "frame_buckets": (dac_frames,), "dac_decoder_precision": prec}
+            opts = {"batch_buckets": batches, "frame_buckets": tuple(dac_frames), "dac_decoder_precision": prec}
             out.append(Task(name, "fish-s2-pro", "dac_decoder", opts, prec, CRITERIA[prec]))
         elif stage == "vae_decoder":
             opts = {"batch_buckets": (1,), "frame_buckets": (vae_frames,)}
@@ -118,6 +121,12 @@ def make_tasks(
 def _set_tf32(on: bool) -> None:
     torch.backends.cudnn.allow_tf32 = on
     torch.backends.cuda.matmul.allow_tf32 = on
+
+
+def _set_pytorch_defaults() -> None:
+    """PyTorch's own defaults: cuDNN convolutions may use TF32, matmuls stay fp32."""
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def _replay_ms(fn: Callable[[], Any], device: torch.device, reps: int) -> float:
@@ -240,6 +249,15 @@ def run_task(
     with torch.no_grad():
         for k, args in inputs.items():
             refs[k] = _first(original(*args))
+    if "eager" in variants:
+        _set_pytorch_defaults()
+        for k, args in inputs.items():
+            with torch.no_grad():
+                out = _first(original(*args))
+                row = compare(out, refs[k], task.criterion)
+                row["ms"] = _replay_ms(lambda args=args, m=original: m(*args), device, reps)
+            rec["buckets"].setdefault(k, {})["eager_default"] = row
+        _set_tf32(False)
     del original
 
     kernels_list = ["ttsaot"] + (["inductor"] if "inductor" in variants else [])
@@ -320,6 +338,9 @@ def run_task(
         ind = (b.get("inductor") or {}).get("replay_ms") or (b.get("inductor") or {}).get("call_ms")
         if ind and mine:
             b["ttsaot_speedup_vs_inductor"] = round(ind / mine, 3)
+        default = (b.get("eager_default") or {}).get("ms")
+        if default and mine:
+            b["ttsaot_speedup_vs_eager_default"] = round(default / mine, 3)
     return rec
 
 
@@ -408,7 +429,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def summary_lines(res: dict[str, Any]) -> list[str]:
-    cols = ("ttsaot", "inductor", "eager", "eager_tf32", "compile_graph")
+    cols = ("ttsaot", "inductor", "eager", "eager_tf32", "eager_default", "compile_graph")
     lines = [f"{'task/bucket':28s} " + " ".join(f"{c:>13s}" for c in cols) + "  error(ttsaot)"]
     for t in res["tasks"]:
         if t.get("status") != "ok":
@@ -435,6 +456,10 @@ def _csv(v: str) -> list[str]:
     return [s.strip() for s in v.split(",") if s.strip()]
 
 
+def _ints(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in _csv(v))
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "codec-stages",
@@ -450,9 +475,9 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     p.add_argument("--preset", default=None, help="full (default on CUDA) or tiny (default on CPU)")
-    p.add_argument("--batches", type=lambda v: [int(x) for x in _csv(v)], default=[1, 4])
-    p.add_argument("--code2wav-frames", type=int, default=50)
-    p.add_argument("--dac-frames", type=int, default=29)
+    p.add_argument("--batches", type=_ints, default=(1, 4))
+    p.add_argument("--code2wav-frames", type=_ints, default=(50,), help="comma-separated frame buckets")
+    p.add_argument("--dac-frames", type=_ints, default=(29,), help="comma-separated frame buckets")
     p.add_argument("--encoder-seconds", type=float, default=10.0)
     p.add_argument("--vae-frames", type=int, default=36, help="the vae_decoder's window (B=1)")
     p.add_argument(

@@ -4,8 +4,18 @@ one KV cache, a bench variant) goes through :class:`StaticGraph`.
 Recipe (AOTI.md §3): static input buffers owned by the caller; a few warm-up calls on a side stream (lazy cubin
 loads and allocator growth must happen before capture; one side stream per device for every warm-up, see
 `warmup_stream`); capture of one call into the given memory pool (graphs
-of one stage share a pool); replay writes the same static outputs every time, so callers copy what they keep
-before the next replay."""
+of one stage share a pool, captured largest first); replay writes the same static outputs every time, so callers
+copy what they keep before the next replay.
+
+Pool reserve. The caching allocator backs each large request of a capture with its own cudaMalloc'd segment and
+never merges two segments, so a codec whose activations grow layer by layer (code2wav: 40 MB blocks at 2 kHz, 80 MB
+at 8 kHz, 114 MB at 24 kHz for one 325-frame row) left every scale's freed blocks stranded beside the next scale's
+new ones: the 325-frame graph's pool reserved 1.1 GB for a live peak of ≈ 0.55 GB (H100, bench/results/nvidia-h100/
+probes/memory_run9). The first capture into a pool therefore starts by allocating and freeing ONE block of the
+peak the warm-up calls measured: every allocation of the capture is then carved out of that segment, freed
+neighbours merge, and the later (smaller) graphs of the pool fit in the same segment. It costs no kernel in the
+graph; if the capture needs more than the warm-up did, the allocator simply adds segments as before. Measuring the
+warm-up's peak resets the device's peak-memory statistics (torch.cuda.reset_peak_memory_stats)."""
 
 from __future__ import annotations
 
@@ -19,6 +29,7 @@ WARMUP_CALLS = 3  # calls before capture: enough for lazy kernel loads and the a
 
 _WARMUP_STREAMS: dict[int, Any] = {}
 _WARMUP_STREAMS_LOCK = threading.Lock()
+_CAPTURED_POOLS: set[Any] = set()  # pool handles that already hold a capture (their reserve is made)
 
 
 def warmup_stream(device: torch.device) -> Any:
@@ -33,6 +44,17 @@ def warmup_stream(device: torch.device) -> Any:
         if stream is None:
             stream = _WARMUP_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
         return stream
+
+
+def _claim_pool(pool: Any) -> bool:
+    """True for the first capture into `pool` (None: a graph's own private pool, always first)."""
+    if pool is None:
+        return True
+    with _WARMUP_STREAMS_LOCK:
+        if pool in _CAPTURED_POOLS:
+            return False
+        _CAPTURED_POOLS.add(pool)
+        return True
 
 
 def new_pool() -> Any:
@@ -63,9 +85,15 @@ class StaticGraph:
         self.keep_alive = keep_alive
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: Any = None
+        self.warmup_peak_bytes: int | None = None
         if not capture:
             return
         device = device if device is not None else self.inputs[0].device
+        first_in_pool = _claim_pool(pool)
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        if first_in_pool:
+            torch.cuda.reset_peak_memory_stats(device)
         side = warmup_stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
@@ -73,8 +101,14 @@ class StaticGraph:
                 fn(self.inputs)
         torch.cuda.current_stream(device).wait_stream(side)
         torch.cuda.synchronize(device)
+        #: bytes allocated beyond the static inputs at the warm-up's peak (one call's intermediates + outputs)
+        self.warmup_peak_bytes = torch.cuda.max_memory_allocated(device) - base if first_in_pool else None
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
+            if self.warmup_peak_bytes:
+                # allocated and freed inside the capture, so the block lands in the pool (no kernel is recorded)
+                del_block = torch.empty(self.warmup_peak_bytes, dtype=torch.uint8, device=device)
+                del del_block
             self.outputs = fn(self.inputs)
 
     @property

@@ -286,6 +286,8 @@ class Stage:
             if mem0 is not None:
                 mem1 = _allocator_bytes(device)
                 st.update(allocated_bytes=mem1[0] - mem0[0], reserved_bytes=mem1[1] - mem0[1])
+            if runner.graph is not None and runner.graph.warmup_peak_bytes is not None:
+                st["pool_reserve_bytes"] = runner.graph.warmup_peak_bytes  # the first capture's reserve
             self.bucket_load_stats[b.key] = st
         # Where start-up time goes, per phase (seconds): users tune cold start with this.
         self.load_stats = {

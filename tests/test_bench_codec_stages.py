@@ -17,16 +17,17 @@ def test_command_is_registered():
 
 
 def test_tasks_run_in_priority_order_and_unknown_ones_are_refused():
-    tasks = C.make_tasks(["dac_encoder", "dac_decoder:tf32", "code2wav"], (1, 4), 50, 29, 10.0)
+    tasks = C.make_tasks(["dac_encoder", "dac_decoder:tf32", "code2wav"], (1, 4), (50,), (4, 29), 10.0)
     assert [t.name for t in tasks] == ["code2wav", "dac_encoder", "dac_decoder:tf32"]
     c2w, enc, dec = tasks
     assert c2w.options == {"batch_buckets": (1, 4), "frame_buckets": (50,), "dtype": None}
     assert c2w.precision == "bf16" and c2w.criterion == {"snr_db_min": 35.0}
     assert enc.options == {"encoder_seconds": (10.0,)} and enc.criterion == {"code_match_min": 1.0}
     assert dec.options["dac_decoder_precision"] == "tf32" and dec.criterion == {"rel_error_max": 1e-3}
-    assert C.make_tasks(["code2wav:fp32"], (1,), 8, 8, 1.0)[0].options["dtype"] == torch.float32
+    assert dec.options["frame_buckets"] == (4, 29)
+    assert C.make_tasks(["code2wav:fp32"], (1,), (8,), (8,), 1.0)[0].options["dtype"] == torch.float32
     with pytest.raises(ValueError, match="unknown codec-stages task 'vae'"):
-        C.make_tasks(["vae"], (1,), 8, 8, 1.0)
+        C.make_tasks(["vae"], (1,), (8,), (8,), 1.0)
 
 
 def test_compare_applies_the_criteria():
@@ -60,7 +61,7 @@ def test_cpu_smoke_run_end_to_end(tmp_path, capsys):
             "--batches",
             "1",
             "--code2wav-frames",
-            "8",
+            "8,16",
             "--variants",
             "eager",
             "--reps",
@@ -75,9 +76,13 @@ def test_cpu_smoke_run_end_to_end(tmp_path, capsys):
     res = json.loads((tmp_path / "codec_stages.json").read_text())
     (task,) = res["tasks"]
     assert task["status"] == "ok" and task["builds"]["ttsaot"]["manifest_kernels"] == "ttsaot"
+    assert sorted(task["buckets"]) == ["b1_f16", "b1_f8"]
     row = task["buckets"]["b1_f8"]
     assert row["ttsaot"]["meets"] and row["ttsaot"]["rel_error"] < 1e-4 and row["ttsaot"]["call_ms"] > 0
     assert row["eager"]["meets"] and row["eager"]["ms"] > 0
+    # the faithful module as users run it, next to the artifact (CPU: exact fp32, so it meets fp32's criterion)
+    assert row["eager_default"]["meets"] and row["eager_default"]["ms"] > 0
+    assert row["ttsaot_speedup_vs_eager_default"] > 0
     assert "code2wav:fp32/b1_f8" in capsys.readouterr().out
 
 

@@ -104,6 +104,43 @@ def test_static_graph_capture_and_replay_on_cuda():
     torch.testing.assert_close(g([y]).clone(), (y + 1).sin())
 
 
+@pytest.mark.gpu
+def test_first_capture_reserves_one_segment_for_growing_activations():
+    """A codec's activations grow layer by layer; without the pool reserve every size got its own segment (the
+    sum of all sizes), with it the pool holds about the live peak and a second, smaller graph adds nothing."""
+    from ttsaot.runtime.graphs import new_pool
+
+    dev = torch.device("cuda")
+    mib = 2**20 // 4  # floats per MiB
+    sizes = [24 * mib, 40 * mib, 64 * mib, 100 * mib, 150 * mib]
+
+    def grow(xs, sizes=sizes):
+        t = xs[0].expand(sizes[0]).clone()
+        for n in sizes[1:]:
+            t = torch.nn.functional.pad(t, (0, n - t.numel()), value=1.0) * 2  # the old size is freed here
+        return t.sum(dim=0, keepdim=True)
+
+    def pool_reserved(pool):
+        return sum(
+            s["total_size"] for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", (0, 0))) == pool
+        )
+
+    torch.cuda.synchronize()
+    pool = new_pool()
+    x = torch.ones(1, device=dev)
+    g = StaticGraph(grow, [x], dev, pool)
+    live_peak = (sizes[-2] + sizes[-1]) * 4
+    assert g.warmup_peak_bytes is not None and g.warmup_peak_bytes >= live_peak
+    reserved = pool_reserved(pool)
+    assert reserved <= 1.1 * g.warmup_peak_bytes, (reserved, g.warmup_peak_bytes, sum(sizes) * 4)
+    want = float(grow([x]))
+    assert float(g.replay()[0]) == want
+    small = StaticGraph(lambda xs: grow(xs, [s // 2 for s in sizes]), [torch.ones(1, device=dev)], dev, pool)
+    assert small.warmup_peak_bytes is None  # not the pool's first capture
+    assert pool_reserved(pool) == reserved
+    assert float(g.replay()[0]) == want and float(small.replay()[0]) == float(grow([x], [s // 2 for s in sizes]))
+
+
 # ------------------------------------------------------------------------------------------ validation
 def _specs():
     return [

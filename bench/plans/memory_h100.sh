@@ -11,7 +11,7 @@ set -u
 cd "$(dirname "$0")/../.."
 export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"; T0=$(date +%s)
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.txt" 2>&1
+[ -n "${SKIP_INSTALL:-}" ] || python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.txt" 2>&1
 if [ "${DEVICE:-cuda}" = cuda ]; then nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; fi
 STAGES=${STAGES:-qwen3-tts-12hz/code2wav,fish-s2-pro/dac_decoder,voxcpm2/vae_decoder}
 LEFT=$(( ${TOTAL_S:-285} - ($(date +%s) - T0) ))
