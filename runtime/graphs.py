@@ -68,7 +68,8 @@ class StaticGraph:
     fn: takes the list of static input tensors, returns the outputs (a tensor, a tuple or a list: kept as it is).
     capture=False keeps the static buffers but calls `fn` on them at every replay (the CPU path of stages that
     use static buffers; exercises the same scatter/gather code without a GPU). keep_alive: an object the graph
-    must not outlive (e.g. the KV cache whose tensors are among the static inputs)."""
+    must not outlive (e.g. the KV cache whose tensors are among the static inputs). pool_reserve=False skips the
+    first capture's pool reserve (module docstring; for comparisons)."""
 
     def __init__(
         self,
@@ -79,6 +80,7 @@ class StaticGraph:
         capture: bool = True,
         warmup_calls: int = WARMUP_CALLS,
         keep_alive: Any = None,
+        pool_reserve: bool = True,
     ) -> None:
         self.fn = fn
         self.inputs = list(static_inputs)
@@ -89,7 +91,7 @@ class StaticGraph:
         if not capture:
             return
         device = device if device is not None else self.inputs[0].device
-        first_in_pool = _claim_pool(pool)
+        first_in_pool = _claim_pool(pool) and pool_reserve
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
         if first_in_pool:
