@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from ttsaot.builder.families.fish_s2_pro.stages import DECODER_PRECISIONS
+from ttsaot.builder.parallel_compile import default_jobs
 from ttsaot.builder.passes.numerics import snr_db
 
 from .common import (
@@ -152,7 +153,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor, criterion: dict[str, float]) -
     }
 
 
-def _build(task: Task, kernels: str, preset: str, seed: int, device: torch.device, root: Path):
+def _build(task: Task, kernels: str, preset: str, seed: int, device: torch.device, root: Path, jobs: int = 1):
     from ttsaot.builder.build import build_family
     from ttsaot.builder.families import get_family
 
@@ -169,6 +170,7 @@ def _build(task: Task, kernels: str, preset: str, seed: int, device: torch.devic
         seed=seed,
         preset=preset,
         verify_in_subprocess=False,
+        jobs=jobs,
     )
     return specs[0], res.path, time.perf_counter() - t0
 
@@ -215,6 +217,7 @@ def run_task(
     compile_mode: str,
     deadline: float,
     log: Callable[[str], None],
+    jobs: int = 1,
 ) -> dict[str, Any]:
     from ttsaot.builder.passes.cast import cast_to_compute_dtype
     from ttsaot.runtime.graphs import StaticGraph
@@ -229,7 +232,7 @@ def run_task(
         "buckets": {},
     }
     with time_box(deadline - time.perf_counter(), f"{task.name}: the ttsaot build"):
-        spec, path, secs = _build(task, "ttsaot", preset, seed, device, root)
+        spec, path, secs = _build(task, "ttsaot", preset, seed, device, root, jobs)
     rec["builds"]["ttsaot"] = {"seconds": round(secs, 1), "path": str(path)}
     log(f"{task.name}: ttsaot build {secs:.0f} s")
     original = spec.make_module().eval()
@@ -267,7 +270,7 @@ def run_task(
                 if time.perf_counter() > deadline:
                     raise BudgetExceeded("no time left in --budget")
                 with time_box(deadline - time.perf_counter(), f"{task.name}: the inductor build"):
-                    _, ipath, secs = _build(task, "inductor", preset, seed, device, root)
+                    _, ipath, secs = _build(task, "inductor", preset, seed, device, root, jobs)
             except Exception as e:  # the ttsaot results stay; the comparison is marked
                 rec["builds"]["inductor"] = {"skipped" if _out_of_budget(e) else "error": short_error(e)}
                 log(f"{task.name}: inductor build: {short_error(e)}")
@@ -375,6 +378,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     )
     tasks = make_tasks(a.stages, tuple(a.batches), a.code2wav_frames, a.dac_frames, a.encoder_seconds, a.vae_frames)
     out = Path(a.out) / "codec_stages.json"
+    jobs = a.jobs or default_jobs()
     start = time.perf_counter()
     deadline = start + a.budget
     res: dict[str, Any] = {
@@ -387,6 +391,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "variants": sorted(variants),
         "compile_mode": a.compile_mode,
         "budget_s": a.budget,
+        "jobs": jobs,
         "torch": torch.__version__,
         "tasks": [],
     }
@@ -402,7 +407,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 continue
             t0 = time.perf_counter()
             try:
-                rec = run_task(task, preset, a.seed, device, root, a.reps, variants, a.compile_mode, deadline, log)
+                rec = run_task(
+                    task, preset, a.seed, device, root, a.reps, variants, a.compile_mode, deadline, log, jobs
+                )
                 rec["status"] = "ok"
             except Exception as e:  # recorded, never fatal: the other tasks still run
                 if _out_of_budget(e):
@@ -495,6 +502,7 @@ def add_parser(sub) -> None:
         help="seconds for all builds and compiles (each is time-boxed to it; the rest is recorded skipped)",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=None, help="compile workers per build (default: what the host allows)")
 
 
 def main(a: argparse.Namespace) -> int:
