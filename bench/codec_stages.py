@@ -158,7 +158,7 @@ def _build(task: Task, kernels: str, preset: str, seed: int, device: torch.devic
     from ttsaot.builder.families import get_family
 
     fam = get_family(task.family)
-    opts = fam.options(preset=preset, seed=seed, kernels=kernels, **task.options)
+    opts = fam.options(preset=preset, seed=seed, kernels=kernels, device=device.type, **task.options)
     specs = fam.specs(opts, [task.stage])
     t0 = time.perf_counter()
     # the bench checks every output itself, against exact fp32, in this process

@@ -39,7 +39,15 @@ def _build_one(
     t0 = time.time()
     try:
         spec, desc = make_spec(
-            family, stage, preset, seed=seed, axes=axes, dtype=dtype, kernels=kernels, full_plan=full_plan
+            family,
+            stage,
+            preset,
+            seed=seed,
+            axes=axes,
+            dtype=dtype,
+            kernels=kernels,
+            full_plan=full_plan,
+            device=str(device),
         )
         dev = torch.device(device)
         if dev.type == "cuda" and dev.index is None:

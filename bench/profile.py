@@ -138,7 +138,9 @@ def profile_stage(
     asked_dtype = dtype
     if not cuda and dtype is None:
         dtype = "fp32"  # as `bench run` on CPU: bf16 takes slow reference paths there (CPU runs are smoke tests)
-    spec, desc = make_spec(family, stage, preset, seed=seed, axes=axes, dtype=dtype, kernels=kernels)
+    spec, desc = make_spec(
+        family, stage, preset, seed=seed, axes=axes, dtype=dtype, kernels=kernels, device=device.type
+    )
     res: dict[str, Any] = {
         "schema": RESULTS_SCHEMA,
         "kind": "profile",

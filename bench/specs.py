@@ -65,18 +65,22 @@ def make_spec(
     kernels: str = "auto",
     options: dict[str, Any] | None = None,
     full_plan: bool = False,
+    device: str | None = None,
 ):
     """The StageSpec as the builder would make it (`Family.specs`), restricted to the benchmark buckets, built with
     the kernel choice `kernels` (BuildOptions.kernels: auto | ttsaot | inductor) and the family `options` given over
     the bench's. Returns (spec, description of the choices for the JSON and the cache key). full_plan: the family's
     own default options and every bucket of its default plan (what `build-artifacts` builds), not the bench's
-    subset; `axes` still overrides an axis."""
+    subset; `axes` still overrides an axis. device: the device the build is for ("cuda", "cuda:0", "cpu"), for the
+    defaults that differ by device (BuildOptions.device)."""
     from ttsaot.builder.buckets import BucketPlan
 
     fam = family_module(family)
     chosen = None if full_plan else bench_family(family).buckets.get(stage, {}).get(preset)
     want_axes = {**({k: tuple(v) for k, v in chosen.axes.items()} if chosen else {}), **(axes or {})}
     kw: dict[str, Any] = {"preset": preset, "seed": seed, "kernels": kernels}
+    if device:
+        kw["device"] = str(device).split(":", 1)[0]
     if dtype:
         kw["dtype"] = DTYPES[dtype]
     if "batch" in want_axes:

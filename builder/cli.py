@@ -347,6 +347,7 @@ def build(
                 max_batch=max_batch,
                 batch_buckets=batch_buckets,
                 kernels=kernels,
+                device=device.split(":", 1)[0].strip().lower(),
             ),
         )
         names = [s.strip() for s in stages.split(",") if s.strip()] if stages else None

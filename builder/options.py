@@ -185,9 +185,14 @@ class BuildOptions:
     max_batch: int = 4  # batch buckets: powers of two up to it (and it)
     batch_buckets: tuple[int, ...] | None = None  # explicit batch buckets instead
     kernels: str = "auto"  # the ttsaot kernel layer or Inductor's code (stage_spec.KERNELS)
+    # the device type the artifact is built for ("cpu" | "cuda"), for defaults that differ by device (the Fish
+    # dac_decoder's numerics); None = not said: the CPU defaults. The CLI sets it from --device.
+    device: str | None = None
 
     def validate(self) -> None:
         """Raise OptionsError for values no stage can build (families extend this)."""
+        if self.device is not None and self.device not in ("cpu", "cuda"):
+            raise OptionsError(f"device must be cpu or cuda (a device type), got {self.device!r}")
         if self.kernels not in ("auto", "ttsaot", "inductor"):
             raise OptionsError(f"kernels must be auto, ttsaot or inductor, got {self.kernels!r}")
         if self.max_batch < 1:

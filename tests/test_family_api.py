@@ -220,18 +220,18 @@ def test_a_flag_is_a_switch_or_takes_a_value_for_every_family():
 
 def test_auto_kernels_on_cuda_follow_what_the_gpu_verified():
     """`--kernels auto` takes the kernel layer on CUDA only where its build was verified and timed on a GPU
-    (bf16 code2wav, bf16 dac_decoder, bf16 base_lm_step and residual_lm_step); the others keep Inductor unless asked
-    (`--kernels ttsaot`); CPU is Inductor."""
+    (bf16 code2wav, dac_decoder at every precision, dac_encoder, vae_decoder, bf16 base_lm_step and
+    residual_lm_step); the others keep Inductor unless asked (`--kernels ttsaot`); CPU is Inductor."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     expect = {
         ("qwen3-tts-12hz", "code2wav"): "ttsaot",
-        ("fish-s2-pro", "dac_decoder"): "inductor",  # exact fp32
+        ("fish-s2-pro", "dac_decoder"): "ttsaot",  # the CPU default, exact fp32, too
         ("qwen3-tts-12hz", "code_predictor"): "inductor",
         ("fish-s2-pro", "fast_ar"): "inductor",
-        ("fish-s2-pro", "dac_encoder"): "inductor",
+        ("fish-s2-pro", "dac_encoder"): "ttsaot",
         ("voxcpm2", "base_lm_step"): "ttsaot",
         ("voxcpm2", "residual_lm_step"): "ttsaot",
-        ("voxcpm2", "vae_decoder"): "inductor",
+        ("voxcpm2", "vae_decoder"): "ttsaot",
     }
     for (family, stage), on_cuda in expect.items():
         fam = get_family(family)

@@ -12,22 +12,22 @@ STREAMING_DEFAULTS = StreamingConfig(
     chunk_frames=25, left_context_frames=25, first_chunk_frames=4, nonstreaming_chunk_frames=0
 )
 
-# The dac_decoder's numerics (issue 15): the target default is the faster of TF32 (≤ 1e-3 relative error vs exact
-# fp32) and bf16 (≥ 35 dB SNR vs fp32), never slower than the upstream eager path; until the GPU has measured both
-# on the full decoder (`python -m bench codec-stages` prints each precision's time and error per bucket) the default
-# stays exact fp32, the artifacts' behaviour so far. Known so far: on CPU (the kernels' rounding points, random
-# weights) bf16 gives 37.7 dB on the tiny preset and 38.2 dB on the full decoder (29 frames); on an H100 the TF32
-# conv stack measured 1.07e-3 (fused kernels) / 0.98e-3 (cuDNN) on random weights
-# (bench/results/nvidia-h100/conv_kernels.json), at the limit. Flipping the default is this one constant.
-DAC_DECODER_PRECISION = "fp32"
+# The dac_decoder's numerics (issue 15): the default is the faster of TF32 (≤ 1e-3 relative error vs exact fp32) and
+# bf16 (≥ 35 dB SNR vs fp32) on the device built for, never slower than the upstream eager path. On an H100 (full
+# decoder, ttsaot conv kernels, bench/results/nvidia-h100/codec_stages_dac_decoder_{bf16,tf32,fp32}_corners.json)
+# bf16 took 0.76 / 1.97 / 1.01 / 5.29 ms at b1_f4 / b1_f50 / b4_f4 / b4_f50 with 39-40 dB SNR, TF32 1.57 / 4.96 /
+# 2.52 / 14.9 ms, the faithful fp32 module under PyTorch's defaults 13.7 / 14.7 / 22.8 / 33.7 ms: bf16 on CUDA. On
+# CPU the fp32 convolutions are the fast ones (no bf16 tensor cores), and exact: fp32 there.
+DAC_DECODER_PRECISION_BY_DEVICE = {"cuda": "bf16", "cpu": "fp32"}
 DAC_DECODER_PRECISIONS = ("bf16", "tf32", "fp32")
 
 
 @dataclass
 class FishS2Options(StreamingCodecOptions):
     """dtype None = each stage's default: fast_ar bf16, dac_encoder fp32 always (policy). The dac_decoder's
-    numerics are `dac_decoder_precision` (None = DAC_DECODER_PRECISION); `--dtype`, when given, must agree with
-    it (float32 ↔ fp32/tf32, bfloat16 ↔ bf16) and picks bf16 or exact fp32 when the precision is not given."""
+    numerics are `dac_decoder_precision` (None = DAC_DECODER_PRECISION_BY_DEVICE[device]); `--dtype`, when given,
+    must agree with it (float32 ↔ fp32/tf32, bfloat16 ↔ bf16) and picks bf16 or exact fp32 when the precision is
+    not given."""
 
     streaming: StreamingConfig = flag_group(lambda: STREAMING_DEFAULTS)
     encoder_seconds: tuple[float, ...] = flag(
@@ -44,5 +44,6 @@ class FishS2Options(StreamingCodecOptions):
         parse=one_of(*DAC_DECODER_PRECISIONS),
         metavar="P",
         help=f"dac_decoder numerics: bf16 (≥ 35 dB SNR vs fp32), tf32 (≤ 1e-3 relative error) or fp32 (exact; "
-        f"tf32x3 on the conv kernels) [default: {DAC_DECODER_PRECISION}].",
+        f"tf32x3 on the conv kernels) [default: {DAC_DECODER_PRECISION_BY_DEVICE['cuda']} on CUDA, "
+        f"{DAC_DECODER_PRECISION_BY_DEVICE['cpu']} on CPU].",
     )

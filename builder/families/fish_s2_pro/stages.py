@@ -37,7 +37,7 @@ from .config import (
 from .dac import DAC, DACDecoder, DACEncoder
 from .dac_nlc import channels_last_dac_decoder, channels_last_dac_encoder
 from .fast_ar import FastAR, prune_fast_ar
-from .options import DAC_DECODER_PRECISION, FishS2Options
+from .options import DAC_DECODER_PRECISION_BY_DEVICE, FishS2Options
 
 # The encoder's off-bucket golden case: this many samples short of the smallest length bucket (padding).
 OFF_BUCKET_SAMPLES = 3000
@@ -149,7 +149,8 @@ _DTYPE_PRECISIONS = {torch.float32: ("fp32", "tf32"), torch.bfloat16: ("bf16",)}
 
 def dac_decoder_precision(opts: FishS2Options) -> tuple[str, str]:
     """(precision, what chose it): `--dac-decoder-precision`, else `--dtype` (float32 → exact fp32, bfloat16 →
-    bf16), else DAC_DECODER_PRECISION. A `--dtype` that contradicts the precision is an OptionsError."""
+    bf16), else the default of the device built for (DAC_DECODER_PRECISION_BY_DEVICE; options without a device:
+    the CPU one). A `--dtype` that contradicts the precision is an OptionsError."""
     allowed = _DTYPE_PRECISIONS.get(opts.dtype) if opts.dtype is not None else None
     if opts.dtype is not None and allowed is None:
         raise OptionsError(
@@ -165,7 +166,8 @@ def dac_decoder_precision(opts: FishS2Options) -> tuple[str, str]:
         return opts.dac_decoder_precision, "--dac-decoder-precision"
     if allowed is not None:
         return allowed[0], "--dtype"
-    return DAC_DECODER_PRECISION, "default"
+    device = opts.device or "cpu"
+    return DAC_DECODER_PRECISION_BY_DEVICE[device], f"default ({device})"
 
 
 def dac_decoder_stage(opts: FishS2Options) -> StageSpec:
@@ -186,7 +188,7 @@ def dac_decoder_stage(opts: FishS2Options) -> StageSpec:
     numerics = {
         "precision": name,
         "chosen_by": chosen_by,
-        "default": DAC_DECODER_PRECISION,
+        "default": DAC_DECODER_PRECISION_BY_DEVICE[opts.device or "cpu"],
         "compute_dtype": str(prec.dtype).removeprefix("torch."),
         "conv_kernels": prec.conv_precision,
         "criterion": prec.criterion,
@@ -215,7 +217,9 @@ def dac_decoder_stage(opts: FishS2Options) -> StageSpec:
         kernel_passes=[channels_last],
         # the bf16 build is the one built and timed on the H100 (1.38 / 3.34 ms at 29 frames, B=1 / 4); tf32 and the
         # exact-fp32 tf32x3 path stay opt-in until they are
-        cuda_auto_kernels="ttsaot" if name == "bf16" else "inductor",
+        # every precision: the conv kernels beat Inductor's cuDNN code and eager at each timed bucket (H100, module
+        # comment of options.py; exact fp32 24.6 ms vs 57.3 ms eager with TF32 off at b4_f50)
+        cuda_auto_kernels="ttsaot",
         plan=plan,
         make_inputs=make_inputs,
         inputs=[codes_input(cfg)],
@@ -263,7 +267,9 @@ def dac_encoder_stage(opts: FishS2Options) -> StageSpec:
         passes=[_prune(encoder_unused(cfg)), bake_weight_norm, bake_snake, fuse_projections],
         # code-exact by algorithm: the conv kernels' tf32x3 (≈ fp32) on the tensor cores, never a lower precision
         kernel_passes=[functools.partial(channels_last_dac_encoder, precision="tf32x3")],
-        cuda_auto_kernels="inductor",  # kernel path opt-in (--kernels ttsaot) until it is built and timed on a GPU
+        # H100, 10 s clip: 17.9 ms with codes equal to exact fp32's vs 31.0 ms for the Inductor (cuDNN, TF32 off)
+        # artifact (bench/results/nvidia-h100/codec_stages_dac_encoder_vae_decoder_vs_inductor.json)
+        cuda_auto_kernels="ttsaot",
         plan=plan,
         make_inputs=make_inputs,
         inputs=[{"name": "audio", "dtype": "float32", "shape": [1, 1, "samples"], "pad": 0.0}],
