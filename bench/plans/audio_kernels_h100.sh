@@ -10,7 +10,8 @@
 #   DEVICE=cpu PRESET=tiny DTYPE=fp32 BUILD_S=900 bash bench/plans/audio_kernels_h100.sh
 set -u
 cd "$(dirname "$0")/../.."
-export CXX=${CXX:-/usr/bin/g++} PYTHONUNBUFFERED=1
+# always /usr/bin/g++, never an inherited $CXX: the device's preset wrapper builds packages that segfault on load
+export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT/profiles"; T0=$(date +%s)
 PY=${PY:-python3}; AXIS=${AXIS:-batch=1}; DEVICE=${DEVICE:-cuda}; PRESET=${PRESET:-full}
 SUFFIX=${DTYPE:+:$DTYPE}; TAG=${DTYPE:+__$DTYPE}   # bench profile names its JSON voxcpm2__STAGE[__DTYPE]__KERNELS

@@ -6,7 +6,8 @@
 #   bash bench/plans/codec_profiles_h100.sh          → $OUT/profiles.tgz (profiles/*.json|txt) and the build / profile logs
 set -u
 cd "$(dirname "$0")/../.."
-export CXX=${CXX:-/usr/bin/g++} PYTHONUNBUFFERED=1
+# always /usr/bin/g++, never an inherited $CXX: the device's preset wrapper builds packages that segfault on load
+export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT/profiles"; T0=$(date +%s)
 python3 -m pip install -q --no-deps --no-build-isolation -e . > /dev/null 2>&1
 declare -A AXES=(
