@@ -746,9 +746,14 @@ def write_report(results: Path, output: Path, plot_dir: Path | None = None, incl
             from .codec_stages import summary_lines
 
             tasks = ", ".join(t.get("task", "?") for t in res.get("tasks", []))
+            mode = res.get("compile_mode") if "compile" in res.get("variants", []) else None
             parts += [
                 f"Codec stages, kernels=ttsaot vs kernels=inductor (`python -m bench codec-stages`; {tasks}; "
-                f"commit `{str(res.get('commit', ''))[:12]}`):",
+                f"commit `{str(res.get('commit', ''))[:12]}`; ms: graph replay of the artifacts, per call for "
+                "eager = the stage module in its precision, eager_tf32 = the same with TF32, eager_default = the "
+                "faithful fp32 module under PyTorch's default flags (the upstream eager path)"
+                + (f", compile_graph = torch.compile mode {mode} replayed in a manual CUDA graph" if mode else "")
+                + "):",
                 "",
                 "```text",
                 *summary_lines(res),

@@ -104,6 +104,15 @@ def test_static_graph_capture_and_replay_on_cuda():
     torch.testing.assert_close(g([y]).clone(), (y + 1).sin())
 
 
+def test_only_the_first_capture_into_a_pool_reserves(monkeypatch):
+    from ttsaot.runtime import graphs
+
+    monkeypatch.setattr(graphs, "_CAPTURED_POOLS", set())
+    assert graphs._claim_pool((0, 7)) and not graphs._claim_pool((0, 7))  # the pool's later (smaller) graphs
+    assert graphs._claim_pool((0, 8))
+    assert graphs._claim_pool(None) and graphs._claim_pool(None)  # a graph's own private pool: always first
+
+
 @pytest.mark.gpu
 def test_first_capture_reserves_one_segment_for_growing_activations():
     """A codec's activations grow layer by layer; without the pool reserve every new size got its own segment
