@@ -116,8 +116,9 @@ def make_spec(
         "kernels": kernels,
         "axes": {k: list(v) for k, v in plan_axes.items()},
         "streaming_override": stream_over or None,
-        # the kernel choice is keyed resolved (bench/artifacts.py artifact_key), not as asked
-        "options": {k: repr(v) for k, v in kw.items() if k != "kernels"},
+        # the kernel choice is keyed resolved (bench/artifacts.py artifact_key), not as asked; the device type is
+        # keyed there too (what `device` changes, the Fish dac_decoder's default dtype, is in "dtype" above)
+        "options": {k: repr(v) for k, v in kw.items() if k not in ("kernels", "device")},
     }
     if full_plan:  # recorded only when set: the cache keys of the bench's own artifacts stay what they were
         desc["full_plan"] = True

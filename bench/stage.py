@@ -374,7 +374,9 @@ def _describe_stage(run: StageRun) -> None:
     """The spec at the bench buckets (bench/specs.py) and what the JSON says about it."""
     a = run.a
     run.axes = json.loads(a.axes) if a.axes else None
-    run.spec, run.desc = make_spec(a.family, a.stage, a.preset, seed=a.seed, axes=run.axes, dtype=a.dtype)
+    run.spec, run.desc = make_spec(
+        a.family, a.stage, a.preset, seed=a.seed, axes=run.axes, dtype=a.dtype, device=run.device.type
+    )
     spec = run.spec
     run.res["stage"] = {
         **run.desc,
@@ -457,7 +459,16 @@ def _build_artifacts(run: StageRun) -> dict[str, tuple[Path | None, str | None]]
             k_spec, k_desc = (
                 (spec, run.desc)
                 if kernels == "auto"
-                else make_spec(a.family, a.stage, a.preset, seed=a.seed, axes=run.axes, dtype=a.dtype, kernels=kernels)
+                else make_spec(
+                    a.family,
+                    a.stage,
+                    a.preset,
+                    seed=a.seed,
+                    axes=run.axes,
+                    dtype=a.dtype,
+                    kernels=kernels,
+                    device=device.type,
+                )
             )
             with time_box(a.build_budget, f"artifact build (kernels={kernels})"):
                 path, info = build_or_reuse(k_spec, k_desc, device, Path(a.cache_dir), a.verify_build)
