@@ -10,12 +10,13 @@ copy what they keep before the next replay.
 Pool reserve. The caching allocator backs each large request of a capture with its own cudaMalloc'd segment and
 never merges two segments, so a codec whose activations grow layer by layer (code2wav: 40 MB blocks at 2 kHz, 80 MB
 at 8 kHz, 114 MB at 24 kHz for one 325-frame row) left every scale's freed blocks stranded beside the next scale's
-new ones: the 325-frame graph's pool reserved 1.1 GB for a live peak of ≈ 0.55 GB (H100, bench/results/nvidia-h100/
+new ones: the 325-frame graph's pool reserved 1.1 GB for a 490 MiB warm-up peak (H100, bench/results/nvidia-h100/
 probes/memory_run9). The first capture into a pool therefore starts by allocating and freeing ONE block of the
-peak the warm-up calls measured: every allocation of the capture is then carved out of that segment, freed
-neighbours merge, and the later (smaller) graphs of the pool fit in the same segment. It costs no kernel in the
-graph; if the capture needs more than the warm-up did, the allocator simply adds segments as before. Measuring the
-warm-up's peak resets the device's peak-memory statistics (torch.cuda.reset_peak_memory_stats)."""
+peak the warm-up calls measured: the capture's allocations are carved out of that segment, freed neighbours merge,
+and the later (smaller) graphs of the pool fit in it. It records no kernel; what best-fit placement cannot fit in
+the segment gets segments of its own as before (code2wav b1_f325: 1.26x the reserve in all; its default plan's
+pool 1050 → 622 MiB, probes/memory_run10). Measuring the warm-up's peak resets the device's peak-memory statistics
+(torch.cuda.reset_peak_memory_stats)."""
 
 from __future__ import annotations
 
@@ -109,8 +110,8 @@ class StaticGraph:
         with torch.cuda.graph(self.graph, pool=pool):
             if self.warmup_peak_bytes:
                 # allocated and freed inside the capture, so the block lands in the pool (no kernel is recorded)
-                del_block = torch.empty(self.warmup_peak_bytes, dtype=torch.uint8, device=device)
-                del del_block
+                reserve = torch.empty(self.warmup_peak_bytes, dtype=torch.uint8, device=device)
+                del reserve
             self.outputs = fn(self.inputs)
 
     @property
