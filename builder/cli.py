@@ -588,12 +588,14 @@ def inspect(ctx, artifact, as_json, debug_here):
 
 
 def _numerics_cell(numerics: dict | None) -> list[str]:
-    """`numerics=bf16 (38.2 dB vs fp32)`: the stage's precision choice and what the build measured."""
+    """`numerics=bf16 by default (cuda) (38.2 dB vs fp32)`: the stage's precision choice, what chose it and what
+    the build measured."""
     if not numerics:
         return []
     measured = numerics.get("measured") or {}
+    by = f" by {numerics['chosen_by']}" if numerics.get("chosen_by") else ""
     err = f" ({measured['snr_db']} dB vs fp32)" if measured.get("snr_db") is not None else ""
-    return [f"numerics={numerics.get('precision')}{err}"]
+    return [f"numerics={numerics.get('precision')}{by}{err}"]
 
 
 def _onnx_cell(onnx: dict | None) -> str:

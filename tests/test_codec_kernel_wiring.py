@@ -241,3 +241,16 @@ def test_vae_decoder_ttsaot_artifact_matches_eager_and_streams(vae_ttsaot):
     assert rel_err(streamed, one_shot) < 1e-5
     results = verify_bundle(load(vae_ttsaot))
     assert results and all(r.ok for r in results)
+
+
+def test_inspect_names_the_precision_what_chose_it_and_the_measured_error():
+    from ttsaot.builder.cli import _numerics_cell
+
+    fam = get_family("fish-s2-pro")
+    numerics = fam.specs(fam.options(device="cuda"), ["dac_decoder"])[0].metadata["numerics"]
+    numerics = {**numerics, "measured": {"snr_db": 38.72}}  # what the build's measure_numerics pass writes
+    assert _numerics_cell(numerics) == ["numerics=bf16 by default (cuda) (38.72 dB vs fp32)"]
+    assert _numerics_cell({"precision": "fp32", "chosen_by": "--dac-decoder-precision"}) == [
+        "numerics=fp32 by --dac-decoder-precision"
+    ]
+    assert _numerics_cell(None) == []
