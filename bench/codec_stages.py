@@ -179,7 +179,11 @@ def _load(path: Path, stage: str, device: torch.device):
     from ttsaot.runtime import load
 
     if device.type == "cuda":
+        # the reference modules freed before this load sit cached in the allocator; graph capture empties that cache,
+        # which made the load's device delta negative: start from an empty cache
+        gc.collect()
         torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
         free0 = torch.cuda.mem_get_info(device)[0]
         alloc0 = torch.cuda.memory_allocated(device)
     t0 = time.perf_counter()
