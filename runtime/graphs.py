@@ -9,14 +9,14 @@ copy what they keep before the next replay.
 
 Pool reserve. The caching allocator backs each large request of a capture with its own cudaMalloc'd segment and
 never merges two segments, so a codec whose activations grow layer by layer (code2wav: 40 MB blocks at 2 kHz, 80 MB
-at 8 kHz, 114 MB at 24 kHz for one 325-frame row) left every scale's freed blocks stranded beside the next scale's
+at 8 kHz, 120 MB at 24 kHz for one 325-frame row) left every scale's freed blocks stranded beside the next scale's
 new ones: the 325-frame graph's pool reserved 1.1 GB for a 490 MiB warm-up peak (H100, bench/results/nvidia-h100/
 probes/memory_run9). The first capture into a pool therefore starts by allocating and freeing ONE block of the
 peak the warm-up calls measured: the capture's allocations are carved out of that segment, freed neighbours merge,
 and the later (smaller) graphs of the pool fit in it. It records no kernel; what best-fit placement cannot fit in
-the segment gets segments of its own as before (code2wav b1_f325: 1.26x the reserve in all; its default plan's
-pool 1050 → 622 MiB, probes/memory_run10). Measuring the warm-up's peak resets the device's peak-memory statistics
-(torch.cuda.reset_peak_memory_stats)."""
+the segment gets segments of its own as before (code2wav: its six largest graphs' pool held 618 MiB for b1_f325's
+490 MiB reserve, 1050 MiB without it; the whole 22-graph default plan 622 MiB, probes/memory_run10). Measuring the
+warm-up's peak resets the device's peak-memory statistics (torch.cuda.reset_peak_memory_stats)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import torch
 WARMUP_CALLS = 3  # calls before capture: enough for lazy kernel loads and the allocator to settle
 
 _WARMUP_STREAMS: dict[int, Any] = {}
-_WARMUP_STREAMS_LOCK = threading.Lock()
+_LOCK = threading.Lock()  # guards _WARMUP_STREAMS and _CAPTURED_POOLS
 _CAPTURED_POOLS: set[Any] = set()  # pool handles that already hold a capture (their reserve is made)
 
 
@@ -40,7 +40,7 @@ def warmup_stream(device: torch.device) -> Any:
     cached where the next warm-up could not use them: a stage's default-pool reserve grew with the sum of its
     buckets' warm-ups instead of the largest one."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    with _WARMUP_STREAMS_LOCK:
+    with _LOCK:
         stream = _WARMUP_STREAMS.get(index)
         if stream is None:
             stream = _WARMUP_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
@@ -51,7 +51,7 @@ def _claim_pool(pool: Any) -> bool:
     """True for the first capture into `pool` (None: a graph's own private pool, always first)."""
     if pool is None:
         return True
-    with _WARMUP_STREAMS_LOCK:
+    with _LOCK:
         if pool in _CAPTURED_POOLS:
             return False
         _CAPTURED_POOLS.add(pool)

@@ -13,7 +13,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . > /dev/null 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 timeout -k 5 90 python3 -m pytest -q -m gpu tests/test_runtime_core.py tests/test_bench_memory.py > "$OUT/gpu_tests.txt" 2>&1
 echo "gpu tests rc $? at $(( $(date +%s) - T0 )) s"; tail -3 "$OUT/gpu_tests.txt"
-if [ -n "${MEMORY:-1}" ] && [ "${MEMORY:-1}" != 0 ]; then
+if [ "${MEMORY:-1}" != 0 ]; then
   OUT="$OUT" SKIP_INSTALL=1 TOTAL_S=${MEMORY_S:-320} BUILD_S=${MEMORY_BUILD_S:-280} LOAD_S=40 JOBS=6 \
     STAGES=qwen3-tts-12hz/code2wav EXTRA="--axis frames=64,128,325" bash bench/plans/memory_h100.sh
 fi

@@ -58,8 +58,8 @@ def probe(family: str, stage: str, tmp: Path) -> dict:
         ex = spec.make_inputs(sizes, torch.Generator().manual_seed(seed))
         return tuple(ex[n] for n in spec.input_names)
 
-    (first,) = spec.input_names  # codes / latents [batch, C, frames]
-    assert first, spec.input_names
+    # one input, codes / latents [batch, C, frames]: batch and frames vary over the plan
+    assert len(spec.input_names) == 1, spec.input_names
     dims = {
         0: Dim("batch", min=min(b["batch"] for b in buckets), max=max(b["batch"] for b in buckets)),
         2: Dim("frames", min=min(b["frames"] for b in buckets), max=max(b["frames"] for b in buckets)),

@@ -166,8 +166,12 @@ def dac_decoder_precision(opts: FishS2Options) -> tuple[str, str]:
         return opts.dac_decoder_precision, "--dac-decoder-precision"
     if allowed is not None:
         return allowed[0], "--dtype"
-    device = opts.device or "cpu"
-    return DAC_DECODER_PRECISION_BY_DEVICE[device], f"default ({device})"
+    return _default_precision(opts), f"default ({opts.device or 'cpu'})"
+
+
+def _default_precision(opts: FishS2Options) -> str:
+    """The dac_decoder's default precision on the device the options are for (none said: the CPU one)."""
+    return DAC_DECODER_PRECISION_BY_DEVICE[opts.device or "cpu"]
 
 
 def dac_decoder_stage(opts: FishS2Options) -> StageSpec:
@@ -188,7 +192,7 @@ def dac_decoder_stage(opts: FishS2Options) -> StageSpec:
     numerics = {
         "precision": name,
         "chosen_by": chosen_by,
-        "default": DAC_DECODER_PRECISION_BY_DEVICE[opts.device or "cpu"],
+        "default": _default_precision(opts),
         "compute_dtype": str(prec.dtype).removeprefix("torch."),
         "conv_kernels": prec.conv_precision,
         "criterion": prec.criterion,
@@ -215,8 +219,6 @@ def dac_decoder_stage(opts: FishS2Options) -> StageSpec:
         make_module=_module_factory(opts, cfg, DACDecoder, report),
         passes=[_prune(decoder_unused(cfg)), bake_weight_norm, bake_snake, fuse_projections, measure],
         kernel_passes=[channels_last],
-        # the bf16 build is the one built and timed on the H100 (1.38 / 3.34 ms at 29 frames, B=1 / 4); tf32 and the
-        # exact-fp32 tf32x3 path stay opt-in until they are
         # every precision: the conv kernels beat Inductor's cuDNN code and eager at each timed bucket (H100, module
         # comment of options.py; exact fp32 24.6 ms vs 57.3 ms eager with TF32 off at b4_f50)
         cuda_auto_kernels="ttsaot",
