@@ -57,6 +57,11 @@ def test_kernel_pass_keeps_outputs_and_leaves_no_layout_change_between_convs(cas
     reports = [p(m) for p in spec.kernel_passes]
     rep = reports[-1]
     assert rep["pass"] == "channels_last_kernels" and len(rep["layout_changes"]) <= 2  # the two ends at most
+    if case in ("dac_decoder", "dac_encoder"):  # exact fp32 (tf32x3): the transformers' linears on the kernel too
+        assert rep["kernel_linears"] > 0
+        assert not any(isinstance(x, torch.nn.Linear) for x in m.channels_last.chain.modules())
+    elif case == "dac_decoder_bf16":
+        assert rep["kernel_linears"] == 0  # bf16 linears stay on cuBLAS's tensor cores
     sizes = spec.plan.buckets()[0]
     inputs = spec.make_inputs(sizes, torch.Generator().manual_seed(3))
     args = tuple(inputs[n] for n in spec.input_names)

@@ -3,6 +3,8 @@ residual units, VoxCPM2's depthwise units with the sample-rate affine, an encode
 modules in either layout) against the eager (NCL) module sequences, their launch plans and declared layouts,
 casting, export (one node per fused conv, no layout conversion between conv layers) and an AOTI CPU build."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -12,10 +14,12 @@ from ttsaot.builder.kernels.conv_modules import (
     Affine,
     KernelConv1d,
     KernelConvTranspose1d,
+    KernelLinear,
     Opaque,
     Residual,
     SnakeNLC,
     fuse_conv_chain,
+    linears_on_conv_kernel,
 )
 from ttsaot.builder.kernels.snake_beta import CPU_DECOMPOSITIONS as SNAKE_DECOMPOSITIONS
 from ttsaot.builder.layers import BakedSnakeBeta, Snake1d, SnakeBeta
@@ -365,3 +369,48 @@ def test_chain_aoti_cpu_build_matches_eager(tmp_path):
     path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "chain.pt2"))
     got = torch._inductor.aoti_load_package(path)(x)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("lead", [(7,), (2, 5), (1, 3, 4)])
+def test_kernel_linear_is_the_linear_on_any_leading_shape(lead):
+    torch.manual_seed(0)
+    lin = nn.Linear(24, 40, bias=True)
+    k = KernelLinear(lin, "tf32x3")
+    x = torch.randn(*lead, 24)
+    got, want = k(x), lin(x)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert k.weight.shape == (40, 1, 24) and k.weight.data_ptr() != lin.weight.data_ptr()
+
+
+def test_linears_on_conv_kernel_replaces_nested_linears_and_exports_one_node_each():
+    torch.manual_seed(0)
+    body = nn.Sequential(nn.Linear(8, 16, bias=False), nn.GELU(), nn.Sequential(nn.Linear(16, 8)))
+    ref = copy.deepcopy(body)
+    assert linears_on_conv_kernel(body, "tf32x3") == 2
+    assert not any(isinstance(m, nn.Linear) for m in body.modules())
+    x = torch.randn(2, 9, 8)
+    torch.testing.assert_close(body(x), ref(x), rtol=1e-5, atol=1e-6)
+    ep = torch.export.export(body, (x,), strict=False)
+    convs = [n for n in ep.graph.nodes if n.op == "call_function" and "ttsaot.conv1d" in str(n.target)]
+    assert len(convs) == 2
+    with pytest.raises(ConvBakeError):
+        KernelLinear(nn.Linear(2, 2), "fp16")
+
+
+def test_tf32x3_modules_split_their_weights_after_an_fp32_cast_only():
+    torch.manual_seed(0)
+    conv = KernelConv1d.from_conv(CausalConv1d(6, 10, 5, dilation=2), precision="tf32x3")
+    up = KernelConvTranspose1d.from_conv(CausalConvTranspose1d(6, 4, 4, 2), precision="tf32x3")
+    lin = KernelLinear(nn.Linear(6, 3), "tf32x3")
+    x = torch.randn(2, 11, 6)
+    before = [m(x) for m in (conv, up, lin)]
+    body = nn.ModuleList([copy.deepcopy(conv), copy.deepcopy(up), copy.deepcopy(lin)])
+    cast_to_compute_dtype(body, torch.float32)
+    assert [tuple(m.weight.shape[:1]) for m in body] == [(2,)] * 3  # [2, ...]: TF32 part, remainder
+    for m, want in zip(body, before):
+        torch.testing.assert_close(m(x), want, rtol=1e-6, atol=1e-7)  # the aten reference of the sum
+    ieee = KernelConv1d.from_conv(CausalConv1d(6, 10, 5), precision="ieee")
+    bf16 = nn.ModuleList([copy.deepcopy(conv), ieee])
+    cast_to_compute_dtype(bf16, torch.bfloat16)
+    assert bf16[0].weight.dim() == 3 and bf16[1].weight.dim() == 3  # 16-bit and non-tf32x3 stay plain

@@ -42,7 +42,16 @@ from torch import nn
 
 from ..layers.snake import BakedSnakeBeta, Snake1d, SnakeBeta
 from . import conv1d as _ops  # noqa: F401  (registers torch.ops.ttsaot.conv*)
-from .conv1d import ACTS, PRECISIONS, ConvBakeError, ConvMeta, bake_conv1d, bake_conv_transpose1d, bake_dwconv1d
+from .conv1d import (
+    ACTS,
+    PRECISIONS,
+    ConvBakeError,
+    ConvMeta,
+    bake_conv1d,
+    bake_conv_transpose1d,
+    bake_dwconv1d,
+    split_tf32,
+)
 
 LAYOUTS = ("NCL", "NLC")
 
@@ -84,6 +93,15 @@ class SnakeNLC(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.ttsaot.snake_beta_nlc(x, self.alpha, self.inv_beta)
+
+
+def _split_for_tf32x3(module: nn.Module, dims: int, dtype: torch.dtype) -> None:
+    """The `after_cast` hook of the GEMM modules (passes.cast calls it once the stage's dtype is final): an fp32
+    "tf32x3" GEMM takes its weight pre-split into TF32 parts (conv1d.split_tf32: the kernel then keeps its
+    load → MMA pipeline); 16-bit stages keep the plain weight, which their MMAs take as it is."""
+    w = module.weight
+    if module.precision == "tf32x3" and dtype == torch.float32 and w is not None and w.dim() == dims:
+        module.weight = _param(split_tf32(w.detach()))
 
 
 class _KernelConvBase(nn.Module):
@@ -149,6 +167,9 @@ class KernelConv1d(_KernelConvBase):
         w, b, meta = bake_conv1d(conv)
         return cls(w, b, meta, **epilogue)
 
+    def after_cast(self, dtype: torch.dtype) -> None:
+        _split_for_tf32x3(self, 3, dtype)
+
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         m = self.meta
         op = torch.ops.ttsaot.conv1d_dual if self.write_pre else torch.ops.ttsaot.conv1d
@@ -165,6 +186,47 @@ class KernelConv1d(_KernelConvBase):
             self.out_dtype,
             self.precision,
         )
+
+
+class KernelLinear(nn.Module):
+    """nn.Linear on the conv kernel as a 1-tap `ttsaot::conv1d` over the rows of x [..., K] → [..., N], with its
+    fp32 GEMM `precision`. Why: with TF32 off (the exact fp32 stages) cuBLAS runs an fp32 Linear on FMA units at
+    ~25 TFLOP/s (the Fish DAC encoder's transformer: 3.5 ms of an 18 ms call on an H100), where "tf32x3" keeps
+    fp32 accuracy on the tensor cores. The weight keeps nn.Linear's [N, K] memory as a [N, 1, K] baked conv."""
+
+    def __init__(self, linear: nn.Linear, precision: str) -> None:
+        super().__init__()
+        if precision not in PRECISIONS:
+            raise ConvBakeError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        w = linear.weight.detach()
+        self.in_features, self.out_features, self.precision = w.shape[1], w.shape[0], precision
+        self.weight = _param(w[:, None, :].contiguous())
+        self.bias = _param(None if linear.bias is None else linear.bias.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(1, -1, self.in_features)  # one "batch" of rows: a 1-tap conv is a GEMM over rows
+        y = torch.ops.ttsaot.conv1d(
+            rows, self.weight, self.bias, None, None, None, None, None, 1, 1, 0, "none", None, self.precision
+        )
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def after_cast(self, dtype: torch.dtype) -> None:
+        _split_for_tf32x3(self, 3, dtype)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, precision={self.precision}"
+
+
+def linears_on_conv_kernel(module: nn.Module, precision: str) -> int:
+    """Replace every nn.Linear inside `module` by a KernelLinear of `precision`; returns how many."""
+    n = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(module, name, KernelLinear(child, precision))
+            n += 1
+        else:
+            n += linears_on_conv_kernel(child, precision)
+    return n
 
 
 class KernelConvTranspose1d(_KernelConvBase):
@@ -194,6 +256,9 @@ class KernelConvTranspose1d(_KernelConvBase):
     def from_conv(cls, conv: nn.Module, **epilogue) -> KernelConvTranspose1d:
         w, b, _ = bake_conv_transpose1d(conv)
         return cls(w, b, **epilogue)
+
+    def after_cast(self, dtype: torch.dtype) -> None:
+        _split_for_tf32x3(self, 4, dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         op = torch.ops.ttsaot.conv_transpose1d_dual if self.write_pre else torch.ops.ttsaot.conv_transpose1d

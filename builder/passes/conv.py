@@ -85,6 +85,7 @@ def install_channels_last(
         "pass": "channels_last_kernels",
         "precision": precision,
         "launches": plan.launches,
+        "kernel_linears": getattr(body, "kernel_linears", 0),  # nn.Linear layers moved onto the conv kernel
         "layout_changes": [plan.steps[i] for i in plan.layout_changes],
         "plan": plan.steps,
         "folded": {"conv weights re-laid out for the kernels": before - count_parameters(m)["params"]},

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...kernels.conv_modules import KernelConvNeXt, Opaque, Residual, fuse_conv_chain
+from ...kernels.conv_modules import KernelConvNeXt, Opaque, Residual, fuse_conv_chain, linears_on_conv_kernel
 from ...passes.conv import install_channels_last
 from .dac import DAC, DecoderBlock, EncoderBlock, ResidualUnit, VectorQuantize, WindowLimitedTransformer
 
@@ -96,6 +96,13 @@ def encoder_items(dac: DAC) -> list[Any]:
     return [*items, _nlc(q.pre_module)]
 
 
+def _exact_linears(chain: nn.Module, precision: str) -> int:
+    """Exact fp32 bodies ("tf32x3"): the transformers' and ConvNeXt blocks' linears on the conv kernel too
+    (KernelLinear: cuBLAS would run them on FMA units with TF32 off); other precisions keep nn.Linear (bf16 and TF32
+    linears are on cuBLAS's tensor cores already)."""
+    return linears_on_conv_kernel(chain, precision) if precision == "tf32x3" else 0
+
+
 class DACDecoderNLC(nn.Module):
     """codes [B, 10, F] → wave [B, 1, F·2048] fp32 (see the module docstring)."""
 
@@ -108,6 +115,7 @@ class DACDecoderNLC(nn.Module):
         self.chain = fuse_conv_chain(
             decoder_items(dac), input_layout="NLC", output_layout="NCL", out_dtype=torch.float32, precision=precision
         )
+        self.kernel_linears = _exact_linears(self.chain, precision)
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
         semantic = codes[:, :1].clamp(max=self.semantic_size - 1)
@@ -122,6 +130,7 @@ class DACEncoderNLC(nn.Module):
         super().__init__()
         self.samples_per_frame = dac.cfg.samples_per_frame
         self.chain = fuse_conv_chain(encoder_items(dac), input_layout="NCL", output_layout="NCL", precision=precision)
+        self.kernel_linears = _exact_linears(self.chain, precision)
         self.semantic_quantizer = dac.quantizer.semantic_quantizer
         self.quantizer = dac.quantizer.quantizer
 
