@@ -16,8 +16,6 @@ Optional dependency: onnx, onnxscript (the `onnx` extra). The runtime never impo
 from __future__ import annotations
 
 import itertools
-import math
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +26,7 @@ import torch
 from torch import nn
 
 from .buckets import BucketPlan
+from .dynamic_shapes import DynamicExportError, export_dynamic, first_line, plan_ranges, range_record
 from .kernels.snake_beta import CPU_DECOMPOSITIONS
 from .stage_spec import StageSpec
 
@@ -114,41 +113,7 @@ def axis_ranges(plan: BucketPlan) -> dict[str, tuple[int, int]]:
     """Axes with more than one bucket size become dynamic over [1, largest bucket]: the AOTI stage serves every
     size in that range (padding up to a bucket), so the ONNX model covers the same range. Single-size axes stay
     static (nothing to choose between)."""
-    return {a: (1, max(sizes)) for a, sizes in plan.axes.items() if len(set(sizes)) > 1}
-
-
-def _dim(axis: str, lo: int, hi: int, mult: int = 1):
-    if mult <= 1:
-        return torch.export.Dim(axis, min=lo, max=hi)
-    return mult * torch.export.Dim(f"{axis}_per_{mult}", min=max(1, -(-lo // mult)), max=hi // mult)
-
-
-def _dynamic_shapes(spec: StageSpec, dyn: dict[str, tuple]) -> list[dict[int, Any]]:
-    """Positional (the stage contract is forward(*inputs) in `inputs` order, whatever the parameter names).
-    `dyn`: axis → (min, max) or (min, max, multiple_of)."""
-    dims = {a: _dim(a, *r) for a, r in dyn.items()}
-    out: list[dict[int, Any]] = []
-    for desc in spec.inputs:
-        per: dict[int, Any] = {}
-        for d, s in enumerate(desc["shape"]):
-            axis, scale = (s, 1) if isinstance(s, str) else (tuple(s) if isinstance(s, list) else (None, 1))
-            if axis in dims:
-                per[d] = dims[axis] if int(scale) == 1 else int(scale) * dims[axis]
-        out.append(per)
-    return out
-
-
-def _is_constraint_error(e: BaseException) -> bool:
-    from torch._dynamo.exc import UserError
-    from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
-
-    while e is not None:
-        if isinstance(e, ConstraintViolationError):
-            return True
-        if isinstance(e, UserError) and "onstraint" in str(e):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
+    return plan_ranges(plan.axes, low=1)
 
 
 def _custom_ops(ep: torch.export.ExportedProgram) -> list:
@@ -165,91 +130,29 @@ def _custom_ops(ep: torch.export.ExportedProgram) -> list:
 def export_program(
     module: nn.Module, spec: StageSpec, example: dict[str, torch.Tensor], dyn: dict[str, tuple]
 ) -> tuple[torch.export.ExportedProgram, dict[str, tuple], list[str]]:
-    """torch.export with as many plan axes dynamic as the graph allows: all of them first; then axes whose
-    bucket sizes share a factor g > 1 as multiples of g (an encoder needs whole hops); then every subset with one
-    axis fewer, ... (an axis that fails stays static at its largest bucket)."""
+    """torch.export with as many plan axes dynamic as the graph allows (builder/dynamic_shapes.py; an axis that
+    fails stays static at its largest bucket)."""
     args = tuple(example[n] for n in spec.input_names)
+
+    def export(shapes):
+        if shapes is not None and isinstance(module, _ReturnUpdated):
+            shapes = (tuple(shapes),)  # forward(*args): one varargs parameter
+        with torch.no_grad():
+            return torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
+
+    try:
+        res = export_dynamic(export, spec.inputs, spec.plan.axes, dyn, spec.name)
+    except DynamicExportError as e:
+        raise OnnxExportError(str(e)) from e
     notes: list[str] = []
-    names = list(dyn)
-    last: BaseException | None = None
-    attempts: list[dict[str, tuple]] = []
-    mults = {a: math.gcd(*spec.plan.axes[a]) for a in names if a in spec.plan.axes}
-    stepped = {a: (r[0], r[1], mults[a]) if mults.get(a, 1) > 1 else r for a, r in dyn.items()}
-    for k in range(len(names), -1, -1):
-        for keep in itertools.combinations(names, k):
-            attempts.append({a: dyn[a] for a in keep})
-            if any(stepped[a] != dyn[a] for a in keep):
-                attempts.append({a: stepped[a] for a in keep})
-    queue = list(attempts)
-    while queue:
-        sub = queue.pop(0)
-        try:
-            shapes: Any = _dynamic_shapes(spec, sub) if sub else None
-            if shapes is not None and isinstance(module, _ReturnUpdated):
-                shapes = (tuple(shapes),)  # forward(*args): one varargs parameter
-            with torch.no_grad():
-                ep = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
-            dropped = sorted(set(names) - set(sub))
-            if dropped:
-                notes.append(
-                    f"axes {dropped} cannot be dynamic in this graph ({_first_line(last)}); "
-                    "static at the largest bucket"
-                )
-            if any(len(r) > 2 for r in sub.values()):
-                notes.append(
-                    f"axes dynamic in steps { ({a: r[2] for a, r in sub.items() if len(r) > 2}) }: pad "
-                    "inputs to a multiple"
-                )
-            return ep, sub, notes
-        except Exception as e:  # noqa: BLE001 - only constraint violations are retried
-            if not _is_constraint_error(e):
-                raise OnnxExportError(f"{spec.name}: torch.export failed: {type(e).__name__}: {_first_line(e)}") from e
-            last = e
-            narrowed = _suggested_ranges(e, sub) or _stepped_ranges(e, sub, mults)
-            if narrowed is not None and narrowed not in attempts:
-                attempts.append(narrowed)
-                queue.insert(0, narrowed)  # torch's own fix first: a narrower range or whole steps
-    raise OnnxExportError(f"{spec.name}: torch.export failed even with static shapes: {_first_line(last)}")
-
-
-_SUGGESTED = re.compile(r"(\w+) = Dim\('(\w+)'(?:, min=(\d+))?(?:, max=(\d+))?\)")
-
-
-def _suggested_ranges(e: BaseException, sub: dict[str, tuple]) -> dict[str, tuple] | None:
-    """torch.export's "Suggested fixes: samples = Dim('samples', min=2049, max=45056)" for our plain dynamic
-    axes: the same axes with the narrowed ranges, or None when it suggests nothing new for them."""
-    text = str(e)
-    if "Suggested fixes" not in text:
-        return None
-    out, changed = dict(sub), False
-    for name, _dim, lo, hi in _SUGGESTED.findall(text.split("Suggested fixes", 1)[1]):
-        r = sub.get(name)
-        if r is None or len(r) > 2:
-            continue
-        new = (int(lo) if lo else r[0], int(hi) if hi else r[1])
-        if new != tuple(r) and new[0] <= new[1]:
-            out[name], changed = new, True
-    return out if changed else None
-
-
-_FLOORDIV = re.compile(r"Not all values of (\w+) = .*?// (\d+)\)")
-
-
-def _stepped_ranges(e: BaseException, sub: dict[str, tuple], mults: dict[str, int]) -> dict[str, tuple] | None:
-    """Guards like `samples // 2048` (a conv stack that needs whole hops): make the axis dynamic in steps of
-    that divisor, when every bucket size is a multiple of it."""
-    out, changed = dict(sub), False
-    for name, div in _FLOORDIV.findall(str(e)):
-        d, r = int(div), sub.get(name)
-        if r is None or len(r) > 2 or d <= 1 or mults.get(name, 1) % d:
-            continue
-        out[name], changed = (r[0], r[1], d), True
-    return out if changed else None
-
-
-def _first_line(e: BaseException | None) -> str:
-    s = str(e).strip() if e is not None else ""
-    return s.splitlines()[0] if s else type(e).__name__
+    if res.dropped:
+        notes.append(f"axes {res.dropped} cannot be dynamic in this graph ({res.reason}); static at the largest bucket")
+    sub = res.dynamic
+    if any(len(r) > 2 for r in sub.values()):
+        notes.append(
+            f"axes dynamic in steps { ({a: r[2] for a, r in sub.items() if len(r) > 2}) }: pad inputs to a multiple"
+        )
+    return res.program, sub, notes
 
 
 def _lower_custom_ops(ep: torch.export.ExportedProgram, stage: str):
@@ -379,7 +282,7 @@ def export_stage_onnx(
             verbose=False,
         )
     except Exception as e:  # noqa: BLE001
-        raise OnnxExportError(f"{spec.name}: torch.onnx.export failed: {type(e).__name__}: {_first_line(e)}") from e
+        raise OnnxExportError(f"{spec.name}: torch.onnx.export failed: {type(e).__name__}: {first_line(e)}") from e
     model = prog.model
     mode = optimize_model(model, optimize)
     if mode != "full":
@@ -423,13 +326,13 @@ def export_stage_onnx(
         try:
             onnx.checker.check_model(str(out_path), full_check=True)
         except Exception as e:  # noqa: BLE001
-            raise OnnxExportError(f"{spec.name}: onnx.checker rejected the exported model: {_first_line(e)}") from e
+            raise OnnxExportError(f"{spec.name}: onnx.checker rejected the exported model: {first_line(e)}") from e
     static = {a: max(s) for a, s in spec.plan.axes.items() if a not in dyn}
     return OnnxResult(
         path=out_path,
         external_data=external,
         opset=opset,
-        dynamic_axes={a: _axis_range(r) for a, r in dyn.items()},
+        dynamic_axes={a: range_record(r) for a, r in dyn.items()},
         static_axes=static,
         ops=sorted(ops),
         custom_ops=how,
@@ -437,13 +340,6 @@ def export_stage_onnx(
         notes=notes,
         updated_inputs={f"{n}_out": n for n in updated},
     )
-
-
-def _axis_range(r: tuple) -> dict[str, int]:
-    if len(r) > 2 and r[2] > 1:
-        m = r[2]
-        return {"min": max(m, -(-r[0] // m) * m), "max": r[1] // m * m, "multiple_of": m}
-    return {"min": r[0], "max": r[1]}
 
 
 def manifest_entry(result: OnnxResult, root: Path) -> dict:
