@@ -47,7 +47,8 @@ from ..runtime.artifact import (
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import ArtifactError, ManifestError
 from .buckets import BucketPlan
-from .export import CompileError, compile_bucket, compiler_info, export_bucket, inductor_options
+from .dynamic_shapes import DynamicExportError, export_dynamic, plan_ranges, range_record
+from .export import CompileError, compile_bucket, compiler_info, export_bucket, export_program, inductor_options
 from .load_check import LoadCheck
 from .package_cache import (
     PackageCache,
@@ -280,7 +281,27 @@ def build_stage(
     jobs: int = 1,
 ) -> StageEntry:
     """Build one stage into `tmp`; returns its manifest entry. `cache`: reuse packages compiled before; `jobs`:
-    compile the buckets on that many worker processes."""
+    compile the stage's packages on that many worker processes."""
+    pending = prepare_stage(spec, tmp, device, seed, reporter, extra_inductor_options, formats, cache, jobs)
+    _compile_all([pending.compile] if pending.compile is not None else [], jobs)
+    return pending.finish()
+
+
+def prepare_stage(
+    spec: StageSpec,
+    tmp: Path,
+    device: torch.device,
+    seed: int,
+    reporter: Reporter,
+    extra_inductor_options: dict | None = None,
+    formats: tuple[str, ...] = ("aoti",),
+    cache: PackageCache | None = None,
+    jobs: int = 1,
+) -> _PendingStage:
+    """Everything of a stage's build but its AOTI compiles: golden cases, passes, ONNX export, the exports and
+    package-cache lookups of its packages. `_compile_all` then compiles the packages of one or several stages
+    (a CPU build's stages each have one or a few dynamic packages: compiling them side by side keeps `--jobs`
+    workers busy), and `finish` writes the stage's files and returns its manifest entry."""
     if spec.fp32_only and spec.dtype != torch.float32:
         raise BuildError(f"{spec.name}: this stage is fp32 only (numerics policy), refusing {spec.dtype}")
     inputs_spec = _io_specs(spec.inputs, f"{spec.name}.inputs")
@@ -336,15 +357,33 @@ def build_stage(
             f"{spec.name}: ONNX opset {res.opset}, dynamic {res.dynamic_axes or '-'}, "
             f"{res.seconds:.1f}s" + "".join(f"; {n}" for n in res.notes)
         )
+    compile_ = None
     if "aoti" in formats:
-        entry = replace(
-            entry, **_compile_buckets(spec, module, tmp, device, seed, reporter, extra_inductor_options, cache, jobs)
-        )
-    if golden is not None:
-        _save_safetensors(golden, tmp / grel)
-        if gkey is not None:
-            cache.store_golden(gkey, tmp / grel)
-    return replace(entry, golden=FileEntry.of(tmp, grel))
+        compile_ = _StageCompile(spec, module, tmp, device, seed, reporter, extra_inductor_options, cache, jobs)
+    return _PendingStage(entry, compile_, golden, gkey, grel, tmp, cache)
+
+
+@dataclass
+class _PendingStage:
+    """A prepared stage waiting for its compiles (`prepare_stage`)."""
+
+    entry: StageEntry
+    compile: _StageCompile | None
+    golden: dict[str, torch.Tensor] | None  # None: fetched from the package cache into place already
+    gkey: str | None
+    grel: str
+    tmp: Path
+    cache: PackageCache | None
+
+    def finish(self) -> StageEntry:
+        entry = self.entry
+        if self.compile is not None:
+            entry = replace(entry, **self.compile.finalize())
+        if self.golden is not None:
+            _save_safetensors(self.golden, self.tmp / self.grel)
+            if self.gkey is not None:
+                self.cache.store_golden(self.gkey, self.tmp / self.grel)
+        return replace(entry, golden=FileEntry.of(self.tmp, self.grel))
 
 
 @dataclass(frozen=True)
@@ -400,184 +439,351 @@ def _golden_cases(
     return golden
 
 
-def _compile_buckets(
-    spec: StageSpec,
-    module: torch.nn.Module,
-    tmp: Path,
-    device: torch.device,
-    seed: int,
-    reporter: Reporter,
-    extra_inductor_options: dict | None,
-    cache: PackageCache | None = None,
-    jobs: int = 1,
-) -> dict[str, Any]:
-    """One AOTI package per bucket (reused from `cache` where it holds the same package; compiled on up to `jobs`
-    worker processes) and the stage's weights file (the constants every package binds, identical across
-    buckets): the `weights`, `constants` and `buckets` fields of the stage entry."""
-    buckets = spec.plan.buckets()
-    reporter.stage_start(spec.name, len(buckets))
-    toolchain = build_env(device) if cache is not None else None
-    parallel = jobs > 1 and len(buckets) > 1
-    results: dict[str, dict[str, torch.Tensor]] = {}
-    reused = 0
+class _StageCompile:
+    """A stage's AOTI packages: one per bucket, or (`spec.dynamic_on(device)`) one dynamic-shape package for as
+    many buckets as the graph allows (`_dynamic_jobs`). Made in three steps: here, the exports and the package
+    cache's lookups (a package found through the pre-export index is not even exported); `_compile_all`, the
+    compiles of what the cache did not have (of one or several stages); `finalize`, the stage's weights file (the
+    constants every package binds, identical across packages) and the `weights`, `constants`, `buckets` and
+    `packaging` fields of its entry."""
 
-    def finished(b: _Bucket, bucket_weights: dict[str, torch.Tensor]) -> None:
-        results[b.key] = bucket_weights
-        reporter.bucket_done(spec.name, b.key, time.time() - b.t0)
+    def __init__(
+        self,
+        spec: StageSpec,
+        module: torch.nn.Module,
+        tmp: Path,
+        device: torch.device,
+        seed: int,
+        reporter: Reporter,
+        extra_inductor_options: dict | None,
+        cache: PackageCache | None = None,
+        jobs: int = 1,
+    ) -> None:
+        self.spec, self.module, self.tmp, self.device = spec, module, tmp, device
+        self.reporter, self.extra, self.cache = reporter, extra_inductor_options, cache
+        self.buckets = spec.plan.buckets()
+        reporter.stage_start(spec.name, len(self.buckets))
+        self.toolchain = build_env(device) if cache is not None else None
+        self.results: dict[str, dict[str, torch.Tensor]] = {}  # package file → its weights
+        self.reused = 0
+        # What decides the exported program besides the bucket (builder/package_cache.py `pre_export_key`).
+        self.tensors = module_tensors(module) if cache is not None else {}
+        self.layout = _stage_layout(spec, module) if cache is not None else ""
+        self.signatures: dict[str, str] = {}  # bucket key → the input signature its package is stamped with
+        self.examples: dict[str, tuple] = {}
+        for sizes in self.buckets:
+            key = BucketPlan.key(sizes)
+            ex = spec.make_inputs(sizes, torch.Generator().manual_seed(seed))
+            self.examples[key] = tuple(ex[n].to(device) for n in spec.input_names)
+            self.signatures[key] = input_signature(self.examples[key])
+        self.kernels = spec.kernels_on(device)
+        # Exported up front when the compile may run in a worker (it gets the saved program) or the cache keys on it.
+        export_all = cache is not None or jobs > 1
+        self.work: list[_Job] = []
+        if spec.dynamic_on(device):
+            self.work = _dynamic_jobs(self, module, seed, self.buckets, set())
+            self.packaging = _packaging(self.work)
+        else:
+            self.packaging = {"mode": "static", "reason": _static_reason(spec, device)}
+            for sizes in self.buckets:
+                job = self.static_job(sizes)
+                self.work.append(job)
+                if not self.lookup(job) and export_all:
+                    self.export_static(job)
 
-    def indexed(b: _Bucket) -> None:
-        """Point the bucket's pre-export key at its package, now in the cache, so a rebuild skips the export."""
-        if cache is not None and b.pre_id is not None and b.cache_id is not None:
-            cache.index(b.pre_id, b.cache_id, b.sources, tensors)
-
-    # What decides the exported program besides the bucket (builder/package_cache.py `pre_export_key`).
-    tensors = module_tensors(module) if cache is not None else {}
-    layout = _stage_layout(spec, module) if cache is not None else ""
-    work: list[_Bucket] = []
-    for sizes in buckets:
-        key = BucketPlan.key(sizes)
-        t0 = time.time()
-        g = torch.Generator().manual_seed(seed)
-        ex = spec.make_inputs(sizes, g)
-        args = tuple(ex[n].to(device) for n in spec.input_names)
-        model_name = f"{spec.name}_{key}"
+    # ------------------------------------------------------------------------------------------ jobs
+    def static_job(self, sizes: dict[str, int]) -> _Job:
+        spec, key = self.spec, BucketPlan.key(sizes)
         # the package's own record of what it was compiled for: the runtime cross-checks it, so an edited
         # manifest cannot feed it other shapes
         metadata = {
             "ttsaot_stage": spec.name,
             "ttsaot_bucket": key,
             "ttsaot_family": spec.family,
-            "ttsaot_inputs": input_signature(args),
+            "ttsaot_inputs": self.signatures[key],
         }
-        b = _Bucket(key, dict(sizes), f"{spec.name}/{key}.pt2", args, model_name, metadata, None, None, {}, t0)
-        work.append(b)
-        context = {
-            "family": spec.family,
-            "stage": spec.name,
-            "bucket": key,
-            "sizes": dict(sizes),
-            "dtype": dtype_name(spec.dtype),
-            "kernels": spec.kernels_on(device),
-            "inputs": input_signature(args),
-            "toolchain": toolchain,
-            "inductor_options": inductor_options(model_name, metadata, device, extra_inductor_options),
-        }
-        if cache is not None:
-            b.pre_id = pre_export_key(context, layout)
-            found = cache.fetch_indexed(b.pre_id, tensors, tmp / b.rel)
-            if found.weights is not None:  # the package of this very program: no export needed
-                reused += 1
-                finished(b, found.weights)
-                continue
-        try:
-            b.ep = export_bucket(module, args, device) if cache is not None or parallel else None
-        except CompileError as e:
-            raise BuildError(f"{spec.name}/{key}: {e}") from e
-        if cache is not None:
-            b.cache_id = cache_key(b.ep, context)
-            b.sources = program_sources(b.ep)
+        return _Job([key], [dict(sizes)], f"{spec.name}/{key}.pt2", self.examples[key], f"{spec.name}_{key}", metadata)
 
-    def compile_here(b: _Bucket):
+    def export_static(self, job: _Job) -> None:
+        try:
+            job.ep = export_bucket(self.module, job.args, self.device)
+        except CompileError as e:
+            raise BuildError(f"{self.spec.name}/{job.keys[0]}: {e}") from e
+        self.exported(job)
+
+    def context(self, job: _Job, dynamic: dict[str, tuple] | None) -> dict[str, Any]:
+        """The package cache's part of the build: for a static package what it has always been (so `off` keeps
+        reusing the entries of per-bucket builds), for a dynamic one every bucket it serves and the ranges."""
+        spec = self.spec
+        ctx: dict[str, Any] = {"family": spec.family, "stage": spec.name}
+        if job.dynamic is None:
+            ctx.update(bucket=job.keys[0], sizes=dict(job.sizes[0]))
+        else:
+            ctx.update(
+                buckets={k: self.signatures[k] for k in job.keys}, dynamic={a: list(r) for a, r in dynamic.items()}
+            )
+        ctx.update(
+            dtype=dtype_name(spec.dtype),
+            kernels=self.kernels,
+            inputs=input_signature(job.args),
+            toolchain=self.toolchain,
+            inductor_options=inductor_options(job.model_name, job.metadata, self.device, self.extra),
+        )
+        return ctx
+
+    def lookup(self, job: _Job) -> bool:
+        """Reuse the package of the job's pre-export key (no export); True when it was found."""
+        if self.cache is None:
+            return False
+        job.pre_id = pre_export_key(self.context(job, job.dynamic), self.layout)
+        found = self.cache.fetch_indexed(job.pre_id, self.tensors, self.tmp / job.rel)
+        if found.weights is None:
+            return False
+        self.reused += 1
+        self.finished(job, found.weights)
+        return True
+
+    def exported(self, job: _Job) -> None:
+        if self.cache is not None:
+            job.cache_id = cache_key(job.ep, self.context(job, job.dynamic_got or job.dynamic))
+            job.sources = program_sources(job.ep)
+
+    def finished(self, job: _Job, package_weights: dict[str, torch.Tensor]) -> None:
+        self.results[job.rel] = package_weights
+        for key in job.keys:
+            self.reporter.bucket_done(self.spec.name, key, time.time() - job.t0)
+
+    def indexed(self, job: _Job) -> None:
+        """Point the job's pre-export key at its package, now in the cache, so a rebuild skips the export."""
+        if self.cache is not None and job.pre_id is not None and job.cache_id is not None:
+            self.cache.index(job.pre_id, job.cache_id, job.sources, self.tensors)
+
+    def todo(self) -> list[_Job]:
+        return [job for job in self.work if job.rel not in self.results]
+
+    def compile_here(self, job: _Job):
         return compile_bucket(
-            module,
-            b.args,
-            device,
-            tmp / b.rel,
-            model_name=b.model_name,
-            metadata=b.metadata,
-            extra_options=extra_inductor_options,
-            exported=b.ep,
+            self.module,
+            job.args,
+            self.device,
+            self.tmp / job.rel,
+            model_name=job.model_name,
+            metadata=job.metadata,
+            extra_options=self.extra,
+            exported=job.ep,
         )
 
-    todo = [b for b in work if b.key not in results]
-    if not parallel:
-        for b in todo:
-            try:
-                bw, from_cache = cached_compile(cache, b.cache_id, b.sources, tmp / b.rel, partial(compile_here, b))
-            except CompileError as e:
-                raise BuildError(f"{spec.name}/{b.key}: {e}") from e
-            reused += from_cache
-            indexed(b)
-            finished(b, bw)
-    else:
-        misses = []
-        for b in todo:
-            if cache is not None:
-                with cache.lock(b.cache_id):
-                    found = cache.fetch(b.cache_id, b.sources, tmp / b.rel)
-                if found.weights is not None:
-                    reused += 1
-                    indexed(b)
-                    finished(b, found.weights)
-                    continue
-            misses.append(b)
-        with tempfile.TemporaryDirectory(prefix="ttsaot-programs-") as programs:
-            tasks = {}
-            for b in misses:
-                path = Path(programs) / f"{b.key}.pt2"
-                torch.export.save(b.ep, str(path))
-                tasks[b.key] = CompileTask(
-                    f"{spec.name}/{b.key}",
-                    path,
-                    b.args,
-                    device,
-                    tmp / b.rel,
-                    b.model_name,
-                    b.metadata,
-                    extra_inductor_options,
+    # -------------------------------------------------------------------------------------- results
+    def finalize(self) -> dict[str, Any]:
+        spec, tmp = self.spec, self.tmp
+        weights: dict[str, torch.Tensor] | None = None
+        by_key: dict[str, BucketEntry] = {}
+        for job in self.work:  # plan order below, whatever order the compiles finished in
+            pw = self.results[job.rel]
+            if weights is None:
+                weights = pw
+            elif list(pw) != list(weights) or any(not torch.equal(pw[k], weights[k]) for k in weights):
+                diff = sorted(set(pw) ^ set(weights))[:3] or "values"
+                raise BuildError(
+                    f"{spec.name}/{job.label}: compiled constants differ from the first package's ({diff}); "
+                    "weights could not be shared"
                 )
-            by_label = {f"{spec.name}/{b.key}": b for b in misses}
-
-            def compiled(task: CompileTask, bucket_weights: dict[str, torch.Tensor]) -> None:
-                b = by_label[task.label]
-                if cache is not None:
-                    with cache.lock(b.cache_id):
-                        cache.store(b.cache_id, tmp / b.rel, bucket_weights, b.sources)
-                    indexed(b)
-                finished(b, bucket_weights)
-
-            try:
-                compile_in_workers(list(tasks.values()), jobs, compiled)
-            except CompileError as e:
-                raise BuildError(str(e)) from e
-
-    weights: dict[str, torch.Tensor] | None = None
-    bucket_entries = []
-    for b in work:  # bucket order, whatever order the compiles finished in
-        bw = results[b.key]
-        if weights is None:
-            weights = bw
-        elif list(bw) != list(weights) or any(not torch.equal(bw[k], weights[k]) for k in weights):
-            diff = sorted(set(bw) ^ set(weights))[:3] or "values"
-            raise BuildError(
-                f"{spec.name}/{b.key}: compiled constants differ from the first bucket's ({diff}); "
-                "weights could not be shared"
+            f = FileEntry.of(tmp, job.rel)
+            for key, sizes in zip(job.keys, job.sizes):
+                by_key[key] = BucketEntry(key=key, sizes=sizes, file=f.file, sha256=f.sha256, bytes=f.bytes)
+        bucket_entries = [by_key[BucketPlan.key(sizes)] for sizes in self.buckets]
+        if self.cache is not None:
+            for msg in self.cache.notes:
+                self.reporter.note(msg)
+            self.cache.notes.clear()
+            self.reporter.note(f"{spec.name}: {self.reused} of {len(self.work)} packages reused from the package cache")
+        if len(self.work) < len(self.buckets):
+            self.reporter.note(
+                f"{spec.name}: {len(self.work)} package(s) for {len(self.buckets)} buckets "
+                f"({_packaging_text(self.packaging)})"
             )
-        f = FileEntry.of(tmp, b.rel)
-        bucket_entries.append(BucketEntry(key=b.key, sizes=b.sizes, file=f.file, sha256=f.sha256, bytes=f.bytes))
-    if cache is not None:
-        for msg in cache.notes:
-            reporter.note(msg)
-        cache.notes.clear()
-        reporter.note(f"{spec.name}: {reused} of {len(buckets)} packages reused from the package cache")
+        assert weights is not None
+        wrel = f"{spec.name}.safetensors"
+        _save_safetensors(weights, tmp / wrel, metadata={"ttsaot_stage": spec.name})
+        constants = {
+            k: WeightSpec(dtype=dtype_name(t.dtype), shape=list(t.shape), stride=list(t.contiguous().stride()))
+            for k, t in weights.items()
+        }
+        return {
+            "weights": FileEntry.of(tmp, wrel, chunk_bytes=CHUNK_BYTES),
+            "constants": constants,
+            "buckets": bucket_entries,
+            "packaging": json_value(self.packaging),
+        }
 
-    assert weights is not None
-    wrel = f"{spec.name}.safetensors"
-    _save_safetensors(weights, tmp / wrel, metadata={"ttsaot_stage": spec.name})
-    constants = {
-        k: WeightSpec(dtype=dtype_name(t.dtype), shape=list(t.shape), stride=list(t.contiguous().stride()))
-        for k, t in weights.items()
+
+def _compile_all(stages: list[_StageCompile], jobs: int) -> None:
+    """Compile the packages the cache did not have, of every stage given: in this process one after another, or
+    on `jobs` spawned workers when there are several (across stages: a CPU build has one dynamic package per
+    stage, so within one stage there would be nothing to spread)."""
+    todo = [(st, job) for st in stages for job in st.todo()]
+    if jobs <= 1 or len(todo) <= 1:
+        for st, job in todo:
+            try:
+                w, from_cache = cached_compile(
+                    st.cache, job.cache_id, job.sources, st.tmp / job.rel, partial(st.compile_here, job)
+                )
+            except CompileError as e:
+                raise BuildError(f"{st.spec.name}/{job.label}: {e}") from e
+            st.reused += from_cache
+            st.indexed(job)
+            st.finished(job, w)
+        return
+    misses = []
+    for st, job in todo:
+        if st.cache is not None:
+            with st.cache.lock(job.cache_id):
+                found = st.cache.fetch(job.cache_id, job.sources, st.tmp / job.rel)
+            if found.weights is not None:
+                st.reused += 1
+                st.indexed(job)
+                st.finished(job, found.weights)
+                continue
+        if job.ep is None:  # a static package compiled in-process would have exported itself
+            st.export_static(job)
+        misses.append((st, job))
+    with tempfile.TemporaryDirectory(prefix="ttsaot-programs-") as programs:
+        tasks = []
+        by_label: dict[str, tuple[_StageCompile, _Job]] = {}
+        for i, (st, job) in enumerate(misses):
+            path = Path(programs) / f"{i}.pt2"
+            torch.export.save(job.ep, str(path))
+            label = f"{st.spec.name}/{job.label}"
+            by_label[label] = (st, job)
+            tasks.append(
+                CompileTask(label, path, job.args, st.device, st.tmp / job.rel, job.model_name, job.metadata, st.extra)
+            )
+
+        def compiled(task: CompileTask, package_weights: dict[str, torch.Tensor]) -> None:
+            st, job = by_label[task.label]
+            if st.cache is not None:
+                with st.cache.lock(job.cache_id):
+                    st.cache.store(job.cache_id, st.tmp / job.rel, package_weights, job.sources)
+                st.indexed(job)
+            st.finished(job, package_weights)
+
+        try:
+            compile_in_workers(tasks, jobs, compiled)
+        except CompileError as e:
+            raise BuildError(str(e)) from e
+
+
+def _static_reason(spec: StageSpec, device: torch.device) -> str:
+    if spec.dynamic_packages == "off":
+        return "dynamic packages off (--dynamic-packages off)"
+    return f"dynamic packages off by default on {device.type} (--dynamic-packages auto)"
+
+
+def _dynamic_jobs(
+    st: _StageCompile, module: torch.nn.Module, seed: int, group: list[dict[str, int]], names: set[str]
+) -> list[_Job]:
+    """Packages for `group` (buckets, plan order): ONE exported with every axis that has more than one size in the
+    group dynamic over its range, when the graph allows; else the axes it allows dynamic, and the buckets grouped
+    by the static axes' values, one package per group (recursively). A group of one bucket, or whose axes all have
+    one size, is a static package per bucket. A package the cache has (`st.lookup`) is reused without exporting;
+    `names`: the package tags taken so far."""
+    spec, device = st.spec, st.device
+    axes = {a: sorted({b[a] for b in group}) for a in spec.plan.axes}
+    request = plan_ranges(axes)
+    if len(group) == 1 or not request:
+        out = []
+        for sizes in group:
+            job = st.static_job(sizes)
+            out.append(job)
+            if not st.lookup(job):
+                st.export_static(job)
+        return out
+    # Example at the largest size of every axis: ≥ 2 on the dynamic ones (torch specialises 0/1 sizes).
+    top = {a: s[-1] for a, s in axes.items()}
+    ex = spec.make_inputs(top, torch.Generator().manual_seed(seed))
+    args = tuple(ex[n].to(device) for n in spec.input_names)
+    keys = [BucketPlan.key(b) for b in group]
+    fixed = {a: s[0] for a, s in axes.items() if len(s) == 1 and len(spec.plan.axes[a]) > 1}
+    tag = "dynamic" + (f"_{BucketPlan.key(fixed)}" if fixed else "")
+    while tag in names:  # a narrowed range split a group without a new fixed axis
+        tag += "x"
+    job = _Job(keys, [dict(b) for b in group], f"{spec.name}/{tag}.pt2", args, f"{spec.name}_{tag}", {}, request)
+    job.metadata = {
+        "ttsaot_stage": spec.name,
+        "ttsaot_family": spec.family,
+        # every bucket the package serves with its input signature: the runtime refuses any other
+        "ttsaot_buckets": json.dumps({k: json.loads(st.signatures[k]) for k in keys}),
     }
+    if st.lookup(job):
+        names.add(tag)
+        return [job]
+    try:
+        res = export_dynamic(
+            lambda shapes: export_program(module, args, device, dynamic_shapes=shapes),
+            spec.inputs,
+            axes,
+            request,
+            spec.name,
+        )
+    except DynamicExportError as e:
+        raise BuildError(str(e)) from e
+    covered = [b for b in group if res.covers(b) and all(b[a] == top[a] for a in res.dropped)]
+    if len(covered) == len(group) and res.dynamic:
+        job.ep, job.dynamic_got, job.reason = res.program, res.dynamic, res.reason
+        names.add(tag)
+        st.exported(job)
+        return [job]
+    # Some axis could not be dynamic (or only over part of its range): split and try again on each part. The
+    # export made at the largest sizes is not reused (its group is re-exported); only fallback stages pay it.
+    rest = [b for b in group if b not in covered] if covered and res.dynamic else group
+    if res.dropped:
+        parts: dict[tuple, list[dict[str, int]]] = {}
+        for b in group:
+            parts.setdefault(tuple(b[a] for a in res.dropped), []).append(b)
+        subgroups = list(parts.values())
+    elif rest is group:
+        subgroups = [[b] for b in group]
+    else:
+        subgroups = [covered, rest]
+    out = []
+    for sub in subgroups:
+        for j in _dynamic_jobs(st, module, seed, sub, names):
+            j.reason = j.reason or res.reason
+            out.append(j)
+    return out
+
+
+def _packaging(work: list[_Job]) -> dict[str, Any]:
+    """The stage entry's `packaging`: per package file, the buckets it serves and its dynamic axes."""
+    packages: dict[str, Any] = {}
+    reasons = sorted({j.reason for j in work if j.reason})
+    for j in work:
+        rec: dict[str, Any] = {"buckets": list(j.keys)}
+        if j.dynamic is not None:
+            got = j.dynamic_got if j.dynamic_got is not None else j.dynamic
+            rec["dynamic_axes"] = {a: range_record(r) for a, r in got.items()}
+        packages[j.rel] = rec
+    dynamic = any(j.dynamic is not None for j in work)
     return {
-        "weights": FileEntry.of(tmp, wrel, chunk_bytes=CHUNK_BYTES),
-        "constants": constants,
-        "buckets": bucket_entries,
+        "mode": "dynamic" if dynamic else "static",
+        "reason": "; ".join(reasons) if reasons else ("" if dynamic else "no axis has more than one size"),
+        "packages": packages,
     }
+
+
+def _packaging_text(packaging: dict[str, Any]) -> str:
+    axes = sorted({a for p in packaging.get("packages", {}).values() for a in p.get("dynamic_axes", {})})
+    text = f"dynamic {', '.join(axes)}" if axes else "static"
+    return text + (f"; static because: {packaging['reason']}" if packaging.get("reason") else "")
 
 
 # StageSpec fields that do not shape a bucket's program: the plan (each bucket keys on its own sizes, so adding one
-# leaves the others' keys alone), golden cases, and the checkpoint report (file hashes: values, not layout).
-_NOT_PROGRAM = frozenset({"plan", "golden_sizes", "golden_buckets", "checkpoint_report", "reference_margins"})
+# leaves the others' keys alone; a dynamic package keys on every bucket it serves and its ranges), golden cases,
+# the checkpoint report (file hashes: values, not layout), and the dynamic-packages choice (the context says
+# whether a package is static or dynamic).
+_NOT_PROGRAM = frozenset(
+    {"plan", "golden_sizes", "golden_buckets", "checkpoint_report", "reference_margins", "dynamic_packages"}
+)
 
 
 def _stage_layout(spec: StageSpec, module: torch.nn.Module) -> str:
@@ -588,20 +794,27 @@ def _stage_layout(spec: StageSpec, module: torch.nn.Module) -> str:
 
 
 @dataclass
-class _Bucket:
-    """One bucket's compile job: what the package is compiled from and where it goes."""
+class _Job:
+    """One package's compile job: the buckets it serves, what it is compiled from and where it goes."""
 
-    key: str
-    sizes: dict[str, int]
+    keys: list[str]  # the buckets it serves, plan order
+    sizes: list[dict[str, int]]
     rel: str
-    args: tuple
+    args: tuple  # the example inputs it is exported and compiled at
     model_name: str
     metadata: dict[str, str]
-    ep: torch.export.ExportedProgram | None
-    cache_id: str | None
-    sources: dict[str, torch.Tensor]
-    t0: float
+    dynamic: dict[str, tuple] | None = None  # the requested dynamic axis ranges; None: a static package
+    ep: torch.export.ExportedProgram | None = None
+    cache_id: str | None = None
+    sources: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    t0: float = dataclasses.field(default_factory=time.time)
     pre_id: str | None = None  # the pre-export key (package cache index), when a cache is used
+    dynamic_got: dict[str, tuple] | None = None  # the ranges the export accepted (narrower than asked, maybe)
+    reason: str = ""  # why some plan axis is static in this package
+
+    @property
+    def label(self) -> str:
+        return self.keys[0] if self.dynamic is None else Path(self.rel).stem
 
 
 def subprocess_verify(
@@ -763,11 +976,23 @@ def _build_family(
             tmp = Path(tempfile.mkdtemp(prefix=f".{family}.tmp-", dir=out_root))
             env = build_env(dev)
             stages: dict[str, StageEntry] = {}
+            # CPU: every stage prepared first, then all their packages compiled side by side (one or a few dynamic
+            # packages per stage would leave the other workers idle). CUDA: stage by stage, so that one stage's
+            # module and programs are on the GPU at a time.
+            batch = dev.type == "cpu" and jobs > 1
+            pending: list[_PendingStage] = []
             for spec in specs:
-                stages[spec.name] = build_stage(
-                    spec, tmp, dev, seed, reporter, extra_inductor_options, formats=formats, cache=cache, jobs=jobs
+                pending.append(
+                    prepare_stage(spec, tmp, dev, seed, reporter, extra_inductor_options, formats, cache, jobs)
                 )
                 term.check()
+                if not batch:
+                    _compile_all([p.compile for p in pending if p.compile is not None], jobs)
+                    stages[spec.name] = pending.pop().finish()
+            _compile_all([p.compile for p in pending if p.compile is not None], jobs)
+            for p in pending:
+                stages[p.entry.name] = p.finish()
+            term.check()
             kept = _carry_over_stages(final, tmp, env, dev, set(stages), reporter) if keep_existing_stages else {}
             if dev.type == "cpu":
                 env["cpu_isa"] = _package_cpu_isa(tmp, stages)
@@ -872,9 +1097,10 @@ def stage_summary(result: BuildResult) -> list[dict]:
             {
                 "stage": name,
                 "buckets": len(st.buckets),
+                "packages": len(st.package_files()),
                 "dtype": st.dtype,
                 "weights_mib": round(st.weights.bytes / 2**20, 2) if st.weights is not None else 0.0,
-                "package_mib": round(sum(b.bytes for b in st.buckets) / 2**20, 2),
+                "package_mib": round(sum(f.bytes for f in st.package_files()) / 2**20, 2),
                 **(
                     {"onnx_mib": round(sum(f.bytes for f in st.onnx.files()) / 2**20, 2)} if st.onnx is not None else {}
                 ),

@@ -276,6 +276,14 @@ def main(ctx: click.Context, debug: bool) -> None:
     "for the builds whose kernels are GPU-verified (bf16 code2wav and dac_decoder), inductor elsewhere "
     "and on CPU (where the kernels would only run their aten references).",
 )
+@click.option(
+    "--dynamic-packages",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="One AOTI package per stage with the bucket axes dynamic, serving every bucket (on), or one static "
+    "package per bucket (off); auto = on for CPU builds, off on CUDA (kernels autotuned per shape).",
+)
 @click.option("--no-verify", is_flag=True, help="Skip loading the fresh packages in a subprocess (not advised).")
 @click.option(
     "--format",
@@ -283,7 +291,8 @@ def main(ctx: click.Context, debug: bool) -> None:
     default="aoti",
     show_default=True,
     callback=_formats,
-    help="aoti (AOTInductor package per bucket), onnx (one ONNX model per stage, dynamic axes), or aoti,onnx.",
+    help="aoti (AOTInductor packages: per bucket, or dynamic ones serving many, see --dynamic-packages), onnx (one "
+    "ONNX model per stage, dynamic axes), or aoti,onnx.",
 )
 @click.option(
     "--cache-dir",
@@ -319,6 +328,7 @@ def build(
     max_autotune,
     tf32,
     kernels,
+    dynamic_packages,
     no_verify,
     formats,
     cache_dir,
@@ -347,6 +357,7 @@ def build(
                 max_batch=max_batch,
                 batch_buckets=batch_buckets,
                 kernels=kernels,
+                dynamic_packages=dynamic_packages,
                 device=device.split(":", 1)[0].strip().lower(),
             ),
         )
@@ -411,7 +422,7 @@ def build(
                 load_check=load_check,
             )
         table = Table(title=f"{family} → {result.path} ({result.seconds:.0f}s)")
-        cols = ("stage", "buckets", "dtype", "weights_mib", "package_mib") + (
+        cols = ("stage", "buckets", "packages", "dtype", "weights_mib", "package_mib") + (
             ("onnx_mib",) if "onnx" in formats else ()
         )
         for col in cols:
@@ -493,14 +504,18 @@ def inspect(ctx, artifact, as_json, debug_here):
             ck = st.get("checkpoint", {})
             dropped = {k: v for p in st.get("passes", []) for k, v in (p.get("dropped") or {}).items()}
             dropped.update(ck.get("dropped") or {})
+            packages = {b["file"]: b["bytes"] for b in st["buckets"]}
             rows.append(
                 {
                     "stage": name,
                     "kind": st["kind"],
                     "dtype": st["dtype"],
                     "buckets": [b["key"] for b in st["buckets"]],
+                    # buckets may share a dynamic-shape package: each file counted once
+                    "packages": len(packages),
+                    "packaging": st.get("packaging") or {},
                     "weights_mib": round(st["weights"]["bytes"] / 2**20, 3) if st.get("weights") else 0.0,
-                    "packages_mib": round(sum(b["bytes"] for b in st["buckets"]) / 2**20, 3),
+                    "packages_mib": round(sum(packages.values()) / 2**20, 3),
                     "params": parameter_accounting(st),
                     "params_before": ck.get("params_before"),
                     "params_after": ck.get("params_after"),
@@ -567,7 +582,7 @@ def inspect(ctx, artifact, as_json, debug_here):
                 r["stage"],
                 r["kind"],
                 r["dtype"],
-                f"{len(r['buckets'])}: {' '.join(r['buckets'])}",
+                f"{len(r['buckets'])}: {' '.join(r['buckets'])}" + _packaging_cell(r["packages"], r["packaging"]),
                 f"{r['weights_mib']}",
                 f"{r['packages_mib']}",
                 " ".join(compiled) or EMPTY,
@@ -585,6 +600,23 @@ def inspect(ctx, artifact, as_json, debug_here):
         _out_console().print(params)
     except Exception as e:  # noqa: BLE001
         _fail(e, _debug(ctx, debug_here))
+
+
+def _packaging_cell(n_packages: int, packaging: dict) -> str:
+    """` in 1 package (dynamic batch 1-4, frames 8-300)`, or why the packages are static."""
+    if not packaging:
+        return ""
+    axes: dict[str, list[str]] = {}
+    for rec in (packaging.get("packages") or {}).values():
+        for a, r in (rec.get("dynamic_axes") or {}).items():
+            step = f" step {r['multiple_of']}" if r.get("multiple_of") else ""
+            span = f"{r['min']}-{r['max']}{step}"
+            if span not in axes.setdefault(a, []):
+                axes[a].append(span)
+    how = "dynamic " + ", ".join(f"{a} {' | '.join(v)}" for a, v in axes.items()) if axes else "static"
+    reason = packaging.get("reason")
+    why = (f"; static: {reason}" if axes else f": {reason}") if reason else ""
+    return f" in {n_packages} package{'s' if n_packages != 1 else ''} ({how}{why})"
 
 
 def _numerics_cell(numerics: dict | None) -> list[str]:

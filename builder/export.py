@@ -1,4 +1,5 @@
-"""torch.export + AOTInductor, one package per bucket, compiled WITHOUT constants (AOTI.md §2.3).
+"""torch.export + AOTInductor, one package per bucket (or one dynamic-shape package for several buckets: the
+exported program then carries symbolic sizes), compiled WITHOUT constants (AOTI.md §2.3).
 
 The weights come back from the compile itself (`pickle_weights` → a `Weights` dict keyed by AOTI constant name,
 which is not always the state_dict name: lifted tensors become `_tensor_constant0`), so the runtime binds
@@ -30,9 +31,12 @@ class CompiledBucket:
     metadata: dict[str, str]
 
 
-def export_program(module: nn.Module, args: tuple, device: torch.device) -> torch.export.ExportedProgram:
+def export_program(
+    module: nn.Module, args: tuple, device: torch.device, dynamic_shapes: list | None = None
+) -> torch.export.ExportedProgram:
+    """`dynamic_shapes`: positional, as builder/dynamic_shapes.py makes them (None: every size static)."""
     with torch.no_grad():
-        ep = torch.export.export(module, args, strict=False)
+        ep = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
     if device.type == "cpu":
         # Inductor's C++ backend cannot lower user Triton kernels: every ttsaot op (the mutating KV-cache writers
         # too) becomes its exact aten reference here (builder/kernels/decompositions.py).

@@ -74,7 +74,11 @@ class Family:
             self.check_stages(names)
         chosen = set(names) if names is not None else set(self.default_stages(opts))
         recipes = self._recipes().STAGES
-        return [replace(recipes[n](opts), kernels=opts.kernels) for n in self.stages if n in chosen]
+        return [
+            replace(recipes[n](opts), kernels=opts.kernels, dynamic_packages=opts.dynamic_packages)
+            for n in self.stages
+            if n in chosen
+        ]
 
     def _recipes(self):
         module = importlib.import_module(f"{self.package}.stages")

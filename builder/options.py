@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 FLAG = "ttsaot.flag"  # field metadata key: a Flag
 FLAG_GROUP = "ttsaot.flag_group"  # field metadata key: a nested dataclass whose fields carry flags
+DYNAMIC_PACKAGES = ("auto", "on", "off")  # BuildOptions.dynamic_packages
 
 
 class OptionsError(ValueError):
@@ -176,7 +177,8 @@ def one_of(*choices: str) -> Callable[[str], str]:
 @dataclass
 class BuildOptions:
     """What every family takes. The CLI sets these from its generic flags (--preset, --checkpoint, --seed,
-    --dtype, --max-batch, --batch-buckets, --kernels); family options add their own flagged fields."""
+    --dtype, --max-batch, --batch-buckets, --kernels, --dynamic-packages); family options add their own flagged
+    fields."""
 
     preset: str = "tiny"  # named config for --random-weights builds
     checkpoint: str | None = None  # real checkpoint directory (family layout in README)
@@ -185,6 +187,10 @@ class BuildOptions:
     max_batch: int = 4  # batch buckets: powers of two up to it (and it)
     batch_buckets: tuple[int, ...] | None = None  # explicit batch buckets instead
     kernels: str = "auto"  # the ttsaot kernel layer or Inductor's code (stage_spec.KERNELS)
+    # One dynamic-shape AOTI package per stage serving all its buckets ("on"), one static package per bucket
+    # ("off"), or "auto": on for CPU builds, off for CUDA ones (on the GPU the kernels autotune per static shape;
+    # dynamic packages are unmeasured there). stage_spec.resolve_dynamic_packages.
+    dynamic_packages: str = "auto"
     # the device type the artifact is built for ("cpu" | "cuda"), for defaults that differ by device (the Fish
     # dac_decoder's numerics); None = not said: the CPU defaults. The CLI sets it from --device.
     device: str | None = None
@@ -195,6 +201,8 @@ class BuildOptions:
             raise OptionsError(f"device must be cpu or cuda (a device type), got {self.device!r}")
         if self.kernels not in ("auto", "ttsaot", "inductor"):
             raise OptionsError(f"kernels must be auto, ttsaot or inductor, got {self.kernels!r}")
+        if self.dynamic_packages not in DYNAMIC_PACKAGES:
+            raise OptionsError(f"dynamic_packages must be auto, on or off, got {self.dynamic_packages!r}")
         if self.max_batch < 1:
             raise OptionsError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.batch_buckets is not None and (not self.batch_buckets or min(self.batch_buckets) < 1):

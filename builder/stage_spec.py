@@ -26,6 +26,17 @@ def resolve_kernels(choice: str, device: torch.device, cuda_auto: str = "ttsaot"
     return choice
 
 
+def resolve_dynamic_packages(choice: str, device: torch.device) -> bool:
+    """`auto` is on for CPU builds (one package instead of one per bucket: the 3-minute tiny CPU build, issue 17;
+    bench/results/cpu/probes/dynamic_package) and off on CUDA, where the Triton kernels autotune per static shape
+    and dynamic packages have not been measured."""
+    if choice == "auto":
+        return device.type == "cpu"
+    if choice not in ("on", "off"):
+        raise ValueError(f"dynamic_packages must be auto, on or off; got {choice!r}")
+    return choice == "on"
+
+
 # A module → module rewrite, applied in place, returning its report for the manifest (`build-artifacts inspect`):
 # {"pass": name, ...facts} and, where it removes parameters, "dropped": {what: params} (pruned: never read by
 # the stage) or "folded": {what: params} (baked into other tensors, e.g. usage counts into a codebook table), so
@@ -65,10 +76,15 @@ class StageSpec:
     # What `auto` means on CUDA for this stage: "ttsaot" once its kernel passes have built, verified and been timed
     # on a GPU; "inductor" keeps them opt-in (`--kernels ttsaot`) until then.
     cuda_auto_kernels: str = "ttsaot"
+    dynamic_packages: str = "auto"  # "auto" | "on" | "off" (BuildOptions.dynamic_packages)
 
     def kernels_on(self, device: torch.device) -> str:
         """The kernel choice this spec builds with on `device` ("ttsaot" or "inductor")."""
         return resolve_kernels(self.kernels, device, self.cuda_auto_kernels)
+
+    def dynamic_on(self, device: torch.device) -> bool:
+        """Whether the build exports this stage once with its plan axes dynamic (one package for many buckets)."""
+        return resolve_dynamic_packages(self.dynamic_packages, device)
 
     @property
     def input_names(self) -> list[str]:

@@ -173,13 +173,24 @@ class StageEntry:
     kernels: str = "inductor"  # "ttsaot": hot paths run the ttsaot Triton kernel layer; "inductor": Inductor's
     checkpoint: dict[str, Any] = field(default_factory=dict)
     onnx: OnnxEntry | None = None
+    # How the packages were made (informative: the runtime loads by `buckets`): {"mode": "dynamic" | "static",
+    # "reason": why static axes are static, "packages": {file: {"buckets": [keys], "dynamic_axes": {axis: {min,
+    # max[, multiple_of]}}}}}. A dynamic package serves several buckets: their entries name the same file.
+    packaging: dict[str, Any] = field(default_factory=dict)
 
     def axis_names(self) -> list[str]:
         return list(self.buckets[0].sizes) if self.buckets else []
 
+    def package_files(self) -> list[FileEntry]:
+        """Each distinct package file once, in bucket order (buckets may share one)."""
+        seen: dict[str, FileEntry] = {}
+        for b in self.buckets:
+            seen.setdefault(b.file, FileEntry(b.file, b.sha256, b.bytes))
+        return list(seen.values())
+
     def files(self) -> list[FileEntry]:
         out = [self.weights] if self.weights is not None else []
-        out += [FileEntry(b.file, b.sha256, b.bytes) for b in self.buckets]
+        out += self.package_files()
         if self.golden:
             out.append(self.golden)
         if self.onnx is not None:
@@ -214,7 +225,7 @@ class Manifest:
 _OMITTED_AT_DEFAULT: dict[str, tuple[str, ...]] = {
     "FileEntry": ("chunk_bytes", "chunk_sha256"),
     "TensorSpec": ("pad", "range", "finite"),
-    "StageEntry": ("onnx",),
+    "StageEntry": ("onnx", "packaging"),
 }
 # Fields that are the key of the enclosing object, not written inside it.
 _KEYED: dict[str, tuple[str, ...]] = {"StageEntry": ("name",)}
@@ -424,6 +435,9 @@ def _stage(name: str, d: dict) -> StageEntry:
     axes = set(buckets[0].sizes) if buckets else set()
     if any(set(b.sizes) != axes for b in buckets):
         raise ManifestError(f"manifest.json: {w}.buckets do not all have the same axes")
+    _check_shared_files(buckets, w)
+    packaging = _get_optional(d, "packaging", dict, w, {})
+    _check_packaging(packaging, buckets, f"{w}.packaging")
     constants = {}
     for cname, c in _get(d, "constants", dict, w).items():
         cw = f"{w}.constants[{cname!r}]"
@@ -482,7 +496,51 @@ def _stage(name: str, d: dict) -> StageEntry:
         kernels=_kernels(d, w),
         checkpoint=_get_optional(d, "checkpoint", dict, w, {}),
         onnx=onnx,
+        packaging=packaging,
     )
+
+
+def _check_shared_files(buckets: list[BucketEntry], where: str) -> None:
+    """Buckets that share a package name it with one digest and size (a file has one content), and keys are
+    unique (the runtime keeps one runner per key)."""
+    by_file: dict[str, BucketEntry] = {}
+    keys: set[str] = set()
+    for b in buckets:
+        if b.key in keys:
+            raise ManifestError(f"manifest.json: {where}.buckets list key {b.key!r} twice")
+        keys.add(b.key)
+        first = by_file.setdefault(b.file, b)
+        if (first.sha256, first.bytes) != (b.sha256, b.bytes):
+            raise ManifestError(
+                f"manifest.json: {where}.buckets {first.key!r} and {b.key!r} share {b.file!r} with different "
+                "sha256 or bytes"
+            )
+
+
+def _check_packaging(p: dict, buckets: list[BucketEntry], where: str) -> None:
+    """`packaging` describes the buckets' files: every file it names is a bucket file, and the buckets it lists
+    for a file are exactly the buckets that name it."""
+    if not p:
+        return
+    if p.get("mode") not in ("dynamic", "static") or not isinstance(p.get("reason", ""), str):
+        raise ManifestError(f"manifest.json: {where} must have mode dynamic|static and a string reason")
+    pkgs = p.get("packages", {})
+    if not isinstance(pkgs, dict):
+        raise ManifestError(f"manifest.json: {where}.packages must map package file → its record")
+    for file, rec in pkgs.items():
+        served = sorted(b.key for b in buckets if b.file == file)
+        listed = rec.get("buckets") if isinstance(rec, dict) else None
+        if not isinstance(listed, list) or sorted(listed) != served:
+            raise ManifestError(
+                f"manifest.json: {where}.packages[{file!r}] lists buckets {listed!r}, the buckets naming that file "
+                f"are {served}"
+            )
+        dyn = rec.get("dynamic_axes", {})
+        if not (
+            isinstance(dyn, dict)
+            and all(isinstance(r, dict) and all(_is_int(r.get(k)) for k in ("min", "max")) for r in dyn.values())
+        ):
+            raise ManifestError(f"manifest.json: {where}.packages[{file!r}].dynamic_axes must map axis → {{min, max}}")
 
 
 # Output axes a stage kind derives from its bucket axes (runtime: Stage._derived_sizes); every other axis an I/O
@@ -774,7 +832,13 @@ def file_digests(path: Path, chunk_bytes: int = CHUNK_BYTES) -> tuple[str, list[
 
 def check_files(root: Path, entries: list[FileEntry], workers: int | None = None) -> list[Path]:
     """Size, then sha256, of every file BEFORE anything reads it as weights or dlopens it. Every size is checked
-    first; then the digests (whole files, and the slices of chunked entries) are computed on a thread pool."""
+    first; then the digests (whole files, and the slices of chunked entries) are computed on a thread pool. Returns
+    one path per distinct file, in first-named order."""
+    unique: dict[str, FileEntry] = {}
+    for e in entries:  # a file named twice (buckets sharing a package) is hashed once
+        if unique.setdefault(e.file, e) != e:
+            raise IntegrityError(f"{root / e.file}: the manifest names it twice with different sizes or digests")
+    entries = list(unique.values())
     paths = []
     for e in entries:
         path = root / e.file

@@ -55,14 +55,38 @@ class fp32_mode:
 class _Package:
     """One AOTI package through the C++ loader directly. `load_pt2` would also probe the host CPU ISA by compiling
     test programs and scan the archive for exported programs (seconds per package); the runtime has already
-    checked compatibility from the manifest, so neither is needed here."""
+    checked compatibility from the manifest, so neither is needed here. A dynamic-shape package serves several
+    buckets: the stage loads it once and binds its constants once; each bucket's runner calls it."""
 
     def __init__(self, path: Path, device: torch.device, single_threaded: bool) -> None:
         index = device.index if device.type == "cuda" and device.index is not None else -1
+        self.path = path
+        t0 = time.perf_counter()
         try:
             self.loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", single_threaded, 1, index)
         except RuntimeError as e:
             raise BindingError(f"{path}: not a loadable AOTInductor package ({str(e).splitlines()[0]})") from None
+        self.load_s = time.perf_counter() - t0
+
+    def bind(self, entry: StageEntry, weights: dict[str, torch.Tensor]) -> None:
+        """The stage's weights as the package's constants (user-managed: `weights` must outlive the package)."""
+        fqns = set(self.get_constant_fqns())
+        if fqns != set(entry.constants):
+            diff = sorted(fqns ^ set(entry.constants))[:3]
+            raise BindingError(f"{self.path}: package constants differ from the manifest's ({diff})")
+        self.load_constants({k: weights[k] for k in fqns}, check_full_update=True, user_managed=True)
+
+    def signatures(self) -> dict[str, list] | None:
+        """{bucket key: input signature [[shape], dtype] per input} the package was compiled for: `ttsaot_buckets`
+        (a package serving several buckets), or the one bucket of `ttsaot_bucket` + `ttsaot_inputs`; None when the
+        package carries no stamp."""
+        meta = self.get_metadata()
+        if "ttsaot_buckets" in meta:
+            stamped = json.loads(meta["ttsaot_buckets"])
+            return stamped if isinstance(stamped, dict) else None
+        if meta.get("ttsaot_bucket") is None or meta.get("ttsaot_inputs") is None:
+            return None
+        return {meta["ttsaot_bucket"]: json.loads(meta["ttsaot_inputs"])}
 
     def get_constant_fqns(self) -> list[str]:
         return list(self.loader.get_constant_fqns())
@@ -144,30 +168,26 @@ def _with_slack(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
 
 
 class _BucketRunner:
-    """One AOTI package bound to the stage weights; on CUDA, its static buffers and captured graph."""
+    """One bucket of a stage: its package (bound to the stage weights, possibly shared with other buckets), and on
+    CUDA its own static buffers and captured graph. `load_s`: the package's load time when this runner loaded it,
+    0 when another bucket's runner already had (so sums count each package once)."""
 
     def __init__(
         self,
-        path: Path,
+        package: _Package,
         bucket: BucketEntry,
         entry: StageEntry,
         device: torch.device,
-        weights: dict[str, torch.Tensor],
         use_graph: bool,
         pool,
         cpu_threads: int | None = None,
+        loaded_here: bool = True,
     ) -> None:
         self.bucket = bucket
         self.device = device
-        t0 = time.perf_counter()
-        self.model = _Package(path, device, single_threaded=(device.type == "cuda"))
-        self.load_s = time.perf_counter() - t0
-        self._check_signature(path, bucket, entry)
-        fqns = set(self.model.get_constant_fqns())
-        if fqns != set(entry.constants):
-            diff = sorted(fqns ^ set(entry.constants))[:3]
-            raise BindingError(f"{path}: package constants differ from the manifest's ({diff})")
-        self.model.load_constants({k: weights[k] for k in fqns}, check_full_update=True, user_managed=True)
+        self.model = package
+        self.load_s = package.load_s if loaded_here else 0.0
+        self._check_signature(package, bucket, entry)
         self.run_fn = self.model.loader.run
         self.shapes = [spec.concrete(bucket.sizes) for spec in entry.inputs]
         self.fp32 = fp32_mode(
@@ -185,18 +205,21 @@ class _BucketRunner:
             self.graph = StaticGraph(self.call, static, device, pool)
         self.capture_s = time.perf_counter() - t0
 
-    def _check_signature(self, path: Path, bucket: BucketEntry, entry: StageEntry) -> None:
-        """The manifest says what shapes to feed; the package says what it was compiled for. They must agree: AOTI
-        does not check input shapes and computes garbage (or crashes) on a mismatch."""
-        meta = self.model.get_metadata()
-        want = [[list(spec.concrete(bucket.sizes)), spec.dtype] for spec in entry.inputs]
-        stamped = meta.get("ttsaot_inputs")
-        if meta.get("ttsaot_bucket") != bucket.key or stamped is None:
+    @staticmethod
+    def _check_signature(package: _Package, bucket: BucketEntry, entry: StageEntry) -> None:
+        """The manifest says what shapes to feed; the package says which buckets it was compiled for, with their
+        input shapes. The manifest's bucket must be one of them, with the same shapes and dtypes: AOTI does not
+        check input shapes and computes garbage (or crashes) on a mismatch, and a dynamic package's guards would
+        only catch sizes outside its whole range."""
+        path = package.path
+        stamped = package.signatures()
+        if stamped is None or bucket.key not in stamped:
             raise BindingError(
-                f"{path}: package was compiled for bucket {meta.get('ttsaot_bucket')!r}, the manifest "
+                f"{path}: package was compiled for bucket(s) {sorted(stamped) if stamped else None}, the manifest "
                 f"lists it as {bucket.key!r}"
             )
-        got = json.loads(stamped)
+        want = [[list(spec.concrete(bucket.sizes)), spec.dtype] for spec in entry.inputs]
+        got = stamped[bucket.key]
         if got != want:
             raise BindingError(
                 f"{path}: package inputs {got} differ from the manifest's {want} for bucket "
@@ -268,17 +291,27 @@ class Stage:
         # Capture the largest buckets first so smaller graphs reuse their pool blocks.
         order = sorted(entry.buckets, key=lambda b: -math.prod(b.sizes.values()))
         self._runners = {}
-        # Per bucket, in load order: seconds to load its package and to warm up + capture its graph, and on CUDA
+        # Per bucket, in load order: its package file, seconds to load that package (0 when an earlier bucket that
+        # shares it loaded it) and to warm up + capture its graph, and on CUDA
         # how much the caching allocator grew meanwhile (allocated / reserved bytes: its static inputs, its graph's
         # outputs and whatever of its intermediates the pool could not reuse from larger graphs).
-        self.bucket_load_stats: dict[str, dict[str, float | int | bool]] = {}
+        self.bucket_load_stats: dict[str, dict[str, float | int | bool | str]] = {}
+        # One package per distinct file, loaded and bound once, shared by the buckets that name it.
+        self._packages: dict[str, _Package] = {}
         for b in order:
             mem0 = _allocator_bytes(device)
+            package = self._packages.get(b.file)
+            fresh = package is None
+            if package is None:
+                package = _Package(root / b.file, device, single_threaded=(device.type == "cuda"))
+                package.bind(entry, weights)
+                self._packages[b.file] = package
             runner = _BucketRunner(
-                root / b.file, b, entry, device, weights, use_graph, self._pool, cpu_threads=self.cpu_threads
+                package, b, entry, device, use_graph, self._pool, cpu_threads=self.cpu_threads, loaded_here=fresh
             )
             self._runners[b.key] = runner
-            st: dict[str, float | int | bool] = {
+            st: dict[str, float | int | bool | str] = {
+                "package": b.file,
                 "package_load_s": round(runner.load_s, 4),
                 "capture_s": round(runner.capture_s, 4),
                 "graph": runner.graph is not None,

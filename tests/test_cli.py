@@ -53,6 +53,20 @@ def test_inspect_json(cli_artifact):
     assert st["params_after"]["params"] > 0
 
 
+def test_inspect_counts_a_shared_package_once(qwen_tiny_fp32, cli_artifact):
+    from ttsaot.builder.cli import _packaging_cell
+
+    r = CliRunner().invoke(main, ["inspect", str(qwen_tiny_fp32), "--json"])
+    assert r.exit_code == 0, r.output
+    st = json.loads(r.output)["stages"][0]
+    assert len(st["buckets"]) == 6 and st["packages"] == 1 and st["packaging"]["mode"] == "dynamic"
+    assert st["packages_mib"] == round((qwen_tiny_fp32 / "code2wav/dynamic.pt2").stat().st_size / 2**20, 3)
+    assert _packaging_cell(1, st["packaging"]) == " in 1 package (dynamic batch 1-2, frames 8-48)"
+    one = json.loads(CliRunner().invoke(main, ["inspect", str(cli_artifact), "--json"]).output)["stages"][0]
+    assert one["packages"] == 1 and one["packaging"]["mode"] == "static"  # one bucket: nothing to make dynamic
+    assert _packaging_cell(1, one["packaging"]) == " in 1 package (static: no axis has more than one size)"
+
+
 def test_inspect_table(cli_artifact):
     r = CliRunner().invoke(main, ["inspect", str(cli_artifact)])
     assert r.exit_code == 0 and "code2wav" in r.output

@@ -411,7 +411,7 @@ def test_corrupted_entry_is_rebuilt_by_one_of_two_concurrent_builds(cached, tmp_
 def test_added_bucket_compiles_one_package_in_a_worker(cached, tmp_path):
     """--jobs 2 with the cache: the known bucket is reused, the new one compiled in a worker and stored."""
     cache, first = cached
-    specs = [replace(_specs()[0], plan=BucketPlan({"batch": (1,), "frames": (8, 16)}))]
+    specs = [replace(_specs()[0], plan=BucketPlan({"batch": (1,), "frames": (8, 16)}), dynamic_packages="off")]
     rep = Notes()
     res = build_family(QWEN.name, specs, tmp_path, "cpu", cache_dir=cache, reporter=rep, jobs=2)
     assert "code2wav: 1 of 2 packages reused from the package cache" in rep.notes, rep.notes
@@ -420,3 +420,24 @@ def test_added_bucket_compiles_one_package_in_a_worker(cached, tmp_path):
     rep = Notes()
     build_family(QWEN.name, specs, tmp_path / "again", "cpu", cache_dir=cache, reporter=rep, jobs=2)
     assert "code2wav: 2 of 2 packages reused from the package cache" in rep.notes, rep.notes
+
+
+def test_dynamic_package_is_reused_on_a_no_change_rebuild_and_recompiled_for_a_new_bucket(monkeypatch, tmp_path):
+    """A dynamic package (one for the stage's buckets) keys on every bucket it serves: a rebuild with no change
+    exports and compiles nothing; a bucket added to the plan widens the range, so the package is compiled again."""
+    cache = tmp_path / "cache"
+    specs = [replace(_specs()[0], plan=BucketPlan({"batch": (1,), "frames": (8, 16)}), dynamic_packages="on")]
+    rep = Notes()
+    first = build_family(QWEN.name, specs, tmp_path / "first", "cpu", cache_dir=cache, reporter=rep).path
+    assert "code2wav: 0 of 1 packages reused from the package cache" in rep.notes, rep.notes
+    calls, exports = _no_compile(monkeypatch), _count_exports(monkeypatch)
+    rep = Notes()
+    res = build_family(QWEN.name, specs, tmp_path / "again", "cpu", cache_dir=cache, reporter=rep)  # verified
+    assert calls == [] and exports == [] and "code2wav: 1 of 1 packages reused from the package cache" in rep.notes
+    rel = "code2wav/dynamic.pt2"
+    assert (res.path / rel).read_bytes() == (first / rel).read_bytes()
+    assert _manifest(first) == _manifest(res.path)
+    wider = [replace(specs[0], plan=BucketPlan({"batch": (1,), "frames": (8, 16, 24)}))]
+    with pytest.raises(BuildError, match="code2wav/dynamic: compile was called"):
+        build_family(QWEN.name, wider, tmp_path / "wider", "cpu", cache_dir=cache)
+    assert calls == ["code2wav_dynamic"]

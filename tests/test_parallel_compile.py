@@ -18,7 +18,8 @@ from .test_build_atomic import _specs
 
 
 def _two_buckets():
-    return [replace(_specs()[0], plan=BucketPlan({"batch": (1,), "frames": (8, 16)}))]
+    # one static package per bucket (`off`), so that --jobs 2 has two compiles to spread over its workers
+    return [replace(_specs()[0], plan=BucketPlan({"batch": (1,), "frames": (8, 16)}), dynamic_packages="off")]
 
 
 def _package_metadata(path: Path) -> dict:
