@@ -109,11 +109,10 @@ def round_to_tf32(t: torch.Tensor) -> torch.Tensor:
 
 
 def split_tf32(weight: torch.Tensor) -> torch.Tensor:
-    """A baked fp32 weight → [2, *weight.shape]: (its nearest TF32 value, the remainder's nearest TF32 value). Both
-    parts are rounded to nearest because the tensor cores truncate what they are fed, a bias that builds up over
-    long sums (an unrounded remainder put the GPU kernel at 4-10e-6 against < 2e-6 for Triton's own tf32x3, and
-    moved 0.5% of the Fish encoder's codes). The parts sum to the weight within 2^-22 of it: the aten reference of
-    a split weight is the reference of that sum."""
+    """A baked fp32 weight → [2, *weight.shape]: (its nearest TF32 value, the remainder's nearest TF32 value), both
+    rounded here because the tensor cores ignore the low bits of what they are fed (truncation: a bias over long
+    sums). The parts sum to the weight within 2^-24 of it: the aten reference of a split weight is the reference of
+    that sum."""
     torch._check(weight.dtype == torch.float32, lambda: "only fp32 weights split into TF32 parts")
     hi = round_to_tf32(weight)
     return torch.stack([hi, round_to_tf32(weight - hi)]).contiguous()
@@ -748,12 +747,15 @@ if HAVE_TRITON:
                 wv = wv.to(tl.float32)
             if PRECISION == "tf32x3s":
                 # pre-split weight (split_tf32): wv is its TF32 part, the remainder lies N rows further on; the
-                # input splits here, in registers; the small products first, the dropped one is x_lo·w_lo
+                # input splits here, in registers. The two small products sum in a fresh accumulator, added to acc
+                # in IEEE fp32 (as Triton's own tf32x3 does): accumulated into acc inside the MMA, whose adder
+                # keeps only the bits aligned to acc's exponent and truncates the rest, they lost 2-5x accuracy on
+                # the H100 (4-10e-6 against < 2e-6). The dropped product is x_lo·w_lo (≈ 2^-24 relative).
                 wl = tl.load(w_rows + N * R + (j * CIN + ci)[None, :], mask=n_ok[:, None] & ci_ok[None, :], other=0.0)
                 xh = _rn_tf32(xv)
-                acc = tl.dot(_rn_tf32(xv - xh), tl.trans(wv), acc, input_precision="tf32")
-                acc = tl.dot(xh, tl.trans(wl), acc, input_precision="tf32")
-                acc = tl.dot(xh, tl.trans(wv), acc, input_precision="tf32")
+                small = tl.dot(_rn_tf32(xv - xh), tl.trans(wv), input_precision="tf32")
+                small = tl.dot(xh, tl.trans(wl), small, input_precision="tf32")
+                acc = tl.dot(xh, tl.trans(wv), acc, input_precision="tf32") + small
             else:
                 acc = tl.dot(xv, tl.trans(wv), acc, input_precision=PRECISION)
 
