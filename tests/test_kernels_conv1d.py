@@ -404,7 +404,6 @@ GROUPS = {
     "conv_transpose1d[float32]": ("conv_transpose1d", "float32"),
     "conv_transpose1d[bfloat16]": ("conv_transpose1d", "bfloat16"),
     "split_scratch": ("split_scratch", None),
-    "tf32x3_split_weights": ("tf32x3_split_weights", None),
     "dwconv1d": ("dwconv1d", None),
 }
 
@@ -451,31 +450,6 @@ _CASES = {
             if dual:
                 check(got_pre, ref_pre, dtype, (cin, cout, k, s, T, B, act))
             i += 1
-    """,
-    "tf32x3_split_weights": """
-    # fp32 "tf32x3" with the weight pre-split (K.split_tf32): the kernel's own three-product path (the interpreter
-    # multiplies exactly, so it sums x·w less the dropped x_lo·w_lo: ≈ fp32), against the unsplit reference
-    i = 0
-    for cin, cout, k, s, d, T, B in [(40, 24, 7, 1, 3, 50, 2), (17, 33, 4, 2, 1, 37, 1), (8, 8, 1, 1, 1, 9, 3)]:
-        w, b, m = K.bake_conv1d(CausalConv1d(cin, cout, k, stride=s, dilation=d))
-        x = torch.randn(B, T, cin)
-        use_b, res, sc, sh, a, ib, act, dual, odt = epilogue(i, cout, m.out_len(T), B, torch.float32)
-        args = (x, w, b if use_b else None, res, sc, sh, a, ib, s, d, m.left_pad, act, odt, "tf32x3")
-        ref_pre, ref = K.conv1d_dual_reference(*args)
-        split = (x, K.split_tf32(w), *args[2:])
-        check(K.conv1d_dual_reference(*split)[1], ref, torch.float32, ("split reference", i))
-        got_pre, got = K.conv1d_forward(*split, dual, config=CFGS[i % 3], out=poisoned(ref.shape, ref.dtype))
-        check(got, ref, torch.float32, ("split conv1d", cin, cout, k, s, d, T, B))
-        i += 1
-    for cin, cout, k, s, T, B in [(7, 9, 16, 8, 3, 2), (20, 33, 8, 4, 13, 1)]:
-        w, b, _ = K.bake_conv_transpose1d(CausalConvTranspose1d(cin, cout, k, s))
-        x = torch.randn(B, T, cin)
-        args = (x, w, b, None, None, None, None, None, "none", None, "tf32x3")
-        ref = K.conv_transpose1d_reference(*args)
-        split = (x, K.split_tf32(w), *args[2:])
-        _, got = K.conv_transpose1d_forward(*split, False, config=CFGS[i % 3], out=poisoned(ref.shape, ref.dtype))
-        check(got, ref, torch.float32, ("split conv_transpose1d", cin, cout, k, s, T, B))
-        i += 1
     """,
     "split_scratch": """
     # split-K launches reusing one workspace and counter buffer (the autotuner's repeated launches, graph
@@ -618,7 +592,6 @@ def _nvidia_backend() -> bool:
         ("bf16", "ieee", (128, 128, 64, 8, 4), "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"),
         ("fp32", "tf32", (128, 128, 32, 8, 3), "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
         ("fp32", "tf32x3", (64, 64, 32, 4, 4), "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32"),
-        ("fp32", "tf32x3s", (128, 128, 32, 8, 3), "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
     ],
 )
 def test_channels_last_gemm_gets_hopper_tensor_cores(dtype, precision, tile, mma):
@@ -628,14 +601,3 @@ def test_channels_last_gemm_gets_hopper_tensor_cores(dtype, precision, tile, mma
     assert mma in ptx
     assert "cp.async.cg.shared.global" in ptx and ", 0x10," in ptx
     assert "st.global.v4.b32" in ptx
-
-
-@pytest.mark.skipif(not _nvidia_backend(), reason="needs Triton's NVIDIA backend (no GPU needed)")
-def test_split_weight_tf32x3_keeps_the_weight_tile_out_of_registers():
-    """Triton's own "tf32x3" splits the weight tile in registers (cvt.rna, then back to shared memory before the
-    wgmma); with the weight pre-split only the input tile is split (integer rounding, no cvt), three MMA groups per
-    step as before."""
-    tile = (128, 128, 32, 8, 3)
-    native, split, tf32 = (_sm90_ptx("fp32", p, tile) for p in ("tf32x3", "tf32x3s", "tf32"))
-    assert "cvt.rna.tf32" in native and "cvt.rna.tf32" not in split
-    assert split.count("wgmma.mma_async") == 3 * tf32.count("wgmma.mma_async")

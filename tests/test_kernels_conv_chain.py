@@ -396,21 +396,3 @@ def test_linears_on_conv_kernel_replaces_nested_linears_and_exports_one_node_eac
     assert len(convs) == 2
     with pytest.raises(ConvBakeError):
         KernelLinear(nn.Linear(2, 2), "fp16")
-
-
-def test_tf32x3_modules_split_their_weights_after_an_fp32_cast_only():
-    torch.manual_seed(0)
-    conv = KernelConv1d.from_conv(CausalConv1d(6, 10, 5, dilation=2), precision="tf32x3")
-    up = KernelConvTranspose1d.from_conv(CausalConvTranspose1d(6, 4, 4, 2), precision="tf32x3")
-    lin = KernelLinear(nn.Linear(6, 3), "tf32x3")
-    x = torch.randn(2, 11, 6)
-    before = [m(x) for m in (conv, up, lin)]
-    body = nn.ModuleList([copy.deepcopy(conv), copy.deepcopy(up), copy.deepcopy(lin)])
-    cast_to_compute_dtype(body, torch.float32)
-    assert [tuple(m.weight.shape[:1]) for m in body] == [(2,)] * 3  # [2, ...]: TF32 part, remainder
-    for m, want in zip(body, before):
-        torch.testing.assert_close(m(x), want, rtol=1e-6, atol=1e-7)  # the aten reference of the sum
-    ieee = KernelConv1d.from_conv(CausalConv1d(6, 10, 5), precision="ieee")
-    bf16 = nn.ModuleList([copy.deepcopy(conv), ieee])
-    cast_to_compute_dtype(bf16, torch.bfloat16)
-    assert bf16[0].weight.dim() == 3 and bf16[1].weight.dim() == 3  # 16-bit and non-tf32x3 stay plain

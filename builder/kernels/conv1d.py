@@ -37,11 +37,7 @@ Precision (fp32 inputs only; 16-bit inputs always multiply on the tensor cores w
 value in the kernel, as cuDNN does: fed as they are, the tensor cores would truncate them, a bias that builds up
 through a decoder stack — 1.2e-2 against cuDNN's 1.0e-3 over the Fish decoder on an H100), "tf32x3" (three TF32
 products with error compensation, ~fp32 accuracy on tensor cores). The CPU reference is always exact fp32;
-`round_to_tf32` is the operand rounding of "tf32" in aten ops (for tests). A "tf32x3" weight may come pre-split
-(`split_tf32`: [2, ...] = its nearest TF32 value and the remainder's, baked once after the cast to fp32): the
-kernel then splits only the input tile, in registers, and feeds both weight parts to the MMA straight from shared
-memory. Left to split a weight tile itself, Triton round-trips it through registers and shared memory with a
-barrier on every reduction step (sm_90 PTX); the split form keeps the cp.async → wgmma pipeline of "tf32".
+`round_to_tf32` is the operand rounding of "tf32" in aten ops (for tests).
 
 Short inputs (a 50-frame bucket at B=1 gives a few dozen output tiles for 132 SMs) can split the reduction over
 2-8 programs per tile (split-K): each stores an fp32 partial, the last to arrive sums them in a fixed order
@@ -108,33 +104,6 @@ def round_to_tf32(t: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32)
 
 
-def split_tf32(weight: torch.Tensor) -> torch.Tensor:
-    """A baked fp32 weight → [2, *weight.shape]: (its nearest TF32 value, the remainder's nearest TF32 value), both
-    rounded here because the tensor cores ignore the low bits of what they are fed (truncation: a bias over long
-    sums). The parts sum to the weight within 2^-24 of it: the aten reference of a split weight is the reference of
-    that sum."""
-    torch._check(weight.dtype == torch.float32, lambda: "only fp32 weights split into TF32 parts")
-    hi = round_to_tf32(weight)
-    return torch.stack([hi, round_to_tf32(weight - hi)]).contiguous()
-
-
-def _merged(weight: torch.Tensor, dims: int) -> torch.Tensor:
-    """The weight a (possibly `split_tf32`) baked weight of `dims` dimensions stands for."""
-    return weight[0] + weight[1] if weight.dim() == dims + 1 else weight
-
-
-def _weight_view(weight: torch.Tensor, dims: int, precision: str, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """(the weight as the op's checks see it, whether it comes split): a split weight is only for fp32 "tf32x3"."""
-    split = weight.dim() == dims + 1
-    if split:
-        torch._check(
-            weight.shape[0] == 2 and precision == "tf32x3" and x.dtype == torch.float32,
-            lambda: "a split weight [2, ...] (split_tf32) is for fp32 inputs with precision 'tf32x3'",
-        )
-        return weight[0], True
-    return weight, False
-
-
 def _finish(acc: torch.Tensor, residual, scale, shift, alpha, inv_beta, act: str, out_dtype, c) -> tuple:
     """The epilogue in aten ops on the fp32 conv result [B, T, C] (bias included), rounding to the compute dtype
     `c` where the kernel does; returns (pre, out), both contiguous."""
@@ -159,7 +128,6 @@ def _finish(acc: torch.Tensor, residual, scale, shift, alpha, inv_beta, act: str
 def _conv1d_ref_impl(
     x, weight, bias, residual, scale, shift, alpha, inv_beta, stride, dilation, left_pad, act, out_dtype
 ):
-    weight = _merged(weight, 3)
     K = weight.shape[1]
     T = x.shape[1]
     xp = F.pad(x.float().transpose(1, 2), (left_pad, _right_pad(T, K, stride, dilation, left_pad)))
@@ -219,7 +187,6 @@ def unbake_conv_transpose1d(weight: torch.Tensor) -> torch.Tensor:
 
 
 def _conv_transpose1d_ref_impl(x, weight, bias, residual, scale, shift, alpha, inv_beta, act, out_dtype):
-    weight = _merged(weight, 4)
     s = weight.shape[0]
     T = x.shape[1]
     acc = F.conv_transpose1d(
@@ -441,7 +408,7 @@ def estimate_us(
     steps = math.ceil(ksize * math.ceil(cin / c.block_r) / c.split_k)
     # per-SM rates in FLOP/µs: dense MMA (bf16 989, TF32 495 TFLOP/s over 132 SMs; tf32x3 makes three products),
     # FMA for exact fp32 (67 TFLOP/s); L2 → SM ~80 GB/s (bytes/µs)
-    rate = {"ieee": 0.5e6, "tf32": 3.75e6, "tf32x3": 1.25e6, "tf32x3s": 1.25e6}[precision] if elem == 4 else 7.5e6
+    rate = {"ieee": 0.5e6, "tf32": 3.75e6, "tf32x3": 1.25e6}[precision] if elem == 4 else 7.5e6
     mma = 2.0 * c.block_t * c.block_n * c.block_r / rate
     load = (c.block_t + c.block_n) * c.block_r * elem / 8.0e4
     waves = math.ceil(programs / num_sms)
@@ -455,7 +422,7 @@ def estimate_us(
 def _fits_registers(c: ConvKernelConfig, elem: int, precision: str) -> bool:
     if elem == 2:
         return True
-    if precision in ("tf32x3", "tf32x3s") and max(c.block_t, c.block_n) > TF32X3_MAX_SIDE:
+    if precision == "tf32x3" and max(c.block_t, c.block_n) > TF32X3_MAX_SIDE:
         return False
     return c.block_t * c.block_n <= FP32_MAX_TILE
 
@@ -745,19 +712,7 @@ if HAVE_TRITON:
             if UPCAST_DOT:  # the interpreter multiplies 16-bit dot operands wrongly; upcasting is exact
                 xv = xv.to(tl.float32)
                 wv = wv.to(tl.float32)
-            if PRECISION == "tf32x3s":
-                # pre-split weight (split_tf32): wv is its TF32 part, the remainder lies N rows further on; the
-                # input splits here, in registers. The two small products sum in a fresh accumulator, added to acc
-                # in IEEE fp32 (as Triton's own tf32x3 does): accumulated into acc inside the MMA, whose adder
-                # keeps only the bits aligned to acc's exponent and truncates the rest, they lost 2-5x accuracy on
-                # the H100 (4-10e-6 against < 2e-6). The dropped product is x_lo·w_lo (≈ 2^-24 relative).
-                wl = tl.load(w_rows + N * R + (j * CIN + ci)[None, :], mask=n_ok[:, None] & ci_ok[None, :], other=0.0)
-                xh = _rn_tf32(xv)
-                small = tl.dot(_rn_tf32(xv - xh), tl.trans(wv), input_precision="tf32")
-                small = tl.dot(xh, tl.trans(wl), small, input_precision="tf32")
-                acc = tl.dot(xh, tl.trans(wv), acc, input_precision="tf32") + small
-            else:
-                acc = tl.dot(xv, tl.trans(wv), acc, input_precision=PRECISION)
+            acc = tl.dot(xv, tl.trans(wv), acc, input_precision=PRECISION)
 
         if SPLIT_K == 1:
             _gemm_epilogue(
@@ -1011,17 +966,15 @@ def launch_conv_gemm(
     scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
 ):
     """Launch the implicit-GEMM kernel on x [B, T, Cin] with a baked weight viewed as [N, K, Cin] (N = phases ·
-    cout), or [2, N, K, Cin] when split (`split_tf32`, fp32 "tf32x3" only); returns (out, pre or None), both
-    [B, tout · phases, cout]. `config` skips autotuning (the interpreter tests use it: the autotuner's benchmark
-    needs a GPU); `out`/`pre` are preallocated outputs (tests poison them to see that every element is written);
-    `scratch` = (workspace, counters) of split-K launches given by the caller (tests: the counters must come back
-    zeroed)."""
+    cout); returns (out, pre or None), both [B, tout · phases, cout]. `config` skips autotuning (the interpreter
+    tests use it: the autotuner's benchmark needs a GPU); `out`/`pre` are preallocated outputs (tests poison them
+    to see that every element is written); `scratch` = (workspace, counters) of split-K launches given by the
+    caller (tests: the counters must come back zeroed)."""
     x, w, bias, residual, scale, shift, alpha, inv_beta = _contiguous(
         x, w, bias, residual, scale, shift, alpha, inv_beta
     )
     B, T, Cin = x.shape
-    split = w.dim() == 4
-    N, ksize = w.shape[-3], w.shape[-2]
+    N, ksize = w.shape[0], w.shape[1]
     phases = N // cout
     if out is None:
         out = torch.empty((B, tout * phases, cout), dtype=out_dtype or x.dtype, device=x.device)
@@ -1051,7 +1004,7 @@ def launch_conv_gemm(
         HAS_RES=residual is not None,
         HAS_AFFINE=scale is not None,
         WRITE_PRE=write_pre,
-        PRECISION=("tf32x3s" if split else precision) if x.dtype == torch.float32 else "ieee",
+        PRECISION=precision if x.dtype == torch.float32 else "ieee",
         UPCAST_DOT=x.device.type != "cuda",
         **_flags(x, act),
     )
@@ -1181,8 +1134,7 @@ def conv1d_forward(
 ):
     """Shared body of ttsaot::conv1d(_dual): (pre, out) with pre None unless write_pre. With `config` the kernel
     runs on any device (CPU: TRITON_INTERPRET=1) into the optional preallocated `out`/`pre`."""
-    w0, _ = _weight_view(weight, 3, precision, x)
-    Cout, K, tout = _check_conv1d(x, w0, stride, dilation, left_pad)
+    Cout, K, tout = _check_conv1d(x, weight, stride, dilation, left_pad)
     _check_epilogue(
         x, Cout, (x.shape[0], tout, Cout), bias, residual, scale, shift, alpha, inv_beta, act, out_dtype, precision
     )
@@ -1235,8 +1187,7 @@ def conv_transpose1d_forward(
     out=None,
     pre=None,
 ):
-    w0, split = _weight_view(weight, 4, precision, x)
-    s, Cout, M, Cin = _check_conv_transpose1d(x, w0)
+    s, Cout, M, Cin = _check_conv_transpose1d(x, weight)
     T = x.shape[1]
     _check_epilogue(
         x, Cout, (x.shape[0], T * s, Cout), bias, residual, scale, shift, alpha, inv_beta, act, out_dtype, precision
@@ -1246,7 +1197,7 @@ def conv_transpose1d_forward(
         return (pre if write_pre else None), out
     out, pre = launch_conv_gemm(
         x,
-        weight.reshape(2, s * Cout, M, Cin) if split else weight.reshape(s * Cout, M, Cin),
+        weight.reshape(s * Cout, M, Cin),
         bias,
         residual,
         scale,

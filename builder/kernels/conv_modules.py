@@ -42,16 +42,7 @@ from torch import nn
 
 from ..layers.snake import BakedSnakeBeta, Snake1d, SnakeBeta
 from . import conv1d as _ops  # noqa: F401  (registers torch.ops.ttsaot.conv*)
-from .conv1d import (
-    ACTS,
-    PRECISIONS,
-    ConvBakeError,
-    ConvMeta,
-    bake_conv1d,
-    bake_conv_transpose1d,
-    bake_dwconv1d,
-    split_tf32,
-)
+from .conv1d import ACTS, PRECISIONS, ConvBakeError, ConvMeta, bake_conv1d, bake_conv_transpose1d, bake_dwconv1d
 
 LAYOUTS = ("NCL", "NLC")
 
@@ -93,15 +84,6 @@ class SnakeNLC(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.ttsaot.snake_beta_nlc(x, self.alpha, self.inv_beta)
-
-
-def _split_for_tf32x3(module: nn.Module, dims: int, dtype: torch.dtype) -> None:
-    """The `after_cast` hook of the GEMM modules (passes.cast calls it once the stage's dtype is final): an fp32
-    "tf32x3" GEMM takes its weight pre-split into TF32 parts (conv1d.split_tf32: the kernel then keeps its
-    load → MMA pipeline); 16-bit stages keep the plain weight, which their MMAs take as it is."""
-    w = module.weight
-    if module.precision == "tf32x3" and dtype == torch.float32 and w is not None and w.dim() == dims:
-        module.weight = _param(split_tf32(w.detach()))
 
 
 class _KernelConvBase(nn.Module):
@@ -167,9 +149,6 @@ class KernelConv1d(_KernelConvBase):
         w, b, meta = bake_conv1d(conv)
         return cls(w, b, meta, **epilogue)
 
-    def after_cast(self, dtype: torch.dtype) -> None:
-        _split_for_tf32x3(self, 3, dtype)
-
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         m = self.meta
         op = torch.ops.ttsaot.conv1d_dual if self.write_pre else torch.ops.ttsaot.conv1d
@@ -209,9 +188,6 @@ class KernelLinear(nn.Module):
             rows, self.weight, self.bias, None, None, None, None, None, 1, 1, 0, "none", None, self.precision
         )
         return y.view(*x.shape[:-1], self.out_features)
-
-    def after_cast(self, dtype: torch.dtype) -> None:
-        _split_for_tf32x3(self, 3, dtype)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, precision={self.precision}"
@@ -256,9 +232,6 @@ class KernelConvTranspose1d(_KernelConvBase):
     def from_conv(cls, conv: nn.Module, **epilogue) -> KernelConvTranspose1d:
         w, b, _ = bake_conv_transpose1d(conv)
         return cls(w, b, **epilogue)
-
-    def after_cast(self, dtype: torch.dtype) -> None:
-        _split_for_tf32x3(self, 4, dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         op = torch.ops.ttsaot.conv_transpose1d_dual if self.write_pre else torch.ops.ttsaot.conv_transpose1d

@@ -6,8 +6,7 @@ from torch import nn
 
 def cast_to_compute_dtype(module: nn.Module, dtype: torch.dtype) -> nn.Module:
     """Cast floating parameters and buffers to `dtype`, except in modules that declare `keep_fp32 = True`
-    (baked SnakeBeta scalars: a per-channel frequency in bf16 would move every sin()); then each module's
-    `after_cast(dtype)` hook, where it has one."""
+    (baked SnakeBeta scalars: a per-channel frequency in bf16 would move every sin())."""
     for sub in module.modules():
         if getattr(sub, "keep_fp32", False):
             continue
@@ -17,7 +16,4 @@ def cast_to_compute_dtype(module: nn.Module, dtype: torch.dtype) -> nn.Module:
         for name, b in list(sub.named_buffers(recurse=False)):
             if b is not None and b.is_floating_point() and not getattr(sub, f"{name}_keep_fp32", False):
                 setattr(sub, name, b.to(dtype))
-        after_cast = getattr(sub, "after_cast", None)
-        if after_cast is not None:  # a module whose baked layout depends on the final dtype (kernels' split weights)
-            after_cast(dtype)
     return module
