@@ -540,6 +540,8 @@ class _StageCompile:
         if found.weights is None:
             return False
         self.reused += 1
+        if job.dynamic is not None:
+            job.dynamic_got = _stamped_ranges(self.tmp / job.rel)
         self.finished(job, found.weights)
         return True
 
@@ -673,6 +675,15 @@ def _compile_all(stages: list[_StageCompile], jobs: int) -> None:
             raise BuildError(str(e)) from e
 
 
+def _stamped_ranges(package: Path) -> dict[str, tuple] | None:
+    """The dynamic ranges a package was compiled for (`ttsaot_dynamic`), or None when it has no record."""
+    from torch._C._aoti import AOTIModelPackageLoader
+
+    meta = AOTIModelPackageLoader.load_metadata_from_package(str(package), "model")
+    raw = meta.get("ttsaot_dynamic")
+    return {a: tuple(r) for a, r in json.loads(raw).items()} if raw else None
+
+
 def _static_reason(spec: StageSpec, device: torch.device) -> str:
     if spec.dynamic_packages == "off":
         return "dynamic packages off (--dynamic-packages off)"
@@ -729,7 +740,12 @@ def _dynamic_jobs(
         raise BuildError(str(e)) from e
     covered = [b for b in group if res.covers(b) and all(b[a] == top[a] for a in res.dropped)]
     if len(covered) == len(group) and res.dynamic:
-        job.ep, job.dynamic_got, job.reason = res.program, res.dynamic, res.reason
+        # no `reason`: the constraint torch.export raised on the way to these ranges (if any) left nothing static,
+        # and a rebuild that finds the package in the cache never sees it (the manifest must not depend on that)
+        job.ep, job.dynamic_got = res.program, res.dynamic
+        # the ranges the program accepted (torch may have narrowed them, or made them steps), in the package too:
+        # a rebuild that reuses it through the pre-export index reads them back (`_StageCompile.lookup`)
+        job.metadata["ttsaot_dynamic"] = json.dumps({a: list(r) for a, r in res.dynamic.items()})
         names.add(tag)
         st.exported(job)
         return [job]

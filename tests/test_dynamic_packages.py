@@ -60,7 +60,9 @@ def test_cpu_build_names_one_package_for_every_bucket(qwen_tiny_fp32):
         "dynamic_axes": {"batch": {"min": 1, "max": 2}, "frames": {"min": 8, "max": 48}},
     }
     # the package's own record: every bucket it serves, with the input shapes the manifest will feed it
-    stamped = json.loads(_package_metadata(qwen_tiny_fp32 / "code2wav/dynamic.pt2")["ttsaot_buckets"])
+    meta = _package_metadata(qwen_tiny_fp32 / "code2wav/dynamic.pt2")
+    assert json.loads(meta["ttsaot_dynamic"]) == {"batch": [1, 2], "frames": [8, 48]}
+    stamped = json.loads(meta["ttsaot_buckets"])
     assert stamped == {b["key"]: [[[b["sizes"]["batch"], 16, b["sizes"]["frames"]], "int64"]] for b in st["buckets"]}
 
 
