@@ -1,8 +1,9 @@
 """The build pipeline for one family:
 
-faithful eager module → passes → parity of the rewritten module → torch.export + AOTI per bucket → weights
-(from the compile, identical across buckets) → golden cases → manifest → fresh packages loaded once in a
-subprocess and compared with eager → atomic rename into place."""
+faithful eager module → passes → parity of the rewritten module → torch.export + AOTI per bucket, or once per
+stage with the bucket axes dynamic (`--dynamic-packages`, on by default for CPU builds) → weights (from the
+compile, identical across packages) → golden cases → manifest → fresh packages loaded once in a subprocess and
+compared with eager → atomic rename into place."""
 
 from __future__ import annotations
 
@@ -928,12 +929,13 @@ def build_family(
     load_check: LoadCheck | None = None,
 ) -> BuildResult:
     """Build `specs` into <out_root>/<family>/ atomically (temp dir + rename, under a lock). `formats`: "aoti"
-    (packages per bucket), "onnx" (one ONNX model per stage, builder/onnx_export.py), or both. `cache_dir`: the
-    package cache to reuse packages from and add to (builder/package_cache.py); None compiles every package.
-    `jobs`: AOTI compiles of a stage's buckets run on up to that many worker processes (builder/parallel_compile.py);
-    the artifact is the same as with 1. `load_check`: the child process of the subprocess check, started by the
-    caller before it imported torch (builder/load_check.py); None starts one here when the check runs. The build
-    closes it, used or not."""
+    (packages per bucket, or dynamic ones serving several: StageSpec.dynamic_packages), "onnx" (one ONNX model per
+    stage, builder/onnx_export.py), or both. `cache_dir`: the package cache to reuse packages from and add to
+    (builder/package_cache.py); None compiles every package. `jobs`: AOTI compiles run on up to that many worker
+    processes (builder/parallel_compile.py): a stage's packages, and for a CPU build the packages of every stage side
+    by side; the artifact is the same as with 1. `load_check`: the child process of the subprocess check, started
+    by the caller before it imported torch (builder/load_check.py); None starts one here when the check runs. The
+    build closes it, used or not."""
     with contextlib.ExitStack() as stack:
         if load_check is not None:
             stack.enter_context(load_check)

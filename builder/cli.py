@@ -307,7 +307,7 @@ def main(ctx: click.Context, debug: bool) -> None:
     type=click.IntRange(min=1),
     default=None,
     show_default="min(cores, memory / 4 GiB)",
-    help="AOTI compiles of a stage's buckets in this many worker processes.",
+    help="AOTI compiles in this many worker processes (on CPU, the packages of all stages side by side).",
 )
 @_debug_option
 @click.pass_context

@@ -1,6 +1,7 @@
-"""AOTI compiles of a stage's buckets in worker processes (`build --jobs N`).
+"""AOTI compiles in worker processes (`build --jobs N`): a stage's packages (one per bucket, or dynamic ones serving
+several), and in a CPU build the packages of all stages together (builder/build.py `_compile_all`).
 
-The parent exports every bucket (deterministic, and the package cache keys on the program) and hands each worker
+The parent exports every package (deterministic, and the package cache keys on the program) and hands each worker
 the saved ExportedProgram: a worker only runs AOTInductor on it, writes the package where the serial build would,
 and returns the constants the package binds. Workers are spawned, never forked: the parent has run eager forwards
 on OpenMP / CUDA, which a forked child cannot use safely."""
