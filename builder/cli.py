@@ -273,8 +273,8 @@ def main(ctx: click.Context, debug: bool) -> None:
     default="auto",
     show_default=True,
     help="Hot paths from the ttsaot Triton kernel layer, or Inductor's own code; auto = ttsaot on CUDA "
-    "for the builds whose kernels are GPU-verified (bf16 code2wav and dac_decoder), inductor elsewhere "
-    "and on CPU (where the kernels would only run their aten references).",
+    "for the stages whose kernels are GPU-verified (the codecs, bf16 VoxCPM2 LM steps: README), inductor "
+    "elsewhere and on CPU (where the kernels would only run their aten references).",
 )
 @click.option(
     "--dynamic-packages",
