@@ -601,3 +601,39 @@ def test_channels_last_gemm_gets_hopper_tensor_cores(dtype, precision, tile, mma
     assert mma in ptx
     assert "cp.async.cg.shared.global" in ptx and ", 0x10," in ptx
     assert "st.global.v4.b32" in ptx
+
+
+_SYMBOLIC_EXPORT = textwrap.dedent("""
+    import sys
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.export import Dim
+    from ttsaot.builder.kernels.conv1d import ConvMeta
+    from ttsaot.builder.kernels.conv_modules import KernelConv1d, KernelDwConv1d
+
+    dtype, precision = getattr(torch, sys.argv[1]), sys.argv[2]
+    with FakeTensorMode():
+        cu = {"device": "cuda", "dtype": dtype}
+        conv = KernelConv1d(torch.empty(48, 7, 32, **cu), torch.empty(48, **cu), ConvMeta(32, 48, 7, 1, 3, 18),
+                            precision=precision)
+        dw = KernelDwConv1d(torch.empty(7, 48, **cu), torch.empty(48, **cu), 1, 6)
+        x = torch.empty(4, 300, 32, **cu)
+    dims = ({0: Dim("batch", min=1, max=4), 1: Dim("frames", min=8, max=325)},)
+    ep = torch.export.export(torch.nn.Sequential(conv, dw), (x,), dynamic_shapes=dims, strict=False)
+    print("RANGES", sorted((int(r.lower), int(r.upper)) for r in ep.range_constraints.values()))
+""")
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
+@pytest.mark.parametrize("dtype,precision", [("float32", "tf32x3"), ("bfloat16", "ieee")])
+def test_cuda_export_keeps_batch_and_frames_symbolic(dtype, precision):
+    """A dynamic-shape export of the CUDA ops (fake CUDA tensors: no GPU needed) keeps batch and frames symbolic:
+    the launch-time tile pruning and split-K bound read size hints (`size_hint`) instead of guarding on the
+    sizes, which specialised both axes to the example's values (seen on the H100 exporting code2wav). In a child
+    process without TRITON_INTERPRET: the interpreter runs the autotuner itself instead of tracing the launch."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _SYMBOLIC_EXPORT, dtype, precision], env=env, capture_output=True, text=True, timeout=300
+    )
+    ranges = [line for line in proc.stdout.splitlines() if line.startswith("RANGES")]
+    assert ranges == ["RANGES [(1, 4), (8, 325)]"], proc.stderr[-2000:]

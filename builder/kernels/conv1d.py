@@ -383,6 +383,13 @@ def max_split(*, batch: int, tout: int, n: int, cin: int, ksize: int, block_r: i
     return max(ok, default=1)
 
 
+def size_hint(v) -> int:
+    """A size as a plain int. A symbolic size (a dynamic-shape export) gives its example value: launch-time choices
+    (the tiles the autotuner may try, the split-K bound) follow the export's example bucket instead of guarding on
+    the size, which would specialise the dynamic axis to that one value."""
+    return v.node.hint if isinstance(v, torch.SymInt) else int(v)
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -883,11 +890,11 @@ if HAVE_TRITON:
         prec = kwargs.get("PRECISION", named_args.get("PRECISION", "ieee"))
         kept = prune_gemm_configs(
             list(by_cfg),
-            batch=named_args["B"],
-            tout=named_args["TOUT"],
-            n=named_args["N"],
-            cin=named_args["CIN"],
-            ksize=named_args["KSIZE"],
+            batch=size_hint(named_args["B"]),
+            tout=size_hint(named_args["TOUT"]),
+            n=size_hint(named_args["N"]),
+            cin=size_hint(named_args["CIN"]),
+            ksize=size_hint(named_args["KSIZE"]),
             elem=x.element_size(),
             precision=prec,
             num_sms=_num_sms(),
@@ -896,7 +903,7 @@ if HAVE_TRITON:
 
     def _prune_dw_autotune(configs, named_args, **kwargs):
         by_cfg = {DwKernelConfig(c.kwargs["BLOCK_T"], c.kwargs["BLOCK_C"], c.num_warps): c for c in configs}
-        return [by_cfg[c] for c in prune_dw_configs(list(by_cfg), named_args["C"])]
+        return [by_cfg[c] for c in prune_dw_configs(list(by_cfg), size_hint(named_args["C"]))]
 
     def _triton_configs(dtype: torch.dtype) -> list:
         return [
@@ -980,16 +987,23 @@ def launch_conv_gemm(
         out = torch.empty((B, tout * phases, cout), dtype=out_dtype or x.dtype, device=x.device)
     if pre is None and write_pre:
         pre = torch.empty((B, tout * phases, cout), dtype=x.dtype, device=x.device)
-    torch._check(
-        Cin * T < 2**31 and N * tout < 2**31 and N * ksize * Cin < 2**31, lambda: "per-sample tensor too large"
-    )
+    # one check per bound: `a and b` of symbolic sizes would guard on each of them
+    for fits in (Cin * T < 2**31, N * tout < 2**31, N * ksize * Cin < 2**31):
+        torch._check(fits, lambda: "per-sample tensor too large")
     # split-K scratch: fp32 partials for the largest split this shape may be tuned to, and one arrival counter per
     # output tile (an upper bound for every tile size; zeroed here, reset by the kernel after use)
     block_r = config.block_r if config is not None else gemm_kernel_configs(x.dtype)[0].block_r
     splits = (
         config.split_k
         if config is not None
-        else max_split(batch=B, tout=tout, n=N, cin=Cin, ksize=ksize, block_r=block_r)
+        else max_split(
+            batch=size_hint(B),
+            tout=size_hint(tout),
+            n=size_hint(N),
+            cin=size_hint(Cin),
+            ksize=size_hint(ksize),
+            block_r=block_r,
+        )
     )
     if scratch is not None:
         ws, cnt = scratch
@@ -1072,7 +1086,8 @@ def launch_dwconv(
     B, T, C = x.shape
     if out is None:
         out = torch.empty((B, tout, C), dtype=out_dtype or x.dtype, device=x.device)
-    torch._check(C * max(T, tout) < 2**31, lambda: "per-sample tensor too large")
+    torch._check(C * T < 2**31, lambda: "per-sample tensor too large")
+    torch._check(C * tout < 2**31, lambda: "per-sample tensor too large")
     meta = dict(
         HAS_BIAS=bias is not None,
         HAS_RES=residual is not None,
