@@ -609,7 +609,7 @@ _SYMBOLIC_EXPORT = textwrap.dedent("""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.export import Dim
     from ttsaot.builder.kernels.conv1d import ConvMeta
-    from ttsaot.builder.kernels.conv_modules import KernelConv1d, KernelDwConv1d
+    from ttsaot.builder.kernels.conv_modules import KernelConv1d, KernelConvTranspose1d, KernelDwConv1d, SnakeNLC
 
     dtype, precision = getattr(torch, sys.argv[1]), sys.argv[2]
     with FakeTensorMode():
@@ -617,9 +617,12 @@ _SYMBOLIC_EXPORT = textwrap.dedent("""
         conv = KernelConv1d(torch.empty(48, 7, 32, **cu), torch.empty(48, **cu), ConvMeta(32, 48, 7, 1, 3, 18),
                             precision=precision)
         dw = KernelDwConv1d(torch.empty(7, 48, **cu), torch.empty(48, **cu), 1, 6)
+        up = KernelConvTranspose1d(torch.empty(2, 16, 2, 48, **cu), torch.empty(16, **cu), precision=precision)
+        snake = SnakeNLC(torch.empty(16, device="cuda"), torch.empty(16, device="cuda"))
         x = torch.empty(4, 300, 32, **cu)
     dims = ({0: Dim("batch", min=1, max=4), 1: Dim("frames", min=8, max=325)},)
-    ep = torch.export.export(torch.nn.Sequential(conv, dw), (x,), dynamic_shapes=dims, strict=False)
+    body = torch.nn.Sequential(conv, dw, up, snake)
+    ep = torch.export.export(body, (x,), dynamic_shapes=dims, strict=False)
     print("RANGES", sorted((int(r.lower), int(r.upper)) for r in ep.range_constraints.values()))
 """)
 
