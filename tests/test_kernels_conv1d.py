@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -577,27 +578,42 @@ def _sm90_ptx(dtype: str, precision: str, tile: tuple[int, int, int, int, int]) 
     ).asm["ptx"]
 
 
-def _nvidia_backend() -> bool:
-    try:
-        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
-    except Exception:  # noqa: BLE001
-        return False
-    return HAVE_TRITON and not os.environ.get("TRITON_INTERPRET")
+_PTX_CASES = [
+    ("bf16", "ieee", (128, 128, 64, 8, 4), "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"),
+    ("fp32", "tf32", (128, 128, 32, 8, 3), "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
+    ("fp32", "tf32x3", (64, 64, 32, 4, 4), "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32"),
+]
 
 
-@pytest.mark.skipif(not _nvidia_backend(), reason="needs Triton's NVIDIA backend (no GPU needed)")
-@pytest.mark.parametrize(
-    "dtype,precision,tile,mma",
-    [
-        ("bf16", "ieee", (128, 128, 64, 8, 4), "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"),
-        ("fp32", "tf32", (128, 128, 32, 8, 3), "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
-        ("fp32", "tf32x3", (64, 64, 32, 4, 4), "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32"),
-    ],
-)
-def test_channels_last_gemm_gets_hopper_tensor_cores(dtype, precision, tile, mma):
+@pytest.fixture(scope="module")
+def hopper_ptx(tmp_path_factory) -> dict:
+    """The sm_90 PTX of every `_PTX_CASES` kernel, compiled in ONE child process without TRITON_INTERPRET (which
+    the suite sets, and under which Triton compiles nothing); {} when Triton's NVIDIA backend is missing."""
+    out = tmp_path_factory.mktemp("ptx") / "ptx.json"
+    code = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+        try:
+            from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+        except Exception:
+            json.dump({{}}, open({str(out)!r}, "w")); raise SystemExit(0)
+        from tests.test_kernels_conv1d import _PTX_CASES, _sm90_ptx
+        json.dump({{"|".join(map(str, c[:3])): _sm90_ptx(*c[:3]) for c in _PTX_CASES}}, open({str(out)!r}, "w"))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
+@pytest.mark.parametrize("dtype,precision,tile,mma", _PTX_CASES)
+def test_channels_last_gemm_gets_hopper_tensor_cores(hopper_ptx, dtype, precision, tile, mma):
     """On sm_90 the NLC kernel's dot is a wgmma (TF32 for fp32's "tf32"/"tf32x3") fed by 16-byte cp.async loads
     of the time-shifted input rows, and its output tile leaves in 16-byte stores."""
-    ptx = _sm90_ptx(dtype, precision, tile)
+    if not hopper_ptx:
+        pytest.skip("needs Triton's NVIDIA backend (no GPU needed)")
+    ptx = hopper_ptx["|".join(map(str, (dtype, precision, tile)))]
     assert mma in ptx
     assert "cp.async.cg.shared.global" in ptx and ", 0x10," in ptx
     assert "st.global.v4.b32" in ptx
