@@ -171,7 +171,8 @@ class KernelLinear(nn.Module):
     """nn.Linear on the conv kernel as a 1-tap `ttsaot::conv1d` over the rows of x [..., K] → [..., N], with its
     fp32 GEMM `precision`. Why: with TF32 off (the exact fp32 stages) cuBLAS runs an fp32 Linear on FMA units
     (the Fish DAC encoder's fp32 GEMMs, mostly its transformer's linears: 4.7 of 18.3 ms in the H100 profile), where
-    "tf32x3" keeps fp32 accuracy on the tensor cores. The weight keeps nn.Linear's [N, K] memory as a [N, 1, K] baked conv."""
+    "tf32x3" keeps fp32 accuracy on the tensor cores. The weight keeps nn.Linear's [N, K] memory as a [N, 1, K]
+    baked conv."""
 
     def __init__(self, linear: nn.Linear, precision: str) -> None:
         super().__init__()
