@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One device call (issue 15): the pre-split tf32x3 conv weights and the exact DAC bodies' linears on the conv kernel.
-# (1) the conv kernels' GPU tests (split weights included), in the background; (2) codec-stages for $TASKS (the ttsaot
-# artifact vs the eager module in the stage's precision: call time, error, the encoder's codes vs exact fp32).
+# One device call (issue 15): (1) the conv kernels' GPU tests, in the background; (2) codec-stages for $TASKS (the
+# ttsaot artifact vs the eager module in the stage's precision: call time, error, the encoder's codes vs exact fp32).
+# Written for the pre-split tf32x3 weights (reverted: probes/tf32x3_split_weights/), then used for the encoder with
+# its linears on the conv kernel (codec_stages_dac_encoder_linears.json). The tests share the GPU with the timings.
 #   TASKS=dac_encoder,vae_decoder bash bench/plans/codec_split_tf32_h100.sh   → $OUT/codec_stages.json + logs
 set -u
 cd "$(dirname "$0")/../.."
