@@ -48,6 +48,32 @@ from . import RESULTS_SCHEMA
 from .common import device_info, git_commit, now_iso, rel_err, short_error, sync, time_fn, write_json
 
 KINDS = ("ttsaot", "inductor")
+# --pdl-ab: the ttsaot artifact built again without programmatic dependent launch (TTSAOT_PDL=0,
+# builder/kernels/pdl.py), measured beside it in the same process.
+NOPDL = "ttsaot_nopdl"
+
+
+def _kinds(a: argparse.Namespace) -> tuple[str, ...]:
+    return KINDS + ((NOPDL,) if getattr(a, "pdl_ab", False) else ())
+
+
+@contextlib.contextmanager
+def _build_env(kind: str) -> Iterator[None]:
+    """TTSAOT_PDL=0 while the no-PDL variant builds (its compile workers inherit it; the package key includes it)."""
+    if kind != NOPDL:
+        yield
+        return
+    saved = os.environ.get("TTSAOT_PDL")
+    os.environ["TTSAOT_PDL"] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TTSAOT_PDL", None)
+        else:
+            os.environ["TTSAOT_PDL"] = saved
+
+
 DEFAULT_LAYERS_CUDA = 8  # base LM layers built on CUDA by default (of 28)
 
 
@@ -193,7 +219,8 @@ def run(a: argparse.Namespace, progress: Callable[[dict], None] | None = None) -
         with _preset_layers(a.preset, step, a.layers):
             cfg = LM_PRESETS[a.preset]
             mcfg = step.lm(cfg)
-            specs = {k: VOX.specs(_options(a, k), [stage_name])[0] for k in KINDS}
+            kinds = _kinds(a)
+            specs = {k: VOX.specs(_options(a, "ttsaot" if k == NOPDL else k), [stage_name])[0] for k in kinds}
             res["config"] = {
                 "preset": a.preset,
                 "dtype": "bf16",
@@ -213,12 +240,13 @@ def run(a: argparse.Namespace, progress: Callable[[dict], None] | None = None) -
             }
             # ------------------------------------------------------------------ builds (same seed, same weights)
             built: dict[str, Path] = {}
-            for k in KINDS:
+            for k in kinds:
                 t0 = time.time()
                 try:
-                    built[k] = build_family(
-                        VOX.name, [specs[k]], work / k, dev, seed=a.seed, verify_in_subprocess=False, jobs=a.jobs
-                    ).path
+                    with _build_env(k):
+                        built[k] = build_family(
+                            VOX.name, [specs[k]], work / k, dev, seed=a.seed, verify_in_subprocess=False, jobs=a.jobs
+                        ).path
                     res["sections"][f"build_{k}"] = {"seconds": round(time.time() - t0, 1), "jobs": a.jobs}
                 except Exception as e:  # noqa: BLE001
                     res["sections"][f"build_{k}"] = {"error": short_error(e), "seconds": round(time.time() - t0, 1)}
@@ -227,7 +255,7 @@ def run(a: argparse.Namespace, progress: Callable[[dict], None] | None = None) -
                 res["status"] = "error: no build"
                 return res
             # A failed build is recorded above; the other one is still measured (with eager and compile).
-            bundles = {k: load(built[k], device=dev) for k in KINDS if k in built}
+            bundles = {k: load(built[k], device=dev) for k in kinds if k in built}
             stages = {k: b[stage_name] for k, b in bundles.items()}
             entry = next(iter(stages.values())).entry
             res["kernels_recorded"] = {k: st.entry.kernels for k, st in stages.items()}
@@ -339,7 +367,8 @@ def _bench_bucket(
     check: dict[str, Any] = {"tolerance": tolerance}
     refs = {**results, "eager": eager}
     ref_caches = {**{k: (c.k, c.v) for k, c in caches.items()}, "eager": (ek, ev)}
-    for kind, other in (("ttsaot", "inductor"), ("ttsaot", "eager"), ("inductor", "eager")):
+    pairs = (("ttsaot", "inductor"), ("ttsaot", "eager"), ("inductor", "eager"), (NOPDL, "eager"), ("ttsaot", NOPDL))
+    for kind, other in pairs:
         if kind not in results or other not in refs:
             continue
         for n, got, want in zip(names, results[kind], refs[other]):
@@ -354,8 +383,8 @@ def _bench_bucket(
             and torch.equal(c.k[:, :, :, :pos], t["k"][:, :, :, :pos])
         )
     check["agree"] = (
-        len(results) == len(KINDS)
-        and all(v <= tolerance for n, v in check.items() if n.endswith(("_vs_inductor", "_vs_eager")))
+        set(KINDS) <= set(results)
+        and all(v <= tolerance for n, v in check.items() if n.endswith(("_vs_inductor", "_vs_eager", "_vs_" + NOPDL)))
         and all(v for n, v in check.items() if n.endswith("_in_place"))
     )
     out["check"] = check
@@ -384,8 +413,10 @@ def _bench_bucket(
         out["eager_graph"] = _bench_eager(module, step, B, dev, mcfg, a.max_len, reps, graph=True)
         out["eager_graph"].pop("compile_s", None)
     ms = {k: out[k]["replay_ms"] or out[k]["step_ms"] for k in stages}
-    if len(ms) == len(KINDS):
+    if set(KINDS) <= set(ms):
         out["ttsaot_speedup_vs_inductor"] = ms["inductor"] / ms["ttsaot"]
+    if {"ttsaot", NOPDL} <= set(ms):
+        out["pdl_speedup"] = ms[NOPDL] / ms["ttsaot"]
     return out
 
 
@@ -423,7 +454,9 @@ def summary(res: dict) -> str:
             return "-" if t is None else f"{t:.4f} ms ({t / s['floor_ms']:.2f}x)"
 
         lines.append(
-            f"  {key}: floor {s['floor_ms']:.4f} ms; ttsaot {ms('ttsaot')}, inductor {ms('inductor')}, "
+            f"  {key}: floor {s['floor_ms']:.4f} ms; ttsaot {ms('ttsaot')}, "
+            + (f"ttsaot without PDL {ms(NOPDL)}, " if NOPDL in s else "")
+            + f"inductor {ms('inductor')}, "
             f"eager {ms('eager')}, eager+graph {ms('eager_graph')}, compile+graph {ms('compile_graph')}; "
             f"agree={s['check']['agree']}"
         )
@@ -451,6 +484,9 @@ def add_parser(sub) -> None:
     p.add_argument("--budget", type=float, default=200.0, help="seconds; later buckets/sections are skipped")
     p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the profiler pass (CUDA)")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile")
+    p.add_argument(
+        "--pdl-ab", action="store_true", help="also build and time the ttsaot artifact without programmatic launch"
+    )
     p.add_argument("--compile-mode", default="max-autotune-no-cudagraphs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", default=None, help="folder for the temporary artifacts (default: the temp dir)")

@@ -164,7 +164,7 @@ def decode_stages_section(res: dict) -> str:
 
     rows = []
     for key, sec in res.get("sections", {}).items():
-        for kind in ("ttsaot", "inductor"):
+        for kind in ("ttsaot", "ttsaot_nopdl", "inductor"):
             p = sec.get(kind, {}).get("profile") if key.startswith("B=") else None
             if not p or "top" not in p:
                 continue

@@ -158,12 +158,13 @@ def program_fingerprint(ep: torch.export.ExportedProgram) -> str:
 
 
 def _inductor_env() -> dict[str, str]:
-    """Environment variables that change what Inductor or Triton generate (the cache location does not)."""
+    """Environment variables that change what Inductor or Triton generate (the cache location does not), and
+    TTSAOT_PDL (kernels/pdl.py: whether the launch helper gets the programmatic-launch attribute)."""
     skip = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
     return {
         k: v
         for k, v in sorted(os.environ.items())
-        if k.startswith(("TORCHINDUCTOR_", "TRITON_", "TORCH_COMPILE_")) and k not in skip
+        if (k.startswith(("TORCHINDUCTOR_", "TRITON_", "TORCH_COMPILE_")) or k == "TTSAOT_PDL") and k not in skip
     }
 
 

@@ -13,8 +13,8 @@ from bench.__main__ import main as bench_main
 
 @pytest.mark.slow
 @pytest.mark.heavy
-@pytest.mark.parametrize("stage,layers", [("base_lm_step", 3), ("residual_lm_step", 2)])
-def test_decode_stages_smoke_on_cpu(tmp_path, stage, layers):
+@pytest.mark.parametrize("stage,layers,pdl_ab", [("base_lm_step", 3, False), ("residual_lm_step", 2, True)])
+def test_decode_stages_smoke_on_cpu(tmp_path, stage, layers, pdl_ab):
     out = tmp_path / "r.json"
     rc = bench_main(
         [
@@ -35,10 +35,12 @@ def test_decode_stages_smoke_on_cpu(tmp_path, stage, layers):
             "--work",
             str(tmp_path),
         ]
+        + (["--pdl-ab"] if pdl_ab else [])
     )
     res = json.loads(out.read_text())
     assert rc == 0 and res["status"] == "ok", res
-    assert res["kernels_recorded"] == {"ttsaot": "ttsaot", "inductor": "inductor"}
+    want = {"ttsaot": "ttsaot", "inductor": "inductor"} | ({"ttsaot_nopdl": "ttsaot"} if pdl_ab else {})
+    assert res["kernels_recorded"] == want
     assert res["stage"] == f"voxcpm2/{stage}"
     assert res["config"]["layers"] == layers and res["config"]["position"] == res["config"]["max_len"] - 1
     case = res["sections"]["B=2"]
@@ -48,3 +50,5 @@ def test_decode_stages_smoke_on_cpu(tmp_path, stage, layers):
     assert case["floor_ms"] > 0 and case["ttsaot"]["step_ms"] > 0 and case["inductor"]["step_ms"] > 0
     assert case["eager"]["ms"] > 0 and case["ttsaot_speedup_vs_inductor"] > 0
     assert res["sections"]["build_ttsaot"]["seconds"] > 0
+    if pdl_ab:  # the same kernels without the launch attribute (a no-op off Hopper): the same outputs
+        assert check["hidden_ttsaot_vs_ttsaot_nopdl"] == 0 and case["pdl_speedup"] > 0

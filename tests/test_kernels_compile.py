@@ -36,11 +36,17 @@ SCRIPT = textwrap.dedent(r"""
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
             f.write(k.asm["cubin"])
         sass = subprocess.run([f"{BIN}/cuobjdump", "-sass", f.name], capture_output=True, text=True).stdout
+        ptx = k.asm["ptx"]
+        wait = ptx.find("griddepcontrol.wait")
         res = subprocess.run([f"{BIN}/cuobjdump", "-res-usage", f.name], capture_output=True, text=True).stdout
         os.unlink(f.name)
         m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", res)
         out = {op: sass.count(op) for op in OPS}
         out.update(dict(zip(("regs", "stack", "shared", "local"), map(int, m.groups()))))
+        # programmatic dependent launch (pdl.py): the wait, and the global loads the PTX issues before it
+        out["pdl_wait"] = ptx.count("griddepcontrol.wait")
+        out["pdl_trigger"] = ptx.count("griddepcontrol.launch_dependents")
+        out["loads_before_wait"] = ptx[:wait].count("ld.global") if wait >= 0 else -1
         return out
 
     bf = "bf16"
@@ -58,14 +64,15 @@ SCRIPT = textwrap.dedent(r"""
     # (GEMM_CONFIGS[1], BLOCK_N 32, with the gated epilogue's two accumulators spills one register under Triton 3.7;
     # it is still the fastest gate_up config on the H100 with Triton 3.6, kernel_configs.json)
     for form, block_m, c, fname, split in cases:
-        cx = dict(flags[fname], SPLIT_K=split, USE_DOT=form != "gemv", FP32_DOT=False,
+        cx = dict(flags[fname], SPLIT_K=split, USE_DOT=form != "gemv", FP32_DOT=False, PDL=True,
                   BLOCK_M=block_m, **c.kwargs)
         key = f"skinny/{form}/{fname}/m{block_m}/split{split}/bn{c.kwargs['BLOCK_N']}bk{c.kwargs['BLOCK_K']}"
         results[key] = build(S.skinny_linear_kernel, sl_types, cx, c.num_warps, c.num_stages, sl_aligned)
     ep_types = dict(part_ptr="*fp32", b_ptr="*bf16", r_ptr="*bf16", y_ptr="*bf16", M="i32", N_OUT="i32",
                     scale="fp32")
     results["skinny/split_k_epilogue"] = build(S.split_k_epilogue_kernel, ep_types,
-        dict(HAS_BIAS=True, GATED=True, HAS_RESIDUAL=True, SPLIT_K=4, BLOCK_M=16, BLOCK_N=128), 4, 1, set())
+        dict(HAS_BIAS=True, GATED=True, HAS_RESIDUAL=True, SPLIT_K=4, PDL=True, BLOCK_M=16, BLOCK_N=128), 4, 1,
+        set())
     da_types = dict(qkv_ptr="*bf16", pos_ptr="*i64", kc_ptr="*bf16", vc_ptr="*bf16", cos_ptr="*fp32",
                     sin_ptr="*fp32", qn_ptr="*bf16", kn_ptr="*bf16", o_ptr="*bf16", part_o_ptr="*fp32",
                     part_ml_ptr="*fp32", ws_ptr="*i32", layer="i32", S="i32", QKV_ROW="i32", CACHE_LAYER="i32",
@@ -75,7 +82,7 @@ SCRIPT = textwrap.dedent(r"""
                                        "interleaved_gqa4": (32, 8, 2, False), "qk_norm": (16, 8, 1, True)}.items():
         for ns in ((1, 16) if name == "voxcpm2" else (4,)):
             cx = dict(HQ=hq, HKV=hkv, HEAD_DIM=128, D_PAD=128, G_PAD=16, ROPE=rope, QK_NORM=qkn, NUM_SPLITS=ns,
-                      MIN_CHUNK=64, BLOCK_S=64, FP32_DOT=False)
+                      MIN_CHUNK=64, BLOCK_S=64, FP32_DOT=False, PDL=True)
             results[f"attention/{name}/splits{ns}"] = build(A.decode_attention_kernel, da_types, cx, 4, 2,
                                                             da_aligned)
     # AOTInductor types float arguments of user kernels fp64: the kernels must keep their fp32 state (the loop-carried
@@ -85,7 +92,8 @@ SCRIPT = textwrap.dedent(r"""
         dict(cx, HQ=16, HKV=2, ROPE=1, QK_NORM=True, NUM_SPLITS=16), 4, 2, da_aligned)
     results["skinny/gemv/norm_gated/fp64_scalars"] = build(
         S.skinny_linear_kernel, dict(sl_types, eps="fp64", scale="fp64"),
-        dict(flags["norm_gated"], SPLIT_K=1, USE_DOT=False, FP32_DOT=False, BLOCK_M=1, **S.GEMV_CONFIGS[1].kwargs),
+        dict(flags["norm_gated"], SPLIT_K=1, USE_DOT=False, FP32_DOT=False, PDL=True, BLOCK_M=1,
+             **S.GEMV_CONFIGS[1].kwargs),
         S.GEMV_CONFIGS[1].num_warps, S.GEMV_CONFIGS[1].num_stages, sl_aligned)
     # Triton specialises an int argument equal to 1 into a constexpr: layer 1 of every LM compiles this variant
     results["attention/voxcpm2/layer1"] = build(
@@ -95,6 +103,11 @@ SCRIPT = textwrap.dedent(r"""
     results["attention/hd8_padded/splits4"] = build(
         A.decode_attention_kernel, da_types, dict(cx, HQ=4, HKV=2, HEAD_DIM=8, D_PAD=16, ROPE=1, QK_NORM=True,
                                                   NUM_SPLITS=4, BLOCK_S=16, MIN_CHUNK=16), 4, 2, da_aligned)
+    # without PDL (pre-Hopper builds): no griddepcontrol at all
+    results["nopdl/skinny/gemv"] = build(
+        S.skinny_linear_kernel, sl_types,
+        dict(flags["plain"], SPLIT_K=1, USE_DOT=False, FP32_DOT=False, PDL=False, BLOCK_M=1,
+             **S.GEMV_CONFIGS[0].kwargs), 8, 1, sl_aligned)
     print(json.dumps(results))
 """)
 
@@ -123,3 +136,21 @@ def test_kernels_compile_for_sm90_with_the_intended_machine_code(sm90):
             if "splits1" not in key and "layer1" not in key:
                 assert r["ATOM"] > 0, (key, r)  # the ticket of the split merge
     assert sum(k.startswith("skinny/dot64") and sm90[k]["HGMMA"] > 0 for k in sm90) > 0  # wgmma at 64 rows
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(ON_GPU, reason="the GPU tests compile and run the kernels for real")
+def test_decode_kernels_wait_on_their_predecessor_after_loading_weights_only(sm90):
+    """Programmatic dependent launch (builder/kernels/pdl.py): every kernel PDL_KERNELS names has the trigger and
+    the wait in its PTX (a kernel launched with the attribute that never waits would race its predecessor); the
+    GEMV form issues its first W tile's loads BEFORE the wait (the overlap PDL is for), while the kernels that
+    read only activations first (attention, split-K epilogue) load nothing before it."""
+    for key, r in sm90.items():
+        if key.startswith("nopdl/"):
+            assert r["pdl_wait"] == 0 and r["pdl_trigger"] == 0, (key, r)
+            continue
+        assert r["pdl_wait"] >= 1 and r["pdl_trigger"] >= 1, (key, r)
+        if key.startswith("skinny/gemv"):
+            assert r["loads_before_wait"] > 0, (key, r)
+        elif key.startswith(("attention/", "skinny/split_k_epilogue")):
+            assert r["loads_before_wait"] == 0, (key, r)

@@ -42,6 +42,7 @@ import torch
 
 from ..layers.rope import apply_rope_interleaved, apply_rope_neox
 from .common import HAVE_TRITON, cdiv, multiprocessor_count, next_power_of_2, rms_norm
+from .pdl import kernels_wait
 
 OP_NAME = "ttsaot::decode_attention"
 # Split plan (per bucket, from B·Hkv and the GPU's SM count; the split SIZE follows each row's position at run time).
@@ -280,6 +281,7 @@ def launch_decode_attention(
         MIN_CHUNK=min_chunk,
         BLOCK_S=block_s,
         FP32_DOT=qkv.dtype == torch.float32 or qkv.device.type != "cuda",
+        PDL=kernels_wait(qkv.device),
     )  # off-GPU = the interpreter
     grid = (B * hkv, num_splits)
     if config is None:

@@ -22,6 +22,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .pdl_triton import grid_dependency_wait
+
 ROPE_NONE, ROPE_NEOX, ROPE_INTERLEAVED = 0, 1, 2
 LOG2E = 1.4426950408889634
 
@@ -104,14 +106,26 @@ def decode_attention_kernel(
     MIN_CHUNK: tl.constexpr,
     BLOCK_S: tl.constexpr,
     FP32_DOT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Grid (B·HKV, NUM_SPLITS). qk_scale = softmax scale · log2(e) (the softmax runs in base 2). D_PAD = the head
     dim padded to ≥ 16 for tl.dot (lanes past HEAD_DIM are masked). NUM_SPLITS == 1: no partials, no workspace.
-    FP32_DOT: as in skinny_linear_triton."""
+    FP32_DOT: as in skinny_linear_triton. PDL (pdl.py): everything here is written by earlier kernels or by this
+    step (qkv, positions, caches, workspace, output buffers), so the wait comes first; the early launch of the
+    next kernel (o_proj, which starts loading its weights) is what it buys."""
     # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
     # _use_fp64_for_unbacked_floats), which turned the loop-carried softmax state fp64 (H100 AOTI build failed).
     eps = tl.cast(eps, tl.float32)
     qk_scale = tl.cast(qk_scale, tl.float32)
+    token = grid_dependency_wait(PDL)
+    qkv_ptr += token
+    pos_ptr += token
+    kc_ptr += token
+    vc_ptr += token
+    o_ptr += token
+    part_o_ptr += token
+    part_ml_ptr += token
+    ws_ptr += token
     G: tl.constexpr = HQ // HKV
     pid = tl.program_id(0)
     split = tl.program_id(1)

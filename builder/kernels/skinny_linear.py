@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from .common import HAVE_TRITON, cdiv, multiprocessor_count, next_power_of_2, rms_norm
 from .decompositions import register_cpu_decomposition
+from .pdl import kernels_wait
 
 OP_NAME = "ttsaot::skinny_linear"
 # M up to this takes the FMA (GEMV) form by default, larger M the tensor-core tile: the FMA accumulator holds
@@ -198,6 +199,7 @@ def launch_skinny_linear(
         USE_DOT=use_dot,
         BLOCK_M=block_m,
         FP32_DOT=x.dtype == torch.float32 or x.device.type != "cuda",
+        PDL=kernels_wait(x.device),
     )  # off-GPU = the interpreter
 
     def grid(meta):
@@ -213,7 +215,18 @@ def launch_skinny_linear(
         epilogue = {k: v for k, v in flags.items() if k != "HAS_NORM"}
         bm = min(16, next_power_of_2(m))
         wrap(kernels.split_k_epilogue_kernel)[(cdiv(n_out, 128), cdiv(m, bm))](
-            part, args[2], r2, y, m, n_out, float(residual_scale), **epilogue, SPLIT_K=split_k, BLOCK_M=bm, BLOCK_N=128
+            part,
+            args[2],
+            r2,
+            y,
+            m,
+            n_out,
+            float(residual_scale),
+            **epilogue,
+            SPLIT_K=split_k,
+            PDL=meta["PDL"],
+            BLOCK_M=bm,
+            BLOCK_N=128,
         )
     return y
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .pdl_triton import grid_dependency_wait
+
 
 @triton.jit
 def _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -117,11 +119,25 @@ def _dot_loop(
 
 
 @triton.jit
+def _fma_w_tile(w_ptr, offs_n3, n_mask3, N_OUT, K, k0, k_hi, GATED: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The [1, BLOCK_N, BLOCK_K] W tile (and the matching up rows when GATED) at k0; all-masked past k_hi."""
+    offs_k3 = (k0 + tl.arange(0, BLOCK_K))[None, None, :]
+    w_mask = n_mask3 & (offs_k3 < k_hi)
+    w = tl.load(w_ptr + offs_n3.to(tl.int64) * K + offs_k3, mask=w_mask, other=0.0)
+    wu = w
+    if GATED:
+        wu = tl.load(w_ptr + (offs_n3 + N_OUT).to(tl.int64) * K + offs_k3, mask=w_mask, other=0.0)
+    return w, wu
+
+
+@triton.jit
 def _fma_loop(
     x_ptr,
     w_ptr,
     g_ptr,
     rstd,
+    w,
+    wu,
     offs_m,
     offs_n,
     M,
@@ -137,14 +153,13 @@ def _fma_loop(
 ):
     """GEMV form: elementwise FMA into a [BLOCK_M, BLOCK_N, BLOCK_K] fp32 accumulator, reduced over K once at the
     end. x and W are loaded straight in that 3-D layout ([BLOCK_M, 1, BLOCK_K], [1, BLOCK_N, BLOCK_K]) so no tile
-    goes through shared memory on the way to the FMAs."""
+    goes through shared memory on the way to the FMAs. `w`/`wu`: the first W tile, loaded by the caller (before the
+    grid-dependency wait); each step loads the next tile into registers before it multiplies the current one."""
     dt = x_ptr.dtype.element_ty
     offs_m3 = offs_m[:, None, None]
     offs_n3 = offs_n[None, :, None]
     m_mask3 = offs_m3 < M
     n_mask3 = offs_n3 < N_OUT
-    w_rows = offs_n3.to(tl.int64) * K
-    w_rows_up = (offs_n3 + N_OUT).to(tl.int64) * K
     if HAS_NORM:
         rstd3 = rstd[:, None, None]
     acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -158,12 +173,12 @@ def _fma_loop(
             x = (x.to(tl.float32) * rstd3).to(dt)
             x = (gw.to(tl.float32) * x.to(tl.float32)).to(dt)
         xf = x.to(tl.float32)
-        w_mask = n_mask3 & k_mask3
-        w = tl.load(w_ptr + w_rows + offs_k3, mask=w_mask, other=0.0)
+        w_next, wu_next = _fma_w_tile(w_ptr, offs_n3, n_mask3, N_OUT, K, k0 + BLOCK_K, k_hi, GATED, BLOCK_K)
         acc3 += xf * w.to(tl.float32)
         if GATED:
-            wu = tl.load(w_ptr + w_rows_up + offs_k3, mask=w_mask, other=0.0)
             acc3_up += xf * wu.to(tl.float32)
+        w = w_next
+        wu = wu_next
     return tl.sum(acc3, axis=2), tl.sum(acc3_up, axis=2)
 
 
@@ -189,6 +204,7 @@ def skinny_linear_kernel(
     SPLIT_K: tl.constexpr,
     USE_DOT: tl.constexpr,
     FP32_DOT: tl.constexpr,
+    PDL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -199,7 +215,9 @@ def skinny_linear_kernel(
     FP32_DOT: `tl.dot` in exact fp32 ("ieee", not TF32), on fp32 copies of 16-bit operands if need be (the same
     products, exact in fp32): fp32 weights, and Triton's CPU interpreter, which multiplies bf16 operands as raw
     integers. With SPLIT_K > 1 the fp32 partial sums go to part_ptr
-    [SPLIT_K, M, N] and `split_k_epilogue_kernel` adds them in a fixed order (deterministic)."""
+    [SPLIT_K, M, N] and `split_k_epilogue_kernel` adds them in a fixed order (deterministic). PDL (pdl.py): the
+    GEMV form loads its first W tile, then waits for the previous kernel; x and the residual are read, and the
+    outputs written, only after the wait."""
     # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
     # _use_fp64_for_unbacked_floats), which turned the loop-carried state fp64 (H100 AOTI build failed).
     eps = tl.cast(eps, tl.float32)
@@ -207,15 +225,20 @@ def skinny_linear_kernel(
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask = offs_m < M
     n_mask = offs_n < N_OUT
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    if not USE_DOT:  # weights only: safe before the wait
+        w0, wu0 = _fma_w_tile(w_ptr, offs_n[None, :, None], n_mask[None, :, None], N_OUT, K, k_lo, k_hi, GATED, BLOCK_K)
+    # Every activation access (x, residual, y, partials) is addressed by row, and the rows depend on the wait's
+    # result: none of them can be scheduled before the wait.
+    token = grid_dependency_wait(PDL)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M) + token
+    m_mask = offs_m < M
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_NORM:
         rstd = _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M, BLOCK_K)
-    k_lo = pid_k * K_SPLIT
-    k_hi = tl.minimum(k_lo + K_SPLIT, K)
     if USE_DOT:
         acc, acc_up = _dot_loop(
             x_ptr,
@@ -243,6 +266,8 @@ def skinny_linear_kernel(
             w_ptr,
             g_ptr,
             rstd,
+            w0,
+            wu0,
             offs_m,
             offs_n,
             M,
@@ -295,12 +320,16 @@ def split_k_epilogue_kernel(
     GATED: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """Sum the SPLIT_K partials in split order, then the same epilogue. Grid (cdiv(N_OUT, BLOCK_N),
     cdiv(M, BLOCK_M))."""
     scale = tl.cast(scale, tl.float32)  # fp32 whatever the caller passes (AOTI passes floats as fp64)
+    token = grid_dependency_wait(PDL)
+    part_ptr += token
+    r_ptr += token
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < M

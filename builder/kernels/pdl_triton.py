@@ -1,0 +1,36 @@
+"""The device half of programmatic dependent launch (launch half and the why: pdl.py).
+
+Imported by the Triton kernel modules. Triton's own `gdc_wait` / `gdc_launch_dependents` are impure inline asm,
+which torch's user-kernel mutation analysis cannot read (it then assumes every input is mutated; the L2-prefetch
+probe's AOTI build failed that way). This is one PURE asm with a result instead: the result (always 0) is added to
+every activation pointer, so the data dependence alone keeps each load of a previous kernel's output after the wait,
+and the asm cannot be dropped while the pointers use it.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def grid_dependency_wait(PDL: tl.constexpr):
+    """0 (int32). With PDL (sm_90+): first let the dependent grid launch (its programs can then start loading
+    their weights while this kernel runs), then wait until the previous grid has completed and its writes are
+    visible. Every program of a kernel launched with the attribute must call this before it reads or writes
+    anything a previous kernel writes (activations, caches, workspaces, buffers the allocator reuses)."""
+    if PDL:
+        token = tl.inline_asm_elementwise(
+            "griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n\tmov.u32 $0, 0;",
+            "=r",
+            [],
+            dtype=tl.int32,
+            is_pure=True,
+            pack=1,
+        )
+        # An opaque value has unknown alignment: without this, every pointer it offsets loses its 16-byte
+        # divisibility and with it vector loads, cp.async and register budget (seen as spills in sm_90 SASS).
+        token = token * 64
+    else:
+        token = 0
+    return token
