@@ -21,7 +21,9 @@ def grid_dependency_wait(PDL: tl.constexpr):
     anything a previous kernel writes (activations, caches, workspaces, buffers the allocator reuses)."""
     if PDL:
         token = tl.inline_asm_elementwise(
-            "griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n\tmov.u32 $0, 0;",
+            # One line, no escapes: AOTInductor re-emits user kernel sources (comments too) inside a non-raw
+            # triple-quoted string, where an escaped newline became a real one (H100: "unterminated string literal").
+            "griddepcontrol.launch_dependents; griddepcontrol.wait; mov.u32 $0, 0;",
             "=r",
             [],
             dtype=tl.int32,
