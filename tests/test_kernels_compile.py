@@ -47,6 +47,7 @@ SCRIPT = textwrap.dedent(r"""
         out["pdl_wait"] = ptx.count("griddepcontrol.wait")
         out["pdl_trigger"] = ptx.count("griddepcontrol.launch_dependents")
         out["loads_before_wait"] = ptx[:wait].count("ld.global") if wait >= 0 else -1
+        out["trigger_after_wait"] = ptx.find("griddepcontrol.launch_dependents") > wait
         return out
 
     bf = "bf16"
@@ -143,13 +144,16 @@ def test_kernels_compile_for_sm90_with_the_intended_machine_code(sm90):
 def test_decode_kernels_wait_on_their_predecessor_after_loading_weights_only(sm90):
     """Programmatic dependent launch (builder/kernels/pdl.py): every kernel PDL_KERNELS names has the trigger and
     the wait in its PTX (a kernel launched with the attribute that never waits would race its predecessor); the
-    GEMV form issues its first W tile's loads BEFORE the wait (the overlap PDL is for), while the kernels that
+    GEMV form issues its first W tile's loads BEFORE the wait (the overlap PDL is for) and lets its dependent launch
+    at once, the tile form only after its K loop (measured slower otherwise at B=16), while the kernels that
     read only activations first (attention, split-K epilogue) load nothing before it."""
     for key, r in sm90.items():
         if key.startswith("nopdl/"):
             assert r["pdl_wait"] == 0 and r["pdl_trigger"] == 0, (key, r)
             continue
         assert r["pdl_wait"] >= 1 and r["pdl_trigger"] >= 1, (key, r)
+        # the GEMV form triggers its dependent at once, the tile form only after its K loop
+        assert r["trigger_after_wait"] == key.startswith("skinny/dot"), (key, r)
         if key.startswith("skinny/gemv"):
             assert r["loads_before_wait"] > 0, (key, r)
         elif key.startswith(("attention/", "skinny/split_k_epilogue")):

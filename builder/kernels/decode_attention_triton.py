@@ -117,7 +117,7 @@ def decode_attention_kernel(
     # _use_fp64_for_unbacked_floats), which turned the loop-carried softmax state fp64 (H100 AOTI build failed).
     eps = tl.cast(eps, tl.float32)
     qk_scale = tl.cast(qk_scale, tl.float32)
-    token = grid_dependency_wait(PDL)
+    token = grid_dependency_wait(PDL, True)
     qkv_ptr += token
     pos_ptr += token
     kc_ptr += token

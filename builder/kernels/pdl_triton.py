@@ -14,24 +14,43 @@ import triton.language as tl
 
 
 @triton.jit
-def grid_dependency_wait(PDL: tl.constexpr):
-    """0 (int32). With PDL (sm_90+): first let the dependent grid launch (its programs can then start loading
-    their weights while this kernel runs), then wait until the previous grid has completed and its writes are
-    visible. Every program of a kernel launched with the attribute must call this before it reads or writes
+def grid_dependency_wait(PDL: tl.constexpr, TRIGGER: tl.constexpr):
+    """0 (int32). With PDL (sm_90+): wait until the previous grid has completed and its writes are visible; with
+    TRIGGER, first let the dependent grid launch (its programs then start loading their weights while this kernel
+    runs). Every program of a kernel launched with the attribute must call this before it reads or writes
     anything a previous kernel writes (activations, caches, workspaces, buffers the allocator reuses)."""
     if PDL:
-        token = tl.inline_asm_elementwise(
-            # One line, no escapes: AOTInductor re-emits user kernel sources (comments too) inside a non-raw
-            # triple-quoted string, where an escaped newline became a real one (H100: "unterminated string literal").
-            "griddepcontrol.launch_dependents; griddepcontrol.wait; mov.u32 $0, 0;",
-            "=r",
-            [],
-            dtype=tl.int32,
-            is_pure=True,
-            pack=1,
-        )
+        # One line, no escapes: AOTInductor re-emits user kernel sources (comments too) inside a non-raw
+        # triple-quoted string, where an escaped newline became a real one (H100: "unterminated string literal").
+        if TRIGGER:
+            token = tl.inline_asm_elementwise(
+                "griddepcontrol.launch_dependents; griddepcontrol.wait; mov.u32 $0, 0;",
+                "=r",
+                [],
+                dtype=tl.int32,
+                is_pure=True,
+                pack=1,
+            )
+        else:
+            token = tl.inline_asm_elementwise(
+                "griddepcontrol.wait; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=True, pack=1
+            )
         # An opaque value has unknown alignment: without this, every pointer it offsets loses its 16-byte
         # divisibility and with it vector loads, cp.async and register budget (seen as spills in sm_90 SASS).
+        token = token * 64
+    else:
+        token = 0
+    return token
+
+
+@triton.jit
+def grid_dependency_trigger(PDL: tl.constexpr):
+    """0 (int32): the late trigger of a kernel that waited without one (the dependent grid launches once every
+    program has passed here). The result must be used (added to the output rows) or the pure asm is dropped."""
+    if PDL:
+        token = tl.inline_asm_elementwise(
+            "griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=True, pack=1
+        )
         token = token * 64
     else:
         token = 0

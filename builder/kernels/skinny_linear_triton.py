@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .pdl_triton import grid_dependency_wait
+from .pdl_triton import grid_dependency_trigger, grid_dependency_wait
 
 
 @triton.jit
@@ -233,7 +233,10 @@ def skinny_linear_kernel(
         w0, wu0 = _fma_w_tile(w_ptr, offs_n[None, :, None], n_mask[None, :, None], N_OUT, K, k_lo, k_hi, GATED, BLOCK_K)
     # Every activation access (x, residual, y, partials) is addressed by row, and the rows depend on the wait's
     # result: none of them can be scheduled before the wait.
-    token = grid_dependency_wait(PDL)
+    # Trigger: the GEMV form at once (its dependents' W loads overlap this kernel; H100 B=1 step 9% faster), the
+    # tile form only after its K loop (with the early trigger the B=16 step was 4% slower:
+    # bench/results/nvidia-h100/decode_stages_base_lm_step_pdl.json).
+    token = grid_dependency_wait(PDL, not USE_DOT)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M) + token
     m_mask = offs_m < M
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -281,6 +284,8 @@ def skinny_linear_kernel(
             BLOCK_N,
             BLOCK_K,
         )
+    if USE_DOT:
+        offs_m += grid_dependency_trigger(PDL)
     if SPLIT_K == 1:
         _epilogue(
             acc,
@@ -327,7 +332,7 @@ def split_k_epilogue_kernel(
     """Sum the SPLIT_K partials in split order, then the same epilogue. Grid (cdiv(N_OUT, BLOCK_N),
     cdiv(M, BLOCK_M))."""
     scale = tl.cast(scale, tl.float32)  # fp32 whatever the caller passes (AOTI passes floats as fp64)
-    token = grid_dependency_wait(PDL)
+    token = grid_dependency_wait(PDL, True)
     part_ptr += token
     r_ptr += token
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
