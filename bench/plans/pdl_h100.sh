@@ -4,7 +4,8 @@
 #    TTSAOT_PDL=0, inductor — checked against eager and each other, timed beside torch.compile + graph and the floor,
 #    profiled (`python -m bench decode-stages --pdl-ab`);
 # 2. the GPU tests of the two decode kernels (eager Triton launches of the same kernels, the wait compiled in).
-#   bash bench/plans/pdl_h100.sh → $OUT/decode_stages_base_lm_step.json (+ logs). STAGE_S / TESTS_S override.
+#   bash bench/plans/pdl_h100.sh → $OUT/decode_stages_$STAGE.json (+ logs). STAGE (base_lm_step), STAGE_S, BATCHES,
+#   TESTS_S (0 skips the tests) override.
 set -u
 cd "$(dirname "$0")/../.."
 export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
@@ -23,7 +24,8 @@ PY
 cat "$OUT/env.txt"
 STAGE=${STAGE:-base_lm_step}
 timeout -s INT -k 10 "${STAGE_S:-400}" python3 -m bench decode-stages --stage "$STAGE" --pdl-ab \
-  --budget $(( ${STAGE_S:-400} - 40 )) --compile-mode default --out "$OUT" > "$OUT/decode_stages_$STAGE.log" 2>&1
+  --budget $(( ${STAGE_S:-400} - 40 )) --compile-mode default --batches "${BATCHES:-1,16}" \
+  --result "$OUT/decode_stages_$STAGE.json" > "$OUT/decode_stages_$STAGE.log" 2>&1
 echo "decode-stages rc $? at $(( $(date +%s) - T0 )) s"
 grep -v "Warning\|warn(" "$OUT/decode_stages_$STAGE.log" | tail -8 | cut -c1-500
 LEFT=$(( 575 - ($(date +%s) - T0) )); TESTS_S=${TESTS_S:-$LEFT}
