@@ -50,6 +50,7 @@ from ..runtime.errors import ArtifactError, ManifestError
 from .buckets import BucketPlan
 from .dynamic_shapes import DynamicExportError, export_dynamic, plan_ranges, range_record
 from .export import CompileError, compile_bucket, compiler_info, export_bucket, export_program, inductor_options
+from .kernels import pdl
 from .load_check import LoadCheck
 from .package_cache import (
     PackageCache,
@@ -502,6 +503,7 @@ class _StageCompile:
             "ttsaot_bucket": key,
             "ttsaot_family": spec.family,
             "ttsaot_inputs": self.signatures[key],
+            pdl.METADATA_KEY: "1" if pdl.wanted_for(sizes) else "0",
         }
         return _Job([key], [dict(sizes)], f"{spec.name}/{key}.pt2", self.examples[key], f"{spec.name}_{key}", metadata)
 
@@ -725,6 +727,7 @@ def _dynamic_jobs(
         "ttsaot_family": spec.family,
         # every bucket the package serves with its input signature: the runtime refuses any other
         "ttsaot_buckets": json.dumps({k: json.loads(st.signatures[k]) for k in keys}),
+        pdl.METADATA_KEY: "1" if all(pdl.wanted_for(b) for b in group) else "0",
     }
     if st.lookup(job):
         names.add(tag)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .kernels import lower_for_cpu
+from .kernels.pdl import METADATA_KEY as PDL_METADATA_KEY
 from .kernels.pdl import programmatic_launches
 
 
@@ -102,7 +103,7 @@ def compile_bucket(
         options = inductor_options(model_name, metadata, device, extra_options)
         options["aot_inductor.output_path"] = work
         try:
-            with torch.no_grad(), programmatic_launches(device):
+            with torch.no_grad(), programmatic_launches(device, metadata.get(PDL_METADATA_KEY) == "1"):
                 files = aot_compile(ep.module(), args, options=options)
         except Exception as e:  # noqa: BLE001
             raise CompileError(f"AOTInductor compile failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e

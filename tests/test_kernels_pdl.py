@@ -113,3 +113,14 @@ def test_kernel_sources_survive_inductors_reemission():
         text = path.read_text()
         body = text[text.index("@triton.jit") :]  # the module docstring is never re-emitted
         assert "\\" not in body and "'''" not in body, path.name
+
+
+def test_only_gemv_sized_buckets_get_the_attribute(monkeypatch):
+    """Measured on the H100: the attribute pays at B=1 (GEMV form) and costs at B=16 (tile form), so the packages
+    of larger batch buckets are compiled without it (their kernels still wait: harmless without the attribute)."""
+    from torch._inductor.codegen.cuda.device_op_overrides import CUDADeviceOpOverrides
+
+    assert pdl.wanted_for({"batch": 1}) and pdl.wanted_for({"batch": 2}) and pdl.wanted_for({"frames": 50})
+    assert not pdl.wanted_for({"batch": 4}) and not pdl.wanted_for({"batch": 16, "frames": 8})
+    with pdl.programmatic_launches(torch.device("cuda"), wanted=False) as applied:
+        assert applied is False and "ttsaotLaunchKernel" not in CUDADeviceOpOverrides().kernel_driver()

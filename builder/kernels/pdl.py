@@ -31,6 +31,12 @@ import torch
 # Triton entry points (cubin function names) compiled with `grid_dependency_wait` on sm_90+.
 PDL_KERNELS = ("skinny_linear_kernel", "split_k_epilogue_kernel", "decode_attention_kernel")
 ENV_SWITCH = "TTSAOT_PDL"
+METADATA_KEY = "ttsaot_pdl"  # "1" / "0" in each package's metadata: whether its launches carry the attribute
+# Packages of buckets up to this many rows get the attribute: the GEMV form (skinny_linear.GEMV_MAX_M), whose
+# programs load their first W tile before the wait. H100, VoxCPM2 steps at ctx 512 (bench/results/nvidia-h100/
+# decode_stages_*_pdl*.json): B=1 base_lm_step 0.413 vs 0.459 ms, residual_lm_step 0.395 vs 0.437 ms; B=16
+# base_lm_step (tile form) 0.596 vs 0.570 ms, slower with an early or a late trigger.
+MAX_ROWS = 2
 
 # The statement of AOTInductor's launchKernel helper (torch/_inductor/codegen/cuda/device_op_overrides.py) that is
 # replaced, and what replaces it. Same arguments, same error handling.
@@ -110,11 +116,17 @@ def kernels_wait(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 9
 
 
+def wanted_for(sizes: dict[str, int]) -> bool:
+    """Whether a package of these bucket sizes should launch with the attribute (MAX_ROWS; no batch axis = 1 row)."""
+    return sizes.get("batch", 1) <= MAX_ROWS
+
+
 @contextlib.contextmanager
-def programmatic_launches(device: torch.device) -> Iterator[bool]:
+def programmatic_launches(device: torch.device, wanted: bool = True) -> Iterator[bool]:
     """While an AOTInductor compile for `device` runs: the generated launch helper gives `PDL_KERNELS` the
-    programmatic-launch attribute. Yields whether it applied (CUDA, TTSAOT_PDL not 0, wrapper text recognised)."""
-    if device.type != "cuda" or not enabled():
+    programmatic-launch attribute. Yields whether it applied (wanted, CUDA, TTSAOT_PDL not 0, wrapper text
+    recognised)."""
+    if not wanted or device.type != "cuda" or not enabled():
         yield False
         return
     try:
