@@ -263,3 +263,19 @@ def test_a_static_axis_groups_the_buckets_one_package_per_value(tmp_path, monkey
         {"b1_f16": [[[1, 3, 16], "float32"]], "b2_f16": [[[2, 3, 16], "float32"]]},
     ]
     assert any("2 package(s) for 4 buckets (dynamic batch; static because:" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("dynamic", ["off", "on"])
+def test_packages_record_whether_their_launches_are_programmatic(dynamic, tmp_path, monkeypatch):
+    """builder/kernels/pdl.py: a static package of ≤ 2 rows asks compile_bucket for programmatic launches, a larger
+    one does not, and a dynamic package only when every bucket it serves would."""
+    calls: list = []
+    monkeypatch.setattr(build_mod, "compile_bucket", _fake_compile(calls))
+    monkeypatch.setattr(build_mod, "_package_cpu_isa", lambda tmp, stages: "")
+    specs = [replace(_specs()[0], plan=BucketPlan({"batch": (1, 4), "frames": (8,)}), dynamic_packages=dynamic)]
+    build_family(QWEN.name, specs, tmp_path, "cpu", verify_in_subprocess=False)
+    got = {name: m["ttsaot_pdl"] for name, m in calls}
+    if dynamic == "off":
+        assert got == {"code2wav_b1_f8": "1", "code2wav_b4_f8": "0"}
+    else:
+        assert list(got.values()) == ["0"]
