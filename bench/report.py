@@ -190,8 +190,16 @@ def decode_stages_section(res: dict) -> str:
         f"torch.compile mode `{cfg.get('compile_mode')}`):\n\n```text\n{summary(res)}\n```\n"
     )
     if rows:
+        overlap = any(r[7].startswith("-") for r in rows)
         text += (
-            "\nProfiles of the runtime graphs (torch.profiler over 20 replays):\n\n"
+            "\nProfiles of the runtime graphs (torch.profiler over 20 replays"
+            + (
+                "; with programmatic dependent launch the kernels overlap, so their summed time exceeds the replay, "
+                "the gap is negative and GB/s over kernel time understates the bandwidth"
+                if overlap
+                else ""
+            )
+            + "):\n\n"
             + _table(
                 [
                     "bucket",
