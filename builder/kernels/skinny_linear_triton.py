@@ -233,9 +233,9 @@ def skinny_linear_kernel(
         w0, wu0 = _fma_w_tile(w_ptr, offs_n[None, :, None], n_mask[None, :, None], N_OUT, K, k_lo, k_hi, GATED, BLOCK_K)
     # Every activation access (x, residual, y, partials) is addressed by row, and the rows depend on the wait's
     # result: none of them can be scheduled before the wait.
-    # Trigger: the GEMV form at once (its dependents' W loads overlap this kernel; H100 B=1 step 9% faster), the
-    # tile form only after its K loop (with the early trigger the B=16 step was 4% slower:
-    # bench/results/nvidia-h100/decode_stages_base_lm_step_pdl.json).
+    # Trigger: the GEMV form at once (its dependents' W loads overlap this kernel; H100 B=1 steps 8-11% faster),
+    # the tile form only after its K loop. (The B=16 step stayed 4-4.5% slower with the attribute whether the tile
+    # form triggered early or late, so packages of more than pdl.MAX_ROWS rows launch without it.)
     token = grid_dependency_wait(PDL, not USE_DOT)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M) + token
     m_mask = offs_m < M
