@@ -272,20 +272,12 @@ def prepare_modules(spec: StageSpec, kernels: str = "inductor") -> tuple[torch.n
 
 
 def build_stage(
-    spec: StageSpec,
-    tmp: Path,
-    device: torch.device,
-    seed: int,
-    reporter: Reporter,
-    extra_inductor_options: dict | None = None,
-    formats: tuple[str, ...] = ("aoti",),
-    cache: PackageCache | None = None,
-    jobs: int = 1,
+    spec: StageSpec, tmp: Path, device: torch.device, seed: int, reporter: Reporter, **options: Any
 ) -> StageEntry:
-    """Build one stage into `tmp`; returns its manifest entry. `cache`: reuse packages compiled before; `jobs`:
-    compile the stage's packages on that many worker processes."""
-    pending = prepare_stage(spec, tmp, device, seed, reporter, extra_inductor_options, formats, cache, jobs)
-    _compile_all([pending.compile] if pending.compile is not None else [], jobs)
+    """Build one stage into `tmp`; returns its manifest entry. `options`: prepare_stage's keywords (`cache`: reuse
+    packages compiled before; `jobs`: compile the stage's packages on that many worker processes; ...)."""
+    pending = prepare_stage(spec, tmp, device, seed, reporter, **options)
+    _compile_all([pending.compile] if pending.compile is not None else [], options.get("jobs", 1))
     return pending.finish()
 
 
