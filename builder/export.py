@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .kernels import lower_for_cpu
+from .kernels.kernel_analysis import memoized_kernel_analysis
 from .kernels.pdl import METADATA_KEY as PDL_METADATA_KEY
 from .kernels.pdl import programmatic_launches
 
@@ -37,7 +38,7 @@ def export_program(
     module: nn.Module, args: tuple, device: torch.device, dynamic_shapes: list | None = None
 ) -> torch.export.ExportedProgram:
     """`dynamic_shapes`: positional, as builder/dynamic_shapes.py makes them (None: every size static)."""
-    with torch.no_grad():
+    with torch.no_grad(), memoized_kernel_analysis():
         ep = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
     if device.type == "cpu":
         # Inductor's C++ backend cannot lower user Triton kernels: every ttsaot op (the mutating KV-cache writers
@@ -103,7 +104,8 @@ def compile_bucket(
         options = inductor_options(model_name, metadata, device, extra_options)
         options["aot_inductor.output_path"] = work
         try:
-            with torch.no_grad(), programmatic_launches(device, metadata.get(PDL_METADATA_KEY) == "1"):
+            pdl = metadata.get(PDL_METADATA_KEY) == "1"
+            with torch.no_grad(), memoized_kernel_analysis(), programmatic_launches(device, pdl):
                 files = aot_compile(ep.module(), args, options=options)
         except Exception as e:  # noqa: BLE001
             raise CompileError(f"AOTInductor compile failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e
