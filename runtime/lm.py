@@ -31,6 +31,7 @@ import torch
 from .artifact import DTYPES, TensorSpec
 from .errors import InputDTypeError, InputRangeError, InputShapeError, InputValueError
 from .graphs import StaticGraph, new_pool
+from .host_copies import copy_to_device, to_device
 from .stage import Stage
 
 
@@ -234,10 +235,15 @@ class _LMStage(Stage):
         idle_control: int,
         out_sizes: dict[str, int],
     ) -> list[torch.Tensor]:
-        """Scatter the rows into bucket-shaped inputs, run (graph or direct) on the cache, gather the rows."""
+        """Scatter the rows into bucket-shaped inputs, run (graph or direct) on the cache, gather the rows.
+
+        When the rows are the whole bucket in order (a decode loop over a full batch) the inputs are copied in
+        and the outputs copied out whole, with no index tensor; the host-side control (and row) vectors reach
+        the device through pinned memory (host_copies.py), so nothing here waits for the GPU."""
         runner = self._runners[bucket.key]
         B = bucket.sizes["batch"]
-        rows_d = rows.to(self.device)
+        whole = rows.numel() == B and bool((rows == torch.arange(B)).all())
+        rows_d = None if whole else to_device(rows, self.device)
         ctl = torch.full((B,), idle_control, dtype=torch.int64)
         ctl[rows] = control
         with self._lock:
@@ -258,26 +264,31 @@ class _LMStage(Stage):
                     self._graphs[(bucket.key, id(cache))] = g
                 for i, x in zip(self._row_idx, row_inputs):
                     dst = g.inputs[i]
+                    if whole and x.shape == dst.shape:
+                        dst.copy_(x)
+                        continue
                     dst.zero_()
-                    dst[(rows_d, *(slice(0, s) for s in x.shape[1:]))] = x
-                g.inputs[self._control_idx].copy_(ctl, non_blocking=True)
+                    dst[(rows_d if rows_d is not None else slice(None), *(slice(0, s) for s in x.shape[1:]))] = x
+                copy_to_device(g.inputs[self._control_idx], ctl)
                 outs = g.replay()
             else:
                 full = [None] * len(self.entry.inputs)
                 for i, x in zip(self._row_idx, row_inputs):
                     buf = torch.zeros(runner.shapes[i], dtype=x.dtype, device=self.device)
-                    buf[(rows_d, *(slice(0, s) for s in x.shape[1:]))] = x
+                    buf[(rows_d if rows_d is not None else slice(None), *(slice(0, s) for s in x.shape[1:]))] = x
                     full[i] = buf
-                full[self._control_idx] = ctl.to(self.device)
+                full[self._control_idx] = to_device(ctl, self.device)
                 full[self._cache_idx[0]], full[self._cache_idx[1]] = cache.k, cache.v
                 outs = list(runner.call(full))
             result = []
             for spec, o in zip(self.entry.outputs, outs):
-                idx = [rows_d] + [
+                idx = [rows_d if rows_d is not None else slice(None)] + [
                     slice(0, out_sizes[s]) if isinstance(s, str) and s != "batch" else slice(None)
                     for s in spec.shape[1:]
                 ]
-                result.append(o[tuple(idx)])  # advanced indexing copies: safe from the next replay
+                # a copy either way (advanced indexing copies; a whole-batch view is cloned): safe from the next
+                # replay, which rewrites the graph's output buffers
+                result.append(o[tuple(idx)] if rows_d is not None else o[tuple(idx)].clone())
         return result
 
     def _resolve_rows(self, cache: KVCache, rows: Sequence[int] | None, n: int) -> torch.Tensor:

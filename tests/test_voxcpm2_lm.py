@@ -410,3 +410,31 @@ def test_static_buffer_path_equals_direct_path(voxcpm2_lm_tiny, bundle):
     assert prefill._cache_idx != step._cache_idx
     step.release(cache)
     assert not step._graphs
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["direct", "static_buffers"])
+def test_whole_batch_step_equals_the_row_indexed_step(voxcpm2_lm_tiny, static):
+    """A step of every row in order takes the runtime's whole-batch path (inputs copied in and outputs copied out
+    whole, no index tensor); the same rows named in another order take the indexed scatter/gather. Same results,
+    same caches, and the outputs are copies that the next step does not overwrite."""
+    b = load(voxcpm2_lm_tiny, stages=["base_lm_prefill", "base_lm_step"])
+    for st in b.values():
+        st.static_buffers = static
+    g = torch.Generator().manual_seed(7)
+    tok = torch.randint(0, TINY.lm.vocab_size, (2, 5), generator=g)
+    tm, fe = torch.ones(2, 5), torch.randn(2, 5, H, generator=g)
+    x = torch.randn(2, 2, H, generator=g)
+    whole, indexed = b["base_lm_step"].new_cache(2), b["base_lm_step"].new_cache(2)
+    for cache in (whole, indexed):
+        b["base_lm_prefill"].prefill(tok, tm, fe, 1 - tm, lengths=[5, 2], cache=cache)
+    first = b["base_lm_step"].step(x[0], cache=whole)
+    kept = [o.clone() for o in first]
+    second = b["base_lm_step"].step(x[1], cache=whole)
+    for i, expect in enumerate((first, second)):
+        got = b["base_lm_step"].step(x[i].flip(0), cache=indexed, rows=[1, 0])
+        for e, o in zip(expect, got):
+            assert torch.equal(e, o.flip(0))
+    for a, c in zip(first, kept):
+        assert torch.equal(a, c)  # the second step did not write into the first step's outputs
+    assert torch.equal(whole.positions, indexed.positions)
+    assert torch.equal(whole.k[:, :, :, :MAX_LEN], indexed.k[:, :, :, :MAX_LEN])

@@ -59,6 +59,7 @@ from typing import Any
 import torch
 
 from ttsaot.runtime.dtypes import SHORT_DTYPE_NAMES, dtype_name
+from ttsaot.runtime.host_copies import PendingHost
 
 from ..common import (
     REPO,
@@ -199,7 +200,7 @@ class TtsaotLoop:
         self.base_cache.positions.fill_(self.context)
         self.res_cache.positions.fill_(self.context)
         self.lm_h, self.res_h, self.cond = self.start
-        self.stop_logits = None
+        self.flags_pending = None  # the last base step's stop flags on their way to the host (PendingHost)
         self.flags = None
         self.gen = torch.Generator(device=self.device).manual_seed(self.seed if seed is None else seed)
 
@@ -229,9 +230,10 @@ class TtsaotLoop:
 
     def step(self) -> torch.Tensor:
         patch, embed = self.dec.patches(self.lm_h, self.res_h, self.cond, self.gen)
-        if self.stop_logits is not None:
-            self.flags = self.stop_logits.argmax(dim=-1).cpu()  # the one host sync of a step (as upstream)
-        _, self.lm_h, self.stop_logits = self.dec.base.step(embed, cache=self.base_cache, rows=self.rows)
+        if self.flags_pending is not None:
+            self.flags = self.flags_pending.wait()  # the one host sync of a step (as upstream, one step ahead)
+        _, self.lm_h, stop_logits = self.dec.base.step(embed, cache=self.base_cache, rows=self.rows)
+        self.flags_pending = PendingHost(stop_logits.argmax(dim=-1))
         self.res_h = self.dec.residual.step(self.lm_h, embed, cache=self.res_cache, rows=self.rows)
         self.cond = patch
         return patch

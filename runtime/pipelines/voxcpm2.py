@@ -10,8 +10,10 @@
 Per step and per active set of rows: one replay each of `base_lm_step`, `residual_lm_step`, `locdit` and
 `local_encoder` (the order of the reference loop: the patch is generated from the current hidden states,
 then the stop flag of that same hidden state is read, then the LMs advance on the patch's embedding). The
-only host sync is reading the stop flags (one [n] tensor per step). Noise for the flow-matching solve is drawn
-from a caller-supplied torch.Generator per request, so a request's audio does not depend on its batch.
+only host sync is reading the stop flags (one [n] tensor per step), copied out asynchronously a step ahead of
+their use (runtime/host_copies.py), so the host queues the next step while the GPU runs this one. Noise for
+the flow-matching solve is drawn from a caller-supplied torch.Generator per request, so a request's audio does
+not depend on its batch.
 
 The VAE decodes every `decode_every` steps (3 = 12 new latent frames) with `left_context_frames` of history
 from the `vae_decoder` metadata: when that covers the VAE's receptive field (`receptive_field_frames`), the
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import InputShapeError, InputValueError
+from ..host_copies import PendingHost
 
 STAGES = ("base_lm_step", "residual_lm_step", "locdit", "local_encoder", "vae_decoder")
 
@@ -185,7 +188,10 @@ class VoxCPM2Decoder:
 
     def _loop(self, state, cache_rows, lm_h, res_h, cond, base_cache, residual_cache, generators, gens, limit):
         active = list(state)  # indices into the request batch
-        stop_logits = None  # of the current lm_h (none yet for the prefill's last state)
+        # The stop flags of the current lm_h (none yet for the prefill's last state), on their way to the host:
+        # queued right after the base step, read a step later once this step's patch is queued behind them, so
+        # the host never waits for the GPU's current work and the GPU never idles for the host's next launches.
+        flags_pending: PendingHost | None = None
         for step in range(limit):
             g = [gens[i] for i in active] if gens is not None else generators
             patch, embed = self.patches(lm_h, res_h, cond, g)
@@ -194,8 +200,8 @@ class VoxCPM2Decoder:
                 state[i].steps += 1
             # the reference reads the stop flag of the hidden state that produced this patch
             stopped: list[int] = []
-            if stop_logits is not None and step > self.min_len:
-                flags = stop_logits.argmax(dim=-1).cpu()  # the one host sync of a step
+            if flags_pending is not None and step > self.min_len:
+                flags = flags_pending.wait()  # the one host sync of a step
                 stopped = [active[j] for j in range(len(active)) if int(flags[j]) == 1]
             if step == limit - 1:
                 stopped = list(active)
@@ -213,6 +219,7 @@ class VoxCPM2Decoder:
                 embed, patch = embed.index_select(0, sel), patch.index_select(0, sel)
             rows = [cache_rows[i] for i in active]
             _, lm_h, stop_logits = self.base.step(embed, cache=base_cache, rows=rows)
+            flags_pending = PendingHost(stop_logits.argmax(dim=-1))
             res_h = self.residual.step(lm_h, embed, cache=residual_cache, rows=rows)
             cond = patch
 
