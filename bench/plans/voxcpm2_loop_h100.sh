@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One device call (issue 14): the VoxCPM2 decode loop on the artifacts, every stage on its CUDA default (`--kernels
+# auto`: the kernel layer for the bf16 LM steps, locdit and local_encoder). The five loop stages build side by side
+# (`bench build`, full preset, the loop's buckets), then `python -m bench voxcpm-loop` reuses them: per-step time,
+# each stage alone, the streamed decoder, the VAE window, and the first step in a fresh process; then `bench profile`
+# of locdit. $OUT: the loop JSON, the locdit profile JSON and one tarball of the logs.
+#   BATCHES=1 bash bench/plans/voxcpm2_loop_h100.sh     (BUILD_S, LOOP_S override the time boxes)
+set -u
+cd "$(dirname "$0")/../.."
+export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/out}; LOGS=$OUT/logs; mkdir -p "$LOGS"; T0=$(date +%s)
+BATCHES=${BATCHES:-1}; BUILD_S=${BUILD_S:-330}; LOOP_S=${LOOP_S:-180}
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$LOGS/install.txt" 2>&1
+STAGES=(voxcpm2/base_lm_step voxcpm2/residual_lm_step voxcpm2/locdit voxcpm2/local_encoder voxcpm2/vae_decoder)
+timeout -s INT -k 10 "$BUILD_S" python3 -m bench build "${STAGES[@]}" --axis "batch=$BATCHES" --jobs 5 \
+  > "$LOGS/build.log" 2>&1
+echo "build rc $? at $(( $(date +%s) - T0 )) s"; grep "bench build" "$LOGS/build.log" | cut -c1-300
+timeout -s INT -k 10 "$LOOP_S" python3 -m bench voxcpm-loop --batches "$BATCHES" --phases build,ttsaot,first_step \
+  --budget $(( LOOP_S - 15 )) --coldstart-budget 60 --result "$OUT/voxcpm2__decode_loop.json" > "$LOGS/loop.log" 2>&1
+echo "loop rc $? at $(( $(date +%s) - T0 )) s"; grep "\[bench\]" "$LOGS/loop.log" | cut -c1-300
+LEFT=$(( 570 - ($(date +%s) - T0) ))
+if [ "$LEFT" -gt 40 ]; then
+  timeout -s INT -k 10 "$LEFT" python3 -m bench profile voxcpm2/locdit --axis batch=1 --out "$OUT" --calls 10 --reps 30 \
+    > "$LOGS/profile_locdit.log" 2>&1
+  echo "profile rc $? at $(( $(date +%s) - T0 )) s"; grep -E "^\[b|kernels=" "$LOGS/profile_locdit.log" | cut -c1-300
+  mv "$OUT"/*.txt "$LOGS"/ 2>/dev/null
+fi
+python3 - "$OUT/voxcpm2__decode_loop.json" <<'EOF'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except OSError as e:
+    sys.exit(f"no loop result: {e}")
+print(json.dumps({k: r.get(k) for k in ("ttsaot", "first_step")}, indent=1, default=str)[:5000])
+EOF
+tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
+echo "done at $(( $(date +%s) - T0 )) s"
