@@ -23,6 +23,7 @@ SCRIPT = textwrap.dedent(r"""
     import triton
     from triton.backends.compiler import GPUTarget
     from ttsaot.builder.kernels import decode_attention_triton as A, skinny_linear_triton as S
+    from ttsaot.builder.kernels import sequence_attention_triton as Q
 
     BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     OPS = ("LDG.E.128", "LDGSTS", "HMMA", "HGMMA", "LDL", "STL", "ATOM")
@@ -104,6 +105,14 @@ SCRIPT = textwrap.dedent(r"""
     results["attention/hd8_padded/splits4"] = build(
         A.decode_attention_kernel, da_types, dict(cx, HQ=4, HKV=2, HEAD_DIM=8, D_PAD=16, ROPE=1, QK_NORM=True,
                                                   NUM_SPLITS=4, BLOCK_S=16, MIN_CHUNK=16), 4, 2, da_aligned)
+    # sequence attention at the VoxCPM2 LocDiT / local encoder shapes (16 query heads over 2 kv heads, hd 128)
+    sq_types = dict(qkv_ptr="*bf16", cos_ptr="*fp32", sin_ptr="*fp32", o_ptr="*bf16", T="i32", row_stride="i32",
+                    scale_log2="fp32")
+    for name, rope in (("locdit", 1), ("norope", 0)):
+        results[f"sequence/{name}"] = build(
+            Q.sequence_attention_kernel, sq_types,
+            dict(HQ=16, HKV=2, HEAD_DIM=128, T_PAD=16, ROPE=rope, FP32_DOT=False, PDL=True), 4, 1,
+            {"qkv_ptr", "cos_ptr", "sin_ptr", "o_ptr", "row_stride"})
     # without PDL (pre-Hopper builds): no griddepcontrol at all
     results["nopdl/skinny/gemv"] = build(
         S.skinny_linear_kernel, sl_types,
@@ -132,6 +141,8 @@ def test_kernels_compile_for_sm90_with_the_intended_machine_code(sm90):
             assert r["LDG.E.128"] > 0, (key, r)  # W streamed with 16-byte loads
         elif key.startswith("skinny/dot"):
             assert r["HMMA"] + r["HGMMA"] > 0 and r["LDGSTS"] > 0, (key, r)  # tensor cores, cp.async pipeline
+        elif key.startswith("sequence/"):
+            assert r["HMMA"] > 0, (key, r)  # q·kᵀ and p·v on the tensor cores
         elif key.startswith("attention/"):
             assert r["HMMA"] > 0 and r["LDGSTS"] > 0, (key, r)
             if "splits1" not in key and "layer1" not in key:
@@ -156,5 +167,5 @@ def test_decode_kernels_wait_on_their_predecessor_after_loading_weights_only(sm9
         assert r["trigger_after_wait"] == key.startswith("skinny/dot"), (key, r)
         if key.startswith("skinny/gemv"):
             assert r["loads_before_wait"] > 0, (key, r)
-        elif key.startswith(("attention/", "skinny/split_k_epilogue")):
+        elif key.startswith(("attention/", "sequence/", "skinny/split_k_epilogue")):
             assert r["loads_before_wait"] == 0, (key, r)

@@ -1,9 +1,10 @@
-"""VoxCPM2's `locdit` and `local_encoder` on the kernel layer (`--kernels ttsaot`, `use_sequence_kernels`): every
-MiniCPMLayer's projections and SwiGLU run as skinny_linear (the attention stays SDPA), every other projection as a
-KernelLinear. The pass keeps the parameter names; the kernel modules, with the Triton kernels running (interpreter
-on CPU), equal the eager modules on odd sizes; the exported programs hold one skinny_linear node per projection and
-no aten linear; the tiny fp32 artifact built with kernels="ttsaot" (ops lowered to their aten references on CPU)
-matches the eager stage within its manifest tolerance at batches that are not a power of two."""
+"""VoxCPM2's `locdit` and `local_encoder` on the kernel layer (`--kernels ttsaot`, `use_sequence_kernels`; the
+default for bf16 on CUDA): every MiniCPMLayer's projections and SwiGLU run as skinny_linear, its RoPE + attention as
+one sequence_attention, every other projection as a KernelLinear. The pass keeps the parameter names; the kernel
+modules, with the Triton kernels running (interpreter on CPU), equal the eager modules on odd sizes; the exported
+programs hold one skinny_linear node per projection, one sequence_attention per layer and no aten linear or SDPA;
+the tiny fp32 artifact built with kernels="ttsaot" (ops lowered to their aten references on CPU) matches the eager
+stage within its manifest tolerance at batches that are not a power of two."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ttsaot.builder.families.voxcpm2 import config as vcfg
 from ttsaot.builder.families.voxcpm2 import stages as vst
 from ttsaot.builder.kernels import decode_modules
 from ttsaot.builder.kernels.decode_modules import KernelAttention, KernelLinear, KernelSwiGLU
+from ttsaot.builder.kernels.sequence_attention import launch_sequence_attention, sequence_attention, supported
 from ttsaot.builder.kernels.skinny_linear import launch_skinny_linear
 from ttsaot.builder.passes import cast_to_compute_dtype, fuse_projections
 from ttsaot.runtime import load
@@ -92,9 +94,11 @@ def test_stage_specs_install_the_pass_for_ttsaot_only(name):
     for kernels, want in (("ttsaot", "ttsaot"), ("inductor", "inductor"), ("auto", "inductor")):
         (spec,) = VOX.specs(_opts(kernels=kernels), [name])
         assert spec.kernel_passes == [va.use_sequence_kernels]
-        assert spec.cuda_auto_kernels == "inductor"  # opt-in until built and timed on a GPU
         assert spec.kernels_on(torch.device("cpu")) == want
-    assert spec.kernels_on(torch.device("cuda")) == "inductor"  # auto on CUDA
+    assert spec.kernels_on(torch.device("cuda")) == "inductor"  # auto, fp32: Inductor's GEMMs on CUDA
+    (spec,) = VOX.specs(_opts(kernels="auto", dtype=torch.bfloat16), [name])
+    assert spec.kernels_on(torch.device("cuda")) == "ttsaot"  # auto, bf16: the kernel layer on CUDA
+    assert spec.kernels_on(torch.device("cpu")) == "inductor"
 
 
 def _interpreted(calls: list):
@@ -117,24 +121,50 @@ def _interpreted(calls: list):
     return run
 
 
+def _interpreted_attention(calls: list):
+    """sequence_attention on the Triton kernel (the interpreter on CPU) wherever it supports the sizes."""
+
+    def run(qkv, cos, sin, n_heads, n_kv_heads, scale):
+        hd = qkv.shape[-1] // (n_heads + 2 * n_kv_heads)
+        if not supported(qkv.shape[1], hd):
+            return sequence_attention(qkv, cos, sin, n_heads, n_kv_heads, scale)
+        calls.append(qkv.shape[:2])
+        return launch_sequence_attention(qkv, cos, sin, n_heads, n_kv_heads, scale)
+
+    return run
+
+
+# ODD: odd widths (head_dim 12: sequence_attention's aten reference); TINY: head_dim 32, the attention kernel too
+@pytest.mark.parametrize("cfg", ["odd", "tiny"])
 @pytest.mark.parametrize("name", STAGES)
-def test_kernel_modules_on_the_triton_kernels_equal_eager(name, monkeypatch):
-    """fp32, odd sizes, B = 3 and 1: the module with every skinny_linear on the Triton kernels (GEMV form at ≤ 2
-    rows, tensor-core tile above) against the eager module; only the fp32 accumulation order differs."""
+def test_kernel_modules_on_the_triton_kernels_equal_eager(name, cfg, monkeypatch):
+    """fp32, B = 3 and 1: the module with every skinny_linear on the Triton kernels (GEMV form at ≤ 2 rows,
+    tensor-core tile above) and, at a power-of-2 head dim, every attention on sequence_attention's kernel, against
+    the eager module; only the fp32 accumulation order differs."""
     require_kernel_runtime()
-    orig, kern, _ = _pair(name, ODD)
+    config = ODD if cfg == "odd" else TINY
+    orig, kern, _ = _pair(name, config)
     calls: list[int] = []
+    attention: list = []
     monkeypatch.setattr(decode_modules, "skinny_linear", _interpreted(calls))
+    monkeypatch.setattr(decode_modules, "sequence_attention", _interpreted_attention(attention))
     dev = torch.device("cuda") if ON_GPU else torch.device("cpu")
     orig, kern = orig.to(dev), kern.to(dev)
     for B, seed in ((3, 0), (1, 1)):
-        xs = [x.to(dev) for x in _inputs(name, ODD, B, seed)]
+        xs = [x.to(dev) for x in _inputs(name, config, B, seed)]
         with torch.no_grad():
             want, got = orig(*xs), kern(*xs)
         assert rel_err(got, want) < 1e-5, (B, rel_err(got, want))
+    tokens = 2 + 1 + 2 * config.patch_size if name == "locdit" else config.patch_size + 1
     per_call = 2 * (4 * 2 + 7) + 2 if name == "locdit" else 4 * 2 + 2  # 2 layers; DiT: 2 estimator calls + mu
     assert len(calls) == 2 * per_call
-    assert min(calls) == 1 and max(calls) == (2 * 3 * 9 if name == "locdit" else 3 * 4)
+    assert min(calls) == 1 and max(calls) == (2 * 3 * tokens if name == "locdit" else 3 * tokens)
+    sequences = [2 * 3, 2 * 1] if name == "locdit" else [3, 1]  # CFG doubles the DiT batch
+    layer_calls = 2 * (2 if name == "locdit" else 1)  # layers × estimator calls per module call
+    if cfg == "odd":
+        assert not attention  # head_dim 12: the reference
+    else:
+        assert [tuple(a) for a in attention] == [(n, tokens) for n in sequences for _ in range(layer_calls)]
 
 
 @pytest.mark.parametrize("name", STAGES)
@@ -172,7 +202,9 @@ def test_exported_programs_hold_one_skinny_linear_per_projection(audio_kernels_b
         assert not any(t.startswith(("aten.linear", "aten.addmm", "aten.mm", "aten.matmul")) for t in targets)
         # SwiGLU's SiLU·mul is the gated epilogue; only the timestep MLPs' SiLU (between two projections) is aten
         assert sum(t.startswith("aten.silu") for t in targets) == (2 * calls if name == "locdit" else 0)
-        assert any("scaled_dot_product" in t for t in targets)  # the attention itself stays SDPA
+        attention_layers = calls * layers if name == "locdit" else TINY.encoder.num_hidden_layers
+        assert targets.count("ttsaot.sequence_attention.default") == attention_layers, (name, targets)
+        assert not any("scaled_dot_product" in t or "repeat_interleave" in t for t in targets)
     bundle = load(path)
     for name in STAGES:
         assert bundle[name].entry.kernels == "ttsaot"

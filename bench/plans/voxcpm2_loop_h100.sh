@@ -3,8 +3,10 @@
 # auto`: the kernel layer for the bf16 LM steps, locdit and local_encoder). The five loop stages build side by side
 # (`bench build`, full preset, the loop's buckets), then `python -m bench voxcpm-loop` reuses them: per-step time,
 # each stage alone, the streamed decoder, the VAE window, and the first step in a fresh process; then `bench profile`
-# of locdit. $OUT: the loop JSON, the locdit profile JSON and one tarball of the logs.
-#   BATCHES=1 bash bench/plans/voxcpm2_loop_h100.sh     (BUILD_S, LOOP_S override the time boxes)
+# of each of PROFILES (locdit local_encoder), then the GPU tests of TESTS (files) if set. $OUT: the loop JSON, the
+# profile JSONs and one tarball of the logs.
+#   BATCHES=1 TESTS="tests/test_kernels_sequence_attention.py" bash bench/plans/voxcpm2_loop_h100.sh
+#   (BUILD_S, LOOP_S override the time boxes)
 set -u
 cd "$(dirname "$0")/../.."
 export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
@@ -18,12 +20,17 @@ echo "build rc $? at $(( $(date +%s) - T0 )) s"; grep "bench build" "$LOGS/build
 timeout -s INT -k 10 "$LOOP_S" python3 -m bench voxcpm-loop --batches "$BATCHES" --phases build,ttsaot,first_step \
   --budget $(( LOOP_S - 15 )) --coldstart-budget 60 --result "$OUT/voxcpm2__decode_loop.json" > "$LOGS/loop.log" 2>&1
 echo "loop rc $? at $(( $(date +%s) - T0 )) s"; grep "\[bench\]" "$LOGS/loop.log" | cut -c1-300
-LEFT=$(( 570 - ($(date +%s) - T0) ))
-if [ "$LEFT" -gt 40 ]; then
-  timeout -s INT -k 10 "$LEFT" python3 -m bench profile voxcpm2/locdit --axis batch=1 --out "$OUT" --calls 10 --reps 30 \
-    > "$LOGS/profile_locdit.log" 2>&1
-  echo "profile rc $? at $(( $(date +%s) - T0 )) s"; grep -E "^\[b|kernels=" "$LOGS/profile_locdit.log" | cut -c1-300
-  mv "$OUT"/*.txt "$LOGS"/ 2>/dev/null
+for st in ${PROFILES:-locdit local_encoder}; do
+  LEFT=$(( 560 - ($(date +%s) - T0) )); [ "$LEFT" -gt 30 ] || { echo "profile $st skipped (time)"; continue; }
+  timeout -s INT -k 10 "$LEFT" python3 -m bench profile "voxcpm2/$st" --axis "batch=$BATCHES" --out "$OUT" \
+    --calls 10 --reps 30 > "$LOGS/profile_$st.log" 2>&1
+  echo "profile $st rc $? at $(( $(date +%s) - T0 )) s"; grep -E "^\[b|kernels=" "$LOGS/profile_$st.log" | cut -c1-300
+done
+mv "$OUT"/*.txt "$LOGS"/ 2>/dev/null
+LEFT=$(( 575 - ($(date +%s) - T0) ))
+if [ -n "${TESTS:-}" ] && [ "$LEFT" -gt 30 ]; then  # GPU tests of the given files (pytest -m gpu)
+  timeout -s INT -k 10 "$LEFT" python3 -m pytest -m gpu -n 4 -q -p no:cacheprovider $TESTS > "$LOGS/gpu_tests.log" 2>&1
+  echo "gpu tests rc $? at $(( $(date +%s) - T0 )) s"; tail -4 "$LOGS/gpu_tests.log" | cut -c1-300
 fi
 python3 - "$OUT/voxcpm2__decode_loop.json" <<'EOF'
 import json, sys

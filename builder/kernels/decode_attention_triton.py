@@ -45,7 +45,8 @@ def _norm_rope(
 ):
     """Heads `rows` ([R] head offsets in elements) of the fused qkv row → [R, len(offs_d)] in x's dtype: RMSNorm
     over the head (project rounding), then the rotation in fp32 with fp32 tables, cast back (as the eager `_rope`).
-    `offs_d` may run past HEAD_DIM (a tile padded for tl.dot): those lanes are zero."""
+    `offs_d` may run past HEAD_DIM (a tile padded for tl.dot): those lanes are zero. `pos`: one position for every
+    head (a decode step's token), or [R, 1] positions, one per row (a sequence's tokens, sequence_attention)."""
     dt = x_ptr.dtype.element_ty
     d_mask = offs_d < HEAD_DIM
     mask = row_mask[:, None] & d_mask[None, :]
@@ -71,7 +72,7 @@ def _norm_rope(
     if ROPE != 0:
         c = tl.load(cos_ptr + tab, mask=d_mask, other=0.0)
         s = tl.load(sin_ptr + tab, mask=d_mask, other=0.0)
-        x = (x.to(tl.float32) * c[None, :] + xp.to(tl.float32) * (sign * s)[None, :]).to(dt)
+        x = (x.to(tl.float32) * c + xp.to(tl.float32) * (sign * s)).to(dt)
     return x
 
 

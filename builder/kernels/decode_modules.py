@@ -9,11 +9,9 @@
 
 Short bidirectional sequences (VoxCPM2's LocDiT and local encoder, M = rows × tokens):
 
-- `KernelAttention.project_qkv(x, norm)` / `.attend(q, k, v, x, ...)`: skinny_linear (RMSNorm prologue) → the
-  family's RoPE → SDPA → skinny_linear (o_proj + residual epilogue). The attention itself stays SDPA:
-  decode_attention is one query per row over a runtime-owned cache that it writes in place, not a T × T
-  bidirectional attention over fresh k/v, and at T ≤ 11 tokens the attention is a few KiB next to the MiB of
-  weights the projections read (one fused SDPA kernel on CUDA);
+- `KernelAttention.sequence(x, norm, cos, sin)`: skinny_linear (RMSNorm prologue) → sequence_attention (NeoX
+  RoPE + the T × T bidirectional attention of every head in one launch; decode_attention is one query per row
+  over a runtime-owned cache it writes in place) → skinny_linear (o_proj + residual epilogue);
 - `KernelSwiGLU.decode_step` takes x [..., D] (skinny_linear flattens the leading dims into rows);
 - `KernelLinear`: any other projection (the stages' in/out projections, timestep MLPs).
 
@@ -32,10 +30,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..layers.attention import Attention, sdpa_gqa, split_heads
+from ..layers.attention import Attention
 from ..layers.mlp import SwiGLU
 from ..layers.norms import RMSNorm
 from .decode_attention import decode_attention
+from .sequence_attention import sequence_attention
 from .skinny_linear import skinny_linear
 
 
@@ -88,23 +87,22 @@ class KernelAttention(nn.Module):
         )
         return self.project_out(o, x, residual_scale)
 
-    def project_qkv(self, x: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Sequence form: x [B,T,D] → q [B,H,T,hd], k/v [B,Hkv,T,hd] from one skinny_linear over norm(x) (the
-        RMSNorm its prologue), q/k norm applied, no rope (Attention.project_qkv of norm(x))."""
-        return split_heads(self, skinny_linear(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps))
-
-    def attend(
+    def sequence(
         self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
         x: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        is_causal: bool = False,
+        norm: RMSNorm,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
         residual_scale: float = 1.0,
     ) -> torch.Tensor:
-        """Sequence form: x + residual_scale · o_proj(SDPA(q, k, v)) [B,T,D] (Attention.attend + the residual)."""
-        return self.project_out(sdpa_gqa(q, k, v, mask, is_causal, self.head_dim**-0.5), x, residual_scale)
+        """Sequence form, bidirectional: x [B,T,D] → x + residual_scale · o_proj(attention(rope(q), rope(k), v)) as
+        three ops: skinny_linear (RMSNorm prologue) → sequence_attention (NeoX RoPE at positions 0..T-1 with the
+        fp32 tables cos/sin [≥ T, hd], or None; GQA) → skinny_linear (o_proj + residual epilogue)."""
+        if self.q_norm is not None or self.rope_interleaved:
+            raise ValueError("KernelAttention.sequence: q/k norms and interleaved RoPE are not supported")
+        qkv = skinny_linear(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps)
+        o = sequence_attention(qkv, cos, sin, self.n_heads, self.n_kv_heads, self.head_dim**-0.5)
+        return self.project_out(o, x, residual_scale)
 
     def project_out(self, o: torch.Tensor, x: torch.Tensor, residual_scale: float) -> torch.Tensor:
         """x + residual_scale · o_proj(o): one skinny_linear with the residual epilogue."""

@@ -29,7 +29,12 @@ from collections.abc import Iterator
 import torch
 
 # Triton entry points (cubin function names) compiled with `grid_dependency_wait` on sm_90+.
-PDL_KERNELS = ("skinny_linear_kernel", "split_k_epilogue_kernel", "decode_attention_kernel")
+PDL_KERNELS = (
+    "skinny_linear_kernel",
+    "split_k_epilogue_kernel",
+    "decode_attention_kernel",
+    "sequence_attention_kernel",
+)
 ENV_SWITCH = "TTSAOT_PDL"
 METADATA_KEY = "ttsaot_pdl"  # "1" / "0" in each package's metadata: whether its launches carry the attribute
 # Packages of buckets up to this many rows get the attribute: the GEMV form (skinny_linear.GEMV_MAX_M), whose

@@ -48,10 +48,9 @@ class MiniCPMLayer(nn.Module):
         return x + h * self.residual_scale if self.residual_scale is not None else x + h
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.self_attn, KernelAttention):  # use_sequence_kernels: the same math in 4 ops + SDPA
+        if isinstance(self.self_attn, KernelAttention):  # use_sequence_kernels: the same math in 5 ops
             scale = 1.0 if self.residual_scale is None else self.residual_scale
-            q, k, v = self.self_attn.project_qkv(x, self.input_layernorm)
-            x = self.self_attn.attend(_rope(q, cos, sin), _rope(k, cos, sin), v, x, residual_scale=scale)
+            x = self.self_attn.sequence(x, self.input_layernorm, cos, sin, scale)
             return self.mlp.decode_step(x, self.post_attention_layernorm, scale)
         q, k, v = self.self_attn.project_qkv(self.input_layernorm(x))
         x = self._res(x, self.self_attn.attend(_rope(q, cos, sin), _rope(k, cos, sin), v, None))
@@ -239,7 +238,8 @@ class LocDiTStage(nn.Module):
 def use_sequence_kernels(module: nn.Module) -> dict:
     """Kernel pass of `locdit` and `local_encoder` (StageSpec.kernel_passes): every MiniCPMLayer's attention and MLP
     become the kernel layer's sequence-form blocks and every other nn.Linear a KernelLinear, all holding the same
-    weights (builder/kernels/decode_modules.py). The T × T bidirectional attention stays SDPA (why: there).
+    weights (builder/kernels/decode_modules.py); the T × T bidirectional attention with its RoPE is one
+    sequence_attention op per layer.
     Needs the fused projections (`passes.fuse_projections`, which both stages run first)."""
     layers = linears = 0
     for sub in list(module.modules()):
@@ -257,6 +257,6 @@ def use_sequence_kernels(module: nn.Module) -> dict:
         "pass": "use_sequence_kernels",
         "layers": layers,
         "linears": linears,
-        "ops": ["ttsaot::skinny_linear"],
-        "attention": "sdpa",
+        "ops": ["ttsaot::skinny_linear", "ttsaot::sequence_attention"],
+        "attention": "sequence_attention",
     }
