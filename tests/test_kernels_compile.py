@@ -66,7 +66,7 @@ SCRIPT = textwrap.dedent(r"""
     # (GEMM_CONFIGS[1], BLOCK_N 32, with the gated epilogue's two accumulators spills one register under Triton 3.7;
     # it is still the fastest gate_up config on the H100 with Triton 3.6, kernel_configs.json)
     for form, block_m, c, fname, split in cases:
-        cx = dict(flags[fname], SPLIT_K=split, USE_DOT=form != "gemv", FP32_DOT=False, PDL=True, EARLY_W=True,
+        cx = dict(flags[fname], SPLIT_K=split, USE_DOT=form != "gemv", FP32_DOT=False, PDL=True,
                   BLOCK_M=block_m, **c.kwargs)
         key = f"skinny/{form}/{fname}/m{block_m}/split{split}/bn{c.kwargs['BLOCK_N']}bk{c.kwargs['BLOCK_K']}"
         results[key] = build(S.skinny_linear_kernel, sl_types, cx, c.num_warps, c.num_stages, sl_aligned)
@@ -94,7 +94,7 @@ SCRIPT = textwrap.dedent(r"""
         dict(cx, HQ=16, HKV=2, ROPE=1, QK_NORM=True, NUM_SPLITS=16), 4, 2, da_aligned)
     results["skinny/gemv/norm_gated/fp64_scalars"] = build(
         S.skinny_linear_kernel, dict(sl_types, eps="fp64", scale="fp64"),
-        dict(flags["norm_gated"], SPLIT_K=1, USE_DOT=False, FP32_DOT=False, PDL=True, EARLY_W=True, BLOCK_M=1,
+        dict(flags["norm_gated"], SPLIT_K=1, USE_DOT=False, FP32_DOT=False, PDL=True, BLOCK_M=1,
              **S.GEMV_CONFIGS[1].kwargs),
         S.GEMV_CONFIGS[1].num_warps, S.GEMV_CONFIGS[1].num_stages, sl_aligned)
     # Triton specialises an int argument equal to 1 into a constexpr: layer 1 of every LM compiles this variant
@@ -114,13 +114,9 @@ SCRIPT = textwrap.dedent(r"""
             dict(HQ=16, HKV=2, HEAD_DIM=128, T_PAD=16, ROPE=rope, FP32_DOT=False, PDL=True), 4, 1,
             {"qkv_ptr", "cos_ptr", "sin_ptr", "o_ptr", "row_stride"})
     # without PDL (pre-Hopper builds): no griddepcontrol at all
-    results["nopdl/skinny/dot"] = build(
-        S.skinny_linear_kernel, sl_types,
-        dict(flags["plain"], SPLIT_K=1, USE_DOT=True, FP32_DOT=False, PDL=False, EARLY_W=False, BLOCK_M=16,
-             **S.GEMM_CONFIGS[1].kwargs), 4, 4, sl_aligned)
     results["nopdl/skinny/gemv"] = build(
         S.skinny_linear_kernel, sl_types,
-        dict(flags["plain"], SPLIT_K=1, USE_DOT=False, FP32_DOT=False, PDL=False, EARLY_W=False, BLOCK_M=1,
+        dict(flags["plain"], SPLIT_K=1, USE_DOT=False, FP32_DOT=False, PDL=False, BLOCK_M=1,
              **S.GEMV_CONFIGS[0].kwargs), 8, 1, sl_aligned)
     print(json.dumps(results))
 """)
@@ -158,17 +154,18 @@ def test_kernels_compile_for_sm90_with_the_intended_machine_code(sm90):
 @pytest.mark.skipif(ON_GPU, reason="the GPU tests compile and run the kernels for real")
 def test_decode_kernels_wait_on_their_predecessor_after_loading_weights_only(sm90):
     """Programmatic dependent launch (builder/kernels/pdl.py): every kernel PDL_KERNELS names has the trigger and
-    the wait in its PTX (a kernel launched with the attribute that never waits would race its predecessor); both
-    skinny_linear forms issue their first W tile's loads BEFORE the wait (the overlap PDL is for; the gated tile form
-    excepted, for its registers), every kernel lets its dependent launch at once, and the kernels that read only
-    activations first (attention, split-K epilogue) load nothing before it."""
+    the wait in its PTX (a kernel launched with the attribute that never waits would race its predecessor); the
+    GEMV form issues its first W tile's loads BEFORE the wait (the overlap PDL is for) and lets its dependent launch
+    at once, the tile form only after its K loop (measured slower otherwise at B=16), while the kernels that
+    read only activations first (attention, split-K epilogue) load nothing before it."""
     for key, r in sm90.items():
         if key.startswith("nopdl/"):
             assert r["pdl_wait"] == 0 and r["pdl_trigger"] == 0, (key, r)
             continue
         assert r["pdl_wait"] >= 1 and r["pdl_trigger"] >= 1, (key, r)
-        assert not r["trigger_after_wait"], (key, r)  # every kernel lets its dependent launch at once
-        if key.startswith("skinny/gemv") or (key.startswith("skinny/dot") and "gated" not in key):
-            assert r["loads_before_wait"] > 0, (key, r)  # the first W tile (not the gated tile's: registers)
+        # the GEMV form triggers its dependent at once, the tile form only after its K loop
+        assert r["trigger_after_wait"] == key.startswith("skinny/dot"), (key, r)
+        if key.startswith("skinny/gemv"):
+            assert r["loads_before_wait"] > 0, (key, r)
         elif key.startswith(("attention/", "sequence/", "skinny/split_k_epilogue")):
             assert r["loads_before_wait"] == 0, (key, r)

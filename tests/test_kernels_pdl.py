@@ -70,8 +70,8 @@ def test_kernels_wait_only_on_hopper_or_newer():
 
 
 def test_kernels_wait_only_in_packages_launched_with_the_attribute(monkeypatch):
-    """Inside a package compile the kernels compile their wait (and the tile form its early W tile) exactly when
-    that package's launches carry the attribute; eager launches on sm_90+ always wait."""
+    """Inside a package compile the kernels compile their wait exactly when that package's launches carry the
+    attribute; eager launches on sm_90+ always wait."""
     monkeypatch.delenv(pdl.ENV_SWITCH, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))

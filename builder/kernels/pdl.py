@@ -122,8 +122,8 @@ _package_launches: bool | None = None
 
 def kernels_wait(device: torch.device) -> bool:
     """The kernels' `PDL` constexpr: griddepcontrol exists on sm_90+ only, and inside a package compile only when its
-    launches carry the attribute (a package without it gets the kernels as they were before PDL: no wait, and the
-    tile form's W loads in its pipelined loop). Eager launches (tests, the kernel bench) wait on sm_90+."""
+    launches carry the attribute (a package without it gets the kernels as they were before PDL, with no wait).
+    Eager launches (tests, the kernel bench) wait on sm_90+."""
     sm90 = device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 9
     return sm90 and _package_launches is not False
 

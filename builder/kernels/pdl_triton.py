@@ -37,3 +37,14 @@ def grid_dependency_wait(PDL: tl.constexpr, TRIGGER: tl.constexpr):
     else:
         token = 0
     return token
+
+
+@triton.jit
+def grid_dependency_trigger(PDL: tl.constexpr):
+    """0 (int32): the late trigger of a kernel that waited without one (the dependent grid launches once every
+    program has passed here). The result must be used (added to the output rows) or the pure asm is dropped."""
+    if PDL:
+        token = _asm_zero("griddepcontrol.launch_dependents; mov.u32 $0, 0;")
+    else:
+        token = 0
+    return token

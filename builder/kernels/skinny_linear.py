@@ -201,7 +201,6 @@ def launch_skinny_linear(
         FP32_DOT=x.dtype == torch.float32 or x.device.type != "cuda",
         PDL=kernels_wait(x.device),
     )  # off-GPU = the interpreter
-    meta["EARLY_W"] = meta["PDL"]  # the tile form's first W tile before the wait: only where there is a wait
 
     def grid(meta):
         return (cdiv(m, meta["BLOCK_M"]), cdiv(n_out, meta["BLOCK_N"]), split_k)
@@ -210,7 +209,7 @@ def launch_skinny_linear(
         kernel = kernels.skinny_gemm_autotuned if use_dot else kernels.skinny_gemv_autotuned
         wrap(kernel)[grid](*args, **meta)
     else:
-        wrap(kernels.skinny_linear_kernel)[grid](*args, **{**meta, **config})  # config may set EARLY_W (tests)
+        wrap(kernels.skinny_linear_kernel)[grid](*args, **meta, **config)
     if split_k > 1:
         # The norm was applied in the first pass: the epilogue kernel takes the epilogue flags only.
         epilogue = {k: v for k, v in flags.items() if k != "HAS_NORM"}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .pdl_triton import grid_dependency_wait
+from .pdl_triton import grid_dependency_trigger, grid_dependency_wait
 
 
 @triton.jit
@@ -69,42 +69,11 @@ def _epilogue(
 
 
 @triton.jit
-def _dot_w_tile(w_ptr, w_rows, n_mask, k0, k_hi, BLOCK_K: tl.constexpr):
-    """The [BLOCK_N, BLOCK_K] W tile at k0 of the rows starting at `w_rows` (elements); all-masked past k_hi."""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    mask = n_mask[:, None] & (offs_k < k_hi)[None, :]
-    return tl.load(w_ptr + w_rows[:, None] + offs_k[None, :], mask=mask, other=0.0)
-
-
-@triton.jit
-def _dot_x_tile(x_ptr, g_ptr, rstd, offs_m, m_mask, K, k0, k_hi, HAS_NORM: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The [BLOCK_M, BLOCK_K] x tile at k0, normalised (and × the norm weight) when HAS_NORM."""
-    dt = x_ptr.dtype.element_ty
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    k_mask = offs_k < k_hi
-    x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-    if HAS_NORM:
-        gw = tl.load(g_ptr + offs_k, mask=k_mask, other=0.0)
-        x = (x.to(tl.float32) * rstd[:, None]).to(dt)  # normalised, cast back
-        x = (gw.to(tl.float32)[None, :] * x.to(tl.float32)).to(dt)  # × weight in x's dtype
-    return x
-
-
-@triton.jit
-def _mma(x, w, acc, FP32_DOT: tl.constexpr):
-    """acc + x · wᵀ on the tensor cores (exact fp32 "ieee" products with FP32_DOT)."""
-    if FP32_DOT:
-        return tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-    return tl.dot(x, tl.trans(w), acc)
-
-
-@triton.jit
 def _dot_loop(
     x_ptr,
     w_ptr,
     g_ptr,
     rstd,
-    w0,
     offs_m,
     offs_n,
     m_mask,
@@ -116,27 +85,36 @@ def _dot_loop(
     HAS_NORM: tl.constexpr,
     GATED: tl.constexpr,
     FP32_DOT: tl.constexpr,
-    W0_LOADED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """Tensor-core form: [BLOCK_M, BLOCK_K] x tile · [BLOCK_N, BLOCK_K]ᵀ W tile per step (cp.async-pipelined).
-    W0_LOADED (never GATED): `w0` holds the first K block's W tile, loaded by the caller before the grid-dependency
-    wait, and the loop streams the rest; otherwise the loop streams them all."""
+    """Tensor-core form: [BLOCK_M, BLOCK_K] x tile · [BLOCK_N, BLOCK_K]ᵀ W tile per step (cp.async-pipelined)."""
+    dt = x_ptr.dtype.element_ty
     w_rows = offs_n.to(tl.int64) * K
     w_rows_up = (offs_n + N_OUT).to(tl.int64) * K
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    k_first = k_lo
-    if W0_LOADED:
-        acc = _mma(_dot_x_tile(x_ptr, g_ptr, rstd, offs_m, m_mask, K, k_lo, k_hi, HAS_NORM, BLOCK_K), w0, acc, FP32_DOT)
-        k_first = k_lo + BLOCK_K
-    for k0 in range(k_first, k_hi, BLOCK_K):
-        x = _dot_x_tile(x_ptr, g_ptr, rstd, offs_m, m_mask, K, k0, k_hi, HAS_NORM, BLOCK_K)
-        acc = _mma(x, _dot_w_tile(w_ptr, w_rows, n_mask, k0, k_hi, BLOCK_K), acc, FP32_DOT)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < k_hi
+        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        if HAS_NORM:
+            gw = tl.load(g_ptr + offs_k, mask=k_mask, other=0.0)
+            x = (x.to(tl.float32) * rstd[:, None]).to(dt)  # normalised, cast back
+            x = (gw.to(tl.float32)[None, :] * x.to(tl.float32)).to(dt)  # × weight in x's dtype
+        w_mask = n_mask[:, None] & k_mask[None, :]
+        w = tl.load(w_ptr + w_rows[:, None] + offs_k[None, :], mask=w_mask, other=0.0)
+        if FP32_DOT:
+            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
         if GATED:
-            acc_up = _mma(x, _dot_w_tile(w_ptr, w_rows_up, n_mask, k0, k_hi, BLOCK_K), acc_up, FP32_DOT)
+            wu = tl.load(w_ptr + w_rows_up[:, None] + offs_k[None, :], mask=w_mask, other=0.0)
+            if FP32_DOT:
+                acc_up = tl.dot(x.to(tl.float32), tl.trans(wu.to(tl.float32)), acc_up, input_precision="ieee")
+            else:
+                acc_up = tl.dot(x, tl.trans(wu), acc_up)
     return acc, acc_up
 
 
@@ -227,7 +205,6 @@ def skinny_linear_kernel(
     USE_DOT: tl.constexpr,
     FP32_DOT: tl.constexpr,
     PDL: tl.constexpr,
-    EARLY_W: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -238,10 +215,9 @@ def skinny_linear_kernel(
     FP32_DOT: `tl.dot` in exact fp32 ("ieee", not TF32), on fp32 copies of 16-bit operands if need be (the same
     products, exact in fp32): fp32 weights, and Triton's CPU interpreter, which multiplies bf16 operands as raw
     integers. With SPLIT_K > 1 the fp32 partial sums go to part_ptr
-    [SPLIT_K, M, N] and `split_k_epilogue_kernel` adds them in a fixed order (deterministic). PDL (pdl.py): both
-    forms load their first W tile, then let the dependent grid launch and wait for the previous kernel; x and the
-    residual are read, and the outputs written, only after the wait. EARLY_W (the launcher sets it with PDL): the
-    tile form loads its first W tile before the wait too (the GEMV form always does: its register double buffer)."""
+    [SPLIT_K, M, N] and `split_k_epilogue_kernel` adds them in a fixed order (deterministic). PDL (pdl.py): the
+    GEMV form loads its first W tile, then waits for the previous kernel; x and the residual are read, and the
+    outputs written, only after the wait."""
     # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
     # _use_fp64_for_unbacked_floats), which turned the loop-carried state fp64 (H100 AOTI build failed).
     eps = tl.cast(eps, tl.float32)
@@ -253,21 +229,17 @@ def skinny_linear_kernel(
     n_mask = offs_n < N_OUT
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
-    # The first K block's W tile(s): weights only, safe before the wait. The tile form only with EARLY_W and not
-    # gated: two early tiles left the gated 64-row tile no registers (spills in sm_90 SASS).
-    if USE_DOT:
-        w0 = 0.0
-        if EARLY_W and not GATED:
-            w0 = _dot_w_tile(w_ptr, offs_n.to(tl.int64) * K, n_mask, k_lo, k_hi, BLOCK_K)
-    else:
+    if not USE_DOT:  # weights only: safe before the wait
         w0, wu0 = _fma_w_tile(w_ptr, offs_n[None, :, None], n_mask[None, :, None], N_OUT, K, k_lo, k_hi, GATED, BLOCK_K)
     # Every activation access (x, residual, y, partials) is addressed by row, and the rows depend on the wait's
     # result: none of them can be scheduled before the wait.
-    # Trigger at once: the dependent grid's programs load their own first W tiles while this kernel runs (H100 B=1
-    # steps, GEMV form: 8-11% faster). (Before the tile form loaded its first tile early, the B=16 step was 4-4.5%
-    # slower with the attribute whether it triggered early or late, so packages of more than pdl.MAX_ROWS rows
-    # launch without it.)
-    token = grid_dependency_wait(PDL, True)
+    # Trigger: the GEMV form at once (its dependents' W loads overlap this kernel; H100 B=1 steps 8-11% faster),
+    # the tile form only after its K loop. (The B=16 step stayed 4-4.5% slower with the attribute whether the tile
+    # form triggered early or late, so packages of more than pdl.MAX_ROWS rows launch without it. A tile form that
+    # loaded its first W tile before the wait and triggered at once was slower still on the 1-row VoxCPM2 audio
+    # packages, H100: locdit 5.49 vs 5.20 ms, local_encoder 0.572 vs 0.485 ms; bench/results/nvidia-h100/probes/
+    # tile_form_early_w/.)
+    token = grid_dependency_wait(PDL, not USE_DOT)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M) + token
     m_mask = offs_m < M
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -279,7 +251,6 @@ def skinny_linear_kernel(
             w_ptr,
             g_ptr,
             rstd,
-            w0,
             offs_m,
             offs_n,
             m_mask,
@@ -291,7 +262,6 @@ def skinny_linear_kernel(
             HAS_NORM,
             GATED,
             FP32_DOT,
-            EARLY_W and not GATED,
             BLOCK_M,
             BLOCK_N,
             BLOCK_K,
@@ -317,6 +287,8 @@ def skinny_linear_kernel(
             BLOCK_N,
             BLOCK_K,
         )
+    if USE_DOT:
+        offs_m += grid_dependency_trigger(PDL)
     if SPLIT_K == 1:
         _epilogue(
             acc,
