@@ -20,7 +20,7 @@ echo "build rc $? at $(( $(date +%s) - T0 )) s"; grep "bench build" "$LOGS/build
 timeout -s INT -k 10 "$LOOP_S" python3 -m bench voxcpm-loop --batches "$BATCHES" --phases build,ttsaot,first_step \
   --budget $(( LOOP_S - 15 )) --coldstart-budget 60 --result "$OUT/voxcpm2__decode_loop.json" > "$LOGS/loop.log" 2>&1
 echo "loop rc $? at $(( $(date +%s) - T0 )) s"; grep "\[bench\]" "$LOGS/loop.log" | cut -c1-300
-for st in ${PROFILES:-locdit local_encoder}; do
+for st in ${PROFILES-locdit local_encoder}; do
   LEFT=$(( 560 - ($(date +%s) - T0) )); [ "$LEFT" -gt 30 ] || { echo "profile $st skipped (time)"; continue; }
   timeout -s INT -k 10 "$LEFT" python3 -m bench profile "voxcpm2/$st" --axis "batch=$BATCHES" --out "$OUT" \
     --calls 10 --reps 30 > "$LOGS/profile_$st.log" 2>&1
