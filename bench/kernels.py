@@ -23,6 +23,8 @@ after the time budget are recorded as skipped):
 - `predictors`: the re-prefill predictors' shapes (Fish fast_ar, Qwen code_predictor, VoxCPM2 locdit) at their M.
 - `sweep`: split-K × GEMV/tensor-core form for the VoxCPM2 shapes, split count × BLOCK_S for attention: what
   phase 2 tunes the plans from.
+- `sweep_predictors`: split-K 1/2/4 of the tensor-core form at the predictors' own shapes and rows (VoxCPM2 locdit:
+  each epilogue launch against the SMs a split fills; not run by default).
 - `configs`: explicit launch configs (block sizes, warps, stages) × split-K × form for the VoxCPM2 decode shapes at
   M = 1, 16 and 4, each timed like `skinny` (one weight rotation and one same-bytes copy per shape): what the
   autotune lists and the split-K plan are chosen from (not run by default; `--sections configs`).
@@ -50,8 +52,8 @@ from . import RESULTS_SCHEMA
 from .common import device_info, git_commit, graph_replay_ms, now_iso, rel_err, short_error, time_fn
 
 TARGET_RATIO = 0.85
-SECTIONS = ("copy", "skinny", "attention", "aoti", "layer", "predictors", "sweep", "configs")
-DEFAULT_SECTIONS = SECTIONS[:-1]  # `configs` (minutes of compiles) only when asked for
+SECTIONS = ("copy", "skinny", "attention", "aoti", "layer", "predictors", "sweep", "sweep_predictors", "configs")
+DEFAULT_SECTIONS = SECTIONS[:-2]  # `sweep_predictors` and `configs` (minutes of compiles) only when asked for
 _WARMUP = {True: 3, False: 0}  # warm-up calls before eager timings: on the GPU, none in a CPU smoke run
 ROTATE_L2_MULTIPLE = 4  # weights rotated over at least this many times the L2 size
 MIN_GRAPH_CALLS = 16
@@ -73,8 +75,11 @@ PREDICTOR_SHAPES: dict[str, tuple[int, int, dict, tuple[int, ...]]] = {
     "fish_fast_ar_down": (2560, 9728, {"residual": True}, (11, 44, 176)),
     "qwen_code_predictor_qkv": (4096, 1024, {"norm": True}, (16, 64)),
     "qwen_code_predictor_down": (1024, 3072, {"residual": True}, (16, 64)),
-    "voxcpm2_locdit_qkv": (3072, 1024, {"norm": True}, (20, 80)),
-    "voxcpm2_locdit_gate_up": (8192, 1024, {"norm": True, "gated": True}, (20, 80)),
+    # LocDiT: 16 q + 2·2 kv heads of 128, hidden 1024, FFN 4096; 11 tokens × 2 (CFG) rows per request
+    "voxcpm2_locdit_qkv": (2560, 1024, {"norm": True}, (22, 88)),
+    "voxcpm2_locdit_o": (1024, 2048, {"residual": True}, (22, 88)),
+    "voxcpm2_locdit_gate_up": (4096, 1024, {"norm": True, "gated": True}, (22, 88)),
+    "voxcpm2_locdit_down": (1024, 4096, {"residual": True}, (22, 88)),
 }
 # VoxCPM2's base/residual LM attention (16 q heads, 2 kv heads, hd 128) over a cache of max_len 4096 (+ scratch).
 ATTENTION = {"hq": 16, "hkv": 2, "hd": 128, "cache_positions": 4097, "contexts": (512, 2048)}
@@ -745,6 +750,22 @@ def run_kernels(
 
     guarded("sweep", sweep_section)
 
+    def sweep_predictors_section() -> dict:
+        """split-K 1/2/4 of the tensor-core form at the predictors' own row counts: what plan_split_k chooses
+        between there (each split costs an epilogue launch)."""
+        items = [
+            (
+                f"skinny/{name}/M={M}/dot/split_k={split}",
+                dict(M=M, N=N, K=K, spec=spec, with_torch=False, launch_kw={"split_k": split, "use_dot": True}),
+            )
+            for name, (N, K, spec, ms) in PREDICTOR_SHAPES.items()
+            for M in ms
+            for split in (1, 2, 4)
+        ]
+        return cases(bench_skinny_case, items)
+
+    guarded("sweep_predictors", sweep_predictors_section)
+
     def configs_section() -> dict:
         items = [
             (f"{name}/M={M}/{form}", dict(M=M, N=N, K=K, spec=spec, form=form, time_left=budget.left))
@@ -809,7 +830,7 @@ def summary(res: dict) -> str:
         )
     elif a:
         lines.append(f"aoti {a.get('error') or a.get('skipped')}")
-    sw = sec.get("sweep", {})
+    sw = {**sec.get("sweep", {}), **sec.get("sweep_predictors", {})}
     if sw and "error" not in sw and "skipped" not in sw:
         best: dict[str, tuple[float, str]] = {}
         for key, c in sw.items():

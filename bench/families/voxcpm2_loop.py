@@ -92,6 +92,8 @@ def loop_targets(device_name: str) -> dict[str, Any]:
     """The targets stated for this GPU (the H200's when the name matches neither)."""
     stated = next((k for k in TARGET_STEP_MS_B1 if k in device_name), "NVIDIA H200")
     return {"step_ms_b1": TARGET_STEP_MS_B1[stated], "first_step_s": TARGET_FIRST_STEP_S, "stated_for": stated}
+
+
 NEVER_STOP = 10**9  # min_len that keeps the stop head from ending a timed loop
 
 
