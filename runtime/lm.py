@@ -243,7 +243,7 @@ class _LMStage(Stage):
         runner = self._runners[bucket.key]
         B = bucket.sizes["batch"]
         whole = rows.numel() == B and bool((rows == torch.arange(B)).all())
-        rows_d = None if whole else to_device(rows, self.device)
+        row_index = slice(None) if whole else to_device(rows, self.device)
         ctl = torch.full((B,), idle_control, dtype=torch.int64)
         ctl[rows] = control
         with self._lock:
@@ -268,27 +268,27 @@ class _LMStage(Stage):
                         dst.copy_(x)
                         continue
                     dst.zero_()
-                    dst[(rows_d if rows_d is not None else slice(None), *(slice(0, s) for s in x.shape[1:]))] = x
+                    dst[(row_index, *(slice(0, s) for s in x.shape[1:]))] = x
                 copy_to_device(g.inputs[self._control_idx], ctl)
                 outs = g.replay()
             else:
                 full = [None] * len(self.entry.inputs)
                 for i, x in zip(self._row_idx, row_inputs):
                     buf = torch.zeros(runner.shapes[i], dtype=x.dtype, device=self.device)
-                    buf[(rows_d if rows_d is not None else slice(None), *(slice(0, s) for s in x.shape[1:]))] = x
+                    buf[(row_index, *(slice(0, s) for s in x.shape[1:]))] = x
                     full[i] = buf
                 full[self._control_idx] = to_device(ctl, self.device)
                 full[self._cache_idx[0]], full[self._cache_idx[1]] = cache.k, cache.v
                 outs = list(runner.call(full))
             result = []
             for spec, o in zip(self.entry.outputs, outs):
-                idx = [rows_d if rows_d is not None else slice(None)] + [
+                idx = [row_index] + [
                     slice(0, out_sizes[s]) if isinstance(s, str) and s != "batch" else slice(None)
                     for s in spec.shape[1:]
                 ]
                 # a copy either way (advanced indexing copies; a whole-batch view is cloned): safe from the next
                 # replay, which rewrites the graph's output buffers
-                result.append(o[tuple(idx)] if rows_d is not None else o[tuple(idx)].clone())
+                result.append(o[tuple(idx)].clone() if whole else o[tuple(idx)])
         return result
 
     def _resolve_rows(self, cache: KVCache, rows: Sequence[int] | None, n: int) -> torch.Tensor:

@@ -380,16 +380,28 @@ def test_lm_calls_run_under_the_stage_fp32_mode(voxcpm2_lm_tiny, static):
     assert len(seen) == 2 and not any(seen)
 
 
+def _step_bundle(path, static: bool) -> dict:
+    """base_lm_prefill + base_lm_step, with the CUDA-graph path's static buffers (run on CPU without capture) or
+    the direct path."""
+    b = load(path, stages=["base_lm_prefill", "base_lm_step"])
+    for st in b.values():
+        st.static_buffers = static
+    return b
+
+
+def _prompt_and_steps(seed: int, tokens: int, steps: int) -> tuple[torch.Tensor, ...]:
+    """Two prompts (tokens, text mask, feature embeddings) and `steps` step inputs [steps, 2, H]."""
+    g = torch.Generator().manual_seed(seed)
+    tok = torch.randint(0, TINY.lm.vocab_size, (2, tokens), generator=g)
+    tm, fe = torch.ones(2, tokens), torch.randn(2, tokens, H, generator=g)
+    return tok, tm, fe, torch.randn(steps, 2, H, generator=g)
+
+
 def test_static_buffer_path_equals_direct_path(voxcpm2_lm_tiny, bundle):
     """The CUDA-graph path's machinery (per-(bucket, cache) static inputs whose cache slots ARE the cache
     tensors, scatter of rows, idle rows at the scratch slot) run on CPU without capture."""
-    direct, static = bundle, load(voxcpm2_lm_tiny, stages=["base_lm_prefill", "base_lm_step"])
-    for st in static.values():
-        st.static_buffers = True
-    g = torch.Generator().manual_seed(4)
-    tok = torch.randint(0, TINY.lm.vocab_size, (2, 6), generator=g)
-    tm, fe = torch.ones(2, 6), torch.randn(2, 6, H, generator=g)
-    x = torch.randn(3, 2, H, generator=g)
+    direct, static = bundle, _step_bundle(voxcpm2_lm_tiny, static=True)
+    tok, tm, fe, x = _prompt_and_steps(seed=4, tokens=6, steps=3)
     outs = []
     for b in (direct, static):
         cache = b["base_lm_step"].new_cache(2)
@@ -417,13 +429,8 @@ def test_whole_batch_step_equals_the_row_indexed_step(voxcpm2_lm_tiny, static):
     """A step of every row in order takes the runtime's whole-batch path (inputs copied in and outputs copied out
     whole, no index tensor); the same rows named in another order take the indexed scatter/gather. Same results,
     same caches, and the outputs are copies that the next step does not overwrite."""
-    b = load(voxcpm2_lm_tiny, stages=["base_lm_prefill", "base_lm_step"])
-    for st in b.values():
-        st.static_buffers = static
-    g = torch.Generator().manual_seed(7)
-    tok = torch.randint(0, TINY.lm.vocab_size, (2, 5), generator=g)
-    tm, fe = torch.ones(2, 5), torch.randn(2, 5, H, generator=g)
-    x = torch.randn(2, 2, H, generator=g)
+    b = _step_bundle(voxcpm2_lm_tiny, static=static)
+    tok, tm, fe, x = _prompt_and_steps(seed=7, tokens=5, steps=2)
     whole, indexed = b["base_lm_step"].new_cache(2), b["base_lm_step"].new_cache(2)
     for cache in (whole, indexed):
         b["base_lm_prefill"].prefill(tok, tm, fe, 1 - tm, lengths=[5, 2], cache=cache)
