@@ -69,26 +69,6 @@ def test_kernels_wait_only_on_hopper_or_newer():
     assert pdl.kernels_wait(torch.device("cpu")) is False
 
 
-def test_kernels_wait_only_in_packages_launched_with_the_attribute(monkeypatch):
-    """Inside a package compile the kernels compile their wait exactly when that package's launches carry the
-    attribute; eager launches on sm_90+ always wait."""
-    monkeypatch.delenv(pdl.ENV_SWITCH, raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    cuda = torch.device("cuda")
-    assert pdl.kernels_wait(cuda)
-    with pdl.programmatic_launches(cuda, wanted=False) as applied:
-        assert not applied and not pdl.kernels_wait(cuda)
-    with pdl.programmatic_launches(cuda, wanted=True) as applied:
-        assert applied and pdl.kernels_wait(cuda)  # this torch's wrapper text is the one rewritten
-    monkeypatch.setenv(pdl.ENV_SWITCH, "0")
-    with pdl.programmatic_launches(cuda, wanted=True) as applied:
-        assert not applied and not pdl.kernels_wait(cuda)
-    assert pdl.kernels_wait(cuda)  # back to eager
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    assert not pdl.kernels_wait(cuda)
-
-
 @pytest.mark.skipif(not HAVE_TRITON or shutil.which("g++") is None, reason="needs Triton's cuda.h and g++")
 def test_the_launch_helper_compiles_against_the_driver_api(tmp_path: Path):
     """The C++ that goes into every CUDA package, compiled (syntax and types) against the CUDA driver header that

@@ -116,16 +116,9 @@ def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "1") != "0"
 
 
-# While `programmatic_launches` runs (an AOTInductor compile): whether that package's launches carry the attribute.
-_package_launches: bool | None = None
-
-
 def kernels_wait(device: torch.device) -> bool:
-    """The kernels' `PDL` constexpr: griddepcontrol exists on sm_90+ only, and inside a package compile only when its
-    launches carry the attribute (a package without it gets the kernels as they were before PDL, with no wait).
-    Eager launches (tests, the kernel bench) wait on sm_90+."""
-    sm90 = device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 9
-    return sm90 and _package_launches is not False
+    """The kernels' `PDL` constexpr: griddepcontrol exists on sm_90+ only."""
+    return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def wanted_for(sizes: dict[str, int]) -> bool:
@@ -136,19 +129,8 @@ def wanted_for(sizes: dict[str, int]) -> bool:
 @contextlib.contextmanager
 def programmatic_launches(device: torch.device, wanted: bool = True) -> Iterator[bool]:
     """While an AOTInductor compile for `device` runs: the generated launch helper gives `PDL_KERNELS` the
-    programmatic-launch attribute, and the kernels traced compile their wait (`kernels_wait`). Yields whether it
-    applied (wanted, CUDA, TTSAOT_PDL not 0, wrapper text recognised)."""
-    global _package_launches
-    with _rewritten_launch_helper(device, wanted) as applied:
-        previous, _package_launches = _package_launches, applied
-        try:
-            yield applied
-        finally:
-            _package_launches = previous
-
-
-@contextlib.contextmanager
-def _rewritten_launch_helper(device: torch.device, wanted: bool) -> Iterator[bool]:
+    programmatic-launch attribute. Yields whether it applied (wanted, CUDA, TTSAOT_PDL not 0, wrapper text
+    recognised)."""
     if not wanted or device.type != "cuda" or not enabled():
         yield False
         return
