@@ -529,6 +529,10 @@ def inspect(ctx, artifact, as_json, debug_here):
                     "tf32": bool((st.get("metadata") or {}).get("allow_tf32", False)),
                     # a stage's numerics choice and its build-time error vs fp32 (the Fish dac_decoder's precision)
                     "numerics": (st.get("metadata") or {}).get("numerics"),
+                    # CUDA packages whose decode kernels launch with programmatic dependent launch (kernels/pdl.py)
+                    "pdl_buckets": [
+                        b["key"] for b in st["buckets"] if _launches_with_pdl(os.path.join(artifact, b["file"]))
+                    ],
                 }
             )
         if as_json:
@@ -577,6 +581,7 @@ def inspect(ctx, artifact, as_json, debug_here):
                 *(f"{k}={v}" for k, v in r["inductor_options"].items()),
                 *(["tf32"] if r["tf32"] else []),
                 *_numerics_cell(r["numerics"]),
+                *([f"pdl={','.join(r['pdl_buckets'])}"] if r["pdl_buckets"] else []),
             ]
             t.add_row(
                 r["stage"],
@@ -600,6 +605,21 @@ def inspect(ctx, artifact, as_json, debug_here):
         _out_console().print(params)
     except Exception as e:  # noqa: BLE001
         _fail(e, _debug(ctx, debug_here))
+
+
+def _launches_with_pdl(package: str) -> bool:
+    """Whether a package was compiled for CUDA with the programmatic-launch attribute (its AOTI metadata, read from
+    the archive without loading it: `ttsaot_pdl`, builder/kernels/pdl.py). False for CPU packages, whose metadata
+    records the bucket's wish but launches nothing, and for anything unreadable."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(package) as z:
+            name = next(n for n in z.namelist() if n.endswith("wrapper_metadata.json") and "/aotinductor/" in n)
+            meta = json.loads(z.read(name))
+    except (OSError, StopIteration, ValueError, zipfile.BadZipFile):
+        return False
+    return meta.get("AOTI_DEVICE_KEY") == "cuda" and meta.get("ttsaot_pdl") == "1"
 
 
 def _packaging_cell(n_packages: int, packaging: dict) -> str:

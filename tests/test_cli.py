@@ -72,6 +72,30 @@ def test_inspect_table(cli_artifact):
     assert r.exit_code == 0 and "code2wav" in r.output
 
 
+def _package(path, meta):
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("b1/data/aotinductor/model/s_b1.wrapper_metadata.json", json.dumps(meta))
+    return str(path)
+
+
+def test_inspect_names_the_packages_launched_with_pdl(cli_artifact, tmp_path):
+    """A package's programmatic-launch choice is read from its AOTI metadata without loading it: only CUDA packages
+    built with the attribute count (a CPU package records the bucket's wish but launches nothing)."""
+    from ttsaot.builder.cli import _launches_with_pdl
+
+    assert _launches_with_pdl(_package(tmp_path / "a.pt2", {"AOTI_DEVICE_KEY": "cuda", "ttsaot_pdl": "1"}))
+    assert not _launches_with_pdl(_package(tmp_path / "b.pt2", {"AOTI_DEVICE_KEY": "cuda", "ttsaot_pdl": "0"}))
+    assert not _launches_with_pdl(_package(tmp_path / "c.pt2", {"AOTI_DEVICE_KEY": "cpu", "ttsaot_pdl": "1"}))
+    assert not _launches_with_pdl(_package(tmp_path / "d.pt2", {"AOTI_DEVICE_KEY": "cuda"}))
+    (tmp_path / "e.pt2").write_bytes(b"not a zip")
+    assert not _launches_with_pdl(str(tmp_path / "e.pt2"))
+    assert not _launches_with_pdl(str(tmp_path / "missing.pt2"))
+    r = CliRunner().invoke(main, ["inspect", str(cli_artifact), "--json"])
+    assert json.loads(r.output)["stages"][0]["pdl_buckets"] == []  # a CPU build
+
+
 def test_verify_ok_then_regression_exits_1(cli_artifact, tmp_path):
     r = CliRunner().invoke(main, ["verify", str(cli_artifact)])
     assert r.exit_code == 0, r.output
