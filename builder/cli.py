@@ -505,6 +505,7 @@ def inspect(ctx, artifact, as_json, debug_here):
             dropped = {k: v for p in st.get("passes", []) for k, v in (p.get("dropped") or {}).items()}
             dropped.update(ck.get("dropped") or {})
             packages = {b["file"]: b["bytes"] for b in st["buckets"]}
+            pdl_files = {f: _launches_with_pdl(os.path.join(artifact, f)) for f in packages}  # each archive once
             rows.append(
                 {
                     "stage": name,
@@ -530,9 +531,7 @@ def inspect(ctx, artifact, as_json, debug_here):
                     # a stage's numerics choice and its build-time error vs fp32 (the Fish dac_decoder's precision)
                     "numerics": (st.get("metadata") or {}).get("numerics"),
                     # CUDA packages whose decode kernels launch with programmatic dependent launch (kernels/pdl.py)
-                    "pdl_buckets": [
-                        b["key"] for b in st["buckets"] if _launches_with_pdl(os.path.join(artifact, b["file"]))
-                    ],
+                    "pdl_buckets": [b["key"] for b in st["buckets"] if pdl_files[b["file"]]],
                 }
             )
         if as_json:

@@ -4,7 +4,7 @@ Why: torch decides which tensors a user Triton kernel reads and writes by compil
 frontend, in Python) and walking the IR, and it does so again at every call site in every tracing pass (export,
 AOTAutograd's functionalisation, Inductor's lowering). A looped stage calls the same kernels hundreds of times:
 the H100 build of `locdit` (12 DiT layers × 9 estimator calls = 108 layer passes, ~500 kernel calls) ran about
-3,800 analyses, 166 s of Triton frontend time, and had not finished after 380 s
+4,000 analyses, 166 s of Triton frontend time, and had not finished after 380 s
 (bench/results/nvidia-h100/probes/locdit_build_profile/).
 
 What the analysis sees is exactly what torch's `generate_ttir` hands Triton: the kernel, each tensor argument as

@@ -237,8 +237,8 @@ def skinny_linear_kernel(
     # the tile form only after its K loop. (The B=16 step stayed 4-4.5% slower with the attribute whether the tile
     # form triggered early or late, so packages of more than pdl.MAX_ROWS rows launch without it. A tile form that
     # loaded its first W tile before the wait and triggered at once was slower still on the 1-row VoxCPM2 audio
-    # packages, H100: locdit 5.49 vs 5.20 ms, local_encoder 0.572 vs 0.485 ms; bench/results/nvidia-h100/probes/
-    # tile_form_early_w/.)
+    # packages, H100: local_encoder 0.572 vs 0.485 ms in one call, locdit 5.49 vs 5.20 ms in another;
+    # bench/results/nvidia-h100/probes/tile_form_early_w/.)
     token = grid_dependency_wait(PDL, not USE_DOT)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M) + token
     m_mask = offs_m < M

@@ -277,8 +277,8 @@ def locdit_stage(opts: VoxCPM2Options) -> StageSpec:
         checkpoint_report=report,
         golden_sizes=[],
         kernel_passes=[use_sequence_kernels],
-        # bf16 on CUDA: the kernel layer (H100, batch 1, same run: local_encoder 0.553 vs Inductor 0.634 ms, golden
-        # within tolerance; bench/results/nvidia-h100/probes/audio_kernels/); fp32 keeps Inductor's GEMMs
+        # bf16 on CUDA: the kernel layer (H100, batch 1: 5.20 ms vs the Inductor artifact's 5.98 ms in another run,
+        # golden within tolerance; bench/results/nvidia-h100/profiles/, probes/audio_kernels/); fp32: Inductor
         cuda_auto_kernels="ttsaot" if dtype == torch.bfloat16 else "inductor",
     )
 
