@@ -34,6 +34,7 @@ from .common import REPO, as_tuple, device_info, git_commit, now_iso, sync, tens
 
 MARK = "bench::profiled_call"  # record_function label around each profiled call (not a kernel)
 COPY_KINDS = ("memcpy", "memset")
+TIMELINE_LINES = 300  # longer timelines (a looped transformer's ~1,000 kernels) stay in the JSON only
 
 
 def add_parser(sub) -> None:
@@ -220,6 +221,7 @@ def profile_bucket(
         sync(device)
     rows = kernel_rows(prof.key_averages(), cuda, calls)
     kernels = [r for r in rows if r["class"] == "kernel"]
+    timeline = kernel_timeline(device_events(prof.events()), calls) if cuda else None
     kernel_us = sum(r["us_per_call"] for r in rows)
     b: dict[str, Any] = {
         "call_ms": timing["ms"],
@@ -244,7 +246,38 @@ def profile_bucket(
         r["share"] = round(r["us_per_call"] / kernel_us, 4) if kernel_us else None
     b["top"] = rows[:top]
     b["distinct_kernels"] = len(kernels)
+    if timeline is not None:
+        b["timeline"] = timeline
     return b
+
+
+def device_events(events) -> list[tuple[str, float, float]]:
+    """(name, start µs, duration µs) of the device activities (kernels, copies) the profiler recorded."""
+    from torch.autograd import DeviceType
+
+    return [
+        (e.name, e.time_range.start, e.time_range.end - e.time_range.start)
+        for e in events
+        if e.device_type == DeviceType.CUDA
+    ]
+
+
+def kernel_timeline(events: list[tuple[str, float, float]], calls: int) -> list[dict[str, Any]] | None:
+    """One call's device activities in launch order, each with its median duration over the profiled calls: where
+    a call's time goes layer by layer (the per-name table sums a conv stack's 26 GEMMs into one row). None when the
+    calls did not launch the same sequence (then positions cannot be matched across calls)."""
+    ordered = sorted(events, key=lambda e: e[1])
+    if not ordered or calls < 1 or len(ordered) % calls:
+        return None
+    n = len(ordered) // calls
+    per_call = [ordered[i * n : (i + 1) * n] for i in range(calls)]
+    if any([e[0] for e in c] != [e[0] for e in per_call[0]] for c in per_call[1:]):
+        return None
+    out = []
+    for k in range(n):
+        durs = sorted(c[k][2] for c in per_call)
+        out.append({"name": per_call[0][k][0], "us": round(durs[len(durs) // 2], 2)})
+    return out
 
 
 def kernel_rows(averages, cuda: bool, calls: int) -> list[dict[str, Any]]:
@@ -321,4 +354,9 @@ def render(res: dict[str, Any]) -> str:
         for r in b["top"]:
             share = f"{r['share']:.0%}" if r["share"] is not None else "—"
             lines.append(f"  {r['us_per_call']:9.2f} {r['per_call']:7.3g} {share:>6}  {r['name'][:100]}")
+        if b.get("timeline") and len(b["timeline"]) > TIMELINE_LINES:
+            lines.append(f"  one call in launch order: {len(b['timeline'])} activities, in the JSON's `timeline`")
+        elif b.get("timeline"):
+            lines.append("  one call in launch order (median µs over the profiled calls):")
+            lines += [f"  {i:4d} {e['us']:9.2f}  {e['name'][:100]}" for i, e in enumerate(b["timeline"])]
     return "\n".join(lines)

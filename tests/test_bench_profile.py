@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.profile import kernel_rows, profile_stage, render, write_profile
+from bench.profile import kernel_rows, kernel_timeline, profile_stage, render, write_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,6 +62,25 @@ def test_kernel_rows_count_per_call_and_drop_the_marker():
                 torch.mm(x, x)
     rows = {r["name"]: r for r in kernel_rows(prof.key_averages(), cuda=False, calls=4)}
     assert "bench::profiled_call" not in rows and rows["aten::mm"]["per_call"] == 1.0
+
+
+def test_kernel_timeline_is_one_call_in_launch_order_with_median_durations():
+    # three calls of (gemm, dw, gemm), recorded out of order; the middle call is the slow outlier
+    calls = [[("gemm", 10.0, 5.0), ("dw", 16.0, 2.0), ("gemm", 19.0, 7.0)]]
+    calls.append([(n, t + 100, d * 3) for n, t, d in calls[0]])
+    calls.append([(n, t + 200, d + 1) for n, t, d in calls[0]])
+    events = [e for c in calls for e in c][::-1]
+    tl = kernel_timeline(events, calls=3)
+    assert [e["name"] for e in tl] == ["gemm", "dw", "gemm"]
+    assert [e["us"] for e in tl] == [6.0, 3.0, 8.0]
+
+
+def test_kernel_timeline_refuses_calls_that_differ():
+    a = [("gemm", 0.0, 1.0), ("dw", 2.0, 1.0)]
+    b = [("dw", 10.0, 1.0), ("gemm", 12.0, 1.0)]
+    assert kernel_timeline(a + b, calls=2) is None
+    assert kernel_timeline(a + b[:1], calls=2) is None  # not one sequence per call
+    assert kernel_timeline([], calls=2) is None
 
 
 def test_unknown_stage_is_a_usage_error():

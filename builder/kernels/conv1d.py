@@ -355,11 +355,17 @@ MAX_TUNED_CONFIGS = 3
 # Split-K candidates for short inputs, and the most fp32 partial-sum workspace a launch may take for them.
 SPLITS = (2, 4, 8)
 SPLIT_WS_BYTES = 16 * 2**20
+# Depthwise tiles of 8,192 and of 2,048 outputs: the large ones were the only choice before and left the long
+# 32-64-channel VAE layers (69,120 × 32) with ~2 programs of 4 warps per SM, too few loads in flight for a
+# bandwidth-bound kernel (14-15 µs for 17.7 MB, ~40% of copy, H100 phase-1 layers); the autotuner picks per shape.
 DW_CONFIGS = (
     DwKernelConfig(32, 256, 4),
     DwKernelConfig(64, 128, 4),
     DwKernelConfig(128, 64, 4),
     DwKernelConfig(256, 32, 4),
+    DwKernelConfig(16, 128, 4),
+    DwKernelConfig(32, 64, 4),
+    DwKernelConfig(64, 32, 4),
 )
 _H100_SMS = 132
 
@@ -477,8 +483,10 @@ def prune_gemm_configs(
 
 
 def prune_dw_configs(configs: list[DwKernelConfig], channels: int) -> list[DwKernelConfig]:
-    keep = [c for c in configs if c.block_c <= max(32, _pow2(channels))]
-    return keep[-3:] if len(keep) > 3 else keep
+    """The channel blocks that cover a row of ≤ 128 channels whole (one contiguous run), else 128 and 64, each at
+    both tile sizes: ≤ 4 candidates per shape."""
+    widths = {min(_pow2(channels), 128), max(32, min(_pow2(channels), 128) // 2)}
+    return [c for c in configs if c.block_c in widths]
 
 
 # ------------------------------------------------------------------------------------------ kernels

@@ -122,6 +122,18 @@ def test_dwconv1d_op_on_cuda(C, d, T, dtype):
     )
 
 
+@pytest.mark.parametrize("config", K.DW_CONFIGS, ids=lambda c: c.name)
+def test_every_dwconv1d_tile_on_cuda(config):
+    # each tile the autotuner may pick, on a channel count and a length that none of them divides
+    g = torch.Generator(device="cuda").manual_seed(3)
+    C, T = 80, 1000
+    w = torch.randn(7, C, generator=g, device="cuda")
+    b = torch.randn(C, generator=g, device="cuda")
+    x, a, ib = _inputs(C, C, T, 2, torch.float32, g)
+    args = (x, w, b, None, None, None, a, ib, 3, 18, "snake", None)
+    assert _rel(K.dwconv1d_forward(*args, config=config), K.dwconv1d_reference(*args)) < 1e-5
+
+
 def _qwen_block(dtype):
     torch.manual_seed(0)
     units = []
