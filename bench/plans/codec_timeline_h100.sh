@@ -2,14 +2,14 @@
 # One device call (issue 15): where the exact-fp32 codec stages' time goes, layer by layer. Builds the VoxCPM2
 # vae_decoder (b1_f36) and the Fish dac_encoder (10 s clip) with --kernels ttsaot side by side, then `bench profile`
 # each (the per-name table and the one-call timeline in launch order), then the conv kernels' GPU tests.
-#   bash bench/plans/codec_timeline_h100.sh     → $OUT/profiles.tgz, $OUT/run.log
+#   bash bench/plans/codec_timeline_h100.sh > $OUT/run.log 2>&1     → $OUT/profiles.tgz
 set -u
 cd "$(dirname "$0")/../.."
 # always /usr/bin/g++, never an inherited $CXX: the device's preset wrapper builds packages that segfault on load
 export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT/profiles"; T0=$(date +%s)
-exec > >(tee -a "$OUT/run.log") 2>&1
 python3 -m pip install -q --no-deps --no-build-isolation -e . > /dev/null 2>&1
+PIDS=()
 declare -A AXES=(
   ["fish-s2-pro/dac_encoder"]="--axis samples=442368"
   ["voxcpm2/vae_decoder"]="--axis batch=1 --axis frames=36"
@@ -18,8 +18,9 @@ for t in ${TASKS:-voxcpm2/vae_decoder fish-s2-pro/dac_encoder}; do
   # shellcheck disable=SC2086
   timeout -s INT -k 10 "${BUILD_S:-330}" python3 -m bench build "$t" --kernels ttsaot --no-verify --jobs 8 \
     ${AXES[$t]} > "$OUT/profiles/build_${t//[\/:]/_}.log" 2>&1 &
+  PIDS+=($!)
 done
-wait
+wait "${PIDS[@]}"
 echo "builds done at $(( $(date +%s) - T0 )) s"; grep -h "bench build" "$OUT"/profiles/build_*.log | cut -c1-200
 for t in ${TASKS:-voxcpm2/vae_decoder fish-s2-pro/dac_encoder}; do
   # shellcheck disable=SC2086
