@@ -153,7 +153,18 @@ def compare(out: torch.Tensor, ref: torch.Tensor, criterion: dict[str, float]) -
     }
 
 
-def _build(task: Task, kernels: str, preset: str, seed: int, device: torch.device, root: Path, jobs: int = 1):
+def _build(
+    task: Task,
+    kernels: str,
+    preset: str,
+    seed: int,
+    device: torch.device,
+    root: Path,
+    jobs: int = 1,
+    package_cache: str | None = None,
+):
+    """The stage's artifact under root; package_cache: the builder's per-package cache (`--package-cache`, e.g.
+    the one `bench build --package-cache` filled for `bench profile` in the same device call)."""
     from ttsaot.builder.build import build_family
     from ttsaot.builder.families import get_family
 
@@ -171,6 +182,7 @@ def _build(task: Task, kernels: str, preset: str, seed: int, device: torch.devic
         preset=preset,
         verify_in_subprocess=False,
         jobs=jobs,
+        cache_dir=package_cache,
     )
     return specs[0], res.path, time.perf_counter() - t0
 
@@ -222,6 +234,7 @@ def run_task(
     deadline: float,
     log: Callable[[str], None],
     jobs: int = 1,
+    package_cache: str | None = None,
 ) -> dict[str, Any]:
     from ttsaot.builder.passes.cast import cast_to_compute_dtype
     from ttsaot.runtime.graphs import StaticGraph
@@ -236,7 +249,7 @@ def run_task(
         "buckets": {},
     }
     with time_box(deadline - time.perf_counter(), f"{task.name}: the ttsaot build"):
-        spec, path, secs = _build(task, "ttsaot", preset, seed, device, root, jobs)
+        spec, path, secs = _build(task, "ttsaot", preset, seed, device, root, jobs, package_cache)
     rec["builds"]["ttsaot"] = {"seconds": round(secs, 1), "path": str(path)}
     log(f"{task.name}: ttsaot build {secs:.0f} s")
     original = spec.make_module().eval()
@@ -274,7 +287,7 @@ def run_task(
                 if time.perf_counter() > deadline:
                     raise BudgetExceeded("no time left in --budget")
                 with time_box(deadline - time.perf_counter(), f"{task.name}: the inductor build"):
-                    _, ipath, secs = _build(task, "inductor", preset, seed, device, root, jobs)
+                    _, ipath, secs = _build(task, "inductor", preset, seed, device, root, jobs, package_cache)
             except Exception as e:  # the ttsaot results stay; the comparison is marked
                 rec["builds"]["inductor"] = {"skipped" if _out_of_budget(e) else "error": short_error(e)}
                 log(f"{task.name}: inductor build: {short_error(e)}")
@@ -412,7 +425,18 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             t0 = time.perf_counter()
             try:
                 rec = run_task(
-                    task, preset, a.seed, device, root, a.reps, variants, a.compile_mode, deadline, log, jobs
+                    task,
+                    preset,
+                    a.seed,
+                    device,
+                    root,
+                    a.reps,
+                    variants,
+                    a.compile_mode,
+                    deadline,
+                    log,
+                    jobs,
+                    a.package_cache,
                 )
                 rec["status"] = "ok"
             except Exception as e:  # recorded, never fatal: the other tasks still run
@@ -507,6 +531,13 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=None, help="compile workers per build (default: what the host allows)")
+    p.add_argument(
+        "--package-cache",
+        default=None,
+        metavar="DIR",
+        help="the builder's per-package cache to reuse packages from and add to (default: none, every package "
+        "compiled)",
+    )
 
 
 def main(a: argparse.Namespace) -> int:

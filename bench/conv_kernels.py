@@ -427,7 +427,7 @@ def _picked_config(case: Case) -> str:
 
 
 def measure_case(case: Case, reps: int, sweep: bool = False) -> dict:
-    from ttsaot.builder.kernels.conv1d import MAX_TUNED_CONFIGS
+    from ttsaot.builder.kernels.conv1d import TUNED_CONFIGS
 
     gen = torch.Generator(device=DEVICE).manual_seed(zlib.crc32(repr(case.key()).encode()))
     _set_tf32(case.precision)
@@ -492,7 +492,7 @@ def measure_case(case: Case, reps: int, sweep: bool = False) -> dict:
         row["sweep"] = sw
         if timed:
             best = min(timed, key=timed.get)
-            tuned = [c.name for c in _fit_configs(case, MAX_TUNED_CONFIGS)] if case.kind != "dw" else list(timed)
+            tuned = [c.name for c in _fit_configs(case, TUNED_CONFIGS)] if case.kind != "dw" else list(timed)
             row["sweep_best"] = {
                 "config": best,
                 "ms": timed[best],

@@ -87,6 +87,12 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-dir", default=str(REPO / "bench" / ".cache"))
     p.add_argument(
+        "--package-cache",
+        default=None,
+        metavar="DIR",
+        help="the builder's per-package cache to reuse packages from and add to (e.g. shared with codec-stages)",
+    )
+    p.add_argument(
         "--axis",
         action="append",
         default=None,
@@ -138,6 +144,7 @@ def main(a) -> int:
             kernels=k,
             axes=axes,
             verify=a.verify,
+            package_cache=a.package_cache,
         )
         for f, s, d in targets
         for k in a.kernels

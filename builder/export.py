@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .gpu_benchmark_lock import serialized_gpu_benchmarks
 from .kernels import lower_for_cpu
 from .kernels.kernel_analysis import memoized_kernel_analysis
 from .kernels.pdl import METADATA_KEY as PDL_METADATA_KEY
@@ -105,7 +106,12 @@ def compile_bucket(
         options["aot_inductor.output_path"] = work
         try:
             pdl = metadata.get(PDL_METADATA_KEY) == "1"
-            with torch.no_grad(), memoized_kernel_analysis(), programmatic_launches(device, pdl):
+            with (
+                torch.no_grad(),
+                memoized_kernel_analysis(),
+                programmatic_launches(device, pdl),
+                serialized_gpu_benchmarks(device),
+            ):
                 files = aot_compile(ep.module(), args, options=options)
         except Exception as e:  # noqa: BLE001
             raise CompileError(f"AOTInductor compile failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e

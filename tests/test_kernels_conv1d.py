@@ -296,6 +296,28 @@ def test_tile_pruning_keeps_few_fitting_configs():
     ) < estimate_us(ConvKernelConfig(64, 64, 64), batch=1, tout=32000, n=192, cin=192, ksize=7, elem=2)
 
 
+def test_fp32_short_grids_measure_split_k_candidates():
+    """fp32 operands on a short grid (VoxCPM2's 1×1 convs at 288 rows, its first transposed conv at 36): two whole
+    tiles and the two largest split-Ks of the best one, each within a few programs per SM; long grids and 16-bit
+    operands keep the estimate's ranking."""
+    from ttsaot.builder.kernels.conv1d import SHORT_GRID_PROGRAMS_PER_SM, TUNED_CONFIGS
+
+    f32 = gemm_kernel_configs(torch.float32)
+    for tout, n, cin, k in [(288, 1024, 1024, 1), (36, 8 * 1024, 2048, 2), (1728, 512, 512, 1)]:
+        kept = prune_gemm_configs(f32, batch=1, tout=tout, n=n, cin=cin, ksize=k, elem=4, precision="tf32x3")
+        whole, split = [c for c in kept if c.split_k == 1], [c for c in kept if c.split_k > 1]
+        assert len(whole) == 2 and 1 <= len(split) <= 2 and len(kept) <= MAX_TUNED_CONFIGS
+        top = whole[0]
+        programs = -(-tout // top.block_t) * -(-n // top.block_n)
+        for c in split:
+            assert (c.block_t, c.block_n) == (top.block_t, top.block_n)
+            assert c.split_k * programs <= SHORT_GRID_PROGRAMS_PER_SM * 132
+    long = prune_gemm_configs(f32, batch=1, tout=8640, n=256, cin=256, ksize=1, elem=4, precision="tf32x3")
+    assert all(c.split_k == 1 for c in long) and len(long) == TUNED_CONFIGS
+    bf16 = prune_gemm_configs(gemm_kernel_configs(torch.bfloat16), batch=1, tout=288, n=1024, cin=1024, ksize=1, elem=2)
+    assert len(bf16) <= TUNED_CONFIGS
+
+
 class _AllOps(nn.Module):
     def __init__(self) -> None:
         super().__init__()

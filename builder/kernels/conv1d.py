@@ -45,9 +45,10 @@ Short inputs (a 50-frame bucket at B=1 gives a few dozen output tiles for 132 SM
 workspace; shapes that may split pay that memset even when the autotuner keeps the unsplit tile.
 
 Autotuning (CUDA; AOTInductor runs it once per bucket at build time and bakes the winner into the package): a short
-list of tiles (`gemm_kernel_configs`), pruned per shape to `MAX_TUNED_CONFIGS` candidates by a roofline estimate of
-their waves (`prune_gemm_configs`: the best unsplit tiles, and the best split one when it is estimated faster), so
-that a stage with ~30 distinct conv shapes benchmarks ≤ 3 candidates each. Build-time cost: each (epilogue
+list of tiles (`gemm_kernel_configs`), pruned per shape to `TUNED_CONFIGS` candidates by a roofline estimate of
+their waves (`prune_gemm_configs`: the best unsplit tiles, and the best split one when it is estimated faster; an
+fp32 short grid, where the estimate is known to be off, measures two whole tiles and two split-Ks), so that a stage
+with ~30 distinct conv shapes benchmarks ≤ 3-4 candidates each. Build-time cost: each (epilogue
 variant × chosen tile) compiles once per package (Triton, ~1-5 s on a 16-core host; tf32x3's large tiles the
 slowest), each shape benchmarks its ≤ 3 candidates (~0.1 s each); the bench records a chain's first-call seconds
 (compile + tuning of every layer) as `first_call_s`.
@@ -346,12 +347,17 @@ GEMM_TILES = (
     (256, 32, 4, 4, 3),
     (256, 16, 4, 4, 3),
     (128, 16, 4, 4, 4),
+    (64, 16, 4, 4, 4),
 )
 # fp32 tiles that compile without register spills on sm_90 (ptxas -v, epilogue with snake, residual and `pre`):
 # none beyond 128×128 outputs, and no side beyond 128 for tf32x3 (its split operands hold more registers)
 FP32_MAX_TILE = 128 * 128
 TF32X3_MAX_SIDE = 128
-MAX_TUNED_CONFIGS = 3
+TUNED_CONFIGS = 3
+# fp32 short grids measure one more: the two best whole tiles and two split-Ks of the best (prune_gemm_configs)
+MAX_TUNED_CONFIGS = TUNED_CONFIGS + 1
+# a split-K candidate of an fp32 short grid launches at most this many programs per SM (several run at once)
+SHORT_GRID_PROGRAMS_PER_SM = 4
 # Split-K candidates for short inputs, and the most fp32 partial-sum workspace a launch may take for them.
 SPLITS = (2, 4, 8)
 SPLIT_WS_BYTES = 16 * 2**20
@@ -451,7 +457,7 @@ def prune_gemm_configs(
     elem: int,
     precision: str = "ieee",
     num_sms: int = _H100_SMS,
-    keep: int = MAX_TUNED_CONFIGS,
+    keep: int = TUNED_CONFIGS,
 ) -> list[ConvKernelConfig]:
     """The `keep` most promising tiles for one shape: none much larger than the problem (a 1-channel output, a
     50-frame input), none that spills registers for fp32, ranked by `estimate_us`."""
@@ -476,6 +482,24 @@ def prune_gemm_configs(
 
     whole.sort(key=est)
     split.sort(key=est)
+    if elem == 4 and keep > 1:
+        top = whole[0]
+        programs = batch * math.ceil(tout / top.block_t) * math.ceil(n / top.block_n)
+        ks = sorted(
+            (
+                c
+                for c in split
+                if (c.block_t, c.block_n) == (top.block_t, top.block_n)
+                and c.split_k * programs <= SHORT_GRID_PROGRAMS_PER_SM * num_sms
+            ),
+            key=lambda c: -c.split_k,
+        )
+        if ks:
+            # fp32 operands on a short grid: the estimate puts a tf32x3 reduction step at 0.2 µs where the H100
+            # profile of vae_decoder measured ~1 µs (1×1 convs of 288 rows: 32 µs for 32 steps), and counts one
+            # program per SM at a time where several fit; so it never offers a split. The measurement decides
+            # between the two best whole tiles and the two largest split-Ks of the best one.
+            return whole[:2] + ks[:2]
     if split and keep > 1 and est(split[0]) < est(whole[0]):
         # a short input: the best split next to the best unsplit tiles, the measurement decides
         return whole[: keep - 1] + split[:1]
@@ -1547,6 +1571,7 @@ __all__ = [
     "GEMM_TILES",
     "LAYOUT",
     "MAX_TUNED_CONFIGS",
+    "TUNED_CONFIGS",
     "OPS",
     "PRECISIONS",
     "SPLITS",
