@@ -252,13 +252,14 @@ def profile_bucket(
 
 
 def device_events(events) -> list[tuple[str, float, float]]:
-    """(name, start µs, duration µs) of the device activities (kernels, copies) the profiler recorded."""
+    """(name, start µs, duration µs) of the device activities (kernels, copies) the profiler recorded; the per-call
+    marker, which the profiler also records on the GPU timeline, left out."""
     from torch.autograd import DeviceType
 
     return [
         (e.name, e.time_range.start, e.time_range.end - e.time_range.start)
         for e in events
-        if e.device_type == DeviceType.CUDA
+        if e.device_type == DeviceType.CUDA and e.name != MARK
     ]
 
 
