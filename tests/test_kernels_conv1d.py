@@ -296,14 +296,28 @@ def test_tile_pruning_keeps_few_fitting_configs():
     ) < estimate_us(ConvKernelConfig(64, 64, 64), batch=1, tout=32000, n=192, cin=192, ksize=7, elem=2)
 
 
+def test_thin_inputs_reduce_over_taps_and_channels_jointly():
+    from ttsaot.builder.kernels.conv1d import JOINT_REDUCTION_MAX_CIN, joint_reduction, max_split, reduction_steps
+
+    assert reduction_steps(7, 1, 32) == 1  # the DAC encoder's first conv: 7 (tap, channel) pairs in one step
+    assert reduction_steps(7, 15, 32) == 4 and reduction_steps(7, 16, 32) == 7 and reduction_steps(7, 64, 32) == 14
+    assert joint_reduction(JOINT_REDUCTION_MAX_CIN - 1) and not joint_reduction(JOINT_REDUCTION_MAX_CIN)
+    assert max_split(batch=1, tout=442368, n=64, cin=1, ksize=7, block_r=32) == 1
+
+
 def test_fp32_short_grids_measure_split_k_candidates():
     """fp32 operands on a short grid (VoxCPM2's 1×1 convs at 288 rows, its first transposed conv at 36): two whole
     tiles and the two largest split-Ks of the best one, each within a few programs per SM; long grids and 16-bit
     operands keep the estimate's ranking."""
-    from ttsaot.builder.kernels.conv1d import SHORT_GRID_PROGRAMS_PER_SM, TUNED_CONFIGS
+    from ttsaot.builder.kernels.conv1d import (
+        SHORT_GRID_MIN_SPLIT_STEPS,
+        SHORT_GRID_PROGRAMS_PER_SM,
+        TUNED_CONFIGS,
+        reduction_steps,
+    )
 
     f32 = gemm_kernel_configs(torch.float32)
-    for tout, n, cin, k in [(288, 1024, 1024, 1), (36, 8 * 1024, 2048, 2), (1728, 512, 512, 1)]:
+    for tout, n, cin, k in [(288, 1024, 1024, 1), (36, 8 * 1024, 2048, 2), (288, 6 * 512, 1024, 2)]:
         kept = prune_gemm_configs(f32, batch=1, tout=tout, n=n, cin=cin, ksize=k, elem=4, precision="tf32x3")
         whole, split = [c for c in kept if c.split_k == 1], [c for c in kept if c.split_k > 1]
         assert len(whole) == 2 and 1 <= len(split) <= 2 and len(kept) <= MAX_TUNED_CONFIGS
@@ -312,6 +326,10 @@ def test_fp32_short_grids_measure_split_k_candidates():
         for c in split:
             assert (c.block_t, c.block_n) == (top.block_t, top.block_n)
             assert c.split_k * programs <= SHORT_GRID_PROGRAMS_PER_SM * 132
+            assert reduction_steps(k, cin, c.block_r) >= SHORT_GRID_MIN_SPLIT_STEPS * c.split_k
+    # 1,728 rows of 512 channels: 16 steps, too few to split (measured slower in the graph)
+    few = prune_gemm_configs(f32, batch=1, tout=1728, n=512, cin=512, ksize=1, elem=4, precision="tf32x3")
+    assert all(c.split_k == 1 for c in few)
     long = prune_gemm_configs(f32, batch=1, tout=8640, n=256, cin=256, ksize=1, elem=4, precision="tf32x3")
     assert all(c.split_k == 1 for c in long) and len(long) == TUNED_CONFIGS
     bf16 = prune_gemm_configs(gemm_kernel_configs(torch.bfloat16), batch=1, tout=288, n=1024, cin=1024, ksize=1, elem=2)
@@ -537,7 +555,7 @@ def test_kernel_under_interpreter(interpreted, group):
     assert interpreted[group] == [], interpreted[group]
 
 
-def _sm90_ptx(dtype: str, precision: str, tile: tuple[int, int, int, int, int]) -> str:
+def _sm90_ptx(dtype: str, precision: str, tile: tuple[int, int, int, int, int], joint: bool = False) -> str:
     """The GEMM kernel compiled for sm_90 without a GPU (Triton's own ptxas), with a fused snake + residual +
     `pre` epilogue and 16-divisible channel counts, as the codec layers are specialised."""
     import triton
@@ -575,6 +593,7 @@ def _sm90_ptx(dtype: str, precision: str, tile: tuple[int, int, int, int, int]) 
     sig.update(alpha_ptr="*fp32", ib_ptr="*fp32", ws_ptr="*fp32", cnt_ptr="*i32")
     cons = dict(
         HAS_PHASES=False,
+        JOINT_R=joint,
         HAS_BIAS=True,
         HAS_RES=True,
         HAS_AFFINE=False,
@@ -601,9 +620,11 @@ def _sm90_ptx(dtype: str, precision: str, tile: tuple[int, int, int, int, int]) 
 
 
 _PTX_CASES = [
-    ("bf16", "ieee", (128, 128, 64, 8, 4), "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"),
-    ("fp32", "tf32", (128, 128, 32, 8, 3), "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
-    ("fp32", "tf32x3", (64, 64, 32, 4, 4), "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32"),
+    ("bf16", "ieee", (128, 128, 64, 8, 4), False, "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"),
+    ("fp32", "tf32", (128, 128, 32, 8, 3), False, "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
+    ("fp32", "tf32x3", (64, 64, 32, 4, 4), False, "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32"),
+    # a thin input (the DAC encoder's 1-channel wave): (tap, channel) pairs reduced jointly
+    ("fp32", "tf32x3", (64, 64, 32, 4, 4), True, "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32"),
 ]
 
 
@@ -620,7 +641,7 @@ def hopper_ptx(tmp_path_factory) -> dict:
         except Exception:
             json.dump({{}}, open({str(out)!r}, "w")); raise SystemExit(0)
         from tests.test_kernels_conv1d import _PTX_CASES, _sm90_ptx
-        json.dump({{"|".join(map(str, c[:3])): _sm90_ptx(*c[:3]) for c in _PTX_CASES}}, open({str(out)!r}, "w"))
+        json.dump({{"|".join(map(str, c[:4])): _sm90_ptx(*c[:4]) for c in _PTX_CASES}}, open({str(out)!r}, "w"))
     """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
@@ -629,15 +650,17 @@ def hopper_ptx(tmp_path_factory) -> dict:
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
-@pytest.mark.parametrize("dtype,precision,tile,mma", _PTX_CASES)
-def test_channels_last_gemm_gets_hopper_tensor_cores(hopper_ptx, dtype, precision, tile, mma):
+@pytest.mark.parametrize("dtype,precision,tile,joint,mma", _PTX_CASES)
+def test_channels_last_gemm_gets_hopper_tensor_cores(hopper_ptx, dtype, precision, tile, joint, mma):
     """On sm_90 the NLC kernel's dot is a wgmma (TF32 for fp32's "tf32"/"tf32x3") fed by 16-byte cp.async loads
-    of the time-shifted input rows, and its output tile leaves in 16-byte stores."""
+    of the time-shifted input rows (a thin input's (tap, channel) gather excepted), and its output tile leaves in
+    16-byte stores."""
     if not hopper_ptx:
         pytest.skip("needs Triton's NVIDIA backend (no GPU needed)")
-    ptx = hopper_ptx["|".join(map(str, (dtype, precision, tile)))]
+    ptx = hopper_ptx["|".join(map(str, (dtype, precision, tile, joint)))]
     assert mma in ptx
-    assert "cp.async.cg.shared.global" in ptx and ", 0x10," in ptx
+    if not joint:
+        assert "cp.async.cg.shared.global" in ptx and ", 0x10," in ptx
     assert "st.global.v4.b32" in ptx
 
 

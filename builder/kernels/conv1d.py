@@ -358,6 +358,7 @@ TUNED_CONFIGS = 3
 MAX_TUNED_CONFIGS = TUNED_CONFIGS + 1
 # a split-K candidate of an fp32 short grid launches at most this many programs per SM (several run at once)
 SHORT_GRID_PROGRAMS_PER_SM = 4
+SHORT_GRID_MIN_SPLIT_STEPS = 16
 # Split-K candidates for short inputs, and the most fp32 partial-sum workspace a launch may take for them.
 SPLITS = (2, 4, 8)
 SPLIT_WS_BYTES = 16 * 2**20
@@ -387,10 +388,27 @@ def gemm_kernel_configs(dtype: torch.dtype) -> list[ConvKernelConfig]:
     ]
 
 
+# Inputs of fewer channels than this (a wave's 1 channel into the DAC encoder's first conv) reduce over taps and
+# channels jointly: one step covers BLOCK_R (tap, channel) pairs instead of one tap's block of channels, of which
+# a 1-channel input fills 1 of 32 (the 10 s clip's first conv: 7 steps of 1/32 work, 782 µs on an H100).
+JOINT_REDUCTION_MAX_CIN = 16
+
+
+def joint_reduction(cin: int) -> bool:
+    return cin < JOINT_REDUCTION_MAX_CIN
+
+
+def reduction_steps(ksize: int, cin: int, block_r: int) -> int:
+    """Reduction steps of one output tile (the kernel's `steps`)."""
+    if joint_reduction(cin):
+        return math.ceil(ksize * cin / block_r)
+    return ksize * math.ceil(cin / block_r)
+
+
 def max_split(*, batch: int, tout: int, n: int, cin: int, ksize: int, block_r: int) -> int:
     """The largest split-K a launch of this shape may use: its fp32 partials fit SPLIT_WS_BYTES and every split
     keeps ≥ 4 reduction steps; 1 when none does."""
-    steps = ksize * math.ceil(cin / block_r)
+    steps = reduction_steps(ksize, cin, block_r)
     ok = [k for k in SPLITS if k * batch * tout * n * 4 <= SPLIT_WS_BYTES and steps // k >= 4]
     return max(ok, default=1)
 
@@ -424,7 +442,7 @@ def estimate_us(
     the survivors."""
     tiles = math.ceil(tout / c.block_t) * math.ceil(n / c.block_n)
     programs = batch * tiles * c.split_k
-    steps = math.ceil(ksize * math.ceil(cin / c.block_r) / c.split_k)
+    steps = math.ceil(reduction_steps(ksize, cin, c.block_r) / c.split_k)
     # per-SM rates in FLOP/µs: dense MMA (bf16 989, TF32 495 TFLOP/s over 132 SMs; tf32x3 makes three products),
     # FMA for exact fp32 (67 TFLOP/s); L2 → SM ~80 GB/s (bytes/µs)
     rate = {"ieee": 0.5e6, "tf32": 3.75e6, "tf32x3": 1.25e6}[precision] if elem == 4 else 7.5e6
@@ -491,6 +509,7 @@ def prune_gemm_configs(
                 for c in split
                 if (c.block_t, c.block_n) == (top.block_t, top.block_n)
                 and c.split_k * programs <= SHORT_GRID_PROGRAMS_PER_SM * num_sms
+                and reduction_steps(ksize, cin, c.block_r) >= SHORT_GRID_MIN_SPLIT_STEPS * c.split_k
             ),
             key=lambda c: -c.split_k,
         )
@@ -498,7 +517,10 @@ def prune_gemm_configs(
             # fp32 operands on a short grid: the estimate puts a tf32x3 reduction step at 0.2 µs where the H100
             # profile of vae_decoder measured ~1 µs (1×1 convs of 288 rows: 32 µs for 32 steps), and counts one
             # program per SM at a time where several fit; so it never offers a split. The measurement decides
-            # between the two best whole tiles and the two largest split-Ks of the best one.
+            # between the two best whole tiles and the two largest split-Ks of the best one that keep ≥ 16 steps
+            # each (in the same H100 build, the 1×1 convs of 288 rows with 32 steps went 32 → 22 µs offered
+            # splits, those of 1,728 rows with 16 steps 24 → 31-37 µs: the autotuner's L2-cold timing favours
+            # splits that a graph, whose inputs come hot from the layer before, does not).
             return whole[:2] + ks[:2]
     if split and keep > 1 and est(split[0]) < est(whole[0]):
         # a short input: the best split next to the best unsplit tiles, the measurement decides
@@ -683,6 +705,7 @@ if HAVE_TRITON:
         STRIDE,
         PAD,
         HAS_PHASES: tl.constexpr,
+        JOINT_R: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         HAS_RES: tl.constexpr,
         HAS_AFFINE: tl.constexpr,
@@ -730,7 +753,10 @@ if HAVE_TRITON:
         x_b = x_ptr + b * T * CIN
         R = KSIZE * CIN
         ncb = tl.cdiv(CIN, BLOCK_R)
-        steps = KSIZE * ncb
+        if JOINT_R:  # thin input: steps over (tap, channel) pairs r = j·CIN + ci, W's own [K, CIN] order
+            steps = tl.cdiv(R, BLOCK_R)
+        else:
+            steps = KSIZE * ncb
         per_split = tl.cdiv(steps, SPLIT_K)
         k_lo = split * per_split
         k_hi = tl.minimum(steps, k_lo + per_split)
@@ -738,13 +764,23 @@ if HAVE_TRITON:
         w_rows = w_ptr + n[:, None] * R
         acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
         for kk in tl.range(k_lo, k_hi):
-            j = kk // ncb
-            ci = (kk - j * ncb) * BLOCK_R + rr
-            ci_ok = ci < CIN
-            tin = t_first + j * DIL
-            xm = ((tin >= 0) & (tin < T))[:, None] & ci_ok[None, :]
-            xv = tl.load(x_b + tin[:, None] * CIN + ci[None, :], mask=xm, other=0.0)
-            wv = tl.load(w_rows + (j * CIN + ci)[None, :], mask=n_ok[:, None] & ci_ok[None, :], other=0.0)
+            if JOINT_R:
+                r = kk * BLOCK_R + rr
+                r_ok = r < R
+                jr = r // CIN
+                ci = r - jr * CIN
+                tin2 = t_first[:, None] + (jr * DIL)[None, :]
+                xm = (tin2 >= 0) & (tin2 < T) & r_ok[None, :]
+                xv = tl.load(x_b + tin2 * CIN + ci[None, :], mask=xm, other=0.0)
+                wv = tl.load(w_rows + r[None, :], mask=n_ok[:, None] & r_ok[None, :], other=0.0)
+            else:
+                j = kk // ncb
+                ci = (kk - j * ncb) * BLOCK_R + rr
+                ci_ok = ci < CIN
+                tin = t_first + j * DIL
+                xm = ((tin >= 0) & (tin < T))[:, None] & ci_ok[None, :]
+                xv = tl.load(x_b + tin[:, None] * CIN + ci[None, :], mask=xm, other=0.0)
+                wv = tl.load(w_rows + (j * CIN + ci)[None, :], mask=n_ok[:, None] & ci_ok[None, :], other=0.0)
             if PRECISION == "tf32":
                 xv = _rn_tf32(xv)
                 wv = _rn_tf32(wv)
@@ -1046,6 +1082,7 @@ def launch_conv_gemm(
         ws, cnt = out, out
     meta = dict(
         HAS_PHASES=phases > 1,
+        JOINT_R=joint_reduction(size_hint(Cin)),
         HAS_BIAS=bias is not None,
         HAS_RES=residual is not None,
         HAS_AFFINE=scale is not None,
@@ -1571,6 +1608,7 @@ __all__ = [
     "GEMM_TILES",
     "LAYOUT",
     "MAX_TUNED_CONFIGS",
+    "JOINT_REDUCTION_MAX_CIN",
     "TUNED_CONFIGS",
     "OPS",
     "PRECISIONS",
