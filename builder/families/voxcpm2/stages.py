@@ -350,8 +350,9 @@ def vae_decoder_stage(opts: VoxCPM2Options) -> StageSpec:
         passes=[bake_weight_norm, bake_snake, bake_sample_rate],
         # kernels=ttsaot: channels-last on the conv kernels, tf32x3 (≈ fp32: the stage is fp32 by policy)
         kernel_passes=[channels_last_vae_decoder],
-        # H100, 36-frame window: 1.28 ms (7e-8 relative error vs fp32) vs 2.30 ms for the Inductor artifact
-        # (bench/results/nvidia-h100/codec_stages_dac_encoder_vae_decoder_vs_inductor.json)
+        # H100, 36-frame window: 1.05 ms (7e-8 relative error vs fp32; bench/results/nvidia-h100/
+        # codec_stages_dac_encoder_vae_decoder_fp32_kernels.json) vs 2.30 ms for the Inductor artifact in an
+        # earlier run (codec_stages_dac_encoder_vae_decoder_vs_inductor.json)
         cuda_auto_kernels="ttsaot",
         plan=plan,
         make_inputs=make_inputs,
