@@ -36,7 +36,7 @@ if [ -n "${CODEC_STAGES:-vae_decoder,dac_encoder}" ] && [ "$LEFT" -gt 60 ]; then
   echo "codec-stages rc $? at $(( $(date +%s) - T0 )) s"; tail -n 12 "$OUT/profiles/codec_stages.log" | cut -c1-200
 fi
 if [ $(( $(date +%s) - T0 )) -lt "${TEST_BEFORE_S:-480}" ]; then
-  timeout -s INT -k 10 100 python3 -m pytest -q -m gpu tests/gpu/test_gpu_kernels_conv.py -x 2>&1 | tail -5
+  timeout -s INT -k 10 "${TEST_S:-100}" python3 -m pytest -q -m gpu tests/gpu/test_gpu_kernels_conv.py -x 2>&1 | tail -5
 fi
 # at most 8 files come back from a device call: the profiles travel as one archive
 tar czf "$OUT/profiles.tgz" -C "$OUT" profiles && rm -rf "$OUT/profiles"

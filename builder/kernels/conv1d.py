@@ -362,17 +362,18 @@ SHORT_GRID_MIN_SPLIT_STEPS = 16
 # Split-K candidates for short inputs, and the most fp32 partial-sum workspace a launch may take for them.
 SPLITS = (2, 4, 8)
 SPLIT_WS_BYTES = 16 * 2**20
-# Depthwise tiles of 8,192 and of 2,048 outputs: the large ones were the only choice before and left the long
+# Depthwise tiles of 2,048 and 4,096 outputs. Tiles of 8,192 were the only choice once and left the long
 # 32-64-channel VAE layers (69,120 × 32) with ~2 programs of 4 warps per SM, too few loads in flight for a
-# bandwidth-bound kernel (14-15 µs for 17.7 MB, ~40% of copy, H100 phase-1 layers); the autotuner picks per shape.
+# bandwidth-bound kernel (14-15 µs for 17.7 MB, ~40% of copy, H100 phase-1 layers); next to 2,048-output tiles
+# the autotuner still picked them now and then (noise in its cold-L2 timing), and those layers then ran 17-19 µs
+# in the graph where the 2,048-output tiles ran 6-9.5 µs (probes/codec_timeline, three builds).
 DW_CONFIGS = (
-    DwKernelConfig(32, 256, 4),
-    DwKernelConfig(64, 128, 4),
-    DwKernelConfig(128, 64, 4),
-    DwKernelConfig(256, 32, 4),
     DwKernelConfig(16, 128, 4),
     DwKernelConfig(32, 64, 4),
     DwKernelConfig(64, 32, 4),
+    DwKernelConfig(32, 128, 4),
+    DwKernelConfig(64, 64, 4),
+    DwKernelConfig(128, 32, 4),
 )
 _H100_SMS = 132
 
