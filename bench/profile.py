@@ -10,6 +10,8 @@ runtime-owned cache: bench/variants.py `TtsaotVariant`). Per bucket it records:
   and the gap = call_ms − that sum (launch latency, host work and idle time between kernels);
 - kernels per layer = kernels per call / the layer passes of one call (bench/specs.py `layer_passes`);
 - the top kernels by total time (count and µs per call, share of the kernel time);
+- on CUDA, the `timeline`: one call's kernels and copies in launch order, each with its median µs over the
+  profiled calls (layer by layer where the per-name table sums a conv stack's GEMMs into one row);
 - bytes = the stored weights (read once) + the call's inputs and outputs, the floor module's count
   (bench/floor.py), and the GB/s that makes over the kernel time and over the call, next to the copy bandwidth
   measured in the same process. A looped stage reads its weights once per pass: its figure is a lower bound.

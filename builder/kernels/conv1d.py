@@ -17,7 +17,8 @@ along channels, and a codec's conv stack needs no layout change between layers; 
 blocks are [B, T, C] already, and a 1-channel output [B, T, 1] is the [B, 1, T] wave as it is.
 
 GEMM. out[b, t, n] = Σ_j Σ_ci x[b, t·stride + j·dilation − left_pad, ci] · W[n, j, ci] (zero outside [0, T)):
-rows are output times, columns output channels, the reduction runs tap by tap over blocks of input channels.
+rows are output times, columns output channels, the reduction runs tap by tap over blocks of input channels (an
+input of < 16 channels, such as a wave, over blocks of (tap, channel) pairs instead: `joint_reduction`).
 Weights are baked once at build time (`bake_*`):
 - conv1d:            [Cout, K, Cin]    (reduction-contiguous: the K-major B operand tensor-core MMA wants for fp32);
 - conv_transpose1d:  [s, Cout, M, Cin] with M = ceil(K/s): out[b, t·s + p, co] = Σ_j Σ_ci W[p, co, j, ci] ·
@@ -50,7 +51,7 @@ their waves (`prune_gemm_configs`: the best unsplit tiles, and the best split on
 fp32 short grid, where the estimate is known to be off, measures two whole tiles and two split-Ks), so that a stage
 with ~30 distinct conv shapes benchmarks ≤ 3-4 candidates each. Build-time cost: each (epilogue
 variant × chosen tile) compiles once per package (Triton, ~1-5 s on a 16-core host; tf32x3's large tiles the
-slowest), each shape benchmarks its ≤ 3 candidates (~0.1 s each); the bench records a chain's first-call seconds
+slowest), each shape benchmarks its ≤ 3-4 candidates (~0.1 s each); the bench records a chain's first-call seconds
 (compile + tuning of every layer) as `first_call_s`.
 """
 
@@ -519,9 +520,10 @@ def prune_gemm_configs(
             # profile of vae_decoder measured ~1 µs (1×1 convs of 288 rows: 32 µs for 32 steps), and counts one
             # program per SM at a time where several fit; so it never offers a split. The measurement decides
             # between the two best whole tiles and the two largest split-Ks of the best one that keep ≥ 16 steps
-            # each (in the same H100 build, the 1×1 convs of 288 rows with 32 steps went 32 → 22 µs offered
-            # splits, those of 1,728 rows with 16 steps 24 → 31-37 µs: the autotuner's L2-cold timing favours
-            # splits that a graph, whose inputs come hot from the layer before, does not).
+            # each (H100 builds of bench/results/nvidia-h100/probes/codec_timeline: offered splits, the 1×1 convs
+            # of 288 rows with 32 steps went 32 → 22 µs, those of 1,728 rows with 16 steps 24 → 31-37 µs: the
+            # autotuner's L2-cold timing favours splits that a graph, whose inputs come hot from the layer
+            # before, does not).
             return whole[:2] + ks[:2]
     if split and keep > 1 and est(split[0]) < est(whole[0]):
         # a short input: the best split next to the best unsplit tiles, the measurement decides
