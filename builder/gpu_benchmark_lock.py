@@ -37,11 +37,16 @@ def lock_path(device: torch.device) -> Path:
 
 
 def exclusive(fn: Callable[..., Any], path: Path) -> Callable[..., Any]:
-    """`fn` run while holding an exclusive flock on `path` (created when missing; the lock goes with the process)."""
+    """`fn` run while holding an exclusive flock on `path` (created when missing; the lock goes with the process).
+    The file is opened read-only (flock needs no write access: another user's lock file on a shared host still
+    serves); where it cannot be opened at all, `fn` runs unlocked rather than failing the build."""
 
     @functools.wraps(fn)
     def locked(*args: Any, **kwargs: Any) -> Any:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+        except OSError:
+            return fn(*args, **kwargs)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             return fn(*args, **kwargs)

@@ -46,6 +46,15 @@ def test_exclusive_returns_and_raises_through(tmp_path):
     assert L.exclusive(lambda: "again", lock)() == "again"  # the lock was released by the failure
 
 
+def test_a_read_only_or_unopenable_lock_file_does_not_fail_the_measurement(tmp_path):
+    lock = tmp_path / "gpu.lock"
+    lock.touch()
+    lock.chmod(0o444)  # another user's lock file on a shared host
+    assert L.exclusive(lambda: "ran", lock)() == "ran"
+    missing_dir = tmp_path / "gone" / "gpu.lock"  # cannot be created: run unlocked
+    assert L.exclusive(lambda: "ran", missing_dir)() == "ran"
+
+
 def test_off_cuda_nothing_is_patched():
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
