@@ -7,12 +7,20 @@ manifest cannot make the runtime trim or hand out the wrong samples."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 
 from .artifact import TensorSpec
 from .errors import BindingError, InputDeviceError, InputDTypeError, InputRangeError, InputShapeError, InputValueError
+
+
+def all_finite(x: torch.Tensor) -> bool:
+    """Whether a float tensor holds no NaN or ±Inf, with ONE reduction and one read of its result: its ∞-norm
+    (NaN and ±Inf carry into it, finite values keep it finite; an empty tensor holds none). `isfinite(x).all()`
+    launches five kernels on CUDA (abs, two compares, an and, the reduction; H100 profile of vae_decoder)."""
+    return x.numel() == 0 or math.isfinite(torch.linalg.vector_norm(x, float("inf")).item())
 
 
 def shape_str(spec: TensorSpec) -> str:
@@ -50,12 +58,17 @@ class InputChecker:
             x = named[spec.name]
             self._check_structure(spec, x, sizes, fixed)
         for spec in specs:
-            x = named[spec.name] = named[spec.name].to(self.device, non_blocking=True)
+            src = named[spec.name]
+            # NaN/Inf of a host input are found on the host, before its copy: no device work, no stream sync
+            finite_check = values and spec.finite and src.is_floating_point()
+            if finite_check and src.device.type == "cpu" and not all_finite(src):
+                raise InputValueError(f"{self.stage}: input {spec.name!r} contains NaN or Inf")
+            x = named[spec.name] = src.to(self.device, non_blocking=True)
             if not values:
                 continue
             if spec.range is not None:
                 self._check_range(spec, x)
-            if spec.finite and x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            if finite_check and src.device.type != "cpu" and not all_finite(x):
                 raise InputValueError(f"{self.stage}: input {spec.name!r} contains NaN or Inf")
         return sizes
 

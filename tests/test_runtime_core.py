@@ -210,6 +210,23 @@ def test_input_checker_errors(named, sizes, err, match):
         InputChecker("s", torch.device("cpu")).check(_specs(), dict(named), sizes=sizes)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_all_finite_is_isfinite_all(dtype):
+    from ttsaot.runtime.validation import all_finite
+
+    big = torch.finfo(dtype).max
+    cases = [
+        torch.randn(3, 4, 5, dtype=dtype)[:, ::2],  # non-contiguous
+        torch.tensor([big, -big], dtype=dtype),  # the largest finite values
+        torch.tensor([1.0, float("nan")], dtype=dtype),
+        torch.tensor([float("inf"), 2.0], dtype=dtype),
+        torch.tensor([-float("inf")], dtype=dtype),
+        torch.empty(0, 3, dtype=dtype),
+    ]
+    for x in cases:
+        assert all_finite(x) == bool(torch.isfinite(x).all()), x
+
+
 def test_input_checker_sizes_and_value_switch():
     chk = InputChecker("s", torch.device("cpu"))
     named = {"codes": torch.full((2, 2, 5), 9, dtype=torch.long), "scale": torch.ones(2)}

@@ -21,6 +21,7 @@ import torch
 
 from ttsaot.builder.kernels import conv1d as K
 from ttsaot.builder.layers.conv import CausalConv1d
+from ttsaot.runtime.graphs import StaticGraph
 
 # (name, cin, cout, kernel, rows, dual): the DAC encoder's first conv and the VAE decoder's head
 LAYERS = [("dac_encoder_in", 1, 64, 7, 442368, True), ("vae_head", 32, 1, 7, 69120, False)]
@@ -28,12 +29,14 @@ TILES = [(64, 64), (128, 64), (128, 32), (64, 16), (128, 16), (256, 16)]
 
 
 def _graph_us(fn, reps: int = 20, rounds: int = 7) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    """µs per launch of `fn`: `reps` launches captured in one graph (the runtime's capture primitive), the median
+    of `rounds` replays."""
+
+    def many(_inputs):
         for _ in range(reps):
             fn()
+
+    g = StaticGraph(many, [torch.empty(1, device="cuda")])
     times = []
     for _ in range(rounds):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
