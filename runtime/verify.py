@@ -15,6 +15,7 @@ import torch
 
 from .errors import IntegrityError
 from .metrics import rel_error
+from .validation import all_finite
 
 
 @dataclass
@@ -37,7 +38,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tolerance: float) -> tuple[str
         n = int((out != ref).sum())
         return "mismatches", float(n), 0.0, n == 0
     rel = rel_error(out, ref)
-    ok = bool(torch.isfinite(out).all()) and rel <= tolerance
+    ok = all_finite(out) and rel <= tolerance
     return "rel", rel, tolerance, ok
 
 

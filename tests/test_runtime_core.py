@@ -225,6 +225,7 @@ def test_all_finite_is_isfinite_all(dtype):
     ]
     for x in cases:
         assert all_finite(x) == bool(torch.isfinite(x).all()), x
+    assert all_finite(torch.arange(5)) and all_finite(torch.ones(2, dtype=torch.bool))  # codes and masks
 
 
 def test_input_checker_sizes_and_value_switch():
