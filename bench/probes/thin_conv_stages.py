@@ -14,38 +14,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import sys
 from pathlib import Path
 
 import torch
 
-from ttsaot.builder.kernels import conv1d as K
-from ttsaot.builder.layers.conv import CausalConv1d
-from ttsaot.runtime.graphs import StaticGraph
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.common import graph_replay_ms  # noqa: E402
+from ttsaot.builder.kernels import conv1d as K  # noqa: E402
+from ttsaot.builder.layers.conv import CausalConv1d  # noqa: E402
 
 # (name, cin, cout, kernel, rows, dual): the DAC encoder's first conv and the VAE decoder's head
 LAYERS = [("dac_encoder_in", 1, 64, 7, 442368, True), ("vae_head", 32, 1, 7, 69120, False)]
 TILES = [(64, 64), (128, 64), (128, 32), (64, 16), (128, 16), (256, 16)]
 
 
-def _graph_us(fn, reps: int = 20, rounds: int = 7) -> float:
-    """µs per launch of `fn`: `reps` launches captured in one graph (the runtime's capture primitive), the median
-    of `rounds` replays."""
-
-    def many(_inputs):
-        for _ in range(reps):
-            fn()
-
-    g = StaticGraph(many, [torch.empty(1, device="cuda")])
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return statistics.median(times)
+def _graph_us(fn, launches: int = 20, reps: int = 7) -> float:
+    """µs per launch of `fn`: `launches` of it in one CUDA graph, the bench's timing of captured sequences."""
+    return graph_replay_ms([fn] * launches, reps) * 1e3
 
 
 def main() -> None:
