@@ -35,7 +35,7 @@ def test_local_encoder_profile_on_cpu(tmp_path):
     assert b["bytes"] == res["weight_bytes"] + b["io_bytes"] and b["x_floor"] > 1.0
     times = [r["us_per_call"] for r in b["top"]]
     assert times == sorted(times, reverse=True) and all(r["name"] != "bench::profiled_call" for r in b["top"])
-    assert sum(r["share"] for r in b["top"]) <= 1.0 + 1e-6
+    assert sum(r["share"] for r in b["top"]) <= 1.0 + 0.5e-4 * len(b["top"])  # each share rounded to 4 decimals
     path = write_profile(res, tmp_path / "results" / res["device"]["slug"] / "profiles")
     assert path.name == "voxcpm2__local_encoder__inductor.json"
     assert json.loads(path.read_text())["buckets"][key]["kernels_per_call"] == b["kernels_per_call"]
