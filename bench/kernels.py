@@ -52,8 +52,19 @@ from . import RESULTS_SCHEMA
 from .common import device_info, git_commit, graph_replay_ms, now_iso, rel_err, short_error, time_fn
 
 TARGET_RATIO = 0.85
-SECTIONS = ("copy", "skinny", "attention", "aoti", "layer", "predictors", "sweep", "sweep_predictors", "configs")
-DEFAULT_SECTIONS = SECTIONS[:-2]  # `sweep_predictors` and `configs` (minutes of compiles) only when asked for
+SECTIONS = (
+    "copy",
+    "skinny",
+    "attention",
+    "aoti",
+    "layer",
+    "predictors",
+    "sweep",
+    "sweep_predictors",
+    "configs",
+    "configs_predictors",
+)
+DEFAULT_SECTIONS = SECTIONS[:-3]  # the last three (minutes of compiles) only when asked for
 _WARMUP = {True: 3, False: 0}  # warm-up calls before eager timings: on the GPU, none in a CPU smoke run
 ROTATE_L2_MULTIPLE = 4  # weights rotated over at least this many times the L2 size
 MIN_GRAPH_CALLS = 16
@@ -78,7 +89,7 @@ PREDICTOR_SHAPES: dict[str, tuple[int, int, dict, tuple[int, ...]]] = {
     # LocDiT: 16 q + 2·2 kv heads of 128, hidden 1024, FFN 4096; 11 tokens × 2 (CFG) rows per request
     "voxcpm2_locdit_qkv": (2560, 1024, {"norm": True}, (22, 88)),
     "voxcpm2_locdit_o": (1024, 2048, {"residual": True}, (22, 88)),
-    "voxcpm2_locdit_gate_up": (4096, 1024, {"norm": True, "gated": True}, (22, 88)),
+    "voxcpm2_locdit_gate_up": (8192, 1024, {"norm": True, "gated": True}, (22, 88)),
     "voxcpm2_locdit_down": (1024, 4096, {"residual": True}, (22, 88)),
 }
 # VoxCPM2's base/residual LM attention (16 q heads, 2 kv heads, hd 128) over a cache of max_len 4096 (+ scratch).
@@ -105,6 +116,20 @@ DOT_CANDIDATES = (
     (32, 128, 4, 5),
 )
 CONFIG_SWEEP_M = ((1, "gemv"), (16, "dot"), (4, "gemv"), (4, "dot"), (2, "gemv"), (8, "dot"))
+# `configs_predictors`: the tensor-core form at the re-prefill predictors' rows (> 16), where x is re-read from L2
+# by every column tile (x bytes / W bytes = M / BLOCK_N), so wider tiles with more K splits are tried; split-K
+# reduced in the kernel (a semaphore workspace: no epilogue launch).
+PREDICTOR_DOT_CANDIDATES = (
+    (16, 256, 4, 4),
+    (32, 256, 4, 4),
+    (16, 128, 4, 6),
+    (32, 128, 4, 4),
+    (64, 128, 4, 4),
+    (64, 64, 4, 6),
+    (64, 256, 8, 3),
+    (128, 128, 8, 3),
+)
+PREDICTOR_SWEEP = ("voxcpm2_locdit", (22,), (1, 2, 4, 8))
 
 
 def _interpreter_kwargs(device: torch.device, kind: str) -> dict:
@@ -270,10 +295,15 @@ def bench_skinny_configs(
     reps: int,
     device: torch.device,
     time_left: Callable[[], float] = lambda: math.inf,
+    candidates: tuple[tuple[int, int, int, int], ...] | None = None,
+    splits: tuple[int, ...] | None = None,
+    fused: bool = False,
 ) -> dict:
     """Every candidate launch config × split-K of one (shape, M, form) on one weight rotation, each checked against
     the aten reference and timed in a graph of back-to-back calls; the same-bytes copy once. Candidates that would
-    start past `time_left()` are recorded as skipped."""
+    start past `time_left()` are recorded as skipped. `fused`: split-K partials added in the kernel (a zeroed
+    semaphore workspace) instead of by the epilogue kernel; splits that round to the same K ranges run once."""
+    from ttsaot.builder.kernels.common import cdiv
     from ttsaot.builder.kernels.skinny_linear import launch_skinny_linear, skinny_linear_reference
 
     g = torch.Generator(device=device).manual_seed(M * 7 + N)
@@ -284,12 +314,16 @@ def bench_skinny_configs(
     ref = skinny_linear_reference(t["x"], t["weights"][0], **kw).float()
     copy = copy_gbps(nbytes, reps, device)
     out: dict[str, Any] = {"M": M, "N": N, "K": K, "form": form, "bytes": nbytes, "copy_same_bytes": copy}
-    candidates = GEMV_CANDIDATES if form == "gemv" else DOT_CANDIDATES
-    splits = (1,) if spec.get("gated") else (1, 2, 4)
+    if candidates is None:
+        candidates = GEMV_CANDIDATES if form == "gemv" else DOT_CANDIDATES
+    if splits is None:
+        splits = (1,) if spec.get("gated") else (1, 2, 4)
+    semaphores = torch.zeros(1 << 14, dtype=torch.int32, device=device) if fused else None
     runs: dict[str, Any] = {}
     for bn, bk, warps, stages in candidates:
-        for split in splits:
-            key = f"bn{bn}/bk{bk}/w{warps}/s{stages}/split{split}"
+        effective = {cdiv(K, cdiv(cdiv(K, sp), bk) * bk): sp for sp in splits}  # K ranges are whole BLOCK_Ks
+        for split in sorted(effective):
+            key = f"bn{bn}/bk{bk}/w{warps}/s{stages}/split{split}{'/fused' if fused and split > 1 else ''}"
             if time_left() <= 0:
                 runs[key] = {"skipped": "time budget used up"}
                 continue
@@ -297,6 +331,7 @@ def bench_skinny_configs(
                 config={"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages},
                 split_k=split,
                 use_dot=form == "dot",
+                semaphores=semaphores,
             )
             try:
                 err = rel_err(launch_skinny_linear(t["x"], t["weights"][0], **kw, **launch).float(), ref)
@@ -775,6 +810,31 @@ def run_kernels(
         return cases(bench_skinny_configs, items)
 
     guarded("configs", configs_section)
+
+    def configs_predictors_section() -> dict:
+        prefix, rows, splits = PREDICTOR_SWEEP
+        items = [
+            (
+                f"{name}/M={M}/dot/fused",
+                dict(
+                    M=M,
+                    N=N,
+                    K=K,
+                    spec=spec,
+                    form="dot",
+                    time_left=budget.left,
+                    candidates=PREDICTOR_DOT_CANDIDATES,
+                    splits=splits,
+                    fused=True,
+                ),
+            )
+            for M in rows
+            for name, (N, K, spec, _) in PREDICTOR_SHAPES.items()
+            if name.startswith(prefix)
+        ]
+        return cases(bench_skinny_configs, items)
+
+    guarded("configs_predictors", configs_predictors_section)
     _voxcpm2_layers.cache_clear()
     res["seconds"] = round(time.time() - t_all, 1)
     res["status"] = "ok"

@@ -97,8 +97,13 @@ def test_kernels_bench_config_sweep_on_cpu(monkeypatch):
         "voxcpm2_qkv/M=5/dot",
         "voxcpm2_gate_up/M=5/dot",
     }, sec
+    # splits 1/2/4 of K = 48 in whole BLOCK_Ks: 1, 2, 2 ranges of 32 (run once) and 1, 2, 3 ranges of 16
     assert set(sec["voxcpm2_qkv/M=1/gemv"]["runs"]) == {
-        f"bn{bn}/bk{bk}/w{w}/s1/split{s}" for bn, bk, w in ((4, 32, 4), (8, 16, 2)) for s in (1, 2, 4)
+        "bn4/bk32/w4/s1/split1",
+        "bn4/bk32/w4/s1/split2",
+        "bn8/bk16/w2/s1/split1",
+        "bn8/bk16/w2/s1/split2",
+        "bn8/bk16/w2/s1/split3",
     }
     assert set(sec["voxcpm2_gate_up/M=5/dot"]["runs"]) == {"bn16/bk32/w4/s2/split1"}
     for case in sec.values():
@@ -112,3 +117,17 @@ def test_kernels_bench_config_sweep_on_cpu(monkeypatch):
         1, 40, 48, {"norm": True}, "gemv", 1.0, 1, torch.device("cpu"), time_left=lambda: 0.0
     )
     assert all(r == {"skipped": "time budget used up"} for r in skipped["runs"].values()) and "best" not in skipped
+
+
+def test_kernels_bench_predictor_config_sweep_fuses_the_split_k_reduction_on_cpu(monkeypatch):
+    """`--sections configs_predictors`: the tensor-core form at the predictors' rows, each candidate × split-K with
+    the in-kernel reduction, checked against the reference."""
+    require_kernel_runtime()
+    monkeypatch.setattr(kb, "PREDICTOR_SHAPES", {"voxcpm2_locdit_o": (40, 64, {"residual": True}, (22,))})
+    monkeypatch.setattr(kb, "PREDICTOR_DOT_CANDIDATES", ((16, 32, 4, 2),))
+    monkeypatch.setattr(kb, "PREDICTOR_SWEEP", ("voxcpm2_locdit", (20,), (1, 2)))
+    res = kb.run_kernels(torch.device("cpu"), budget_s=600, sections=("copy", "configs_predictors"))
+    case = res["sections"]["configs_predictors"]["voxcpm2_locdit_o/M=20/dot/fused"]
+    assert set(case["runs"]) == {"bn16/bk32/w4/s2/split1", "bn16/bk32/w4/s2/split2/fused"}, case
+    for key, run in case["runs"].items():
+        assert "error" not in run and run["rel_err_vs_reference"] < 1e-2, (key, run)

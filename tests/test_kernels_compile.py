@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent(r"""
     from ttsaot.builder.kernels import sequence_attention_triton as Q
 
     BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    OPS = ("LDG.E.128", "LDGSTS", "HMMA", "HGMMA", "LDL", "STL", "ATOM")
+    OPS = ("LDG.E.128", "LDGSTS", "HMMA", "HGMMA", "LDL", "STL", "ATOM", "BAR.SYNC")
 
     def build(fn, types, constexprs, num_warps, num_stages, aligned):
         sig = {n: ("constexpr" if n in constexprs else types[n]) for n in fn.arg_names}
@@ -53,8 +53,10 @@ SCRIPT = textwrap.dedent(r"""
 
     bf = "bf16"
     sl_types = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", g_ptr="*bf16", r_ptr="*bf16", y_ptr="*bf16",
-                    part_ptr="*fp32", M="i32", N_OUT="i32", K="i32", K_SPLIT="i32", eps="fp32", scale="fp32")
-    sl_aligned = {"x_ptr", "w_ptr", "b_ptr", "g_ptr", "r_ptr", "y_ptr", "part_ptr", "N_OUT", "K", "K_SPLIT"}
+                    part_ptr="*fp32", sem_ptr="*i32", M="i32", N_OUT="i32", K="i32", K_SPLIT="i32", eps="fp32",
+                    scale="fp32")
+    sl_aligned = {"x_ptr", "w_ptr", "b_ptr", "g_ptr", "r_ptr", "y_ptr", "part_ptr", "sem_ptr", "N_OUT", "K",
+                  "K_SPLIT"}
     results = {}
     flags = {"plain": dict(HAS_NORM=False, HAS_BIAS=False, GATED=False, HAS_RESIDUAL=False),
              "norm_gated": dict(HAS_NORM=True, HAS_BIAS=False, GATED=True, HAS_RESIDUAL=False),
@@ -66,10 +68,16 @@ SCRIPT = textwrap.dedent(r"""
     # (GEMM_CONFIGS[1], BLOCK_N 32, with the gated epilogue's two accumulators spills one register under Triton 3.7;
     # it is still the fastest gate_up config on the H100 with Triton 3.6, kernel_configs.json)
     for form, block_m, c, fname, split in cases:
-        cx = dict(flags[fname], SPLIT_K=split, USE_DOT=form != "gemv", FP32_DOT=False, PDL=True,
+        cx = dict(flags[fname], SPLIT_K=split, FUSED_REDUCE=False, USE_DOT=form != "gemv", FP32_DOT=False, PDL=True,
                   BLOCK_M=block_m, **c.kwargs)
         key = f"skinny/{form}/{fname}/m{block_m}/split{split}/bn{c.kwargs['BLOCK_N']}bk{c.kwargs['BLOCK_K']}"
         results[key] = build(S.skinny_linear_kernel, sl_types, cx, c.num_warps, c.num_stages, sl_aligned)
+    # split-K reduced in the kernel by each tile's last program (a semaphore workspace instead of a second launch)
+    for form, block_m, c in (("dot", 32, S.GEMM_CONFIGS[1]), ("gemv", 1, S.GEMV_CONFIGS[0])):
+        cx = dict(flags["bias_residual"], SPLIT_K=4, FUSED_REDUCE=True, USE_DOT=form == "dot", FP32_DOT=False,
+                  PDL=True, BLOCK_M=block_m, **c.kwargs)
+        results[f"skinny/{form}/fused_split4"] = build(S.skinny_linear_kernel, sl_types, cx, c.num_warps,
+                                                      c.num_stages, sl_aligned)
     ep_types = dict(part_ptr="*fp32", b_ptr="*bf16", r_ptr="*bf16", y_ptr="*bf16", M="i32", N_OUT="i32",
                     scale="fp32")
     results["skinny/split_k_epilogue"] = build(S.split_k_epilogue_kernel, ep_types,
@@ -94,7 +102,7 @@ SCRIPT = textwrap.dedent(r"""
         dict(cx, HQ=16, HKV=2, ROPE=1, QK_NORM=True, NUM_SPLITS=16), 4, 2, da_aligned)
     results["skinny/gemv/norm_gated/fp64_scalars"] = build(
         S.skinny_linear_kernel, dict(sl_types, eps="fp64", scale="fp64"),
-        dict(flags["norm_gated"], SPLIT_K=1, USE_DOT=False, FP32_DOT=False, PDL=True, BLOCK_M=1,
+        dict(flags["norm_gated"], SPLIT_K=1, FUSED_REDUCE=False, USE_DOT=False, FP32_DOT=False, PDL=True, BLOCK_M=1,
              **S.GEMV_CONFIGS[1].kwargs),
         S.GEMV_CONFIGS[1].num_warps, S.GEMV_CONFIGS[1].num_stages, sl_aligned)
     # Triton specialises an int argument equal to 1 into a constexpr: layer 1 of every LM compiles this variant
@@ -116,7 +124,7 @@ SCRIPT = textwrap.dedent(r"""
     # without PDL (pre-Hopper builds): no griddepcontrol at all
     results["nopdl/skinny/gemv"] = build(
         S.skinny_linear_kernel, sl_types,
-        dict(flags["plain"], SPLIT_K=1, USE_DOT=False, FP32_DOT=False, PDL=False, BLOCK_M=1,
+        dict(flags["plain"], SPLIT_K=1, FUSED_REDUCE=False, USE_DOT=False, FP32_DOT=False, PDL=False, BLOCK_M=1,
              **S.GEMV_CONFIGS[0].kwargs), 8, 1, sl_aligned)
     print(json.dumps(results))
 """)
@@ -148,6 +156,9 @@ def test_kernels_compile_for_sm90_with_the_intended_machine_code(sm90):
             if "splits1" not in key and "layer1" not in key:
                 assert r["ATOM"] > 0, (key, r)  # the ticket of the split merge
     assert sum(k.startswith("skinny/dot64") and sm90[k]["HGMMA"] > 0 for k in sm90) > 0  # wgmma at 64 rows
+    for key in ("skinny/dot/fused_split4", "skinny/gemv/fused_split4"):
+        # the in-kernel split-K reduction: a barrier before the tile counter's atomic (and the counter's reset)
+        assert sm90[key]["ATOM"] >= 1 and sm90[key]["BAR.SYNC"] >= 1, (key, sm90[key])
 
 
 @pytest.mark.slow

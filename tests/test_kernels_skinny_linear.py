@@ -142,6 +142,35 @@ def test_kernel_is_deterministic_with_split_k():
     assert torch.equal(runs[0], runs[1])
 
 
+@pytest.mark.parametrize("epilogue", ["plain", "norm_bias_residual_scaled", "norm_gated"])
+@pytest.mark.parametrize("form", ["gemv", "dot"])
+def test_fused_split_k_reduction_equals_the_epilogue_kernel(epilogue, form):
+    """With a semaphore workspace the tile's last program adds the partials in split order: the same bits as the
+    second (epilogue) kernel, one launch, and the counters are zero again afterwards, so the workspace serves the
+    next call (and the next op) unchanged."""
+    spec = dict(EPILOGUES[epilogue])
+    scale = spec.pop("scale", 1.0)
+    sem = torch.zeros(64, dtype=torch.int32, device=DEVICE)
+    for i, (lead, N, K, split) in enumerate([((3,), 48, 200, 2), ((20,), 40, 130, 3), ((2, 3), 34, 96, 4)]):
+        t = _inputs(None, N, K, torch.bfloat16, lead=lead, seed=i, **spec)
+        kw = dict(norm_eps=1e-5, gated=spec.get("gated", False), residual_scale=scale, split_k=split)
+        kw.update(config={"BLOCK_N": 16, "BLOCK_K": 32}, use_dot=form == "dot")
+        launched: list = []
+        two = launch_skinny_linear(**t, **kw)
+        for _ in range(2):
+            fused = launch_skinny_linear(**t, **kw, semaphores=sem, wrap=lambda k, seen=launched: seen.append(k) or k)
+            assert torch.equal(fused, two), (lead, N, K, split)
+            assert torch.count_nonzero(sem).item() == 0
+        assert len(launched) == 2  # one kernel per call
+
+
+def test_fused_split_k_refuses_a_short_workspace():
+    t = _inputs(None, 64, 200, torch.float32, lead=(3,))
+    for sem in (torch.zeros(3, dtype=torch.int32, device=DEVICE), torch.zeros(64, device=DEVICE)):
+        with pytest.raises(RuntimeError, match="semaphores must be"):
+            launch_skinny_linear(**t, split_k=2, use_dot=True, config={"BLOCK_N": 16, "BLOCK_K": 32}, semaphores=sem)
+
+
 @pytest.mark.parametrize("epilogue", ["norm", "residual", "norm_gated"])
 def test_launches_pass_each_kernel_only_its_own_arguments(epilogue):
     """Compiled Triton refuses a keyword its kernel does not declare (the interpreter does not): the split-K

@@ -44,6 +44,7 @@ GEMV_MAX_M = 2
 MAX_KERNEL_ROWS = 32
 MIN_SPLIT_K_CHUNK = 1024  # split-K never gives a program less than this much of K
 SPLIT_K_ALIGN = 512  # split boundaries are multiples of the largest BLOCK_K of the autotuned configs
+MIN_BLOCK_N = 2  # the smallest BLOCK_N of any config: bounds the output tiles (semaphore counters) of a call
 
 
 def skinny_linear_reference(
@@ -154,10 +155,13 @@ def launch_skinny_linear(
     config: dict | None = None,
     split_k: int | None = None,
     use_dot: bool | None = None,
+    semaphores: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1). `config` ({"BLOCK_N", "BLOCK_K",
     "num_warps", "num_stages"}) skips autotuning (the interpreter tests and the bench's sweeps use it); `split_k`
-    and `use_dot` override the plan."""
+    and `use_dot` override the plan. `semaphores`: a zeroed int32 workspace of ≥ split_k_tiles(...) counters,
+    left zeroed; with it a split-K call adds its partials in the same kernel (the last program of each output tile
+    to finish), without it a second (epilogue) kernel does."""
     from . import skinny_linear_triton as kernels
 
     k = weight.shape[1]
@@ -175,6 +179,13 @@ def launch_skinny_linear(
     k_split = cdiv(cdiv(k, split_k), align) * align
     split_k = cdiv(k, k_split)
     part = x2.new_empty((split_k, m, weight.shape[0]), dtype=torch.float32) if split_k > 1 else x2
+    fused_reduce = split_k > 1 and semaphores is not None
+    if fused_reduce:
+        tiles = cdiv(m, block_m) * cdiv(n_out, config["BLOCK_N"] if config else MIN_BLOCK_N)
+        torch._check(
+            semaphores.dtype == torch.int32 and semaphores.numel() >= tiles and semaphores.device == x.device,
+            lambda: f"skinny_linear: semaphores must be ≥ {tiles} int32 counters on {x.device}",
+        )
     flags = dict(
         HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, GATED=gated, HAS_RESIDUAL=residual is not None
     )
@@ -186,6 +197,7 @@ def launch_skinny_linear(
         r2,
         y,
         part,
+        semaphores if fused_reduce else part,
         m,
         n_out,
         k,
@@ -196,6 +208,7 @@ def launch_skinny_linear(
     meta = dict(
         flags,
         SPLIT_K=split_k,
+        FUSED_REDUCE=fused_reduce,
         USE_DOT=use_dot,
         BLOCK_M=block_m,
         FP32_DOT=x.dtype == torch.float32 or x.device.type != "cuda",
@@ -210,7 +223,7 @@ def launch_skinny_linear(
         wrap(kernel)[grid](*args, **meta)
     else:
         wrap(kernels.skinny_linear_kernel)[grid](*args, **meta, **config)
-    if split_k > 1:
+    if split_k > 1 and not fused_reduce:
         # The norm was applied in the first pass: the epilogue kernel takes the epilogue flags only.
         epilogue = {k: v for k, v in flags.items() if k != "HAS_NORM"}
         bm = min(16, next_power_of_2(m))

@@ -69,6 +69,32 @@ def _epilogue(
 
 
 @triton.jit
+def _sum_partials(
+    part_ptr,
+    offs_m,
+    offs_n,
+    mask,
+    M,
+    N_OUT,
+    GATED: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The SPLIT_K fp32 partials [SPLIT_K, M, N] of one output tile, added in split order (deterministic: the same
+    sums whichever program adds them). Loaded through L2 only (.cg): they were written by other programs."""
+    n_acc = N_OUT * 2 if GATED else N_OUT
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        base = part_ptr + (s * M + offs_m)[:, None] * n_acc + offs_n[None, :]
+        acc += tl.load(base, mask=mask, other=0.0, cache_modifier=".cg")
+        if GATED:
+            acc_up += tl.load(base + N_OUT, mask=mask, other=0.0, cache_modifier=".cg")
+    return acc, acc_up
+
+
+@triton.jit
 def _dot_loop(
     x_ptr,
     w_ptr,
@@ -191,6 +217,7 @@ def skinny_linear_kernel(
     r_ptr,
     y_ptr,
     part_ptr,
+    sem_ptr,
     M,
     N_OUT,
     K,
@@ -202,6 +229,7 @@ def skinny_linear_kernel(
     GATED: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr,
     USE_DOT: tl.constexpr,
     FP32_DOT: tl.constexpr,
     PDL: tl.constexpr,
@@ -215,7 +243,9 @@ def skinny_linear_kernel(
     FP32_DOT: `tl.dot` in exact fp32 ("ieee", not TF32), on fp32 copies of 16-bit operands if need be (the same
     products, exact in fp32): fp32 weights, and Triton's CPU interpreter, which multiplies bf16 operands as raw
     integers. With SPLIT_K > 1 the fp32 partial sums go to part_ptr
-    [SPLIT_K, M, N] and `split_k_epilogue_kernel` adds them in a fixed order (deterministic). PDL (pdl.py): the
+    [SPLIT_K, M, N] and are added in split order (deterministic): by `split_k_epilogue_kernel`, or with
+    FUSED_REDUCE by the tile's last program to arrive (counted in the zeroed int32 workspace sem_ptr, one counter
+    per output tile, left zeroed). PDL (pdl.py): the
     GEMV form loads its first W tile, then waits for the previous kernel; x and the residual are read, and the
     outputs written, only after the wait."""
     # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
@@ -313,6 +343,34 @@ def skinny_linear_kernel(
         tl.store(base, acc, mask=mask)
         if GATED:
             tl.store(base + N_OUT, acc_up, mask=mask)
+        if FUSED_REDUCE:
+            # The last of the tile's SPLIT_K programs to arrive adds the partials (in split order) and runs the
+            # epilogue: no second launch. The counter is reset by that program, so sem_ptr is all zeros between
+            # kernels and one zeroed workspace serves every split-K call of a graph, call after call. The barrier
+            # orders every thread's partial stores before the one acq_rel atomic (the cooperative-groups grid
+            # sync pattern: bar.sync, then one thread's gpu-scope release).
+            tl.debug_barrier()
+            tile = sem_ptr + pid_m * tl.num_programs(1) + pid_n + token
+            arrived = tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                acc, acc_up = _sum_partials(part_ptr, offs_m, offs_n, mask, M, N_OUT, GATED, SPLIT_K, BLOCK_M, BLOCK_N)
+                _epilogue(
+                    acc,
+                    acc_up,
+                    offs_m,
+                    offs_n,
+                    m_mask,
+                    n_mask,
+                    b_ptr,
+                    r_ptr,
+                    y_ptr,
+                    N_OUT,
+                    scale,
+                    HAS_BIAS,
+                    GATED,
+                    HAS_RESIDUAL,
+                )
+                tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -343,14 +401,7 @@ def split_k_epilogue_kernel(
     m_mask = offs_m < M
     n_mask = offs_n < N_OUT
     mask = m_mask[:, None] & n_mask[None, :]
-    n_acc = N_OUT * 2 if GATED else N_OUT
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        base = part_ptr + (s * M + offs_m)[:, None] * n_acc + offs_n[None, :]
-        acc += tl.load(base, mask=mask, other=0.0)
-        if GATED:
-            acc_up += tl.load(base + N_OUT, mask=mask, other=0.0)
+    acc, acc_up = _sum_partials(part_ptr, offs_m, offs_n, mask, M, N_OUT, GATED, SPLIT_K, BLOCK_M, BLOCK_N)
     _epilogue(
         acc, acc_up, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, y_ptr, N_OUT, scale, HAS_BIAS, GATED, HAS_RESIDUAL
     )
