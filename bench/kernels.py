@@ -901,7 +901,7 @@ def summary(res: dict) -> str:
                     best[group] = (ms, key)
         for ms, key in best.values():
             lines.append(f"sweep best {key}: {ms * 1e3:.1f} us")
-    for key, c in sec.get("configs", {}).items():
+    for key, c in [*sec.get("configs", {}).items(), *sec.get("configs_predictors", {}).items()]:
         if isinstance(c, dict) and "best" in c:
             b = c["best"]
             lines.append(
