@@ -58,7 +58,7 @@ slowest), each shape benchmarks its ≤ 3-4 candidates (~0.1 s each); the bench 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -380,14 +380,25 @@ _H100_SMS = 132
 
 
 def gemm_kernel_configs(dtype: torch.dtype) -> list[ConvKernelConfig]:
-    """The whole tile list for one operand dtype, each tile unsplit and split (pruned per shape by
-    prune_gemm_configs)."""
+    """The whole tile list for one operand dtype, each tile unsplit and split, and unsplit without a pipeline
+    (for one-step reductions: prune_gemm_configs picks exactly one of the two per tile)."""
     wide = dtype != torch.float32
-    return [
+    tiles = [
         ConvKernelConfig(t, n, 64 if wide else 32, w, s16 if wide else s32, split_k=k)
         for k in (1, *SPLITS)
         for t, n, w, s16, s32 in GEMM_TILES
     ]
+    return tiles + [replace(c, num_stages=1) for c in tiles if c.split_k == 1]
+
+
+def one_step(c: ConvKernelConfig, *, cin: int, ksize: int) -> bool:
+    """Whether each program of this tile reduces in a single step (a thin input's joint (tap, channel) block, a
+    1×1 conv of ≤ BLOCK_R channels). Such a loop has nothing to pipeline, and its stages' shared memory only
+    limits how many programs share an SM: the DAC encoder's first conv (1 → 64 channels, k7, 442,368 rows,
+    fp32) ran 452 µs at 4 stages and 121 µs at 1 (64×64 tile; 128×64: 445 → 148 µs), where writing its two
+    outputs takes 153 µs by copy (H100, bench/probes/thin_conv_stages.py,
+    bench/results/nvidia-h100/probes/thin_conv_stages/)."""
+    return math.ceil(reduction_steps(ksize, cin, c.block_r) / c.split_k) <= 1
 
 
 # Inputs of fewer channels than this (a wave's 1 channel into the DAC encoder's first conv) reduce over taps and
@@ -484,13 +495,14 @@ def prune_gemm_configs(
     fit = [
         c
         for c in configs
-        if c.block_n <= max(16, _pow2(n))
+        if (c.num_stages == 1) == one_step(c, cin=cin, ksize=ksize)
+        and c.block_n <= max(16, _pow2(n))
         and c.block_t <= max(64, _pow2(tout))
         and (c.block_n >= 32 or n <= 16)
         and _fits_registers(c, elem, precision)
     ]
     whole = [c for c in fit if c.split_k == 1] or [
-        min((c for c in configs if c.split_k == 1), key=lambda c: c.block_t * c.block_n)
+        min((c for c in configs if c.split_k == 1 and c.num_stages > 1), key=lambda c: c.block_t * c.block_n)
     ]
     split_max = max_split(batch=batch, tout=tout, n=n, cin=cin, ksize=ksize, block_r=whole[0].block_r)
     split = [c for c in fit if 1 < c.split_k <= split_max]
