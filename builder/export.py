@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .aoti_int_arrays import stable_int_array_ids
 from .gpu_benchmark_lock import serialized_gpu_benchmarks
 from .kernels import lower_for_cpu
 from .kernels.kernel_analysis import memoized_kernel_analysis
@@ -109,6 +110,7 @@ def compile_bucket(
             with (
                 torch.no_grad(),
                 memoized_kernel_analysis(),
+                stable_int_array_ids(),
                 programmatic_launches(device, pdl),
                 serialized_gpu_benchmarks(device),
             ):
