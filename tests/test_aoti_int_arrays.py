@@ -90,3 +90,22 @@ def test_the_same_live_buffer_still_shares_one_declaration():
         w, buf = _Wrapper(), _Buffer()
         assert method(w, "{4}", buf.writeline) == method(w, "{4}", buf.writeline) == "int_array_0"
         assert method(w, "{5}", buf.writeline) == "int_array_1" and len(buf.lines) == 2
+
+
+def test_torch_2_11_key_on_the_bound_method_is_pinned_too(reused_ids):
+    """torch 2.11 (the GPU machine's) keys the cache on `id(writeline)`, the bound method object, which is created
+    anew at each attribute access and dropped after the call: the pin keeps it alive as well."""
+    from ttsaot.builder.aoti_int_arrays import _pinning
+
+    def torch_2_11(self, int_array, writeline, known_statically=False, graph=None):
+        key = (int_array, cpp_wrapper_cpu.id(writeline), known_statically, None)
+        if key not in self.codegen_int_array_var_cache:
+            self.codegen_int_array_var_cache[key] = self._codegen_int_array_var_impl(
+                int_array, writeline, known_statically
+            )
+        return self.codegen_int_array_var_cache[key]
+
+    a, b, second = _passes(torch_2_11)
+    assert a == b and second.lines == []
+    a, b, second = _passes(_pinning(torch_2_11))
+    assert a != b and second.lines == [f"int64_t {b}[] = {{1, 2}};"]
