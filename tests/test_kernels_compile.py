@@ -68,16 +68,21 @@ SCRIPT = textwrap.dedent(r"""
     # (GEMM_CONFIGS[1], BLOCK_N 32, with the gated epilogue's two accumulators spills one register under Triton 3.7;
     # it is still the fastest gate_up config on the H100 with Triton 3.6, kernel_configs.json)
     for form, block_m, c, fname, split in cases:
-        cx = dict(flags[fname], SPLIT_K=split, USE_DOT=form != "gemv", FP32_DOT=False, PDL=True,
+        cx = dict(flags[fname], SPLIT_K=split, FUSED_REDUCE=False, USE_DOT=form != "gemv", FP32_DOT=False, PDL=True,
                   BLOCK_M=block_m, **c.kwargs)
         key = f"skinny/{form}/{fname}/m{block_m}/split{split}/bn{c.kwargs['BLOCK_N']}bk{c.kwargs['BLOCK_K']}"
         results[key] = build(S.skinny_linear_kernel, sl_types, cx, c.num_warps, c.num_stages, sl_aligned)
-    # split-K reduced in the kernel by each tile's last program (split_k_triton.py)
+    # split-K reduced in the kernel by each tile's last program (a semaphore workspace instead of a second launch)
     for form, block_m, c in (("dot", 32, S.GEMM_CONFIGS[1]), ("gemv", 1, S.GEMV_CONFIGS[0])):
-        cx = dict(flags["bias_residual"], SPLIT_K=4, USE_DOT=form == "dot", FP32_DOT=False, PDL=True,
-                  BLOCK_M=block_m, **c.kwargs)
-        results[f"skinny/{form}/split4_reduced"] = build(S.skinny_linear_kernel, sl_types, cx, c.num_warps,
-                                                        c.num_stages, sl_aligned)
+        cx = dict(flags["bias_residual"], SPLIT_K=4, FUSED_REDUCE=True, USE_DOT=form == "dot", FP32_DOT=False,
+                  PDL=True, BLOCK_M=block_m, **c.kwargs)
+        results[f"skinny/{form}/fused_split4"] = build(S.skinny_linear_kernel, sl_types, cx, c.num_warps,
+                                                      c.num_stages, sl_aligned)
+    ep_types = dict(part_ptr="*fp32", b_ptr="*bf16", r_ptr="*bf16", y_ptr="*bf16", M="i32", N_OUT="i32",
+                    scale="fp32")
+    results["skinny/split_k_epilogue"] = build(S.split_k_epilogue_kernel, ep_types,
+        dict(HAS_BIAS=True, GATED=True, HAS_RESIDUAL=True, SPLIT_K=4, PDL=True, BLOCK_M=16, BLOCK_N=128), 4, 1,
+        set())
     da_types = dict(qkv_ptr="*bf16", pos_ptr="*i64", kc_ptr="*bf16", vc_ptr="*bf16", cos_ptr="*fp32",
                     sin_ptr="*fp32", qn_ptr="*bf16", kn_ptr="*bf16", o_ptr="*bf16", part_o_ptr="*fp32",
                     part_ml_ptr="*fp32", ws_ptr="*i32", layer="i32", S="i32", QKV_ROW="i32", CACHE_LAYER="i32",
@@ -97,7 +102,7 @@ SCRIPT = textwrap.dedent(r"""
         dict(cx, HQ=16, HKV=2, ROPE=1, QK_NORM=True, NUM_SPLITS=16), 4, 2, da_aligned)
     results["skinny/gemv/norm_gated/fp64_scalars"] = build(
         S.skinny_linear_kernel, dict(sl_types, eps="fp64", scale="fp64"),
-        dict(flags["norm_gated"], SPLIT_K=1, USE_DOT=False, FP32_DOT=False, PDL=True, BLOCK_M=1,
+        dict(flags["norm_gated"], SPLIT_K=1, FUSED_REDUCE=False, USE_DOT=False, FP32_DOT=False, PDL=True, BLOCK_M=1,
              **S.GEMV_CONFIGS[1].kwargs),
         S.GEMV_CONFIGS[1].num_warps, S.GEMV_CONFIGS[1].num_stages, sl_aligned)
     # Triton specialises an int argument equal to 1 into a constexpr: layer 1 of every LM compiles this variant
@@ -119,7 +124,7 @@ SCRIPT = textwrap.dedent(r"""
     # without PDL (pre-Hopper builds): no griddepcontrol at all
     results["nopdl/skinny/gemv"] = build(
         S.skinny_linear_kernel, sl_types,
-        dict(flags["plain"], SPLIT_K=1, USE_DOT=False, FP32_DOT=False, PDL=False, BLOCK_M=1,
+        dict(flags["plain"], SPLIT_K=1, FUSED_REDUCE=False, USE_DOT=False, FP32_DOT=False, PDL=False, BLOCK_M=1,
              **S.GEMV_CONFIGS[0].kwargs), 8, 1, sl_aligned)
     print(json.dumps(results))
 """)
@@ -151,7 +156,7 @@ def test_kernels_compile_for_sm90_with_the_intended_machine_code(sm90):
             if "splits1" not in key and "layer1" not in key:
                 assert r["ATOM"] > 0, (key, r)  # the ticket of the split merge
     assert sum(k.startswith("skinny/dot64") and sm90[k]["HGMMA"] > 0 for k in sm90) > 0  # wgmma at 64 rows
-    for key in ("skinny/dot/split4_reduced", "skinny/gemv/split4_reduced"):
+    for key in ("skinny/dot/fused_split4", "skinny/gemv/fused_split4"):
         # the in-kernel split-K reduction: a barrier before the tile counter's atomic (and the counter's reset)
         assert sm90[key]["ATOM"] >= 1 and sm90[key]["BAR.SYNC"] >= 1, (key, sm90[key])
 
@@ -163,7 +168,7 @@ def test_decode_kernels_wait_on_their_predecessor_after_loading_weights_only(sm9
     the wait in its PTX (a kernel launched with the attribute that never waits would race its predecessor); the
     GEMV form issues its first W tile's loads BEFORE the wait (the overlap PDL is for) and lets its dependent launch
     at once, the tile form only after its K loop (measured slower otherwise at B=16), while the kernels that
-    read only activations first (attention) load nothing before it."""
+    read only activations first (attention, split-K epilogue) load nothing before it."""
     for key, r in sm90.items():
         if key.startswith("nopdl/"):
             assert r["pdl_wait"] == 0 and r["pdl_trigger"] == 0, (key, r)
@@ -173,5 +178,5 @@ def test_decode_kernels_wait_on_their_predecessor_after_loading_weights_only(sm9
         assert r["trigger_after_wait"] == key.startswith("skinny/dot"), (key, r)
         if key.startswith("skinny/gemv"):
             assert r["loads_before_wait"] > 0, (key, r)
-        elif key.startswith(("attention/", "sequence/")):
+        elif key.startswith(("attention/", "sequence/", "skinny/split_k_epilogue")):
             assert r["loads_before_wait"] == 0, (key, r)

@@ -31,6 +31,7 @@ import torch
 # Triton entry points (cubin function names) compiled with `grid_dependency_wait` on sm_90+.
 PDL_KERNELS = (
     "skinny_linear_kernel",
+    "split_k_epilogue_kernel",
     "decode_attention_kernel",
     "sequence_attention_kernel",
 )

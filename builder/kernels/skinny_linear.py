@@ -44,6 +44,7 @@ GEMV_MAX_M = 2
 MAX_KERNEL_ROWS = 32
 MIN_SPLIT_K_CHUNK = 1024  # split-K never gives a program less than this much of K
 SPLIT_K_ALIGN = 512  # split boundaries are multiples of the largest BLOCK_K of the autotuned configs
+MIN_BLOCK_N = 2  # the smallest BLOCK_N of any config: bounds the output tiles (semaphore counters) of a call
 
 
 def skinny_linear_reference(
@@ -115,9 +116,9 @@ def _check(
 
 
 def plan_split_k(m: int, n_out: int, k: int, multiprocessors: int, use_dot: bool) -> int:
-    """How many K ranges. A split launch pays a counter workspace fill and the partials' round trip, so only
-    when the column tiles (nominal BLOCK_N 8 for the GEMV form, 16 for tensor cores) × row tiles leave more than a
-    quarter of the SMs idle; doubled while that holds and each range keeps at least MIN_SPLIT_K_CHUNK of K."""
+    """How many K ranges. Each range costs a second (epilogue) launch, so only when the column tiles (nominal
+    BLOCK_N 8 for the GEMV form, 16 for tensor cores) × row tiles leave more than a quarter of the SMs idle; doubled
+    while that holds and each range keeps at least MIN_SPLIT_K_CHUNK of K."""
     tiles = cdiv(n_out, 16 if use_dot else 8) * (cdiv(m, _block_m(m, use_dot)))
     split = 1
     while 4 * tiles * split < 3 * multiprocessors and k // (2 * split) >= MIN_SPLIT_K_CHUNK and split < 8:
@@ -158,9 +159,9 @@ def launch_skinny_linear(
 ) -> torch.Tensor:
     """Run the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1). `config` ({"BLOCK_N", "BLOCK_K",
     "num_warps", "num_stages"}) skips autotuning (the interpreter tests and the bench's sweeps use it); `split_k`
-    and `use_dot` override the plan. `semaphores`: the zeroed int32 counter workspace of a split-K call (≥ one
-    counter per output tile at the configs' smallest BLOCK_N), left zeroed, so one buffer can serve call after
-    call; by default each split-K call allocates its own (a fill kernel)."""
+    and `use_dot` override the plan. `semaphores`: a zeroed int32 workspace of ≥ split_k_tiles(...) counters,
+    left zeroed; with it a split-K call adds its partials in the same kernel (the last program of each output tile
+    to finish), without it a second (epilogue) kernel does."""
     from . import skinny_linear_triton as kernels
 
     k = weight.shape[1]
@@ -178,12 +179,9 @@ def launch_skinny_linear(
     k_split = cdiv(cdiv(k, split_k), align) * align
     split_k = cdiv(k, k_split)
     part = x2.new_empty((split_k, m, weight.shape[0]), dtype=torch.float32) if split_k > 1 else x2
-    if split_k > 1:
-        configs = kernels.GEMM_CONFIGS if use_dot else kernels.GEMV_CONFIGS
-        block_n = config["BLOCK_N"] if config else min(c.kwargs["BLOCK_N"] for c in configs)
-        tiles = cdiv(m, block_m) * cdiv(n_out, block_n)
-        if semaphores is None:
-            semaphores = torch.zeros(tiles, dtype=torch.int32, device=x.device)
+    fused_reduce = split_k > 1 and semaphores is not None
+    if fused_reduce:
+        tiles = cdiv(m, block_m) * cdiv(n_out, config["BLOCK_N"] if config else MIN_BLOCK_N)
         torch._check(
             semaphores.dtype == torch.int32 and semaphores.numel() >= tiles and semaphores.device == x.device,
             lambda: f"skinny_linear: semaphores must be ≥ {tiles} int32 counters on {x.device}",
@@ -199,7 +197,7 @@ def launch_skinny_linear(
         r2,
         y,
         part,
-        semaphores if split_k > 1 else part,
+        semaphores if fused_reduce else part,
         m,
         n_out,
         k,
@@ -210,6 +208,7 @@ def launch_skinny_linear(
     meta = dict(
         flags,
         SPLIT_K=split_k,
+        FUSED_REDUCE=fused_reduce,
         USE_DOT=use_dot,
         BLOCK_M=block_m,
         FP32_DOT=x.dtype == torch.float32 or x.device.type != "cuda",
@@ -224,6 +223,24 @@ def launch_skinny_linear(
         wrap(kernel)[grid](*args, **meta)
     else:
         wrap(kernels.skinny_linear_kernel)[grid](*args, **meta, **config)
+    if split_k > 1 and not fused_reduce:
+        # The norm was applied in the first pass: the epilogue kernel takes the epilogue flags only.
+        epilogue = {k: v for k, v in flags.items() if k != "HAS_NORM"}
+        bm = min(16, next_power_of_2(m))
+        wrap(kernels.split_k_epilogue_kernel)[(cdiv(n_out, 128), cdiv(m, bm))](
+            part,
+            args[2],
+            r2,
+            y,
+            m,
+            n_out,
+            float(residual_scale),
+            **epilogue,
+            SPLIT_K=split_k,
+            PDL=meta["PDL"],
+            BLOCK_M=bm,
+            BLOCK_N=128,
+        )
     return y
 
 

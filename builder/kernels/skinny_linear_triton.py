@@ -16,7 +16,6 @@ import triton
 import triton.language as tl
 
 from .pdl_triton import grid_dependency_trigger, grid_dependency_wait
-from .split_k_triton import last_to_arrive, reset_counter
 
 
 @triton.jit
@@ -230,6 +229,7 @@ def skinny_linear_kernel(
     GATED: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr,
     USE_DOT: tl.constexpr,
     FP32_DOT: tl.constexpr,
     PDL: tl.constexpr,
@@ -242,11 +242,12 @@ def skinny_linear_kernel(
     `tl.dot` on a BLOCK_M ≥ 16 tile (rows past M masked); otherwise the FMA (GEMV) form, for BLOCK_M = M ≤ 2.
     FP32_DOT: `tl.dot` in exact fp32 ("ieee", not TF32), on fp32 copies of 16-bit operands if need be (the same
     products, exact in fp32): fp32 weights, and Triton's CPU interpreter, which multiplies bf16 operands as raw
-    integers. With SPLIT_K > 1 the fp32 partial sums go to part_ptr [SPLIT_K, M, N] and the tile's last program
-    to arrive adds them in split order (deterministic) and runs the epilogue (split_k_triton.py: one counter per
-    output tile in the zeroed int32 workspace sem_ptr, left zeroed). PDL (pdl.py): the GEMV form loads its first
-    W tile, then waits for the previous kernel; x and the residual are read, and the outputs written, only after
-    the wait."""
+    integers. With SPLIT_K > 1 the fp32 partial sums go to part_ptr
+    [SPLIT_K, M, N] and are added in split order (deterministic): by `split_k_epilogue_kernel`, or with
+    FUSED_REDUCE by the tile's last program to arrive (counted in the zeroed int32 workspace sem_ptr, one counter
+    per output tile, left zeroed). PDL (pdl.py): the
+    GEMV form loads its first W tile, then waits for the previous kernel; x and the residual are read, and the
+    outputs written, only after the wait."""
     # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
     # _use_fp64_for_unbacked_floats), which turned the loop-carried state fp64 (H100 AOTI build failed).
     eps = tl.cast(eps, tl.float32)
@@ -342,27 +343,68 @@ def skinny_linear_kernel(
         tl.store(base, acc, mask=mask)
         if GATED:
             tl.store(base + N_OUT, acc_up, mask=mask)
-        # the tile's last program adds the partials and runs the epilogue (split_k_triton.py)
-        counter = sem_ptr + pid_m * tl.num_programs(1) + pid_n + token
-        if last_to_arrive(counter, SPLIT_K):
-            acc, acc_up = _sum_partials(part_ptr, offs_m, offs_n, mask, M, N_OUT, GATED, SPLIT_K, BLOCK_M, BLOCK_N)
-            _epilogue(
-                acc,
-                acc_up,
-                offs_m,
-                offs_n,
-                m_mask,
-                n_mask,
-                b_ptr,
-                r_ptr,
-                y_ptr,
-                N_OUT,
-                scale,
-                HAS_BIAS,
-                GATED,
-                HAS_RESIDUAL,
-            )
-            reset_counter(counter)
+        if FUSED_REDUCE:
+            # The last of the tile's SPLIT_K programs to arrive adds the partials (in split order) and runs the
+            # epilogue: no second launch. The counter is reset by that program, so sem_ptr is all zeros between
+            # kernels and one zeroed workspace serves every split-K call of a graph, call after call. The barrier
+            # orders every thread's partial stores before the one acq_rel atomic (the cooperative-groups grid
+            # sync pattern: bar.sync, then one thread's gpu-scope release).
+            tl.debug_barrier()
+            tile = sem_ptr + pid_m * tl.num_programs(1) + pid_n + token
+            arrived = tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                acc, acc_up = _sum_partials(part_ptr, offs_m, offs_n, mask, M, N_OUT, GATED, SPLIT_K, BLOCK_M, BLOCK_N)
+                _epilogue(
+                    acc,
+                    acc_up,
+                    offs_m,
+                    offs_n,
+                    m_mask,
+                    n_mask,
+                    b_ptr,
+                    r_ptr,
+                    y_ptr,
+                    N_OUT,
+                    scale,
+                    HAS_BIAS,
+                    GATED,
+                    HAS_RESIDUAL,
+                )
+                tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def split_k_epilogue_kernel(
+    part_ptr,
+    b_ptr,
+    r_ptr,
+    y_ptr,
+    M,
+    N_OUT,
+    scale,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Sum the SPLIT_K partials in split order, then the same epilogue. Grid (cdiv(N_OUT, BLOCK_N),
+    cdiv(M, BLOCK_M))."""
+    scale = tl.cast(scale, tl.float32)  # fp32 whatever the caller passes (AOTI passes floats as fp64)
+    token = grid_dependency_wait(PDL, True)
+    part_ptr += token
+    r_ptr += token
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < M
+    n_mask = offs_n < N_OUT
+    mask = m_mask[:, None] & n_mask[None, :]
+    acc, acc_up = _sum_partials(part_ptr, offs_m, offs_n, mask, M, N_OUT, GATED, SPLIT_K, BLOCK_M, BLOCK_N)
+    _epilogue(
+        acc, acc_up, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, y_ptr, N_OUT, scale, HAS_BIAS, GATED, HAS_RESIDUAL
+    )
 
 
 # Tuned per bucket at AOTI compile time on the build GPU (one config is baked into each package). The lists are the
