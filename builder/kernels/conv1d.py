@@ -79,6 +79,7 @@ if HAVE_TRITON:
     import triton.language as tl
 
     from .snake_beta import _fast_sin
+    from .split_k_triton import last_to_arrive, reset_counter
 
 
 class ConvBakeError(ValueError):
@@ -836,16 +837,14 @@ if HAVE_TRITON:
             ws_off = t[:, None] * N + n[None, :]
             wmask = (t < TOUT)[:, None] & n_ok[None, :]
             tl.store(ws_ptr + (split * B + b) * TOUT * N + ws_off, acc, mask=wmask)
-            tl.debug_barrier()  # every thread's partial is written before the (single-thread) release
             counter = cnt_ptr + b * tiles + tile
-            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
+            if last_to_arrive(counter, SPLIT_K):
                 total = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
                 for s in tl.static_range(SPLIT_K):  # L2 reads (.cg): other SMs wrote them
                     total += tl.load(
                         ws_ptr + (s * B + b) * TOUT * N + ws_off, mask=wmask, other=0.0, cache_modifier=".cg"
                     )
-                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # ready for the next launch / replay
+                reset_counter(counter)
                 _gemm_epilogue(
                     total,
                     b,

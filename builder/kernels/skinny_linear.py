@@ -44,7 +44,6 @@ GEMV_MAX_M = 2
 MAX_KERNEL_ROWS = 32
 MIN_SPLIT_K_CHUNK = 1024  # split-K never gives a program less than this much of K
 SPLIT_K_ALIGN = 512  # split boundaries are multiples of the largest BLOCK_K of the autotuned configs
-MIN_BLOCK_N = 2  # the smallest BLOCK_N of any config: bounds the output tiles (semaphore counters) of a call
 
 
 def skinny_linear_reference(
@@ -159,9 +158,12 @@ def launch_skinny_linear(
 ) -> torch.Tensor:
     """Run the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1). `config` ({"BLOCK_N", "BLOCK_K",
     "num_warps", "num_stages"}) skips autotuning (the interpreter tests and the bench's sweeps use it); `split_k`
-    and `use_dot` override the plan. `semaphores`: a zeroed int32 workspace of ≥ split_k_tiles(...) counters,
-    left zeroed; with it a split-K call adds its partials in the same kernel (the last program of each output tile
-    to finish), without it a second (epilogue) kernel does."""
+    and `use_dot` override the plan. `semaphores`: a zeroed int32 workspace of ≥ one counter per output tile, left
+    zeroed; with it a split-K call adds its partials in the same kernel (the last program of each output tile to
+    finish), without it the second (epilogue) kernel does. No stage passes one: a per-call counter fill (an
+    Inductor kernel) breaks the programmatic-launch chain of the 1-row packages (H100 LocDiT b1: 5.62 vs 4.92 ms,
+    bench/results/nvidia-h100/probes/skinny_split_k_ab/); a workspace that lives across calls would need one
+    threaded through the stage's graph. The bench times both (`--sections configs_predictors`)."""
     from . import skinny_linear_triton as kernels
 
     k = weight.shape[1]
@@ -181,7 +183,9 @@ def launch_skinny_linear(
     part = x2.new_empty((split_k, m, weight.shape[0]), dtype=torch.float32) if split_k > 1 else x2
     fused_reduce = split_k > 1 and semaphores is not None
     if fused_reduce:
-        tiles = cdiv(m, block_m) * cdiv(n_out, config["BLOCK_N"] if config else MIN_BLOCK_N)
+        configs = kernels.GEMM_CONFIGS if use_dot else kernels.GEMV_CONFIGS
+        block_n = config["BLOCK_N"] if config else min(c.kwargs["BLOCK_N"] for c in configs)
+        tiles = cdiv(m, block_m) * cdiv(n_out, block_n)
         torch._check(
             semaphores.dtype == torch.int32 and semaphores.numel() >= tiles and semaphores.device == x.device,
             lambda: f"skinny_linear: semaphores must be ≥ {tiles} int32 counters on {x.device}",

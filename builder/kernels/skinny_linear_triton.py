@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from .pdl_triton import grid_dependency_trigger, grid_dependency_wait
+from .split_k_triton import last_to_arrive, reset_counter
 
 
 @triton.jit
@@ -344,15 +345,9 @@ def skinny_linear_kernel(
         if GATED:
             tl.store(base + N_OUT, acc_up, mask=mask)
         if FUSED_REDUCE:
-            # The last of the tile's SPLIT_K programs to arrive adds the partials (in split order) and runs the
-            # epilogue: no second launch. The counter is reset by that program, so sem_ptr is all zeros between
-            # kernels and one zeroed workspace serves every split-K call of a graph, call after call. The barrier
-            # orders every thread's partial stores before the one acq_rel atomic (the cooperative-groups grid
-            # sync pattern: bar.sync, then one thread's gpu-scope release).
-            tl.debug_barrier()
-            tile = sem_ptr + pid_m * tl.num_programs(1) + pid_n + token
-            arrived = tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
+            # the tile's last program adds the partials and runs the epilogue (split_k_triton.py): no second launch
+            counter = sem_ptr + pid_m * tl.num_programs(1) + pid_n + token
+            if last_to_arrive(counter, SPLIT_K):
                 acc, acc_up = _sum_partials(part_ptr, offs_m, offs_n, mask, M, N_OUT, GATED, SPLIT_K, BLOCK_M, BLOCK_N)
                 _epilogue(
                     acc,
@@ -370,7 +365,7 @@ def skinny_linear_kernel(
                     GATED,
                     HAS_RESIDUAL,
                 )
-                tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")
+                reset_counter(counter)
 
 
 @triton.jit
