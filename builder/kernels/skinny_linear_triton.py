@@ -320,7 +320,22 @@ def skinny_linear_kernel(
         )
     if USE_DOT:
         offs_m += grid_dependency_trigger(PDL)
-    if SPLIT_K == 1:
+    finish = True  # this program writes y (a static True/False, or the runtime answer of the in-kernel reduction)
+    if SPLIT_K > 1:
+        n_acc = N_OUT * 2 if GATED else N_OUT
+        base = part_ptr + (pid_k * M + offs_m)[:, None] * n_acc + offs_n[None, :]
+        mask = m_mask[:, None] & n_mask[None, :]
+        tl.store(base, acc, mask=mask)
+        if GATED:
+            tl.store(base + N_OUT, acc_up, mask=mask)
+        finish = False  # split_k_epilogue_kernel adds the partials
+        if FUSED_REDUCE:
+            # the tile's last program adds the partials and runs the epilogue (split_k_triton.py): no second launch
+            counter = sem_ptr + pid_m * tl.num_programs(1) + pid_n + token
+            finish = last_to_arrive(counter, SPLIT_K)
+            if finish:
+                acc, acc_up = _sum_partials(part_ptr, offs_m, offs_n, mask, M, N_OUT, GATED, SPLIT_K, BLOCK_M, BLOCK_N)
+    if finish:
         _epilogue(
             acc,
             acc_up,
@@ -337,35 +352,8 @@ def skinny_linear_kernel(
             GATED,
             HAS_RESIDUAL,
         )
-    else:
-        n_acc = N_OUT * 2 if GATED else N_OUT
-        base = part_ptr + (pid_k * M + offs_m)[:, None] * n_acc + offs_n[None, :]
-        mask = m_mask[:, None] & n_mask[None, :]
-        tl.store(base, acc, mask=mask)
-        if GATED:
-            tl.store(base + N_OUT, acc_up, mask=mask)
         if FUSED_REDUCE:
-            # the tile's last program adds the partials and runs the epilogue (split_k_triton.py): no second launch
-            counter = sem_ptr + pid_m * tl.num_programs(1) + pid_n + token
-            if last_to_arrive(counter, SPLIT_K):
-                acc, acc_up = _sum_partials(part_ptr, offs_m, offs_n, mask, M, N_OUT, GATED, SPLIT_K, BLOCK_M, BLOCK_N)
-                _epilogue(
-                    acc,
-                    acc_up,
-                    offs_m,
-                    offs_n,
-                    m_mask,
-                    n_mask,
-                    b_ptr,
-                    r_ptr,
-                    y_ptr,
-                    N_OUT,
-                    scale,
-                    HAS_BIAS,
-                    GATED,
-                    HAS_RESIDUAL,
-                )
-                reset_counter(counter)
+            reset_counter(counter)
 
 
 @triton.jit
