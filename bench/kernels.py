@@ -117,8 +117,8 @@ DOT_CANDIDATES = (
 )
 CONFIG_SWEEP_M = ((1, "gemv"), (16, "dot"), (4, "gemv"), (4, "dot"), (2, "gemv"), (8, "dot"))
 # `configs_predictors`: the tensor-core form at the re-prefill predictors' rows (> 16), where x is re-read from L2
-# by every column tile (x bytes / W bytes = M / BLOCK_N), so wider tiles with more K splits are tried; split-K
-# reduced in the kernel (a semaphore workspace: no epilogue launch).
+# by every column tile (x bytes / W bytes = M / BLOCK_N), so wider tiles with more K splits are tried, each split
+# as the op runs it (an epilogue kernel) and reduced in the kernel on a shared counter workspace.
 PREDICTOR_DOT_CANDIDATES = (
     (16, 256, 4, 4),
     (32, 256, 4, 4),
@@ -297,12 +297,13 @@ def bench_skinny_configs(
     time_left: Callable[[], float] = lambda: math.inf,
     candidates: tuple[tuple[int, int, int, int], ...] | None = None,
     splits: tuple[int, ...] | None = None,
-    fused: bool = False,
+    shared_counters: bool = False,
 ) -> dict:
     """Every candidate launch config × split-K of one (shape, M, form) on one weight rotation, each checked against
     the aten reference and timed in a graph of back-to-back calls; the same-bytes copy once. Candidates that would
-    start past `time_left()` are recorded as skipped. `fused`: split-K partials added in the kernel (a zeroed
-    semaphore workspace) instead of by the epilogue kernel; splits that round to the same K ranges run once."""
+    start past `time_left()` are recorded as skipped; splits that round to the same K ranges run once. A split runs
+    as the op does (its epilogue kernel adds the partials); `shared_counters` also times it on one zeroed counter
+    workspace that every call reuses (the kernel adds the partials and leaves the workspace zeroed)."""
     from ttsaot.builder.kernels.common import cdiv
     from ttsaot.builder.kernels.skinny_linear import launch_skinny_linear, skinny_linear_reference
 
@@ -318,12 +319,14 @@ def bench_skinny_configs(
         candidates = GEMV_CANDIDATES if form == "gemv" else DOT_CANDIDATES
     if splits is None:
         splits = (1,) if spec.get("gated") else (1, 2, 4)
-    semaphores = torch.zeros(1 << 14, dtype=torch.int32, device=device) if fused else None
+    shared = torch.zeros(1 << 14, dtype=torch.int32, device=device) if shared_counters else None
     runs: dict[str, Any] = {}
     for bn, bk, warps, stages in candidates:
         effective = {cdiv(K, cdiv(cdiv(K, sp), bk) * bk): sp for sp in splits}  # K ranges are whole BLOCK_Ks
-        for split in sorted(effective):
-            key = f"bn{bn}/bk{bk}/w{warps}/s{stages}/split{split}{'/fused' if fused and split > 1 else ''}"
+        for split, semaphores in [(sp, None) for sp in sorted(effective)] + [
+            (sp, shared) for sp in sorted(effective) if shared is not None and sp > 1
+        ]:
+            key = f"bn{bn}/bk{bk}/w{warps}/s{stages}/split{split}{'/shared' if semaphores is not None else ''}"
             if time_left() <= 0:
                 runs[key] = {"skipped": "time budget used up"}
                 continue
@@ -815,7 +818,7 @@ def run_kernels(
         prefix, rows, splits = PREDICTOR_SWEEP
         items = [
             (
-                f"{name}/M={M}/dot/fused",
+                f"{name}/M={M}/dot",
                 dict(
                     M=M,
                     N=N,
@@ -825,7 +828,7 @@ def run_kernels(
                     time_left=budget.left,
                     candidates=PREDICTOR_DOT_CANDIDATES,
                     splits=splits,
-                    fused=True,
+                    shared_counters=True,
                 ),
             )
             for M in rows

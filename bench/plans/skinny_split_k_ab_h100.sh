@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One device call (issue 14): skinny_linear's split-K reduced in the kernel (HEAD) vs the epilogue kernel (OTHER,
-# a snapshot of the commit before), the LocDiT stage built from each tree and profiled in turn
-# (bench/plans/stage_ab_h100.sh), then the kernel sweep at the LocDiT rows (own counters vs a shared workspace)
-# and the skinny GPU tests (split-K under contention, real shapes autotuned).
+# One device call (issue 14): a skinny_linear change A/B'd at the stage — this tree (`new`) vs OTHER (`old`, a
+# `git archive` of another commit), the LocDiT stage built from each and profiled in turn
+# (bench/plans/stage_ab_h100.sh) — then the kernel sweep at the LocDiT rows (`--sections configs_predictors`) and
+# the skinny GPU tests (split-K under contention, real shapes autotuned). Used for
+# bench/results/nvidia-h100/probes/skinny_split_k_ab/ (new = f2a3c20, since reverted).
 #   OTHER=../.snap_old bash bench/plans/skinny_split_k_ab_h100.sh > $OUT/run.log 2>&1
 set -u
 cd "$(dirname "$0")/../.."
