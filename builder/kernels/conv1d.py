@@ -1655,6 +1655,7 @@ __all__ = [
     "launch_conv_gemm",
     "launch_dwconv",
     "max_split",
+    "one_step",
     "prune_dw_configs",
     "prune_gemm_configs",
     "round_to_tf32",
