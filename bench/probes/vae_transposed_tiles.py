@@ -28,11 +28,7 @@ from ttsaot.builder.layers.conv import CausalConvTranspose1d  # noqa: E402
 # (name, cin, cout, stride, rows): the VAE decoder's first three upsampling convs at a 36-frame window
 LAYERS = [("up8", 2048, 1024, 8, 36), ("up6", 1024, 512, 6, 288), ("up5", 512, 256, 5, 1728)]
 SPLITS = (1, 2, 4, 8)
-
-
-def _graph_us(fn, launches: int = 20, reps: int = 7) -> float:
-    """µs per launch of `fn`: `launches` of it in one CUDA graph, the bench's timing of captured sequences."""
-    return graph_replay_ms([fn] * launches, reps) * 1e3
+LAUNCHES, REPS = 20, 7  # launches of a layer per CUDA graph (bench.common.graph_replay_ms: µs per launch × 1e-3)
 
 
 def main() -> None:
@@ -62,7 +58,7 @@ def main() -> None:
         )
         src = torch.empty(w.numel(), device="cuda").uniform_()
         dst = torch.empty_like(src)
-        copy_us = _graph_us(lambda: dst.copy_(src))  # noqa: B023 - called at once
+        copy_us = graph_replay_ms([lambda: dst.copy_(src)] * LAUNCHES, REPS) * 1e3  # noqa: B023 - called at once
         flop = 2.0 * T * n * k_taps * cin
         for bt, bn, warps, stages in sorted(tiles):
             if stages == 1 or bn > max(16, 1 << (n - 1).bit_length()) or bt > max(64, 1 << (T - 1).bit_length()):
@@ -78,7 +74,7 @@ def main() -> None:
                 try:
                     got = run()
                     err = ((got - ref).norm() / ref.norm()).item()
-                    us = _graph_us(run)
+                    us = graph_replay_ms([run] * LAUNCHES, REPS) * 1e3
                 except Exception as e:  # noqa: BLE001 - a config the kernel refuses is a result too
                     rows.append({"layer": name, "tile": cfg.name, "error": str(e).splitlines()[0][:200]})
                     continue
