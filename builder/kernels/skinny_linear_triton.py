@@ -243,10 +243,9 @@ def skinny_linear_kernel(
     `tl.dot` on a BLOCK_M ≥ 16 tile (rows past M masked); otherwise the FMA (GEMV) form, for BLOCK_M = M ≤ 2.
     FP32_DOT: `tl.dot` in exact fp32 ("ieee", not TF32), on fp32 copies of 16-bit operands if need be (the same
     products, exact in fp32): fp32 weights, and Triton's CPU interpreter, which multiplies bf16 operands as raw
-    integers. With SPLIT_K > 1 the fp32 partial sums go to part_ptr
-    [SPLIT_K, M, N] and are added in split order (deterministic): by `split_k_epilogue_kernel`, or with
-    FUSED_REDUCE by the tile's last program to arrive (counted in the zeroed int32 workspace sem_ptr, one counter
-    per output tile, left zeroed). PDL (pdl.py): the
+    integers. With SPLIT_K > 1 the fp32 partial sums go to part_ptr [SPLIT_K, M, N] and are added in split order
+    (deterministic): by `split_k_epilogue_kernel`, or with FUSED_REDUCE by the tile's last program to arrive
+    (counted in the zeroed int32 workspace sem_ptr, one counter per output tile, left zeroed). PDL (pdl.py): the
     GEMV form loads its first W tile, then waits for the previous kernel; x and the residual are read, and the
     outputs written, only after the wait."""
     # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
