@@ -323,10 +323,10 @@ def bench_skinny_configs(
     runs: dict[str, Any] = {}
     for bn, bk, warps, stages in candidates:
         effective = {cdiv(K, cdiv(cdiv(K, sp), bk) * bk): sp for sp in splits}  # K ranges are whole BLOCK_Ks
-        for split, workspace in [(sp, None) for sp in sorted(effective)] + [
+        for split, semaphores in [(sp, None) for sp in sorted(effective)] + [
             (sp, shared) for sp in sorted(effective) if shared is not None and sp > 1
         ]:
-            key = f"bn{bn}/bk{bk}/w{warps}/s{stages}/split{split}{'/shared' if workspace is not None else ''}"
+            key = f"bn{bn}/bk{bk}/w{warps}/s{stages}/split{split}{'/shared' if semaphores is not None else ''}"
             if time_left() <= 0:
                 runs[key] = {"skipped": "time budget used up"}
                 continue
@@ -334,7 +334,7 @@ def bench_skinny_configs(
                 config={"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages},
                 split_k=split,
                 use_dot=form == "dot",
-                workspace=workspace,
+                semaphores=semaphores,
             )
             try:
                 err = rel_err(launch_skinny_linear(t["x"], t["weights"][0], **kw, **launch).float(), ref)

@@ -10,15 +10,12 @@ import torch
 from ttsaot.builder.kernels import CPU_DECOMPOSITIONS, lower_for_cpu
 from ttsaot.builder.kernels.skinny_linear import (
     MAX_KERNEL_ROWS,
-    MIN_BLOCK_N,
     MIN_SPLIT_K_CHUNK,
     kernel_rows,
     launch_skinny_linear,
     plan_split_k,
     skinny_linear,
     skinny_linear_reference,
-    skinny_linear_workspace,
-    workspace_counters,
 )
 from ttsaot.builder.layers import RMSNorm, SwiGLU
 
@@ -161,7 +158,7 @@ def test_fused_split_k_reduction_equals_the_epilogue_kernel(epilogue, form):
         launched: list = []
         two = launch_skinny_linear(**t, **kw)
         for _ in range(2):
-            fused = launch_skinny_linear(**t, **kw, workspace=sem, wrap=lambda k, seen=launched: seen.append(k) or k)
+            fused = launch_skinny_linear(**t, **kw, semaphores=sem, wrap=lambda k, seen=launched: seen.append(k) or k)
             assert torch.equal(fused, two), (lead, N, K, split)
             assert torch.count_nonzero(sem).item() == 0
         assert len(launched) == 2  # one kernel per call
@@ -170,8 +167,8 @@ def test_fused_split_k_reduction_equals_the_epilogue_kernel(epilogue, form):
 def test_fused_split_k_refuses_a_short_workspace():
     t = _inputs(None, 64, 200, torch.float32, lead=(3,))
     for sem in (torch.zeros(3, dtype=torch.int32, device=DEVICE), torch.zeros(64, device=DEVICE)):
-        with pytest.raises(RuntimeError, match="workspace must hold"):
-            launch_skinny_linear(**t, split_k=2, use_dot=True, config={"BLOCK_N": 16, "BLOCK_K": 32}, workspace=sem)
+        with pytest.raises(RuntimeError, match="semaphores must be"):
+            launch_skinny_linear(**t, split_k=2, use_dot=True, config={"BLOCK_N": 16, "BLOCK_K": 32}, semaphores=sem)
 
 
 @pytest.mark.parametrize("epilogue", ["norm", "residual", "norm_gated"])
@@ -228,11 +225,6 @@ def test_split_k_plan():
     assert plan_split_k(1, 2048, 2048, 132, False) == 1  # VoxCPM2 o_proj: 256 GEMV programs fill the GPU
     assert plan_split_k(16, 1024, 3072, 132, True) == 2  # Qwen predictor down: 64 tensor-core tiles do not
     assert plan_split_k(176, 19456, 2560, 132, True) == 1  # Fish gate_up with 176 rows fills the GPU
-    # The partials added in the same launch (a workspace): up to two programs per SM, ranges of ≥ 512.
-    assert plan_split_k(22, 1024, 2048, 132, True, fused=True) == 4  # LocDiT o_proj (2 with the epilogue kernel)
-    assert plan_split_k(22, 1024, 4096, 132, True, fused=True) == 8  # LocDiT down
-    assert plan_split_k(22, 8192, 1024, 132, True, fused=True) == 1  # gate_up: 512 tiles fill the GPU
-    assert plan_split_k(22, 1024, 512, 132, True, fused=True) == 1  # K too short to split
 
 
 def test_shape_and_dtype_errors():
@@ -278,53 +270,6 @@ def test_export_keeps_one_node_per_call_and_cpu_lowers_to_aten():
             assert not any("ttsaot" in t for t in targets)
             assert any("mm" in t for t in targets)
             torch.testing.assert_close(lowered.module()(x), m(x))
-
-
-class _WithWorkspace(_TwoLinears):
-    """The two calls sharing one zeroed workspace, as a stage call threads it."""
-
-    def forward(self, x):
-        ws = torch.zeros(workspace_counters(x.shape[0], 16), dtype=torch.int32)
-        h = skinny_linear(x, self.w1, norm_weight=self.g, norm_eps=1e-5, gated=True, workspace=ws)
-        return skinny_linear(h, self.w2, residual=x, residual_scale=0.5, workspace=ws)
-
-
-def test_workspace_calls_are_one_mutating_node_each_and_cpu_lowers_to_aten():
-    """With a workspace the call is `skinny_linear_with_workspace`, which declares it mutated (so AOTInductor keeps
-    one buffer for the whole graph); on CPU it is the reference and lower_for_cpu leaves plain aten ops."""
-    schema = torch.ops.ttsaot.skinny_linear_with_workspace.default._schema
-    assert [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write] == ["workspace"]
-    assert not torch.ops.ttsaot.skinny_linear.default._schema.is_mutable
-    m, x = _WithWorkspace(), torch.randn(3, 16)
-    ws = torch.zeros(8, dtype=torch.int32)
-    assert torch.equal(skinny_linear(x, m.w1, workspace=ws), skinny_linear_reference(x, m.w1))
-    assert torch.count_nonzero(ws).item() == 0
-    with torch.no_grad():
-        ep = torch.export.export(m, (x,), strict=False)
-        ops = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
-        assert ops.count("ttsaot.skinny_linear_with_workspace.default") == 2
-        assert "ttsaot.skinny_linear.default" not in ops
-        lowered = lower_for_cpu(ep)
-        targets = {str(n.target) for n in lowered.graph.nodes if n.op == "call_function"}
-        assert not any("ttsaot" in t or "auto_functionalized" in t for t in targets)
-        torch.testing.assert_close(lowered.module()(x), _TwoLinears.forward(m, x))
-
-
-def test_workspace_sizing():
-    """A stage's workspace holds every counter a fused split-K call may ask for (the launcher refuses fewer): the
-    smallest BLOCK_N of each form's configs; none off CUDA or above the kernels' row limit (aten runs there)."""
-    from ttsaot.builder.kernels import skinny_linear_triton as kernels
-
-    assert MIN_BLOCK_N == {
-        False: min(c.kwargs["BLOCK_N"] for c in kernels.GEMV_CONFIGS),
-        True: min(c.kwargs["BLOCK_N"] for c in kernels.GEMM_CONFIGS),
-    }
-    assert workspace_counters(1, 1024) == 512 and workspace_counters(22, 4096) == 256  # 1 row tile of 32
-    assert skinny_linear_workspace(torch.empty(1), 22, 1024) is None  # CPU: the op runs its reference
-    if ON_GPU:
-        assert skinny_linear_workspace(torch.empty(1, device="cuda"), MAX_KERNEL_ROWS + 1, 1024) is None
-        ws = skinny_linear_workspace(torch.empty(1, device="cuda"), 22, 1024)
-        assert ws.dtype == torch.int32 and ws.numel() == workspace_counters(22, 1024) and not ws.any()
 
 
 # ------------------------------------------------------------------------------------ GPU, real shapes
@@ -394,54 +339,7 @@ def test_gpu_fused_split_k_under_contention(name, split):
     kw["config"] = {"BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4}
     sem = torch.zeros(1 << 14, dtype=torch.int32, device=DEVICE)
     two = launch_skinny_linear(**t, **kw)
-    outs = [launch_skinny_linear(**t, **kw, workspace=sem) for _ in range(200)]
+    outs = [launch_skinny_linear(**t, **kw, semaphores=sem) for _ in range(200)]
     torch.cuda.synchronize()
     assert all(torch.equal(y, two) for y in outs)
     assert torch.count_nonzero(sem).item() == 0
-
-
-class _SharedWorkspace(torch.nn.Module):
-    """Two split-K projections at the LocDiT down shape (M = 22, K = 4096) on one workspace, as a stage call."""
-
-    def __init__(self, workspace: bool):
-        super().__init__()
-        g = torch.Generator().manual_seed(5)
-        self.w1 = torch.nn.Parameter((torch.randn(1024, 4096, generator=g) / 64).to(torch.bfloat16))
-        self.w2 = torch.nn.Parameter((torch.randn(1024, 4096, generator=g) / 64).to(torch.bfloat16))
-        self.workspace = workspace
-
-    def forward(self, x, r):
-        ws = skinny_linear_workspace(x, x.shape[0], 1024) if self.workspace else None
-        y = skinny_linear(x, self.w1, residual=r, workspace=ws)
-        return skinny_linear(x, self.w2, residual=y, workspace=ws)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-def test_gpu_aoti_package_reduces_split_k_without_the_epilogue_kernel(tmp_path):
-    """Compiled by AOTInductor, a graph that threads one workspace runs each split-K projection as ONE kernel (no
-    split_k_epilogue_kernel) and computes what the two-kernel form computes; a second call on the package's own
-    (re-zeroed) workspace gives the same bits."""
-    from torch._inductor import aoti_compile_and_package, aoti_load_package
-    from torch.profiler import ProfilerActivity, profile
-
-    assert plan_split_k(22, 1024, 4096, torch.cuda.get_device_properties(0).multi_processor_count, True) > 1
-    m, two = _SharedWorkspace(True).cuda(), _SharedWorkspace(False).cuda()
-    g = torch.Generator().manual_seed(6)
-    x = torch.randn(22, 4096, generator=g).to(torch.bfloat16).cuda()
-    r = torch.randn(22, 1024, generator=g).to(torch.bfloat16).cuda()
-    with torch.no_grad():
-        ep = torch.export.export(m, (x, r), strict=False)
-        ops = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
-        assert ops.count("ttsaot.skinny_linear_with_workspace.default") == 2
-        runner = aoti_load_package(aoti_compile_and_package(ep, package_path=str(tmp_path / "ws.pt2")))
-        first = runner(x, r)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            again = runner(x, r)
-            torch.cuda.synchronize()
-        want = two(x, r)
-    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-    assert sum("skinny_linear_kernel" in n for n in names) == 2, names
-    assert not any("split_k_epilogue" in n for n in names), names
-    assert torch.equal(first, again)
-    assert rel_err(first.float(), want.float()) < 1e-2

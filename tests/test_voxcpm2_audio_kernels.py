@@ -22,7 +22,7 @@ from ttsaot.builder.families.voxcpm2 import stages as vst
 from ttsaot.builder.kernels import decode_modules
 from ttsaot.builder.kernels.decode_modules import KernelAttention, KernelLinear, KernelSwiGLU
 from ttsaot.builder.kernels.sequence_attention import launch_sequence_attention, sequence_attention, supported
-from ttsaot.builder.kernels.skinny_linear import launch_skinny_linear, workspace_counters
+from ttsaot.builder.kernels.skinny_linear import launch_skinny_linear
 from ttsaot.builder.passes import cast_to_compute_dtype, fuse_projections
 from ttsaot.runtime import load
 
@@ -101,24 +101,11 @@ def test_stage_specs_install_the_pass_for_ttsaot_only(name):
     assert spec.kernels_on(torch.device("cpu")) == "inductor"
 
 
-def _interpreted(calls: list, workspaces: list | None = None):
-    """skinny_linear that always runs the Triton kernels (the interpreter on CPU), whatever the row count. A call
-    given a workspace splits K in two where K ≥ 64, so the tile's last program adds the partials there."""
+def _interpreted(calls: list):
+    """skinny_linear that always runs the Triton kernels (the interpreter on CPU), whatever the row count."""
 
-    def run(
-        x,
-        weight,
-        bias=None,
-        norm_weight=None,
-        norm_eps=1e-6,
-        gated=False,
-        residual=None,
-        residual_scale=1.0,
-        workspace=None,
-    ):
+    def run(x, weight, bias=None, norm_weight=None, norm_eps=1e-6, gated=False, residual=None, residual_scale=1.0):
         calls.append(x.numel() // x.shape[-1])
-        if workspaces is not None:
-            workspaces.append(workspace)
         return launch_skinny_linear(
             x,
             weight,
@@ -128,9 +115,7 @@ def _interpreted(calls: list, workspaces: list | None = None):
             gated,
             residual,
             residual_scale,
-            workspace,
             config={"BLOCK_N": 16, "BLOCK_K": 32},
-            split_k=2 if workspace is not None and x.shape[-1] >= 64 else None,
         )
 
     return run
@@ -160,18 +145,8 @@ def test_kernel_modules_on_the_triton_kernels_equal_eager(name, cfg, monkeypatch
     config = ODD if cfg == "odd" else TINY
     orig, kern, _ = _pair(name, config)
     calls: list[int] = []
-    workspaces: list = []
     attention: list = []
-    monkeypatch.setattr(decode_modules, "skinny_linear", _interpreted(calls, workspaces))
-    # The stage's split-K workspace on any device (the stages make one on CUDA only, where the kernels run).
-    made: list[torch.Tensor] = []
-    monkeypatch.setattr(
-        va,
-        "skinny_linear_workspace",
-        lambda like, rows, n: (
-            made.append(torch.zeros(workspace_counters(rows, n), dtype=torch.int32, device=like.device)) or made[-1]
-        ),
-    )
+    monkeypatch.setattr(decode_modules, "skinny_linear", _interpreted(calls))
     monkeypatch.setattr(decode_modules, "sequence_attention", _interpreted_attention(attention))
     dev = torch.device("cuda") if ON_GPU else torch.device("cpu")
     orig, kern = orig.to(dev), kern.to(dev)
@@ -183,13 +158,6 @@ def test_kernel_modules_on_the_triton_kernels_equal_eager(name, cfg, monkeypatch
     tokens = 2 + 1 + 2 * config.patch_size if name == "locdit" else config.patch_size + 1
     per_call = 2 * (4 * 2 + 7) + 2 if name == "locdit" else 4 * 2 + 2  # 2 layers; DiT: 2 estimator calls + mu
     assert len(calls) == 2 * per_call
-    # One workspace per module call, passed to every projection of every layer (DiT: of both estimator calls), and
-    # zero again after it; the other projections (KernelLinear) run without one.
-    assert len(made) == 2
-    layer_projections = 4 * 2 * (2 if name == "locdit" else 1)
-    for ws in made:
-        assert sum(w is ws for w in workspaces) == layer_projections and torch.count_nonzero(ws).item() == 0
-    assert sum(w is None for w in workspaces) == len(workspaces) - 2 * layer_projections
     assert min(calls) == 1 and max(calls) == (2 * 3 * tokens if name == "locdit" else 3 * tokens)
     sequences = [2 * 3, 2 * 1] if name == "locdit" else [3, 1]  # CFG doubles the DiT batch
     layer_calls = 2 * (2 if name == "locdit" else 1)  # layers × estimator calls per module call

@@ -94,30 +94,19 @@ class KernelAttention(nn.Module):
         cos: torch.Tensor | None,
         sin: torch.Tensor | None,
         residual_scale: float = 1.0,
-        workspace: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Sequence form, bidirectional: x [B,T,D] → x + residual_scale · o_proj(attention(rope(q), rope(k), v)) as
         three ops: skinny_linear (RMSNorm prologue) → sequence_attention (NeoX RoPE at positions 0..T-1 with the
-        fp32 tables cos/sin [≥ T, hd], or None; GQA) → skinny_linear (o_proj + residual epilogue).
-        workspace: the stage call's zeroed split-K counters (`skinny_linear_workspace`), shared by every projection
-        (the op leaves it zeroed); None = split-K calls add their partials in a second kernel."""
+        fp32 tables cos/sin [≥ T, hd], or None; GQA) → skinny_linear (o_proj + residual epilogue)."""
         if self.q_norm is not None or self.rope_interleaved:
             raise ValueError("KernelAttention.sequence: q/k norms and interleaved RoPE are not supported")
-        qkv = skinny_linear(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps, workspace=workspace)
+        qkv = skinny_linear(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps)
         o = sequence_attention(qkv, cos, sin, self.n_heads, self.n_kv_heads, self.head_dim**-0.5)
-        return self.project_out(o, x, residual_scale, workspace)
+        return self.project_out(o, x, residual_scale)
 
-    def project_out(
-        self, o: torch.Tensor, x: torch.Tensor, residual_scale: float, workspace: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def project_out(self, o: torch.Tensor, x: torch.Tensor, residual_scale: float) -> torch.Tensor:
         """x + residual_scale · o_proj(o): one skinny_linear with the residual epilogue."""
-        return skinny_linear(
-            o, self.o_proj.weight, self.o_proj.bias, residual=x, residual_scale=residual_scale, workspace=workspace
-        )
-
-    def out_features(self) -> int:
-        """The widest output of this block's projections (sizes a `skinny_linear_workspace`)."""
-        return max(self.qkv_proj.out_features, self.o_proj.out_features)
+        return skinny_linear(o, self.o_proj.weight, self.o_proj.bias, residual=x, residual_scale=residual_scale)
 
 
 class KernelSwiGLU(nn.Module):
@@ -127,18 +116,10 @@ class KernelSwiGLU(nn.Module):
             raise ValueError("KernelSwiGLU needs the fused gate_up_proj (run passes.fuse_projections first)")
         self.gate_up_proj, self.down_proj, self.hidden = mlp.gate_up_proj, mlp.down_proj, mlp.hidden
 
-    def decode_step(
-        self, x: torch.Tensor, norm: RMSNorm, residual_scale: float = 1.0, workspace: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """x [..., D] (a step's [B, D], a sequence's [B, T, D]) → x + residual_scale · down(silu(gate)·up)(norm(x)).
-        workspace: as in KernelAttention.sequence."""
-        gu, down = self.gate_up_proj, self.down_proj
-        h = skinny_linear(x, gu.weight, gu.bias, norm.weight, norm.eps, gated=True, workspace=workspace)
-        return skinny_linear(h, down.weight, down.bias, residual=x, residual_scale=residual_scale, workspace=workspace)
-
-    def out_features(self) -> int:
-        """The widest output of this block's projections (sizes a `skinny_linear_workspace`)."""
-        return max(self.gate_up_proj.out_features // 2, self.down_proj.out_features)
+    def decode_step(self, x: torch.Tensor, norm: RMSNorm, residual_scale: float = 1.0) -> torch.Tensor:
+        """x [..., D] (a step's [B, D], a sequence's [B, T, D]) → x + residual_scale · down(silu(gate)·up)(norm(x))."""
+        h = skinny_linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, norm.weight, norm.eps, gated=True)
+        return skinny_linear(h, self.down_proj.weight, self.down_proj.bias, residual=x, residual_scale=residual_scale)
 
 
 class KernelLinear(nn.Module):

@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...kernels.decode_modules import KernelAttention, KernelLinear, KernelSwiGLU
-from ...kernels.skinny_linear import skinny_linear_workspace
 from ...layers import RMSNorm, SwiGLU, apply_rope_neox, rope_table
 from ...layers.attention import Attention
 from .config import DEFAULT_TIMESTEPS, AudioConfig, TransformerConfig
@@ -48,14 +47,11 @@ class MiniCPMLayer(nn.Module):
     def _res(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         return x + h * self.residual_scale if self.residual_scale is not None else x + h
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, workspace: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """workspace: the kernel layer's split-K counters for this stage call (BidirectionalMiniCPM.workspace)."""
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if isinstance(self.self_attn, KernelAttention):  # use_sequence_kernels: the same math in 5 ops
             scale = 1.0 if self.residual_scale is None else self.residual_scale
-            x = self.self_attn.sequence(x, self.input_layernorm, cos, sin, scale, workspace)
-            return self.mlp.decode_step(x, self.post_attention_layernorm, scale, workspace)
+            x = self.self_attn.sequence(x, self.input_layernorm, cos, sin, scale)
+            return self.mlp.decode_step(x, self.post_attention_layernorm, scale)
         q, k, v = self.self_attn.project_qkv(self.input_layernorm(x))
         x = self._res(x, self.self_attn.attend(_rope(q, cos, sin), _rope(k, cos, sin), v, None))
         return self._res(x, self.mlp(self.post_attention_layernorm(x)))
@@ -80,24 +76,11 @@ class BidirectionalMiniCPM(nn.Module):
         self.register_buffer("rope_sin", sin * c.rope_scaling, persistent=False)
         self.rope_cos_keep_fp32 = self.rope_sin_keep_fp32 = True
 
-    def workspace(self, like: torch.Tensor, rows: int) -> torch.Tensor | None:
-        """One zeroed split-K workspace for every kernel-layer projection of calls over `rows` rows (batch ×
-        tokens) on like's device; None without the kernel layer, off CUDA or above the kernels' row limit (the ops
-        run aten there). A stage that calls this model several times (the CFM solve) makes one and passes it to
-        each call: every zero fill is an Inductor kernel, which breaks the kernels' programmatic-launch chain."""
-        attn = self.layers[0].self_attn if len(self.layers) else None
-        if not isinstance(attn, KernelAttention):
-            return None
-        widest = max(attn.out_features(), self.layers[0].mlp.out_features())
-        return skinny_linear_workspace(like, rows, widest)
-
-    def forward(self, x: torch.Tensor, workspace: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[1]
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
-        if workspace is None:
-            workspace = self.workspace(x, x.shape[0] * T)
         for layer in self.layers:
-            x = layer(x, cos, sin, workspace)
+            x = layer(x, cos, sin)
         return self.norm(x)
 
 
@@ -162,29 +145,17 @@ class LocDiT(nn.Module):
         self.delta_time_mlp = TimestepEmbedding(c.hidden_size)
         self.decoder = BidirectionalMiniCPM(c, mu_tokens + 1 + 2 * patch_size)
 
-    def workspace(self, x: torch.Tensor, mu: torch.Tensor) -> torch.Tensor | None:
-        """The decoder's workspace for calls on x [N,C,P], mu [N, k·H] (N · (k + 1 + 2P) rows: the mu tokens, the
-        time token, the cond and x patches), to be passed to each of them."""
-        tokens = mu.shape[1] // self.hidden + 1 + 2 * x.shape[2]
-        return self.decoder.workspace(x, x.shape[0] * tokens)
-
     def forward(
-        self,
-        x: torch.Tensor,
-        mu: torch.Tensor,
-        t: torch.Tensor,
-        cond: torch.Tensor,
-        dt: torch.Tensor,
-        workspace: torch.Tensor | None = None,
+        self, x: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, cond: torch.Tensor, dt: torch.Tensor
     ) -> torch.Tensor:
-        """x, cond [N,C,P]; mu [N, k·H]; t, dt [N] → [N,C,P]. workspace: BidirectionalMiniCPM.workspace."""
+        """x, cond [N,C,P]; mu [N, k·H]; t, dt [N] → [N,C,P]."""
         h = self.in_proj(x.transpose(1, 2))
         c = self.cond_proj(cond.transpose(1, 2))
         te = self.time_mlp(sinusoidal_embedding(t, self.hidden).to(h.dtype))
         te = te + self.delta_time_mlp(sinusoidal_embedding(dt, self.hidden).to(h.dtype))
         mu = mu.view(h.shape[0], -1, h.shape[-1])
         seq = torch.cat([mu, te.unsqueeze(1), c, h], dim=1)
-        out = self.decoder(seq, workspace)[:, mu.shape[1] + 1 + c.shape[1] :, :]
+        out = self.decoder(seq)[:, mu.shape[1] + 1 + c.shape[1] :, :]
         return self.out_proj(out).transpose(1, 2)
 
 
@@ -228,14 +199,13 @@ class CFM(nn.Module):
         B = x.shape[0]
         mu2 = torch.cat([mu, torch.zeros_like(mu)], dim=0)
         cond2 = torch.cat([cond, cond], dim=0)
-        workspace = self.estimator.workspace(cond2, mu2)  # one for the whole solve
         for t, dt, zero_step in self.schedule(x.dtype):
             if zero_step:
                 continue  # velocity 0: x − dt·0 = x
             t_in = torch.full((2 * B,), t, dtype=x.dtype, device=x.device)
             # dt input is the step size in mean mode, zeros otherwise (the reference's "not used now")
             dt_in = torch.full((2 * B,), dt if self.mean_mode else 0.0, dtype=x.dtype, device=x.device)
-            v = self.estimator(torch.cat([x, x], dim=0), mu2, t_in, cond2, dt_in, workspace)
+            v = self.estimator(torch.cat([x, x], dim=0), mu2, t_in, cond2, dt_in)
             v_c, v_u = v[:B], v[B:]
             pos, neg = v_c.reshape(B, -1), v_u.reshape(B, -1)
             s = (pos * neg).sum(dim=1, keepdim=True) / ((neg**2).sum(dim=1, keepdim=True) + 1e-8)
