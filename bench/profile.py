@@ -11,7 +11,9 @@ runtime-owned cache: bench/variants.py `TtsaotVariant`). Per bucket it records:
 - kernels per layer = kernels per call / the layer passes of one call (bench/specs.py `layer_passes`);
 - the top kernels by total time (count and µs per call, share of the kernel time);
 - on CUDA, the `timeline`: one call's kernels and copies in launch order, each with its median µs over the
-  profiled calls (layer by layer where the per-name table sums a conv stack's GEMMs into one row);
+  profiled calls (layer by layer where the per-name table sums a conv stack's GEMMs into one row) and each kernel's
+  launch shape from the profiler's trace (grid, block, shared memory, registers: the tile an autotuned package
+  baked);
 - bytes = the stored weights (read once) + the call's inputs and outputs, the floor module's count
   (bench/floor.py), and the GB/s that makes over the kernel time and over the call, next to the copy bandwidth
   measured in the same process. A looped stage reads its weights once per pass: its figure is a lower bound.
@@ -223,7 +225,7 @@ def profile_bucket(
         sync(device)
     rows = kernel_rows(prof.key_averages(), cuda, calls)
     kernels = [r for r in rows if r["class"] == "kernel"]
-    timeline = kernel_timeline(device_events(prof.events()), calls) if cuda else None
+    timeline = kernel_timeline(trace_device_events(prof), calls) if cuda else None
     kernel_us = sum(r["us_per_call"] for r in rows)
     b: dict[str, Any] = {
         "call_ms": timing["ms"],
@@ -253,22 +255,43 @@ def profile_bucket(
     return b
 
 
-def device_events(events) -> list[tuple[str, float, float]]:
-    """(name, start µs, duration µs) of the device activities (kernels, copies) the profiler recorded; the per-call
-    marker, which the profiler also records on the GPU timeline, left out."""
-    from torch.autograd import DeviceType
-
-    return [
-        (e.name, e.time_range.start, e.time_range.end - e.time_range.start)
-        for e in events
-        if e.device_type == DeviceType.CUDA and e.name != MARK
-    ]
+TRACE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+# A kernel's launch shape in the profiler's trace (kineto's args) → its key in the timeline: the grid and block
+# give the tile (grid = output tiles × splits) and warps an autotuned package baked, shared memory its pipeline depth.
+LAUNCH_ARGS = {"grid": "grid", "block": "block", "shared memory": "smem", "registers per thread": "regs"}
 
 
-def kernel_timeline(events: list[tuple[str, float, float]], calls: int) -> list[dict[str, Any]] | None:
-    """One call's device activities in launch order, each with its median duration over the profiled calls: where
-    a call's time goes layer by layer (the per-name table sums a conv stack's 26 GEMMs into one row). None when the
-    calls did not launch the same sequence (then positions cannot be matched across calls)."""
+def trace_device_events(prof) -> list[tuple[str, float, float, dict[str, Any]]]:
+    """(name, start µs, duration µs, launch) of the device activities (kernels, copies) in the profiler's trace, the
+    per-call marker (a GPU annotation, not a kernel) left out; `launch`: a kernel's grid, block, shared memory and
+    registers (LAUNCH_ARGS), empty for copies."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    return trace_events(trace)
+
+
+def trace_events(trace: dict[str, Any]) -> list[tuple[str, float, float, dict[str, Any]]]:
+    """trace_device_events on an exported chrome trace (a dict)."""
+    out = []
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") != "X" or e.get("cat") not in TRACE_CATEGORIES or e.get("name") == MARK:
+            continue
+        args = e.get("args") or {}
+        launch = {key: args[name] for name, key in LAUNCH_ARGS.items() if name in args}
+        out.append((e["name"], float(e["ts"]), float(e.get("dur", 0.0)), launch))
+    return out
+
+
+def kernel_timeline(events: list[tuple], calls: int) -> list[dict[str, Any]] | None:
+    """One call's device activities in launch order, each with its median duration over the profiled calls (and the
+    first call's launch shape, when the events carry one): where a call's time goes layer by layer (the per-name
+    table sums a conv stack's 26 GEMMs into one row) and which tile each kernel runs. None when the calls did not
+    launch the same sequence (then positions cannot be matched across calls)."""
     ordered = sorted(events, key=lambda e: e[1])
     if not ordered or calls < 1 or len(ordered) % calls:
         return None
@@ -279,8 +302,21 @@ def kernel_timeline(events: list[tuple[str, float, float]], calls: int) -> list[
     out = []
     for k in range(n):
         durs = sorted(c[k][2] for c in per_call)
-        out.append({"name": per_call[0][k][0], "us": round(durs[len(durs) // 2], 2)})
+        first = per_call[0][k]
+        out.append({"name": first[0], "us": round(durs[len(durs) // 2], 2), **(first[3] if len(first) > 3 else {})})
     return out
+
+
+def launch_text(entry: dict[str, Any]) -> str:
+    """A timeline entry's launch shape in a few characters: `grid 1×64×2 block 128 smem 98304`."""
+    parts = []
+    if entry.get("grid"):
+        parts.append("grid " + "×".join(str(v) for v in entry["grid"]))
+    if entry.get("block"):
+        parts.append(f"block {entry['block'][0] * entry['block'][1] * entry['block'][2]}")
+    if entry.get("smem") is not None:
+        parts.append(f"smem {entry['smem']}")
+    return " ".join(parts)
 
 
 def kernel_rows(averages, cuda: bool, calls: int) -> list[dict[str, Any]]:
@@ -361,5 +397,8 @@ def render(res: dict[str, Any]) -> str:
             lines.append(f"  one call in launch order: {len(b['timeline'])} activities, in the JSON's `timeline`")
         elif b.get("timeline"):
             lines.append("  one call in launch order (median µs over the profiled calls):")
-            lines += [f"  {i:4d} {e['us']:9.2f}  {e['name'][:100]}" for i, e in enumerate(b["timeline"])]
+            lines += [
+                f"  {i:4d} {e['us']:9.2f}  {e['name'][:80]}  {launch_text(e)}".rstrip()
+                for i, e in enumerate(b["timeline"])
+            ]
     return "\n".join(lines)

@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.profile import kernel_rows, kernel_timeline, profile_stage, render, write_profile
+from bench.profile import (
+    kernel_rows,
+    kernel_timeline,
+    launch_text,
+    profile_stage,
+    render,
+    trace_device_events,
+    trace_events,
+    write_profile,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,6 +90,40 @@ def test_kernel_timeline_refuses_calls_that_differ():
     assert kernel_timeline(a + b, calls=2) is None
     assert kernel_timeline(a + b[:1], calls=2) is None  # not one sequence per call
     assert kernel_timeline([], calls=2) is None
+
+
+def test_trace_events_carry_each_kernels_launch_shape():
+    """The device activities come from the profiler's chrome trace (kineto's args): kernels with their grid, block,
+    shared memory and registers, copies without, the per-call annotation left out; the timeline keeps the first
+    call's launch shape and the rendered table prints it."""
+    kernel = {"ph": "X", "cat": "kernel", "name": "skinny_linear_kernel", "ts": 10.0, "dur": 7.5}
+    kernel["args"] = {"grid": [1, 64, 2], "block": [128, 1, 1], "shared memory": 98304, "registers per thread": 96}
+    trace = {
+        "traceEvents": [
+            {"ph": "X", "cat": "gpu_user_annotation", "name": "bench::profiled_call", "ts": 9.0, "dur": 30.0},
+            kernel,
+            {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "ts": 1.0, "dur": 2.0},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 3.0, "dur": 4.0},
+            {"ph": "f", "cat": "kernel", "name": "skinny_linear_kernel", "ts": 10.0},
+        ]
+    }
+    events = trace_events(trace)
+    assert events == [
+        ("skinny_linear_kernel", 10.0, 7.5, {"grid": [1, 64, 2], "block": [128, 1, 1], "smem": 98304, "regs": 96}),
+        ("Memcpy HtoD (Pageable -> Device)", 1.0, 2.0, {}),
+    ]
+    tl = kernel_timeline(events, calls=1)
+    assert tl[1] == {"name": "skinny_linear_kernel", "us": 7.5, "grid": [1, 64, 2], "block": [128, 1, 1]} | {
+        "smem": 98304,
+        "regs": 96,
+    }
+    assert launch_text(tl[1]) == "grid 1×64×2 block 128 smem 98304" and launch_text(tl[0]) == ""
+    # the export itself, on a real (CPU-only) profile: host ops only, so no device activities
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.mm(torch.randn(8, 8), torch.randn(8, 8))
+    assert trace_device_events(prof) == []
 
 
 def test_unknown_stage_is_a_usage_error():
