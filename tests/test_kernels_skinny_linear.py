@@ -16,6 +16,7 @@ from ttsaot.builder.kernels.skinny_linear import (
     plan_split_k,
     skinny_linear,
     skinny_linear_reference,
+    tile_block_n,
 )
 from ttsaot.builder.layers import RMSNorm, SwiGLU
 
@@ -225,6 +226,34 @@ def test_split_k_plan():
     assert plan_split_k(1, 2048, 2048, 132, False) == 1  # VoxCPM2 o_proj: 256 GEMV programs fill the GPU
     assert plan_split_k(16, 1024, 3072, 132, True) == 2  # Qwen predictor down: 64 tensor-core tiles do not
     assert plan_split_k(176, 19456, 2560, 132, True) == 1  # Fish gate_up with 176 rows fills the GPU
+
+
+def test_tile_width_rule_picks_the_swept_best():
+    """BLOCK_N of the tensor-core form by rule (the H100 sweeps' fastest width at these shapes), and the autotuner
+    is offered only that width's configs."""
+    from ttsaot.builder.kernels import skinny_linear_triton as kernels
+
+    widths = [c.kwargs["BLOCK_N"] for c in kernels.GEMM_CONFIGS]
+    cases = {  # (rows, N_out, split): swept best width
+        (16, 2560, 1): 32,  # VoxCPM2 qkv, B = 16
+        (16, 2048, 1): 16,  # o
+        (16, 6144, 1): 32,  # gate_up (N_out of the gated pair)
+        (4, 2048, 2): 32,  # o split in 2
+        (22, 2560, 1): 32,  # LocDiT qkv
+        (22, 4096, 1): 32,  # LocDiT gate_up
+        (22, 1024, 1): 16,  # LocDiT o, down
+        (22, 100, 1): 16,  # too few columns for half the SMs at any width: the narrowest
+    }
+    for (rows, n_out, split), want in cases.items():
+        block_m = 16 if rows <= 16 else 32
+        assert tile_block_n(rows, n_out, split, block_m, 132, widths) == want, (rows, n_out, split)
+    x = torch.empty(22, 1024)
+    named = {"x_ptr": x, "M": 22, "N_OUT": 4096, "K": 1024}
+    kept = kernels.skinny_gemm_autotuned.early_config_prune(kernels.GEMM_CONFIGS, named, SPLIT_K=1, BLOCK_M=32)
+    assert kept and {c.kwargs["BLOCK_N"] for c in kept} == {32}
+    named["N_OUT"] = 1024
+    kept = kernels.skinny_gemm_autotuned.early_config_prune(kernels.GEMM_CONFIGS, named, SPLIT_K=1, BLOCK_M=32)
+    assert len(kept) == 2 and {c.kwargs["BLOCK_N"] for c in kept} == {16}  # both depths still tuned
 
 
 def test_shape_and_dtype_errors():

@@ -30,6 +30,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(dtype)
 
 
+def size_hint(v) -> int:
+    """A size as a plain int. A symbolic size (a dynamic-shape export) gives its example value: launch-time choices
+    (the tiles the autotuner may try, the split-K bound) follow the export's example bucket instead of guarding on
+    the size, which would specialise the dynamic axis to that one value."""
+    return v.node.hint if isinstance(v, torch.SymInt) else int(v)
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

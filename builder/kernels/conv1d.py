@@ -64,6 +64,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .common import size_hint
 from .decompositions import CPU_DECOMPOSITIONS, register_cpu_decomposition
 from .snake_beta import HAVE_TRITON, snake_beta_nlc_reference
 
@@ -425,13 +426,6 @@ def max_split(*, batch: int, tout: int, n: int, cin: int, ksize: int, block_r: i
     steps = reduction_steps(ksize, cin, block_r)
     ok = [k for k in SPLITS if k * batch * tout * n * 4 <= SPLIT_WS_BYTES and steps // k >= 4]
     return max(ok, default=1)
-
-
-def size_hint(v) -> int:
-    """A size as a plain int. A symbolic size (a dynamic-shape export) gives its example value: launch-time choices
-    (the tiles the autotuner may try, the split-K bound) follow the export's example bucket instead of guarding on
-    the size, which would specialise the dynamic axis to that one value."""
-    return v.node.hint if isinstance(v, torch.SymInt) else int(v)
 
 
 def _pow2(n: int) -> int:

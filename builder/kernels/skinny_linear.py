@@ -125,6 +125,22 @@ def plan_split_k(m: int, n_out: int, k: int, multiprocessors: int, use_dot: bool
     return split
 
 
+def tile_block_n(rows: int, n_out: int, split_k: int, block_m: int, multiprocessors: int, choices) -> int:
+    """The tensor-core form's BLOCK_N, chosen by rule instead of by the autotuner: the widest of `choices` whose
+    programs (row tiles × column tiles × K ranges) still number at least half the SMs, else the narrowest. Wider
+    tiles read x (every program reads all its rows) fewer times; below half the SMs too little W streams at once.
+    In the H100 sweeps (kernel_configs.json, probes/locdit_fused_split_k/: qkv, o, gate_up, down at M = 4, 8, 16,
+    22, unsplit and split in 2) it picks the fastest BLOCK_N in every case but one (down, M = 16, split 2: 14.5 vs
+    14.0 us), while the other width costs up to 1.8x (qkv at M = 16: 10.0 vs 18.2 us); the autotuner, timing each
+    kernel alone, had baked gate_up at the LocDiT rows with BLOCK_N 16 in one of two builds (17.9 vs 13.0 us in the
+    graph, probes/split_k_workspace/). Autotuning still picks among the chosen width's depths (BLOCK_K, stages)."""
+    widths = sorted(set(choices), reverse=True)
+    for bn in widths:
+        if 2 * cdiv(rows, block_m) * cdiv(n_out, bn) * split_k >= multiprocessors:
+            return bn
+    return widths[-1]
+
+
 def _block_m(m: int, use_dot: bool) -> int:
     return (16 if m <= 16 else 32 if m <= 32 else 64) if use_dot else next_power_of_2(m)
 

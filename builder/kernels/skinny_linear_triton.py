@@ -15,7 +15,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .common import multiprocessor_count, size_hint
 from .pdl_triton import grid_dependency_trigger, grid_dependency_wait
+from .skinny_linear import tile_block_n
 from .split_k_triton import last_to_arrive, reset_counter
 
 
@@ -411,4 +413,23 @@ GEMM_CONFIGS = [
 # The epilogue flags are part of the key: a gated and a plain call of the same size are different kernels.
 AUTOTUNE_KEY = ["M", "N_OUT", "K", "K_SPLIT", "BLOCK_M", "HAS_NORM", "GATED", "HAS_BIAS", "HAS_RESIDUAL"]
 skinny_gemv_autotuned = triton.autotune(configs=GEMV_CONFIGS, key=AUTOTUNE_KEY)(skinny_linear_kernel)
-skinny_gemm_autotuned = triton.autotune(configs=GEMM_CONFIGS, key=AUTOTUNE_KEY)(skinny_linear_kernel)
+
+
+def _prune_tiles(configs, named_args, **kwargs):
+    """The tile form's candidates: only those of the BLOCK_N `tile_block_n` picks for the call's shape (Triton's
+    autotuner and Inductor's AOTI autotuning both call this with the launch's arguments by name)."""
+    meta = {**named_args, **kwargs}
+    bn = tile_block_n(
+        size_hint(meta["M"]),
+        size_hint(meta["N_OUT"]),
+        meta["SPLIT_K"],
+        meta["BLOCK_M"],
+        multiprocessor_count(meta["x_ptr"].device),
+        [c.kwargs["BLOCK_N"] for c in configs],
+    )
+    return [c for c in configs if c.kwargs["BLOCK_N"] == bn]
+
+
+skinny_gemm_autotuned = triton.autotune(
+    configs=GEMM_CONFIGS, key=AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_tiles}
+)(skinny_linear_kernel)
