@@ -114,6 +114,35 @@ def test_cfm_solve_equals_stepwise_loop(n, cfg_rate):
     assert rel_err(other, out) > 0.1
 
 
+def test_folded_time_embeddings_are_the_estimators_own():
+    """The `fold_time_embeddings` pass: per Euler step, the table row IS the estimator's time conditioning computed
+    in that dtype (bit for bit), the tables stay fp32 through the compute-dtype cast, and the folded stage computes
+    the unfolded one's patch (fp32: the same ops; bf16: within a small fraction of the stage tolerance)."""
+    stage = vck.init_random_audio(va.LocDiTStage(CFG, 6), seed=7)
+    folded = copy.deepcopy(stage)
+    report = va.fold_time_embeddings(folded)
+    calls = sum(1 for *_, zero in va.euler_schedule(6, torch.float32) if not zero)
+    assert report == {"pass": "fold_time_embeddings", "solvers": 1, "steps": [calls]}
+    cfm = folded.feat_decoder
+    for dtype in (torch.float32, torch.bfloat16):
+        est = copy.deepcopy(stage.feat_decoder.estimator).to(dtype)
+        steps = [(t, dt) for t, dt, zero in cfm.schedule(dtype) if not zero]
+        table = cfm._time_table(dtype)
+        assert table.dtype == torch.float32 and table.shape == (calls, CFG.dit.hidden_size)
+        for row, (t, dt) in zip(table, steps):
+            t_in = torch.full((1,), t, dtype=dtype)
+            dt_in = torch.full((1,), dt if cfm.mean_mode else 0.0, dtype=dtype)
+            with torch.no_grad():
+                assert torch.equal(row, est.time_embedding(t_in, dt_in, dtype)[0].float())
+    inputs = _dit_inputs(3, seed=8)
+    with torch.no_grad():
+        assert rel_err(folded(*inputs), stage(*inputs)) < 1e-6
+        bf_folded = cast_to_compute_dtype(copy.deepcopy(folded), torch.bfloat16)
+        assert bf_folded.feat_decoder.time_table_bfloat16.dtype == torch.float32  # keep_fp32
+        bf_stage = cast_to_compute_dtype(copy.deepcopy(stage), torch.bfloat16)
+        assert rel_err(bf_folded(*inputs), bf_stage(*inputs)) < 1e-2
+
+
 def test_cfg_rate_and_rows_are_independent():
     stage = vck.init_random_audio(va.LocDiTStage(CFG), seed=2)
     lm, res, cond, noise = _dit_inputs(3, seed=3)

@@ -14,7 +14,7 @@ from ...options import OptionsError
 from ...passes import bake_snake, bake_weight_norm, fuse_projections
 from ...stage_spec import StageSpec
 from . import FAMILY
-from .audio import LocalEncoderStage, LocDiTStage, euler_schedule, use_sequence_kernels
+from .audio import LocalEncoderStage, LocDiTStage, euler_schedule, fold_time_embeddings, use_sequence_kernels
 from .checkpoint import (
     init_random_audio,
     init_random_lm,
@@ -251,7 +251,7 @@ def locdit_stage(opts: VoxCPM2Options) -> StageSpec:
         name="locdit",
         kind="generic",
         make_module=make_module,
-        passes=[fuse_projections],
+        passes=[fuse_projections, fold_time_embeddings],
         plan=plan,
         make_inputs=make_inputs,
         inputs=[
