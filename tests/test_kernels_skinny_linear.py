@@ -256,6 +256,17 @@ def test_tile_width_rule_picks_the_swept_best():
     assert len(kept) == 2 and {c.kwargs["BLOCK_N"] for c in kept} == {16}  # both depths still tuned
 
 
+def test_one_row_takes_the_swept_gemv_config():
+    """At one row the GEMV autotuner is offered only BLOCK_N 8 × BLOCK_K 1024 × 8 warps (fastest or tied at every
+    swept shape); at two rows all three configs (each is best at some shape)."""
+    from ttsaot.builder.kernels import skinny_linear_triton as kernels
+
+    prune = kernels.skinny_gemv_autotuned.early_config_prune
+    (one,) = prune(kernels.GEMV_CONFIGS, {"M": 1, "N_OUT": 2048, "K": 6144})
+    assert (one.kwargs, one.num_warps) == ({"BLOCK_N": 8, "BLOCK_K": 1024}, 8)
+    assert prune(kernels.GEMV_CONFIGS, {"M": 2, "N_OUT": 2048, "K": 6144}) == kernels.GEMV_CONFIGS
+
+
 def test_shape_and_dtype_errors():
     x, w = torch.randn(2, 8), torch.randn(6, 8)
     with pytest.raises(RuntimeError, match="does not end in K"):
