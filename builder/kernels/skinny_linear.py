@@ -24,7 +24,7 @@ GPU streaming, with a deterministic second pass.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -125,7 +125,9 @@ def plan_split_k(m: int, n_out: int, k: int, multiprocessors: int, use_dot: bool
     return split
 
 
-def tile_block_n(rows: int, n_out: int, split_k: int, block_m: int, multiprocessors: int, choices) -> int:
+def tile_block_n(
+    rows: int, n_out: int, split_k: int, block_m: int, multiprocessors: int, choices: Iterable[int]
+) -> int:
     """The tensor-core form's BLOCK_N, chosen by rule instead of by the autotuner: the widest of `choices` whose
     programs (row tiles × column tiles × K ranges) still number at least half the SMs, else the narrowest. Wider
     tiles read x (every program reads all its rows) fewer times; below half the SMs too little W streams at once.
