@@ -6,7 +6,8 @@
 # of each of PROFILES (locdit local_encoder), then the GPU tests of TESTS (files) if set. $OUT: the loop JSON, the
 # profile JSONs and one tarball of the logs.
 #   BATCHES=1 TESTS="tests/test_kernels_sequence_attention.py" bash bench/plans/voxcpm2_loop_h100.sh
-#   (BUILD_S, LOOP_S override the time boxes)
+#   (BUILD_S, LOOP_S override the time boxes). BATCHES=1,16 no longer fits one call (the five stages' b1 + b16
+#   builds ran past a 330 s box on locdit, H100 2026-11-24): run BATCHES=1 and BATCHES=16 in two calls.
 set -u
 cd "$(dirname "$0")/../.."
 export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
