@@ -134,8 +134,8 @@ def tile_block_n(
     In the H100 sweeps (kernel_configs.json, probes/locdit_fused_split_k/: qkv, o, gate_up, down at M = 4, 8, 16,
     22, unsplit and split in 2) it picks the fastest BLOCK_N in every case but one (down, M = 16, split 2: 14.5 vs
     14.0 us), while the other width costs up to 1.8x (qkv at M = 16: 10.0 vs 18.2 us); the autotuner, timing each
-    kernel alone, had baked gate_up at the LocDiT rows with BLOCK_N 16 in one of two builds (17.9 vs 13.0 us in the
-    graph, probes/split_k_workspace/). Autotuning still picks among the chosen width's depths (BLOCK_K, stages)."""
+    kernel alone, baked LocDiT qkv at BLOCK_N 16 in a recorded build (9.6 vs 8.7 us in the graph,
+    probes/tile_width_rule/). Autotuning still picks among the chosen width's depths (BLOCK_K, stages)."""
     widths = sorted(set(choices), reverse=True)
     for bn in widths:
         if 2 * cdiv(rows, block_m) * cdiv(n_out, bn) * split_k >= multiprocessors:
