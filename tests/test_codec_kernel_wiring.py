@@ -14,6 +14,7 @@ import torch
 
 from ttsaot.builder.families import get_family
 from ttsaot.builder.kernels.conv_modules import conv_graph_report
+from ttsaot.builder.kernels.window_attention import KernelWindowAttention
 from ttsaot.builder.options import OptionsError
 from ttsaot.runtime import load
 from ttsaot.runtime.verify import verify_bundle
@@ -60,8 +61,11 @@ def test_kernel_pass_keeps_outputs_and_leaves_no_layout_change_between_convs(cas
     if case in ("dac_decoder", "dac_encoder"):  # exact fp32 (tf32x3): the transformers' linears on the kernel too
         assert rep["kernel_linears"] > 0
         assert not any(isinstance(x, torch.nn.Linear) for x in m.channels_last.chain.modules())
+        # and every transformer layer's attention on ttsaot::window_attention (tf32x3)
+        assert rep["kernel_attentions"] == sum(isinstance(x, KernelWindowAttention) for x in m.modules()) > 0
     elif case == "dac_decoder_bf16":
         assert rep["kernel_linears"] == 0  # bf16 linears stay on cuBLAS's tensor cores
+        assert rep["kernel_attentions"] == 0  # and its attentions on SDPA's bf16 kernels
     sizes = spec.plan.buckets()[0]
     inputs = spec.make_inputs(sizes, torch.Generator().manual_seed(3))
     args = tuple(inputs[n] for n in spec.input_names)
@@ -72,18 +76,21 @@ def test_kernel_pass_keeps_outputs_and_leaves_no_layout_change_between_convs(cas
     else:
         assert torch.equal(out, ref)  # the encoder's codes
     before = conv_graph_report(torch.export.export(faithful, args))
-    after = conv_graph_report(torch.export.export(m, args))
+    ep = torch.export.export(m, args)
+    after = conv_graph_report(ep)
     assert not before.conv_ops  # the faithful graph: aten convs
     assert len(after.conv_ops) >= 20
     assert "conv1d_dual" in after.conv_ops and "dwconv1d" in after.conv_ops  # residual units, ConvNeXt
+    attentions = [n for n in ep.graph.nodes if n.target == torch.ops.ttsaot.window_attention.default]
+    assert len(attentions) == reports[-1]["kernel_attentions"]
     assert after.layout_changes == [], after.layout_changes
     assert len(after.entry) <= 1  # [B, C, T] → rows once, at the input
     if spec.name != "dac_encoder":
         assert "conv_transpose1d_dual" in after.conv_ops
         assert len(after.exit) <= 1  # the wave's [B, T, 1] → [B, 1, T] view
     else:
-        # after the last conv the quantizers run the reference's own ops on the latent's [B, D, T] view
-        assert after.exit and len(after.exit) < len(before.entry)
+        # the quantizers run on the latent's rows (RVQEncodeNLC): no layout change after the last conv either
+        assert after.exit == [], after.exit
 
 
 def test_inductor_builds_do_not_take_the_kernel_passes():

@@ -7,6 +7,7 @@ from .decompositions import CPU_DECOMPOSITIONS, lower_for_cpu
 from .sequence_attention import sequence_attention, sequence_attention_reference
 from .skinny_linear import skinny_linear, skinny_linear_reference
 from .snake_beta import snake_beta, snake_beta_nlc, snake_beta_nlc_reference, snake_beta_reference
+from .window_attention import window_attention, window_attention_reference
 
 __all__ = [
     "CPU_DECOMPOSITIONS",
@@ -22,4 +23,6 @@ __all__ = [
     "snake_beta_nlc",
     "snake_beta_nlc_reference",
     "snake_beta_reference",
+    "window_attention",
+    "window_attention_reference",
 ]

@@ -86,6 +86,7 @@ def install_channels_last(
         "precision": precision,
         "launches": plan.launches,
         "kernel_linears": getattr(body, "kernel_linears", 0),  # nn.Linear layers moved onto the conv kernel
+        "kernel_attentions": getattr(body, "kernel_attentions", 0),  # attention cores on ttsaot::window_attention
         "layout_changes": [plan.steps[i] for i in plan.layout_changes],
         "plan": plan.steps,
         "folded": {"conv weights re-laid out for the kernels": before - count_parameters(m)["params"]},

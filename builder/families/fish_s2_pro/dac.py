@@ -88,6 +88,9 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(dim, 3 * n_head * head_dim, bias=False)
         self.wo = nn.Linear(n_head * head_dim, dim, bias=False)
         self.n_head, self.head_dim = n_head, head_dim
+        # the exact (tf32x3) channels-last bodies put the attention core on `ttsaot::window_attention`
+        # (dac_nlc._exact_attention), which takes [B, T, H, D] and the window instead of the mask
+        self.window_kernel: nn.Module | None = None
 
     def forward(self, x, cos, sin, mask):
         B, T, _ = x.shape
@@ -100,6 +103,8 @@ class Attention(nn.Module):
         c, s = cos[:, None, :], sin[:, None, :]
         q = apply_rope_interleaved(q.float(), c, s).type_as(q)
         k = apply_rope_interleaved(k.float(), c, s).type_as(k)
+        if self.window_kernel is not None:
+            return self.wo(self.window_kernel(q, k, v))
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.wo(y.transpose(1, 2).contiguous().view(B, T, w))
@@ -258,16 +263,21 @@ class VectorQuantize(nn.Module):
         return F.embedding(idx, self.codebook.weight).transpose(1, 2)
 
     def quantize(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """z [B,D,T] → (z_q [B,dim,T] before out_proj, indices [B,T]); the reference's distance form (not a
-        plain dot product) is kept so near-ties resolve identically."""
+        """z [B,D,T] → (z_q [B,dim,T] before out_proj, indices [B,T])."""
         z_e = self.in_proj(z)
         B, d, T = z_e.shape
-        enc = F.normalize(z_e.permute(0, 2, 1).reshape(B * T, d))
-        cb = F.normalize(self.codebook.weight)
-        dist = enc.pow(2).sum(1, keepdim=True) - 2 * enc @ cb.t() + cb.pow(2).sum(1, keepdim=True).t()
-        idx = (-dist).max(1)[1].reshape(B, T)
+        idx = nearest_code(z_e.permute(0, 2, 1).reshape(B * T, d), self.codebook.weight).reshape(B, T)
         z_q = self.decode_code(idx)
         return z_e + (z_q - z_e), idx  # the straight-through form, as computed in the reference
+
+
+def nearest_code(rows: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
+    """The codebook index of each row [N, dim] by cosine; the reference's distance form (not a plain dot product)
+    is kept so near-ties resolve identically. Shared by the faithful quantizer and the channels-last body."""
+    enc = F.normalize(rows)
+    cb = F.normalize(codebook)
+    dist = enc.pow(2).sum(1, keepdim=True) - 2 * enc @ cb.t() + cb.pow(2).sum(1, keepdim=True).t()
+    return (-dist).max(1)[1]
 
 
 class ResidualVectorQuantize(nn.Module):
