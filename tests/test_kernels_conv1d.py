@@ -352,6 +352,9 @@ def test_fp32_short_grids_measure_split_k_candidates():
     # 1,728 rows of 512 channels: 16 steps, too few to split (measured slower in the graph)
     few = prune_gemm_configs(f32, batch=1, tout=1728, n=512, cin=512, ksize=1, elem=4, precision="tf32x3")
     assert all(c.split_k == 1 for c in few)
+    # a tiny grid (the DAC quantizer's in_proj: 216 rows, 1024 → 8, 4 programs of 32 steps): deep splits measured
+    tiny = prune_gemm_configs(f32, batch=1, tout=216, n=8, cin=1024, ksize=1, elem=4, precision="tf32x3")
+    assert max(c.split_k for c in tiny) == 8 and all(32 // c.split_k >= 4 for c in tiny)
     long = prune_gemm_configs(f32, batch=1, tout=8640, n=256, cin=256, ksize=1, elem=4, precision="tf32x3")
     assert all(c.split_k == 1 for c in long) and len(long) == TUNED_CONFIGS
     bf16 = prune_gemm_configs(gemm_kernel_configs(torch.bfloat16), batch=1, tout=288, n=1024, cin=1024, ksize=1, elem=2)

@@ -362,6 +362,10 @@ MAX_TUNED_CONFIGS = TUNED_CONFIGS + 1
 # a split-K candidate of an fp32 short grid launches at most this many programs per SM (several run at once)
 SHORT_GRID_PROGRAMS_PER_SM = 4
 SHORT_GRID_MIN_SPLIT_STEPS = 16
+# ... unless the whole tile's grid is tiny: then splits down to max_split's 4 steps each are measured too (the DAC
+# encoder's quantizer in_proj, 1024 → 8 channels over 216 rows: 4 programs of 32 steps, 17.4 µs each, 10 per clip;
+# H100 profile in bench/results/nvidia-h100/probes/dac_encoder_attention/)
+TINY_GRID_PROGRAMS = 8
 # Split-K candidates for short inputs, and the most fp32 partial-sum workspace a launch may take for them.
 SPLITS = (2, 4, 8)
 SPLIT_WS_BYTES = 16 * 2**20
@@ -512,13 +516,14 @@ def prune_gemm_configs(
     if elem == 4 and keep > 1:
         top = whole[0]
         programs = batch * math.ceil(tout / top.block_t) * math.ceil(n / top.block_n)
+        min_steps = SHORT_GRID_MIN_SPLIT_STEPS if programs > TINY_GRID_PROGRAMS else 4
         ks = sorted(
             (
                 c
                 for c in split
                 if (c.block_t, c.block_n) == (top.block_t, top.block_n)
                 and c.split_k * programs <= SHORT_GRID_PROGRAMS_PER_SM * num_sms
-                and reduction_steps(ksize, cin, c.block_r) >= SHORT_GRID_MIN_SPLIT_STEPS * c.split_k
+                and reduction_steps(ksize, cin, c.block_r) >= min_steps * c.split_k
             ),
             key=lambda c: -c.split_k,
         )

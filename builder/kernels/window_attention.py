@@ -95,9 +95,17 @@ def launch_window_attention(
     B, T, H, D = q.shape
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     o = q.new_empty((B, T, H * D))
-    block_m, block_n = kernels.blocks(q.dtype, D)
     on_gpu = q.device.type == "cuda"
-    wrap(kernels.window_attention_kernel)[(cdiv(T, block_m), B * H)](
+    if on_gpu:
+        kernel, tiles = kernels.window_attention_autotuned, {}
+    else:  # the interpreter: one fixed tile (autotuning would only time the interpreter)
+        block_m, block_n = kernels.blocks(q.dtype, D)
+        kernel, tiles = kernels.window_attention_kernel, {"BLOCK_M": block_m, "BLOCK_N": block_n}
+
+    def grid(meta):
+        return (cdiv(T, meta["BLOCK_M"]), B * H)
+
+    wrap(kernel)[grid](
         q,
         k,
         v,
@@ -113,10 +121,7 @@ def launch_window_attention(
         PRECISION=precision if q.dtype == torch.float32 else "ieee",
         # the interpreter multiplies 16-bit operands as raw integers: their exact fp32 products there
         FP32_DOT=q.dtype == torch.float32 or not on_gpu,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        num_warps=4,
-        num_stages=2,
+        **tiles,
     )
     return o
 
