@@ -14,6 +14,7 @@ import datetime as _dt
 import fcntl
 import hashlib
 import json
+import math
 import os
 import platform
 import shutil
@@ -368,6 +369,13 @@ class _PendingStage:
     grel: str
     tmp: Path
     cache: PackageCache | None
+
+    def device_bytes(self) -> int:
+        """What the prepared stage holds on its device until it is compiled: its module's tensors."""
+        if self.compile is None:
+            return 0
+        m = self.compile.module
+        return sum(t.numel() * t.element_size() for t in (*m.parameters(), *m.buffers()))
 
     def finish(self) -> StageEntry:
         entry = self.entry
@@ -989,22 +997,35 @@ def _build_family(
             tmp = Path(tempfile.mkdtemp(prefix=f".{family}.tmp-", dir=out_root))
             env = build_env(dev)
             stages: dict[str, StageEntry] = {}
-            # CPU: every stage prepared first, then all their packages compiled side by side (one or a few dynamic
-            # packages per stage would leave the other workers idle). CUDA: stage by stage, so that one stage's
-            # module and programs are on the GPU at a time.
-            batch = dev.type == "cpu" and jobs > 1
+            # With several workers, stages are prepared first and their packages compiled side by side: a CPU
+            # build's one or few dynamic packages per stage, or a CUDA stage's few buckets, would leave the other
+            # workers idle while the next stage waits (the H100 qwen3-tts-12hz build compiled its 3 code_predictor
+            # packages only after code2wav's 22). A prepared stage holds its module on the device: on CUDA the
+            # pool is compiled before it would hold more than POOLED_DEVICE_SHARE of the GPU's memory.
+            pool = jobs > 1
+            budget = _pooled_device_bytes(dev)
             pending: list[_PendingStage] = []
+            held = 0
+
+            def flush() -> None:
+                _compile_all([p.compile for p in pending if p.compile is not None], jobs)
+                for p in pending:
+                    stages[p.entry.name] = p.finish()
+                pending.clear()
+
             for spec in specs:
-                pending.append(
-                    prepare_stage(spec, tmp, dev, seed, reporter, extra_inductor_options, formats, cache, jobs)
-                )
+                prepared = prepare_stage(spec, tmp, dev, seed, reporter, extra_inductor_options, formats, cache, jobs)
                 term.check()
-                if not batch:
-                    _compile_all([p.compile for p in pending if p.compile is not None], jobs)
-                    stages[spec.name] = pending.pop().finish()
-            _compile_all([p.compile for p in pending if p.compile is not None], jobs)
-            for p in pending:
-                stages[p.entry.name] = p.finish()
+                size = prepared.device_bytes()
+                if pending and held + size > budget:
+                    flush()
+                    held = 0
+                pending.append(prepared)
+                held += size
+                if not pool:
+                    flush()
+                    held = 0
+            flush()
             term.check()
             kept = _carry_over_stages(final, tmp, env, dev, set(stages), reporter) if keep_existing_stages else {}
             if dev.type == "cpu":
@@ -1039,6 +1060,18 @@ def _build_family(
                 shutil.rmtree(tmp, ignore_errors=True)  # Ctrl-C and SIGTERM included: the previous artifact stays
             raise
     return BuildResult(path=final, manifest=manifest, seconds=time.time() - t_start)
+
+
+# A CUDA build's pooled stages hold their modules on the GPU side by side, next to the compile workers (each
+# loads one program and autotunes on the same GPU): at most this share of its memory.
+POOLED_DEVICE_SHARE = 0.25
+
+
+def _pooled_device_bytes(dev: torch.device) -> float:
+    """How many bytes of prepared stages a build may hold before compiling them (no bound on CPU)."""
+    if dev.type != "cuda":
+        return math.inf
+    return torch.cuda.get_device_properties(dev).total_memory * POOLED_DEVICE_SHARE
 
 
 def _package_cpu_isa(tmp: Path, stages: dict[str, StageEntry]) -> str:

@@ -307,7 +307,8 @@ def main(ctx: click.Context, debug: bool) -> None:
     type=click.IntRange(min=1),
     default=None,
     show_default="min(cores, memory / 4 GiB)",
-    help="AOTI compiles in this many worker processes (on CPU, the packages of all stages side by side).",
+    help="AOTI compiles in this many worker processes (the packages of all stages side by side; on CUDA while the "
+    "prepared stages fit in a quarter of the GPU memory).",
 )
 @_debug_option
 @click.pass_context

@@ -103,3 +103,32 @@ def test_default_jobs_is_bounded_by_cores_and_memory():
     import os
 
     assert 1 <= default_jobs() <= len(os.sched_getaffinity(0))
+
+
+def test_cpu_builds_pool_every_stage():
+    from ttsaot.builder.build import _pooled_device_bytes
+
+    assert _pooled_device_bytes(torch.device("cpu")) == float("inf")
+
+
+@pytest.mark.heavy
+def test_stages_pool_their_compiles_within_the_device_budget(monkeypatch, tmp_path):
+    """With --jobs > 1 the stages' packages compile side by side, but a CUDA build compiles the pool before the
+    prepared stages' modules would exceed their share of the GPU (`_pooled_device_bytes`); here a budget of one
+    byte makes every stage compile alone, in spec order, and the artifact holds both."""
+    import ttsaot.builder.build as build
+
+    calls: list[list[str]] = []
+    real = build._compile_all
+
+    def recording(compiles, jobs):
+        calls.append([c.spec.name for c in compiles])
+        return real(compiles, jobs)
+
+    monkeypatch.setattr(build, "_compile_all", recording)
+    monkeypatch.setattr(build, "_pooled_device_bytes", lambda dev: 1)
+    first = _specs()[0]
+    specs = [first, replace(first, name="code2wav_again")]
+    res = build_family(QWEN.name, specs, tmp_path / "out", "cpu", jobs=2)
+    assert calls == [["code2wav"], ["code2wav_again"]]
+    assert list(res.manifest.stages) == ["code2wav", "code2wav_again"]
