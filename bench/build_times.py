@@ -63,6 +63,16 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
 
 
+# a stopped build's record keeps this many of its last progress lines (one per compiled package, the notes)
+LOG_TAIL_LINES = 40
+
+
+def progress_lines(log: str) -> list[str]:
+    """The build's own lines, without the libraries' warnings that crowd a stopped build's output."""
+    noise = ("warn", "CudaIPCTypes", "resource_tracker")
+    return [ln for ln in log.strip().splitlines() if ln.strip() and not any(n in ln for n in noise)]
+
+
 def parse_reuse(log: str) -> dict[str, dict[str, int]]:
     """The build's per-stage cache note → {stage: {"packages": n, "reused": r, "compiled": n - r}}."""
     out = {}
@@ -121,7 +131,7 @@ def run_build(
             "status": "skipped",
             "wall_s": round(time.perf_counter() - t0, 1),
             "reason": f"stopped at the end of the budget ({timeout:.0f} s left when it started)",
-            "log_tail": log.strip().splitlines()[-3:],
+            "log_tail": progress_lines(log)[-LOG_TAIL_LINES:],
         }
     finally:
         _RUNNING.remove(proc)

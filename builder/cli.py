@@ -197,12 +197,17 @@ def _formats(ctx: click.Context, param: click.Parameter, value: str) -> tuple[st
 class _RichReporter:
     def __init__(self, progress) -> None:
         self.progress, self.tasks = progress, {}
+        self.t0 = time.monotonic()
 
     def stage_start(self, stage: str, n: int) -> None:
         self.tasks[stage] = self.progress.add_task(f"compile {stage}", total=n)
 
     def bucket_done(self, stage: str, key: str, seconds: float) -> None:
         self.progress.update(self.tasks[stage], advance=1, description=f"compile {stage} ({key} {seconds:.0f}s)")
+        if not self.progress.console.is_terminal:  # a log (CI, `bench builds`) gets one line per package instead
+            self.progress.console.print(
+                f"[{time.monotonic() - self.t0:7.1f}s] {stage}/{key} compiled ({seconds:.0f}s)", highlight=False
+            )
 
     def note(self, msg: str) -> None:
         self.progress.console.print(f"[dim]{msg}[/dim]")

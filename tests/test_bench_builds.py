@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from bench.bucket_hits import chunk_plan, default_plan, tally
-from bench.build_times import parse_reuse, summary
+from bench.build_times import parse_reuse, progress_lines, summary
 from bench.report import write_report
 from ttsaot.builder.buckets import BucketPlan
 
@@ -21,6 +21,11 @@ def test_reuse_notes_parse_per_stage():
         "code2wav": {"packages": 27, "reused": 3, "compiled": 24},
         "code_predictor": {"packages": 3, "reused": 3, "compiled": 0},
     }
+
+
+def test_a_stopped_builds_record_keeps_its_progress_not_the_warnings():
+    log = "[   12.0s] code2wav/b1_f8 compiled (11s)\n  warnings.warn('x')\n[W CudaIPCTypes.cpp:16] Producer\n\n"
+    assert progress_lines(log) == ["[   12.0s] code2wav/b1_f8 compiled (11s)"]
 
 
 def test_a_used_up_budget_records_every_section_skipped(tmp_path):

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -34,6 +35,8 @@ def cli_artifact(tmp_path_factory):
         ],
     )
     assert r.exit_code == 0, r.output
+    # not a terminal: one progress line per compiled package (what `bench builds` keeps of a stopped build)
+    assert re.search(r"\[\s*\d+\.\ds\] code2wav/b1_f8 compiled \(\d+s\)", r.output), r.output
     return out / "qwen3-tts-12hz"
 
 
