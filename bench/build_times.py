@@ -68,9 +68,20 @@ LOG_TAIL_LINES = 40
 
 
 def progress_lines(log: str) -> list[str]:
-    """The build's own lines, without the libraries' warnings that crowd a stopped build's output."""
-    noise = ("warn", "CudaIPCTypes", "resource_tracker")
-    return [ln for ln in log.strip().splitlines() if ln.strip() and not any(n in ln for n in noise)]
+    """The build's own lines, without the libraries' warnings that crowd a stopped build's output (a warning's
+    line, and the indented source line Python prints under it)."""
+    noise = ("warn", "cudaipctypes", "resource_tracker")
+    out, after_warning = [], False
+    for ln in log.strip().splitlines():
+        if any(n in ln.lower() for n in noise):
+            after_warning = True
+            continue
+        if after_warning and ln.startswith((" ", "\t")):
+            continue
+        after_warning = False
+        if ln.strip():
+            out.append(ln)
+    return out
 
 
 def parse_reuse(log: str) -> dict[str, dict[str, int]]:

@@ -24,8 +24,12 @@ def test_reuse_notes_parse_per_stage():
 
 
 def test_a_stopped_builds_record_keeps_its_progress_not_the_warnings():
-    log = "[   12.0s] code2wav/b1_f8 compiled (11s)\n  warnings.warn('x')\n[W CudaIPCTypes.cpp:16] Producer\n\n"
-    assert progress_lines(log) == ["[   12.0s] code2wav/b1_f8 compiled (11s)"]
+    log = (
+        "[   12.0s] code2wav/b1_f8 compiled (11s)\n  warnings.warn('x')\n[W CudaIPCTypes.cpp:16] Producer\n\n"
+        "/usr/lib/python3.12/copyreg.py:99: FutureWarning: `isinstance(treespec, LeafSpec)` is deprecated\n"
+        "  return cls.__new__(cls, *args)\ncompile code2wav    0/22 0:03:47\n"
+    )
+    assert progress_lines(log) == ["[   12.0s] code2wav/b1_f8 compiled (11s)", "compile code2wav    0/22 0:03:47"]
 
 
 def test_a_used_up_budget_records_every_section_skipped(tmp_path):
