@@ -14,9 +14,10 @@ def test_streaming_windows_qwen_defaults():
     assert st.window_sizes() == [25, 50, 325]
 
 
-def test_frame_sizes_adds_powers_of_two_up_to_largest_window():
+def test_frame_sizes_adds_powers_of_two_between_the_windows():
     st = StreamingConfig(25, 25, 0, 300)
-    assert frame_sizes(st) == (8, 16, 25, 32, 50, 64, 128, 256, 325)
+    assert frame_sizes(st) == (25, 32, 50, 64, 128, 256, 325)  # none below the smallest window
+    assert frame_sizes(StreamingConfig(4, 0, 0, 46)) == (4, 8, 16, 32, 46)  # from POW2_MIN_FRAMES up
     assert frame_sizes(st, pow2=False) == (25, 50, 325)
     assert frame_sizes(st, explicit=(50, 25, 25)) == (25, 50)
 
