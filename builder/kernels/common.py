@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 try:  # Triton is optional: the CPU wheel of torch does not depend on it.
@@ -43,3 +45,9 @@ def cdiv(a: int, b: int) -> int:
 
 def next_power_of_2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
+
+
+def no_wrap(kernel: Any) -> Any:
+    """The launchers' default `wrap`: the Triton kernel as it is (a direct launch: tests, the interpreter). Inside a
+    `torch.library.triton_op` the ops pass `torch.library.wrap_triton` instead, so torch.export sees the launch."""
+    return kernel

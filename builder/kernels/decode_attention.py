@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from ..layers.rope import apply_rope_interleaved, apply_rope_neox
-from .common import HAVE_TRITON, cdiv, multiprocessor_count, next_power_of_2, rms_norm
+from .common import HAVE_TRITON, cdiv, multiprocessor_count, next_power_of_2, no_wrap, rms_norm
 from .pdl import kernels_wait
 
 OP_NAME = "ttsaot::decode_attention"
@@ -203,10 +203,6 @@ def attention_workspace(rows: torch.Tensor, k_cache: torch.Tensor) -> torch.Tens
     return torch.zeros(rows.shape[0] * k_cache.shape[2], dtype=torch.int32, device=rows.device)
 
 
-def _identity(kernel: Any) -> Any:
-    return kernel
-
-
 def launch_decode_attention(
     qkv: torch.Tensor,
     positions: torch.Tensor,
@@ -222,7 +218,7 @@ def launch_decode_attention(
     norm_eps: float = 1e-6,
     workspace: torch.Tensor | None = None,
     *,
-    wrap: Callable[[Any], Any] = _identity,
+    wrap: Callable[[Any], Any] = no_wrap,
     num_splits: int | None = None,
     min_chunk: int | None = None,
     block_s: int | None = None,

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ..layers.rope import apply_rope_neox
-from .common import HAVE_TRITON, next_power_of_2
+from .common import HAVE_TRITON, next_power_of_2, no_wrap
 from .decompositions import register_cpu_decomposition
 from .pdl import kernels_wait
 
@@ -102,10 +102,6 @@ def _check(qkv, cos, sin, n_heads: int, n_kv_heads: int) -> None:
             )
 
 
-def _identity(kernel: Any) -> Any:
-    return kernel
-
-
 def launch_sequence_attention(
     qkv: torch.Tensor,
     cos: torch.Tensor | None,
@@ -114,7 +110,7 @@ def launch_sequence_attention(
     n_kv_heads: int,
     scale: float,
     *,
-    wrap: Callable[[Any], Any] = _identity,
+    wrap: Callable[[Any], Any] = no_wrap,
 ) -> torch.Tensor:
     """Run the Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1) on sizes `supported` allows."""
     from . import sequence_attention_triton as kernels

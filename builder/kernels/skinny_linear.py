@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .common import HAVE_TRITON, cdiv, multiprocessor_count, next_power_of_2, rms_norm
+from .common import HAVE_TRITON, cdiv, multiprocessor_count, next_power_of_2, no_wrap, rms_norm
 from .decompositions import register_cpu_decomposition
 from .pdl import kernels_wait
 
@@ -147,10 +147,6 @@ def _block_m(m: int, use_dot: bool) -> int:
     return (16 if m <= 16 else 32 if m <= 32 else 64) if use_dot else next_power_of_2(m)
 
 
-def _identity(kernel: Any) -> Any:
-    return kernel
-
-
 def kernel_rows(x: torch.Tensor) -> bool:
     """Whether a call with this x runs the Triton kernels (else its aten reference): rows ≤ MAX_KERNEL_ROWS. Shapes
     are static per bucket, so each bucket's package bakes one choice; a symbolic row count keeps the kernels."""
@@ -168,7 +164,7 @@ def launch_skinny_linear(
     residual: torch.Tensor | None = None,
     residual_scale: float = 1.0,
     *,
-    wrap: Callable[[Any], Any] = _identity,
+    wrap: Callable[[Any], Any] = no_wrap,
     config: dict | None = None,
     split_k: int | None = None,
     use_dot: bool | None = None,

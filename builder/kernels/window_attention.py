@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.attention import sliding_window_causal_mask
-from .common import HAVE_TRITON, cdiv
+from .common import HAVE_TRITON, cdiv, no_wrap
 from .conv1d import PRECISIONS
 from .decompositions import register_cpu_decomposition
 
@@ -75,10 +75,6 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, preci
     torch._check(precision in PRECISIONS, lambda: f"window_attention: precision must be one of {PRECISIONS}")
 
 
-def _identity(kernel: Any) -> Any:
-    return kernel
-
-
 def launch_window_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -87,7 +83,7 @@ def launch_window_attention(
     scale: float,
     precision: str,
     *,
-    wrap: Callable[[Any], Any] = _identity,
+    wrap: Callable[[Any], Any] = no_wrap,
 ) -> torch.Tensor:
     """Run the Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1) on a head size `supported` allows."""
     from . import window_attention_triton as kernels
