@@ -8,8 +8,10 @@ from the first conv to the last, no transpose between layers.
   epilogue, ending in the [B, 1, T] wave (a view of [B, T, 1]) in fp32.
 - `dac_encoder`: the [1, 1, T] clip (one copy to [1, T, 1] rows, free for one channel) → the encoder (conv k7,
   4 × [3 residual units, Snake, strided conv, the block's transformer if any], Snake, conv k3) → 2 × (strided conv,
-  `KernelConvNeXt`) → pre_module, one chain; the quantizers then run as in the faithful module on the latent's
-  [B, D, T] view (after the last conv: the codes are computed by the same ops as the reference).
+  `KernelConvNeXt`) → pre_module, one chain ending in the latent's rows [B, T, D]; the quantizers then run the
+  reference's ops in its order on those rows (`RVQEncodeNLC`), their 1×1 projections as linears.
+- Exact fp32 bodies ("tf32x3"): the transformers' and ConvNeXt blocks' linears on the conv kernel
+  (`_exact_linears`) and each transformer layer's attention on `ttsaot::window_attention` (`_exact_attention`).
 
 The `channels_last_*` kernel passes move the baked modules into these bodies, which the stage modules then run
 instead of their faithful forwards."""
@@ -46,29 +48,25 @@ from .dac import (
 DAC_PARTS = ("encoder", "quantizer", "decoder")  # what a channels-last body takes over (those the stage has)
 
 
+def _row_linear(conv: nn.Conv1d) -> nn.Linear:
+    """A baked 1×1 Conv1d as the linear over rows [..., Cin] that computes the same."""
+    lin = nn.Linear(conv.in_channels, conv.out_channels, bias=conv.bias is not None)
+    lin.weight = nn.Parameter(conv.weight.detach()[:, :, 0].contiguous(), requires_grad=False)
+    if conv.bias is not None:
+        lin.bias = nn.Parameter(conv.bias.detach().clone(), requires_grad=False)
+    return lin
+
+
 class VQDecodeNLC(nn.Module):
     """VectorQuantize.decode_code → out_proj on rows: codes [B, F] → [B, F, D] (the 1×1 conv as a linear)."""
 
     def __init__(self, vq: VectorQuantize) -> None:
         super().__init__()
-        conv = vq.out_proj
         self.codebook = vq.codebook
-        self.out_proj = nn.Linear(conv.in_channels, conv.out_channels, bias=conv.bias is not None)
-        self.out_proj.weight = nn.Parameter(conv.weight.detach()[:, :, 0].contiguous(), requires_grad=False)
-        if conv.bias is not None:
-            self.out_proj.bias = nn.Parameter(conv.bias.detach().clone(), requires_grad=False)
+        self.out_proj = _row_linear(vq.out_proj)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.out_proj(F.embedding(idx, self.codebook.weight))
-
-
-def _row_linear(conv: nn.Conv1d, precision: str) -> nn.Module:
-    """A baked 1×1 Conv1d as a linear over rows [..., Cin]: on the conv kernel (KernelLinear) in exact bodies."""
-    lin = nn.Linear(conv.in_channels, conv.out_channels, bias=conv.bias is not None)
-    lin.weight = nn.Parameter(conv.weight.detach()[:, :, 0].contiguous(), requires_grad=False)
-    if conv.bias is not None:
-        lin.bias = nn.Parameter(conv.bias.detach().clone(), requires_grad=False)
-    return KernelLinear(lin, precision) if precision == "tf32x3" else lin
 
 
 class RVQEncodeNLC(nn.Module):
@@ -81,10 +79,15 @@ class RVQEncodeNLC(nn.Module):
     def __init__(self, rvq: ResidualVectorQuantize, precision: str) -> None:
         super().__init__()
         vqs = list(rvq.quantizers)
+
+        def proj(conv: nn.Conv1d) -> nn.Module:  # exact bodies: on the conv kernel, as their other linears
+            lin = _row_linear(conv)
+            return KernelLinear(lin, precision) if precision == "tf32x3" else lin
+
         self.codebooks = nn.ModuleList(q.codebook for q in vqs)
-        self.in_projs = nn.ModuleList(_row_linear(q.in_proj, precision) for q in vqs)
+        self.in_projs = nn.ModuleList(proj(q.in_proj) for q in vqs)
         # the last quantizer's out_proj only feeds Σ z_q: pruned in the encoder stage (ResidualVectorQuantize.encode)
-        self.out_projs = nn.ModuleList(_row_linear(q.out_proj, precision) for q in vqs if hasattr(q, "out_proj"))
+        self.out_projs = nn.ModuleList(proj(q.out_proj) for q in vqs if hasattr(q, "out_proj"))
 
     def forward(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         z_q: Any = 0
