@@ -94,9 +94,8 @@ def launch_window_attention(
     on_gpu = q.device.type == "cuda"
     if on_gpu:
         kernel, tiles = kernels.window_attention_autotuned, {}
-    else:  # the interpreter: one fixed tile (autotuning would only time the interpreter)
-        block_m, block_n = kernels.blocks(q.dtype, D)
-        kernel, tiles = kernels.window_attention_kernel, {"BLOCK_M": block_m, "BLOCK_N": block_n}
+    else:
+        kernel, tiles = kernels.window_attention_kernel, kernels.interpreter_tiles(D)
 
     def grid(meta):
         return (cdiv(T, meta["BLOCK_M"]), B * H)

@@ -11,21 +11,12 @@ query rows (≥ T) are never stored."""
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 from .conv1d import _rn_tf32
 
 LOG2E = 1.4426950408889634
-
-
-def blocks(dtype: torch.dtype, head_dim: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) of the interpreter's launch (the GPU autotunes: CONFIGS): 64 × 64 tiles; 32 keys per step
-    at D = 128 in fp32 (tf32x3 splits each operand in two, which doubles the registers a tile holds)."""
-    if dtype == torch.float32 and head_dim > 64:
-        return 64, 32
-    return 64, 64
 
 
 # Tuned per shape at AOTI compile time (one config baked into each package). With 64 × 64 tiles the DAC encoder's
@@ -41,11 +32,18 @@ CONFIGS = [
 
 
 def _prune(configs, named_args, **kwargs):
-    """fp32 at D = 128: no 64-key steps (registers)."""
+    """fp32 products at D = 128: no 64-key steps (tf32x3 splits each operand in two, which doubles the registers a
+    tile holds)."""
     meta = {**named_args, **kwargs}
     if meta["FP32_DOT"] and meta["HEAD_DIM"] > 64:
         return [c for c in configs if c.kwargs["BLOCK_N"] <= 32]
     return configs
+
+
+def interpreter_tiles(head_dim: int) -> dict[str, int]:
+    """The interpreter's one launch (it multiplies in fp32 whatever the dtype; autotuning would only time the
+    interpreter): the first of CONFIGS that `_prune` keeps."""
+    return _prune(CONFIGS, {"FP32_DOT": True, "HEAD_DIM": head_dim})[0].kwargs
 
 
 @triton.jit
