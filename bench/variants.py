@@ -13,6 +13,9 @@ capture for that shape) and returns a callable taking the stage inputs in the St
 | ttsaot_inductor   | `ttsaot_graph` of the same stage built with kernels="inductor" (Inductor's own code   |
 |                   | where the other two run the kernel layer: `--kernels auto` is ttsaot on CUDA);        |
 |                   | skipped on CUDA for a stage without kernel passes (artifacts.same_program_as_auto)    |
+| ttsaot_kernels    | `ttsaot_graph` of the same stage built with kernels="ttsaot" (the Triton kernel layer |
+|                   | where `auto` keeps Inductor's code: the codebook predictors); skipped where `auto`    |
+|                   | already resolves to ttsaot (the same program)                                         |
 | upstream_eager    | the upstream implementation with the same random weights, cast to the stage dtype     |
 | upstream_compile  | upstream + torch.compile(max-autotune-no-cudagraphs) + manual CUDA graph              |
 | loop_eager_host   | codebook predictors: eager forward per codebook step (KV cache) + eager sampling +   |
@@ -43,6 +46,7 @@ ALL_VARIANTS = (
     "ttsaot_nograph",
     "ttsaot_graph",
     "ttsaot_inductor",
+    "ttsaot_kernels",
     "upstream_eager",
     "compile_graph",
     "compile_ro",
@@ -52,9 +56,14 @@ ALL_VARIANTS = (
 )
 CUDA_ONLY = {"eager_graph", "ttsaot_graph", "compile_ro", "loop_compile_graph"}
 COMPILED = {"compile_graph", "compile_ro", "upstream_compile", "loop_compile_graph"}  # time-boxed by --compile-budget
-TTSAOT = {"ttsaot_nograph", "ttsaot_graph", "ttsaot_inductor"}
+TTSAOT = {"ttsaot_nograph", "ttsaot_graph", "ttsaot_inductor", "ttsaot_kernels"}
 # the build's kernel choice (BuildOptions.kernels) of each ttsaot variant's artifact
-VARIANT_KERNELS = {"ttsaot_nograph": "auto", "ttsaot_graph": "auto", "ttsaot_inductor": "inductor"}
+VARIANT_KERNELS = {
+    "ttsaot_nograph": "auto",
+    "ttsaot_graph": "auto",
+    "ttsaot_inductor": "inductor",
+    "ttsaot_kernels": "ttsaot",
+}
 DEFAULT_CPU = ("eager_raw", "eager", "ttsaot_nograph")
 
 Call = Callable[[list[torch.Tensor]], object]
@@ -71,7 +80,7 @@ class VariantContext:
     artifact: Path | None
     artifact_error: str | None
     compile_mode: str = "max-autotune-no-cudagraphs"
-    # kernels choice → (artifact, build error) for the choices other than "auto" (ttsaot_inductor)
+    # kernels choice → (artifact, build error) for the choices other than "auto" (ttsaot_inductor, ttsaot_kernels)
     other_artifacts: dict[str, tuple[Path | None, str | None]] = field(default_factory=dict)
 
     def artifact_for(self, kernels: str) -> tuple[Path | None, str | None]:
@@ -279,7 +288,7 @@ def make_variant(name: str, ctx: VariantContext) -> Variant:
         v = TtsaotVariant(ctx, graphs=False)
     elif name == "ttsaot_graph":
         v = TtsaotVariant(ctx, graphs=True)
-    elif name == "ttsaot_inductor":  # graphs where there are any: on CPU it is the plain package call
+    elif name in ("ttsaot_inductor", "ttsaot_kernels"):  # graphs where there are any: on CPU the plain package call
         v = TtsaotVariant(ctx, graphs=ctx.device.type == "cuda", kernels=VARIANT_KERNELS[name])
     elif name == "upstream_eager":
         v = EagerVariant(ctx, raw=True, graph=False, upstream=True)

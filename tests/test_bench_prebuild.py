@@ -59,3 +59,18 @@ def test_a_second_kernel_choice_is_built_only_where_it_changes_the_program():
     assert same_program_as_auto(wired, "inductor", cuda) is None
     assert same_program_as_auto(plain, "auto", cuda) is None and same_program_as_auto(plain, "ttsaot", cuda) is None
     assert same_program_as_auto(plain, "inductor", cpu) is None  # one shared artifact on CPU (keys equal)
+
+
+def test_ttsaot_kernels_variant_loads_the_kernel_layer_build():
+    """`ttsaot_kernels` measures the opt-in kernel layer (kernels=ttsaot) beside `ttsaot_graph` (auto), where the
+    stage keeps Inductor's code by default: the codebook predictors."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from bench.variants import ALL_VARIANTS, TTSAOT, VARIANT_KERNELS, TtsaotVariant, make_variant
+
+    assert "ttsaot_kernels" in ALL_VARIANTS and "ttsaot_kernels" in TTSAOT
+    assert VARIANT_KERNELS["ttsaot_kernels"] == "ttsaot" != VARIANT_KERNELS["ttsaot_graph"]
+    v = make_variant("ttsaot_kernels", SimpleNamespace(device=torch.device("cpu")))
+    assert isinstance(v, TtsaotVariant) and v.kernels == "ttsaot" and v.graphs is False and v.name == "ttsaot_kernels"

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One device call (issue 14): the codebook predictors (Fish fast_ar, Qwen code_predictor) on the ttsaot kernel layer
+# (`--kernels ttsaot`, opt-in today) against their default build (auto = Inductor's code) and the torch.compile
+# per-step loop in CUDA graphs (vLLM-Omni), full presets, bf16. Both kernel choices are built side by side with the
+# builder's verification (golden codes through the runtime on the GPU), profiled, then timed in one `bench run`
+# process per stage. $OUT: the run JSONs, the profile JSONs, the logs and profile tables in one tarball.
+#   AXIS=batch=1,8 COMPILE_S=120 bash bench/plans/predictor_kernels_h100.sh
+set -u
+cd "$(dirname "$0")/../.."
+export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/out}; LOGS=$OUT/logs; mkdir -p "$LOGS" "$OUT/profiles"; T0=$(date +%s)
+AXIS=${AXIS:-batch=1,8}; BUILD_S=${BUILD_S:-300}; COMPILE_S=${COMPILE_S:-120}; CACHE=/tmp/pk_cache
+STAGES=${STAGES:-fish-s2-pro/fast_ar qwen3-tts-12hz/code_predictor}
+left() { echo $(( ${1:-570} - ($(date +%s) - T0) )); }
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$LOGS/install.txt" 2>&1
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$LOGS/nvidia_smi.txt" 2>&1
+for st in $STAGES; do
+  timeout -s INT -k 10 "$BUILD_S" python3 -m bench build "$st" --axis "$AXIS" --kernels auto,ttsaot --jobs 8 \
+    --cache-dir "$CACHE" > "$LOGS/build_${st//\//_}.log" 2>&1 &
+done
+wait
+echo "builds done at $(( $(date +%s) - T0 )) s"; grep -h "bench build\|verif\|rror" "$LOGS"/build_*.log | cut -c1-240
+for st in $STAGES; do
+  for k in ttsaot inductor; do
+    L=$(left 330); [ "$L" -gt 20 ] || { echo "skipped profile $st $k (time)"; continue; }
+    timeout -s INT -k 10 "$L" python3 -m bench profile "$st" --axis "$AXIS" --kernels "$k" --cache-dir "$CACHE" \
+      --out "$OUT/profiles" --calls 10 --reps 50 > "$LOGS/profile_${k}_${st//\//_}.log" 2>&1
+    echo "$k $st:"; grep -E '^\[b' "$LOGS/profile_${k}_${st//\//_}.log" | cut -c1-220
+  done
+done
+for st in $STAGES; do
+  L=$(left 580); [ "$L" -gt 40 ] || { echo "skipped run $st (time)"; continue; }
+  fam=${st%%/*}; stage=${st##*/}
+  timeout -s INT -k 10 "$L" python3 -m bench run --device cuda --family "$fam" --stages "$stage" --axis "$AXIS" \
+    --variants ttsaot_graph,ttsaot_kernels,loop_compile_graph --compile-budget "$COMPILE_S" --no-coldstart \
+    --no-snake --throughput-batches 1 --time-budget "$L" --stage-timeout "$L" --cache-dir "$CACHE" \
+    --out "$OUT/run" > "$LOGS/run_${st//\//_}.log" 2>&1
+  grep -E "ttsaot|loop_|skipped|rror" "$LOGS/run_${st//\//_}.log" | tail -12 | cut -c1-240
+done
+find "$OUT/run" -name '*.json' -exec mv {} "$OUT"/ \; ; rm -rf "$OUT/run"
+mv "$OUT/profiles"/*.txt "$LOGS"/ 2>/dev/null
+tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
+echo "done at $(( $(date +%s) - T0 )) s"
