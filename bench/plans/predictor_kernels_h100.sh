@@ -4,13 +4,15 @@
 # per-step loop in CUDA graphs (vLLM-Omni), full presets, bf16. Both kernel choices are built side by side with the
 # builder's verification (golden codes through the runtime on the GPU), profiled, then timed in one `bench run`
 # process per stage. $OUT: the run JSONs, the profile JSONs, the logs and profile tables in one tarball.
-#   AXIS=batch=1,8 COMPILE_S=120 bash bench/plans/predictor_kernels_h100.sh
+#   AXIS=batch=1 STAGES=fish-s2-pro/fast_ar COMPILE_S=120 bash bench/plans/predictor_kernels_h100.sh
+# (2026-11-25, H100: both stages at batch 1,8 did not fit one call: the two fast_ar builds took 215-239 s side by side
+# with code_predictor's, which had not finished at 300 s.)
 set -u
 cd "$(dirname "$0")/../.."
 export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}; LOGS=$OUT/logs; mkdir -p "$LOGS" "$OUT/profiles"; T0=$(date +%s)
-AXIS=${AXIS:-batch=1,8}; BUILD_S=${BUILD_S:-300}; COMPILE_S=${COMPILE_S:-120}; CACHE=/tmp/pk_cache
-STAGES=${STAGES:-fish-s2-pro/fast_ar qwen3-tts-12hz/code_predictor}
+AXIS=${AXIS:-batch=1}; BUILD_S=${BUILD_S:-260}; COMPILE_S=${COMPILE_S:-120}; CACHE=/tmp/pk_cache
+STAGES=${STAGES:-fish-s2-pro/fast_ar}
 left() { echo $(( ${1:-570} - ($(date +%s) - T0) )); }
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$LOGS/install.txt" 2>&1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$LOGS/nvidia_smi.txt" 2>&1
@@ -22,7 +24,7 @@ wait
 echo "builds done at $(( $(date +%s) - T0 )) s"; grep -h "bench build\|verif\|rror" "$LOGS"/build_*.log | cut -c1-240
 for st in $STAGES; do
   for k in ttsaot inductor; do
-    L=$(left 330); [ "$L" -gt 20 ] || { echo "skipped profile $st $k (time)"; continue; }
+    L=$(left 400); [ "$L" -gt 20 ] || { echo "skipped profile $st $k (time)"; continue; }
     timeout -s INT -k 10 "$L" python3 -m bench profile "$st" --axis "$AXIS" --kernels "$k" --cache-dir "$CACHE" \
       --out "$OUT/profiles" --calls 10 --reps 50 > "$LOGS/profile_${k}_${st//\//_}.log" 2>&1
     echo "$k $st:"; grep -E '^\[b' "$LOGS/profile_${k}_${st//\//_}.log" | cut -c1-220
@@ -33,11 +35,12 @@ for st in $STAGES; do
   fam=${st%%/*}; stage=${st##*/}
   timeout -s INT -k 10 "$L" python3 -m bench run --device cuda --family "$fam" --stages "$stage" --axis "$AXIS" \
     --variants ttsaot_graph,ttsaot_kernels,loop_compile_graph --compile-budget "$COMPILE_S" --no-coldstart \
-    --no-snake --throughput-batches 1 --time-budget "$L" --stage-timeout "$L" --cache-dir "$CACHE" \
+    --no-snake --throughput-batches 1 --time-budget $(( L - 20 )) --stage-timeout $(( L - 25 )) --cache-dir "$CACHE" \
     --out "$OUT/run" > "$LOGS/run_${st//\//_}.log" 2>&1
   grep -E "ttsaot|loop_|skipped|rror" "$LOGS/run_${st//\//_}.log" | tail -12 | cut -c1-240
 done
-find "$OUT/run" -name '*.json' -exec mv {} "$OUT"/ \; ; rm -rf "$OUT/run"
+cp "$CACHE"/logs/*.log "$LOGS"/ 2>/dev/null  # the stage processes' own logs
+[ -d "$OUT/run" ] && find "$OUT/run" -name '*.json' -exec mv {} "$OUT"/ \; ; rm -rf "$OUT/run"
 mv "$OUT/profiles"/*.txt "$LOGS"/ 2>/dev/null
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
 echo "done at $(( $(date +%s) - T0 )) s"
