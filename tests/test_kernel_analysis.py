@@ -106,7 +106,8 @@ REAL = textwrap.dedent(r"""
             return dict(x_ptr=t(), w_ptr=t(), b_ptr=t(), g_ptr=t(), r_ptr=t(), y_ptr=t(), part_ptr=t(torch.float32),
                         sem_ptr=t(torch.int32), M=m, N_OUT=4096, K=1024, K_SPLIT=1024, eps=1e-5, scale=1.0,
                         HAS_NORM=True, HAS_BIAS=False, GATED=False, HAS_RESIDUAL=True, SPLIT_K=1, FUSED_REDUCE=False,
-                        USE_DOT=True, FP32_DOT=False, PDL=True, BLOCK_M=32, BLOCK_N=32, BLOCK_K=256)
+                        USE_DOT=True, FP32_DOT=False, PDL=True, NORM_BLOCK=0, BLOCK_M=32, BLOCK_N=32,
+                        BLOCK_K=256)
 
     def writes(result):
         result = result.read_writes.writes if hasattr(result, "read_writes") else result

@@ -11,8 +11,10 @@ from ttsaot.builder.kernels import CPU_DECOMPOSITIONS, lower_for_cpu
 from ttsaot.builder.kernels.skinny_linear import (
     MAX_KERNEL_ROWS,
     MIN_SPLIT_K_CHUNK,
+    NORM_ROW_ELEMENTS,
     kernel_rows,
     launch_skinny_linear,
+    norm_block,
     plan_split_k,
     skinny_linear,
     skinny_linear_reference,
@@ -99,9 +101,10 @@ EPILOGUES = {
     "norm_bias_residual_scaled": {"norm": True, "bias": True, "residual": True, "scale": 0.7},
 }
 # (rows, N, K, form, split-K): GEMV and tensor-core forms, N and K off the block sizes, B = 3 and 5, M > 16,
-# leading dims [2, 3] (a re-prefill's [B, T, D]).
+# leading dims [2, 3] (a re-prefill's [B, T, D]); one K past NORM_ROW_ELEMENTS (the GEMV prologue in two chunks).
 CASES = [
     ((1,), 40, 100, "gemv", 1),
+    ((1,), 16, NORM_ROW_ELEMENTS + 300, "gemv", 1),
     ((3,), 34, 70, "gemv", 2),
     ((5,), 24, 130, "dot", 1),
     ((20,), 48, 96, "dot", 3),
@@ -212,6 +215,13 @@ def test_launches_pass_each_kernel_only_its_own_arguments(epilogue):
 def test_rows_above_the_threshold_take_the_aten_path():
     assert kernel_rows(torch.empty(16, 8)) and kernel_rows(torch.empty(2, 16, 8))
     assert not kernel_rows(torch.empty(MAX_KERNEL_ROWS + 1, 8)) and not kernel_rows(torch.empty(4, 11, 8))
+
+
+def test_gemv_norm_prologue_reads_the_row_in_one_chunk_where_it_fits():
+    assert norm_block(2560, 1, False) == 4096 and norm_block(2048, 1, False) == 2048  # Fish, VoxCPM2: one step
+    assert norm_block(100, 1, False) == 128 and norm_block(2560, 2, False) == NORM_ROW_ELEMENTS // 2
+    assert norm_block(3 * NORM_ROW_ELEMENTS, 1, False) == NORM_ROW_ELEMENTS  # longer rows: chunks of that size
+    assert norm_block(2560, 16, True) == 0  # the tile form keeps the config's BLOCK_K
 
 
 def test_split_k_plan():

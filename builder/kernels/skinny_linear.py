@@ -42,6 +42,7 @@ GEMV_MAX_M = 2
 # bucket's static shape: the tile form falls behind cuBLAS there (H100, bench/results/nvidia-h100/
 # kernels_phase1.json: 1.4-3.2x torch at M = 11..20, but 0.46-0.9x at the Fish fast_ar's M = 44 / 176).
 MAX_KERNEL_ROWS = 32
+NORM_ROW_ELEMENTS = 4096  # the GEMV form's RMSNorm prologue reads up to this many x values at once (norm_block)
 MIN_SPLIT_K_CHUNK = 1024  # split-K never gives a program less than this much of K
 SPLIT_K_ALIGN = 512  # split boundaries are multiples of the largest BLOCK_K of the autotuned configs
 
@@ -143,6 +144,18 @@ def tile_block_n(
     return widths[-1]
 
 
+def norm_block(k: int, m: int, use_dot: bool) -> int:
+    """The K chunk of the RMSNorm prologue (each program recomputes its rows' rstd before its first product), 0 for
+    the config's BLOCK_K. The GEMV form reads the whole row in one step where it fits NORM_ROW_ELEMENTS fp32 values:
+    its K loop over x is not pipelined, so every chunk is one more dependent L2 round trip before the first product,
+    the largest fixed cost of a short program (Fish fast_ar, K = 2560: 3 trips at BLOCK_K 1024; H100 profile,
+    bench/results/nvidia-h100/probes/fast_ar_kernels/). The tile form keeps BLOCK_K (a [BLOCK_M, K] row block
+    would not fit its registers)."""
+    if use_dot:
+        return 0
+    return min(next_power_of_2(k), max(NORM_ROW_ELEMENTS // next_power_of_2(m), 16))
+
+
 def _block_m(m: int, use_dot: bool) -> int:
     return (16 if m <= 16 else 32 if m <= 32 else 64) if use_dot else next_power_of_2(m)
 
@@ -231,6 +244,7 @@ def launch_skinny_linear(
         BLOCK_M=block_m,
         FP32_DOT=x.dtype == torch.float32 or x.device.type != "cuda",
         PDL=kernels_wait(x.device),
+        NORM_BLOCK=norm_block(k, m, use_dot),
     )  # off-GPU = the interpreter
 
     def grid(meta):

@@ -236,6 +236,7 @@ def skinny_linear_kernel(
     USE_DOT: tl.constexpr,
     FP32_DOT: tl.constexpr,
     PDL: tl.constexpr,
+    NORM_BLOCK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -249,7 +250,8 @@ def skinny_linear_kernel(
     (deterministic): by `split_k_epilogue_kernel`, or with FUSED_REDUCE by the tile's last program to arrive
     (counted in the zeroed int32 workspace sem_ptr, one counter per output tile, left zeroed). PDL (pdl.py): the
     GEMV form loads its first W tile, then waits for the previous kernel; x and the residual are read, and the
-    outputs written, only after the wait."""
+    outputs written, only after the wait. NORM_BLOCK: the chunk of K the RMSNorm prologue reads per step (0: BLOCK_K).
+    """
     # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
     # _use_fp64_for_unbacked_floats), which turned the loop-carried state fp64 (H100 AOTI build failed).
     eps = tl.cast(eps, tl.float32)
@@ -276,7 +278,7 @@ def skinny_linear_kernel(
     m_mask = offs_m < M
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_NORM:
-        rstd = _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M, BLOCK_K)
+        rstd = _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M, NORM_BLOCK if NORM_BLOCK > 0 else BLOCK_K)
     if USE_DOT:
         acc, acc_up = _dot_loop(
             x_ptr,
