@@ -267,14 +267,24 @@ def test_tile_width_rule_picks_the_swept_best():
 
 
 def test_one_row_takes_the_swept_gemv_config():
-    """At one row the GEMV autotuner is offered only BLOCK_N 8 × BLOCK_K 1024 × 8 warps (fastest or tied at every
-    swept shape); at two rows all three configs (each is best at some shape)."""
+    """At one row the GEMV autotuner is offered one config: BLOCK_N 8 × BLOCK_K 1024 × 8 warps where 1024 divides the
+    K range (the VoxCPM2 shapes), BLOCK_K 512 × 4 warps where it does not (the Fish fast_ar's K = 2560, 9728); at two
+    rows all three configs (each is best at some shape)."""
     from ttsaot.builder.kernels import skinny_linear_triton as kernels
 
     prune = kernels.skinny_gemv_autotuned.early_config_prune
-    (one,) = prune(kernels.GEMV_CONFIGS, {"M": 1, "N_OUT": 2048, "K": 6144})
-    assert (one.kwargs, one.num_warps) == ({"BLOCK_N": 8, "BLOCK_K": 1024}, 8)
-    assert prune(kernels.GEMV_CONFIGS, {"M": 2, "N_OUT": 2048, "K": 6144}) == kernels.GEMV_CONFIGS
+    for k, want in (
+        (6144, ({"BLOCK_N": 8, "BLOCK_K": 1024}, 8)),
+        (2048, ({"BLOCK_N": 8, "BLOCK_K": 1024}, 8)),
+        (2560, ({"BLOCK_N": 8, "BLOCK_K": 512}, 4)),
+        (9728, ({"BLOCK_N": 8, "BLOCK_K": 512}, 4)),
+    ):
+        (one,) = prune(kernels.GEMV_CONFIGS, {"M": 1, "N_OUT": 2048, "K": k, "K_SPLIT": k})
+        assert (one.kwargs, one.num_warps) == want, k
+    # a split call is judged by its K range, not K
+    (one,) = prune(kernels.GEMV_CONFIGS, {"M": 1, "N_OUT": 2048, "K": 2560, "K_SPLIT": 1024})
+    assert one.kwargs["BLOCK_K"] == 1024
+    assert prune(kernels.GEMV_CONFIGS, {"M": 2, "N_OUT": 2048, "K": 6144, "K_SPLIT": 6144}) == kernels.GEMV_CONFIGS
 
 
 def test_shape_and_dtype_errors():

@@ -399,13 +399,13 @@ def split_k_epilogue_kernel(
 # reaches 93.9 us summed over qkv/o/gate_up/down at M = 1 and 2 (every candidate's best: 93.5; the previous four
 # configs: 94.9), the tile set 167.9 us at M = 4, 8, 16 (best: 167.9; previous four: 168.6). Fewer configs, less
 # autotuning per package at build time. The autotuner is not trusted with the choices the sweep settles: one row
-# takes the first GEMV config, the tile form the BLOCK_N of `tile_block_n` (`_prune_gemv`, `_prune_tiles` below;
+# takes the config of `one_row_config`, the tile form the BLOCK_N of `tile_block_n` (`_prune_gemv`, `_prune_tiles` below;
 # builds had baked slower ones, bench/results/nvidia-h100/probes/tile_width_rule/, gemv_one_row_pin/). BLOCK_M,
 # SPLIT_K and USE_DOT come from the launcher. The FMA accumulator holds BLOCK_M·BLOCK_N·BLOCK_K fp32 values: ≤ 64
 # registers per thread at M = 1.
 GEMV_CONFIGS = [
-    triton.Config({"BLOCK_N": 8, "BLOCK_K": 1024}, num_warps=8, num_stages=1),  # qkv, o, down at M = 1
-    triton.Config({"BLOCK_N": 8, "BLOCK_K": 512}, num_warps=4, num_stages=1),  # gate_up at M = 2
+    triton.Config({"BLOCK_N": 8, "BLOCK_K": 1024}, num_warps=8, num_stages=1),  # M = 1 where 1024 divides K
+    triton.Config({"BLOCK_N": 8, "BLOCK_K": 512}, num_warps=4, num_stages=1),  # gate_up at M = 2; M = 1 otherwise
     triton.Config({"BLOCK_N": 2, "BLOCK_K": 1024}, num_warps=2, num_stages=1),  # o, down at M = 2
 ]
 # Few rows: a deep cp.async pipeline keeps ≥ 24 KB of W in flight per SM even at one program per SM (BLOCK_N 32:
@@ -419,14 +419,25 @@ GEMM_CONFIGS = [
 AUTOTUNE_KEY = ["M", "N_OUT", "K", "K_SPLIT", "BLOCK_M", "HAS_NORM", "GATED", "HAS_BIAS", "HAS_RESIDUAL"]
 
 
+def one_row_config(k_range: int) -> triton.Config:
+    """The GEMV config of one row, by rule: BLOCK_N 8 × BLOCK_K 1024 × 8 warps where 1024 divides the program's K
+    range, else BLOCK_N 8 × BLOCK_K 512 × 4 warps. The first is the fastest or tied at every VoxCPM2 shape in the H100
+    sweep (kernel_configs.json, M = 1, K = 2048 / 6144: qkv 6.5, o 5.3, down 11.3 us, where the others take up to
+    7.5 / 6.4 / 15.2; gate_up 22.3 vs 22.1). A K range that 1024 does not divide ends in a part-masked step that costs
+    a whole loop trip: at the Fish fast_ar's K = 2560 and 9728 the 512 config takes qkv 15.7 → 14.8, gate_up 48.2 →
+    39.4, down 23.8 → 21.7 us (probes/fast_ar_kernels/kernels_fast_ar_gemv.json; the best of eight configs: 14.3,
+    38.0, 20.5)."""
+    first, second = GEMV_CONFIGS[0], GEMV_CONFIGS[1]
+    return first if k_range % first.kwargs["BLOCK_K"] == 0 else second
+
+
 def _prune_gemv(configs, named_args, **kwargs):
-    """One row: only the first GEMV config (BLOCK_N 8, BLOCK_K 1024, 8 warps), the fastest or tied at every
-    VoxCPM2 shape in the H100 sweep (kernel_configs.json, M = 1: qkv 6.5, o 5.3, down 11.3 us, where the others
-    take up to 7.5 / 6.4 / 15.2; gate_up 22.3 vs 22.1); the autotuner, timing each kernel alone, is not trusted
+    """One row: only `one_row_config` of the call's K range; the autotuner, timing each kernel alone, is not trusted
     with near-ties it can get wrong by a third. Two rows keep all three (each is best at some shape)."""
-    if size_hint({**named_args, **kwargs}["M"]) != 1:
+    meta = {**named_args, **kwargs}
+    if size_hint(meta["M"]) != 1:
         return configs
-    one = GEMV_CONFIGS[0]
+    one = one_row_config(size_hint(meta["K_SPLIT"]))
     return [c for c in configs if (c.kwargs, c.num_warps) == (one.kwargs, one.num_warps)] or configs
 
 
