@@ -399,7 +399,7 @@ def split_k_epilogue_kernel(
 # reaches 93.9 us summed over qkv/o/gate_up/down at M = 1 and 2 (every candidate's best: 93.5; the previous four
 # configs: 94.9), the tile set 167.9 us at M = 4, 8, 16 (best: 167.9; previous four: 168.6). Fewer configs, less
 # autotuning per package at build time. The autotuner is not trusted with the choices the sweep settles: one row
-# takes the config of `one_row_config`, the tile form the BLOCK_N of `tile_block_n` (`_prune_gemv`, `_prune_tiles` below;
+# takes `one_row_config`, the tile form the BLOCK_N of `tile_block_n` (`_prune_gemv`, `_prune_tiles` below;
 # builds had baked slower ones, bench/results/nvidia-h100/probes/tile_width_rule/, gemv_one_row_pin/). BLOCK_M,
 # SPLIT_K and USE_DOT come from the launcher. The FMA accumulator holds BLOCK_M·BLOCK_N·BLOCK_K fp32 values: ≤ 64
 # registers per thread at M = 1.
