@@ -49,7 +49,7 @@ def test_a_second_kernel_choice_is_built_only_where_it_changes_the_program():
 
     from bench.artifacts import same_program_as_auto
 
-    spec, _ = make_spec("qwen3-tts-12hz", "code_predictor", "tiny")
+    spec, _ = make_spec("fish-s2-pro", "fast_ar", "tiny")
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     # a stage that is still opt-in on CUDA (auto = inductor): kernels=inductor names the auto artifact itself
     assert spec.cuda_auto_kernels == "inductor" and same_program_as_auto(spec, "inductor", cuda) is None

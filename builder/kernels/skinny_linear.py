@@ -149,7 +149,7 @@ def norm_block(k: int, m: int, use_dot: bool) -> int:
     the config's BLOCK_K. The GEMV form reads the whole row in one step where it fits NORM_ROW_ELEMENTS fp32 values:
     its K loop over x is not pipelined, so every chunk is one more dependent L2 round trip before the first product,
     the largest fixed cost of a short program (Fish fast_ar, K = 2560: 3 trips at BLOCK_K 1024; H100 profile,
-    bench/results/nvidia-h100/probes/fast_ar_kernels/). The tile form keeps BLOCK_K (a [BLOCK_M, K] row block
+    bench/results/nvidia-h100/probes/predictor_kernels/). The tile form keeps BLOCK_K (a [BLOCK_M, K] row block
     would not fit its registers)."""
     if use_dot:
         return 0
