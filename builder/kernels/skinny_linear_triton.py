@@ -425,8 +425,8 @@ def one_row_config(k_range: int) -> triton.Config:
     sweep (kernel_configs.json, M = 1, K = 2048 / 6144: qkv 6.5, o 5.3, down 11.3 us, where the others take up to
     7.5 / 6.4 / 15.2; gate_up 22.3 vs 22.1). A K range that 1024 does not divide ends in a part-masked step that costs
     a whole loop trip: at the Fish fast_ar's K = 2560 and 9728 the 512 config takes qkv 15.7 → 14.8, gate_up 48.2 →
-    39.4, down 23.8 → 21.7 us (probes/predictor_kernels/call3_0c73b31/kernels_fast_ar_gemv.json; the best of eight configs: 14.3,
-    38.0, 20.5)."""
+    39.4, down 23.8 → 21.7 us (probes/predictor_kernels/call3_0c73b31/kernels_fast_ar_gemv.json; the best of eight
+    configs: 14.3, 38.0, 20.5)."""
     first, second = GEMV_CONFIGS[0], GEMV_CONFIGS[1]
     return first if k_range % first.kwargs["BLOCK_K"] == 0 else second
 
