@@ -77,8 +77,9 @@ def test_ttsaot_kernels_variant_loads_the_kernel_layer_build():
 
 
 def test_predictors_default_kernels_on_cuda_follow_the_h100_measurement():
-    """bf16 code_predictor: the kernel layer by default on CUDA (3.74 vs 4.48 ms per frame on the H100); its fp32 build
-    and Fish fast_ar (even with Inductor's cuBLAS code there) keep Inductor's code unless asked; CPU builds always do."""
+    """bf16 code_predictor: the kernel layer by default on CUDA (3.74 vs 4.48 ms per frame on the H100); its fp32
+    build and Fish fast_ar (even with Inductor's cuBLAS code there) keep Inductor's code unless asked; CPU builds
+    always do."""
     import torch
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
