@@ -9,6 +9,7 @@ lower bound no implementation reaches, useful as a yardstick across variants."""
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import torch
@@ -107,3 +108,33 @@ def floor_for(flops: int | None, weight_bytes: int, io_bytes: int, hw: dict[str,
 
 def io_bytes(inputs: list[torch.Tensor], outputs) -> int:
     return tensor_bytes(inputs) + tensor_bytes(as_tuple(outputs))
+
+
+_LAYER_NAME = re.compile(r"^(?:(.*)\.)?layers\.(\d+)\.")
+
+
+def loop_weight_bytes(named_bytes: dict[str, int], passes: int | None) -> dict[str, Any] | None:
+    """The weight bytes one call of a looped stage reads when its transformer stack runs `passes` layer passes in all
+    (`bench/specs.py layer_passes`: layers × steps): every weight once, and the stack's weights (the constants named
+    `<stack>.layers.<i>.…`) once more per further pass over it. The stack is the one with the most bytes whose layer
+    count divides `passes`; other stacks, heads, embeddings and norms count once (a per-step head read once per step
+    is read once in all). None when no stack fits (a stage that runs each layer once gets repeats 1)."""
+    stacks: dict[str, tuple[set[str], int]] = {}
+    for name, nbytes in named_bytes.items():
+        m = _LAYER_NAME.match(name)
+        if m:
+            idx, total = stacks.get(m.group(1) or "", (set(), 0))
+            idx.add(m.group(2))
+            stacks[m.group(1) or ""] = (idx, total + nbytes)
+    fits = [(total, prefix, len(idx)) for prefix, (idx, total) in stacks.items() if passes and passes % len(idx) == 0]
+    if not fits:
+        return None
+    layer_bytes, prefix, layers = max(fits)
+    repeats = passes // layers
+    return {
+        "stack": prefix,
+        "layer_weight_bytes": layer_bytes,
+        "distinct_layers": layers,
+        "repeats": repeats,
+        "bytes": sum(named_bytes.values()) + layer_bytes * (repeats - 1),
+    }

@@ -16,7 +16,8 @@ runtime-owned cache: bench/variants.py `TtsaotVariant`). Per bucket it records:
   baked);
 - bytes = the stored weights (read once) + the call's inputs and outputs, the floor module's count
   (bench/floor.py), and the GB/s that makes over the kernel time and over the call, next to the copy bandwidth
-  measured in the same process. A looped stage reads its weights once per pass: its figure is a lower bound.
+  measured in the same process. A looped stage reads its transformer stack once per pass: `loop_floor_ms` /
+  `x_loop_floor` count those bytes (bench/floor.py `loop_weight_bytes`), the honest floor of such a stage.
 
 On CPU (fp32 unless --dtype, as `bench run`) there is no graph, and the profiler sees the aten ops of the call (the
 runtime's input handling, the package's extern calls), not the package's generated C++ kernels: the "kernels" are
@@ -125,7 +126,7 @@ def profile_stage(
     """Build or reuse the stage's artifact, then profile every bucket of the bench plan (see the module doc)."""
 
     from .artifacts import build_or_reuse
-    from .floor import copy_bandwidth
+    from .floor import copy_bandwidth, loop_weight_bytes
     from .specs import layer_passes, make_spec
     from .stage import key_of, make_bucket_inputs
     from .variants import TtsaotVariant, VariantContext
@@ -176,11 +177,15 @@ def profile_stage(
     variant.setup()
     entry = variant.stage.entry
     res["manifest_kernels"] = entry.kernels
-    weight_bytes = sum(
-        torch.empty(0, dtype=_dtype(w.dtype)).element_size() * _numel(w.shape) for w in entry.constants.values()
-    )
+    named_bytes = {
+        name: torch.empty(0, dtype=_dtype(w.dtype)).element_size() * _numel(w.shape)
+        for name, w in entry.constants.items()
+    }
+    weight_bytes = sum(named_bytes.values())
     res["weight_bytes"] = weight_bytes
     res["layers"] = layer_passes(family, stage, entry)
+    if res["layers"]:
+        res["layers"]["loop"] = loop_weight_bytes(named_bytes, res["layers"]["passes"])
     res["buckets"] = {}
     try:
         for i, sizes in enumerate(spec.plan.buckets()):
@@ -244,6 +249,7 @@ def profile_bucket(
     b["x_floor"] = timing["ms"] / b["floor_ms"] if b["floor_ms"] else None
     if layers and layers.get("passes"):
         b["kernels_per_layer"] = round(b["kernels_per_call"] / layers["passes"], 2)
+    add_loop_floor(b, layers, copy_gbps)
     if not kernels and cuda:
         b["note"] = "the profiler recorded no kernels (on a graph replay: CUPTI did not trace it; try --no-graphs)"
     for r in rows:
@@ -253,6 +259,17 @@ def profile_bucket(
     if timeline is not None:
         b["timeline"] = timeline
     return b
+
+
+def add_loop_floor(b: dict[str, Any], layers: dict[str, Any] | None, copy_gbps: float) -> None:
+    """A looped stage's honest floor (its stack's weights read once per pass, bench/floor.py `loop_weight_bytes`):
+    `loop_floor_ms` and `x_loop_floor` beside the weights-once `floor_ms` of bucket record `b`."""
+    loop = (layers or {}).get("loop")
+    if not loop or not copy_gbps:
+        return
+    b["loop_bytes"] = b["bytes"] + loop["layer_weight_bytes"] * (loop["repeats"] - 1)
+    b["loop_floor_ms"] = b["loop_bytes"] / (copy_gbps * 1e9) * 1e3
+    b["x_loop_floor"] = b["call_ms"] / b["loop_floor_ms"]
 
 
 TRACE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -382,8 +399,13 @@ def render(res: dict[str, Any]) -> str:
     for key, b in res["buckets"].items():
         per_layer = f", {b['kernels_per_layer']}/layer" if "kernels_per_layer" in b else ""
         lines.append(
-            f"\n[{key}] call {b['call_ms'] * 1e3:.1f} µs = {b['x_floor']:.2f}× floor ({b['floor_ms'] * 1e3:.1f} µs);"
-            f" {b['kernels_per_call']:g} kernels/call{per_layer} + {b['copies_per_call']:g} copies; kernel sum "
+            f"\n[{key}] call {b['call_ms'] * 1e3:.1f} µs = {b['x_floor']:.2f}× floor ({b['floor_ms'] * 1e3:.1f} µs)"
+            + (
+                f" = {b['x_loop_floor']:.2f}× the loop floor ({b['loop_floor_ms'] * 1e3:.1f} µs)"
+                if "x_loop_floor" in b
+                else ""
+            )
+            + f"; {b['kernels_per_call']:g} kernels/call{per_layer} + {b['copies_per_call']:g} copies; kernel sum "
             f"{b['kernel_ms'] * 1e3:.1f} µs, gap {b['gap_ms'] * 1e3:.1f} µs; "
             f"{b.get('gb_per_s_over_kernels', 0):.0f} GB/s over kernels, {b['gb_per_s_over_call']:.0f} over the call"
         )

@@ -131,6 +131,7 @@ def profiles_section(profiles: list[dict]) -> str:
                     f"`{key}`",
                     f"{b['call_ms'] * 1e3:.1f}",
                     f"{b['x_floor']:.2f}×" if b.get("x_floor") else "—",
+                    f"{b['x_loop_floor']:.2f}×" if b.get("x_loop_floor") else "—",
                     f"{b['kernels_per_call']:g}",
                     f"{b['kernels_per_layer']:g}" if "kernels_per_layer" in b else "—",
                     f"{b['kernel_ms'] * 1e3:.1f}",
@@ -145,6 +146,7 @@ def profiles_section(profiles: list[dict]) -> str:
         "bucket",
         "call µs",
         "× floor",
+        "× loop floor",
         "kernels/call",
         "per layer",
         "kernel µs",
@@ -153,8 +155,10 @@ def profiles_section(profiles: list[dict]) -> str:
         "top kernel (share)",
     ]
     return (
-        "Profiles (`python -m bench profile`; top kernels per bucket in `profiles/*.txt`; bytes = weights "
-        "once + inputs/outputs, so a looped stage's GB/s is a lower bound):\n\n" + _table(header, rows)
+        "Profiles (`python -m bench profile`; top kernels per bucket in `profiles/*.txt`; × floor: bytes = weights "
+        "once + inputs/outputs; × loop floor, for a looped stage: its transformer stack's weights again for every "
+        "further pass, `bench/floor.py` `loop_weight_bytes`; GB/s counts weights once, a lower bound for a "
+        "looped stage):\n\n" + _table(header, rows)
     )
 
 

@@ -34,7 +34,11 @@ def test_local_encoder_profile_on_cpu(tmp_path):
     )
     assert res["status"] == "ok" and res["kernels"] == "inductor" == res["manifest_kernels"]
     assert res["stage"]["dtype"] == "float32" and res["settings"]["graphs"] is False
-    assert res["layers"] == {"passes": 2, "how": "encoder layers"}  # the tiny preset's encoder
+    lay = res["layers"]
+    assert (lay["passes"], lay["how"]) == (2, "encoder layers")  # the tiny preset's encoder
+    # each layer runs once: the loop floor is the weights-once floor
+    assert lay["loop"]["distinct_layers"] == 2 and lay["loop"]["repeats"] == 1
+    assert 0 < lay["loop"]["layer_weight_bytes"] < res["weight_bytes"] == lay["loop"]["bytes"]
     assert res["weight_bytes"] > 0 and res["copy"]["gb_per_s"] > 0
     (key,) = res["buckets"]
     b = res["buckets"][key]
@@ -42,6 +46,7 @@ def test_local_encoder_profile_on_cpu(tmp_path):
     assert b["kernels_per_layer"] == round(b["kernels_per_call"] / 2, 2)
     assert b["gap_ms"] == pytest.approx(b["call_ms"] - b["kernel_ms"])
     assert b["bytes"] == res["weight_bytes"] + b["io_bytes"] and b["x_floor"] > 1.0
+    assert b["loop_bytes"] == b["bytes"] and b["x_loop_floor"] == pytest.approx(b["x_floor"])
     times = [r["us_per_call"] for r in b["top"]]
     assert times == sorted(times, reverse=True) and all(r["name"] != "bench::profiled_call" for r in b["top"])
     assert sum(r["share"] for r in b["top"]) <= 1.0 + 0.5e-4 * len(b["top"])  # each share rounded to 4 decimals
@@ -59,6 +64,27 @@ def test_local_encoder_profile_on_cpu(tmp_path):
     write_report(tmp_path / "results", md, tmp_path / "plots", include_cpu=True)
     row = next(ln for ln in md.read_text().splitlines() if ln.startswith("| voxcpm2/local_encoder | inductor"))
     assert f"`{key}`" in row and f"| {b['kernels_per_call']:g} |" in row
+
+
+def test_loop_floor_counts_the_stack_once_per_pass():
+    from bench.floor import loop_weight_bytes
+    from bench.profile import add_loop_floor
+
+    # Fish fast_ar's shape: 4 layers × 9 steps; the heads and norms outside the stack count once
+    named = {f"layers.{i}.{p}": 100 for i in range(4) for p in ("qkv", "o")} | {"output.weight": 50, "norm.weight": 2}
+    loop = loop_weight_bytes(named, 36)
+    assert loop == {"stack": "", "layer_weight_bytes": 800, "distinct_layers": 4, "repeats": 9, "bytes": 852 + 8 * 800}
+    # a stage with two stacks (VoxCPM2 locdit: the DiT's layers loop, another stack runs once)
+    two = {f"dit.layers.{i}.w": 10 for i in range(2)} | {f"enc.layers.{i}.w": 1 for i in range(3)}
+    assert loop_weight_bytes(two, 18)["stack"] == "dit" and loop_weight_bytes(two, 18)["repeats"] == 9
+    assert loop_weight_bytes(named, 35) is None and loop_weight_bytes({"head": 1}, 9) is None
+    b = {"bytes": 852 + 48, "call_ms": 2.0}
+    add_loop_floor(b, {"passes": 36, "loop": loop}, copy_gbps=1.0)
+    assert b["loop_bytes"] == 900 + 8 * 800 and b["loop_floor_ms"] == pytest.approx(7300 / 1e9 * 1e3)
+    assert b["x_loop_floor"] == pytest.approx(2.0 / b["loop_floor_ms"])
+    b2 = {"bytes": 10, "call_ms": 1.0}
+    add_loop_floor(b2, {"passes": 3, "loop": None}, 1.0)
+    assert "x_loop_floor" not in b2
 
 
 def test_kernel_rows_count_per_call_and_drop_the_marker():
