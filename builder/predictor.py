@@ -2,16 +2,10 @@
 graphs, the unrolled per-frame loop, their noise and sampling-parameter inputs, golden cases between batch
 buckets, and how decided each reference draw was (the near-tie margins the golden check allows differences at).
 
-Sampling: pure tensor functions with static shapes and no host synchronisation, no `multinomial`, no
-boolean-mask indexing: they are traced into the exported programs and run unchanged in eager mode, so the
-artifact and the eager reference compute the same thing. The runtime never calls them: it only draws the noise.
-
-Semantics (the vLLM-Omni Fish/Qwen samplers): scaled = logits / T; top-k keeps the k largest scaled logits;
-top-p then keeps the smallest prefix of the remaining tokens, in descending order, whose probability mass
-before the token is < p (the first token is always kept); the draw is Gumbel-max over the kept set,
-argmax(scaled + g) with g = −log(−log u), which samples exactly softmax(scaled) restricted to the kept set.
-Per-row parameters: top_k ≤ 0 or ≥ V disables top-k, top_p ≥ 1 disables top-p, temperature ≤ 0 is greedy
-(argmax of the logits; noise unused)."""
+Sampling (`sample`, its semantics and the kernel-layer op `ttsaot::sample_tokens`: kernels/sample.py): pure tensor
+functions with static shapes and no host synchronisation, no `multinomial`, no boolean-mask indexing: they are
+traced into the exported programs and run unchanged in eager mode, so the artifact and the eager reference compute
+the same thing. The runtime never calls them: it only draws the noise."""
 
 from __future__ import annotations
 
@@ -23,46 +17,8 @@ from torch import nn
 
 from .kernels.decode_attention import attention_workspace, supports_head_dim
 from .kernels.decode_modules import KernelAttention, KernelSwiGLU
+from .kernels.sample import gumbel, sample, support_mask
 from .layers.transformer import DecoderBlock
-
-# u is clamped into (0, 1) so that −log(−log u) stays finite whatever the caller passes.
-_U_MIN = 1e-20
-_U_MAX = 1.0 - 1e-7
-
-
-def gumbel(uniforms: torch.Tensor) -> torch.Tensor:
-    u = uniforms.float().clamp(_U_MIN, _U_MAX)
-    return -torch.log(-torch.log(u))
-
-
-def support_mask(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Bool [B,V]: tokens kept by top-k then top-p (per row). `scaled` is fp32 logits / temperature."""
-    B, V = scaled.shape
-    ordered = scaled.sort(dim=-1, descending=True).values
-    k = torch.where((top_k <= 0) | (top_k > V), torch.full_like(top_k, V), top_k)  # [B]
-    rank = torch.arange(V, device=scaled.device)[None, :]
-    in_k = rank < k[:, None]
-    probs = torch.softmax(ordered.masked_fill(~in_k, float("-inf")), dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs
-    n_p = ((mass_before < top_p.float()[:, None]) & in_k).sum(dim=-1)
-    n = torch.where(top_p.float() >= 1.0, k, torch.minimum(k, n_p)).clamp(min=1)  # kept prefix length
-    threshold = ordered.gather(1, (n - 1)[:, None])  # smallest kept value
-    return scaled >= threshold
-
-
-def sample(
-    logits: torch.Tensor, uniforms: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
-) -> torch.Tensor:
-    """logits [B,V] (any float dtype; computed in fp32), uniforms [B,V] in (0,1), temperature [B] float,
-    top_k [B] int, top_p [B] float → token ids [B] int64."""
-    x = logits.float()
-    t = temperature.float()
-    greedy = t <= 0
-    scaled = x / torch.where(greedy, torch.ones_like(t), t)[:, None]
-    keep = support_mask(scaled, top_k, top_p)
-    perturbed = torch.where(keep, scaled + gumbel(uniforms), torch.full_like(scaled, float("-inf")))
-    drawn = perturbed.argmax(dim=-1)
-    return torch.where(greedy, x.argmax(dim=-1), drawn)
 
 
 def kept_distribution(
@@ -100,10 +56,15 @@ def draw_margin(
 Pick = Callable[[int, torch.Tensor], torch.Tensor]  # (step, logits [B,V]) → code [B]
 
 
-def traced_sampler(noise: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> Pick:
-    """The `pick` of an exported predictor: step s draws with the noise of sampled codebook s (noise [B,S,V])."""
+def traced_sampler(
+    noise: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, kernel: bool = False
+) -> Pick:
+    """The `pick` of an exported predictor: step s draws with the noise of sampled codebook s (noise [B,S,V]).
+    `kernel`: each draw is one `ttsaot::sample_tokens` node (the kernel layer's builds) instead of its aten ops."""
 
     def pick(step: int, logits: torch.Tensor) -> torch.Tensor:
+        if kernel:
+            return torch.ops.ttsaot.sample_tokens(logits, noise[:, step - 1], temperature, top_k, top_p)
         return sample(logits, noise[:, step - 1], temperature, top_k, top_p)
 
     return pick
@@ -208,6 +169,15 @@ def use_predictor_kernels(module: nn.Module) -> dict:
         "layers": len(blocks),
         "ops": ["ttsaot::skinny_linear", "ttsaot::decode_attention"],
     }
+
+
+def use_sampler_kernel(module: nn.Module) -> dict:
+    """Kernel pass: every draw of the predictor's frame becomes one `ttsaot::sample_tokens` (its forward reads
+    `sampler_kernel`) instead of a sort and a dozen small kernels. Built, interpreter-checked and compiled for
+    sm_90, not yet run on a GPU: only the opt-in kernel-layer build of Fish fast_ar takes it; the bf16
+    code_predictor's default kernel-layer build (measured without it) does not, until it is timed there."""
+    module.sampler_kernel = True
+    return {"pass": "use_sampler_kernel", "ops": ["ttsaot::sample_tokens"]}
 
 
 def reference_margins(module: nn.Module, inputs: dict[str, torch.Tensor], first: str) -> dict[str, torch.Tensor]:

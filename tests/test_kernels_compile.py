@@ -24,6 +24,7 @@ SCRIPT = textwrap.dedent(r"""
     from triton.backends.compiler import GPUTarget
     from ttsaot.builder.kernels import decode_attention_triton as A, skinny_linear_triton as S
     from ttsaot.builder.kernels import sequence_attention_triton as Q
+    from ttsaot.builder.kernels import sample_triton as SM
 
     BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     OPS = ("LDG.E.128", "LDGSTS", "HMMA", "HGMMA", "LDL", "STL", "ATOM", "BAR.SYNC")
@@ -126,6 +127,12 @@ SCRIPT = textwrap.dedent(r"""
         S.skinny_linear_kernel, sl_types,
         dict(flags["plain"], SPLIT_K=1, FUSED_REDUCE=False, USE_DOT=False, FP32_DOT=False, PDL=False, NORM_BLOCK=0,
              BLOCK_M=1, **S.GEMV_CONFIGS[0].kwargs), 8, 1, sl_aligned)
+    # the predictors' sampler (no programmatic launch): their vocabularies, the row in registers without spills
+    sm_types = dict(logits_ptr="*bf16", u_ptr="*fp32", t_ptr="*fp32", k_ptr="*i64", p_ptr="*fp32", out_ptr="*i64",
+                    V="i32", logits_row_stride="i64", u_row_stride="i64")
+    for v in (2048, 4096):
+        results[f"nopdl/sample/V{v}"] = build(SM.sample_tokens_kernel, sm_types,
+                                              dict(U_MIN=1e-20, U_MAX=1.0 - 1e-7, BLOCK_V=v), SM.warps(v), 1, set())
     print(json.dumps(results))
 """)
 

@@ -4,6 +4,7 @@
 from . import conv1d
 from .decode_attention import decode_attention, decode_attention_reference
 from .decompositions import CPU_DECOMPOSITIONS, lower_for_cpu
+from .sample import sample_tokens
 from .sequence_attention import sequence_attention, sequence_attention_reference
 from .skinny_linear import skinny_linear, skinny_linear_reference
 from .snake_beta import snake_beta, snake_beta_nlc, snake_beta_nlc_reference, snake_beta_reference
@@ -15,6 +16,7 @@ __all__ = [
     "decode_attention",
     "decode_attention_reference",
     "lower_for_cpu",
+    "sample_tokens",
     "sequence_attention",
     "sequence_attention_reference",
     "skinny_linear",

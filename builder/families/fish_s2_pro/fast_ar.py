@@ -33,6 +33,7 @@ class FastAR(nn.Module):
     def __init__(self, cfg: FastARConfig, with_embedding: bool = False) -> None:
         super().__init__()
         self.cfg, self.with_embedding = cfg, with_embedding
+        self.sampler_kernel = False  # each draw one ttsaot::sample_tokens (set by predictor.use_predictor_kernels)
         self.layers = nn.ModuleList(
             DecoderBlock(
                 cfg.dim,
@@ -89,7 +90,8 @@ class FastAR(nn.Module):
         return torch.where(is_semantic[:, None], mixed, plain).float()
 
     def forward(self, hidden, token, noise, temperature, top_k, top_p, token_embed=None):
-        codes, _ = self.decode(hidden, token, traced_sampler(noise, temperature, top_k, top_p))
+        pick = traced_sampler(noise, temperature, top_k, top_p, kernel=self.sampler_kernel)
+        codes, _ = self.decode(hidden, token, pick)
         if not self.with_embedding:
             return codes
         return codes, self.next_input_embedding(token, codes, token_embed)

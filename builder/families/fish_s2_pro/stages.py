@@ -22,6 +22,7 @@ from ...predictor import (
     reference_margins,
     sampling_inputs,
     use_predictor_kernels,
+    use_sampler_kernel,
 )
 from ...stage_spec import TF32_TOLERANCE, StageSpec
 from . import FAMILY
@@ -348,7 +349,7 @@ def fast_ar_stage(opts: FishS2Options) -> StageSpec:
         kind="codebook_predictor",
         make_module=make_module,
         passes=[prune_fast_ar, fuse_projections],
-        kernel_passes=[use_predictor_kernels],
+        kernel_passes=[use_predictor_kernels, use_sampler_kernel],
         # Inductor's code by default, the kernel layer opt-in (--kernels ttsaot): on the H100 (full, bf16, batch 1)
         # the two were within the ±8% two processes differ by (4.59 / 4.76 vs 4.74 / 4.37 ms per frame in two calls;
         # bench/results/nvidia-h100/probes/predictor_kernels/): cuBLAS reads the 2560 × 19456 gate_up at 90% of copy

@@ -54,6 +54,7 @@ class CodePredictor(nn.Module):
     def __init__(self, cfg: CodePredictorConfig, with_embedding: bool = False) -> None:
         super().__init__()
         self.cfg, self.with_embedding = cfg, with_embedding
+        self.sampler_kernel = False  # each draw one ttsaot::sample_tokens (set by predictor.use_predictor_kernels)
         self.model = _Inner(cfg)
         self.lm_head = nn.ModuleList(
             nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(cfg.num_code_groups - 1)
@@ -102,9 +103,8 @@ class CodePredictor(nn.Module):
         return out, all_logits, total
 
     def forward(self, hidden, code0, noise, temperature, top_k, top_p):
-        codes, _, summed = self.decode(
-            hidden, code0, traced_sampler(noise, temperature, top_k, top_p), collect_embedding=self.with_embedding
-        )
+        pick = traced_sampler(noise, temperature, top_k, top_p, kernel=self.sampler_kernel)
+        codes, _, summed = self.decode(hidden, code0, pick, collect_embedding=self.with_embedding)
         if not self.with_embedding:
             return codes
         return codes, summed.float()
