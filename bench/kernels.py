@@ -21,6 +21,8 @@ after the time budget are recorded as skipped):
   graphs over 4 distinct layers; output and caches checked against eager; time per layer vs the layer's byte
   floor. `--with-compile` adds torch.compile(mode="max-autotune-no-cudagraphs") + manual graph (minutes).
 - `predictors`: the re-prefill predictors' shapes (Fish fast_ar, Qwen code_predictor, VoxCPM2 locdit) at their M.
+- `sampler`: `ttsaot::sample_tokens` at the predictors' vocabularies (Qwen 2048, Fish 4096) and rows, against the
+  aten sampler it replaces (a sort and a dozen small ops) in the same kind of graph; tokens compared.
 - `sweep`: split-K × GEMV/tensor-core form for the VoxCPM2 shapes, split count × BLOCK_S for attention: what
   phase 2 tunes the plans from.
 - `sweep_predictors`: split-K 1/2/4 of the tensor-core form at the predictors' own shapes and rows (VoxCPM2 locdit:
@@ -59,6 +61,7 @@ SECTIONS = (
     "aoti",
     "layer",
     "predictors",
+    "sampler",
     "sweep",
     "sweep_predictors",
     "configs",
@@ -92,6 +95,8 @@ PREDICTOR_SHAPES: dict[str, tuple[int, int, dict, tuple[int, ...]]] = {
     "voxcpm2_locdit_gate_up": (8192, 1024, {"norm": True, "gated": True}, (22, 88)),
     "voxcpm2_locdit_down": (1024, 4096, {"residual": True}, (22, 88)),
 }
+# `sampler`: (vocabulary, rows) of the codebook predictors' draws (Qwen code_predictor 2048, Fish fast_ar 4096)
+SAMPLER_CASES = ((2048, 1), (2048, 8), (4096, 1), (4096, 8))
 # VoxCPM2's base/residual LM attention (16 q heads, 2 kv heads, hd 128) over a cache of max_len 4096 (+ scratch).
 ATTENTION = {"hq": 16, "hkv": 2, "hd": 128, "cache_positions": 4097, "contexts": (512, 2048)}
 LAYER = {"preset": "full", "cache_positions": 4097, "context": 512, "layers": 4}
@@ -389,6 +394,37 @@ def _attention_inputs(B: int, S: int, L: int, ctx: int, rope: bool, g: torch.Gen
         cos, sin = rope_table(hd, S, 10000.0)
         t["cos"], t["sin"] = cos.to(dev), sin.to(dev)
     return t
+
+
+def bench_sampler_case(V: int, B: int, peak_gbps: float, reps: int, device: torch.device) -> dict:
+    """One draw of B rows over V tokens: the kernel and the aten sampler, each replayed from a graph of back-to-back
+    calls (16 noise slices rotated, as a frame's steps), tokens compared on every slice."""
+    from ttsaot.builder.kernels.sample import launch_sample_tokens, sample
+
+    g = torch.Generator(device=device).manual_seed(V + B)
+    steps = 16
+    logits = (torch.randn(B, V, generator=g, device=device) * 3).to(torch.bfloat16)
+    noise = torch.rand(B, steps, V, generator=g, device=device)
+    temperature = torch.rand(B, generator=g, device=device) + 0.3
+    top_k = torch.randint(0, 80, (B,), generator=g, device=device)
+    top_p = torch.rand(B, generator=g, device=device) * 0.5 + 0.5
+    args = (temperature, top_k, top_p)
+    differ = sum(
+        int((launch_sample_tokens(logits, noise[:, s], *args) != sample(logits, noise[:, s], *args)).sum())
+        for s in range(steps)
+    )
+    kernel_calls = [lambda s=s: launch_sample_tokens(logits, noise[:, s], *args) for s in range(steps)]
+    kernel = graph_ms(kernel_calls, reps, device)
+    aten = graph_ms([lambda s=s: sample(logits, noise[:, s], *args) for s in range(steps)], reps, device)
+    return {
+        "V": V,
+        "B": B,
+        "draws_compared": steps * B,
+        "tokens_differing": differ,
+        "kernel": {"graph_ms": kernel},
+        "aten": {"graph_ms": aten},
+        "speedup": aten / kernel,
+    }
 
 
 def bench_attention_case(
@@ -748,6 +784,7 @@ def run_kernels(
     ]
     guarded("layer", lambda: cases(bench_layer, layer_items))
     guarded("predictors", lambda: skinny_section(PREDICTOR_SHAPES))
+    guarded("sampler", lambda: cases(bench_sampler_case, [(f"V={v}/B={b}", dict(V=v, B=b)) for v, b in SAMPLER_CASES]))
 
     def sweep_section() -> dict:
         items = []
@@ -884,6 +921,14 @@ def summary(res: dict) -> str:
             )
         else:
             lines.append(f"layer {key:<12} {c.get('error') or c.get('skipped')}")
+    for key, c in sec.get("sampler", {}).items():
+        if "kernel" in c:
+            lines.append(
+                f"sampler {key:<33} {c['kernel']['graph_ms'] * 1e3:7.1f} us, aten {c['aten']['graph_ms'] * 1e3:.1f} us "
+                f"(x{c['speedup']:.2f}); {c['tokens_differing']} of {c['draws_compared']} tokens differ"
+            )
+        else:
+            lines.append(f"sampler {key:<33} {c.get('error') or c.get('skipped')}")
     a = sec.get("aoti")
     if a and "ok" in a:
         lines.append(

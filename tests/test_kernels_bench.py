@@ -30,12 +30,13 @@ def test_kernels_bench_smoke_on_cpu(monkeypatch, tmp_path):
     monkeypatch.setattr(kb, "PREDICTOR_SHAPES", {"fish_fast_ar_down": (24, 40, {"residual": True}, (33,))})
     monkeypatch.setattr(kb, "ATTENTION", {"hq": 4, "hkv": 2, "hd": 16, "cache_positions": 40, "contexts": (7, 30)})
     monkeypatch.setattr(kb, "LAYER", {"preset": "tiny", "cache_positions": 40, "context": 9, "layers": 2})
+    monkeypatch.setattr(kb, "SAMPLER_CASES", ((50, 3),))
     seen = []
     res = kb.run_kernels(
         torch.device("cpu"),
         quick=True,
         budget_s=600,
-        sections=("copy", "skinny", "attention", "layer", "predictors"),
+        sections=("copy", "skinny", "attention", "layer", "predictors", "sampler"),
         progress=lambda r: seen.append(1),
     )
     assert res["status"] == "ok" and seen
@@ -62,8 +63,11 @@ def test_kernels_bench_smoke_on_cpu(monkeypatch, tmp_path):
         assert "error" not in case, (key, case)
         assert case["check"]["rel_err_out_vs_eager"] < 5e-2, case["check"]
         assert case["kernels_graph"]["ms_per_layer"] > 0 and case["floor_ms_per_layer"] > 0
+    (case,) = sec["sampler"].values()
+    assert "error" not in case, case
+    assert case["tokens_differing"] == 0 and case["draws_compared"] == 48 and case["kernel"]["graph_ms"] > 0
     text = kb.summary(res)
-    assert "skinny voxcpm2_gate_up/M=20" in text and "layer B=1" in text
+    assert "skinny voxcpm2_gate_up/M=20" in text and "layer B=1" in text and "sampler V=50/B=3" in text
 
     # The report renders the kernel results (their summary) next to the stages.
     out = tmp_path / "results" / res["device"]["slug"]
