@@ -33,7 +33,7 @@ class FastAR(nn.Module):
     def __init__(self, cfg: FastARConfig, with_embedding: bool = False) -> None:
         super().__init__()
         self.cfg, self.with_embedding = cfg, with_embedding
-        self.sampler_kernel = False  # each draw one ttsaot::sample_tokens (set by predictor.use_predictor_kernels)
+        self.sampler_kernel = False  # each draw one ttsaot::sample_tokens (set by predictor.use_sampler_kernel)
         self.layers = nn.ModuleList(
             DecoderBlock(
                 cfg.dim,

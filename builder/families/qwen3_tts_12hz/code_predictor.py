@@ -54,7 +54,7 @@ class CodePredictor(nn.Module):
     def __init__(self, cfg: CodePredictorConfig, with_embedding: bool = False) -> None:
         super().__init__()
         self.cfg, self.with_embedding = cfg, with_embedding
-        self.sampler_kernel = False  # each draw one ttsaot::sample_tokens (set by predictor.use_predictor_kernels)
+        self.sampler_kernel = False  # each draw one ttsaot::sample_tokens (set by predictor.use_sampler_kernel)
         self.model = _Inner(cfg)
         self.lm_head = nn.ModuleList(
             nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(cfg.num_code_groups - 1)
