@@ -65,7 +65,7 @@ def test_kernels_bench_smoke_on_cpu(monkeypatch, tmp_path):
         assert case["kernels_graph"]["ms_per_layer"] > 0 and case["floor_ms_per_layer"] > 0
     (case,) = sec["sampler"].values()
     assert "error" not in case, case
-    assert case["tokens_differing"] == 0 and case["draws_compared"] == 48 and case["kernel"]["graph_ms"] > 0
+    assert case["tokens_differing"] == 0 and case["draws_compared"] == 6 and case["kernel"]["graph_ms"] > 0
     text = kb.summary(res)
     assert "skinny voxcpm2_gate_up/M=20" in text and "layer B=1" in text and "sampler V=50/B=3" in text
 
