@@ -29,7 +29,8 @@ HOW_TO_READ = """\
   bucket), through the public `Stage.__call__` including input validation (`ms_without_input_validation` in
   the JSON drops the range check), built with `--kernels auto` (the ttsaot Triton kernel layer on CUDA);
   `ttsaot_inductor` = `ttsaot_graph` of the same stage built with `--kernels inductor` (Inductor's own code
-  for the hot paths), from the same checkout and run; the header names the kernels each manifest records;
+  for the hot paths), from the same checkout and run; `ttsaot_kernels` = the same built with `--kernels ttsaot`
+  where `auto` keeps Inductor's code (the opt-in kernel layer); the header names the kernels each manifest records;
   `upstream_*` = the upstream implementation with the same weights.
   Codebook predictors only: `loop_eager_host` = eager forward per codebook step (KV cache) + eager sampling
   + a host read of the codes per step (the reference loop); `loop_compile_graph` = torch.compile'd step
