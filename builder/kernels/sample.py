@@ -10,8 +10,8 @@ restricted to the kept set. Per-row parameters: top_k ≤ 0 or ≥ V disables to
 temperature ≤ 0 is greedy (argmax of the logits; noise unused). Pure tensor functions with static shapes and no
 host synchronisation: traced into the exported programs and run unchanged in eager mode.
 
-Why a kernel: traced, one draw is a full sort of the row (a radix sort kernel of ~22 µs at V = 2048-4096 on an
-H100, whatever the row count) and a dozen small Inductor kernels around it, once per sampled codebook: 9% of the
+Why a kernel: traced, one draw is a full sort of the row (a radix sort kernel of ~22 µs at V = 2048-4096 and one
+row on an H100) and a dozen small Inductor kernels around it, once per sampled codebook: 9% of the
 Qwen code_predictor's frame and 4% of the Fish fast_ar's (bench/results/nvidia-h100/profiles/*code_predictor*,
 *fast_ar*). Here one program per row holds the row in registers, sorts it in place (bitonic, `tl.sort`), and does
 the rest in the same registers. The softmax and the mass prefix add in a different order than aten's: a row whose
