@@ -122,6 +122,26 @@ def test_kernel_matches_reference_and_writes_only_its_slots(rope, qk_norm, dtype
             assert (k_new == mirror).float().mean().item() >= 0.99
 
 
+@pytest.mark.parametrize("rope", ["neox", "interleaved"])
+def test_compute_dtype_tables_equal_their_fp32_widening(rope):
+    """A predictor passes its bf16 RoPE buffers as they are (no per-layer fp32 copy in the graph): kernel and
+    reference widen them as they load, so the result is bit-identical to passing `.float()` of the same tables."""
+    B, hq, hkv, hd, S, L, splits = CONFIGS[0]
+    t = _case(B, hq, hkv, hd, S, L, torch.bfloat16, rope, True)
+    narrow = {**t, "cos": t["cos"].bfloat16(), "sin": t["sin"].bfloat16()}
+    wide = {**narrow, "cos": narrow["cos"].float(), "sin": narrow["sin"].float()}
+    args = dict(layer=0, scale=hd**-0.5, rope_interleaved=rope == "interleaved", norm_eps=1e-6)
+    outs = []
+    for tabs in (narrow, wide):
+        caches = {"k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
+        o = launch_decode_attention(**{**tabs, **caches}, **args, num_splits=splits, **SMALL)
+        ref_caches = {"k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
+        ref = decode_attention_reference(**{**tabs, **ref_caches}, **args)
+        outs.append((o, caches["k_cache"], ref, ref_caches["k_cache"]))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
 def test_split_count_does_not_change_the_result_and_runs_are_deterministic():
     """1..8 splits (the last active split merges up to 7 partials at S-1) agree; a repeated plan is bit-identical;
     one workspace serves every call and ends zeroed."""

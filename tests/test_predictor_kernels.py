@@ -78,6 +78,46 @@ def test_code_predictor_frame_on_kernels_equals_eager():
         assert torch.equal(c_got, c_ref) and max(rel_err(b, a) for a, b in zip(l_ref, l_got)) < 1e-5
 
 
+def _source(node: torch.fx.Node) -> torch.fx.Node:
+    """The node a view chain starts from (select / slice / view of it)."""
+    views = {torch.ops.aten.select.int, torch.ops.aten.slice.Tensor, torch.ops.aten.view.default}
+    while node.op == "call_function" and node.target in views:
+        node = node.args[0]
+    return node
+
+
+@pytest.mark.parametrize("B", [2, 65])
+def test_frame_reads_positions_and_rope_tables_from_module_buffers(B):
+    """The compiled graph recomputes an input of a user kernel it has not realized into a new buffer at each use
+    (one fill kernel per layer per input on the H100): decode_attention's positions must be a row of the
+    `frame_positions` buffer and its RoPE tables the module's buffers themselves, not a torch.full / an fp32 copy.
+    Past the table's rows (B = 65) the frame makes its own positions, with the same codes."""
+    cfg = replace(QWEN_TINY, head_dim=16)
+    ref, kern, report = _pair(qck.init_random_code_predictor(CodePredictor(cfg), 0), prune_code_predictor)
+    assert report["frame_positions"] == [cfg.num_code_groups, 64]
+    g = torch.Generator().manual_seed(B)
+    samp = random_sampling_inputs(B, cfg.num_code_groups - 1, cfg.vocab_size, g)
+    args = (
+        torch.randn(B, cfg.talker_hidden_size, generator=g),
+        torch.randint(0, cfg.vocab_size, (B,), generator=g),
+        *(samp[n] for n in ("noise", "temperature", "top_k", "top_p")),
+    )
+    with torch.no_grad():
+        assert torch.equal(kern(*args), ref(*args))
+    ep = torch.export.export(kern, args)
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    consts = {**ep.graph_signature.inputs_to_buffers, **ep.graph_signature.inputs_to_parameters}
+    calls = [n for n in ep.graph.nodes if n.target == torch.ops.ttsaot.decode_attention.default]
+    assert len(calls) == cfg.num_hidden_layers * cfg.num_code_groups
+    for n in calls:
+        positions, cos, sin = _source(n.args[1]), n.args[6], n.args[7]
+        if B <= 64:
+            assert consts.get(positions.name, "").endswith("self_attn.frame_positions"), positions
+        else:
+            assert positions.target == torch.ops.aten.full.default
+        assert consts.get(cos.name) == "rope_cos" and consts.get(sin.name) == "rope_sin" and cos.name in placeholders
+
+
 def test_head_dims_the_kernel_refuses_leave_the_stage_eager():
     m = qck.init_random_code_predictor(CodePredictor(QWEN_TINY), 0)  # head_dim 8
     report = use_predictor_kernels(m)

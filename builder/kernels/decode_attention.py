@@ -8,9 +8,11 @@
 strided, e.g. one position of a [B, T, ·] tensor). Per row b with p = positions[b] (clamped to [0, S-1]: slot S-1
 is the runtime's scratch slot, so an idle row still stays inside the cache):
 1. q/k heads: RMSNorm per head with q_norm / k_norm (Qwen; project rounding, see common.rms_norm), then RoPE at
-   position p: the rotation in fp32 with fp32 tables, cast back to the compute dtype (VoxCPM2's `_rope`, Fish's
-   interleaved rope). Tables: NeoX rotate-half cos/sin [≥ S, hd] (layers.rope.rope_table), or with
-   rope_interleaved GPT-J pairs [≥ S, hd/2] (rope_table_interleaved). None = no RoPE (VoxCPM2's residual LM);
+   position p: the rotation in fp32 with the tables' values (fp32, or bf16/fp16 widened exactly: a predictor
+   passes its compute-dtype buffers as they are, which the graph then need not convert per layer), cast back to
+   the compute dtype (VoxCPM2's `_rope`, Fish's interleaved rope). Tables: NeoX rotate-half cos/sin [≥ S, hd]
+   (layers.rope.rope_table), or with rope_interleaved GPT-J pairs [≥ S, hd/2] (rope_table_interleaved). None = no
+   RoPE (VoxCPM2's residual LM);
 2. k, v written in place at k_cache/v_cache[layer, b, :, p];
 3. each query head attends over its kv head's keys at positions 0..p (GQA: query head j uses kv head j // (Hq/Hkv),
    as repeat_interleave would): scores q·k in fp32 × scale, softmax in fp32, probabilities rounded to the compute
@@ -53,6 +55,7 @@ SPLIT_PROGRAMS_PER_SM = 1  # NUM_SPLITS ≈ this many programs per SM over the B
 MAX_SPLITS = 16  # the last split merges ≤ this many partials
 MIN_CHUNK = 64  # fewest positions per split: shorter contexts run in one program
 BLOCK_S = 64  # cache positions per loop step (a whole number of them per split)
+ROPE_TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64: the CPU reference only
 
 
 def _heads(qkv: torch.Tensor, k_cache: torch.Tensor) -> tuple[int, int, int]:
@@ -85,7 +88,8 @@ def decode_attention_reference(
         q, k = rms_norm(q, q_norm, norm_eps), rms_norm(k, k_norm, norm_eps)
     if cos is not None:
         rope = apply_rope_interleaved if rope_interleaved else apply_rope_neox
-        c, s = cos[pos][:, None], sin[pos][:, None]
+        wide = torch.promote_types(cos.dtype, torch.float32)  # the rotation runs in fp32 whatever the tables' dtype
+        c, s = cos[pos][:, None].to(wide), sin[pos][:, None].to(wide)
         q, k = rope(q.float(), c, s).to(dt), rope(k.float(), c, s).to(dt)
     dev = qkv.device
     idx = (
@@ -165,10 +169,10 @@ def _check(
                 t.dim() == 2
                 and t.shape[0] >= S
                 and t.shape[1] == width
-                and (t.dtype == torch.float32 or (t.dtype == torch.float64 and not qkv.is_cuda))
+                and (t.dtype in ROPE_TABLE_DTYPES or (t.dtype == torch.float64 and not qkv.is_cuda))
                 and t.is_contiguous(),
                 lambda t=t: (
-                    f"decode_attention: rope tables must be contiguous fp32 [≥ {S}, {width}], "
+                    f"decode_attention: rope tables must be contiguous fp32/bf16/fp16 [≥ {S}, {width}], "
                     f"got {tuple(t.shape)} {t.dtype}"
                 ),
             )
@@ -242,8 +246,12 @@ def launch_decode_attention(
         ws = workspace if workspace is not None else attention_workspace(qkv, k_cache)
     else:
         # Never touched with one split. Read-only dummies: an argument aliasing a written one (o) would confuse the
-        # functionalization of the kernel's writes under AOTInductor.
-        part_o = part_ml = ws = positions
+        # functionalization of the kernel's writes under AOTInductor. qkv, not positions: AOTInductor fixes every
+        # user-kernel argument's strides, which COPIES an input it has not realized into a new buffer per argument
+        # per call, and a step's positions often are such an input (a `torch.full`): as three dummies they cost
+        # three fill kernels per layer (H100 profiles of the predictors; bench/probes/functional_copies.py).
+        # qkv is a kernel's output, a realized buffer.
+        part_o = part_ml = ws = qkv
     rope = kernels.ROPE_NONE if cos is None else kernels.ROPE_INTERLEAVED if rope_interleaved else kernels.ROPE_NEOX
     args = (
         qkv,

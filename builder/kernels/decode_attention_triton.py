@@ -44,7 +44,8 @@ def _norm_rope(
     HEAD_DIM: tl.constexpr,
 ):
     """Heads `rows` ([R] head offsets in elements) of the fused qkv row → [R, len(offs_d)] in x's dtype: RMSNorm
-    over the head (project rounding), then the rotation in fp32 with fp32 tables, cast back (as the eager `_rope`).
+    over the head (project rounding), then the rotation in fp32 (tables of any float dtype, widened as loaded),
+    cast back (as the eager `_rope`).
     `offs_d` may run past HEAD_DIM (a tile padded for tl.dot): those lanes are zero. `pos`: one position for every
     head (a decode step's token), or [R, 1] positions, one per row (a sequence's tokens, sequence_attention)."""
     dt = x_ptr.dtype.element_ty
@@ -70,8 +71,8 @@ def _norm_rope(
             wp = tl.load(w_ptr + offs_p, mask=d_mask, other=0.0).to(tl.float32)
             xp = (wp[None, :] * (xp.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)).to(dt)
     if ROPE != 0:
-        c = tl.load(cos_ptr + tab, mask=d_mask, other=0.0)
-        s = tl.load(sin_ptr + tab, mask=d_mask, other=0.0)
+        c = tl.load(cos_ptr + tab, mask=d_mask, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + tab, mask=d_mask, other=0.0).to(tl.float32)
         x = (x.to(tl.float32) * c + xp.to(tl.float32) * (sign * s)).to(dt)
     return x
 

@@ -17,6 +17,7 @@ from ...predictor import (
     reference_margins,
     sampling_inputs,
     use_predictor_kernels,
+    use_sampler_kernel,
 )
 from ...stage_spec import StageSpec
 from . import FAMILY
@@ -160,7 +161,7 @@ def code_predictor_stage(opts: Qwen3TTSOptions) -> StageSpec:
         kind="codebook_predictor",
         make_module=make_module,
         passes=[prune_code_predictor, fuse_projections],
-        kernel_passes=[use_predictor_kernels],
+        kernel_passes=[use_predictor_kernels, use_sampler_kernel],
         # bf16 on CUDA: the kernel layer by default (H100, 0.6B, batch 1: 3.74 vs 4.48 ms per frame with Inductor's
         # code, golden codes verified on the GPU; bench/results/nvidia-h100/probes/predictor_kernels/)
         cuda_auto_kernels="ttsaot" if dtype == torch.bfloat16 else "inductor",
