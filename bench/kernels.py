@@ -402,7 +402,7 @@ def bench_sampler_case(V: int, B: int, peak_gbps: float, reps: int, device: torc
     from ttsaot.builder.kernels.sample import launch_sample_tokens, sample
 
     g = torch.Generator(device=device).manual_seed(V + B)
-    steps = 16 if device.type == "cuda" else 2  # the interpreter's sort takes ~0.5 s per launch
+    steps = 16 if device.type == "cuda" else 2  # the interpreter takes ~0.5 s per launch
     logits = (torch.randn(B, V, generator=g, device=device) * 3).to(torch.bfloat16)
     noise = torch.rand(B, steps, V, generator=g, device=device)
     temperature = torch.rand(B, generator=g, device=device) + 0.3

@@ -66,6 +66,24 @@ def test_kernel_keeps_ties_and_the_first_of_equal_maxima():
         assert out[0].item() in (1, 2, 4) and out[1].item() == 0
 
 
+def test_kernel_thresholds_match_the_sorted_reference_on_tied_rows():
+    """The kernel finds the top-k / top-p thresholds by bisection over the values, without sorting: rows with many
+    equal values (logits on a grid of 0.5) straddling both boundaries, top-p ≤ 0 (the largest value only), k at,
+    inside and past ties, drawn token for token as the sorted reference draws them."""
+    B, V = 16, 300
+    g = torch.Generator().manual_seed(7)
+    logits = torch.round(torch.randn(B, V, generator=g) * 4) / 2
+    t = torch.rand(B, generator=g) + 0.3
+    k = torch.randint(0, 40, (B,), generator=g)
+    p = torch.rand(B, generator=g)
+    p[0], p[1], p[2] = 0.0, -0.5, 1.0
+    for step in range(6):
+        u = torch.rand(B, V, generator=torch.Generator().manual_seed(100 + step))
+        out = launch_sample_tokens(*(x.to(DEVICE) for x in (logits, u, t, k, p)))
+        assert out.cpu().tolist() == sample(logits, u, t, k, p).tolist(), step
+        assert logits[0, out[0]] == logits[0].max() and logits[1, out[1]] == logits[1].max()  # p ≤ 0
+
+
 def test_op_is_one_export_node_and_lowers_for_cpu():
     class M(torch.nn.Module):
         def forward(self, logits, noise, t, k, p):

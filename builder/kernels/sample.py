@@ -13,10 +13,11 @@ host synchronisation: traced into the exported programs and run unchanged in eag
 Why a kernel: traced, one draw is a full sort of the row (a radix sort kernel of ~22 µs at V = 2048-4096 and one
 row on an H100) and a dozen small Inductor kernels around it, once per sampled codebook: 9% of the
 Qwen code_predictor's frame and 4% of the Fish fast_ar's (bench/results/nvidia-h100/profiles/*code_predictor*,
-*fast_ar*). Here one program per row holds the row in registers, sorts it in place (bitonic, `tl.sort`), and does
-the rest in the same registers. The softmax and the mass prefix add in a different order than aten's: a row whose
-mass before a token equals top_p to the last ulp may keep one token more or less (as Inductor's fusion of the aten
-path may too).
+*fast_ar*). Here one program per row holds the row in registers and finds the top-k and top-p thresholds by
+bisection over its values (sample_triton.py: a sort in registers took 35 µs per draw in the code_predictor's
+graph), then draws in the same registers. The softmax and the masses add in a different order than aten's: a row
+whose mass before a token equals top_p to the last ulp may keep one token more or less (as Inductor's fusion of
+the aten path may too).
 """
 
 from __future__ import annotations
