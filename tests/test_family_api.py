@@ -221,14 +221,14 @@ def test_a_flag_is_a_switch_or_takes_a_value_for_every_family():
 def test_auto_kernels_on_cuda_follow_what_the_gpu_verified():
     """`--kernels auto` takes the kernel layer on CUDA only where its build was verified and timed on a GPU
     (bf16 code2wav, dac_decoder at every precision, dac_encoder, vae_decoder, bf16 base_lm_step and
-    residual_lm_step, bf16 code_predictor); the others keep Inductor unless asked (`--kernels ttsaot`; Fish fast_ar
-    measured even with Inductor's code); CPU is Inductor."""
+    residual_lm_step, bf16 code_predictor and fast_ar); the others keep Inductor unless asked (`--kernels ttsaot`);
+    CPU is Inductor."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     expect = {
         ("qwen3-tts-12hz", "code2wav"): "ttsaot",
         ("fish-s2-pro", "dac_decoder"): "ttsaot",  # the CPU default, exact fp32, too
         ("qwen3-tts-12hz", "code_predictor"): "ttsaot",
-        ("fish-s2-pro", "fast_ar"): "inductor",
+        ("fish-s2-pro", "fast_ar"): "ttsaot",
         ("fish-s2-pro", "dac_encoder"): "ttsaot",
         ("voxcpm2", "base_lm_step"): "ttsaot",
         ("voxcpm2", "residual_lm_step"): "ttsaot",
@@ -248,3 +248,5 @@ def test_auto_kernels_on_cuda_follow_what_the_gpu_verified():
     fp32_c2w = get_family("qwen3-tts-12hz").options(preset="tiny", dtype=torch.float32)
     assert get_family("qwen3-tts-12hz").specs(fp32_c2w, ["code2wav"])[0].kernels_on(cuda) == "inductor"
     assert get_family("qwen3-tts-12hz").specs(fp32_c2w, ["code_predictor"])[0].kernels_on(cuda) == "inductor"
+    fp32_fish = get_family("fish-s2-pro").options(preset="tiny", dtype=torch.float32)
+    assert get_family("fish-s2-pro").specs(fp32_fish, ["fast_ar"])[0].kernels_on(cuda) == "inductor"

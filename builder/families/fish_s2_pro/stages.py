@@ -350,10 +350,10 @@ def fast_ar_stage(opts: FishS2Options) -> StageSpec:
         make_module=make_module,
         passes=[prune_fast_ar, fuse_projections],
         kernel_passes=[use_predictor_kernels, use_sampler_kernel],
-        # Inductor's code by default, the kernel layer opt-in (--kernels ttsaot): on the H100 (full, bf16, batch 1)
-        # the two were within the ±8% two processes differ by (4.59 / 4.76 vs 4.74 / 4.37 ms per frame in two calls;
-        # bench/results/nvidia-h100/probes/predictor_kernels/): cuBLAS reads the 2560 × 19456 gate_up at 90% of copy
-        cuda_auto_kernels="inductor",
+        # bf16 on CUDA: the kernel layer by default since its per-layer copies are gone (H100, full, batch 1, one
+        # process: 4.20 vs 4.40 ms per frame with Inductor's code; 253 vs 574 kernels per frame; golden codes
+        # verified on the GPU; bench/results/nvidia-h100/probes/predictor_kernels/). Before, the two were even.
+        cuda_auto_kernels="ttsaot" if dtype == torch.bfloat16 else "inductor",
         plan=BucketPlan({"batch": batches}),
         make_inputs=make_inputs,
         inputs=inputs,
