@@ -125,7 +125,6 @@ def launch_sample_tokens(
         U_MIN=U_MIN,
         U_MAX=U_MAX,
         BLOCK_V=block,
-        RADIX_BITS=kernels.RADIX_BITS,
         num_warps=kernels.warps(block),
     )
     return out

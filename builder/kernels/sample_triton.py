@@ -1,10 +1,10 @@
 """Triton kernel of `ttsaot::sample_tokens` (semantics: sample.py). One program per row, no sort: the top-k and
-top-p thresholds are found by radix select over the row's values (RADIX_BITS per step), then the Gumbel-max draw
-runs over the unsorted row.
+top-p thresholds are found by bisection over the row's values (radix select), then the Gumbel-max draw runs over
+the unsorted row.
 
 Why not a sort: the first version sorted the row in registers (`tl.sort`, bitonic): 21.6 µs for one row of 2048
-alone, 35 µs inside the code_predictor's graph, 17% of its frame (H100 profile, 15 draws). A radix step is one
-masked reduction over the row held in registers (4 candidate digits at once); 2 × 16 of them replace it.
+alone, 35 µs inside the code_predictor's graph, 17% of its frame (H100 profile, 15 draws). A bisection step is one
+masked reduction over the row held in registers; 2 × 32 of them (one per bit of a float's ordered key) replace it.
 
 The sets, as the reference computes them from the sorted row (ordered = values in descending order, k = top-k,
 e = exp(value − max) over the first k sorted entries, mass_before = the cumulative softmax mass before a position):
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-RADIX_BITS = 2  # bits of the key decided per reduction: 16 dependent steps per threshold, 4 candidates each
 
 
 def warps(block_v: int) -> int:
@@ -53,7 +51,6 @@ def sample_tokens_kernel(
     U_MIN: tl.constexpr,
     U_MAX: tl.constexpr,
     BLOCK_V: tl.constexpr,
-    RADIX_BITS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_V)
@@ -67,14 +64,12 @@ def sample_tokens_kernel(
     top_p = tl.load(p_ptr + row).to(tl.float32)
     key = tl.where(valid, _ordered_key(scaled), -1)  # padding: below every key, never counted
 
-    # top-k: the largest K with count(key ≥ K) ≥ k, RADIX_BITS bits at a time from the top: each step counts the
-    # keys above every candidate digit in one reduction (a chain of 32 / RADIX_BITS dependent reductions)
-    digits = tl.arange(0, 1 << RADIX_BITS).to(tl.int64)
+    # top-k: the largest K with count(key ≥ K) ≥ k, one bit at a time from the top
     kth = tl.zeros([], dtype=tl.int64)
-    for step in tl.static_range(32 // RADIX_BITS):
-        cands = kth + (digits << (32 - RADIX_BITS * (step + 1)))
-        hits = tl.sum((key[None, :] >= cands[:, None]).to(tl.int32), axis=1)
-        kth = tl.max(tl.where(hits >= k, cands, 0), axis=0)  # digit 0 always holds: kth itself counts ≥ k
+    for bit in tl.static_range(31, -1, -1):
+        cand = kth + (1 << bit)
+        if tl.sum((key >= cand).to(tl.int32), axis=0) >= k:
+            kth = cand
     above = tl.sum((key > kth).to(tl.int32), axis=0)
     tied = tl.sum((key == kth).to(tl.int32), axis=0)
     # softmax over the k sorted entries: tokens tied at the boundary share the (k − above) places left to them
@@ -85,10 +80,10 @@ def sample_tokens_kernel(
 
     # top-p: the largest K whose mass of values ≥ K is ≥ p; clamped to the largest value (the first token is kept)
     pth = tl.zeros([], dtype=tl.int64)
-    for step in tl.static_range(32 // RADIX_BITS):
-        cands = pth + (digits << (32 - RADIX_BITS * (step + 1)))
-        mass = tl.sum(tl.where(key[None, :] >= cands[:, None], probs[None, :], 0.0), axis=1)
-        pth = tl.max(tl.where((mass >= top_p) | (cands == pth), cands, 0), axis=0)
+    for bit in tl.static_range(31, -1, -1):
+        cand = pth + (1 << bit)
+        if tl.sum(tl.where(key >= cand, probs, 0.0), axis=0) >= top_p:
+            pth = cand
     pth = tl.minimum(pth, tl.max(key, axis=0))
     threshold = tl.where(top_p >= 1.0, kth, tl.maximum(pth, kth))
 
