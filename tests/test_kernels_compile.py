@@ -131,8 +131,10 @@ SCRIPT = textwrap.dedent(r"""
     sm_types = dict(logits_ptr="*bf16", u_ptr="*fp32", t_ptr="*fp32", k_ptr="*i64", p_ptr="*fp32", out_ptr="*i64",
                     V="i32", logits_row_stride="i64", u_row_stride="i64")
     for v in (2048, 4096):
-        results[f"nopdl/sample/V{v}"] = build(SM.sample_tokens_kernel, sm_types,
-                                              dict(U_MIN=1e-20, U_MAX=1.0 - 1e-7, BLOCK_V=v), SM.warps(v), 1, set())
+        for sort in (True, False):
+            sm_meta = dict(U_MIN=1e-20, U_MAX=1.0 - 1e-7, BLOCK_V=v, SORT=sort)
+            results[f"nopdl/sample/V{v}/{'sort' if sort else 'radix'}"] = build(
+                SM.sample_tokens_kernel, sm_types, sm_meta, SM.warps(v), 1, set())
     print(json.dumps(results))
 """)
 

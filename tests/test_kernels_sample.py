@@ -33,12 +33,16 @@ def _inputs(B, V, steps=3, dtype=torch.float32, seed=0, device=DEVICE):
     return [t.to(device) for t in (logits, noise, temperature, top_k, top_p)]
 
 
+SORT = pytest.mark.parametrize("sort", [True, False], ids=["sort", "radix"])
+
+
+@SORT
 @pytest.mark.parametrize("B,V", [(7, 100), (5, 256), (3, 37)])
-def test_kernel_draws_the_reference_tokens(B, V):
+def test_kernel_draws_the_reference_tokens(B, V, sort):
     logits, noise, t, k, p = _inputs(B, V, seed=B + V)
     for step in range(noise.shape[1]):
         u = noise[:, step]  # a strided view (row stride S·V), as the traced sampler passes it
-        out = launch_sample_tokens(logits, u, t, k, p)
+        out = launch_sample_tokens(logits, u, t, k, p, sort=sort)
         ref = sample(logits.cpu(), u.cpu(), t.cpu(), k.cpu(), p.cpu())
         assert out.dtype == torch.int64 and out.shape == (B,)
         assert out.cpu().tolist() == ref.tolist(), (step, out.tolist(), ref.tolist())
@@ -46,13 +50,15 @@ def test_kernel_draws_the_reference_tokens(B, V):
     assert out[2].item() == logits[2].argmax().item()
 
 
-def test_kernel_draws_from_bf16_logits_as_the_reference():
+@SORT
+def test_kernel_draws_from_bf16_logits_as_the_reference(sort):
     logits, noise, t, k, p = _inputs(6, 200, dtype=torch.bfloat16, seed=3)
-    out = launch_sample_tokens(logits, noise[:, 1], t, k, p)
+    out = launch_sample_tokens(logits, noise[:, 1], t, k, p, sort=sort)
     assert out.cpu().tolist() == sample(logits.cpu(), noise[:, 1].cpu(), t.cpu(), k.cpu(), p.cpu()).tolist()
 
 
-def test_kernel_keeps_ties_and_the_first_of_equal_maxima():
+@SORT
+def test_kernel_keeps_ties_and_the_first_of_equal_maxima(sort):
     """Equal logits: top-k keeps every token tied with the k-th (as the reference's `>= threshold`), greedy takes the
     first of equal maxima (torch.argmax)."""
     logits = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0, 0.5], [2.0, 2.0, 1.0, 2.0, 0.0, 2.0]]).to(DEVICE)
@@ -61,25 +67,26 @@ def test_kernel_keeps_ties_and_the_first_of_equal_maxima():
     p = torch.tensor([1.0, 1.0]).to(DEVICE)
     for seed in range(4):
         u = torch.rand(2, 6, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
-        out = launch_sample_tokens(logits, u, t, k, p).cpu()
+        out = launch_sample_tokens(logits, u, t, k, p, sort=sort).cpu()
         assert out.tolist() == sample(logits.cpu(), u.cpu(), t.cpu(), k.cpu(), p.cpu()).tolist()
         assert out[0].item() in (1, 2, 4) and out[1].item() == 0
 
 
-def test_kernel_thresholds_match_the_sorted_reference_on_tied_rows():
-    """The kernel finds the top-k / top-p thresholds by bisection over the values, without sorting: rows with many
+@SORT
+def test_kernel_thresholds_match_the_sorted_reference_on_tied_rows(sort):
+    """Both ways to the thresholds (the sort, and the radix select that never sorts): rows with many
     equal values (logits on a grid of 0.5) straddling both boundaries, top-p ≤ 0 (the largest value only), k at,
     inside and past ties, drawn token for token as the sorted reference draws them."""
-    B, V = 16, 300
+    B, V = 16, 120 if sort else 300  # the interpreter's sort costs ~1 s per row of 512
     g = torch.Generator().manual_seed(7)
     logits = torch.round(torch.randn(B, V, generator=g) * 4) / 2
     t = torch.rand(B, generator=g) + 0.3
     k = torch.randint(0, 40, (B,), generator=g)
     p = torch.rand(B, generator=g)
     p[0], p[1], p[2] = 0.0, -0.5, 1.0
-    for step in range(6):
+    for step in range(3 if sort else 6):
         u = torch.rand(B, V, generator=torch.Generator().manual_seed(100 + step))
-        out = launch_sample_tokens(*(x.to(DEVICE) for x in (logits, u, t, k, p)))
+        out = launch_sample_tokens(*(x.to(DEVICE) for x in (logits, u, t, k, p)), sort=sort)
         assert out.cpu().tolist() == sample(logits, u, t, k, p).tolist(), step
         assert logits[0, out[0]] == logits[0].max() and logits[1, out[1]] == logits[1].max()  # p ≤ 0
 

@@ -13,9 +13,9 @@ host synchronisation: traced into the exported programs and run unchanged in eag
 Why a kernel: traced, one draw is a full sort of the row (a radix sort kernel of ~22 µs at V = 2048-4096 and one
 row on an H100) and a dozen small Inductor kernels around it, once per sampled codebook: 9% of the
 Qwen code_predictor's frame and 4% of the Fish fast_ar's (bench/results/nvidia-h100/profiles/*code_predictor*,
-*fast_ar*). Here one program per row holds the row in registers and finds the top-k and top-p thresholds by
-bisection over its values (sample_triton.py: a sort in registers took 35 µs per draw in the code_predictor's
-graph), then draws in the same registers. The softmax and the masses add in a different order than aten's: a row
+*fast_ar*). Here one program per row holds the row in registers, finds the top-k and top-p thresholds there (a
+sort in registers, or for larger vocabularies a radix select over the values: sample_triton.py), and draws in the
+same registers. The softmax and the masses add in a different order than aten's: a row
 whose mass before a token equals top_p to the last ulp may keep one token more or less (as Inductor's fusion of
 the aten path may too).
 """
@@ -103,8 +103,10 @@ def launch_sample_tokens(
     top_p: torch.Tensor,
     *,
     wrap: Callable[[Any], Any] = no_wrap,
+    sort: bool | None = None,
 ) -> torch.Tensor:
-    """Run the Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1) on a vocabulary `supported` allows."""
+    """Run the Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1) on a vocabulary `supported` allows. `sort`
+    overrides how the kept set is found (sample_triton.use_sort: by the vocabulary)."""
     from . import sample_triton as kernels
 
     B, V = logits.shape
@@ -125,6 +127,7 @@ def launch_sample_tokens(
         U_MIN=U_MIN,
         U_MAX=U_MAX,
         BLOCK_V=block,
+        SORT=kernels.use_sort(block) if sort is None else sort,
         num_warps=kernels.warps(block),
     )
     return out
