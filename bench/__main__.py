@@ -466,7 +466,8 @@ def _add_tool_parsers(sub) -> None:
         "--sections",
         type=csv,
         default=None,
-        help="copy,skinny,attention,aoti,layer,predictors,sweep,sweep_predictors,configs (default: not the last two)",
+        help="copy,skinny,attention,aoti,layer,predictors,sampler,sweep,sweep_predictors,configs,configs_predictors"
+        " (default: not the last three)",
     )
     p.add_argument("--with-compile", action="store_true", help="layer: also torch.compile max-autotune (minutes)")
     p.add_argument("--result", default=None)

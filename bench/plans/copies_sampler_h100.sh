@@ -4,12 +4,7 @@
 # AOTInductor puts around the kernel layer's ops in a small code_predictor (bench/probes/functional_copies.py),
 # with and without the sampler kernel. $OUT: the JSONs and one tarball of logs and traces.
 #   OUT=... bash bench/plans/copies_sampler_h100.sh
-set -u
-cd "$(dirname "$0")/../.."
-export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
-OUT=${OUT:-$PWD/out}; LOGS=$OUT/logs; mkdir -p "$LOGS"; T0=$(date +%s)
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$LOGS/install.txt" 2>&1
-python3 -m pip install -q hypothesis pytest-xdist >> "$LOGS/install.txt" 2>&1
+. "$(dirname "$0")/setup_device.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$LOGS/nvidia_smi.txt" 2>&1
 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_sample.py \
   "tests/test_kernels_skinny_linear.py::test_gpu_real_shapes_autotuned" > "$LOGS/gpu_tests.txt" 2>&1

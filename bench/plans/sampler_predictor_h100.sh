@@ -5,12 +5,7 @@
 #   OUT=... bash bench/plans/sampler_predictor_h100.sh        (Fish fast_ar: auto was Inductor's code)
 #   STAGE=qwen3-tts-12hz/code_predictor KERNELS=ttsaot,inductor VARIANTS=ttsaot_kernels,ttsaot_inductor \
 #     GPU_TESTS=tests/test_kernels_decode_attention.py OUT=... bash bench/plans/sampler_predictor_h100.sh
-set -u
-cd "$(dirname "$0")/../.."
-export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
-OUT=${OUT:-$PWD/out}; LOGS=$OUT/logs; mkdir -p "$LOGS"; T0=$(date +%s)
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$LOGS/install.txt" 2>&1
-python3 -m pip install -q hypothesis pytest-xdist >> "$LOGS/install.txt" 2>&1
+. "$(dirname "$0")/setup_device.sh"
 STAGE=${STAGE:-fish-s2-pro/fast_ar}; KERNELS=${KERNELS:-auto,ttsaot}; VARIANTS=${VARIANTS:-ttsaot_graph,ttsaot_kernels}
 timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_sample.py ${GPU_TESTS:-} \
   > "$LOGS/gpu_tests.txt" 2>&1

@@ -62,7 +62,8 @@ class KernelAttention(nn.Module):
         workspace: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x [B, D] → x + residual_scale · attention branch; this token's k/v written at (layer, b, :, positions[b]).
-        cos/sin: the WHOLE fp32 tables [≥ cache positions, hd] (the op picks each row's position), or None.
+        cos/sin: the WHOLE tables [≥ cache positions, hd], fp32 or the compute dtype (the op picks each row's
+        position and rotates in fp32), or None.
         workspace: the step's zeroed split-merge tickets (`attention_workspace`), shared by every layer (the op
         leaves it zeroed); None = the op zeroes one per call (one more launch per layer)."""
         qkv = skinny_linear(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps)
