@@ -351,8 +351,9 @@ def fast_ar_stage(opts: FishS2Options) -> StageSpec:
         passes=[prune_fast_ar, fuse_projections],
         kernel_passes=[use_predictor_kernels, use_sampler_kernel],
         # bf16 on CUDA: the kernel layer by default since its per-layer copies are gone (H100, full, batch 1, one
-        # process: 4.20 vs 4.40 ms per frame with Inductor's code; 253 vs 574 kernels per frame; golden codes
-        # verified on the GPU; bench/results/nvidia-h100/probes/predictor_kernels/). Before, the two were even.
+        # process: 4.26 vs 4.75 ms per frame with Inductor's code, 4.20 vs 4.40 in another run; 253 vs 574 kernels
+        # per frame; golden codes verified on the GPU; bench/results/nvidia-h100/probes/predictor_copies/). Before,
+        # the two were even (probes/predictor_kernels/).
         cuda_auto_kernels="ttsaot" if dtype == torch.bfloat16 else "inductor",
         plan=BucketPlan({"batch": batches}),
         make_inputs=make_inputs,

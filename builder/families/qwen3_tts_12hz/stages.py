@@ -162,8 +162,8 @@ def code_predictor_stage(opts: Qwen3TTSOptions) -> StageSpec:
         make_module=make_module,
         passes=[prune_code_predictor, fuse_projections],
         kernel_passes=[use_predictor_kernels, use_sampler_kernel],
-        # bf16 on CUDA: the kernel layer by default (H100, 0.6B, batch 1: 3.74 vs 4.48 ms per frame with Inductor's
-        # code, golden codes verified on the GPU; bench/results/nvidia-h100/probes/predictor_kernels/)
+        # bf16 on CUDA: the kernel layer by default (H100, 0.6B, batch 1, one process: 3.18 vs 4.18 ms per frame
+        # with Inductor's code, golden codes verified on the GPU; bench/results/nvidia-h100/probes/predictor_copies/)
         cuda_auto_kernels="ttsaot" if dtype == torch.bfloat16 else "inductor",
         plan=BucketPlan({"batch": batches}),
         make_inputs=make_inputs,
