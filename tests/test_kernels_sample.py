@@ -6,6 +6,11 @@ graphs. The `gpu` test: the predictors' vocabularies (2048, 4096) over many rows
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -103,6 +108,34 @@ def test_op_is_one_export_node_and_lowers_for_cpu():
     lowered = lower_for_cpu(ep)
     assert ST not in [n.target for n in lowered.graph.nodes]
     assert torch.equal(lowered.module()(*xs), M()(*xs))
+
+
+def test_cpu_install_without_triton_exports_and_lowers():
+    """CPU-only installs (no triton): the same op as a plain custom_op, one export node, lowered to the reference."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["triton"] = None                      # import triton -> ImportError
+        import torch
+        from ttsaot.builder.kernels import lower_for_cpu
+        from ttsaot.builder.kernels.common import HAVE_TRITON
+        from ttsaot.builder.kernels.sample import sample
+        assert not HAVE_TRITON
+        class M(torch.nn.Module):
+            def forward(self, logits, u, t, k, p):
+                return torch.ops.ttsaot.sample_tokens(logits, u, t, k, p)
+        g = torch.Generator().manual_seed(0)
+        x = (torch.randn(3, 50, generator=g), torch.rand(3, 50, generator=g), torch.tensor([0.8, 0.0, 1.0]),
+             torch.tensor([5, 0, 10]), torch.tensor([0.9, 1.0, 0.5]))
+        ep = torch.export.export(M(), x)
+        assert [str(n.target) for n in ep.graph.nodes].count("ttsaot.sample_tokens.default") == 1
+        assert torch.equal(lower_for_cpu(ep).module()(*x), sample(*x)) and torch.equal(M()(*x), sample(*x))
+        print("ok")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=repo, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("ok")
 
 
 def test_op_dispatch_support_and_errors():

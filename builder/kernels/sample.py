@@ -11,13 +11,13 @@ temperature ≤ 0 is greedy (argmax of the logits; noise unused). Pure tensor fu
 host synchronisation: traced into the exported programs and run unchanged in eager mode.
 
 Why a kernel: traced, one draw is a full sort of the row (a radix sort kernel of ~22 µs at V = 2048-4096 and one
-row on an H100) and a dozen small Inductor kernels around it, once per sampled codebook: 9% of the
-Qwen code_predictor's frame and 4% of the Fish fast_ar's (bench/results/nvidia-h100/profiles/*code_predictor*,
-*fast_ar*). Here one program per row holds the row in registers, finds the top-k and top-p thresholds there (a
-sort in registers, or for larger vocabularies a radix select over the values: sample_triton.py), and draws in the
-same registers. The softmax and the masses add in a different order than aten's: a row
-whose mass before a token equals top_p to the last ulp may keep one token more or less (as Inductor's fusion of
-the aten path may too).
+row on an H100) and a dozen small Inductor kernels around it, once per sampled codebook: 9% of the Qwen
+code_predictor's frame and 4% of the Fish fast_ar's (H100 profiles before the kernel:
+bench/results/nvidia-h100/probes/predictor_kernels/call4_c7ba046/). Here one program per row holds the row in
+registers, finds the top-k and top-p thresholds there (a sort in registers, or for larger vocabularies a radix
+select over the values: sample_triton.py), and draws in the same registers. The softmax and the masses add in a
+different order than aten's: a row whose mass before a token equals top_p to the last ulp may keep one token more or
+less (as Inductor's fusion of the aten path may too).
 """
 
 from __future__ import annotations
@@ -133,33 +133,21 @@ def launch_sample_tokens(
     return out
 
 
+def _sample_tokens(
+    logits: torch.Tensor, uniforms: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    _check(logits, uniforms, temperature, top_k, top_p)
+    if not HAVE_TRITON or logits.device.type != "cuda" or not supported(logits.shape[1]):
+        return sample(logits, uniforms, temperature, top_k, top_p)  # also what a CPU compile traces
+    return launch_sample_tokens(logits, uniforms, temperature, top_k, top_p, wrap=torch.library.wrap_triton)
+
+
+# One body either way: a triton_op where Triton is installed (one export node whose CUDA lowering is the kernel), a
+# plain custom_op without it (CPU-only installs: the reference, with a fake for tracing).
 if HAVE_TRITON:
-
-    @torch.library.triton_op(OP_NAME, mutates_args=())
-    def sample_tokens(
-        logits: torch.Tensor,
-        uniforms: torch.Tensor,
-        temperature: torch.Tensor,
-        top_k: torch.Tensor,
-        top_p: torch.Tensor,
-    ) -> torch.Tensor:
-        _check(logits, uniforms, temperature, top_k, top_p)
-        if logits.device.type != "cuda" or not supported(logits.shape[1]):  # also what a CPU compile traces
-            return sample(logits, uniforms, temperature, top_k, top_p)
-        return launch_sample_tokens(logits, uniforms, temperature, top_k, top_p, wrap=torch.library.wrap_triton)
-
+    sample_tokens = torch.library.triton_op(OP_NAME, _sample_tokens, mutates_args=())
 else:
-
-    @torch.library.custom_op(OP_NAME, mutates_args=())
-    def sample_tokens(
-        logits: torch.Tensor,
-        uniforms: torch.Tensor,
-        temperature: torch.Tensor,
-        top_k: torch.Tensor,
-        top_p: torch.Tensor,
-    ) -> torch.Tensor:
-        _check(logits, uniforms, temperature, top_k, top_p)
-        return sample(logits, uniforms, temperature, top_k, top_p)
+    sample_tokens = torch.library.custom_op(OP_NAME, _sample_tokens, mutates_args=())
 
     @sample_tokens.register_fake
     def _(logits, uniforms, temperature, top_k, top_p):

@@ -5,8 +5,8 @@ chosen per vocabulary by `use_sort` from what the H100 measured inside the predi
   reference does: 35 µs per draw at V = 2048 in the code_predictor (3.21 ms per frame), where the radix select
   below took 40 µs (3.38 ms) and a 2-bit radix with [4, V] reductions 79 µs;
 - radix select (larger V): no sort; the thresholds are found by bisection over the values' ordered keys, one bit
-  per masked reduction (2 × 32 of them): 38 µs per draw at V = 4096 in Fish fast_ar; alone, 23.5 µs where the sort
-  took 53 µs (bench/results/nvidia-h100/kernels.json, section sampler).
+  per masked reduction (2 × 32 of them): 38 and 19.8 µs per draw at V = 4096 in two fast_ar builds; alone, 23.5 µs
+  where the sort took 53 µs (bench/results/nvidia-h100/probes/predictor_copies/, calls 1, 3 and 6).
 
 The radix select's sets, as the reference computes them from the sorted row (ordered = values in descending order,
 k = top-k, e = exp(value − max) over the first k sorted entries, mass_before = the cumulative softmax mass before a
