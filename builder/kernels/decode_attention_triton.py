@@ -77,6 +77,112 @@ def _norm_rope(
     return x
 
 
+@triton.jit
+def _token_heads(
+    row,
+    h,
+    pos,
+    offs_d,
+    offs_g,
+    qn_ptr,
+    kn_ptr,
+    cos_ptr,
+    sin_ptr,
+    eps,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    ROPE: tl.constexpr,
+):
+    """This token's heads of kv head h from its fused qkv row: q [G_PAD, D_PAD] (the G = HQ/HKV query heads that
+    share h; padded rows zero), k [1, D_PAD] (normed and rotated like q) and v [1, D_PAD], in the row's dtype."""
+    G: tl.constexpr = HQ // HKV
+    d_mask = offs_d < HEAD_DIM
+    q = _norm_rope(
+        row,
+        (h * G + offs_g) * HEAD_DIM,
+        offs_d,
+        offs_g < G,
+        qn_ptr,
+        cos_ptr,
+        sin_ptr,
+        pos,
+        eps,
+        QK_NORM,
+        ROPE,
+        HEAD_DIM,
+    )
+    one = tl.arange(0, 1)
+    k = _norm_rope(
+        row, (HQ + h) * HEAD_DIM + one, offs_d, one == 0, kn_ptr, cos_ptr, sin_ptr, pos, eps, QK_NORM, ROPE, HEAD_DIM
+    )
+    v = tl.load(row + (HQ + HKV + h) * HEAD_DIM + one[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+    return q, k, v
+
+
+@triton.jit
+def _attend_cached(
+    q,
+    k_base,
+    v_base,
+    lo,
+    hi,
+    qk_scale,
+    offs_d,
+    HEAD_DIM: tl.constexpr,
+    G_PAD: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
+    """Online softmax (base 2) of q [G_PAD, D_PAD] over the cached keys/values lo ≤ s < hi of one (row, kv head)
+    ([S, HEAD_DIM] at k_base / v_base): (running max, sum, unnormalised output [G_PAD, D_PAD]) in fp32. Scores stay
+    fp32; the probabilities are rounded to q's dtype before · v (decode_attention.py)."""
+    dt = q.dtype
+    d_mask = offs_d < HEAD_DIM
+    m_i = tl.full([G_PAD], -1.0e30, dtype=tl.float32)  # finite: an empty range never computes −inf − (−inf)
+    l_i = tl.zeros([G_PAD], dtype=tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+    for start in range(lo, hi, BLOCK_S):
+        offs_s = start + tl.arange(0, BLOCK_S)
+        valid = offs_s < hi
+        kv_off = offs_s[:, None] * HEAD_DIM + offs_d[None, :]
+        kv_mask = valid[:, None] & d_mask[None, :]
+        kt = tl.load(k_base + kv_off, mask=kv_mask, other=0.0)
+        vt = tl.load(v_base + kv_off, mask=kv_mask, other=0.0)
+        if FP32_DOT:
+            sc = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
+        else:
+            sc = tl.dot(q, tl.trans(kt))  # [G_PAD, BLOCK_S] fp32
+        sc = tl.where(valid[None, :], sc * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if FP32_DOT:
+            pv = tl.dot(p.to(dt).to(tl.float32), vt.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(dt), vt)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _attend_token(q, k, v, take, m_i, l_i, acc, qk_scale):
+    """The online-softmax state after adding this token's own key/value (k, v [1, D_PAD], from registers) where
+    `take` (the program holding position p); unchanged elsewhere."""
+    s = tl.sum(q.to(tl.float32) * k.to(tl.float32), axis=1) * qk_scale  # [G_PAD]
+    s = tl.where(take, s, float("-inf"))
+    m_new = tl.maximum(m_i, s)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new)
+    l_i = l_i * alpha + p
+    acc = acc * alpha[:, None] + p.to(q.dtype).to(tl.float32)[:, None] * v.to(tl.float32)
+    return m_new, l_i, acc
+
+
 @triton.jit(do_not_specialize=["layer"])  # one compiled kernel for every layer index
 def decode_attention_kernel(
     qkv_ptr,
@@ -149,25 +255,9 @@ def decode_attention_kernel(
     offs_g = tl.arange(0, G_PAD)
     g_mask = offs_g < G
     row = qkv_ptr + b.to(tl.int64) * QKV_ROW
-    q = _norm_rope(
-        row,
-        (h * G + offs_g) * HEAD_DIM,
-        offs_d,
-        g_mask,
-        qn_ptr,
-        cos_ptr,
-        sin_ptr,
-        pos,
-        eps,
-        QK_NORM,
-        ROPE,
-        HEAD_DIM,
-    )  # [G_PAD, D_PAD]
-    one = tl.arange(0, 1)
-    k_new = _norm_rope(
-        row, (HQ + h) * HEAD_DIM + one, offs_d, one == 0, kn_ptr, cos_ptr, sin_ptr, pos, eps, QK_NORM, ROPE, HEAD_DIM
-    )  # [1, D_PAD]
-    v_new = tl.load(row + (HQ + HKV + h) * HEAD_DIM + one[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+    q, k_new, v_new = _token_heads(
+        row, h, pos, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV, HEAD_DIM, QK_NORM, ROPE
+    )
     # (layer, b, h, 0, 0). No `.to` on `layer`: Triton specialises an int argument equal to 1 into a constexpr
     # (a plain Python int), which has no `.to` (H100: every layer-1 launch failed to compile under AOTI).
     cache_off = (pid.to(tl.int64) * S + layer * CACHE_LAYER) * HEAD_DIM
@@ -176,43 +266,12 @@ def decode_attention_kernel(
     new_mask = writer & d_mask[None, :]
     tl.store(k_base + pos * HEAD_DIM + offs_d[None, :], k_new, mask=new_mask)
     tl.store(v_base + pos * HEAD_DIM + offs_d[None, :], v_new, mask=new_mask)
-
-    # Cached keys lo ≤ s < min(lo + chunk, p) (none for an inactive split): loads → dot → online softmax (base 2).
-    m_i = tl.full([G_PAD], -1.0e30, dtype=tl.float32)  # finite: an empty split never computes −inf − (−inf)
-    l_i = tl.zeros([G_PAD], dtype=tl.float32)
-    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
-    hi = tl.minimum(lo + chunk, pos)
-    for start in range(lo, hi, BLOCK_S):
-        offs_s = start + tl.arange(0, BLOCK_S)
-        valid = offs_s < hi
-        kv_off = offs_s[:, None] * HEAD_DIM + offs_d[None, :]
-        kv_mask = valid[:, None] & d_mask[None, :]
-        kt = tl.load(k_base + kv_off, mask=kv_mask, other=0.0)
-        vt = tl.load(v_base + kv_off, mask=kv_mask, other=0.0)
-        if FP32_DOT:
-            sc = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
-        else:
-            sc = tl.dot(q, tl.trans(kt))  # [G_PAD, BLOCK_S] fp32
-        sc = tl.where(valid[None, :], sc * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(sc - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if FP32_DOT:
-            pv = tl.dot(p.to(dt).to(tl.float32), vt.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(dt), vt)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-    # This token's key/value (position p) from registers, in the split that holds p; other splits add nothing.
-    s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), axis=1) * qk_scale  # [G_PAD]
-    s_new = tl.where(writer, s_new, float("-inf"))
-    m_new = tl.maximum(m_i, s_new)
-    alpha = tl.exp2(m_i - m_new)
-    p_new = tl.exp2(s_new - m_new)
-    l_i = l_i * alpha + p_new
-    acc = acc * alpha[:, None] + p_new.to(dt).to(tl.float32)[:, None] * v_new.to(tl.float32)
-    m_i = m_new
+    # Cached keys lo ≤ s < min(lo + chunk, p) (none for an inactive split), then this token's key/value (position
+    # p) from registers, in the split that holds p; other splits add nothing.
+    m_i, l_i, acc = _attend_cached(
+        q, k_base, v_base, lo, tl.minimum(lo + chunk, pos), qk_scale, offs_d, HEAD_DIM, G_PAD, D_PAD, BLOCK_S, FP32_DOT
+    )
+    m_i, l_i, acc = _attend_token(q, k_new, v_new, writer, m_i, l_i, acc, qk_scale)
 
     heads = h * G + offs_g
     o_ptrs = o_ptr + b.to(tl.int64) * (HQ * HEAD_DIM) + heads[:, None] * HEAD_DIM + offs_d[None, :]

@@ -34,6 +34,7 @@ PDL_KERNELS = (
     "split_k_epilogue_kernel",
     "decode_attention_kernel",
     "sequence_attention_kernel",
+    "decode_layer_kernel",
 )
 ENV_SWITCH = "TTSAOT_PDL"
 METADATA_KEY = "ttsaot_pdl"  # "1" / "0" in each package's metadata: whether its launches carry the attribute
