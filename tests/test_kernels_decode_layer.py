@@ -220,3 +220,13 @@ def test_gpu_persistent_launch_real_shapes_in_a_graph(case):
         graph.replay()
     torch.cuda.synchronize()
     assert not t["workspace"].any() and torch.isfinite(out.float()).all()
+
+
+def test_strided_rows_are_read_as_rows():
+    """A frame's first positions reach the op as x[:, t] of a [B, T, D] tensor (rows strided by T·D)."""
+    t = _layer(2, 48, 2, 1, 32, 96, 7, 1, torch.float32, "interleaved", False, True)
+    wide = torch.randn(2, 3, 48, device=DEVICE)
+    strided = {**t, "x": wide[:, 1]}
+    dense = {**_clone(t), "x": wide[:, 1].contiguous()}
+    y = launch_decode_layer(*strided.values(), programs=3, config=None if ON_GPU else SMALL)
+    assert torch.equal(y, launch_decode_layer(*dense.values(), programs=3, config=None if ON_GPU else SMALL))

@@ -5,10 +5,11 @@ layers (their weights together exceed L2), beside a copy of 1 GiB in the same pr
     python -m bench.probes.decode_layer_persistent --out DIR [--reps 200]
 
 Per shape and rows: µs per layer pass of each variant (graph replay median / layers), × the layer's byte floor
-(weights + the cache positions read, at the measured copy bandwidth), the compiled kernel's registers / spills /
-shared memory (whether two programs fit one SM), and a check that every variant equals the five ops bit for bit.
-The five ops here are direct Triton launches (no programmatic-launch attribute, which only AOTInductor packages
-get: pdl.py), so they are the per-op path WITHOUT the PDL overlap; the stage A/B (`bench run`) has both with it.
+(weights + the cache positions read, at the measured copy bandwidth), the compiled kernel's registers / spills,
+and whether it equals the five ops bit for bit. Variants: the five ops as direct Triton launches, without and with
+Triton's `launch_pdl` (the programmatic-launch attribute AOTInductor packages get through pdl.py); the persistent
+kernel at each (BLOCK_N, warps) of CONFIGS, with the next kernel let launch at once or at the last phase, plain or
+with the attribute, and at two programs per SM where two fit.
 """
 
 from __future__ import annotations
@@ -49,10 +50,12 @@ def _args(x, pos, kc, vc, i, ws, w, cos, sin, interleaved, hd) -> tuple:
             interleaved, hd**-0.5, 1e-6, 1e-6, 1.0)  # fmt: skip
 
 
-class _Capture:
-    """A `wrap` for the launcher that keeps the compiled kernel of the last launch (registers, spills, shared)."""
+class _Launch:
+    """A `wrap` for the launchers: adds Triton's `launch_pdl` option where asked (the programmatic-launch attribute
+    AOTInductor packages get through pdl.py) and keeps the compiled kernel of the last launch (registers, ...)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pdl: bool) -> None:
+        self.pdl = pdl
         self.compiled: Any = None
 
     def __call__(self, kernel):
@@ -61,6 +64,8 @@ class _Capture:
         class _Grid:
             def __getitem__(self, grid):
                 def run(*a, **kw):
+                    if probe.pdl:
+                        kw["launch_pdl"] = True
                     probe.compiled = kernel[grid](*a, **kw)
                     return probe.compiled
 
@@ -69,10 +74,14 @@ class _Capture:
         return _Grid()
 
 
+# (BLOCK_N, num_warps) of the persistent kernel's column phases
+CONFIGS = [(8, 8), (16, 8), (16, 16), (32, 16)]
+
+
 def bench_shape(name: str, B: int, peak_gbps: float, reps: int, dev: torch.device) -> dict:
     from bench.kernels import graph_ms
     from ttsaot.builder.kernels.decode_attention import attention_workspace, launch_decode_attention
-    from ttsaot.builder.kernels.decode_layer import launch_decode_layer
+    from ttsaot.builder.kernels.decode_layer import kernel_config, launch_decode_layer
     from ttsaot.builder.kernels.skinny_linear import launch_skinny_linear
     from ttsaot.builder.layers.rope import rope_table, rope_table_interleaved
 
@@ -89,56 +98,77 @@ def bench_shape(name: str, B: int, peak_gbps: float, reps: int, dev: torch.devic
     kc0 = torch.randn(L, B, hkv, S, hd, generator=g, device=dev).bfloat16()
     vc0 = torch.randn(L, B, hkv, S, hd, generator=g, device=dev).bfloat16()
     ws = attention_workspace(x0, kc0)
-    cap = _Capture()
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    base = kernel_config(D, hq * hd, inter, B)
 
-    def persistent(programs):
+    def persistent(programs, config, launch):
         def run(x, kc, vc):
             for i, w in enumerate(layers):
                 x = launch_decode_layer(*_args(x, pos, kc, vc, i, ws, w, cos, sin, interleaved, hd),
-                                        programs=programs, wrap=cap)  # fmt: skip
+                                        programs=programs, wrap=launch, config=config)  # fmt: skip
             return x
 
         return run
 
-    def five(x, kc, vc):
-        for i, w in enumerate(layers):
-            qkv = launch_skinny_linear(x, w["qkv_weight"], None, w["input_norm"], 1e-6)
-            o = launch_decode_attention(qkv, pos, kc, vc, i, hd**-0.5, cos, sin, interleaved, w["q_norm"],
-                                        w["k_norm"], 1e-6, ws)  # fmt: skip
-            x1 = launch_skinny_linear(o, w["o_weight"], residual=x)
-            h = launch_skinny_linear(x1, w["gate_up_weight"], None, w["post_norm"], 1e-6, gated=True)
-            x = launch_skinny_linear(h, w["down_weight"], residual=x1)
-        return x
+    def five(launch):
+        def run(x, kc, vc):
+            for i, w in enumerate(layers):
+                qkv = launch_skinny_linear(x, w["qkv_weight"], None, w["input_norm"], 1e-6, wrap=launch)
+                o = launch_decode_attention(qkv, pos, kc, vc, i, hd**-0.5, cos, sin, interleaved, w["q_norm"],
+                                            w["k_norm"], 1e-6, ws, wrap=launch)  # fmt: skip
+                x1 = launch_skinny_linear(o, w["o_weight"], residual=x, wrap=launch)
+                h = launch_skinny_linear(x1, w["gate_up_weight"], None, w["post_norm"], 1e-6, gated=True, wrap=launch)
+                x = launch_skinny_linear(h, w["down_weight"], residual=x1, wrap=launch)
+            return x
 
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        return run
+
     w_bytes = sum(t.numel() * t.element_size() for t in layers[0].values() if t is not None)
     kv_bytes = B * hkv * (S // 2 + 1) * hd * 2 * 2
     floor_us = (w_bytes + kv_bytes) / (peak_gbps * 1e9) * 1e6
     res: dict[str, Any] = {"shape": name, "B": B, "layers_in_graph": L, "weight_bytes_per_layer": w_bytes,
-                           "floor_us_per_layer": floor_us, "sms": sms}  # fmt: skip
-    want_kc, want_vc = kc0.clone(), vc0.clone()
+                           "floor_us_per_layer": floor_us, "sms": sms, "variants": {}}  # fmt: skip
     with torch.no_grad():
-        want = five(x0, want_kc, want_vc)
-        variants: dict[str, Any] = {"five_ops": five, "persistent_1x": persistent(sms)}
-        got_kc, got_vc = kc0.clone(), vc0.clone()
-        got = persistent(sms)(x0, got_kc, got_vc)
-        torch.cuda.synchronize()
-        ck = cap.compiled
-        meta = {"n_regs": getattr(ck, "n_regs", None), "n_spills": getattr(ck, "n_spills", None),
-                "shared": getattr(getattr(ck, "metadata", None), "shared", None)}  # fmt: skip
-        res["kernel"] = meta
-        res["equal_to_five_ops"] = bool(
-            torch.equal(got, want) and torch.equal(got_kc, want_kc) and torch.equal(got_vc, want_vc)
-        )
-        res["workspace_zero"] = not bool(ws.any())
-        # Two programs per SM only where two surely fit (8 warps × registers, shared): a grid barrier over programs
-        # that cannot all be resident never returns.
-        if meta["n_regs"] is not None and meta["n_regs"] * 256 * 2 <= 65536 and (meta["shared"] or 0) * 2 <= 200_000:
-            variants["persistent_2x"] = persistent(2 * sms)
-        for vname, fn in variants.items():
+        want_kc, want_vc = kc0.clone(), vc0.clone()
+        want = five(_Launch(False))(x0, want_kc, want_vc)
+        variants: dict[str, Any] = {"five_ops": five(_Launch(False)), "five_ops_pdl": five(_Launch(True))}
+        for bn, nw in CONFIGS:
+            for late in (True, False):
+                for pdl in (False, True):
+                    if not pdl and not late:
+                        continue  # the trigger's place matters only with the attribute
+                    cfg = dict(base, BLOCK_N=bn, num_warps=nw, LATE_TRIGGER=late)
+                    launch = _Launch(pdl)
+                    kc, vc = kc0.clone(), vc0.clone()
+                    try:
+                        got = persistent(sms, cfg, launch)(x0, kc, vc)
+                        torch.cuda.synchronize()
+                    except Exception as e:  # noqa: BLE001 - a config that does not compile: recorded
+                        res["variants"][f"bn{bn}w{nw}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                        break
+                    ck = launch.compiled
+                    regs = getattr(ck, "n_regs", None)
+                    meta = {"n_regs": regs, "n_spills": getattr(ck, "n_spills", None),
+                            "equal_to_five_ops": bool(torch.equal(got, want) and torch.equal(kc, want_kc)
+                                                      and torch.equal(vc, want_vc)),
+                            "workspace_zero": not bool(ws.any())}  # fmt: skip
+                    tag = f"persistent_bn{bn}w{nw}{'_late' if late else '_early'}{'_pdl' if pdl else ''}"
+                    variants[tag] = (persistent(sms, cfg, launch), meta)
+                    # two programs per SM only where two surely fit: a grid barrier over programs that cannot all
+                    # be resident never returns
+                    if late and not pdl and regs is not None and regs * 32 * nw * 2 <= 65536:
+                        variants[tag.replace("persistent", "persistent2x")] = (persistent(2 * sms, cfg, launch), meta)
+        for vname, v in variants.items():
+            fn, meta = v if isinstance(v, tuple) else (v, {})
             kc, vc = kc0.clone(), vc0.clone()
-            us = graph_ms([lambda fn=fn, kc=kc, vc=vc: fn(x0, kc, vc)], reps, dev) * 1e3 / L
-            res[vname] = {"us_per_layer": us, "x_floor": us / floor_us, "gb_per_s": w_bytes / (us * 1e-6) / 1e9}
+            try:
+                us = graph_ms([lambda fn=fn, kc=kc, vc=vc: fn(x0, kc, vc)], reps, dev) * 1e3 / L
+            except Exception as e:  # noqa: BLE001
+                res["variants"][vname] = {"error": f"{type(e).__name__}: {str(e)[:300]}", **meta}
+                continue
+            res["variants"][vname] = {"us_per_layer": us, "x_floor": us / floor_us,
+                                      "gb_per_s": w_bytes / (us * 1e-6) / 1e9, **meta}  # fmt: skip
+            print(f"  {name} B={B} {vname}: {us:.2f} us/layer ({us / floor_us:.2f}x floor) {meta}", flush=True)
         res["workspace_zero_after"] = not bool(ws.any())
     return res
 
@@ -162,7 +192,8 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001 - record and go on to the next shape
             r = {"shape": name, "B": B, "error": f"{type(e).__name__}: {str(e)[:400]}"}
         out["cases"].append(r)
-        print(json.dumps(r), flush=True)
+        if "error" in r:
+            print(json.dumps(r), flush=True)
     out["seconds"] = time.time() - t0
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "decode_layer_persistent.json").write_text(json.dumps(out, indent=1))

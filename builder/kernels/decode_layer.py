@@ -45,6 +45,7 @@ MAX_CACHE = 256  # longest cache the one-program-per-(row, kv head) attention ph
 BARRIER_SLOTS = 2  # int32 counters the kernel's grid barrier uses in the workspace
 BLOCK_N = 8  # output columns per program step (skinny_linear's GEMV configs)
 NUM_WARPS = 8
+LATE_TRIGGER = True  # let the next kernel launch at the last phase, not at once (probe: decode_layer_persistent)
 MUTATED = {"k_cache", "v_cache", "workspace"}
 
 
@@ -141,7 +142,7 @@ def kernel_config(d: int, heads_dim: int, inter: int, rows: int) -> dict:
         return 1024 if k % 1024 == 0 and rows == 1 else 512
 
     return {"BLOCK_N": BLOCK_N, "BK_D": bk(d), "BK_O": bk(heads_dim), "BK_GU": 512, "BK_DOWN": bk(inter),
-            "num_warps": NUM_WARPS}  # fmt: skip
+            "num_warps": NUM_WARPS, "LATE_TRIGGER": LATE_TRIGGER}  # fmt: skip
 
 
 def launch_decode_layer(
@@ -184,6 +185,7 @@ def launch_decode_layer(
     from . import decode_layer_triton as kernels
 
     B, D = x.shape
+    x = x.contiguous()  # the phases address rows as [B, D] (a frame's first positions are strided slices)
     hkv, S, hd = k_cache.shape[2], k_cache.shape[3], k_cache.shape[4]
     hq = qkv_weight.shape[0] // hd - 2 * hkv
     inter = gate_up_weight.shape[0] // 2

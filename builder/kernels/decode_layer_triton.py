@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from .decode_attention_triton import _attend_cached, _attend_token, _token_heads
-from .pdl_triton import grid_dependency_wait
+from .pdl_triton import grid_dependency_trigger, grid_dependency_wait
 from .skinny_linear_triton import _epilogue, _fma_loop, _fma_w_tile, _row_rstd
 
 
@@ -248,6 +248,7 @@ def decode_layer_kernel(
     HAS_DOWN_BIAS: tl.constexpr,
     PHASE: tl.constexpr,
     PDL: tl.constexpr,
+    LATE_TRIGGER: tl.constexpr,
     FP32_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -260,7 +261,8 @@ def decode_layer_kernel(
 ):
     """Grid (programs,): at most one per SM. x [M, D] → y [M, D]; scratch qkv, attn, x1, h written on the way (each
     phase reads what the previous one wrote, after the barrier). PDL (pdl.py): the first W tile is loaded, then the
-    wait (with the early trigger: the next layer's programs start loading their weights while this one runs)."""
+    wait; the dependent kernel is let launch at once, or with LATE_TRIGGER only when the last phase starts (its
+    programs then load their first weights while this layer's down projection streams)."""
     # fp32 scalars whatever the caller passes (AOTI types a float argument of a user kernel fp64)
     norm_eps = tl.cast(norm_eps, tl.float32)
     qk_eps = tl.cast(qk_eps, tl.float32)
@@ -271,7 +273,7 @@ def decode_layer_kernel(
     G = tl.num_programs(0)
     if PHASE < 0 or PHASE == 0:
         w, wu = _first_w_tile(qkv_w_ptr, NQKV, D, False, BLOCK_N, BK_D)
-        token = grid_dependency_wait(PDL, True)
+        token = grid_dependency_wait(PDL, not LATE_TRIGGER)
         _linear_phase(
             x_ptr + token,
             qkv_w_ptr,
@@ -380,6 +382,8 @@ def decode_layer_kernel(
         )
     if PHASE < 0 or PHASE == 4:
         w, wu = _first_w_tile(down_w_ptr, D, INTER, False, BLOCK_N, BK_DOWN)
+        if LATE_TRIGGER:  # the next kernel's programs launch now, during this last phase (the token is 0)
+            y_ptr += grid_dependency_trigger(PDL)
         if PHASE < 0:
             _grid_barrier(ws_ptr, 4 * G)
             # Past the last barrier: count out; the last program out zeroes both counters (nobody reads them any
