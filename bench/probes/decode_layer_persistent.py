@@ -74,8 +74,8 @@ class _Launch:
         return _Grid()
 
 
-# (BLOCK_N, num_warps) of the persistent kernel's column phases
-CONFIGS = [(8, 8), (16, 8), (16, 16), (32, 16)]
+# (BLOCK_N, num_warps, L2 prefetch of the layer where it fits) of the persistent kernel's column phases
+CONFIGS = [(8, 8, False), (8, 8, True), (16, 16, False), (16, 16, True), (8, 4, True)]
 
 
 def bench_shape(name: str, B: int, peak_gbps: float, reps: int, dev: torch.device) -> dict:
@@ -132,19 +132,21 @@ def bench_shape(name: str, B: int, peak_gbps: float, reps: int, dev: torch.devic
         want_kc, want_vc = kc0.clone(), vc0.clone()
         want = five(_Launch(False))(x0, want_kc, want_vc)
         variants: dict[str, Any] = {"five_ops": five(_Launch(False)), "five_ops_pdl": five(_Launch(True))}
-        for bn, nw in CONFIGS:
-            for late in (True, False):
+        for bn, nw, pf in CONFIGS:
+            for late in (True,):  # (at once or at the last phase: within 0.3 us in the first sweep, call 2)
                 for pdl in (False, True):
                     if not pdl and not late:
                         continue  # the trigger's place matters only with the attribute
                     cfg = dict(base, BLOCK_N=bn, num_warps=nw, LATE_TRIGGER=late)
+                    if not pf:
+                        cfg["PREFETCH"] = False  # else the launcher's rule (the layer fits L2)
                     launch = _Launch(pdl)
                     kc, vc = kc0.clone(), vc0.clone()
                     try:
                         got = persistent(sms, cfg, launch)(x0, kc, vc)
                         torch.cuda.synchronize()
                     except Exception as e:  # noqa: BLE001 - a config that does not compile: recorded
-                        res["variants"][f"bn{bn}w{nw}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                        res["variants"][f"bn{bn}w{nw}{pf}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                         break
                     ck = launch.compiled
                     regs = getattr(ck, "n_regs", None)
@@ -152,7 +154,8 @@ def bench_shape(name: str, B: int, peak_gbps: float, reps: int, dev: torch.devic
                             "equal_to_five_ops": bool(torch.equal(got, want) and torch.equal(kc, want_kc)
                                                       and torch.equal(vc, want_vc)),
                             "workspace_zero": not bool(ws.any())}  # fmt: skip
-                    tag = f"persistent_bn{bn}w{nw}{'_late' if late else '_early'}{'_pdl' if pdl else ''}"
+                    when = "_late" if late else "_early"
+                    tag = f"persistent_bn{bn}w{nw}{'_pf' if pf else ''}{when}{'_pdl' if pdl else ''}"
                     variants[tag] = (persistent(sms, cfg, launch), meta)
                     # two programs per SM only where two surely fit: a grid barrier over programs that cannot all
                     # be resident never returns

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from .common import HAVE_TRITON, multiprocessor_count, next_power_of_2, no_wrap
+from .common import HAVE_TRITON, cdiv, multiprocessor_count, next_power_of_2, no_wrap
 from .decode_attention import decode_attention_reference
 from .pdl import kernels_wait
 from .skinny_linear import GEMV_MAX_M, norm_block, skinny_linear_reference
@@ -45,6 +45,7 @@ MAX_CACHE = 256  # longest cache the one-program-per-(row, kv head) attention ph
 BARRIER_SLOTS = 2  # int32 counters the kernel's grid barrier uses in the workspace
 BLOCK_N = 8  # output columns per program step (skinny_linear's GEMV configs)
 NUM_WARPS = 8
+PREFETCH_L2_SHARE = 0.75  # prefetch a layer's weights into L2 where they take at most this share of it
 LATE_TRIGGER = True  # let the next kernel launch at the last phase, not at once (probe: decode_layer_persistent)
 MUTATED = {"k_cache", "v_cache", "workspace"}
 
@@ -132,6 +133,15 @@ def _check(x, positions, k_cache, v_cache, layer, workspace, input_norm, qkv_wei
 
     qkv = x.new_empty((B, nqkv))
     check_attention(qkv, positions, k_cache, v_cache, layer, cos, sin, rope_interleaved, q_norm, k_norm, None)
+
+
+def prefetch_layer(device: torch.device, weight_bytes: int) -> bool:
+    """Whether the kernel asks L2 for the whole layer's weights as it starts: on CUDA, where they take at most
+    PREFETCH_L2_SHARE of L2 (a bigger layer would evict its own first lines before they are read)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False  # the interpreter has no inline asm
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    return weight_bytes <= PREFETCH_L2_SHARE * l2
 
 
 def kernel_config(d: int, heads_dim: int, inter: int, rows: int) -> dict:
@@ -241,6 +251,11 @@ def launch_decode_layer(
         float(residual_scale),
     )
     cfg = dict(kernel_config(D, hq * hd, inter, B), **(config or {}))
+    weight_bytes = sum(w.numel() * w.element_size() for w in (qkv_weight, o_weight, gate_up_weight, down_weight))
+
+    def lines(k: int) -> int:  # 128-byte lines of a weight row of k elements, rounded up to a power of 2
+        return next_power_of_2(cdiv(k * x.element_size(), 128))
+
     meta = dict(
         D=D,
         INTER=inter,
@@ -260,9 +275,13 @@ def launch_decode_layer(
         BLOCK_M=next_power_of_2(B),
         NORM_BLOCK=norm_block(D, B, False),
         BLOCK_S=16,
+        PREFETCH=prefetch_layer(x.device, weight_bytes),
+        LINES_D=lines(D),
+        LINES_O=lines(hq * hd),
+        LINES_I=lines(inter),
         num_stages=1,
-        **cfg,
     )
+    meta.update(cfg)  # (a test's or the probe's config may override PREFETCH / LATE_TRIGGER too)
     for phase in range(5) if phased else (-1,):
         wrap(kernels.decode_layer_kernel)[(programs,)](*args, PHASE=phase, **meta)
     return y

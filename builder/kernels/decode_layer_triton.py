@@ -53,6 +53,28 @@ def _grid_barrier(ws_ptr, target):
 
 
 @triton.jit
+def _prefetch_l2(ptrs):
+    """Ask L2 for the 128-byte lines at `ptrs` (one prefetch per element), without waiting for them."""
+    return tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def _prefetch_phase(w_ptr, N_OUT, K, GATED: tl.constexpr, BLOCK_N: tl.constexpr, K_LINES: tl.constexpr):
+    """Prefetch into L2 the W rows this program will stream in a column phase (its tiles pid, pid + G, ...; the
+    matching up rows too when GATED): every line of the phase is then in flight from DRAM at once, whatever the
+    phase chain is waiting for. K_LINES: the 128-byte lines of a row, rounded up to a power of 2."""
+    LINE: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth  # elements per 128-byte line
+    lines = tl.minimum(tl.arange(0, K_LINES) * LINE, K - 1)  # padded lines repeat the last one
+    for t in range(tl.program_id(0), tl.cdiv(N_OUT, BLOCK_N), tl.num_programs(0)):
+        rows = tl.minimum(t * BLOCK_N + tl.arange(0, BLOCK_N), N_OUT - 1).to(tl.int64)
+        _prefetch_l2(w_ptr + rows[:, None] * K + lines[None, :])
+        if GATED:
+            _prefetch_l2(w_ptr + (rows + N_OUT)[:, None] * K + lines[None, :])
+
+
+@triton.jit
 def _first_w_tile(w_ptr, N_OUT, K, GATED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """This program's first W tile of a column phase (masked away where the program has no column tile)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -258,11 +280,16 @@ def decode_layer_kernel(
     BK_DOWN: tl.constexpr,
     NORM_BLOCK: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    LINES_D: tl.constexpr,
+    LINES_O: tl.constexpr,
+    LINES_I: tl.constexpr,
 ):
     """Grid (programs,): at most one per SM. x [M, D] → y [M, D]; scratch qkv, attn, x1, h written on the way (each
     phase reads what the previous one wrote, after the barrier). PDL (pdl.py): the first W tile is loaded, then the
     wait; the dependent kernel is let launch at once, or with LATE_TRIGGER only when the last phase starts (its
-    programs then load their first weights while this layer's down projection streams)."""
+    programs then load their first weights while this layer's down projection streams). PREFETCH: every program
+    first asks L2 for all the weight rows it will stream (LINES_*: 128-byte lines per row of K = D, Hq·hd, I)."""
     # fp32 scalars whatever the caller passes (AOTI types a float argument of a user kernel fp64)
     norm_eps = tl.cast(norm_eps, tl.float32)
     qk_eps = tl.cast(qk_eps, tl.float32)
@@ -271,6 +298,11 @@ def decode_layer_kernel(
     NQKV: tl.constexpr = (HQ + 2 * HKV) * HEAD_DIM
     NO: tl.constexpr = HQ * HEAD_DIM
     G = tl.num_programs(0)
+    if PREFETCH:  # the whole layer's weights requested at once (they fit L2; the launcher decides)
+        _prefetch_phase(qkv_w_ptr, NQKV, D, False, BLOCK_N, LINES_D)
+        _prefetch_phase(o_w_ptr, D, NO, False, BLOCK_N, LINES_O)
+        _prefetch_phase(gu_w_ptr, INTER, D, True, BLOCK_N, LINES_D)
+        _prefetch_phase(down_w_ptr, D, INTER, False, BLOCK_N, LINES_I)
     if PHASE < 0 or PHASE == 0:
         w, wu = _first_w_tile(qkv_w_ptr, NQKV, D, False, BLOCK_N, BK_D)
         token = grid_dependency_wait(PDL, not LATE_TRIGGER)
