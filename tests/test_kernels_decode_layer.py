@@ -143,6 +143,18 @@ def test_layer_equals_its_five_ops_and_the_reference(case, dtype):
     assert not t["workspace"].any()
 
 
+@pytest.mark.parametrize("case", CASES[:2], ids=["qwen-b1", "fish-b2-bias"])
+def test_tile_form_matches_the_reference(case):
+    """USE_DOT: the column phases on skinny_linear's tensor-core tile form (16 padded rows)."""
+    B, D, hq, hkv, hd, inter, S, L, rope, qk_norm, bias = case
+    t = _layer(B, D, hq, hkv, hd, inter, S, L, torch.float32, rope, qk_norm, bias)
+    ref = _clone(t)
+    cfg = None if ON_GPU else {**SMALL, "BLOCK_N": 16}
+    y = launch_decode_layer(*t.values(), programs=3, config={**(cfg or {}), "USE_DOT": True})
+    assert rel_err(y, decode_layer_reference(*ref.values())) < 1e-5
+    assert rel_err(t["k_cache"], ref["k_cache"]) < 1e-5 and not t["workspace"].any()
+
+
 def test_supports_rows_and_short_caches_only():
     x1, x3 = torch.zeros(2, 8), torch.zeros(3, 8)
     short, long = torch.zeros(1, 2, 1, 32, 16), torch.zeros(1, 2, 1, 4096, 16)

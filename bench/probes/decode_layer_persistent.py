@@ -74,8 +74,16 @@ class _Launch:
         return _Grid()
 
 
-# (BLOCK_N, num_warps, L2 prefetch of the layer where it fits) of the persistent kernel's column phases
-CONFIGS = [(8, 8, False), (8, 8, True), (16, 16, False), (16, 16, True), (8, 4, True)]
+# Configs of the persistent kernel's column phases: the GEMV form at (BLOCK_N, warps), and the tensor-core tile form
+# (USE_DOT) at (BLOCK_N, BLOCK_K, warps, stages). Calls 2-3 (probes/decode_layer_barrier/) swept the GEMV form at
+# BLOCK_N 8-32 × 4-16 warps and an L2 prefetch of the whole layer: none beat the five ops with launch_pdl.
+CONFIGS = {
+    "gemv_bn8w8": {"BLOCK_N": 8, "num_warps": 8},
+    "dot_bn32bk256w4s4": {"USE_DOT": True, "BLOCK_N": 32, "BK": 256, "num_warps": 4, "num_stages": 4},
+    "dot_bn16bk256w4s4": {"USE_DOT": True, "BLOCK_N": 16, "BK": 256, "num_warps": 4, "num_stages": 4},
+    "dot_bn32bk128w4s6": {"USE_DOT": True, "BLOCK_N": 32, "BK": 128, "num_warps": 4, "num_stages": 6},
+    "dot_bn64bk128w8s4": {"USE_DOT": True, "BLOCK_N": 64, "BK": 128, "num_warps": 8, "num_stages": 4},
+}
 
 
 def bench_shape(name: str, B: int, peak_gbps: float, reps: int, dev: torch.device) -> dict:
@@ -84,6 +92,7 @@ def bench_shape(name: str, B: int, peak_gbps: float, reps: int, dev: torch.devic
     from ttsaot.builder.kernels.decode_layer import kernel_config, launch_decode_layer
     from ttsaot.builder.kernels.skinny_linear import launch_skinny_linear
     from ttsaot.builder.layers.rope import rope_table, rope_table_interleaved
+    from ttsaot.runtime.metrics import rel_error as rel_err
 
     D, hq, hkv, hd, inter, S, rope, qk_norm, L = SHAPES[name]
     g = torch.Generator(device=dev).manual_seed(B)
@@ -132,35 +141,26 @@ def bench_shape(name: str, B: int, peak_gbps: float, reps: int, dev: torch.devic
         want_kc, want_vc = kc0.clone(), vc0.clone()
         want = five(_Launch(False))(x0, want_kc, want_vc)
         variants: dict[str, Any] = {"five_ops": five(_Launch(False)), "five_ops_pdl": five(_Launch(True))}
-        for bn, nw, pf in CONFIGS:
-            for late in (True,):  # (at once or at the last phase: within 0.3 us in the first sweep, call 2)
-                for pdl in (False, True):
-                    if not pdl and not late:
-                        continue  # the trigger's place matters only with the attribute
-                    cfg = dict(base, BLOCK_N=bn, num_warps=nw, LATE_TRIGGER=late)
-                    if not pf:
-                        cfg["PREFETCH"] = False  # else the launcher's rule (the layer fits L2)
-                    launch = _Launch(pdl)
-                    kc, vc = kc0.clone(), vc0.clone()
-                    try:
-                        got = persistent(sms, cfg, launch)(x0, kc, vc)
-                        torch.cuda.synchronize()
-                    except Exception as e:  # noqa: BLE001 - a config that does not compile: recorded
-                        res["variants"][f"bn{bn}w{nw}{pf}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-                        break
-                    ck = launch.compiled
-                    regs = getattr(ck, "n_regs", None)
-                    meta = {"n_regs": regs, "n_spills": getattr(ck, "n_spills", None),
-                            "equal_to_five_ops": bool(torch.equal(got, want) and torch.equal(kc, want_kc)
-                                                      and torch.equal(vc, want_vc)),
-                            "workspace_zero": not bool(ws.any())}  # fmt: skip
-                    when = "_late" if late else "_early"
-                    tag = f"persistent_bn{bn}w{nw}{'_pf' if pf else ''}{when}{'_pdl' if pdl else ''}"
-                    variants[tag] = (persistent(sms, cfg, launch), meta)
-                    # two programs per SM only where two surely fit: a grid barrier over programs that cannot all
-                    # be resident never returns
-                    if late and not pdl and regs is not None and regs * 32 * nw * 2 <= 65536:
-                        variants[tag.replace("persistent", "persistent2x")] = (persistent(2 * sms, cfg, launch), meta)
+        for cname, c in CONFIGS.items():
+            for pdl in (False, True):
+                cfg = dict(base, PREFETCH=False, LATE_TRIGGER=True, **{k: v for k, v in c.items() if k != "BK"})
+                if "BK" in c:
+                    cfg.update(BK_D=c["BK"], BK_O=c["BK"], BK_GU=c["BK"], BK_DOWN=c["BK"])
+                launch = _Launch(pdl)
+                kc, vc = kc0.clone(), vc0.clone()
+                try:
+                    got = persistent(sms, cfg, launch)(x0, kc, vc)
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001 - a config that does not compile: recorded
+                    res["variants"][cname] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                    break
+                ck = launch.compiled
+                meta = {"n_regs": getattr(ck, "n_regs", None), "n_spills": getattr(ck, "n_spills", None),
+                        "equal_to_five_ops": bool(torch.equal(got, want) and torch.equal(kc, want_kc)
+                                                  and torch.equal(vc, want_vc)),
+                        "rel_err_vs_five_ops": rel_err(got.float(), want.float()),
+                        "workspace_zero": not bool(ws.any())}  # fmt: skip
+                variants[f"persistent_{cname}{'_pdl' if pdl else ''}"] = (persistent(sms, cfg, launch), meta)
         for vname, v in variants.items():
             fn, meta = v if isinstance(v, tuple) else (v, {})
             kc, vc = kc0.clone(), vc0.clone()

@@ -152,7 +152,7 @@ def kernel_config(d: int, heads_dim: int, inter: int, rows: int) -> dict:
         return 1024 if k % 1024 == 0 and rows == 1 else 512
 
     return {"BLOCK_N": BLOCK_N, "BK_D": bk(d), "BK_O": bk(heads_dim), "BK_GU": 512, "BK_DOWN": bk(inter),
-            "num_warps": NUM_WARPS, "LATE_TRIGGER": LATE_TRIGGER}  # fmt: skip
+            "num_warps": NUM_WARPS, "LATE_TRIGGER": LATE_TRIGGER, "USE_DOT": False}  # fmt: skip
 
 
 def launch_decode_layer(
@@ -272,8 +272,8 @@ def launch_decode_layer(
         HAS_DOWN_BIAS=down_bias is not None,
         PDL=kernels_wait(x.device) and not phased,
         FP32_DOT=x.dtype == torch.float32 or x.device.type != "cuda",
-        BLOCK_M=next_power_of_2(B),
-        NORM_BLOCK=norm_block(D, B, False),
+        BLOCK_M=16 if cfg.get("USE_DOT") else next_power_of_2(B),
+        NORM_BLOCK=256 if cfg.get("USE_DOT") else norm_block(D, B, False),
         BLOCK_S=16,
         PREFETCH=prefetch_layer(x.device, weight_bytes),
         LINES_D=lines(D),

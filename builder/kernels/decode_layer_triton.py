@@ -38,7 +38,7 @@ import triton.language as tl
 
 from .decode_attention_triton import _attend_cached, _attend_token, _token_heads
 from .pdl_triton import grid_dependency_trigger, grid_dependency_wait
-from .skinny_linear_triton import _epilogue, _fma_loop, _fma_w_tile, _row_rstd
+from .skinny_linear_triton import _dot_loop, _epilogue, _fma_loop, _fma_w_tile, _row_rstd
 
 
 @triton.jit
@@ -104,9 +104,13 @@ def _linear_phase(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     NORM_BLOCK: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    FP32_DOT: tl.constexpr,
 ):
-    """y = epilogue(prologue(x) @ Wᵀ) (skinny_linear's GEMV form) over column tiles pid, pid + G, ...; `w`/`wu`: the
-    first tile, loaded by the caller (`_first_w_tile`), each next one loaded before the current one's epilogue."""
+    """y = epilogue(prologue(x) @ Wᵀ) over column tiles pid, pid + G, ...: skinny_linear's GEMV form (`w`/`wu`: the
+    first tile, loaded by the caller (`_first_w_tile`), each next one loaded before the current one's epilogue), or
+    with USE_DOT its tensor-core tile form (BLOCK_M ≥ 16 rows, rows past M masked; the K loop cp.async-pipelined
+    over the kernel's num_stages)."""
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     offs_m = tl.arange(0, BLOCK_M)
@@ -114,46 +118,57 @@ def _linear_phase(
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_NORM:
         rstd = _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M, NORM_BLOCK)
-    for t in range(pid, tl.cdiv(N_OUT, BLOCK_N), G):
-        offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc, acc_up = _fma_loop(
-            x_ptr,
-            w_ptr,
-            g_ptr,
-            rstd,
-            w,
-            wu,
-            offs_m,
-            offs_n,
-            M,
-            N_OUT,
-            K,
-            0,
-            K,
-            HAS_NORM,
-            GATED,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-        )
-        nxt = offs_n + G * BLOCK_N
-        w, wu = _fma_w_tile(w_ptr, nxt[None, :, None], (nxt < N_OUT)[None, :, None], N_OUT, K, 0, K, GATED, BLOCK_K)
-        _epilogue(
-            acc,
-            acc_up,
-            offs_m,
-            offs_n,
-            m_mask,
-            offs_n < N_OUT,
-            b_ptr,
-            r_ptr,
-            y_ptr,
-            N_OUT,
-            scale,
-            HAS_BIAS,
-            GATED,
-            HAS_RESIDUAL,
-        )
+    if USE_DOT:
+        for t in range(pid, tl.cdiv(N_OUT, BLOCK_N), G):
+            offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+            n_mask = offs_n < N_OUT
+            acc, acc_up = _dot_loop(
+                x_ptr, w_ptr, g_ptr, rstd, offs_m, offs_n, m_mask, n_mask, N_OUT, K, 0, K, HAS_NORM, GATED,
+                FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K,
+            )  # fmt: skip
+            _epilogue(acc, acc_up, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, y_ptr, N_OUT, scale, HAS_BIAS,
+                      GATED, HAS_RESIDUAL)  # fmt: skip
+    else:
+        for t in range(pid, tl.cdiv(N_OUT, BLOCK_N), G):
+            offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+            acc, acc_up = _fma_loop(
+                x_ptr,
+                w_ptr,
+                g_ptr,
+                rstd,
+                w,
+                wu,
+                offs_m,
+                offs_n,
+                M,
+                N_OUT,
+                K,
+                0,
+                K,
+                HAS_NORM,
+                GATED,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+            )
+            nxt = offs_n + G * BLOCK_N
+            w, wu = _fma_w_tile(w_ptr, nxt[None, :, None], (nxt < N_OUT)[None, :, None], N_OUT, K, 0, K, GATED, BLOCK_K)
+            _epilogue(
+                acc,
+                acc_up,
+                offs_m,
+                offs_n,
+                m_mask,
+                offs_n < N_OUT,
+                b_ptr,
+                r_ptr,
+                y_ptr,
+                N_OUT,
+                scale,
+                HAS_BIAS,
+                GATED,
+                HAS_RESIDUAL,
+            )
 
 
 @triton.jit
@@ -271,6 +286,7 @@ def decode_layer_kernel(
     PHASE: tl.constexpr,
     PDL: tl.constexpr,
     LATE_TRIGGER: tl.constexpr,
+    USE_DOT: tl.constexpr,
     FP32_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -304,7 +320,7 @@ def decode_layer_kernel(
         _prefetch_phase(gu_w_ptr, INTER, D, True, BLOCK_N, LINES_D)
         _prefetch_phase(down_w_ptr, D, INTER, False, BLOCK_N, LINES_I)
     if PHASE < 0 or PHASE == 0:
-        w, wu = _first_w_tile(qkv_w_ptr, NQKV, D, False, BLOCK_N, BK_D)
+        w, wu = _first_w_tile(qkv_w_ptr, NQKV, D, False, BLOCK_N, BK_D) if not USE_DOT else (0, 0)
         token = grid_dependency_wait(PDL, not LATE_TRIGGER)
         _linear_phase(
             x_ptr + token,
@@ -328,6 +344,8 @@ def decode_layer_kernel(
             BLOCK_N,
             BK_D,
             NORM_BLOCK,
+            USE_DOT,
+            FP32_DOT,
         )
     if PHASE < 0:
         _grid_barrier(ws_ptr, G)
@@ -359,7 +377,7 @@ def decode_layer_kernel(
             FP32_DOT,
         )
     if PHASE < 0 or PHASE == 2:
-        w, wu = _first_w_tile(o_w_ptr, D, NO, False, BLOCK_N, BK_O)
+        w, wu = _first_w_tile(o_w_ptr, D, NO, False, BLOCK_N, BK_O) if not USE_DOT else (0, 0)
         if PHASE < 0:
             _grid_barrier(ws_ptr, 2 * G)
         _linear_phase(
@@ -384,9 +402,11 @@ def decode_layer_kernel(
             BLOCK_N,
             BK_O,
             NORM_BLOCK,
+            USE_DOT,
+            FP32_DOT,
         )
     if PHASE < 0 or PHASE == 3:
-        w, wu = _first_w_tile(gu_w_ptr, INTER, D, True, BLOCK_N, BK_GU)
+        w, wu = _first_w_tile(gu_w_ptr, INTER, D, True, BLOCK_N, BK_GU) if not USE_DOT else (0, 0)
         if PHASE < 0:
             _grid_barrier(ws_ptr, 3 * G)
         _linear_phase(
@@ -411,9 +431,11 @@ def decode_layer_kernel(
             BLOCK_N,
             BK_GU,
             NORM_BLOCK,
+            USE_DOT,
+            FP32_DOT,
         )
     if PHASE < 0 or PHASE == 4:
-        w, wu = _first_w_tile(down_w_ptr, D, INTER, False, BLOCK_N, BK_DOWN)
+        w, wu = _first_w_tile(down_w_ptr, D, INTER, False, BLOCK_N, BK_DOWN) if not USE_DOT else (0, 0)
         if LATE_TRIGGER:  # the next kernel's programs launch now, during this last phase (the token is 0)
             y_ptr += grid_dependency_trigger(PDL)
         if PHASE < 0:
@@ -446,4 +468,6 @@ def decode_layer_kernel(
             BLOCK_N,
             BK_DOWN,
             NORM_BLOCK,
+            USE_DOT,
+            FP32_DOT,
         )
