@@ -37,6 +37,12 @@ def previous(qwen_tiny_fp32, tmp_path):
     return out, (out / "qwen3-tts-12hz" / "manifest.json").read_text()
 
 
+def _cached() -> dict:
+    """The run's package cache (tests/conftest.py): the tests below that build the same b1_f8 package compile it
+    once; a reused package still goes through the subprocess load check and the golden comparison they test."""
+    return {"cache_dir": os.environ["TTSAOT_CACHE_DIR"]}
+
+
 def _no_temp(out):
     return not [p for p in out.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
 
@@ -82,7 +88,7 @@ def test_package_crash_on_load_fails_the_build(previous, monkeypatch, tmp_path):
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setattr(build_mod.sys, "executable", str(fake))
     with pytest.raises(BuildError, match="signal 11"):
-        build_family(QWEN.name, _specs(), out, "cpu")
+        build_family(QWEN.name, _specs(), out, "cpu", **_cached())
     assert (out / "qwen3-tts-12hz" / "manifest.json").read_text() == before
     assert _no_temp(out)
 
@@ -93,13 +99,13 @@ def test_verification_really_compares(previous):
     specs = _specs()
     specs[0].tolerance = 0.0
     with pytest.raises(BuildError, match="differs from eager"):
-        build_family(QWEN.name, specs, out, "cpu")
+        build_family(QWEN.name, specs, out, "cpu", **_cached())
     assert (out / "qwen3-tts-12hz" / "manifest.json").read_text() == before
 
 
 def test_rebuild_replaces_and_keeps_permissions(previous):
     out, before = previous
-    res = build_family(QWEN.name, _specs(), out, "cpu")
+    res = build_family(QWEN.name, _specs(), out, "cpu", **_cached())
     m = json.loads((res.path / "manifest.json").read_text())
     assert [b["key"] for b in m["stages"]["code2wav"]["buckets"]] == ["b1_f8"]
     assert (res.path / "manifest.json").read_text() != before

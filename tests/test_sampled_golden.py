@@ -89,9 +89,10 @@ def test_padded_rows_do_not_interact_and_bf16_differs_only_at_near_ties(family, 
 def _build(family: str, stage: str):
     def build(root):
         fam = get_family(family)
-        # the default configuration (bf16, the stage's own golden cases), small plan: buckets 1 and 4, so the
-        # golden cases include the off-bucket batch 2 (padded to 4)
-        return build_family(family, fam.specs(fam.options(batch_buckets=(1, 4)), [stage]), root, "cpu").path
+        # the default configuration (bf16, the stage's own golden cases), smallest plan: one bucket of 4 rows, so
+        # the golden cases include the off-bucket batch 1 (padded to 4). (Buckets 1 and 4 compiled a second package
+        # for no check this file makes: ~390 s of CI worker time for both predictors.)
+        return build_family(family, fam.specs(fam.options(batch_buckets=(4,)), [stage]), root, "cpu").path
 
     return built_artifact(f"{stage}-bf16-default", build)
 
@@ -106,7 +107,7 @@ def test_default_bf16_build_verifies_with_margins(bf16_predictor):
     stage, path = bf16_predictor
     manifest = json.loads((path / "manifest.json").read_text())
     entry = manifest["stages"][stage]
-    assert entry["dtype"] == "bfloat16" and entry["golden_cases"] == ["b1", "b4", "b2"]
+    assert entry["dtype"] == "bfloat16" and entry["golden_cases"] == ["b4", "b1"]
     golden = load_file(str(path / entry["golden"]["file"]))
     for case in entry["golden_cases"]:
         assert golden[f"{case}/margin/codes"].shape == golden[f"{case}/out/codes"].shape
