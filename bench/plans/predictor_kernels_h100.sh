@@ -34,7 +34,7 @@ for st in $STAGES; do
   [ "$RUN" = 1 ] || continue
   L=$(left); [ "$L" -gt 40 ] || { echo "skipped run $st (time)"; continue; }
   timeout -s INT -k 10 "$L" python3 -m bench run --device cuda --family "${st%%/*}" --stages "${st##*/}" --axis "$AXIS" \
-    --variants "$VARIANTS" --compile-budget "$COMPILE_S" --no-coldstart \
+    --variants "$VARIANTS" --compile-budget "$COMPILE_S" --compile-mode "${COMPILE_MODE:-max-autotune-no-cudagraphs}" --no-coldstart \
     --no-snake --throughput-batches 1 --time-budget $(( L - 20 )) --stage-timeout $(( L - 25 )) --cache-dir "$CACHE" \
     --out "$OUT/run" > "$LOGS/run_$s.log" 2>&1
   grep -E "ttsaot|loop_|skipped|rror" "$LOGS/run_$s.log" | tail -12 | cut -c1-240
