@@ -353,6 +353,27 @@ def _s(rec: dict | None, key: str = "wall_s") -> str:
     return "—" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
+STOPPED_PROGRESS = re.compile(r"^compile (\w+)\b.*?\s(\d+)/(\d+)(?:\s|$)")
+
+
+def stopped_progress(rec: dict) -> str:
+    """What a build stopped by the budget had compiled, per stage, from its last progress bars in the record's
+    log tail: "fast_ar 2/3, dac_decoder 7/27" ("" when the tail holds none)."""
+    last: dict[str, str] = {}
+    for ln in rec.get("log_tail") or []:
+        m = STOPPED_PROGRESS.match(ln.strip())
+        if m:
+            last[m[1]] = f"{m[2]}/{m[3]}"
+    return ", ".join(f"{stage} {done}" for stage, done in last.items())
+
+
+def _cold_cells(cold: dict) -> tuple[str, str]:
+    """The cold build's time and compiled-packages cells; a build the budget stopped shows how far it got."""
+    if cold.get("status") == "skipped" and cold.get("wall_s") is not None:
+        return f"> {cold['wall_s']:.0f} (stopped)", stopped_progress(cold) or "—"
+    return _s(cold), _s(cold, "compiled")
+
+
 def summary(res: dict) -> str:
     """The Markdown section of BENCHMARKS.md (bench/report.py) and the run's printed summary."""
     head = (
@@ -372,7 +393,8 @@ def summary(res: dict) -> str:
             rows.append(f"| {fam} | {f.get('status')}: {f.get('reason', '')} | | | |")
             continue
         reuse = f"{warm['reused']} / {warm['packages']}" if warm and warm.get("status") == "ok" else _s(warm)
-        rows.append(f"| {fam} | {_s(cold)} | {_s(cold, 'compiled')} | {_s(warm)} | {reuse} |")
+        cold_s, compiled = _cold_cells(cold)
+        rows.append(f"| {fam} | {cold_s} | {compiled} | {_s(warm)} | {reuse} |")
         for st, r in f.get("cold_start", {}).items():
             if r.get("status") != "ok":
                 cs.append(f"| {fam}/{st} | {r.get('status')}: {str(r.get('reason', ''))[:80]} | | | | |")

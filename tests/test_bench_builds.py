@@ -32,6 +32,27 @@ def test_a_stopped_builds_record_keeps_its_progress_not_the_warnings():
     assert progress_lines(log) == ["[   12.0s] code2wav/b1_f8 compiled (11s)", "compile code2wav    0/22 0:03:47"]
 
 
+def test_a_build_the_budget_stopped_shows_its_time_and_progress():
+    """H100, Fish's full default build (bench/results/nvidia-h100/builds.json): stopped at 541 s, the table says
+    how far each stage got instead of a bare "skipped"."""
+    cold = {
+        "status": "skipped",
+        "wall_s": 540.8,
+        "reason": "stopped at the end of the budget",
+        "log_tail": [
+            "[  504.2s] fast_ar/b1 compiled (491s)",
+            "compile fast_ar (b1 491s)         ━━━━━━━━━━━━━━━━━━━━━━━━━━╸              2/3   0:08:34",
+            "compile dac_decoder (b1_f32 472s) ━━━━━━━━━━                                7/27 0:08:16",
+            "compile dac_encoder                                                        0/4   0:06:53",
+        ],
+    }
+    fam = {"cold": cold, "warm": {"status": "skipped", "reason": "no cold build"}}
+    res = {"default_build": True, "families": {"fish-s2-pro": fam}}
+    assert "| fish-s2-pro | > 541 (stopped) | fast_ar 2/3, dac_decoder 7/27, dac_encoder 0/4 | skipped |" in summary(
+        res
+    )
+
+
 def test_a_used_up_budget_records_every_section_skipped(tmp_path):
     out = tmp_path / "builds.json"
     proc = subprocess.run(
