@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ...buckets import BucketPlan, batch_sizes, frame_sizes, off_bucket_frames
+from ...checkpoint import construct
 from ...options import OptionsError
 from ...passes import bake_snake, bake_weight_norm, count_parameters, fuse_projections, prune_submodules
 from ...passes.numerics import measure_numerics
@@ -106,7 +107,7 @@ def _module_factory(opts: FishS2Options, cfg: DACConfig, cls: type[DAC], report:
             report.update(rep)
             return model
         report.update({"random_weights": True, "seed": opts.seed})
-        return init_random_dac(cls(cfg), opts.seed)
+        return init_random_dac(construct(cls, cfg), opts.seed)
 
     return make_module
 
@@ -306,7 +307,7 @@ def fast_ar_stage(opts: FishS2Options) -> StageSpec:
             report.update(rep)
             return model
         report.update({"random_weights": True, "seed": opts.seed})
-        return init_random_fast_ar(FastAR(cfg, with_emb), opts.seed)
+        return init_random_fast_ar(construct(FastAR, cfg, with_emb), opts.seed)
 
     n_steps, R = cfg.num_codebooks - 1, cfg.residual_codebook_size
     dtype = opts.dtype or torch.bfloat16

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ...buckets import BucketPlan, batch_sizes, frame_sizes, off_bucket_frames
+from ...checkpoint import construct
 from ...options import OptionsError
 from ...passes import bake_snake, depthwise_conv_as_shifts, fuse_projections
 from ...predictor import (
@@ -63,7 +64,7 @@ def code2wav_stage(opts: Qwen3TTSOptions) -> StageSpec:
             report.update(rep)
             return model
         report.update({"random_weights": True, "seed": opts.seed})
-        return init_random_code2wav(Code2Wav(cfg), opts.seed)
+        return init_random_code2wav(construct(Code2Wav, cfg), opts.seed)
 
     def bake_codebooks(m: nn.Module) -> dict:
         folded = m.quantizer.bake_codebooks()
@@ -136,7 +137,7 @@ def code_predictor_stage(opts: Qwen3TTSOptions) -> StageSpec:
             report.update(rep)
             return model
         report.update({"random_weights": True, "seed": opts.seed})
-        return init_random_code_predictor(CodePredictor(cfg, with_emb), opts.seed)
+        return init_random_code_predictor(construct(CodePredictor, cfg, with_emb), opts.seed)
 
     n_steps, V = cfg.num_code_groups - 1, cfg.vocab_size
     dtype = opts.dtype or torch.bfloat16

@@ -10,6 +10,7 @@ from torch import nn
 
 from ....runtime.dtypes import dtype_name
 from ...buckets import BucketPlan, batch_sizes, frame_sizes, off_bucket_frames
+from ...checkpoint import construct
 from ...options import OptionsError
 from ...passes import bake_snake, bake_weight_norm, fuse_projections
 from ...stage_spec import StageSpec
@@ -81,7 +82,7 @@ def lm_stage(name: str, opts: VoxCPM2Options) -> StageSpec:
             report.update(rep)
             return m
         report.update({"random_weights": True, "seed": opts.seed})
-        return init_random_lm(STAGE_MODULES[name](cfg, max_len), opts.seed)
+        return init_random_lm(construct(STAGE_MODULES[name], cfg, max_len), opts.seed)
 
     cache_in = [
         {"name": n, "dtype": cdt, "shape": cache_shape(mcfg, "batch", max_len), "pad": 0}
@@ -225,7 +226,7 @@ def locdit_stage(opts: VoxCPM2Options) -> StageSpec:
     report: dict = {}
 
     def make_module() -> nn.Module:
-        m = LocDiTStage(cfg, n_steps, cfg_rate)
+        m = construct(LocDiTStage, cfg, n_steps, cfg_rate)  # every parameter is loaded or random-initialised next
         if opts.checkpoint:
             report.update(load_audio_stage_module("locdit", opts.checkpoint, m))
             return m.eval()
@@ -288,7 +289,7 @@ def local_encoder_stage(opts: VoxCPM2Options) -> StageSpec:
     report: dict = {}
 
     def make_module() -> nn.Module:
-        m = LocalEncoderStage(cfg)
+        m = construct(LocalEncoderStage, cfg)  # every parameter is loaded or random-initialised next
         if opts.checkpoint:
             report.update(load_audio_stage_module("local_encoder", opts.checkpoint, m))
             return m.eval()
@@ -332,7 +333,7 @@ def vae_decoder_stage(opts: VoxCPM2Options) -> StageSpec:
             report.update(rep)
             return m
         _report_random(report, opts.seed)
-        return init_random_vae(AudioVAEDecoder(cfg), opts.seed + SEED_OFFSET["vae_decoder"])
+        return init_random_vae(construct(AudioVAEDecoder, cfg), opts.seed + SEED_OFFSET["vae_decoder"])
 
     def make_inputs(sizes: dict[str, int], g: torch.Generator) -> dict[str, torch.Tensor]:
         return {"latents": torch.randn(sizes["batch"], cfg.latent_dim, sizes["frames"], generator=g)}
