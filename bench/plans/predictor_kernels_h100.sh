@@ -15,7 +15,7 @@ OUT=${OUT:-$PWD/out}; LOGS=$OUT/logs; mkdir -p "$LOGS" "$OUT/profiles"; T0=$(dat
 AXIS=${AXIS:-batch=1}; BUILD_S=${BUILD_S:-240}; COMPILE_S=${COMPILE_S:-120}; RUN=${RUN:-1}; CACHE=/tmp/pk_cache
 STAGES=${STAGES:-fish-s2-pro/fast_ar}; END_S=${END_S:-570}
 # the kernel choices built and profiled, and the run's variants (the code_predictor's auto is the kernel layer)
-KERNELS=${KERNELS:-auto,ttsaot}; PROFILE=${PROFILE:-ttsaot inductor}
+KERNELS=${KERNELS:-auto,ttsaot}; PROFILE=${PROFILE-ttsaot inductor}  # PROFILE="" profiles none
 VARIANTS=${VARIANTS:-ttsaot_graph,ttsaot_kernels,loop_compile_graph}
 left() { echo $(( END_S - ($(date +%s) - T0) )); }
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$LOGS/install.txt" 2>&1
