@@ -30,11 +30,11 @@ M = TypeVar("M", bound=nn.Module)
 @contextlib.contextmanager
 def without_default_init() -> Iterator[None]:
     """Modules constructed inside keep uninitialised parameters: torch's default init (kaiming_uniform_ of every
-    Linear and conv weight) was ~40% of making a full-size stage module on the CPU (Fish fast_ar 2.8 of 7.7 s, the
-    DAC 2.7 of 6.2 s, twice per build: encoder and decoder), work that the seeded random init or the strict load
-    right after overwrites. Only for callers that write EVERY parameter (tests/test_default_init_skip.py pins that
-    the family modules come out bit-identical). Patches torch.nn.init for the duration: the builder constructs
-    modules on one thread."""
+    Linear and conv weight) was ~40% of making a full-size stage module on the CPU (Fish, 2 cores: fast_ar 8.3 →
+    5.5 s, dac_decoder 7.1 → 4.0 s, dac_encoder 6.9 → 4.1 s; bench/results/cpu/probes/module_init/), work that
+    the seeded random init or the strict load right after overwrites. Only for callers that write EVERY parameter
+    (tests/test_default_init_skip.py pins that the family modules come out bit-identical). Patches torch.nn.init
+    for the duration: the builder constructs modules on one thread."""
     saved = {name: getattr(nn.init, name) for name in _DEFAULT_INIT_FNS}
 
     def keep(tensor: torch.Tensor, *args, **kwargs) -> torch.Tensor:
