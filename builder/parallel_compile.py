@@ -19,6 +19,11 @@ import torch
 
 from .export import CompileError, compile_bucket
 
+# Set to a folder, every compile worker writes a cProfile of its compile there (`<stage>__<bucket>.prof`), read by
+# `python -m bench.probes.build_profile` next to the parent's own profile (`python -m cProfile -o ... -m
+# ttsaot.builder.cli build ...`): where a package's compile time goes (Inductor, Triton, autotuning, the C++ build).
+PROFILE_DIR_ENV = "TTSAOT_BUILD_PROFILE_DIR"
+
 GIB = 2**30
 MEMORY_PER_JOB = 4 * GIB  # an AOTI compile of a full-size stage peaks at a few GiB (Inductor + the C++ compiler)
 
@@ -46,6 +51,20 @@ class CompileTask:
 
 
 def _compile_saved(task: CompileTask) -> dict[str, torch.Tensor]:
+    folder = os.environ.get(PROFILE_DIR_ENV)
+    if not folder:
+        return _compile_program(task)
+    import cProfile
+
+    profile = cProfile.Profile()
+    try:
+        return profile.runcall(_compile_program, task)
+    finally:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        profile.dump_stats(Path(folder) / f"{task.label.replace('/', '__')}.prof")
+
+
+def _compile_program(task: CompileTask) -> dict[str, torch.Tensor]:
     ep = torch.export.load(str(task.program))
     cb = compile_bucket(
         None,
