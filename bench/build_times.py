@@ -3,8 +3,10 @@ every process start pays: fresh process → first output for every stage of the 
 
 Per family, through the public CLI (`python -m ttsaot.builder.cli build ...`, what `build-artifacts` runs), each in
 a fresh process:
-  cold  empty package cache (--cache-dir) and empty Inductor/Triton caches, as on a new machine;
-  warm  the same command again, nothing changed: every package should come from the package cache.
+  cold    empty package cache (--cache-dir) and empty Inductor/Triton caches, as on a new machine;
+  warm    the same command again, nothing changed: the installed artifact is checked and left as it was
+          (builder/build_inputs.py);
+  cached  the same command into a new --out: every package should come from the package cache.
 Then, for every stage of the artifact, bench/coldstart.py's fresh-process measurement (import torch → load →
 first call → output on the host), fed the stage's own first golden case.
 
@@ -33,7 +35,9 @@ SECTION_MIN_S = 20.0  # a section with less budget left than this is not started
 BUILD_GRACE_S = 20.0  # SIGTERM → SIGKILL: time for the build to remove its temporary folder
 STOP_WAIT_S = 15.0  # the same when the bench itself is terminated (inside a `timeout -k 20`)
 _RUNNING: list[subprocess.Popen] = []  # the build in flight: a SIGTERM to the bench stops it too (own session)
-REUSED_NOTE = re.compile(r"(\w+): (\d+) of (\d+) packages reused from the package cache")
+REUSED_NOTE = re.compile(r"(\w+): (\d+) of (\d+) packages reused from the (?:package cache|installed artifact)")
+UP_TO_DATE_NOTE = "is up to date: built from the same inputs"
+PHASES = ("cold", "warm", "cached")
 
 
 def _csv(value: str) -> list[str]:
@@ -163,6 +167,7 @@ def run_build(
         return {**rec, "status": "failed", "reason": f"no package-cache note for stage(s) {missing} in the output"}
     rec.update(
         status="ok",
+        up_to_date=UP_TO_DATE_NOTE in log,
         stages=per_stage,
         packages=sum(built.values()),
         reused=sum(s["reused"] for s in per_stage.values()),
@@ -264,7 +269,9 @@ def main(a) -> int:
         "families": {},
         "notes": [
             "cold = empty --cache-dir and empty Inductor/Triton caches; warm = the same command again, no "
-            "change. Cold start: bench/coldstart.py (fresh process, empty Inductor cache), the stage's first "
+            "change (the installed artifact is checked, not rebuilt: builder/build_inputs.py); cached = the same "
+            "command into a new --out, every package from the package cache. Cold start: bench/coldstart.py "
+            "(fresh process, empty Inductor cache), the stage's first "
             "golden case as input; beyond_import_s = first_output_s - startup_s (interpreter + import torch)."
         ],
     }
@@ -308,8 +315,8 @@ def main(a) -> int:
             fenv = dict(env, TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"), TRITON_CACHE_DIR=str(root / "triton"))
             rec: dict[str, Any] = {"stages_asked": stages or "all", "cold_start": {}}
             res["families"][fam] = rec
-            for phase in ("cold", "warm"):
-                if phase == "warm" and rec["cold"].get("status") != "ok":
+            for phase in PHASES:
+                if phase != "cold" and rec["cold"].get("status") != "ok":
                     rec[phase] = {"status": "skipped", "reason": "no cold build to reuse"}
                 elif left() < SECTION_MIN_S:
                     rec[phase] = {"status": "skipped", "reason": "the --budget was used up"}
@@ -319,7 +326,9 @@ def main(a) -> int:
                         file=sys.stderr,
                         flush=True,
                     )
-                    rec[phase] = run_build(fam, stages, art, cache, fenv, a, left())
+                    # cached: the same command into a new --out, so that only the package cache can serve it
+                    out = art if phase != "cached" else root / "artifacts-cached"
+                    rec[phase] = run_build(fam, stages, out, cache, fenv, a, left())
                     print(
                         f"[bench builds] {fam}: {phase} {rec[phase].get('status')} {rec[phase].get('wall_s')} s, "
                         f"{rec[phase].get('compiled')} compiled / {rec[phase].get('reused')} reused",
@@ -331,7 +340,7 @@ def main(a) -> int:
                 cold_starts(fam, art / fam, a, left, save, rec["cold_start"])
             rec["status"] = (
                 "ok"
-                if all(rec[p].get("status") == "ok" for p in ("cold", "warm"))
+                if all(rec[p].get("status") == "ok" for p in PHASES)
                 and all(r.get("status") == "ok" for r in rec["cold_start"].values())
                 and rec["cold_start"]
                 else "incomplete"
@@ -382,19 +391,25 @@ def summary(res: dict) -> str:
         + ("" if res.get("default_build") else f"; NOT the default build: {'; '.join(res['deviations'])}")
         + "):"
     )
-    rows = ["| family | cold build s | compiled | warm build s | reused / packages |", "|---|---|---|---|---|"]
+    rows = [
+        "| family | cold build s | compiled | no-change rebuild s | cached build s (new --out) | reused / packages |",
+        "|---|---|---|---|---|---|",
+    ]
     cs = [
         "| stage | first output s | import torch s | beyond import s | load s | buckets |",
         "|---|---|---|---|---|---|",
     ]
     for fam, f in res.get("families", {}).items():
-        cold, warm = f.get("cold"), f.get("warm")
+        cold, warm, cached = f.get("cold"), f.get("warm"), f.get("cached")
         if cold is None:
-            rows.append(f"| {fam} | {f.get('status')}: {f.get('reason', '')} | | | |")
+            rows.append(f"| {fam} | {f.get('status')}: {f.get('reason', '')} | | | | |")
             continue
-        reuse = f"{warm['reused']} / {warm['packages']}" if warm and warm.get("status") == "ok" else _s(warm)
+        reuse = " · ".join(
+            f"{r['reused']} / {r['packages']}" for r in (warm, cached) if r and r.get("status") == "ok"
+        ) or _s(warm)
         cold_s, compiled = _cold_cells(cold)
-        rows.append(f"| {fam} | {cold_s} | {compiled} | {_s(warm)} | {reuse} |")
+        no_change = _s(warm) + (" (up to date)" if warm and warm.get("up_to_date") else "")
+        rows.append(f"| {fam} | {cold_s} | {compiled} | {no_change} | {_s(cached)} | {reuse} |")
         for st, r in f.get("cold_start", {}).items():
             if r.get("status") != "ok":
                 cs.append(f"| {fam}/{st} | {r.get('status')}: {str(r.get('reason', ''))[:80]} | | | | |")
@@ -406,7 +421,7 @@ def summary(res: dict) -> str:
     skipped = [
         f"{fam}: {p} {f[p].get('reason')}"
         for fam, f in res.get("families", {}).items()
-        for p in ("cold", "warm")
+        for p in PHASES
         if isinstance(f.get(p), dict) and f[p].get("status") == "skipped"
     ]
     return "\n".join([head, "", *rows, "", *cs] + (["", "Skipped: " + "; ".join(skipped)] if skipped else []))

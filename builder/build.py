@@ -42,6 +42,7 @@ from ..runtime.artifact import (
     StageEntry,
     TensorSpec,
     WeightSpec,
+    check_files,
     json_value,
     read_manifest,
     write_manifest,
@@ -49,6 +50,7 @@ from ..runtime.artifact import (
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import ArtifactError, ManifestError
 from .buckets import BucketPlan
+from .build_inputs import INPUTS_KEY, build_inputs_key
 from .dynamic_shapes import DynamicExportError, export_dynamic, plan_ranges, range_record
 from .export import CompileError, compile_bucket, compiler_info, export_bucket, export_program, inductor_options
 from .kernels import pdl
@@ -93,6 +95,7 @@ class BuildResult:
     path: Path
     manifest: Manifest
     seconds: float
+    up_to_date: bool = False  # the installed artifact was built from the same inputs: checked, not rebuilt
 
 
 def build_env(device: torch.device) -> dict[str, Any]:
@@ -930,6 +933,7 @@ def build_family(
     cache_dir: str | Path | None = None,
     jobs: int = 1,
     load_check: LoadCheck | None = None,
+    inputs: dict[str, Any] | None = None,
 ) -> BuildResult:
     """Build `specs` into <out_root>/<family>/ atomically (temp dir + rename, under a lock). `formats`: "aoti"
     (packages per bucket, or dynamic ones serving several: StageSpec.dynamic_packages), "onnx" (one ONNX model per
@@ -938,7 +942,9 @@ def build_family(
     processes (builder/parallel_compile.py): a stage's packages, and for a CPU build the packages of every stage side
     by side; the artifact is the same as with 1. `load_check`: the child process of the subprocess check, started
     by the caller before it imported torch (builder/load_check.py); None starts one here when the check runs. The
-    build closes it, used or not."""
+    build closes it, used or not. `inputs`: what the caller knows decides the stages' modules and weights beyond
+    the specs (builder/build_inputs.py): with it and a cache, a build whose inputs are those the installed artifact
+    was built from checks that artifact instead of rebuilding it (`BuildResult.up_to_date`); None always builds."""
     with contextlib.ExitStack() as stack:
         if load_check is not None:
             stack.enter_context(load_check)
@@ -962,6 +968,8 @@ def build_family(
             cache_dir,
             jobs,
             load_check,
+            inputs,
+            stack,
         )
 
 
@@ -980,6 +988,8 @@ def _build_family(
     cache_dir: str | Path | None,
     jobs: int,
     load_check: LoadCheck | None,
+    inputs: dict[str, Any] | None,
+    stack: contextlib.ExitStack,
 ) -> BuildResult:
     _use_private_inductor_cache()
     dev = torch.device(device)
@@ -992,10 +1002,21 @@ def _build_family(
     cache = PackageCache(Path(cache_dir)) if cache_dir is not None else None
     t_start = time.time()
     with _BuildLock(final), _TerminateAsInterrupt() as term:
+        env = build_env(dev)
+        if inputs is not None:  # recorded by every build; a --no-cache one (cache None) never skips
+            env[INPUTS_KEY] = build_inputs_key(
+                family, specs, inputs, dict(env), formats, extra_inductor_options, keep_existing_stages
+            )
+            current = None
+            if cache is not None:
+                current = _installed_if_current(final, env[INPUTS_KEY], dev, verify_in_subprocess, load_check, reporter)
+            if current is not None:
+                return BuildResult(path=final, manifest=current, seconds=time.time() - t_start, up_to_date=True)
+            if load_check is not None and load_check.proc.poll() is not None:
+                load_check = stack.enter_context(LoadCheck())  # the check of the installed artifact used the child
         tmp: Path | None = None
         try:
             tmp = Path(tempfile.mkdtemp(prefix=f".{family}.tmp-", dir=out_root))
-            env = build_env(dev)
             stages: dict[str, StageEntry] = {}
             # With several workers, stages are prepared first and their packages compiled side by side: a CPU
             # build's one or few dynamic packages per stage, or a CUDA stage's few buckets, would leave the other
@@ -1060,6 +1081,44 @@ def _build_family(
                 shutil.rmtree(tmp, ignore_errors=True)  # Ctrl-C and SIGTERM included: the previous artifact stays
             raise
     return BuildResult(path=final, manifest=manifest, seconds=time.time() - t_start)
+
+
+def _installed_if_current(
+    final: Path,
+    key: str,
+    dev: torch.device,
+    verify_in_subprocess: bool,
+    load_check: LoadCheck | None,
+    reporter: Reporter,
+) -> Manifest | None:
+    """The installed artifact's manifest when it was built from the inputs `key` names and still passes the check a
+    fresh build would (the subprocess load check: every file's sha256, every package loaded, the golden cases; with
+    the check off, the file digests). None, after saying why, when the build must run."""
+    if not (final / MANIFEST).is_file():
+        return None
+    try:
+        old = read_manifest(final)
+    except ArtifactError:
+        return None  # the full build replaces it
+    if old.build_env.get(INPUTS_KEY) != key:
+        return None
+    try:
+        aoti = [n for n, e in old.stages.items() if e.buckets]
+        if verify_in_subprocess and aoti and load_check is not None:
+            subprocess_verify(final, dev, load_check, stages=aoti)
+        else:
+            check_files(final, [f for e in old.stages.values() for f in e.files()])
+        onnx = [n for n, e in old.stages.items() if e.onnx is not None]
+        if verify_in_subprocess and onnx:
+            subprocess_verify_onnx(final, onnx, reporter)
+    except (BuildError, ArtifactError, OSError) as e:
+        reporter.note(f"{final} was built from the same inputs but fails its check ({e}): building it again")
+        return None
+    for name, entry in old.stages.items():
+        n = len(entry.package_files())
+        reporter.note(f"{name}: {n} of {n} packages reused from the installed artifact")
+    reporter.note(f"{final} is up to date: built from the same inputs, checked, left as it was")
+    return old
 
 
 # A CUDA build's pooled stages hold their modules on the GPU side by side, next to the compile workers (each

@@ -14,6 +14,7 @@ import sys
 import time
 import warnings
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import click
@@ -380,6 +381,7 @@ def build(
         load_check = LoadCheck()  # its torch import runs while this process imports torch and builds
     try:
         from .build import build_family, stage_summary
+        from .build_inputs import checkpoint_identity
         from .package_cache import default_cache_dir
         from .parallel_compile import default_jobs
         from .stage_spec import with_tf32
@@ -426,8 +428,14 @@ def build(
                 cache_dir=None if no_cache else (cache_dir or default_cache_dir()),
                 jobs=jobs or default_jobs(),
                 load_check=load_check,
+                inputs={
+                    "options": opts,
+                    "checkpoint": str(Path(checkpoint).resolve()) if checkpoint else None,
+                    "checkpoint_files": checkpoint_identity(checkpoint) if checkpoint else None,
+                },
             )
-        table = Table(title=f"{family} → {result.path} ({result.seconds:.0f}s)")
+        state = "up to date, checked" if result.up_to_date else "built"
+        table = Table(title=f"{family} → {result.path} ({state}, {result.seconds:.0f}s)")
         cols = ("stage", "buckets", "packages", "dtype", "weights_mib", "package_mib") + (
             ("onnx_mib",) if "onnx" in formats else ()
         )

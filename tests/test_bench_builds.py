@@ -16,10 +16,12 @@ def test_reuse_notes_parse_per_stage():
     log = (
         "code2wav: 3 of 27 packages reused from the package cache\n"
         "noise\ncode_predictor: 3 of 3 packages reused from the package cache\n"
+        "fast_ar: 2 of 2 packages reused from the installed artifact\n"
     )
     assert parse_reuse(log) == {
         "code2wav": {"packages": 27, "reused": 3, "compiled": 24},
         "code_predictor": {"packages": 3, "reused": 3, "compiled": 0},
+        "fast_ar": {"packages": 2, "reused": 2, "compiled": 0},
     }
 
 
@@ -78,7 +80,7 @@ def test_a_used_up_budget_records_every_section_skipped(tmp_path):
     res = json.loads(out.read_text())
     fam = res["families"]["voxcpm2"]
     assert res["kind"] == "builds" and res["status"] == "incomplete" and res["default_build"]
-    assert fam["cold"]["status"] == "skipped" and fam["warm"]["status"] == "skipped"
+    assert all(fam[p]["status"] == "skipped" for p in ("cold", "warm", "cached"))
     assert "voxcpm2 | skipped" in summary(res)
 
 
@@ -113,8 +115,9 @@ def test_cold_then_cached_build_and_cold_start(tmp_path):
     fam = res["families"]["qwen3-tts-12hz"]
     assert not res["default_build"] and res["jobs"] == 1
     assert (fam["cold"]["compiled"], fam["cold"]["reused"]) == (1, 0)
-    assert (fam["warm"]["compiled"], fam["warm"]["reused"]) == (0, 1)
-    assert fam["warm"]["wall_s"] < fam["cold"]["wall_s"]
+    assert (fam["warm"]["compiled"], fam["warm"]["reused"], fam["warm"]["up_to_date"]) == (0, 1, True)
+    assert (fam["cached"]["compiled"], fam["cached"]["reused"], fam["cached"]["up_to_date"]) == (0, 1, False)
+    assert fam["warm"]["wall_s"] < fam["cold"]["wall_s"] and fam["cached"]["wall_s"] < fam["cold"]["wall_s"]
     cs = fam["cold_start"]["code_predictor"]
     assert cs["status"] == "ok" and 0 < cs["startup_s"] < cs["first_output_s"] and cs["buckets_loaded"] == 1
     report = write_report(tmp_path, tmp_path / "BENCHMARKS.md", include_cpu=True).read_text()

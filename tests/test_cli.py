@@ -3,6 +3,7 @@
 import hashlib
 import json
 import re
+import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -10,30 +11,27 @@ from safetensors.torch import load_file, save_file
 
 from ttsaot.builder.cli import main
 
+CLI_BUILD = [
+    "build",
+    "qwen3-tts-12hz",
+    "--stages",
+    "code2wav",
+    "--preset",
+    "tiny",
+    "--random-weights",
+    "--dtype",
+    "fp32",
+    "--batch-buckets",
+    "1",
+    "--frame-buckets",
+    "8",
+]
+
 
 @pytest.fixture(scope="module")
 def cli_artifact(tmp_path_factory):
     out = tmp_path_factory.mktemp("cli")
-    r = CliRunner().invoke(
-        main,
-        [
-            "build",
-            "qwen3-tts-12hz",
-            "--stages",
-            "code2wav",
-            "--preset",
-            "tiny",
-            "--random-weights",
-            "--dtype",
-            "fp32",
-            "--batch-buckets",
-            "1",
-            "--frame-buckets",
-            "8",
-            "--out",
-            str(out),
-        ],
-    )
+    r = CliRunner().invoke(main, [*CLI_BUILD, "--out", str(out)])
     assert r.exit_code == 0, r.output
     # not a terminal: one progress line per compiled package (what `bench builds` keeps of a stopped build)
     assert re.search(r"\[\s*\d+\.\ds\] code2wav/b1_f8 compiled \(\d+s\)", r.output), r.output
@@ -44,6 +42,20 @@ def test_build_writes_a_verified_artifact(cli_artifact):
     m = json.loads((cli_artifact / "manifest.json").read_text())
     assert [b["key"] for b in m["stages"]["code2wav"]["buckets"]] == ["b1_f8"]
     assert not list(cli_artifact.parent.glob(".qwen3-tts-12hz.tmp-*"))
+
+
+def test_the_same_build_again_is_up_to_date_and_another_is_not(cli_artifact, tmp_path):
+    """The CLI names its inputs (builder/build_inputs.py): the same command over the artifact it built checks it
+    and leaves it; another seed builds."""
+    shutil.copytree(cli_artifact, tmp_path / cli_artifact.name)
+    manifest = (tmp_path / cli_artifact.name / "manifest.json").read_text()
+    r = CliRunner().invoke(main, [*CLI_BUILD, "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    assert "is up to date" in r.output and "up to date, checked" in r.output, r.output
+    assert (tmp_path / cli_artifact.name / "manifest.json").read_text() == manifest
+    r = CliRunner().invoke(main, [*CLI_BUILD, "--out", str(tmp_path), "--seed", "1", "--no-verify"])
+    assert r.exit_code == 0, r.output
+    assert "up to date" not in r.output and (tmp_path / cli_artifact.name / "manifest.json").read_text() != manifest
 
 
 def test_inspect_json(cli_artifact):
