@@ -101,12 +101,20 @@ def frame_sizes(
     8- and 16-frame buckets, 6 of its 22 packages, 0 hits), and padding such a request to the smallest window costs
     a fraction of a millisecond (H100, bf16 code2wav, 8 / 16 / 25 frames: 0.74 / 0.87 / 1.07 ms at B=1, 1.17 /
     1.72 / 2.41 ms at B=4; bench/results/nvidia-h100/codec_stages_code2wav_small_frames.json) where each package
-    costs minutes of every cold build."""
+    costs minutes of every cold build.
+
+    With the powers of two on, a stream's ramp windows after its first chunk (Fish: 8, 12, ..., 24 frames while the
+    first chunks grow to the chunk) have no bucket of their own: each is hit once per stream, at most a few
+    chunks in, and pads to the power of two or the chunk above it. On an H100 (bf16 dac_decoder, ttsaot kernels)
+    12 → 16 frames costs 0.03 / 0.27 ms at B=1 / B=4 and 20 → 25 frames 0.25 / 0.76 ms, for 4 frames (186 ms) of
+    audio each (bench/results/nvidia-h100/codec_stages_dac_decoder_ramp_frames.json), where the 9 packages they
+    took were a third of Fish's default build. The first chunk keeps its bucket: it decides time to first audio."""
     if explicit:
         return tuple(sorted(set(explicit)))
     windows = set(streaming.window_sizes())
     sizes = set(windows)
     if pow2:
+        sizes -= set(sorted(w for w in windows if w < streaming.chunk_frames)[1:])
         sizes.update(p for p in powers_of_two(max(windows), start=pow2_min) if p > min(windows))
     return tuple(sorted(sizes))
 

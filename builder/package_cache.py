@@ -100,8 +100,21 @@ def _replace_file(path: Path, write: Callable[[Path], Any]) -> None:
 
 def tensor_digest(t: torch.Tensor) -> str:
     t = t.detach().to("cpu").contiguous()
-    data = t.reshape(-1).view(torch.uint8).numpy().tobytes()  # reshape: a 0-dim tensor has no byte view
-    return hashlib.sha256(str((t.dtype, tuple(t.shape))).encode() + data).hexdigest()
+    h = hashlib.sha256(str((t.dtype, tuple(t.shape))).encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy())  # reshape: a 0-dim tensor has no byte view; no copy
+    return h.hexdigest()
+
+
+def tensor_digests(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """`tensor_digest` of each, on threads (hashlib releases the GIL while it hashes): a full-size stage holds
+    gigabytes, hashed for its golden-case key on every cached build (5.8 s of sha256 in Fish's H100 profile,
+    bench/results/nvidia-h100/probes/build_profile/)."""
+    if len(tensors) < 2:
+        return {k: tensor_digest(t) for k, t in tensors.items()}
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1), thread_name_prefix="ttsaot-digest") as pool:
+        return dict(zip(tensors, pool.map(tensor_digest, tensors.values())))
 
 
 def _arg_text(a: Any) -> str:
@@ -223,8 +236,8 @@ def module_values_digest(module: torch.nn.Module) -> str:
     """A hash of the values of every tensor a module holds: parameters and buffers by every name, and tensors kept
     as plain attributes (directly or in a list, tuple or dict), which `module_layout` records by layout only."""
     h = hashlib.sha256()
-    for name, t in sorted(module_tensors(module).items()):
-        h.update(f"{name} {tensor_digest(t)}\n".encode())
+    for name, digest in sorted(tensor_digests(module_tensors(module)).items()):
+        h.update(f"{name} {digest}\n".encode())
     for mname, m in module.named_modules(remove_duplicate=False):
         for k, v in sorted(vars(m).items()):
             if k in _MODULE_INTERNALS:

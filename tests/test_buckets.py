@@ -22,6 +22,14 @@ def test_frame_sizes_adds_powers_of_two_between_the_windows():
     assert frame_sizes(st, explicit=(50, 25, 25)) == (25, 50)
 
 
+def test_a_streams_ramp_windows_pad_to_the_powers_of_two_and_the_chunk():
+    """Fish: the first chunk (4) keeps its bucket; 12 pads to 16, 20 and 24 to the 25-frame chunk. Without the
+    powers of two every window keeps its own."""
+    st = StreamingConfig(chunk_frames=25, left_context_frames=25, first_chunk_frames=4, nonstreaming_chunk_frames=0)
+    assert frame_sizes(st) == (4, 8, 16, 25, 32, 50)
+    assert frame_sizes(st, pow2=False) == (4, 8, 12, 16, 20, 24, 25, 50)
+
+
 def test_batch_sizes():
     assert batch_sizes(8) == (1, 2, 4, 8)
     assert batch_sizes(6) == (1, 2, 4, 6)  # the admitted maximum is always a bucket

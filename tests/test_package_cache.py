@@ -441,3 +441,17 @@ def test_dynamic_package_is_reused_on_a_no_change_rebuild_and_recompiled_for_a_n
     with pytest.raises(BuildError, match="code2wav/dynamic: compile was called"):
         build_family(QWEN.name, wider, tmp_path / "wider", "cpu", cache_dir=cache)
     assert calls == ["code2wav_dynamic"]
+
+
+def test_tensor_digests_on_threads_are_the_serial_ones_and_keep_their_format():
+    """The golden-case key hashes every weight on threads; the digest stays sha256(repr(dtype, shape) + bytes), so
+    cache entries written before stay valid."""
+    import hashlib
+
+    from ttsaot.builder.package_cache import tensor_digest, tensor_digests
+
+    ts = {"w": torch.randn(3, 4), "s": torch.tensor(3.0), "t": torch.randn(5, 7).bfloat16().t(), "e": torch.empty(0, 3)}
+    assert tensor_digests(ts) == {k: tensor_digest(t) for k, t in ts.items()}
+    w = ts["w"]
+    want = hashlib.sha256(str((w.dtype, tuple(w.shape))).encode() + w.numpy().tobytes()).hexdigest()
+    assert tensor_digest(w) == want
