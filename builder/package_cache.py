@@ -173,7 +173,7 @@ def program_fingerprint(ep: torch.export.ExportedProgram) -> str:
 def _inductor_env() -> dict[str, str]:
     """Environment variables that change what Inductor or Triton generate (the cache location does not), and
     TTSAOT_PDL (kernels/pdl.py: whether the launch helper gets the programmatic-launch attribute)."""
-    skip = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
+    skip = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS"}  # where / how fast
     return {
         k: v
         for k, v in sorted(os.environ.items())

@@ -28,9 +28,13 @@ GIB = 2**30
 MEMORY_PER_JOB = 4 * GIB  # an AOTI compile of a full-size stage peaks at a few GiB (Inductor + the C++ compiler)
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def default_jobs() -> int:
     """As many compiles as the host's cores and memory allow: min(usable cores, physical memory / 4 GiB)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = _cores()
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
@@ -48,6 +52,20 @@ class CompileTask:
     model_name: str
     metadata: dict[str, str]
     extra_options: dict | None
+
+
+# Inductor gives every process a pool of Triton compile workers as large as the host's cores (capped at 32): with
+# `--jobs` compiles side by side, 16 compiles on 16 cores started 256 of them, each importing torch and Triton.
+COMPILE_THREADS_ENV = "TORCHINDUCTOR_COMPILE_THREADS"
+
+
+def _share_cores(threads: int) -> None:
+    """Worker initializer: this compile's share of the host's cores as its Inductor compile workers (the pool is
+    made at the first compile, from the config), unless the user set TORCHINDUCTOR_COMPILE_THREADS."""
+    if COMPILE_THREADS_ENV not in os.environ:
+        from torch._inductor import config
+
+        config.compile_threads = threads
 
 
 def _compile_saved(task: CompileTask) -> dict[str, torch.Tensor]:
@@ -88,7 +106,13 @@ def compile_in_workers(
     the interrupt through)."""
     if not tasks:
         return
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=get_context("spawn"))
+    workers = min(jobs, len(tasks))
+    pool = ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=get_context("spawn"),
+        initializer=_share_cores,
+        initargs=(max(1, _cores() // workers),),
+    )
     finished = False
     try:
         futures: dict[Future, CompileTask] = {pool.submit(_compile_saved, t): t for t in tasks}

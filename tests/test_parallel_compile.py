@@ -105,6 +105,22 @@ def test_default_jobs_is_bounded_by_cores_and_memory():
     assert 1 <= default_jobs() <= len(os.sched_getaffinity(0))
 
 
+def test_each_worker_gets_its_share_of_the_cores_unless_the_user_set_one(monkeypatch):
+    """Inductor's own default is a pool as large as the host per process: N compiles side by side would start N
+    such pools. A worker's pool is cores // workers (at least 1); TORCHINDUCTOR_COMPILE_THREADS wins."""
+    from torch._inductor import config
+
+    from ttsaot.builder import parallel_compile as pc
+
+    monkeypatch.setattr(config, "compile_threads", config.compile_threads)
+    monkeypatch.delenv(pc.COMPILE_THREADS_ENV, raising=False)
+    pc._share_cores(3)
+    assert config.compile_threads == 3
+    monkeypatch.setenv(pc.COMPILE_THREADS_ENV, "7")
+    pc._share_cores(2)
+    assert config.compile_threads == 3  # the user's setting, which Inductor read itself, stays
+
+
 def test_cpu_builds_pool_every_stage():
     from ttsaot.builder.build import _pooled_device_bytes
 
