@@ -10,7 +10,7 @@ pick, by the runtime's own rule (`Stage.pick_bucket`, smallest covering bucket).
 The tiny artifacts hold ONE package per stage, at the default plan's largest batch and largest frame bucket: every
 size the serving code asks for depends on the plan only through those two maxima (chunking past the largest
 frame bucket, the batcher's row limit and its covering check), so the recorded sizes are the ones the default
-plan's artifact sees, without compiling its 15–27 packages per stage on CPU.
+plan's artifact sees, without compiling its 12–18 packages per stage on CPU.
 
 Workload (seeded): utterance lengths log-normal around 6 s (1–40 s), turned into frames at the FULL preset's
 frame rate; each family's default streaming config (chunk, left context, first chunks); streams at concurrency

@@ -44,18 +44,24 @@ def test_build_writes_a_verified_artifact(cli_artifact):
     assert not list(cli_artifact.parent.glob(".qwen3-tts-12hz.tmp-*"))
 
 
-def test_the_same_build_again_is_up_to_date_and_another_is_not(cli_artifact, tmp_path):
+def test_the_same_build_again_is_up_to_date_and_another_is_not(cli_artifact, tmp_path, monkeypatch):
     """The CLI names its inputs (builder/build_inputs.py): the same command over the artifact it built checks it
-    and leaves it; another seed builds."""
+    and leaves it; another seed starts a build (stopped where it would prepare the stages)."""
     shutil.copytree(cli_artifact, tmp_path / cli_artifact.name)
     manifest = (tmp_path / cli_artifact.name / "manifest.json").read_text()
     r = CliRunner().invoke(main, [*CLI_BUILD, "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
     assert "is up to date" in r.output and "up to date, checked" in r.output, r.output
     assert (tmp_path / cli_artifact.name / "manifest.json").read_text() == manifest
-    r = CliRunner().invoke(main, [*CLI_BUILD, "--out", str(tmp_path), "--seed", "1", "--no-verify"])
-    assert r.exit_code == 0, r.output
-    assert "up to date" not in r.output and (tmp_path / cli_artifact.name / "manifest.json").read_text() != manifest
+    from ttsaot.builder import build as build_mod
+
+    def prepare(*a, **k):
+        raise RuntimeError("the build started")
+
+    monkeypatch.setattr(build_mod, "prepare_stage", prepare)
+    r = CliRunner().invoke(main, [*CLI_BUILD, "--out", str(tmp_path), "--seed", "1"])
+    assert r.exit_code != 0 and "the build started" in r.output and "up to date" not in r.output, r.output
+    assert (tmp_path / cli_artifact.name / "manifest.json").read_text() == manifest
 
 
 def test_inspect_json(cli_artifact):
