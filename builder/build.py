@@ -1012,7 +1012,7 @@ def _build_family(
                 current = _installed_if_current(final, env[INPUTS_KEY], dev, verify_in_subprocess, load_check, reporter)
             if current is not None:
                 return BuildResult(path=final, manifest=current, seconds=time.time() - t_start, up_to_date=True)
-            if load_check is not None and load_check.proc.poll() is not None:
+            if load_check is not None and load_check.ended():
                 load_check = stack.enter_context(LoadCheck())  # the check of the installed artifact used the child
         tmp: Path | None = None
         try:

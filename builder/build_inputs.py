@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .package_cache import _environment, builder_sources_hash, stable_text
+from .package_cache import _environment, sources_hash, stable_text
 
 INPUTS_KEY = "inputs_key"  # the manifest's build_env entry
 INPUTS_FORMAT = 1
@@ -48,17 +48,6 @@ def checkpoint_identity(root: str | Path) -> list[list[Any]]:
     return out
 
 
-def runtime_sources_hash() -> str:
-    """The runtime's source: it writes and reads the manifest and runs the golden cases the build checks."""
-    from .. import runtime
-
-    h = hashlib.sha256()
-    base = Path(runtime.__file__).parent
-    for src in sorted(base.rglob("*.py")):
-        h.update(src.relative_to(base).as_posix().encode() + b"\0" + src.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
 def build_inputs_key(
     family: str,
     specs: Sequence[Any],
@@ -71,6 +60,7 @@ def build_inputs_key(
     """`caller_inputs`: what the caller knows decides the modules and weights beyond the specs (the CLI: the family
     options it parsed and `checkpoint_identity` of the checkpoint folder). `build_env`: builder/build.py
     `build_env` of the build's device."""
+    from .. import runtime
     from ..runtime.artifact import FORMAT_VERSION
 
     info = {
@@ -82,9 +72,10 @@ def build_inputs_key(
         "formats": list(formats),
         "inductor_options": stable_text(extra_inductor_options),
         "keep_existing_stages": keep_existing_stages,
-        "builder_sources": builder_sources_hash(),
-        "cli_source": hashlib.sha256((Path(__file__).parent / "cli.py").read_bytes()).hexdigest(),
-        "runtime_sources": runtime_sources_hash(),
+        # the whole builder, CLI included (it parses the options), and the runtime, which writes and reads the
+        # manifest and runs the golden cases the build checks
+        "builder_sources": sources_hash(Path(__file__).parent),
+        "runtime_sources": sources_hash(Path(runtime.__file__).parent),
         "build_env": build_env,
         "torch_config": [torch.__version__, torch.get_default_dtype()],
         **_environment(),
@@ -92,4 +83,4 @@ def build_inputs_key(
     return hashlib.sha256(json.dumps(info, sort_keys=True, default=str).encode()).hexdigest()
 
 
-__all__ = ["INPUTS_KEY", "build_inputs_key", "checkpoint_identity", "runtime_sources_hash"]
+__all__ = ["INPUTS_KEY", "build_inputs_key", "checkpoint_identity"]

@@ -39,6 +39,10 @@ class LoadCheck:
             raise
         return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
 
+    def ended(self) -> bool:
+        """The child has exited: it ran its one check (or died); a further check needs a new LoadCheck."""
+        return self.proc.poll() is not None
+
     def close(self) -> None:
         """Stop the child if it still runs (a build that failed or was interrupted before its check)."""
         if self.proc.poll() is None:

@@ -67,13 +67,21 @@ def default_cache_dir() -> Path:
     return Path(base) / "ttsaot" / "packages"
 
 
+def sources_hash(base: Path, pattern: str = "**/*.py", skip: tuple[str, ...] = ()) -> str:
+    """sha256 over the files below `base` matching `pattern` (sorted; each as its path relative to `base` and its
+    bytes), but the relative paths in `skip`."""
+    h = hashlib.sha256()
+    for src in sorted(base.glob(pattern)):
+        rel = src.relative_to(base).as_posix()
+        if rel not in skip:
+            h.update(rel.encode() + b"\0" + src.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def kernel_sources_hash() -> str:
     """The source text of the ttsaot kernel layer (builder/kernels/*.py): the custom ops, their Triton code and
     their CPU lowerings all end up in the compiled packages."""
-    h = hashlib.sha256()
-    for src in sorted((_BUILDER / "kernels").glob("*.py")):
-        h.update(src.name.encode() + b"\0" + src.read_bytes() + b"\0")
-    return h.hexdigest()
+    return sources_hash(_BUILDER / "kernels", "*.py")
 
 
 def _sha256_file(path: Path) -> str:
@@ -113,7 +121,10 @@ def tensor_digests(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
         return {k: tensor_digest(t) for k, t in tensors.items()}
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1), thread_name_prefix="ttsaot-digest") as pool:
+    from ..runtime.artifact import HASH_THREADS
+
+    workers = min(HASH_THREADS, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ttsaot-digest") as pool:
         return dict(zip(tensors, pool.map(tensor_digest, tensors.values())))
 
 
@@ -211,12 +222,7 @@ def cache_key(ep: torch.export.ExportedProgram, context: dict[str, Any]) -> str:
 def builder_sources_hash() -> str:
     """The source text of the builder (every builder/**/*.py but the CLI): the families' modules, layers, passes
     and export code that decide what torch.export makes of a stage."""
-    h = hashlib.sha256()
-    for src in sorted(_BUILDER.rglob("*.py")):
-        rel = src.relative_to(_BUILDER).as_posix()
-        if rel != "cli.py":
-            h.update(rel.encode() + b"\0" + src.read_bytes() + b"\0")
-    return h.hexdigest()
+    return sources_hash(_BUILDER, skip=("cli.py",))
 
 
 def pre_export_key(context: dict[str, Any], layout: str) -> str:

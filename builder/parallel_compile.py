@@ -55,7 +55,8 @@ class CompileTask:
 
 
 # Inductor gives every process a pool of Triton compile workers as large as the host's cores (capped at 32): with
-# `--jobs` compiles side by side, 16 compiles on 16 cores started 256 of them, each importing torch and Triton.
+# `--jobs` compiles side by side, 16 compiles on 16 cores could start up to 256 of them, each importing torch and
+# Triton.
 COMPILE_THREADS_ENV = "TORCHINDUCTOR_COMPILE_THREADS"
 
 
