@@ -70,6 +70,12 @@ def inductor_options(
     if device.type == "cpu":
         # Thread count decided by the serving process, not frozen at the build host's core count.
         opts["cpp.dynamic_threads"] = True
+    else:
+        # A CUDA package's host code is its launch wrapper: no CPU vector math, so no ISA flags (-mavx512f, ...)
+        # it would need only to run on hosts like the build host's. Saying so up front also skips Inductor's ISA
+        # probe, which every compile worker ran once under one file lock, importing torch in a child process
+        # (torch 2.11): 7 s each, one after another across the workers (probes/build_profile/).
+        opts["cpp.vec_isa_ok"] = False
     opts.update(extra or {})
     return opts
 

@@ -47,3 +47,8 @@ def test_kernel_caches_stay_on_and_graph_caches_off() -> None:
     opts = inductor_options("m", {}, torch.device("cuda"))
     assert opts["fx_graph_cache"] is False and opts["fx_graph_remote_cache"] is False
     assert not opts.get("force_disable_caches", False)
+
+
+def test_cuda_packages_carry_no_cpu_isa_flags_and_cpu_packages_probe() -> None:
+    assert inductor_options("m", {}, torch.device("cuda"))["cpp.vec_isa_ok"] is False
+    assert "cpp.vec_isa_ok" not in inductor_options("m", {}, torch.device("cpu"))
