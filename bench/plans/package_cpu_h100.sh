@@ -13,7 +13,7 @@ STAGE=${STAGE:-dac_decoder}; ARGS=${ARGS:---batch-buckets 1 --frame-buckets 50}
 for v in ${VARIANTS:-base:}; do
   name=${v%%:*}; envs=${v#*:}; root=$(mktemp -d /tmp/pkgcpu-XXXX)
   (
-    export TORCHINDUCTOR_CACHE_DIR=$root/inductor TRITON_CACHE_DIR=$root/triton
+    export TTSAOT_INDUCTOR_CACHE_DIR=$root/inductor TRITON_CACHE_DIR=$root/triton  # the builder keys its own Inductor cache under this
     for kv in ${envs//,/ }; do export "$kv"; done
     /usr/bin/time -f "$name wall %e s user %U s sys %S s" -o "$OUT/time_$name.txt" build-artifacts build fish-s2-pro \
       --random-weights --preset full --device cuda --out "$root/a" --cache-dir "$root/c" --stages "$STAGE" $ARGS \
