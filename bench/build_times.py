@@ -228,6 +228,16 @@ def cold_starts(family: str, artifact: Path, a, left, save, rec: dict) -> None:
         save()
 
 
+def cold_caches_env(env: dict[str, str], root: Path) -> dict[str, str]:
+    """`env` with empty compile caches under `root` (one family's builds share them). The builder keys its own
+    Inductor cache under TTSAOT_INDUCTOR_CACHE_DIR and sets TORCHINDUCTOR_CACHE_DIR itself: without the first, a
+    "cold" build reused /tmp/ttsaot_inductor_<uid> from earlier runs on the same host."""
+    inductor = str(root / "inductor")
+    return dict(
+        env, TTSAOT_INDUCTOR_CACHE_DIR=inductor, TORCHINDUCTOR_CACHE_DIR=inductor, TRITON_CACHE_DIR=str(root / "triton")
+    )
+
+
 def main(a) -> int:
     import torch
 
@@ -312,7 +322,7 @@ def main(a) -> int:
                 continue
             root = Path(tmp) / fam
             art, cache = root / "artifacts", root / "package-cache"
-            fenv = dict(env, TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"), TRITON_CACHE_DIR=str(root / "triton"))
+            fenv = cold_caches_env(env, root)
             rec: dict[str, Any] = {"stages_asked": stages or "all", "cold_start": {}}
             res["families"][fam] = rec
             for phase in PHASES:

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -625,6 +626,22 @@ class _StageCompile:
         }
 
 
+def compile_cost(program: torch.export.ExportedProgram, args: tuple) -> tuple[int, int]:
+    """What a package's compile is ranked by: the exported graph's operator calls (each one Inductor kernel or
+    user kernel to generate, compile and maybe autotune), then its example inputs' elements (bigger buckets
+    autotune longer)."""
+    calls = sum(1 for n in program.graph.nodes if n.op == "call_function")
+    return calls, sum(a.numel() for a in args if isinstance(a, torch.Tensor))
+
+
+def largest_first(items: list, cost: Callable[[Any], tuple]) -> list:
+    """`items` most expensive first (stable among equals). The pool starts compiles in submission order: a full
+    Fish build submitted its 4 dac_encoder packages (the longest compiles) last, behind 21 others on 16 workers,
+    and they started only when the first of those finished (H100: fast_ar and dac_decoder done by 359 s,
+    dac_encoder 0/4 at 489 s; bench/results/nvidia-h100/probes/package_cpu/)."""
+    return sorted(items, key=cost, reverse=True)
+
+
 def _compile_all(stages: list[_StageCompile], jobs: int) -> None:
     """Compile the packages the cache did not have, of every stage given: in this process one after another, or
     on `jobs` spawned workers when there are several (across stages: a CPU build has one dynamic package per
@@ -658,7 +675,7 @@ def _compile_all(stages: list[_StageCompile], jobs: int) -> None:
     with tempfile.TemporaryDirectory(prefix="ttsaot-programs-") as programs:
         tasks = []
         by_label: dict[str, tuple[_StageCompile, _Job]] = {}
-        for i, (st, job) in enumerate(misses):
+        for i, (st, job) in enumerate(largest_first(misses, lambda m: compile_cost(m[1].ep, m[1].args))):
             path = Path(programs) / f"{i}.pt2"
             torch.export.save(job.ep, str(path))
             label = f"{st.spec.name}/{job.label}"

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from bench.bucket_hits import chunk_plan, default_plan, tally
-from bench.build_times import parse_reuse, progress_lines, summary
+from bench.build_times import cold_caches_env, parse_reuse, progress_lines, summary
 from bench.report import write_report
 from ttsaot.builder.buckets import BucketPlan
 
@@ -122,6 +122,14 @@ def test_cold_then_cached_build_and_cold_start(tmp_path):
     assert cs["status"] == "ok" and 0 < cs["startup_s"] < cs["first_output_s"] and cs["buckets_loaded"] == 1
     report = write_report(tmp_path, tmp_path / "BENCHMARKS.md", include_cpu=True).read_text()
     assert "Build time and cold start" in report and "qwen3-tts-12hz/code_predictor" in report
+
+
+def test_cold_builds_get_the_empty_inductor_cache_the_builder_uses(tmp_path, monkeypatch):
+    from ttsaot.builder.build import _use_private_inductor_cache
+
+    for key, value in cold_caches_env({}, tmp_path).items():
+        monkeypatch.setenv(key, value)
+    assert _use_private_inductor_cache().is_relative_to(tmp_path)
 
 
 def test_stream_chunks_produce_exactly_the_plans_streaming_windows():

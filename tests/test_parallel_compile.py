@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ttsaot.builder.buckets import BucketPlan
-from ttsaot.builder.build import build_family
+from ttsaot.builder.build import build_family, compile_cost, largest_first
 from ttsaot.builder.export import CompileError
 from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
 from ttsaot.builder.parallel_compile import CompileTask, compile_in_workers, default_jobs
@@ -97,6 +97,28 @@ def test_a_failure_stops_the_compiles_still_running(tmp_path):
         if t.is_alive():  # unblock the worker so the test process can exit
             with open(fifo, "wb"):
                 pass
+
+
+class _Chain(torch.nn.Module):
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(depth))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def test_the_largest_compiles_are_submitted_first():
+    def cost(depth: int, rows: int) -> tuple[int, int]:
+        x = torch.randn(rows, 4)
+        return compile_cost(torch.export.export(_Chain(depth), (x,)), (x,))
+
+    small, deep, wide = cost(1, 2), cost(3, 2), cost(1, 8)
+    assert deep[0] > small[0] and wide == (small[0], 32) and small[1] == 8
+    jobs = [("a", small), ("b", wide), ("c", deep), ("d", small)]
+    assert [n for n, _ in largest_first(jobs, lambda j: j[1])] == ["c", "b", "a", "d"]  # ties keep plan order
 
 
 def test_default_jobs_is_bounded_by_cores_and_memory():
