@@ -193,3 +193,22 @@ def test_streams_through_the_batcher_ask_for_the_windows_of_the_stream(tmp_path)
         {"batch": 1, "frames": 32},
     ]
     assert tally(rec.calls, plan)["buckets"]["b2_f32"]["calls"] == 1  # the 24-frame window pads to 32
+
+
+_COLDSTART_IMPORTS = """
+import runpy, sys
+sys.argv = ["bench", "_coldstart", "--help"]
+try:
+    runpy.run_module("bench", run_name="__main__")
+except SystemExit:
+    pass
+print(sorted(m for m in sys.modules if m.startswith(("ttsaot.builder", "triton"))))
+"""
+
+
+def test_the_cold_start_child_imports_neither_the_builder_nor_triton():
+    """Its start-up is counted before the stage's first output: it may import torch and the runtime, as a serving
+    process does, not the builder that the bench's family tables pull in."""
+    proc = subprocess.run([sys.executable, "-c", _COLDSTART_IMPORTS], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
