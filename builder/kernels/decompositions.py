@@ -27,7 +27,9 @@ def register_cpu_decomposition(op: Any, fn: Callable) -> None:
 
 
 def lower_for_cpu(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """The exported program with every ttsaot op (functional or mutating) replaced by its aten reference."""
-    table = torch.export.default_decompositions()
-    table.update(CPU_DECOMPOSITIONS)
-    return ep.run_decompositions(table, decompose_custom_triton_ops=True)
+    """The exported program with every ttsaot op (functional or mutating) replaced by its aten reference.
+
+    Only our ops are decomposed here, not the rest of the graph to core aten: Inductor applies its own
+    decompositions when it compiles, so the core-aten table only made this re-trace slower (the tiny qwen3-tts-12hz
+    default CPU build, 2-core box: 227 → 177 s cold; bench/results/cpu/probes/tiny_build_profile/)."""
+    return ep.run_decompositions(dict(CPU_DECOMPOSITIONS), decompose_custom_triton_ops=True)
