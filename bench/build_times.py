@@ -434,4 +434,7 @@ def summary(res: dict) -> str:
         for p in PHASES
         if isinstance(f.get(p), dict) and f[p].get("status") == "skipped"
     ]
-    return "\n".join([head, "", *rows, "", *cs] + (["", "Skipped: " + "; ".join(skipped)] if skipped else []))
+    # notes after the run's own legend (the first) were added to a result by hand, e.g. a caveat found later
+    extra = [f"Note: {n}" for n in res.get("notes", [])[1:]]
+    tail = (["", "Skipped: " + "; ".join(skipped)] if skipped else []) + (["", *extra] if extra else [])
+    return "\n".join([head, "", *rows, "", *cs, *tail])

@@ -53,6 +53,10 @@ def test_a_build_the_budget_stopped_shows_its_time_and_progress():
     assert "| fish-s2-pro | > 541 (stopped) | fast_ar 2/3, dac_decoder 7/27, dac_encoder 0/4 | skipped |" in summary(
         res
     )
+    # a caveat added to the result after the run is shown; the run's own legend (the first note) is not
+    res["notes"] = ["legend", "some kernels were already in the Inductor cache"]
+    text = summary(res)
+    assert "Note: some kernels were already in the Inductor cache" in text and "legend" not in text
 
 
 def test_a_used_up_budget_records_every_section_skipped(tmp_path):

@@ -30,6 +30,7 @@ def lower_for_cpu(ep: torch.export.ExportedProgram) -> torch.export.ExportedProg
     """The exported program with every ttsaot op (functional or mutating) replaced by its aten reference.
 
     Only our ops are decomposed here, not the rest of the graph to core aten: Inductor applies its own
-    decompositions when it compiles, so the core-aten table only made this re-trace slower (the tiny qwen3-tts-12hz
-    default CPU build, 2-core box: 227 → 177 s cold; bench/results/cpu/probes/tiny_build_profile/)."""
+    decompositions when it compiles, so the core-aten table only made this re-trace slower and the graph bigger
+    (tiny qwen3-tts-12hz, 2-core box: code_predictor 36.2 → 26.7 s, 3123 → 2320 operator calls;
+    bench/results/cpu/probes/tiny_build_profile/)."""
     return ep.run_decompositions(dict(CPU_DECOMPOSITIONS), decompose_custom_triton_ops=True)
