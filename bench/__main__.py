@@ -586,14 +586,9 @@ HANDLERS = {
 
 
 def commands() -> tuple[str, ...]:
-    """Every subcommand (the families' own ones need their bench modules imported)."""
+    """Every subcommand. A function, not a module constant: the families' own subcommands need their bench modules
+    imported, which the cold-start child must not do."""
     return (*HANDLERS, *MODULE_COMMANDS, *family_commands())
-
-
-def __getattr__(name: str):
-    if name == "COMMANDS":  # computed on use: importing this module must not import the families' modules
-        return commands()
-    raise AttributeError(name)
 
 
 if __name__ == "__main__":
