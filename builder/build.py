@@ -636,9 +636,10 @@ def compile_cost(program: torch.export.ExportedProgram, args: tuple) -> tuple[in
 
 def largest_first(items: list, cost: Callable[[Any], tuple]) -> list:
     """`items` most expensive first (stable among equals). The pool starts compiles in submission order: a full
-    Fish build submitted its 4 dac_encoder packages (the longest compiles) last, behind 21 others on 16 workers,
-    and they started only when the first of those finished (H100: fast_ar and dac_decoder done by 359 s,
-    dac_encoder 0/4 at 489 s; bench/results/nvidia-h100/probes/package_cpu/)."""
+    Fish build submitted its 4 dac_encoder packages last, behind 21 others on 16 workers, so they could start only
+    as the first of those finished (H100: fast_ar and dac_decoder done by 359 s, dac_encoder 0/4 at 489 s,
+    bench/results/nvidia-h100/probes/package_cpu/; on an H200 one dac_encoder package took 320 s from submission
+    against 241-297 s for the dac_decoder ones, bench/results/nvidia-h200/builds.json)."""
     return sorted(items, key=cost, reverse=True)
 
 

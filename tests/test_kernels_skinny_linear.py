@@ -325,7 +325,7 @@ def test_export_keeps_one_node_per_call_and_cpu_lowers_to_aten():
         for lowered in (
             ep.run_decompositions({**torch.export.default_decompositions(), **CPU_DECOMPOSITIONS}),
             lower_for_cpu(ep),
-        ):  # export.py's table today, and the lowering for mutating ops
+        ):  # a lowering table (as the ONNX exporter applies one), and lower_for_cpu (CPU builds)
             targets = {str(n.target) for n in lowered.graph.nodes if n.op == "call_function"}
             assert not any("ttsaot" in t for t in targets)
             assert any("mm" in t or "linear" in t for t in targets)  # lower_for_cpu leaves aten.linear to Inductor
