@@ -460,15 +460,9 @@ def bench_sampler_case(
     return out
 
 
-def sampler_sweep_items(
-    vocabularies: tuple[int, ...] = (1024, 2048, 4096),
-    digit_bits: tuple[int, ...] = (1, 2, 4),
-    skip_off: tuple[bool, ...] = (False, True),
-    warp_factors: tuple[float, ...] = (0.5, 1, 2, 4),
-) -> list[tuple[str, dict]]:
-    """`sweep_sampler`: the sort (V ≤ 2048) and the radix select at 1, 2 and 4 bits per sum, with and without the
-    branches that skip a filter that is off, each at `warp_factors` times the default warps, one row, under both
-    families' sampling defaults."""
+def sampler_sweep_items(vocabularies: tuple[int, ...] = (1024, 2048, 4096)) -> list[tuple[str, dict]]:
+    """`sweep_sampler`: the sort (V ≤ 2048) and the radix select at 1, 2 and 4 bits per sum, each at ½, 1, 2 and 4
+    times the default warps, one row, under both families' sampling defaults."""
     from ttsaot.builder.kernels.sample_triton import use_sort, warps
 
     items = []
@@ -476,14 +470,13 @@ def sampler_sweep_items(
         w = warps(V)
         variants = [dict(sort=True, num_warps=w)] if use_sort(V) else []
         variants += [
-            dict(sort=False, digit_bits=bits, num_warps=n, skip_off=skip)
-            for bits in digit_bits
-            for skip in skip_off
-            for n in sorted({min(16, max(1, int(w * f))) for f in warp_factors})
+            dict(sort=False, digit_bits=bits, num_warps=n)
+            for bits in (1, 2, 4)
+            for n in sorted({max(1, w // 2), w, min(16, 2 * w), min(16, 4 * w)})
         ]
         for params in SAMPLER_PARAMS:
             for v in variants:
-                name = "sort" if v["sort"] else f"radix{v['digit_bits']}{'_skip' if v['skip_off'] else ''}"
+                name = "sort" if v["sort"] else f"radix{v['digit_bits']}"
                 key = f"V={V}/{params}/{name}/w{v['num_warps']}"
                 items.append((key, dict(V=V, B=1, params=params, variant=v, with_aten=False)))
     return items

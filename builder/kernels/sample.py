@@ -106,7 +106,6 @@ def launch_sample_tokens(
     sort: bool | None = None,
     digit_bits: int | None = None,
     num_warps: int | None = None,
-    skip_off: bool = False,
 ) -> torch.Tensor:
     """Run the Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1) on a vocabulary `supported` allows. `sort`,
     `digit_bits` (a divisor of 32) and `num_warps` override how the kept set is found and by how many warps
@@ -133,7 +132,6 @@ def launch_sample_tokens(
         BLOCK_V=block,
         SORT=kernels.use_sort(block) if sort is None else sort,
         DIGIT_BITS=kernels.DIGIT_BITS if digit_bits is None else digit_bits,
-        SKIP_OFF=skip_off,
         num_warps=kernels.warps(block) if num_warps is None else num_warps,
     )
     return out

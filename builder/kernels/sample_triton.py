@@ -85,24 +85,21 @@ def _kept_by_sort(scaled, offs, valid, k, top_p):
 
 
 @triton.jit
-def _kept_by_radix(scaled, valid, k, top_p, V, DIGIT_BITS: tl.constexpr, SKIP_OFF: tl.constexpr):
+def _kept_by_radix(scaled, valid, k, top_p, V, DIGIT_BITS: tl.constexpr):
     """The kept set from thresholds found by radix select over the values' ordered keys (module docstring). A search
-    runs only where its filter is on (top-k below V, top-p below 1) with SKIP_OFF."""
+    runs only where its filter is on (top-k below V, top-p below 1): the row's parameters are one program's
+    scalars, so the branch is uniform."""
     key = tl.where(valid, _ordered_key(scaled), 0)  # padding: 0, below every value's key, never counted
     keys = key[None, :]
     # the candidate digits as a column laid out as the sums over V leave them (a [2^DIGIT_BITS, V] grid reduced)
     digits = tl.max(tl.arange(0, 1 << DIGIT_BITS)[:, None] + tl.zeros_like(keys), axis=1, keep_dims=True)
     digits = digits.to(tl.uint32)
 
-    # top-k: the k-th largest key = the largest K with count(key ≥ K) ≥ k; off: the smallest key. SKIP_OFF: search
-    # only when the filter is on (a branch on the row's own scalars, uniform in the program)
-    if SKIP_OFF:
-        if k < V:
-            kth = _digit_search(keys, keys, digits, k, False, DIGIT_BITS)
-        else:
-            kth = tl.min(tl.where(valid, key, 0xFFFFFFFF), axis=0)
-    else:
+    # top-k: the k-th largest key = the largest K with count(key ≥ K) ≥ k; off: the smallest key
+    if k < V:
         kth = _digit_search(keys, keys, digits, k, False, DIGIT_BITS)
+    else:
+        kth = tl.min(tl.where(valid, key, 0xFFFFFFFF), axis=0)
     above = tl.sum((key > kth).to(tl.int32), axis=0)
     tied = tl.sum((key == kth).to(tl.int32), axis=0)
     # softmax over the k sorted entries: tokens tied at the boundary share the (k − above) places left to them
@@ -113,13 +110,9 @@ def _kept_by_radix(scaled, valid, k, top_p, V, DIGIT_BITS: tl.constexpr, SKIP_OF
 
     # top-p: the largest K whose mass of values ≥ K is ≥ p, clamped to the largest value (the first token is kept)
     threshold = kth
-    if SKIP_OFF:
-        if top_p < 1.0:
-            pth = _digit_search(keys, probs[None, :], digits, top_p, True, DIGIT_BITS)
-            threshold = tl.maximum(tl.minimum(pth, tl.max(key, axis=0)), kth)
-    else:
+    if top_p < 1.0:
         pth = _digit_search(keys, probs[None, :], digits, top_p, True, DIGIT_BITS)
-        threshold = tl.where(top_p >= 1.0, kth, tl.maximum(tl.minimum(pth, tl.max(key, axis=0)), kth))
+        threshold = tl.maximum(tl.minimum(pth, tl.max(key, axis=0)), kth)
     return valid & (key >= threshold)
 
 
@@ -139,7 +132,6 @@ def sample_tokens_kernel(
     BLOCK_V: tl.constexpr,
     SORT: tl.constexpr,
     DIGIT_BITS: tl.constexpr,
-    SKIP_OFF: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_V)
@@ -154,7 +146,7 @@ def sample_tokens_kernel(
     if SORT:
         kept = _kept_by_sort(scaled, offs, valid, k, top_p)
     else:
-        kept = _kept_by_radix(scaled, valid, k, top_p, V, DIGIT_BITS, SKIP_OFF)
+        kept = _kept_by_radix(scaled, valid, k, top_p, V, DIGIT_BITS)
 
     # Gumbel-max over the kept set of the unsorted row
     u = tl.load(u_ptr + row * u_row_stride + offs, mask=valid, other=0.5).to(tl.float32)
