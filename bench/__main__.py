@@ -477,7 +477,7 @@ def _add_tool_parsers(sub) -> None:
         "--sections",
         type=csv,
         default=None,
-        help="copy,skinny,attention,aoti,layer,predictors,sampler,sweep,sweep_predictors,configs,configs_predictors,sweep_sampler"
+        help="copy,skinny,attention,aoti,layer,predictors,sampler,sweep,sweep_predictors,configs,configs_predictors"
         " (default: not the last three)",
     )
     p.add_argument("--with-compile", action="store_true", help="layer: also torch.compile max-autotune (minutes)")

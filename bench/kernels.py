@@ -66,9 +66,8 @@ SECTIONS = (
     "sweep_predictors",
     "configs",
     "configs_predictors",
-    "sweep_sampler",
 )
-DEFAULT_SECTIONS = SECTIONS[:-4]  # the last four (minutes of compiles) only when asked for
+DEFAULT_SECTIONS = SECTIONS[:-3]  # the last three (minutes of compiles) only when asked for
 _WARMUP = {True: 3, False: 0}  # warm-up calls before eager timings: on the GPU, none in a CPU smoke run
 ROTATE_L2_MULTIPLE = 4  # weights rotated over at least this many times the L2 size
 MIN_GRAPH_CALLS = 16
@@ -397,89 +396,35 @@ def _attention_inputs(B: int, S: int, L: int, ctx: int, rope: bool, g: torch.Gen
     return t
 
 
-# `sweep_sampler` parameter sets: the families' sampling defaults (builder/families/*/stages.py) and random rows
-SAMPLER_PARAMS = {"qwen": (0.9, 50, 1.0), "fish": (0.8, 30, 0.9)}
-
-
-def _sampler_params(params: str, B: int, g: torch.Generator, device: torch.device) -> tuple[torch.Tensor, ...]:
-    if params == "random":
-        return (
-            torch.rand(B, generator=g, device=device) + 0.3,
-            torch.randint(0, 80, (B,), generator=g, device=device),
-            torch.rand(B, generator=g, device=device) * 0.5 + 0.5,
-        )
-    t, k, p = SAMPLER_PARAMS[params]
-    return (
-        torch.full((B,), t, device=device),
-        torch.full((B,), k, dtype=torch.int64, device=device),
-        torch.full((B,), p, device=device),
-    )
-
-
-def bench_sampler_case(
-    V: int,
-    B: int,
-    peak_gbps: float,
-    reps: int,
-    device: torch.device,
-    params: str = "random",
-    variant: dict | None = None,
-    with_aten: bool = True,
-) -> dict:
+def bench_sampler_case(V: int, B: int, peak_gbps: float, reps: int, device: torch.device) -> dict:
     """One draw of B rows over V tokens: the kernel and the aten sampler, each replayed from a graph of back-to-back
-    calls (16 noise slices rotated, as a frame's steps; 2 in a CPU smoke run), tokens compared on every slice.
-    `params`: the rows' temperature / top-k / top-p (SAMPLER_PARAMS or random); `variant`: launch overrides
-    (sort, digit_bits, num_warps) for the sweep, which times the kernel only (`with_aten=False`)."""
+    calls (16 noise slices rotated, as a frame's steps; 2 in a CPU smoke run), tokens compared on every slice."""
     from ttsaot.builder.kernels.sample import launch_sample_tokens, sample
 
     g = torch.Generator(device=device).manual_seed(V + B)
     steps = 16 if device.type == "cuda" else 2  # the interpreter takes ~0.5 s per launch
     logits = (torch.randn(B, V, generator=g, device=device) * 3).to(torch.bfloat16)
     noise = torch.rand(B, steps, V, generator=g, device=device)
-    args = _sampler_params(params, B, g, device)
-    kw = variant or {}
+    temperature = torch.rand(B, generator=g, device=device) + 0.3
+    top_k = torch.randint(0, 80, (B,), generator=g, device=device)
+    top_p = torch.rand(B, generator=g, device=device) * 0.5 + 0.5
+    args = (temperature, top_k, top_p)
     differ = sum(
-        int((launch_sample_tokens(logits, noise[:, s], *args, **kw) != sample(logits, noise[:, s], *args)).sum())
+        int((launch_sample_tokens(logits, noise[:, s], *args) != sample(logits, noise[:, s], *args)).sum())
         for s in range(steps)
     )
-    kernel_calls = [lambda s=s: launch_sample_tokens(logits, noise[:, s], *args, **kw) for s in range(steps)]
-    out: dict[str, Any] = {
+    kernel_calls = [lambda s=s: launch_sample_tokens(logits, noise[:, s], *args) for s in range(steps)]
+    kernel = graph_ms(kernel_calls, reps, device)
+    aten = graph_ms([lambda s=s: sample(logits, noise[:, s], *args) for s in range(steps)], reps, device)
+    return {
         "V": V,
         "B": B,
-        "params": params,
-        "variant": kw,
         "draws_compared": steps * B,
         "tokens_differing": differ,
-        "kernel": {"graph_ms": graph_ms(kernel_calls, reps, device)},
+        "kernel": {"graph_ms": kernel},
+        "aten": {"graph_ms": aten},
+        "speedup": aten / kernel,
     }
-    if with_aten:
-        out["aten"] = {
-            "graph_ms": graph_ms([lambda s=s: sample(logits, noise[:, s], *args) for s in range(steps)], reps, device)
-        }
-        out["speedup"] = out["aten"]["graph_ms"] / out["kernel"]["graph_ms"]
-    return out
-
-
-def sampler_sweep_items(vocabularies: tuple[int, ...] = (1024, 2048, 4096)) -> list[tuple[str, dict]]:
-    """`sweep_sampler`: the sort (V ≤ 2048) and the radix select at 1, 2 and 4 bits per sum, each at ½, 1, 2 and 4
-    times the default warps, one row, under both families' sampling defaults."""
-    from ttsaot.builder.kernels.sample_triton import use_sort, warps
-
-    items = []
-    for V in vocabularies:
-        w = warps(V)
-        variants = [dict(sort=True, num_warps=w)] if use_sort(V) else []
-        variants += [
-            dict(sort=False, digit_bits=bits, num_warps=n)
-            for bits in (1, 2, 4)
-            for n in sorted({max(1, w // 2), w, min(16, 2 * w), min(16, 4 * w)})
-        ]
-        for params in SAMPLER_PARAMS:
-            for v in variants:
-                name = "sort" if v["sort"] else f"radix{v['digit_bits']}"
-                key = f"V={V}/{params}/{name}/w{v['num_warps']}"
-                items.append((key, dict(V=V, B=1, params=params, variant=v, with_aten=False)))
-    return items
 
 
 def bench_attention_case(
@@ -840,7 +785,6 @@ def run_kernels(
     guarded("layer", lambda: cases(bench_layer, layer_items))
     guarded("predictors", lambda: skinny_section(PREDICTOR_SHAPES))
     guarded("sampler", lambda: cases(bench_sampler_case, [(f"V={v}/B={b}", dict(V=v, B=b)) for v, b in SAMPLER_CASES]))
-    guarded("sweep_sampler", lambda: cases(bench_sampler_case, sampler_sweep_items()))
 
     def sweep_section() -> dict:
         items = []
@@ -978,21 +922,13 @@ def summary(res: dict) -> str:
         else:
             lines.append(f"layer {key:<12} {c.get('error') or c.get('skipped')}")
     for key, c in sec.get("sampler", {}).items():
-        if "kernel" in c and "aten" in c:
+        if "kernel" in c:
             lines.append(
                 f"sampler {key:<33} {c['kernel']['graph_ms'] * 1e3:7.1f} us, aten {c['aten']['graph_ms'] * 1e3:.1f} us "
                 f"(x{c['speedup']:.2f}); {c['tokens_differing']} of {c['draws_compared']} tokens differ"
             )
         else:
             lines.append(f"sampler {key:<33} {c.get('error') or c.get('skipped')}")
-    for key, c in sec.get("sweep_sampler", {}).items():
-        if "kernel" in c:
-            lines.append(
-                f"sweep_sampler {key:<27} {c['kernel']['graph_ms'] * 1e3:7.1f} us; "
-                f"{c['tokens_differing']} of {c['draws_compared']} tokens differ"
-            )
-        else:
-            lines.append(f"sweep_sampler {key:<27} {c.get('error') or c.get('skipped')}")
     a = sec.get("aoti")
     if a and "ok" in a:
         lines.append(

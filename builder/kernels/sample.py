@@ -104,12 +104,9 @@ def launch_sample_tokens(
     *,
     wrap: Callable[[Any], Any] = no_wrap,
     sort: bool | None = None,
-    digit_bits: int | None = None,
-    num_warps: int | None = None,
 ) -> torch.Tensor:
-    """Run the Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1) on a vocabulary `supported` allows. `sort`,
-    `digit_bits` (a divisor of 32) and `num_warps` override how the kept set is found and by how many warps
-    (sample_triton.use_sort, DIGIT_BITS, warps: by the vocabulary); the tests and the bench's sweep set them."""
+    """Run the Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1) on a vocabulary `supported` allows. `sort`
+    overrides how the kept set is found (sample_triton.use_sort: by the vocabulary)."""
     from . import sample_triton as kernels
 
     B, V = logits.shape
@@ -131,8 +128,7 @@ def launch_sample_tokens(
         U_MAX=U_MAX,
         BLOCK_V=block,
         SORT=kernels.use_sort(block) if sort is None else sort,
-        DIGIT_BITS=kernels.DIGIT_BITS if digit_bits is None else digit_bits,
-        num_warps=kernels.warps(block) if num_warps is None else num_warps,
+        num_warps=kernels.warps(block),
     )
     return out
 

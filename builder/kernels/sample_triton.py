@@ -27,7 +27,6 @@ import triton
 import triton.language as tl
 
 SORT_MAX_VOCAB = 2048
-DIGIT_BITS = 4  # bits of a threshold decided per program-wide sum (a divisor of 32)
 
 
 def use_sort(block_v: int) -> bool:
@@ -42,32 +41,10 @@ def warps(block_v: int) -> int:
 
 @triton.jit
 def _ordered_key(x):
-    """fp32 → uint32 with the order of the values (−0.0 and +0.0 map together; every value's key is > 0)."""
+    """fp32 → int64 in [0, 2^32) with the order of the values (−0.0 and +0.0 map together)."""
     bits = (x + 0.0).to(tl.int32, bitcast=True)  # + 0.0: −0.0 becomes +0.0
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # arithmetic shift: negative floats flip their magnitude bits
-    return key.to(tl.uint32, bitcast=True) ^ 0x80000000  # signed order → unsigned order
-
-
-@triton.jit
-def _digit_search(keys, weights, digits, goal, WEIGHTED: tl.constexpr, DIGIT_BITS: tl.constexpr):
-    """The largest K with f(K) ≥ goal, where f(K) = count (or, WEIGHTED, the weight) of the row's keys ≥ K falls
-    as K grows: DIGIT_BITS bits of K per step from the top, one program-wide sum per step giving f at all
-    2^DIGIT_BITS candidate digits at once. The digit is how many of the non-zero candidates still reach the goal
-    (candidate 0 is the prefix found so far; a weighted sum over more non-negative terms in the same order never
-    rounds lower, so the weights fall with the digit too). keys / weights: the [1, V] row; digits: [2^DIGIT_BITS,
-    1]. Both stay 2-D so that each sum over V leaves every candidate's value in every thread and picking the digit
-    is a sum inside each thread (a 1-D vector of candidates is re-laid across the threads: one more shared-memory
-    round trip per step)."""
-    found = tl.zeros([1, 1], dtype=tl.uint32)
-    for step in tl.static_range(32 // DIGIT_BITS):
-        above = keys >= found + (digits << (32 - DIGIT_BITS * (step + 1)))
-        if WEIGHTED:
-            f = tl.sum(tl.where(above, weights, 0.0), axis=1, keep_dims=True)
-        else:
-            f = tl.sum(above.to(tl.int32), axis=1, keep_dims=True)
-        d = tl.maximum(tl.sum((f >= goal).to(tl.int32), axis=0, keep_dims=True) - 1, 0)
-        found += d.to(tl.uint32) << (32 - DIGIT_BITS * (step + 1))
-    return tl.max(tl.max(found, axis=1), axis=0)
+    return key.to(tl.int64) + 2147483648
 
 
 @triton.jit
@@ -85,21 +62,16 @@ def _kept_by_sort(scaled, offs, valid, k, top_p):
 
 
 @triton.jit
-def _kept_by_radix(scaled, valid, k, top_p, V, DIGIT_BITS: tl.constexpr):
-    """The kept set from thresholds found by radix select over the values' ordered keys (module docstring). A search
-    runs only where its filter is on (top-k below V, top-p below 1): the row's parameters are one program's
-    scalars, so the branch is uniform."""
-    key = tl.where(valid, _ordered_key(scaled), 0)  # padding: 0, below every value's key, never counted
-    keys = key[None, :]
-    # the candidate digits as a column laid out as the sums over V leave them (a [2^DIGIT_BITS, V] grid reduced)
-    digits = tl.max(tl.arange(0, 1 << DIGIT_BITS)[:, None] + tl.zeros_like(keys), axis=1, keep_dims=True)
-    digits = digits.to(tl.uint32)
+def _kept_by_radix(scaled, valid, k, top_p):
+    """The kept set from thresholds found by radix select over the values' ordered keys (module docstring)."""
+    key = tl.where(valid, _ordered_key(scaled), -1)  # padding: below every key, never counted
 
-    # top-k: the k-th largest key = the largest K with count(key ≥ K) ≥ k; off: the smallest key
-    if k < V:
-        kth = _digit_search(keys, keys, digits, k, False, DIGIT_BITS)
-    else:
-        kth = tl.min(tl.where(valid, key, 0xFFFFFFFF), axis=0)
+    # top-k: the largest K with count(key ≥ K) ≥ k, one bit at a time from the top
+    kth = tl.zeros([], dtype=tl.int64)
+    for bit in tl.static_range(31, -1, -1):
+        cand = kth + (1 << bit)
+        if tl.sum((key >= cand).to(tl.int32), axis=0) >= k:
+            kth = cand
     above = tl.sum((key > kth).to(tl.int32), axis=0)
     tied = tl.sum((key == kth).to(tl.int32), axis=0)
     # softmax over the k sorted entries: tokens tied at the boundary share the (k − above) places left to them
@@ -108,11 +80,14 @@ def _kept_by_radix(scaled, valid, k, top_p, V, DIGIT_BITS: tl.constexpr):
     e = tl.where(key == kth, e * ((k - above).to(tl.float32) / tied.to(tl.float32)), e)
     probs = e / tl.sum(e, axis=0)
 
-    # top-p: the largest K whose mass of values ≥ K is ≥ p, clamped to the largest value (the first token is kept)
-    threshold = kth
-    if top_p < 1.0:
-        pth = _digit_search(keys, probs[None, :], digits, top_p, True, DIGIT_BITS)
-        threshold = tl.maximum(tl.minimum(pth, tl.max(key, axis=0)), kth)
+    # top-p: the largest K whose mass of values ≥ K is ≥ p; clamped to the largest value (the first token is kept)
+    pth = tl.zeros([], dtype=tl.int64)
+    for bit in tl.static_range(31, -1, -1):
+        cand = pth + (1 << bit)
+        if tl.sum(tl.where(key >= cand, probs, 0.0), axis=0) >= top_p:
+            pth = cand
+    pth = tl.minimum(pth, tl.max(key, axis=0))
+    threshold = tl.where(top_p >= 1.0, kth, tl.maximum(pth, kth))
     return valid & (key >= threshold)
 
 
@@ -131,7 +106,6 @@ def sample_tokens_kernel(
     U_MAX: tl.constexpr,
     BLOCK_V: tl.constexpr,
     SORT: tl.constexpr,
-    DIGIT_BITS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_V)
@@ -146,7 +120,7 @@ def sample_tokens_kernel(
     if SORT:
         kept = _kept_by_sort(scaled, offs, valid, k, top_p)
     else:
-        kept = _kept_by_radix(scaled, valid, k, top_p, V, DIGIT_BITS)
+        kept = _kept_by_radix(scaled, valid, k, top_p)
 
     # Gumbel-max over the kept set of the unsorted row
     u = tl.load(u_ptr + row * u_row_stride + offs, mask=valid, other=0.5).to(tl.float32)
