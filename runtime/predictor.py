@@ -42,14 +42,16 @@ class CodebookPredictorStage(Stage):
         return torch.stack([torch.rand((steps, width), generator=g, device=g.device).to(self.device) for g in gens])
 
     def _rows(self, value: Param, batch: int, dtype: torch.dtype, what: str) -> torch.Tensor:
-        t = torch.as_tensor(value, dtype=dtype)
+        """One value per row, on the host: checked there and by the stage's input checker before its copy to the
+        device (a check of device data is a stream synchronisation)."""
+        t = torch.as_tensor(value, dtype=dtype, device="cpu")
         if t.dim() == 0:
             t = t.expand(batch)
         if tuple(t.shape) != (batch,):
             raise InputValueError(
                 f"{self.name}: {what} must be a scalar or have one value per row ({batch}), got shape {tuple(t.shape)}"
             )
-        return t.contiguous().to(self.device)
+        return t.contiguous()
 
     def generate(
         self,

@@ -228,6 +228,37 @@ def test_all_finite_is_isfinite_all(dtype):
     assert all_finite(torch.arange(5)) and all_finite(torch.ones(2, dtype=torch.bool))  # codes and masks
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_input_checker_reads_device_checks_back_once():
+    """Inputs already on the GPU: every range and NaN/Inf check is read back in one synchronising copy (a check
+    each was one stream sync each: five per predictor frame), and a failure still names the input and the value."""
+    import warnings
+
+    dev = torch.device("cuda")
+    chk = InputChecker("s", dev)
+    named = {"codes": torch.tensor([[[0], [7]]], device=dev), "scale": torch.ones(1, device=dev)}
+    chk.check(_specs(), dict(named))  # warm-up: the bounds tensors are built once
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            chk.check(_specs(), dict(named))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len([w for w in caught if "synchroniz" in str(w.message)]) == 1, [str(w.message) for w in caught]
+    bad_code = {"codes": torch.tensor([[[0], [8]]], device=dev), "scale": torch.ones(1, device=dev)}
+    with pytest.raises(InputRangeError, match=r"\[0, 1, 0\] = 8 is outside \[0, 8\) \(codebook 1\)"):
+        chk.check(_specs(), bad_code)
+    bad_scale = {
+        "codes": torch.zeros(1, 2, 1, dtype=torch.long, device=dev),
+        "scale": torch.tensor([float("nan")], device=dev),
+    }
+    with pytest.raises(InputValueError, match="'scale' contains NaN or Inf"):
+        chk.check(_specs(), bad_scale)
+
+
 def test_input_checker_sizes_and_value_switch():
     chk = InputChecker("s", torch.device("cpu"))
     named = {"codes": torch.full((2, 2, 5), 9, dtype=torch.long), "scale": torch.ones(2)}
