@@ -235,7 +235,7 @@ def test_input_checker_reads_device_checks_back_once():
     each was one stream sync each: five per predictor frame), and a failure still names the input and the value."""
     import warnings
 
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", torch.cuda.current_device())  # a stage's device carries its index
     chk = InputChecker("s", dev)
     named = {"codes": torch.tensor([[[0], [7]]], device=dev), "scale": torch.ones(1, device=dev)}
     chk.check(_specs(), dict(named))  # warm-up: the bounds tensors are built once

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One device call: stages built from two source trees and timed in turn on the same GPU — A: this tree, B: OTHER (a
+# `git archive` of another commit carried beside this one; its builder and runtime shadow the installed ones through
+# PYTHONPATH), C: this tree with TTSAOT_PDL=0, D (`alt`, optional): a third tree ALT carried like OTHER — `bench
+# build` of all of them side by side (caches apart), then `bench profile` of each, one at a time. $OUT/<variant>/:
+# the profile JSONs; the logs and tables in one tarball.
+#   OTHER=../.snap_old STAGES="voxcpm2/locdit voxcpm2/local_encoder" AXIS=batch=1 bash bench/plans/stage_ab_h100.sh
+#   ALT=../.snap_alt VARIANTS="new old alt" OTHER=../.snap_old bash bench/plans/stage_ab_h100.sh
+set -u
+cd "$(dirname "$0")/../.."
+export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/out}; LOGS=$OUT/logs; mkdir -p "$LOGS"; T0=$(date +%s)
+STAGES=${STAGES:-voxcpm2/locdit voxcpm2/local_encoder}; AXIS=${AXIS:-batch=1}; BUILD_S=${BUILD_S:-360}
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$LOGS/install.txt" 2>&1
+HERE=$PWD; OTHER=$(cd "${OTHER:?a second source tree}" && pwd); SHADOW=$(mktemp -d)/pkg
+mkdir -p "$SHADOW/ttsaot" && ln -s "$OTHER/builder" "$SHADOW/ttsaot/builder" && ln -s "$OTHER/runtime" "$SHADOW/ttsaot/runtime"
+if [ -n "${ALT:-}" ]; then
+  ALT=$(cd "$ALT" && pwd); SHADOW_ALT=$(mktemp -d)/pkg; mkdir -p "$SHADOW_ALT/ttsaot"
+  ln -s "$ALT/builder" "$SHADOW_ALT/ttsaot/builder" && ln -s "$ALT/runtime" "$SHADOW_ALT/ttsaot/runtime"
+fi
+variant() {  # NAME: run the rest of the line in that variant's tree and environment
+  local name=$1; shift
+  case $name in
+    new) (cd "$HERE" && "$@") ;;
+    old) (cd "$OTHER" && PYTHONPATH="$SHADOW" "$@") ;;
+    nopdl) (cd "$HERE" && TTSAOT_PDL=0 "$@") ;;
+    alt) (cd "$ALT" && PYTHONPATH="$SHADOW_ALT" "$@") ;;
+  esac
+}
+VARIANTS=${VARIANTS:-new old nopdl}
+for v in $VARIANTS; do
+  variant "$v" timeout -s INT -k 10 "$BUILD_S" python3 -m bench build $STAGES --axis "$AXIS" --no-verify --jobs 2 \
+    --cache-dir "/tmp/ab_cache_$v" > "$LOGS/build_$v.log" 2>&1 &
+done
+wait
+echo "builds done at $(( $(date +%s) - T0 )) s"; grep -h "bench build" "$LOGS"/build_*.log | cut -c1-200
+for st in $STAGES; do
+  for v in $VARIANTS; do
+    LEFT=$(( 570 - ($(date +%s) - T0) )); [ "$LEFT" -gt 20 ] || { echo "skipped $st $v (time)"; continue; }
+    variant "$v" timeout -s INT -k 10 "$LEFT" python3 -m bench profile "$st" --axis "$AXIS" --cache-dir "/tmp/ab_cache_$v" \
+      --out "$OUT/$v" --calls 10 --reps 50 > "$LOGS/profile_${v}_${st//\//_}.log" 2>&1
+    echo "$v $st: $(grep -E '^\[b' "$LOGS/profile_${v}_${st//\//_}.log" | cut -c1-200)"
+  done
+done
+for v in $VARIANTS; do mkdir -p "$LOGS/$v" && mv "$OUT/$v"/*.txt "$LOGS/$v"/ 2>/dev/null; done
+tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
+echo "done at $(( $(date +%s) - T0 )) s"

@@ -1,0 +1,1 @@
+"""ttsaot builder: offline tracing, passes, torch.export + AOTInductor per bucket. May import the runtime."""

@@ -1,0 +1,329 @@
+"""Triton kernel of `ttsaot::decode_attention` (semantics: decode_attention.py).
+
+Imported by the launcher on first use, like skinny_linear_triton.py.
+
+Flash-decoding over a static cache in ONE launch: program (row b, kv head h, split s) handles the G = Hq/Hkv query
+heads that share kv head h as the rows of one tile, so K/V are read once per kv head (no repeat_interleave). Each
+program rebuilds this token's q/k/v from the fused projection (q/k RMSNorm, RoPE) in registers; the program whose
+positions hold p writes k/v there and adds position p's key/value from its registers, while the cache loop reads
+positions < p only, so no program ever reads the slot being written.
+
+Splits are sized at RUN time from the row's position: the row's p + 1 positions are cut into NUM_SPLITS (fixed per
+bucket) whole BLOCK_S blocks of at least MIN_CHUNK positions, so a short context runs in one program that writes
+the output directly and a long one spreads over all NUM_SPLITS programs. With several active splits each writes its
+partial (max, sum, unnormalised output) to a small fp32 buffer, then takes a ticket from a per-(row, kv head)
+counter in `ws` (int32, zero on entry): the program holding the last ticket merges the partials in split order
+(deterministic whatever the arrival order), writes the output and puts the counter back to zero, so the workspace
+is unchanged by the call and one zeroed buffer serves every layer of a step. No second (combine) launch.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .pdl_triton import grid_dependency_wait
+
+ROPE_NONE, ROPE_NEOX, ROPE_INTERLEAVED = 0, 1, 2
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _norm_rope(
+    x_ptr,
+    rows,
+    offs_d,
+    row_mask,
+    w_ptr,
+    cos_ptr,
+    sin_ptr,
+    pos,
+    eps,
+    QK_NORM: tl.constexpr,
+    ROPE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    """Heads `rows` ([R] head offsets in elements) of the fused qkv row → [R, len(offs_d)] in x's dtype: RMSNorm
+    over the head (project rounding), then the rotation in fp32 (tables of any float dtype, widened as loaded),
+    cast back (as the eager `_rope`).
+    `offs_d` may run past HEAD_DIM (a tile padded for tl.dot): those lanes are zero. `pos`: one position for every
+    head (a decode step's token), or [R, 1] positions, one per row (a sequence's tokens, sequence_attention)."""
+    dt = x_ptr.dtype.element_ty
+    d_mask = offs_d < HEAD_DIM
+    mask = row_mask[:, None] & d_mask[None, :]
+    x = tl.load(x_ptr + rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    if ROPE == 1:  # NeoX rotate-half: partner d ± HEAD_DIM/2, −sin on the first half
+        offs_p = (offs_d + HEAD_DIM // 2) % HEAD_DIM
+        sign = tl.where(offs_d < HEAD_DIM // 2, -1.0, 1.0)
+        tab = pos * HEAD_DIM + offs_d
+    else:  # interleaved pairs (2i, 2i+1): partner d ^ 1, −sin on the even element, angle i = d // 2
+        offs_p = offs_d ^ 1
+        sign = tl.where(offs_d % 2 == 0, -1.0, 1.0)
+        tab = pos * (HEAD_DIM // 2) + offs_d // 2
+    if ROPE != 0:
+        xp = tl.load(x_ptr + rows[:, None] + offs_p[None, :], mask=mask, other=0.0)
+    if QK_NORM:
+        xf = x.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / HEAD_DIM + eps)
+        w = tl.load(w_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+        x = (w[None, :] * (xf * rstd[:, None]).to(dt).to(tl.float32)).to(dt)
+        if ROPE != 0:
+            wp = tl.load(w_ptr + offs_p, mask=d_mask, other=0.0).to(tl.float32)
+            xp = (wp[None, :] * (xp.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)).to(dt)
+    if ROPE != 0:
+        c = tl.load(cos_ptr + tab, mask=d_mask, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + tab, mask=d_mask, other=0.0).to(tl.float32)
+        x = (x.to(tl.float32) * c + xp.to(tl.float32) * (sign * s)).to(dt)
+    return x
+
+
+@triton.jit
+def _token_heads(
+    row,
+    h,
+    pos,
+    offs_d,
+    offs_g,
+    qn_ptr,
+    kn_ptr,
+    cos_ptr,
+    sin_ptr,
+    eps,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    ROPE: tl.constexpr,
+):
+    """This token's heads of kv head h from its fused qkv row: q [G_PAD, D_PAD] (the G = HQ/HKV query heads that
+    share h; padded rows zero), k [1, D_PAD] (normed and rotated like q) and v [1, D_PAD], in the row's dtype."""
+    G: tl.constexpr = HQ // HKV
+    d_mask = offs_d < HEAD_DIM
+    q = _norm_rope(
+        row,
+        (h * G + offs_g) * HEAD_DIM,
+        offs_d,
+        offs_g < G,
+        qn_ptr,
+        cos_ptr,
+        sin_ptr,
+        pos,
+        eps,
+        QK_NORM,
+        ROPE,
+        HEAD_DIM,
+    )
+    one = tl.arange(0, 1)
+    k = _norm_rope(
+        row, (HQ + h) * HEAD_DIM + one, offs_d, one == 0, kn_ptr, cos_ptr, sin_ptr, pos, eps, QK_NORM, ROPE, HEAD_DIM
+    )
+    v = tl.load(row + (HQ + HKV + h) * HEAD_DIM + one[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+    return q, k, v
+
+
+@triton.jit
+def _attend_cached(
+    q,
+    k_base,
+    v_base,
+    lo,
+    hi,
+    qk_scale,
+    offs_d,
+    HEAD_DIM: tl.constexpr,
+    G_PAD: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
+    """Online softmax (base 2) of q [G_PAD, D_PAD] over the cached keys/values lo ≤ s < hi of one (row, kv head)
+    ([S, HEAD_DIM] at k_base / v_base): (running max, sum, unnormalised output [G_PAD, D_PAD]) in fp32. Scores stay
+    fp32; the probabilities are rounded to q's dtype before · v (decode_attention.py)."""
+    dt = q.dtype
+    d_mask = offs_d < HEAD_DIM
+    m_i = tl.full([G_PAD], -1.0e30, dtype=tl.float32)  # finite: an empty range never computes −inf − (−inf)
+    l_i = tl.zeros([G_PAD], dtype=tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+    for start in range(lo, hi, BLOCK_S):
+        offs_s = start + tl.arange(0, BLOCK_S)
+        valid = offs_s < hi
+        kv_off = offs_s[:, None] * HEAD_DIM + offs_d[None, :]
+        kv_mask = valid[:, None] & d_mask[None, :]
+        kt = tl.load(k_base + kv_off, mask=kv_mask, other=0.0)
+        vt = tl.load(v_base + kv_off, mask=kv_mask, other=0.0)
+        if FP32_DOT:
+            sc = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
+        else:
+            sc = tl.dot(q, tl.trans(kt))  # [G_PAD, BLOCK_S] fp32
+        sc = tl.where(valid[None, :], sc * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if FP32_DOT:
+            pv = tl.dot(p.to(dt).to(tl.float32), vt.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(dt), vt)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _attend_token(q, k, v, take, m_i, l_i, acc, qk_scale):
+    """The online-softmax state after adding this token's own key/value (k, v [1, D_PAD], from registers) where
+    `take` (the program holding position p); unchanged elsewhere."""
+    s = tl.sum(q.to(tl.float32) * k.to(tl.float32), axis=1) * qk_scale  # [G_PAD]
+    s = tl.where(take, s, float("-inf"))
+    m_new = tl.maximum(m_i, s)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new)
+    l_i = l_i * alpha + p
+    acc = acc * alpha[:, None] + p.to(q.dtype).to(tl.float32)[:, None] * v.to(tl.float32)
+    return m_new, l_i, acc
+
+
+@triton.jit(do_not_specialize=["layer"])  # one compiled kernel for every layer index
+def decode_attention_kernel(
+    qkv_ptr,
+    pos_ptr,
+    kc_ptr,
+    vc_ptr,
+    cos_ptr,
+    sin_ptr,
+    qn_ptr,
+    kn_ptr,
+    o_ptr,
+    part_o_ptr,
+    part_ml_ptr,
+    ws_ptr,
+    layer,
+    S,
+    QKV_ROW,
+    CACHE_LAYER,
+    eps,
+    qk_scale,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    G_PAD: tl.constexpr,
+    ROPE: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    MIN_CHUNK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Grid (B·HKV, NUM_SPLITS). qk_scale = softmax scale · log2(e) (the softmax runs in base 2). D_PAD = the head
+    dim padded to ≥ 16 for tl.dot (lanes past HEAD_DIM are masked). NUM_SPLITS == 1: no partials, no workspace.
+    FP32_DOT: as in skinny_linear_triton. PDL (pdl.py): everything here is written by earlier kernels or by this
+    step (qkv, positions, caches, workspace, output buffers), so the wait comes first; the early launch of the
+    next kernel (o_proj, which starts loading its weights) is what it buys."""
+    # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
+    # _use_fp64_for_unbacked_floats), which turned the loop-carried softmax state fp64 (H100 AOTI build failed).
+    eps = tl.cast(eps, tl.float32)
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    token = grid_dependency_wait(PDL, True)
+    qkv_ptr += token
+    pos_ptr += token
+    kc_ptr += token
+    vc_ptr += token
+    o_ptr += token
+    part_o_ptr += token
+    part_ml_ptr += token
+    ws_ptr += token
+    G: tl.constexpr = HQ // HKV
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    b = pid // HKV
+    h = pid % HKV
+    dt = qkv_ptr.dtype.element_ty
+    pos = tl.load(pos_ptr + b).to(tl.int32)
+    pos = tl.minimum(tl.maximum(pos, 0), S - 1)  # never write or read outside the cache
+    # This row's split size: p + 1 positions over NUM_SPLITS programs, whole BLOCK_S blocks, ≥ MIN_CHUNK.
+    chunk = tl.cdiv(tl.cdiv(pos + 1, NUM_SPLITS), BLOCK_S) * BLOCK_S
+    chunk = tl.maximum(chunk, MIN_CHUNK)
+    n_active = tl.cdiv(pos + 1, chunk)  # splits holding positions (the last one holds p)
+    lo = split * chunk
+    active = lo <= pos
+    writer = active & (pos < lo + chunk)
+
+    offs_d = tl.arange(0, D_PAD)
+    d_mask = offs_d < HEAD_DIM
+    offs_g = tl.arange(0, G_PAD)
+    g_mask = offs_g < G
+    row = qkv_ptr + b.to(tl.int64) * QKV_ROW
+    q, k_new, v_new = _token_heads(
+        row, h, pos, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV, HEAD_DIM, QK_NORM, ROPE
+    )
+    # (layer, b, h, 0, 0). No `.to` on `layer`: Triton specialises an int argument equal to 1 into a constexpr
+    # (a plain Python int), which has no `.to` (H100: every layer-1 launch failed to compile under AOTI).
+    cache_off = (pid.to(tl.int64) * S + layer * CACHE_LAYER) * HEAD_DIM
+    k_base = kc_ptr + cache_off
+    v_base = vc_ptr + cache_off
+    new_mask = writer & d_mask[None, :]
+    tl.store(k_base + pos * HEAD_DIM + offs_d[None, :], k_new, mask=new_mask)
+    tl.store(v_base + pos * HEAD_DIM + offs_d[None, :], v_new, mask=new_mask)
+    # Cached keys lo ≤ s < min(lo + chunk, p) (none for an inactive split), then this token's key/value (position
+    # p) from registers, in the split that holds p; other splits add nothing.
+    m_i, l_i, acc = _attend_cached(
+        q, k_base, v_base, lo, tl.minimum(lo + chunk, pos), qk_scale, offs_d, HEAD_DIM, G_PAD, D_PAD, BLOCK_S, FP32_DOT
+    )
+    m_i, l_i, acc = _attend_token(q, k_new, v_new, writer, m_i, l_i, acc, qk_scale)
+
+    heads = h * G + offs_g
+    o_ptrs = o_ptr + b.to(tl.int64) * (HQ * HEAD_DIM) + heads[:, None] * HEAD_DIM + offs_d[None, :]
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(o_ptrs, (acc / l_i[:, None]).to(dt), mask=out_mask)
+    else:
+        # One active split (a short context): it is the whole answer. (l = 0 only where nothing is stored: inactive
+        # splits, padded heads; 1 there keeps the masked lanes finite.)
+        l_safe = tl.where(l_i > 0, l_i, 1.0)
+        tl.store(o_ptrs, (acc / l_safe[:, None]).to(dt), mask=out_mask & active & (n_active == 1))
+        multi = active & (n_active > 1)
+        slot = (b * HQ + heads).to(tl.int64) * NUM_SPLITS + split  # [G_PAD]
+        tl.store(part_o_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None] & multi)
+        tl.store(part_ml_ptr + slot * 2, m_i, mask=g_mask & multi)
+        tl.store(part_ml_ptr + slot * 2 + 1, l_i, mask=g_mask & multi)
+        tl.debug_barrier()  # every thread's partial is written before the ticket is taken
+        ticket = tl.atomic_add(ws_ptr + pid, 1, mask=multi, sem="acq_rel", scope="gpu")
+        if multi & (ticket == n_active - 1):
+            # The last of the row's splits: merge the partials in split order (deterministic), from L2.
+            tl.debug_barrier()
+            base = (b * HQ + heads).to(tl.int64) * NUM_SPLITS  # [G_PAD]
+            m_all = tl.full([G_PAD], -1.0e30, dtype=tl.float32)
+            l_all = tl.zeros([G_PAD], dtype=tl.float32)
+            o_all = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+            for s in range(0, n_active):
+                ms = tl.load(part_ml_ptr + (base + s) * 2, mask=g_mask, other=-1.0e30, cache_modifier=".cg")
+                ls = tl.load(part_ml_ptr + (base + s) * 2 + 1, mask=g_mask, other=0.0, cache_modifier=".cg")
+                ps = tl.load(
+                    part_o_ptr + (base + s)[:, None] * D_PAD + offs_d[None, :],
+                    mask=g_mask[:, None],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
+                m_next = tl.maximum(m_all, ms)
+                a_old = tl.exp2(m_all - m_next)
+                a_s = tl.exp2(ms - m_next)
+                l_all = l_all * a_old + ls * a_s
+                o_all = o_all * a_old[:, None] + ps * a_s[:, None]
+                m_all = m_next
+            tl.store(o_ptrs, (o_all / tl.where(l_all > 0, l_all, 1.0)[:, None]).to(dt), mask=out_mask)
+            tl.atomic_xchg(ws_ptr + pid, 0, sem="relaxed", scope="gpu")  # the workspace is zero again
+
+
+# BLOCK_S, NUM_SPLITS and MIN_CHUNK come from the launcher (decode_attention.py); the autotuner picks warps and
+# stages per bucket at AOTI compile time.
+ATTENTION_CONFIGS = [
+    triton.Config({}, num_warps=4, num_stages=2),
+    triton.Config({}, num_warps=4, num_stages=3),
+    triton.Config({}, num_warps=8, num_stages=2),
+]
+decode_attention_autotuned = triton.autotune(
+    configs=ATTENTION_CONFIGS,
+    key=["S", "HQ", "HKV", "HEAD_DIM", "BLOCK_S", "NUM_SPLITS", "MIN_CHUNK", "ROPE", "QK_NORM"],
+)(decode_attention_kernel)

@@ -1,0 +1,140 @@
+"""Transformer blocks on the kernel layer: what a family's kernel pass puts in place of a layer's `Attention`,
+`SwiGLU` and plain `nn.Linear` projections (StageSpec.kernel_passes). Decode steps (one token per row):
+
+- `KernelAttention.decode_step(x, norm, ...)`: x + scale·o_proj(decode_attention(qkv_proj(norm(x)))) as three ops:
+  skinny_linear (RMSNorm prologue) → decode_attention (q/k norm, RoPE, in-place cache write at each row's position,
+  GQA over the cache) → skinny_linear (o_proj + residual epilogue);
+- `KernelSwiGLU.decode_step(x, norm, ...)`: x + scale·down(silu(gate)·up) (norm(x)) as two ops: skinny_linear
+  (RMSNorm prologue, fused gate_up, SiLU·mul epilogue) → skinny_linear (down + residual epilogue).
+
+Short bidirectional sequences (VoxCPM2's LocDiT and local encoder, M = rows × tokens):
+
+- `KernelAttention.sequence(x, norm, cos, sin)`: skinny_linear (RMSNorm prologue) → sequence_attention (NeoX
+  RoPE + the T × T bidirectional attention of every head in one launch; decode_attention is one query per row
+  over a runtime-owned cache it writes in place) → skinny_linear (o_proj + residual epilogue);
+- `KernelSwiGLU.decode_step` takes x [..., D] (skinny_linear flattens the leading dims into rows);
+- `KernelLinear`: any other projection (the stages' in/out projections, timestep MLPs).
+
+skinny_linear runs its Triton kernels up to MAX_KERNEL_ROWS rows and aten above (decided per bucket at trace
+time), so a bucket whose rows × tokens exceed it keeps cuBLAS with the same graph structure.
+
+They hold the SAME child modules as the blocks they replace (qkv_proj, o_proj, q_norm/k_norm; gate_up_proj,
+down_proj), so parameter names, hence the artifact's constant names and the weights a prefill and a step stage
+share, do not change. Both need the fused projections (`passes.fuse_projections`, which every LM stage runs first).
+Numerics: each op rounds where the eager modules round (skinny_linear.py, decode_attention.py); the one known
+difference is the attention's fp32 scores (decode_attention.py), within every stage tolerance.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..layers.attention import Attention
+from ..layers.mlp import SwiGLU
+from ..layers.norms import RMSNorm
+from .decode_attention import decode_attention
+from .sequence_attention import sequence_attention
+from .skinny_linear import skinny_linear
+
+
+class KernelAttention(nn.Module):
+    def __init__(self, attn: Attention, rope_interleaved: bool = False) -> None:
+        super().__init__()
+        if attn.qkv_proj is None:
+            raise ValueError("KernelAttention needs the fused qkv_proj (run passes.fuse_projections first)")
+        self.n_heads, self.n_kv_heads, self.head_dim = attn.n_heads, attn.n_kv_heads, attn.head_dim
+        self.qkv_proj, self.o_proj = attn.qkv_proj, attn.o_proj
+        self.q_norm, self.k_norm = attn.q_norm, attn.k_norm
+        self.rope_interleaved = rope_interleaved
+
+    def decode_step(
+        self,
+        x: torch.Tensor,
+        norm: RMSNorm,
+        positions: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        layer: int,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        residual_scale: float = 1.0,
+        workspace: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x [B, D] → x + residual_scale · attention branch; this token's k/v written at (layer, b, :, positions[b]).
+        cos/sin: the WHOLE tables [≥ cache positions, hd], fp32 or the compute dtype (the op picks each row's
+        position and rotates in fp32), or None.
+        workspace: the step's zeroed split-merge tickets (`attention_workspace`), shared by every layer (the op
+        leaves it zeroed); None = the op zeroes one per call (one more launch per layer)."""
+        qkv = skinny_linear(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps)
+        qn = kn = None
+        qk_eps = 1e-6
+        if self.q_norm is not None:
+            qn, kn, qk_eps = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
+        o = decode_attention(
+            qkv,
+            positions,
+            k_cache,
+            v_cache,
+            layer,
+            self.head_dim**-0.5,
+            cos,
+            sin,
+            self.rope_interleaved,
+            qn,
+            kn,
+            qk_eps,
+            workspace,
+        )
+        return self.project_out(o, x, residual_scale)
+
+    def sequence(
+        self,
+        x: torch.Tensor,
+        norm: RMSNorm,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        residual_scale: float = 1.0,
+    ) -> torch.Tensor:
+        """Sequence form, bidirectional: x [B,T,D] → x + residual_scale · o_proj(attention(rope(q), rope(k), v)) as
+        three ops: skinny_linear (RMSNorm prologue) → sequence_attention (NeoX RoPE at positions 0..T-1 with the
+        fp32 tables cos/sin [≥ T, hd], or None; GQA) → skinny_linear (o_proj + residual epilogue)."""
+        if self.q_norm is not None or self.rope_interleaved:
+            raise ValueError("KernelAttention.sequence: q/k norms and interleaved RoPE are not supported")
+        qkv = skinny_linear(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps)
+        o = sequence_attention(qkv, cos, sin, self.n_heads, self.n_kv_heads, self.head_dim**-0.5)
+        return self.project_out(o, x, residual_scale)
+
+    def project_out(self, o: torch.Tensor, x: torch.Tensor, residual_scale: float) -> torch.Tensor:
+        """x + residual_scale · o_proj(o): one skinny_linear with the residual epilogue."""
+        return skinny_linear(o, self.o_proj.weight, self.o_proj.bias, residual=x, residual_scale=residual_scale)
+
+
+class KernelSwiGLU(nn.Module):
+    def __init__(self, mlp: SwiGLU) -> None:
+        super().__init__()
+        if mlp.gate_up_proj is None:
+            raise ValueError("KernelSwiGLU needs the fused gate_up_proj (run passes.fuse_projections first)")
+        self.gate_up_proj, self.down_proj, self.hidden = mlp.gate_up_proj, mlp.down_proj, mlp.hidden
+
+    def decode_step(self, x: torch.Tensor, norm: RMSNorm, residual_scale: float = 1.0) -> torch.Tensor:
+        """x [..., D] (a step's [B, D], a sequence's [B, T, D]) → x + residual_scale · down(silu(gate)·up)(norm(x))."""
+        h = skinny_linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, norm.weight, norm.eps, gated=True)
+        return skinny_linear(h, self.down_proj.weight, self.down_proj.bias, residual=x, residual_scale=residual_scale)
+
+
+class KernelLinear(nn.Module):
+    """An nn.Linear on skinny_linear: y = x @ Wᵀ + b over x [..., K]. It holds the Linear's own `weight` and
+    `bias` parameters, so the parameter names (and the artifact's constants) do not change."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.register_parameter("bias", linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return skinny_linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

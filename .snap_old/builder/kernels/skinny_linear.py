@@ -1,0 +1,323 @@
+"""`ttsaot::skinny_linear`: y = epilogue(prologue(x) @ Wᵀ) for the few-row GEMMs of decode steps and short
+re-prefills (M = batch ≤ 16, or batch × positions ≤ a few hundred), where reading W once is the whole cost.
+
+    skinny_linear(x [..., K], weight [N, K], bias [N]? = None, norm_weight [K]? = None, norm_eps = 1e-6,
+                  gated = False, residual [..., N_out]? = None, residual_scale = 1.0) -> y [..., N_out]
+
+W is in nn.Linear layout (row-major [N, K]) in x's dtype (bf16 or fp32); products accumulate in fp32; y has
+x's dtype. N_out = N/2 when gated, else N. Each step below rounds to x's dtype exactly where the eager modules
+(layers.norms.RMSNorm, nn.Linear, layers.mlp.SwiGLU, the families' residual adds) round, so a layer built from this
+op computes the eager layer's function up to the order of the fp32 accumulation:
+
+1. prologue, if norm_weight: x̂ = round(norm_weight · round(x · rsqrt(mean(x²) + eps)))   (mean over K in fp32);
+2. z = round(x̂ @ Wᵀ + bias)                        (F.linear: fp32 accumulate, bias added before the rounding);
+3. gated: gate = z[..., :N/2], up = z[..., N/2:] (rows [0, N/2) and [N/2, N) of a fused gate_up weight);
+   z = round(round(silu(gate)) · up)               (F.silu(gate) * up, each eager op rounding once);
+4. residual: y = round(residual + round(z · residual_scale))   (`residual + branch * scale`; with scale 1.0 the
+   inner rounding is exact, i.e. `residual + branch`).
+
+The Triton kernels (skinny_linear_triton.py) implement this on CUDA; the aten reference below is the same math and
+is what CPU builds and the ONNX exporter use (decompositions.py). One op serves every stage: M ≤ 2 takes the GEMV
+(FMA) form, larger M a tensor-core tile of 16/32/64 rows; split-K is used where N alone is too narrow to keep the
+GPU streaming, with a deterministic second pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .common import HAVE_TRITON, cdiv, multiprocessor_count, next_power_of_2, no_wrap, rms_norm
+from .decompositions import register_cpu_decomposition
+from .pdl import kernels_wait
+
+OP_NAME = "ttsaot::skinny_linear"
+# M up to this takes the FMA (GEMV) form by default, larger M the tensor-core tile: the FMA accumulator holds
+# BLOCK_M·BLOCK_N·BLOCK_K fp32 values (200+ registers per thread at M = 4 with the GEMV configs).
+GEMV_MAX_M = 2
+# Above this many rows the op is plain aten (cuBLAS + Inductor's fused epilogue), decided at trace time from the
+# bucket's static shape: the tile form falls behind cuBLAS there (H100, bench/results/nvidia-h100/
+# kernels_phase1.json: 1.4-3.2x torch at M = 11..20, but 0.46-0.9x at the Fish fast_ar's M = 44 / 176).
+MAX_KERNEL_ROWS = 32
+NORM_ROW_ELEMENTS = 4096  # the GEMV form's RMSNorm prologue reads up to this many x values at once (norm_block)
+MIN_SPLIT_K_CHUNK = 1024  # split-K never gives a program less than this much of K
+SPLIT_K_ALIGN = 512  # split boundaries are multiples of the largest BLOCK_K of the autotuned configs
+
+
+def skinny_linear_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+    gated: bool = False,
+    residual: torch.Tensor | None = None,
+    residual_scale: float = 1.0,
+) -> torch.Tensor:
+    """The op in aten: the eager modules' own calls, in their order."""
+    if norm_weight is not None:
+        x = rms_norm(x, norm_weight, norm_eps)
+    y = F.linear(x, weight, bias)
+    if gated:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    if residual is not None:
+        y = residual + (y if residual_scale == 1.0 else y * residual_scale)
+    return y
+
+
+def _out_features(weight: torch.Tensor, gated: bool) -> int:
+    return weight.shape[0] // 2 if gated else weight.shape[0]
+
+
+def _check(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    norm_weight: torch.Tensor | None,
+    gated: bool,
+    residual: torch.Tensor | None,
+) -> None:
+    torch._check(weight.dim() == 2, lambda: f"skinny_linear: weight must be [N, K], got {tuple(weight.shape)}")
+    torch._check(
+        x.dim() >= 1 and x.shape[-1] == weight.shape[1],
+        lambda: f"skinny_linear: x {tuple(x.shape)} does not end in K = {weight.shape[1]}",
+    )
+    torch._check(
+        # float64: the aten reference only (the builder's float64 pass-parity re-check), never a Triton launch
+        (x.dtype in (torch.float32, torch.bfloat16) or (x.dtype == torch.float64 and x.device.type != "cuda"))
+        and weight.dtype == x.dtype,
+        lambda: f"skinny_linear: x and weight must share a float dtype, got {x.dtype} / {weight.dtype}",
+    )
+    torch._check(
+        weight.stride(1) == 1 and weight.stride(0) == weight.shape[1],
+        lambda: "skinny_linear: weight must be contiguous (nn.Linear layout)",
+    )
+    torch._check(
+        not gated or weight.shape[0] % 2 == 0, lambda: "skinny_linear: gated needs an even N (gate rows then up rows)"
+    )
+    n = weight.shape[0]
+    torch._check(
+        bias is None or (bias.shape == (n,) and bias.dtype == x.dtype),
+        lambda: f"skinny_linear: bias must be [{n}] in {x.dtype}",
+    )
+    torch._check(
+        norm_weight is None or (norm_weight.shape == (x.shape[-1],) and norm_weight.dtype == x.dtype),
+        lambda: f"skinny_linear: norm_weight must be [{x.shape[-1]}] in {x.dtype}",
+    )
+    out_shape = (*x.shape[:-1], _out_features(weight, gated))
+    torch._check(
+        residual is None or (tuple(residual.shape) == out_shape and residual.dtype == x.dtype),
+        lambda: f"skinny_linear: residual must be {list(out_shape)} in {x.dtype}",
+    )
+
+
+def plan_split_k(m: int, n_out: int, k: int, multiprocessors: int, use_dot: bool) -> int:
+    """How many K ranges. Each range costs a second (epilogue) launch, so only when the column tiles (nominal
+    BLOCK_N 8 for the GEMV form, 16 for tensor cores) × row tiles leave more than a quarter of the SMs idle; doubled
+    while that holds and each range keeps at least MIN_SPLIT_K_CHUNK of K."""
+    tiles = cdiv(n_out, 16 if use_dot else 8) * (cdiv(m, _block_m(m, use_dot)))
+    split = 1
+    while 4 * tiles * split < 3 * multiprocessors and k // (2 * split) >= MIN_SPLIT_K_CHUNK and split < 8:
+        split *= 2
+    return split
+
+
+def tile_block_n(
+    rows: int, n_out: int, split_k: int, block_m: int, multiprocessors: int, choices: Iterable[int]
+) -> int:
+    """The tensor-core form's BLOCK_N, chosen by rule instead of by the autotuner: the widest of `choices` whose
+    programs (row tiles × column tiles × K ranges) still number at least half the SMs, else the narrowest. Wider
+    tiles read x (every program reads all its rows) fewer times; below half the SMs too little W streams at once.
+    In the H100 sweeps (kernel_configs.json, probes/locdit_fused_split_k/: qkv, o, gate_up, down at M = 4, 8, 16,
+    22, unsplit and split in 2) it picks the fastest BLOCK_N in every case but one (down, M = 16, split 2: 14.5 vs
+    14.0 us), while the other width costs up to 1.8x (qkv at M = 16: 10.0 vs 18.2 us); the autotuner, timing each
+    kernel alone, baked LocDiT qkv at BLOCK_N 16 in a recorded build (9.6 vs 8.7 us in the graph,
+    probes/tile_width_rule/). Autotuning still picks among the chosen width's depths (BLOCK_K, stages)."""
+    widths = sorted(set(choices), reverse=True)
+    for bn in widths:
+        if 2 * cdiv(rows, block_m) * cdiv(n_out, bn) * split_k >= multiprocessors:
+            return bn
+    return widths[-1]
+
+
+def norm_block(k: int, m: int, use_dot: bool) -> int:
+    """The K chunk of the RMSNorm prologue (each program recomputes its rows' rstd before its first product), 0 for
+    the config's BLOCK_K. The GEMV form reads the whole row in one step where it fits NORM_ROW_ELEMENTS fp32 values:
+    its K loop over x is not pipelined, so every chunk is one more dependent L2 round trip before the first product
+    (Fish fast_ar, K = 2560: 3 trips at BLOCK_K 1024). Measured only at the stage: fast_ar 4.76 → 4.69 ms on the H100,
+    within what two processes differ by (bench/results/nvidia-h100/probes/predictor_kernels/). The tile form keeps
+    BLOCK_K (a [BLOCK_M, K] row block would not fit its registers)."""
+    if use_dot:
+        return 0
+    return min(next_power_of_2(k), max(NORM_ROW_ELEMENTS // next_power_of_2(m), 16))
+
+
+def _block_m(m: int, use_dot: bool) -> int:
+    return (16 if m <= 16 else 32 if m <= 32 else 64) if use_dot else next_power_of_2(m)
+
+
+def kernel_rows(x: torch.Tensor) -> bool:
+    """Whether a call with this x runs the Triton kernels (else its aten reference): rows ≤ MAX_KERNEL_ROWS. Shapes
+    are static per bucket, so each bucket's package bakes one choice; a symbolic row count keeps the kernels."""
+    rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 1
+    return not isinstance(rows, int) or rows <= MAX_KERNEL_ROWS
+
+
+def launch_skinny_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+    gated: bool = False,
+    residual: torch.Tensor | None = None,
+    residual_scale: float = 1.0,
+    *,
+    wrap: Callable[[Any], Any] = no_wrap,
+    config: dict | None = None,
+    split_k: int | None = None,
+    use_dot: bool | None = None,
+    semaphores: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1). `config` ({"BLOCK_N", "BLOCK_K",
+    "num_warps", "num_stages"}) skips autotuning (the interpreter tests and the bench's sweeps use it); `split_k`
+    and `use_dot` override the plan. `semaphores`: a zeroed int32 workspace of ≥ one counter per output tile, left
+    zeroed; with it a split-K call adds its partials in the same kernel (the last program of each output tile to
+    finish), without it the second (epilogue) kernel does. No stage passes one: a per-call counter fill (an
+    Inductor kernel) breaks the programmatic-launch chain of the 1-row packages (H100 LocDiT b1: 5.62 vs 4.92 ms,
+    bench/results/nvidia-h100/probes/skinny_split_k_ab/); a workspace that lives across calls would need one
+    threaded through the stage's graph. The bench times both (`--sections configs_predictors`)."""
+    from . import skinny_linear_triton as kernels
+
+    k = weight.shape[1]
+    n_out = _out_features(weight, gated)
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    y = x.new_empty((*x.shape[:-1], n_out))
+    r2 = residual.reshape(-1, n_out).contiguous() if residual is not None else x2
+    if use_dot is None:
+        use_dot = m > GEMV_MAX_M
+    block_m = _block_m(m, use_dot)
+    if split_k is None:
+        split_k = plan_split_k(m, n_out, k, multiprocessor_count(x.device), use_dot)
+    align = config["BLOCK_K"] if config else SPLIT_K_ALIGN
+    k_split = cdiv(cdiv(k, split_k), align) * align
+    split_k = cdiv(k, k_split)
+    part = x2.new_empty((split_k, m, weight.shape[0]), dtype=torch.float32) if split_k > 1 else x2
+    fused_reduce = split_k > 1 and semaphores is not None
+    if fused_reduce:
+        configs = kernels.GEMM_CONFIGS if use_dot else kernels.GEMV_CONFIGS
+        block_n = config["BLOCK_N"] if config else min(c.kwargs["BLOCK_N"] for c in configs)
+        tiles = cdiv(m, block_m) * cdiv(n_out, block_n)
+        torch._check(
+            semaphores.dtype == torch.int32 and semaphores.numel() >= tiles and semaphores.device == x.device,
+            lambda: f"skinny_linear: semaphores must be ≥ {tiles} int32 counters on {x.device}",
+        )
+    flags = dict(
+        HAS_NORM=norm_weight is not None, HAS_BIAS=bias is not None, GATED=gated, HAS_RESIDUAL=residual is not None
+    )
+    args = (
+        x2,
+        weight,
+        bias if bias is not None else x2,
+        norm_weight if norm_weight is not None else x2,
+        r2,
+        y,
+        part,
+        semaphores if fused_reduce else part,
+        m,
+        n_out,
+        k,
+        k_split,
+        float(norm_eps),
+        float(residual_scale),
+    )
+    meta = dict(
+        flags,
+        SPLIT_K=split_k,
+        FUSED_REDUCE=fused_reduce,
+        USE_DOT=use_dot,
+        BLOCK_M=block_m,
+        FP32_DOT=x.dtype == torch.float32 or x.device.type != "cuda",
+        PDL=kernels_wait(x.device),
+        NORM_BLOCK=norm_block(k, m, use_dot),
+    )  # off-GPU = the interpreter
+
+    def grid(meta):
+        return (cdiv(m, meta["BLOCK_M"]), cdiv(n_out, meta["BLOCK_N"]), split_k)
+
+    if config is None:
+        kernel = kernels.skinny_gemm_autotuned if use_dot else kernels.skinny_gemv_autotuned
+        wrap(kernel)[grid](*args, **meta)
+    else:
+        wrap(kernels.skinny_linear_kernel)[grid](*args, **meta, **config)
+    if split_k > 1 and not fused_reduce:
+        # The norm was applied in the first pass: the epilogue kernel takes the epilogue flags only.
+        epilogue = {k: v for k, v in flags.items() if k != "HAS_NORM"}
+        bm = min(16, next_power_of_2(m))
+        wrap(kernels.split_k_epilogue_kernel)[(cdiv(n_out, 128), cdiv(m, bm))](
+            part,
+            args[2],
+            r2,
+            y,
+            m,
+            n_out,
+            float(residual_scale),
+            **epilogue,
+            SPLIT_K=split_k,
+            PDL=meta["PDL"],
+            BLOCK_M=bm,
+            BLOCK_N=128,
+        )
+    return y
+
+
+if HAVE_TRITON:
+
+    @torch.library.triton_op(OP_NAME, mutates_args=())
+    def skinny_linear(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        norm_weight: torch.Tensor | None = None,
+        norm_eps: float = 1e-6,
+        gated: bool = False,
+        residual: torch.Tensor | None = None,
+        residual_scale: float = 1.0,
+    ) -> torch.Tensor:
+        _check(x, weight, bias, norm_weight, gated, residual)
+        if x.device.type != "cuda" or not kernel_rows(x):
+            # Also what a CPU compile traces (fake tensors): plain aten ops that Inductor's C++ backend fuses; and
+            # on CUDA above MAX_KERNEL_ROWS, where Inductor's cuBLAS call + fused epilogue is faster.
+            return skinny_linear_reference(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale)
+        return launch_skinny_linear(
+            x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale, wrap=torch.library.wrap_triton
+        )
+
+else:
+
+    @torch.library.custom_op(OP_NAME, mutates_args=())
+    def skinny_linear(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        norm_weight: torch.Tensor | None = None,
+        norm_eps: float = 1e-6,
+        gated: bool = False,
+        residual: torch.Tensor | None = None,
+        residual_scale: float = 1.0,
+    ) -> torch.Tensor:
+        _check(x, weight, bias, norm_weight, gated, residual)
+        return skinny_linear_reference(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale)
+
+    @skinny_linear.register_fake
+    def _(x, weight, bias=None, norm_weight=None, norm_eps=1e-6, gated=False, residual=None, residual_scale=1.0):
+        _check(x, weight, bias, norm_weight, gated, residual)
+        return x.new_empty((*x.shape[:-1], _out_features(weight, gated)))
+
+
+register_cpu_decomposition(torch.ops.ttsaot.skinny_linear.default, skinny_linear_reference)

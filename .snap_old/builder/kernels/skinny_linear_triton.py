@@ -1,0 +1,466 @@
+"""Triton kernels of `ttsaot::skinny_linear` (semantics and rounding order: skinny_linear.py).
+
+Imported by the launcher on first use: registering the op (and CPU builds, which trace its aten branch) needs no
+kernel objects. Under TRITON_INTERPRET=1 (set before triton is first imported: tests/conftest.py) the kernels run
+on CPU tensors in Triton's interpreter.
+
+Decode-step GEMMs are bound by reading W once: each program owns BLOCK_N output columns (the matching gate AND
+up rows of a fused gate_up weight, so SiLU·mul happens in registers), streams its W rows along K in BLOCK_K
+chunks (rows are contiguous along K: coalesced, 16-byte loads) and optionally a contiguous K range of SPLIT_K
+(when N alone gives too few programs to keep every SM streaming). x rows are tiny and come from L2.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import multiprocessor_count, size_hint
+from .pdl_triton import grid_dependency_trigger, grid_dependency_wait
+from .skinny_linear import tile_block_n
+from .split_k_triton import last_to_arrive, reset_counter
+
+
+@triton.jit
+def _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1/sqrt(mean(x²) + eps) of BLOCK_M rows of x [M, K] in fp32 (every program recomputes its rows')."""
+    ss = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(
+            x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0
+        ).to(tl.float32)
+        ss += x * x
+    return 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
+
+
+@triton.jit
+def _epilogue(
+    acc,
+    acc_up,
+    offs_m,
+    offs_n,
+    m_mask,
+    n_mask,
+    b_ptr,
+    r_ptr,
+    y_ptr,
+    N_OUT,
+    scale,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
+    """fp32 accumulators [BLOCK_M, BLOCK_N] → y, rounding to y's dtype where eager bf16 ops round."""
+    dt = y_ptr.dtype.element_ty
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            acc_up += tl.load(b_ptr + N_OUT + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    y = acc.to(dt)  # F.linear's output
+    if GATED:
+        g = y.to(tl.float32)
+        s = (g / (1.0 + tl.exp(-g))).to(dt)  # F.silu(gate)
+        y = (s.to(tl.float32) * acc_up.to(dt).to(tl.float32)).to(dt)  # silu(gate) * up
+    offs = offs_m[:, None] * N_OUT + offs_n[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    if HAS_RESIDUAL:
+        r = tl.load(r_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        branch = (y.to(tl.float32) * scale).to(dt)  # branch * scale (exact when scale == 1)
+        y = (r + branch.to(tl.float32)).to(dt)  # residual + branch
+    tl.store(y_ptr + offs, y, mask=mask)
+
+
+@triton.jit
+def _sum_partials(
+    part_ptr,
+    offs_m,
+    offs_n,
+    mask,
+    M,
+    N_OUT,
+    GATED: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The SPLIT_K fp32 partials [SPLIT_K, M, N] of one output tile, added in split order (deterministic: the same
+    sums whichever program adds them). Loaded through L2 only (.cg): they were written by other programs."""
+    n_acc = N_OUT * 2 if GATED else N_OUT
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        base = part_ptr + (s * M + offs_m)[:, None] * n_acc + offs_n[None, :]
+        acc += tl.load(base, mask=mask, other=0.0, cache_modifier=".cg")
+        if GATED:
+            acc_up += tl.load(base + N_OUT, mask=mask, other=0.0, cache_modifier=".cg")
+    return acc, acc_up
+
+
+@triton.jit
+def _dot_loop(
+    x_ptr,
+    w_ptr,
+    g_ptr,
+    rstd,
+    offs_m,
+    offs_n,
+    m_mask,
+    n_mask,
+    N_OUT,
+    K,
+    k_lo,
+    k_hi,
+    HAS_NORM: tl.constexpr,
+    GATED: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Tensor-core form: [BLOCK_M, BLOCK_K] x tile · [BLOCK_N, BLOCK_K]ᵀ W tile per step (cp.async-pipelined)."""
+    dt = x_ptr.dtype.element_ty
+    w_rows = offs_n.to(tl.int64) * K
+    w_rows_up = (offs_n + N_OUT).to(tl.int64) * K
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < k_hi
+        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        if HAS_NORM:
+            gw = tl.load(g_ptr + offs_k, mask=k_mask, other=0.0)
+            x = (x.to(tl.float32) * rstd[:, None]).to(dt)  # normalised, cast back
+            x = (gw.to(tl.float32)[None, :] * x.to(tl.float32)).to(dt)  # × weight in x's dtype
+        w_mask = n_mask[:, None] & k_mask[None, :]
+        w = tl.load(w_ptr + w_rows[:, None] + offs_k[None, :], mask=w_mask, other=0.0)
+        if FP32_DOT:
+            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+        if GATED:
+            wu = tl.load(w_ptr + w_rows_up[:, None] + offs_k[None, :], mask=w_mask, other=0.0)
+            if FP32_DOT:
+                acc_up = tl.dot(x.to(tl.float32), tl.trans(wu.to(tl.float32)), acc_up, input_precision="ieee")
+            else:
+                acc_up = tl.dot(x, tl.trans(wu), acc_up)
+    return acc, acc_up
+
+
+@triton.jit
+def _fma_w_tile(w_ptr, offs_n3, n_mask3, N_OUT, K, k0, k_hi, GATED: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The [1, BLOCK_N, BLOCK_K] W tile (and the matching up rows when GATED) at k0; all-masked past k_hi."""
+    offs_k3 = (k0 + tl.arange(0, BLOCK_K))[None, None, :]
+    w_mask = n_mask3 & (offs_k3 < k_hi)
+    w = tl.load(w_ptr + offs_n3.to(tl.int64) * K + offs_k3, mask=w_mask, other=0.0)
+    wu = w
+    if GATED:
+        wu = tl.load(w_ptr + (offs_n3 + N_OUT).to(tl.int64) * K + offs_k3, mask=w_mask, other=0.0)
+    return w, wu
+
+
+@triton.jit
+def _fma_loop(
+    x_ptr,
+    w_ptr,
+    g_ptr,
+    rstd,
+    w,
+    wu,
+    offs_m,
+    offs_n,
+    M,
+    N_OUT,
+    K,
+    k_lo,
+    k_hi,
+    HAS_NORM: tl.constexpr,
+    GATED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """GEMV form: elementwise FMA into a [BLOCK_M, BLOCK_N, BLOCK_K] fp32 accumulator, reduced over K once at the
+    end. x and W are loaded straight in that 3-D layout ([BLOCK_M, 1, BLOCK_K], [1, BLOCK_N, BLOCK_K]) so no tile
+    goes through shared memory on the way to the FMAs. `w`/`wu`: the first W tile, loaded by the caller (before the
+    grid-dependency wait); each step loads the next tile into registers before it multiplies the current one."""
+    dt = x_ptr.dtype.element_ty
+    offs_m3 = offs_m[:, None, None]
+    offs_n3 = offs_n[None, :, None]
+    m_mask3 = offs_m3 < M
+    n_mask3 = offs_n3 < N_OUT
+    if HAS_NORM:
+        rstd3 = rstd[:, None, None]
+    acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc3_up = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k3 = (k0 + tl.arange(0, BLOCK_K))[None, None, :]
+        k_mask3 = offs_k3 < k_hi
+        x = tl.load(x_ptr + offs_m3 * K + offs_k3, mask=m_mask3 & k_mask3, other=0.0)
+        if HAS_NORM:
+            gw = tl.load(g_ptr + offs_k3, mask=k_mask3, other=0.0)
+            x = (x.to(tl.float32) * rstd3).to(dt)
+            x = (gw.to(tl.float32) * x.to(tl.float32)).to(dt)
+        xf = x.to(tl.float32)
+        w_next, wu_next = _fma_w_tile(w_ptr, offs_n3, n_mask3, N_OUT, K, k0 + BLOCK_K, k_hi, GATED, BLOCK_K)
+        acc3 += xf * w.to(tl.float32)
+        if GATED:
+            acc3_up += xf * wu.to(tl.float32)
+        w = w_next
+        wu = wu_next
+    return tl.sum(acc3, axis=2), tl.sum(acc3_up, axis=2)
+
+
+@triton.jit
+def skinny_linear_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    g_ptr,
+    r_ptr,
+    y_ptr,
+    part_ptr,
+    sem_ptr,
+    M,
+    N_OUT,
+    K,
+    K_SPLIT,
+    eps,
+    scale,
+    HAS_NORM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+    PDL: tl.constexpr,
+    NORM_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Grid (cdiv(M, BLOCK_M), cdiv(N_OUT, BLOCK_N), SPLIT_K): the row tiles of one W block are neighbours in
+    launch order, so with several row tiles W is read from HBM once and from L2 after. USE_DOT: tensor-core
+    `tl.dot` on a BLOCK_M ≥ 16 tile (rows past M masked); otherwise the FMA (GEMV) form, for BLOCK_M = M ≤ 2.
+    FP32_DOT: `tl.dot` in exact fp32 ("ieee", not TF32), on fp32 copies of 16-bit operands if need be (the same
+    products, exact in fp32): fp32 weights, and Triton's CPU interpreter, which multiplies bf16 operands as raw
+    integers. With SPLIT_K > 1 the fp32 partial sums go to part_ptr [SPLIT_K, M, N] and are added in split order
+    (deterministic): by `split_k_epilogue_kernel`, or with FUSED_REDUCE by the tile's last program to arrive
+    (counted in the zeroed int32 workspace sem_ptr, one counter per output tile, left zeroed). PDL (pdl.py): the
+    GEMV form loads its first W tile, then waits for the previous kernel; x and the residual are read, and the
+    outputs written, only after the wait. NORM_BLOCK: the chunk of K the RMSNorm prologue reads per step (0: BLOCK_K).
+    """
+    # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
+    # _use_fp64_for_unbacked_floats), which turned the loop-carried state fp64 (H100 AOTI build failed).
+    eps = tl.cast(eps, tl.float32)
+    scale = tl.cast(scale, tl.float32)
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N_OUT
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    if not USE_DOT:  # weights only: safe before the wait
+        w0, wu0 = _fma_w_tile(w_ptr, offs_n[None, :, None], n_mask[None, :, None], N_OUT, K, k_lo, k_hi, GATED, BLOCK_K)
+    # Every activation access (x, residual, y, partials) is addressed by row, and the rows depend on the wait's
+    # result: none of them can be scheduled before the wait.
+    # Trigger: the GEMV form at once (its dependents' W loads overlap this kernel; H100 B=1 steps 8-11% faster),
+    # the tile form only after its K loop. (The B=16 step stayed 4-4.5% slower with the attribute whether the tile
+    # form triggered early or late, so packages of more than pdl.MAX_ROWS rows launch without it. A tile form that
+    # loaded its first W tile before the wait and triggered at once was slower still on the 1-row VoxCPM2 audio
+    # packages, H100: local_encoder 0.572 vs 0.485 ms in one call, locdit 5.49 vs 5.20 ms in another;
+    # bench/results/nvidia-h100/probes/tile_form_early_w/.)
+    token = grid_dependency_wait(PDL, not USE_DOT)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M) + token
+    m_mask = offs_m < M
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_NORM:
+        rstd = _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M, NORM_BLOCK if NORM_BLOCK > 0 else BLOCK_K)
+    if USE_DOT:
+        acc, acc_up = _dot_loop(
+            x_ptr,
+            w_ptr,
+            g_ptr,
+            rstd,
+            offs_m,
+            offs_n,
+            m_mask,
+            n_mask,
+            N_OUT,
+            K,
+            k_lo,
+            k_hi,
+            HAS_NORM,
+            GATED,
+            FP32_DOT,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
+    else:
+        acc, acc_up = _fma_loop(
+            x_ptr,
+            w_ptr,
+            g_ptr,
+            rstd,
+            w0,
+            wu0,
+            offs_m,
+            offs_n,
+            M,
+            N_OUT,
+            K,
+            k_lo,
+            k_hi,
+            HAS_NORM,
+            GATED,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
+    if USE_DOT:
+        offs_m += grid_dependency_trigger(PDL)
+    finish = True  # this program writes y (a static True/False, or the runtime answer of the in-kernel reduction)
+    if SPLIT_K > 1:
+        n_acc = N_OUT * 2 if GATED else N_OUT
+        base = part_ptr + (pid_k * M + offs_m)[:, None] * n_acc + offs_n[None, :]
+        mask = m_mask[:, None] & n_mask[None, :]
+        tl.store(base, acc, mask=mask)
+        if GATED:
+            tl.store(base + N_OUT, acc_up, mask=mask)
+        finish = False  # split_k_epilogue_kernel adds the partials
+        if FUSED_REDUCE:
+            # the tile's last program adds the partials and runs the epilogue (split_k_triton.py): no second launch
+            counter = sem_ptr + pid_m * tl.num_programs(1) + pid_n + token
+            finish = last_to_arrive(counter, SPLIT_K)
+            if finish:
+                acc, acc_up = _sum_partials(part_ptr, offs_m, offs_n, mask, M, N_OUT, GATED, SPLIT_K, BLOCK_M, BLOCK_N)
+    if finish:
+        _epilogue(
+            acc,
+            acc_up,
+            offs_m,
+            offs_n,
+            m_mask,
+            n_mask,
+            b_ptr,
+            r_ptr,
+            y_ptr,
+            N_OUT,
+            scale,
+            HAS_BIAS,
+            GATED,
+            HAS_RESIDUAL,
+        )
+        if FUSED_REDUCE:
+            reset_counter(counter)
+
+
+@triton.jit
+def split_k_epilogue_kernel(
+    part_ptr,
+    b_ptr,
+    r_ptr,
+    y_ptr,
+    M,
+    N_OUT,
+    scale,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Sum the SPLIT_K partials in split order, then the same epilogue. Grid (cdiv(N_OUT, BLOCK_N),
+    cdiv(M, BLOCK_M))."""
+    scale = tl.cast(scale, tl.float32)  # fp32 whatever the caller passes (AOTI passes floats as fp64)
+    token = grid_dependency_wait(PDL, True)
+    part_ptr += token
+    r_ptr += token
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < M
+    n_mask = offs_n < N_OUT
+    mask = m_mask[:, None] & n_mask[None, :]
+    acc, acc_up = _sum_partials(part_ptr, offs_m, offs_n, mask, M, N_OUT, GATED, SPLIT_K, BLOCK_M, BLOCK_N)
+    _epilogue(
+        acc, acc_up, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, y_ptr, N_OUT, scale, HAS_BIAS, GATED, HAS_RESIDUAL
+    )
+
+
+# Tuned per bucket at AOTI compile time on the build GPU (one config is baked into each package). The lists are the
+# smallest sets that keep the best time of every VoxCPM2 decode shape in the H100 sweep
+# (bench/results/nvidia-h100/kernel_configs.json, `python -m bench kernels --sections configs`): the GEMV set
+# reaches 93.9 us summed over qkv/o/gate_up/down at M = 1 and 2 (every candidate's best: 93.5; the previous four
+# configs: 94.9), the tile set 167.9 us at M = 4, 8, 16 (best: 167.9; previous four: 168.6). Fewer configs, less
+# autotuning per package at build time. The autotuner is not trusted with the choices the sweep settles: one row
+# takes `one_row_config`, the tile form the BLOCK_N of `tile_block_n` (`_prune_gemv`, `_prune_tiles` below;
+# builds had baked slower ones, bench/results/nvidia-h100/probes/tile_width_rule/, gemv_one_row_pin/). BLOCK_M,
+# SPLIT_K and USE_DOT come from the launcher. The FMA accumulator holds BLOCK_M·BLOCK_N·BLOCK_K fp32 values: ≤ 64
+# registers per thread at M = 1.
+GEMV_CONFIGS = [
+    triton.Config({"BLOCK_N": 8, "BLOCK_K": 1024}, num_warps=8, num_stages=1),  # M = 1 where 1024 divides K
+    triton.Config({"BLOCK_N": 8, "BLOCK_K": 512}, num_warps=4, num_stages=1),  # gate_up at M = 2; M = 1 otherwise
+    triton.Config({"BLOCK_N": 2, "BLOCK_K": 1024}, num_warps=2, num_stages=1),  # o, down at M = 2
+]
+# Few rows: a deep cp.async pipeline keeps ≥ 24 KB of W in flight per SM even at one program per SM (BLOCK_N 32:
+# qkv and gate_up; 16: o and down at M = 16; 16 × 128 with 6 stages: o at M = 4 and 8).
+GEMM_CONFIGS = [
+    triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_N": 32, "BLOCK_K": 256}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_N": 16, "BLOCK_K": 128}, num_warps=4, num_stages=6),
+]
+# The epilogue flags are part of the key: a gated and a plain call of the same size are different kernels.
+AUTOTUNE_KEY = ["M", "N_OUT", "K", "K_SPLIT", "BLOCK_M", "HAS_NORM", "GATED", "HAS_BIAS", "HAS_RESIDUAL"]
+
+
+def one_row_config(k_range: int) -> triton.Config:
+    """The GEMV config of one row, by rule: BLOCK_N 8 × BLOCK_K 1024 × 8 warps where 1024 divides the program's K
+    range, else BLOCK_N 8 × BLOCK_K 512 × 4 warps. The first is the fastest or tied at every VoxCPM2 shape in the H100
+    sweep (kernel_configs.json, M = 1, K = 2048 / 6144: qkv 6.5, o 5.3, down 11.3 us, where the others take up to
+    7.5 / 6.4 / 15.2; gate_up 22.3 vs 22.1). A K range that 1024 does not divide ends in a part-masked step that costs
+    a whole loop trip: at the Fish fast_ar's K = 2560 and 9728 the 512 config takes qkv 15.7 → 14.8, gate_up 48.2 →
+    39.4, down 23.8 → 21.7 us (probes/predictor_kernels/call3_0c73b31/kernels_fast_ar_gemv.json; the best of eight
+    configs: 14.3, 38.0, 20.5)."""
+    first, second = GEMV_CONFIGS[0], GEMV_CONFIGS[1]
+    return first if k_range % first.kwargs["BLOCK_K"] == 0 else second
+
+
+def _prune_gemv(configs, named_args, **kwargs):
+    """One row: only `one_row_config` of the call's K range; the autotuner, timing each kernel alone, is not trusted
+    with near-ties it can get wrong by a third. Two rows keep all three (each is best at some shape)."""
+    meta = {**named_args, **kwargs}
+    if size_hint(meta["M"]) != 1:
+        return configs
+    one = one_row_config(size_hint(meta["K_SPLIT"]))
+    return [c for c in configs if (c.kwargs, c.num_warps) == (one.kwargs, one.num_warps)] or configs
+
+
+skinny_gemv_autotuned = triton.autotune(
+    configs=GEMV_CONFIGS, key=AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_gemv}
+)(skinny_linear_kernel)
+
+
+def _prune_tiles(configs, named_args, **kwargs):
+    """The tile form's candidates: only those of the BLOCK_N `tile_block_n` picks for the call's shape (Triton's
+    autotuner and Inductor's AOTI autotuning both call this with the launch's arguments by name)."""
+    meta = {**named_args, **kwargs}
+    bn = tile_block_n(
+        size_hint(meta["M"]),
+        size_hint(meta["N_OUT"]),
+        meta["SPLIT_K"],
+        meta["BLOCK_M"],
+        multiprocessor_count(meta["x_ptr"].device),
+        [c.kwargs["BLOCK_N"] for c in configs],
+    )
+    return [c for c in configs if c.kwargs["BLOCK_N"] == bn]
+
+
+skinny_gemm_autotuned = triton.autotune(
+    configs=GEMM_CONFIGS, key=AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_tiles}
+)(skinny_linear_kernel)

@@ -1,0 +1,121 @@
+"""Shared fixtures. Artifacts are built once per test session (and shared between xdist workers through a file
+lock) because every AOTI compile costs tens of seconds on a 2-core CI machine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from filelock import FileLock
+from hypothesis import HealthCheck, settings
+
+from ttsaot.runtime.metrics import rel_error as rel_err  # noqa: F401  (tests import the one metric from here)
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+# Without a GPU, Triton kernels can only run under Triton's interpreter (tests/test_kernels_*.py), and Triton reads
+# TRITON_INTERPRET when it decorates its own library functions at `import triton`: set it before anything imports
+# triton. Nothing else on CPU launches a Triton kernel (CPU builds trace the custom ops' aten branches).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Property tests: CI runs a fixed, reproducible set (derandomized, hypothesis pinned in pyproject's `test` extra);
+# `HYPOTHESIS_PROFILE=explore make test` searches freely with more, random examples on a developer's machine.
+settings.register_profile(
+    "ci", max_examples=30, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck), print_blob=True
+)
+settings.register_profile(
+    "explore",
+    max_examples=300,
+    derandomize=False,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    print_blob=True,
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("TTSAOT_TEST_ARTIFACTS", ROOT / ".pytest_artifacts"))
+
+
+def built_artifact(name: str, build: Callable[[Path], Path]) -> Path:
+    """Build once into CACHE/<name>; later callers (other workers, other tests) reuse it.
+
+    Each pytest run has its own directory (the run id is set by the controlling process and inherited by xdist
+    workers), so stale artifacts from older code are never reused and concurrent runs do not collide."""
+    root = CACHE / os.environ["TTSAOT_TEST_RUN"] / name
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root) + ".lock"):
+        done = root / ".done"
+        if not done.exists():
+            if root.exists():
+                shutil.rmtree(root)
+            root.mkdir(parents=True)
+            path = build(root)
+            done.write_text(str(path.relative_to(root)))
+        return root / done.read_text()
+
+
+def pytest_configure(config):
+    if not os.environ.get("PYTEST_XDIST_WORKER") and "TTSAOT_TEST_RUN" not in os.environ:
+        os.environ["TTSAOT_TEST_RUN"] = uuid.uuid4().hex[:12]
+        config._ttsaot_owns_run = True
+    # CLI builds use the package cache by default: keep the tests' entries out of the user's cache, one per run
+    os.environ.setdefault("TTSAOT_CACHE_DIR", str(CACHE / os.environ["TTSAOT_TEST_RUN"] / "package-cache"))
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_ttsaot_owns_run", False):
+        shutil.rmtree(CACHE / os.environ.pop("TTSAOT_TEST_RUN"), ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def qwen_tiny_fp32() -> Path:
+    """Tiny code2wav, fp32, buckets batch {1,2} × frames {8,16,48}; streaming chunk 16 + context 32 (≥ the
+    tiny receptive field of 28 frames, so streamed audio must equal one-shot audio)."""
+    from ttsaot.builder.buckets import StreamingConfig
+    from ttsaot.builder.build import build_family
+    from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
+
+    def build(root: Path) -> Path:
+        opts = QWEN.options(
+            dtype=torch.float32,
+            batch_buckets=(1, 2),
+            frame_buckets=(8, 16, 48),
+            streaming=StreamingConfig(16, 32, 0, 0),
+        )
+        return build_family(QWEN.name, QWEN.specs(opts, ["code2wav"]), root, "cpu").path
+
+    return built_artifact("qwen-tiny-fp32", build)
+
+
+@pytest.fixture(scope="session")
+def qwen_tiny_bf16() -> Path:
+    from ttsaot.builder.buckets import StreamingConfig
+    from ttsaot.builder.build import build_family
+    from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
+
+    def build(root: Path) -> Path:
+        opts = QWEN.options(
+            dtype=torch.bfloat16, batch_buckets=(1,), frame_buckets=(16,), streaming=StreamingConfig(16, 0, 0, 0)
+        )
+        return build_family(QWEN.name, QWEN.specs(opts, ["code2wav"]), root, "cpu").path
+
+    return built_artifact("qwen-tiny-bf16", build)
+
+
+@pytest.fixture
+def artifact_copy(tmp_path) -> Callable[[Path], Path]:
+    """A writable copy of a built artifact, for fault-injection tests."""
+
+    def copy(src: Path) -> Path:
+        dst = tmp_path / src.name
+        shutil.copytree(src, dst)
+        return dst
+
+    return copy

@@ -1,0 +1,130 @@
+"""builder/kernels/kernel_analysis.py: torch's user-kernel access analysis runs once per distinct call key while a
+stage exports and compiles (the H100 locdit build spent 166 s re-running it), with the same answers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch._higher_order_ops.triton_kernel_wrap as wrap
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ttsaot.builder.kernels.kernel_analysis import analysis_key, memoized_kernel_analysis
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ANALYSIS = next(n for n in ("identify_accessed_tensors", "identify_mutated_tensors") if hasattr(wrap, n))
+
+
+@pytest.fixture
+def counting(monkeypatch):
+    """torch's analysis replaced by a counter that answers with a fresh list naming the kernel's first argument."""
+    calls = []
+
+    def analysis(kernel, kwargs, tma_descriptor_metadata):
+        calls.append(kernel)
+        return [sorted(kwargs)[0]]
+
+    monkeypatch.setattr(wrap, ANALYSIS, analysis)
+    return calls
+
+
+def fake(dtype: torch.dtype, n: int = 4) -> torch.Tensor:
+    with FakeTensorMode():
+        return torch.empty(n, dtype=dtype)
+
+
+def test_one_analysis_per_key_and_copies_returned(counting):
+    kernel = object()
+    with memoized_kernel_analysis() as active:
+        assert active
+        a = getattr(wrap, ANALYSIS)(kernel, {"x": fake(torch.bfloat16), "n": 7, "BLOCK": 64}, {})
+        # another call site: other fake tensors of the same dtype and sizes (Triton sees torch.empty(2, dtype))
+        b = getattr(wrap, ANALYSIS)(kernel, {"x": fake(torch.bfloat16, 99), "n": 7, "BLOCK": 64}, {})
+        assert len(counting) == 1 and a == b == ["BLOCK"] and a is not b
+        getattr(wrap, ANALYSIS)(kernel, {"x": fake(torch.float32), "n": 7, "BLOCK": 64}, {})  # dtype differs
+        getattr(wrap, ANALYSIS)(kernel, {"x": fake(torch.bfloat16), "n": 8, "BLOCK": 64}, {})  # a scalar differs
+        getattr(wrap, ANALYSIS)(kernel, {"x": fake(torch.bfloat16), "n": 7, "BLOCK": 64.0}, {})  # its type differs
+        getattr(wrap, ANALYSIS)(object(), {"x": fake(torch.bfloat16), "n": 7, "BLOCK": 64}, {})  # another kernel
+        assert len(counting) == 5
+
+
+def test_calls_triton_specialises_differently_are_not_memoised(counting):
+    kernel = object()
+    with memoized_kernel_analysis():
+        for _ in range(2):
+            getattr(wrap, ANALYSIS)(kernel, {"x": torch.empty(4), "n": 7}, {})  # real tensor: alignment
+            getattr(wrap, ANALYSIS)(kernel, {"x": fake(torch.float32), "n": [1, 2]}, {})  # unhashable
+            getattr(wrap, ANALYSIS)(kernel, {"x": fake(torch.float32), "n": 7}, {"x": ("stable", ((16,),))})  # TMA
+    assert len(counting) == 6
+
+
+def test_symbolic_sizes_share_a_key():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    s1 = env.create_unbacked_symint()
+    s2 = env.create_unbacked_symint()
+    assert analysis_key("k", {"n": s1}, {}) == analysis_key("k", {"n": s2}, {})  # generate_ttir passes 2 for both
+    assert analysis_key("k", {"n": s1}, {}) != analysis_key("k", {"n": 2}, {})
+
+
+def test_context_restores_torch_and_nests(counting):
+    original = getattr(wrap, ANALYSIS)
+    with memoized_kernel_analysis():
+        outer = getattr(wrap, ANALYSIS)
+        assert outer is not original
+        with memoized_kernel_analysis() as active:
+            assert active and getattr(wrap, ANALYSIS) is outer  # the enclosing memo stays in place
+        assert getattr(wrap, ANALYSIS) is outer
+    assert getattr(wrap, ANALYSIS) is original
+
+
+REAL = textwrap.dedent(r"""
+    import torch, triton
+    import torch._higher_order_ops.triton_kernel_wrap as wrap
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from triton.backends.compiler import GPUTarget
+    from ttsaot.builder.kernels import skinny_linear_triton as S
+    from ttsaot.builder.kernels.kernel_analysis import memoized_kernel_analysis
+
+    class Sm90:  # generate_ttir asks the active driver for its target; no GPU here
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    triton.runtime.driver.set_active(Sm90())
+    name = next(n for n in ("identify_accessed_tensors", "identify_mutated_tensors") if hasattr(wrap, n))
+    frontend = wrap.generate_ttir
+    runs = []
+    wrap.generate_ttir = lambda *a, **k: runs.append(1) or frontend(*a, **k)
+    def kw(m):  # a fresh set of fake tensors per call site
+        with FakeTensorMode():
+            t = lambda dtype=torch.bfloat16: torch.empty(64, dtype=dtype)
+            return dict(x_ptr=t(), w_ptr=t(), b_ptr=t(), g_ptr=t(), r_ptr=t(), y_ptr=t(), part_ptr=t(torch.float32),
+                        sem_ptr=t(torch.int32), M=m, N_OUT=4096, K=1024, K_SPLIT=1024, eps=1e-5, scale=1.0,
+                        HAS_NORM=True, HAS_BIAS=False, GATED=False, HAS_RESIDUAL=True, SPLIT_K=1, FUSED_REDUCE=False,
+                        USE_DOT=True, FP32_DOT=False, PDL=True, NORM_BLOCK=0, BLOCK_M=32, BLOCK_N=32,
+                        BLOCK_K=256)
+
+    def writes(result):
+        result = result.read_writes.writes if hasattr(result, "read_writes") else result
+        return sorted(getattr(d, "name", d) for d in result)
+
+    plain = writes(getattr(wrap, name)(S.skinny_linear_kernel, kw(22), {}))
+    with memoized_kernel_analysis():
+        memo = [writes(getattr(wrap, name)(S.skinny_linear_kernel, kw(22), {})) for _ in range(3)]
+    print(plain, memo, len(runs))
+    assert plain == ["y_ptr"] and memo == [plain] * 3, (plain, memo)
+    assert len(runs) == 2, runs  # the plain call, then one for the three memoised calls
+""")
+
+
+def test_real_analysis_of_a_kernel_layer_kernel_is_unchanged():
+    """torch's own analysis of skinny_linear (TTIR for sm_90, no GPU needed): the memoised answer is the same, from
+    one frontend run for three calls. A child process: the interpreter (TRITON_INTERPRET) must be off."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", REAL], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]

@@ -1,0 +1,172 @@
+"""`build --jobs N`: bucket packages compiled in spawned worker processes make the same artifact as a serial
+build (package signatures, weights, golden), and a failing worker names its stage/bucket."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from ttsaot.builder.buckets import BucketPlan
+from ttsaot.builder.build import build_family, compile_cost, largest_first
+from ttsaot.builder.export import CompileError
+from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
+from ttsaot.builder.parallel_compile import CompileTask, compile_in_workers, default_jobs
+
+from .test_build_atomic import _specs
+
+
+def _two_buckets():
+    # one static package per bucket (`off`), so that --jobs 2 has two compiles to spread over its workers
+    return [replace(_specs()[0], plan=BucketPlan({"batch": (1,), "frames": (8, 16)}), dynamic_packages="off")]
+
+
+def _package_metadata(path: Path) -> dict:
+    from torch._C._aoti import AOTIModelPackageLoader
+
+    return dict(AOTIModelPackageLoader.load_metadata_from_package(str(path), "model"))
+
+
+@pytest.mark.heavy
+def test_jobs_2_builds_the_same_artifact_as_jobs_1(tmp_path):
+    serial = build_family(QWEN.name, _two_buckets(), tmp_path / "serial", "cpu", jobs=1).path
+    parallel = build_family(QWEN.name, _two_buckets(), tmp_path / "parallel", "cpu", jobs=2).path
+    for rel in ("code2wav.safetensors", "golden/code2wav.safetensors"):
+        assert (serial / rel).read_bytes() == (parallel / rel).read_bytes(), rel
+    m1, m2 = (json.loads((p / "manifest.json").read_text())["stages"]["code2wav"] for p in (serial, parallel))
+    assert [b["key"] for b in m2["buckets"]] == ["b1_f8", "b1_f16"]
+    drop = ("sha256", "bytes", "created")
+    assert {k: v for k, v in m1.items() if k != "buckets"} == {k: v for k, v in m2.items() if k != "buckets"}
+    assert [{k: v for k, v in b.items() if k not in drop} for b in m1["buckets"]] == [
+        {k: v for k, v in b.items() if k not in drop} for b in m2["buckets"]
+    ]
+    for b in m1["buckets"]:
+        meta1, meta2 = _package_metadata(serial / b["file"]), _package_metadata(parallel / b["file"])
+        keys = [k for k in meta1 if k.startswith("ttsaot_")]
+        assert keys and {k: meta1[k] for k in keys} == {k: meta2[k] for k in keys}
+    assert not [p for p in (tmp_path / "parallel").iterdir() if p.name.startswith(".")]
+
+
+def test_a_failing_worker_names_its_bucket(tmp_path):
+    task = CompileTask(
+        "code2wav/b1_f8",
+        tmp_path / "missing.pt2",
+        (torch.zeros(1),),
+        torch.device("cpu"),
+        tmp_path / "out.pt2",
+        "m",
+        {},
+        None,
+    )
+    done = []
+    with pytest.raises(CompileError, match="code2wav/b1_f8: compile worker failed: FileNotFoundError"):
+        compile_in_workers([task], 2, lambda t, w: done.append(t.label))
+    assert done == [] and not (tmp_path / "out.pt2").exists()
+
+
+def test_a_failure_stops_the_compiles_still_running(tmp_path):
+    """The running compiles are terminated, not awaited: here one worker blocks for ever (its program is a FIFO
+    nobody writes) while the other fails; compile_in_workers must still return promptly with the failure."""
+    import os
+    import threading
+
+    fifo = tmp_path / "never.pt2"
+    os.mkfifo(fifo)
+
+    def task(label: str, program: Path) -> CompileTask:
+        return CompileTask(
+            label, program, (torch.zeros(1),), torch.device("cpu"), tmp_path / f"{label}.pt2", "m", {}, None
+        )
+
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            compile_in_workers([task("blocked", fifo), task("failing", tmp_path / "missing.pt2")], 2, lambda t, w: None)
+        except BaseException as e:  # noqa: BLE001 - recorded for the assertion below
+            raised.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(120)
+    try:
+        assert not t.is_alive(), "compile_in_workers waited on a running compile after a failure"
+        assert len(raised) == 1 and isinstance(raised[0], CompileError) and "failing" in str(raised[0])
+    finally:
+        if t.is_alive():  # unblock the worker so the test process can exit
+            with open(fifo, "wb"):
+                pass
+
+
+class _Chain(torch.nn.Module):
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(depth))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def test_the_largest_compiles_are_submitted_first():
+    def cost(depth: int, rows: int) -> tuple[int, int]:
+        x = torch.randn(rows, 4)
+        return compile_cost(torch.export.export(_Chain(depth), (x,)), (x,))
+
+    small, deep, wide = cost(1, 2), cost(3, 2), cost(1, 8)
+    assert deep[0] > small[0] and wide == (small[0], 32) and small[1] == 8
+    jobs = [("a", small), ("b", wide), ("c", deep), ("d", small)]
+    assert [n for n, _ in largest_first(jobs, lambda j: j[1])] == ["c", "b", "a", "d"]  # ties keep plan order
+
+
+def test_default_jobs_is_bounded_by_cores_and_memory():
+    import os
+
+    assert 1 <= default_jobs() <= len(os.sched_getaffinity(0))
+
+
+def test_each_worker_gets_its_share_of_the_cores_unless_the_user_set_one(monkeypatch):
+    """Inductor's own default is a pool as large as the host per process: N compiles side by side would start N
+    such pools. A worker's pool is cores // workers (at least 1); TORCHINDUCTOR_COMPILE_THREADS wins."""
+    from torch._inductor import config
+
+    from ttsaot.builder import parallel_compile as pc
+
+    monkeypatch.setattr(config, "compile_threads", config.compile_threads)
+    monkeypatch.delenv(pc.COMPILE_THREADS_ENV, raising=False)
+    pc._share_cores(3)
+    assert config.compile_threads == 3
+    monkeypatch.setenv(pc.COMPILE_THREADS_ENV, "7")
+    pc._share_cores(2)
+    assert config.compile_threads == 3  # the user's setting, which Inductor read itself, stays
+
+
+def test_cpu_builds_pool_every_stage():
+    from ttsaot.builder.build import _pooled_device_bytes
+
+    assert _pooled_device_bytes(torch.device("cpu")) == float("inf")
+
+
+@pytest.mark.heavy
+def test_stages_pool_their_compiles_within_the_device_budget(monkeypatch, tmp_path):
+    """With --jobs > 1 the stages' packages compile side by side, but a CUDA build compiles the pool before the
+    prepared stages' modules would exceed their share of the GPU (`_pooled_device_bytes`); here a budget of one
+    byte makes every stage compile alone, in spec order, and the artifact holds both."""
+    import ttsaot.builder.build as build
+
+    calls: list[list[str]] = []
+    real = build._compile_all
+
+    def recording(compiles, jobs):
+        calls.append([c.spec.name for c in compiles])
+        return real(compiles, jobs)
+
+    monkeypatch.setattr(build, "_compile_all", recording)
+    monkeypatch.setattr(build, "_pooled_device_bytes", lambda dev: 1)
+    first = _specs()[0]
+    specs = [first, replace(first, name="code2wav_again")]
+    res = build_family(QWEN.name, specs, tmp_path / "out", "cpu", jobs=2)
+    assert calls == [["code2wav"], ["code2wav_again"]]
+    assert list(res.manifest.stages) == ["code2wav", "code2wav_again"]
