@@ -114,6 +114,7 @@ def launch_sample_tokens(
     uniforms = uniforms if uniforms.stride(-1) == 1 else uniforms.contiguous()
     out = torch.empty((B,), dtype=torch.int64, device=logits.device)
     block = next_power_of_2(V)
+    sort = kernels.use_sort(block) if sort is None else sort
     wrap(kernels.sample_tokens_kernel)[(B,)](
         logits,
         uniforms,
@@ -127,8 +128,8 @@ def launch_sample_tokens(
         U_MIN=U_MIN,
         U_MAX=U_MAX,
         BLOCK_V=block,
-        SORT=kernels.use_sort(block) if sort is None else sort,
-        num_warps=kernels.warps(block),
+        SORT=sort,
+        num_warps=kernels.warps(block, sort),
     )
     return out
 

@@ -34,9 +34,13 @@ def use_sort(block_v: int) -> bool:
     return block_v <= SORT_MAX_VOCAB
 
 
-def warps(block_v: int) -> int:
-    """Warps per program: ~16 row values per thread (each bisection step is one reduction over them)."""
-    return max(1, min(16, block_v // 512))
+def warps(block_v: int, sort: bool) -> int:
+    """Warps per program: ~8 row values per thread for the sort, ~16 for the radix select. Measured alone on the
+    H100 (one row, a CUDA graph of 16 draws, bench/results/nvidia-h100/probes/sampler_warps/): the sort at V = 1024
+    takes 24.9 / 12.0 / 7.1 / 7.2 µs at 1 / 2 / 4 / 8 warps, at V = 2048 58.4 / 35.7 / 21.8 / 14.4 / 14.3 µs at 1-16
+    warps (the rule was 16 values per thread: 2 and 4 warps); the radix select at V = 4096 is fastest at 8 warps
+    (23.6 µs; 38.5 at 4, 25.1 at 16)."""
+    return max(1, min(16, block_v // (256 if sort else 512)))
 
 
 @triton.jit
