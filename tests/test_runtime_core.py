@@ -231,8 +231,8 @@ def test_all_finite_is_isfinite_all(dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_input_checker_reads_device_checks_back_once():
-    """Inputs already on the GPU: every range and NaN/Inf check is read back in one synchronising copy (a check
-    each was one stream sync each: five per predictor frame), and a failure still names the input and the value."""
+    """Inputs already on the GPU: every range and NaN/Inf check is read back in one synchronising copy (before,
+    each check synchronised on its own: five per predictor frame), and a failure still names the input and value."""
     import warnings
 
     dev = torch.device("cuda", torch.cuda.current_device())  # a stage's device carries its index
