@@ -2,7 +2,7 @@
 tokens (builder/kernels/sample.py `sample`): greedy rows, top-k off (≤ 0, > V), top-k 1, top-p off and tight,
 V not a power of two, B not a power of two, noise as the strided per-step slice of a [B, S, V] input, bf16 logits;
 one node under torch.export and the CPU lowering; the predictors' kernel pass puts one node per draw in their
-graphs. The `gpu` test: the predictors' vocabularies (2048, 4096) over many rows."""
+graphs. The `gpu` test: the predictors' vocabularies (1024, 2048, 4096) over many rows."""
 
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def test_sampler_kernel_pass_draws_through_the_op():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("V", [2048, 4096])
+@pytest.mark.parametrize("V", [1024, 2048, 4096])
 def test_gpu_predictor_vocabularies(V):
     g = torch.Generator().manual_seed(V)
     B = 64
