@@ -66,8 +66,9 @@ SECTIONS = (
     "sweep_predictors",
     "configs",
     "configs_predictors",
+    "configs_stream",
 )
-DEFAULT_SECTIONS = SECTIONS[:-3]  # the last three (minutes of compiles) only when asked for
+DEFAULT_SECTIONS = SECTIONS[:-4]  # the last four (minutes of compiles) only when asked for
 _WARMUP = {True: 3, False: 0}  # warm-up calls before eager timings: on the GPU, none in a CPU smoke run
 ROTATE_L2_MULTIPLE = 4  # weights rotated over at least this many times the L2 size
 MIN_GRAPH_CALLS = 16
@@ -135,6 +136,25 @@ PREDICTOR_DOT_CANDIDATES = (
     (128, 128, 8, 3),
 )
 PREDICTOR_SWEEP = ("voxcpm2_locdit", (22,), (1, 2, 4, 8))
+# `configs_stream`: the streamed tensor-core form (no cp.async stages, the next tiles in registers, first W tile
+# before the PDL wait) against the tile form's autotuned plan, at each tile-form shape's serving rows: (BLOCK_N,
+# BLOCK_K, num_warps, num_stages) × split-K 1/2 (1 for gated).
+STREAM_CANDIDATES = ((16, 256, 4, 1), (32, 256, 8, 1), (16, 128, 4, 1), (16, 512, 8, 1), (32, 128, 4, 1))
+STREAM_SWEEP = {
+    "voxcpm2_locdit_qkv": (22,),
+    "voxcpm2_locdit_o": (22,),
+    "voxcpm2_locdit_gate_up": (22,),
+    "voxcpm2_locdit_down": (22,),
+    "voxcpm2_qkv": (16,),
+    "voxcpm2_o": (16,),
+    "voxcpm2_gate_up": (16,),
+    "voxcpm2_down": (16,),
+    "qwen_code_predictor_qkv": (16,),
+    "qwen_code_predictor_down": (16,),
+    "fish_fast_ar_qkv": (11,),
+    "fish_fast_ar_gate_up": (11,),
+    "fish_fast_ar_down": (11,),
+}
 
 
 def _interpreter_kwargs(device: torch.device, kind: str) -> dict:
@@ -300,6 +320,7 @@ def bench_skinny_configs(
     reps: int,
     device: torch.device,
     time_left: Callable[[], float] = lambda: math.inf,
+    with_plan: bool = False,
     candidates: tuple[tuple[int, int, int, int], ...] | None = None,
     splits: tuple[int, ...] | None = None,
     shared_counters: bool = False,
@@ -308,7 +329,8 @@ def bench_skinny_configs(
     the aten reference and timed in a graph of back-to-back calls; the same-bytes copy once. Candidates that would
     start past `time_left()` are recorded as skipped; splits that round to the same K ranges run once. A split runs
     as the op does (its epilogue kernel adds the partials); `shared_counters` also times it on one zeroed counter
-    workspace that every call reuses (the kernel adds the partials and leaves the workspace zeroed)."""
+    workspace that every call reuses (the kernel adds the partials and leaves the workspace zeroed). form "stream":
+    the streamed tensor-core form. `with_plan`: also the op's own plan (the autotuned tile form) as "plan"."""
     from ttsaot.builder.kernels.common import cdiv
     from ttsaot.builder.kernels.skinny_linear import launch_skinny_linear, skinny_linear_reference
 
@@ -321,7 +343,7 @@ def bench_skinny_configs(
     copy = copy_gbps(nbytes, reps, device)
     out: dict[str, Any] = {"M": M, "N": N, "K": K, "form": form, "bytes": nbytes, "copy_same_bytes": copy}
     if candidates is None:
-        candidates = GEMV_CANDIDATES if form == "gemv" else DOT_CANDIDATES
+        candidates = {"gemv": GEMV_CANDIDATES, "stream": STREAM_CANDIDATES}.get(form, DOT_CANDIDATES)
     if splits is None:
         splits = (1,) if spec.get("gated") else (1, 2, 4)
     shared = torch.zeros(1 << 14, dtype=torch.int32, device=device) if shared_counters else None
@@ -338,8 +360,9 @@ def bench_skinny_configs(
             launch = dict(
                 config={"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages},
                 split_k=split,
-                use_dot=form == "dot",
+                use_dot=form != "gemv",
                 semaphores=semaphores,
+                stream=form == "stream",
             )
             try:
                 err = rel_err(launch_skinny_linear(t["x"], t["weights"][0], **kw, **launch).float(), ref)
@@ -358,6 +381,15 @@ def bench_skinny_configs(
                 }
             except Exception as e:  # noqa: BLE001 - a config the compiler refuses is a result too
                 runs[key] = {"error": short_error(e)}
+    if with_plan and time_left() > 0:
+        try:
+            calls = [lambda i=i: launch_skinny_linear(t["x"], t["weights"][i], **kw) for i in _rotation(n_sets, device)]
+            launch_skinny_linear(t["x"], t["weights"][0], **kw)  # autotunes here
+            ms = graph_ms(calls, reps, device)
+            gbps = nbytes / (ms * 1e-3) / 1e9
+            out["plan"] = {"graph_ms": ms, "gb_per_s": gbps, "ratio_to_copy": gbps / copy["gb_per_s"]}
+        except Exception as e:  # noqa: BLE001
+            out["plan"] = {"error": short_error(e)}
     out["runs"] = runs
     timed = {k: r for k, r in runs.items() if "graph_ms" in r}
     if timed:
@@ -875,6 +907,29 @@ def run_kernels(
         return cases(bench_skinny_configs, items)
 
     guarded("configs_predictors", configs_predictors_section)
+
+    def configs_stream_section() -> dict:
+        shapes = {**SKINNY_SHAPES, **PREDICTOR_SHAPES}
+        items = [
+            (
+                f"{name}/M={M}/stream",
+                dict(
+                    M=M,
+                    N=shapes[name][0],
+                    K=shapes[name][1],
+                    spec=shapes[name][2],
+                    form="stream",
+                    time_left=budget.left,
+                    splits=(1,) if shapes[name][2].get("gated") else (1, 2),
+                    with_plan=True,
+                ),
+            )
+            for name, rows in STREAM_SWEEP.items()
+            for M in rows
+        ]
+        return cases(bench_skinny_configs, items)
+
+    guarded("configs_stream", configs_stream_section)
     _voxcpm2_layers.cache_clear()
     res["seconds"] = round(time.time() - t_all, 1)
     res["status"] = "ok"
@@ -958,5 +1013,15 @@ def summary(res: dict) -> str:
             )
         elif isinstance(c, dict):
             lines.append(f"configs {key:<26} {c.get('error') or c.get('skipped') or 'no run timed'}")
+    for key, c in sec.get("configs_stream", {}).items():
+        if not isinstance(c, dict) or "best" not in c:
+            lines.append(f"stream {key:<32} {c.get('error') or c.get('skipped') if isinstance(c, dict) else c}")
+            continue
+        b, plan, copy = c["best"], c.get("plan", {}), c["copy_same_bytes"]["ms"]
+        tile = f"{plan['graph_ms'] * 1e3:6.1f} us" if "graph_ms" in plan else plan.get("error", "-")
+        lines.append(
+            f"stream {key:<32} tile plan {tile}  stream best {b['graph_ms'] * 1e3:6.1f} us ({b['config']}, "
+            f"{b['ratio_to_copy']:4.0%} of copy)  copy {copy * 1e3:5.1f} us"
+        )
     lines.append(f"status {res.get('status')} in {res.get('seconds', 0)} s")
     return "\n".join(lines)

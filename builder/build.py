@@ -55,6 +55,8 @@ from .build_inputs import INPUTS_KEY, build_inputs_key
 from .dynamic_shapes import DynamicExportError, export_dynamic, plan_ranges, range_record
 from .export import CompileError, compile_bucket, compiler_info, export_bucket, export_program, inductor_options
 from .kernels import pdl
+from .kernels.skinny_linear import METADATA_KEY as STREAM_METADATA_KEY
+from .kernels.skinny_linear import stream_tiles
 from .load_check import LoadCheck
 from .package_cache import (
     PackageCache,
@@ -508,6 +510,7 @@ class _StageCompile:
             "ttsaot_family": spec.family,
             "ttsaot_inputs": self.signatures[key],
             pdl.METADATA_KEY: "1" if pdl.wanted_for(sizes) else "0",
+            STREAM_METADATA_KEY: "1" if stream_tiles() else "0",
         }
         return _Job([key], [dict(sizes)], f"{spec.name}/{key}.pt2", self.examples[key], f"{spec.name}_{key}", metadata)
 
@@ -749,6 +752,7 @@ def _dynamic_jobs(
         # every bucket the package serves with its input signature: the runtime refuses any other
         "ttsaot_buckets": json.dumps({k: json.loads(st.signatures[k]) for k in keys}),
         pdl.METADATA_KEY: "1" if all(pdl.wanted_for(b) for b in group) else "0",
+        STREAM_METADATA_KEY: "1" if stream_tiles() else "0",
     }
     if st.lookup(job):
         names.add(tag)

@@ -519,7 +519,7 @@ def inspect(ctx, artifact, as_json, debug_here):
             dropped = {k: v for p in st.get("passes", []) for k, v in (p.get("dropped") or {}).items()}
             dropped.update(ck.get("dropped") or {})
             packages = {b["file"]: b["bytes"] for b in st["buckets"]}
-            pdl_files = {f: _launches_with_pdl(os.path.join(artifact, f)) for f in packages}  # each archive once
+            metas = {f: _package_metadata(os.path.join(artifact, f)) for f in packages}  # each archive once
             rows.append(
                 {
                     "stage": name,
@@ -545,7 +545,11 @@ def inspect(ctx, artifact, as_json, debug_here):
                     # a stage's numerics choice and its build-time error vs fp32 (the Fish dac_decoder's precision)
                     "numerics": (st.get("metadata") or {}).get("numerics"),
                     # CUDA packages whose decode kernels launch with programmatic dependent launch (kernels/pdl.py)
-                    "pdl_buckets": [b["key"] for b in st["buckets"] if pdl_files[b["file"]]],
+                    "pdl_buckets": [b["key"] for b in st["buckets"] if _launches_with_pdl(metas[b["file"]])],
+                    # CUDA packages whose skinny_linear tile form was traced streamed (TTSAOT_SKINNY_STREAM)
+                    "stream_buckets": [
+                        b["key"] for b in st["buckets"] if _cuda(metas[b["file"]], "ttsaot_skinny_stream")
+                    ],
                 }
             )
         if as_json:
@@ -595,6 +599,7 @@ def inspect(ctx, artifact, as_json, debug_here):
                 *(["tf32"] if r["tf32"] else []),
                 *_numerics_cell(r["numerics"]),
                 *([f"pdl={','.join(r['pdl_buckets'])}"] if r["pdl_buckets"] else []),
+                *([f"skinny_stream={','.join(r['stream_buckets'])}"] if r["stream_buckets"] else []),
             ]
             t.add_row(
                 r["stage"],
@@ -620,19 +625,28 @@ def inspect(ctx, artifact, as_json, debug_here):
         _fail(e, _debug(ctx, debug_here))
 
 
-def _launches_with_pdl(package: str) -> bool:
-    """Whether a package was compiled for CUDA with the programmatic-launch attribute (its AOTI metadata, read from
-    the archive without loading it: `ttsaot_pdl`, builder/kernels/pdl.py). False for CPU packages, whose metadata
-    records the bucket's wish but launches nothing, and for anything unreadable."""
+def _package_metadata(package: str) -> dict:
+    """A package's AOTI metadata, read from the archive without loading it; {} for anything unreadable."""
     import zipfile
 
     try:
         with zipfile.ZipFile(package) as z:
             name = next(n for n in z.namelist() if n.endswith("wrapper_metadata.json") and "/aotinductor/" in n)
-            meta = json.loads(z.read(name))
+            return json.loads(z.read(name))
     except (OSError, StopIteration, ValueError, zipfile.BadZipFile):
-        return False
-    return meta.get("AOTI_DEVICE_KEY") == "cuda" and meta.get("ttsaot_pdl") == "1"
+        return {}
+
+
+def _cuda(meta: dict, flag: str) -> bool:
+    """A CUDA package whose metadata sets `flag` to "1". CPU packages record the bucket's wish but launch no
+    Triton kernel, so they never count."""
+    return meta.get("AOTI_DEVICE_KEY") == "cuda" and meta.get(flag) == "1"
+
+
+def _launches_with_pdl(meta: dict) -> bool:
+    """Whether a package was compiled for CUDA with the programmatic-launch attribute (`ttsaot_pdl`,
+    builder/kernels/pdl.py)."""
+    return _cuda(meta, "ttsaot_pdl")
 
 
 def _packaging_cell(n_packages: int, packaging: dict) -> str:

@@ -102,19 +102,23 @@ def _package(path, meta):
 
 
 def test_inspect_names_the_packages_launched_with_pdl(cli_artifact, tmp_path):
-    """A package's programmatic-launch choice is read from its AOTI metadata without loading it: only CUDA packages
-    built with the attribute count (a CPU package records the bucket's wish but launches nothing)."""
-    from ttsaot.builder.cli import _launches_with_pdl
+    """A package's programmatic-launch and streamed-tile choices are read from its AOTI metadata without loading it:
+    only CUDA packages built with them count (a CPU package records the bucket's wish but launches nothing)."""
+    from ttsaot.builder.cli import _cuda, _launches_with_pdl, _package_metadata
 
-    assert _launches_with_pdl(_package(tmp_path / "a.pt2", {"AOTI_DEVICE_KEY": "cuda", "ttsaot_pdl": "1"}))
-    assert not _launches_with_pdl(_package(tmp_path / "b.pt2", {"AOTI_DEVICE_KEY": "cuda", "ttsaot_pdl": "0"}))
-    assert not _launches_with_pdl(_package(tmp_path / "c.pt2", {"AOTI_DEVICE_KEY": "cpu", "ttsaot_pdl": "1"}))
-    assert not _launches_with_pdl(_package(tmp_path / "d.pt2", {"AOTI_DEVICE_KEY": "cuda"}))
+    def meta(name, m):
+        return _package_metadata(_package(tmp_path / name, m))
+
+    assert _launches_with_pdl(meta("a.pt2", {"AOTI_DEVICE_KEY": "cuda", "ttsaot_pdl": "1"}))
+    assert not _launches_with_pdl(meta("b.pt2", {"AOTI_DEVICE_KEY": "cuda", "ttsaot_pdl": "0"}))
+    assert not _launches_with_pdl(meta("c.pt2", {"AOTI_DEVICE_KEY": "cpu", "ttsaot_pdl": "1"}))
+    assert not _launches_with_pdl(meta("d.pt2", {"AOTI_DEVICE_KEY": "cuda"}))
+    assert _cuda(meta("s.pt2", {"AOTI_DEVICE_KEY": "cuda", "ttsaot_skinny_stream": "1"}), "ttsaot_skinny_stream")
     (tmp_path / "e.pt2").write_bytes(b"not a zip")
-    assert not _launches_with_pdl(str(tmp_path / "e.pt2"))
-    assert not _launches_with_pdl(str(tmp_path / "missing.pt2"))
+    assert _package_metadata(str(tmp_path / "e.pt2")) == {} == _package_metadata(str(tmp_path / "missing.pt2"))
     r = CliRunner().invoke(main, ["inspect", str(cli_artifact), "--json"])
-    assert json.loads(r.output)["stages"][0]["pdl_buckets"] == []  # a CPU build
+    stage = json.loads(r.output)["stages"][0]
+    assert stage["pdl_buckets"] == [] == stage["stream_buckets"]  # a CPU build
 
 
 def test_verify_ok_then_regression_exits_1(cli_artifact, tmp_path):

@@ -30,6 +30,8 @@ SCRIPT = textwrap.dedent(r"""
     OPS = ("LDG.E.128", "LDGSTS", "HMMA", "HGMMA", "LDL", "STL", "ATOM", "BAR.SYNC")
 
     def build(fn, types, constexprs, num_warps, num_stages, aligned):
+        # constexprs a case leaves out take the kernel's own defaults (STREAM, NORM_CHUNKS)
+        constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **constexprs}
         sig = {n: ("constexpr" if n in constexprs else types[n]) for n in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned}
         src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
@@ -72,6 +74,13 @@ SCRIPT = textwrap.dedent(r"""
         cx = dict(flags[fname], SPLIT_K=split, FUSED_REDUCE=False, USE_DOT=form != "gemv", FP32_DOT=False, PDL=True,
                   NORM_BLOCK=2048 if form == "gemv" else 0, BLOCK_M=block_m, **c.kwargs)
         key = f"skinny/{form}/{fname}/m{block_m}/split{split}/bn{c.kwargs['BLOCK_N']}bk{c.kwargs['BLOCK_K']}"
+        results[key] = build(S.skinny_linear_kernel, sl_types, cx, c.num_warps, c.num_stages, sl_aligned)
+    # the streamed tile form (no cp.async stages; W and x of the next step in registers; first W tile before the wait)
+    for fname, block_m, c in (("norm_gated", 32, S.STREAM_CONFIGS[0]), ("bias_residual", 32, S.STREAM_CONFIGS[1]),
+                              ("norm_gated", 16, S.STREAM_CONFIGS[2])):
+        cx = dict(flags[fname], SPLIT_K=1, FUSED_REDUCE=False, USE_DOT=True, FP32_DOT=False, PDL=True,
+                  NORM_BLOCK=256, BLOCK_M=block_m, STREAM=True, NORM_CHUNKS=4, **c.kwargs)
+        key = f"skinny/stream/{fname}/m{block_m}/bn{c.kwargs['BLOCK_N']}bk{c.kwargs['BLOCK_K']}"
         results[key] = build(S.skinny_linear_kernel, sl_types, cx, c.num_warps, c.num_stages, sl_aligned)
     # split-K reduced in the kernel by each tile's last program (a semaphore workspace instead of a second launch)
     for form, block_m, c in (("dot", 32, S.GEMM_CONFIGS[1]), ("gemv", 1, S.GEMV_CONFIGS[0])):
@@ -158,6 +167,9 @@ def test_kernels_compile_for_sm90_with_the_intended_machine_code(sm90):
             assert r["LDG.E.128"] > 0, (key, r)  # W streamed with 16-byte loads
         elif key.startswith("skinny/dot"):
             assert r["HMMA"] + r["HGMMA"] > 0 and r["LDGSTS"] > 0, (key, r)  # tensor cores, cp.async pipeline
+        elif key.startswith("skinny/stream"):
+            # tensor cores fed from registers: 16-byte loads, no cp.async pipeline
+            assert r["HMMA"] > 0 and r["LDG.E.128"] > 0 and r["LDGSTS"] == 0, (key, r)
         elif key.startswith("sequence/"):
             assert r["HMMA"] > 0, (key, r)  # q·kᵀ and p·v on the tensor cores
         elif key.startswith("attention/"):
@@ -175,17 +187,17 @@ def test_kernels_compile_for_sm90_with_the_intended_machine_code(sm90):
 def test_decode_kernels_wait_on_their_predecessor_after_loading_weights_only(sm90):
     """Programmatic dependent launch (builder/kernels/pdl.py): every kernel PDL_KERNELS names has the trigger and
     the wait in its PTX (a kernel launched with the attribute that never waits would race its predecessor); the
-    GEMV form issues its first W tile's loads BEFORE the wait (the overlap PDL is for) and lets its dependent launch
-    at once, the tile form only after its K loop (measured slower otherwise at B=16), while the kernels that
-    read only activations first (attention, split-K epilogue) load nothing before it."""
+    GEMV and streamed tile forms issue their first W tile's loads BEFORE the wait (the overlap PDL is for) and let
+    their dependent launch at once, the cp.async tile form only after its K loop (measured slower otherwise at
+    B=16), while the kernels that read only activations first (attention, split-K epilogue) load nothing before it."""
     for key, r in sm90.items():
         if key.startswith("nopdl/"):
             assert r["pdl_wait"] == 0 and r["pdl_trigger"] == 0, (key, r)
             continue
         assert r["pdl_wait"] >= 1 and r["pdl_trigger"] >= 1, (key, r)
-        # the GEMV form triggers its dependent at once, the tile form only after its K loop
+        # the GEMV and streamed forms trigger their dependent at once, the tile form only after its K loop
         assert r["trigger_after_wait"] == key.startswith("skinny/dot"), (key, r)
-        if key.startswith("skinny/gemv"):
+        if key.startswith(("skinny/gemv", "skinny/stream")):
             assert r["loads_before_wait"] > 0, (key, r)
         elif key.startswith(("attention/", "sequence/", "skinny/split_k_epilogue")):
             assert r["loads_before_wait"] == 0, (key, r)

@@ -137,6 +137,65 @@ def test_kernel_matches_reference_with_its_rounding_order(epilogue, dtype):
             assert same >= 0.99, (lead, N, K, form, split, same)
 
 
+@pytest.mark.parametrize("epilogue", ["norm", "norm_gated", "norm_bias_residual_scaled", "residual"])
+def test_streamed_tile_form_keeps_the_rounding_order(epilogue):
+    """The streamed tensor-core form (registers instead of cp.async stages, its RMSNorm prologue unrolled) computes
+    what the tile form computes, with the same roundings: rows 5, 20 and [2, 3], K off the block size, splits."""
+    spec = dict(EPILOGUES[epilogue])
+    scale = spec.pop("scale", 1.0)
+    rnd = kernel_rounding(torch.bfloat16)
+    for i, (lead, N, K, split) in enumerate([((5,), 24, 130, 1), ((20,), 48, 96, 3), ((2, 3), 32, 200, 2)]):
+        t = _inputs(None, N, K, torch.bfloat16, lead=lead, seed=i, **spec)
+        kw = dict(norm_eps=1e-5, gated=spec.get("gated", False), residual_scale=scale)
+        launch = dict(config={"BLOCK_N": 16, "BLOCK_K": 32}, split_k=split, use_dot=True)
+        y = launch_skinny_linear(**t, **kw, **launch, stream=True)
+        mirror = _mirror(t["x"], t["weight"], t["bias"], t["norm_weight"], 1e-5, kw["gated"], t["residual"], scale, rnd)
+        assert (y.cpu().float() == mirror.view(y.shape)).float().mean().item() >= 0.99, (lead, N, K, split)
+        if not ON_GPU:  # the interpreter's products are numpy's whatever the tiling: bit-equal to the tile form
+            assert torch.equal(y, launch_skinny_linear(**t, **kw, **launch)), (lead, N, K, split)
+
+
+def test_streamed_form_unrolls_its_norm_prologue():
+    from ttsaot.builder.kernels.skinny_linear import STREAM_NORM_BLOCK
+
+    assert norm_block(1024, 22, True, stream=True) == STREAM_NORM_BLOCK
+    assert norm_block(100, 22, True, stream=True) == 128  # one chunk covers a short row
+    launched = []
+    t = _inputs(None, 32, 600, torch.float32, lead=(20,), norm=True)
+    launch_skinny_linear(
+        **t,
+        config={"BLOCK_N": 16, "BLOCK_K": 64},
+        use_dot=True,
+        stream=True,
+        wrap=lambda k: _record_meta(k, launched),
+    )
+    ((meta,),) = launched
+    assert meta["STREAM"] and meta["NORM_CHUNKS"] == 3 and meta["NORM_BLOCK"] == STREAM_NORM_BLOCK
+
+
+def test_the_stream_switch_is_read_at_trace_time_and_keys_the_packages(monkeypatch):
+    from ttsaot.builder import package_cache
+    from ttsaot.builder.kernels.skinny_linear import STREAM_ENV, stream_tiles
+
+    monkeypatch.delenv(STREAM_ENV, raising=False)
+    off = package_cache._inductor_env()
+    assert not stream_tiles()
+    monkeypatch.setenv(STREAM_ENV, "1")
+    assert stream_tiles() and package_cache._inductor_env() != off
+
+
+def _record_meta(kernel, seen):
+    class _Launch:
+        def __getitem__(self, grid):
+            def call(*args, **kw):
+                seen.append((kw,))
+                return kernel[grid](*args, **kw)
+
+            return call
+
+    return _Launch()
+
+
 def test_kernel_is_deterministic_with_split_k():
     t = _inputs(None, 64, 300, torch.bfloat16, lead=(4,), norm=True, residual=True, gated=True)
     runs = [
@@ -371,6 +430,40 @@ def test_gpu_real_shapes_autotuned(name, M):
     assert (y.cpu().float() == mirror).float().mean().item() >= 0.99
     again = skinny_linear(**t, norm_eps=1e-5, gated=gated, residual_scale=0.7 if spec.get("residual") else 1.0)
     assert torch.equal(y, again)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("M", [3, 11, 16, 22])
+@pytest.mark.parametrize("name", list(REAL_SHAPES))
+def test_gpu_real_shapes_streamed(name, M):
+    """The streamed tile form at the stages' shapes, every autotuning candidate, unsplit and split: the documented
+    rounding order (≥ 99% of outputs bit-equal to the mirror) and deterministic."""
+    from ttsaot.builder.kernels import skinny_linear_triton as kernels
+
+    N, K, spec = REAL_SHAPES[name]
+    t = _inputs(M, N, K, torch.bfloat16, **spec)
+    gated = spec.get("gated", False)
+    scale = 0.7 if spec.get("residual") else 1.0
+    kw = dict(norm_eps=1e-5, gated=gated, residual_scale=scale)
+    mirror = _mirror(
+        t["x"],
+        t["weight"],
+        t["bias"],
+        t["norm_weight"],
+        1e-5,
+        gated,
+        t["residual"],
+        scale,
+        kernel_rounding(torch.bfloat16),
+    )
+    for c in kernels.STREAM_CONFIGS:
+        config = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
+        for split in (1,) if gated else (1, 2):
+            launch = dict(config=config, split_k=split, use_dot=True, stream=True)
+            y = launch_skinny_linear(**t, **kw, **launch)
+            assert (y.cpu().float() == mirror).float().mean().item() >= 0.99, (config, split)
+            assert torch.equal(y, launch_skinny_linear(**t, **kw, **launch)), (config, split)
 
 
 @pytest.mark.gpu

@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # One device call: stages built from two source trees and timed in turn on the same GPU — A: this tree, B: OTHER (a
 # `git archive` of another commit carried beside this one; its builder and runtime shadow the installed ones through
-# PYTHONPATH), C: this tree with TTSAOT_PDL=0, D (`alt`, optional): a third tree ALT carried like OTHER — `bench
+# PYTHONPATH), C: this tree with TTSAOT_PDL=0, `stream`: this tree with TTSAOT_SKINNY_STREAM=1 (skinny_linear's
+# streamed tile form), D (`alt`, optional): a third tree ALT carried like OTHER — `bench
 # build` of all of them side by side (caches apart), then `bench profile` of each, one at a time. $OUT/<variant>/:
 # the profile JSONs; the logs and tables in one tarball.
 #   OTHER=../.snap_old STAGES="voxcpm2/locdit voxcpm2/local_encoder" AXIS=batch=1 bash bench/plans/stage_ab_h100.sh
 #   ALT=../.snap_alt VARIANTS="new old alt" OTHER=../.snap_old bash bench/plans/stage_ab_h100.sh
+#   VARIANTS="new stream" bash bench/plans/stage_ab_h100.sh   (no second tree needed)
 set -u
 cd "$(dirname "$0")/../.."
 export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}; LOGS=$OUT/logs; mkdir -p "$LOGS"; T0=$(date +%s)
 STAGES=${STAGES:-voxcpm2/locdit voxcpm2/local_encoder}; AXIS=${AXIS:-batch=1}; BUILD_S=${BUILD_S:-360}
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$LOGS/install.txt" 2>&1
-HERE=$PWD; OTHER=$(cd "${OTHER:?a second source tree}" && pwd); SHADOW=$(mktemp -d)/pkg
-mkdir -p "$SHADOW/ttsaot" && ln -s "$OTHER/builder" "$SHADOW/ttsaot/builder" && ln -s "$OTHER/runtime" "$SHADOW/ttsaot/runtime"
+HERE=$PWD
+if [ -n "${OTHER:-}" ]; then
+  OTHER=$(cd "$OTHER" && pwd); SHADOW=$(mktemp -d)/pkg; mkdir -p "$SHADOW/ttsaot"
+  ln -s "$OTHER/builder" "$SHADOW/ttsaot/builder" && ln -s "$OTHER/runtime" "$SHADOW/ttsaot/runtime"
+fi
 if [ -n "${ALT:-}" ]; then
   ALT=$(cd "$ALT" && pwd); SHADOW_ALT=$(mktemp -d)/pkg; mkdir -p "$SHADOW_ALT/ttsaot"
   ln -s "$ALT/builder" "$SHADOW_ALT/ttsaot/builder" && ln -s "$ALT/runtime" "$SHADOW_ALT/ttsaot/runtime"
@@ -22,8 +27,9 @@ variant() {  # NAME: run the rest of the line in that variant's tree and environ
   local name=$1; shift
   case $name in
     new) (cd "$HERE" && "$@") ;;
-    old) (cd "$OTHER" && PYTHONPATH="$SHADOW" "$@") ;;
+    old) (cd "${OTHER:?OTHER: a second source tree}" && PYTHONPATH="$SHADOW" "$@") ;;
     nopdl) (cd "$HERE" && TTSAOT_PDL=0 "$@") ;;
+    stream) (cd "$HERE" && TTSAOT_SKINNY_STREAM=1 "$@") ;;
     alt) (cd "$ALT" && PYTHONPATH="$SHADOW_ALT" "$@") ;;
   esac
 }

@@ -24,6 +24,7 @@ GPU streaming, with a deterministic second pass.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -45,6 +46,13 @@ MAX_KERNEL_ROWS = 32
 NORM_ROW_ELEMENTS = 4096  # the GEMV form's RMSNorm prologue reads up to this many x values at once (norm_block)
 MIN_SPLIT_K_CHUNK = 1024  # split-K never gives a program less than this much of K
 SPLIT_K_ALIGN = 512  # split boundaries are multiples of the largest BLOCK_K of the autotuned configs
+# TTSAOT_SKINNY_STREAM=1 at build time: the op's tile form (M > GEMV_MAX_M) runs streamed (no cp.async stages,
+# several programs per SM, the first W tile loaded before the programmatic-launch wait:
+# skinny_linear_triton._dot_stream_loop). Off by default until a GPU has timed it in the stages
+# (bench/plans/stage_ab_h100.sh, variant `stream`); part of every package key (package_cache.KERNEL_SWITCHES).
+STREAM_ENV = "TTSAOT_SKINNY_STREAM"
+METADATA_KEY = "ttsaot_skinny_stream"  # "1" / "0" in each package's metadata: whether it was traced streamed
+STREAM_NORM_BLOCK = 256  # the streamed tile form's RMSNorm chunk: [BLOCK_M ≤ 32, 256] per unrolled load
 
 
 def skinny_linear_reference(
@@ -144,13 +152,16 @@ def tile_block_n(
     return widths[-1]
 
 
-def norm_block(k: int, m: int, use_dot: bool) -> int:
+def norm_block(k: int, m: int, use_dot: bool, stream: bool = False) -> int:
     """The K chunk of the RMSNorm prologue (each program recomputes its rows' rstd before its first product), 0 for
     the config's BLOCK_K. The GEMV form reads the whole row in one step where it fits NORM_ROW_ELEMENTS fp32 values:
     its K loop over x is not pipelined, so every chunk is one more dependent L2 round trip before the first product
     (Fish fast_ar, K = 2560: 3 trips at BLOCK_K 1024). Measured only at the stage: fast_ar 4.76 → 4.69 ms on the H100,
     within what two processes differ by (bench/results/nvidia-h100/probes/predictor_kernels/). The tile form keeps
-    BLOCK_K (a [BLOCK_M, K] row block would not fit its registers)."""
+    BLOCK_K (a [BLOCK_M, K] row block would not fit its registers); the streamed tile form reads STREAM_NORM_BLOCK
+    columns per chunk, all chunks unrolled (`NORM_CHUNKS`), so their loads are in flight together."""
+    if use_dot and stream:
+        return min(next_power_of_2(k), STREAM_NORM_BLOCK)
     if use_dot:
         return 0
     return min(next_power_of_2(k), max(NORM_ROW_ELEMENTS // next_power_of_2(m), 16))
@@ -158,6 +169,11 @@ def norm_block(k: int, m: int, use_dot: bool) -> int:
 
 def _block_m(m: int, use_dot: bool) -> int:
     return (16 if m <= 16 else 32 if m <= 32 else 64) if use_dot else next_power_of_2(m)
+
+
+def stream_tiles() -> bool:
+    """Whether this build's tile-form calls run streamed (STREAM_ENV), decided at trace time."""
+    return os.environ.get(STREAM_ENV, "0") == "1"
 
 
 def kernel_rows(x: torch.Tensor) -> bool:
@@ -182,6 +198,7 @@ def launch_skinny_linear(
     split_k: int | None = None,
     use_dot: bool | None = None,
     semaphores: torch.Tensor | None = None,
+    stream: bool = False,
 ) -> torch.Tensor:
     """Run the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1). `config` ({"BLOCK_N", "BLOCK_K",
     "num_warps", "num_stages"}) skips autotuning (the interpreter tests and the bench's sweeps use it); `split_k`
@@ -190,7 +207,8 @@ def launch_skinny_linear(
     finish), without it the second (epilogue) kernel does. No stage passes one: a per-call counter fill (an
     Inductor kernel) breaks the programmatic-launch chain of the 1-row packages (H100 LocDiT b1: 5.62 vs 4.92 ms,
     bench/results/nvidia-h100/probes/skinny_split_k_ab/); a workspace that lives across calls would need one
-    threaded through the stage's graph. The bench times both (`--sections configs_predictors`)."""
+    threaded through the stage's graph. The bench times both (`--sections configs_predictors`). `stream`: the
+    tensor-core form with the GEMV form's memory schedule (skinny_linear_triton._dot_stream_loop)."""
     from . import skinny_linear_triton as kernels
 
     k = weight.shape[1]
@@ -244,14 +262,20 @@ def launch_skinny_linear(
         BLOCK_M=block_m,
         FP32_DOT=x.dtype == torch.float32 or x.device.type != "cuda",
         PDL=kernels_wait(x.device),
-        NORM_BLOCK=norm_block(k, m, use_dot),
+        NORM_BLOCK=norm_block(k, m, use_dot, stream),
     )  # off-GPU = the interpreter
+    if use_dot and stream:
+        meta.update(STREAM=True, NORM_CHUNKS=cdiv(k, meta["NORM_BLOCK"]) if isinstance(k, int) else 0)
 
     def grid(meta):
         return (cdiv(m, meta["BLOCK_M"]), cdiv(n_out, meta["BLOCK_N"]), split_k)
 
     if config is None:
-        kernel = kernels.skinny_gemm_autotuned if use_dot else kernels.skinny_gemv_autotuned
+        kernel = (
+            (kernels.skinny_stream_autotuned if stream else kernels.skinny_gemm_autotuned)
+            if use_dot
+            else kernels.skinny_gemv_autotuned
+        )
         wrap(kernel)[grid](*args, **meta)
     else:
         wrap(kernels.skinny_linear_kernel)[grid](*args, **meta, **config)
@@ -295,7 +319,16 @@ if HAVE_TRITON:
             # on CUDA above MAX_KERNEL_ROWS, where Inductor's cuBLAS call + fused epilogue is faster.
             return skinny_linear_reference(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale)
         return launch_skinny_linear(
-            x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale, wrap=torch.library.wrap_triton
+            x,
+            weight,
+            bias,
+            norm_weight,
+            norm_eps,
+            gated,
+            residual,
+            residual_scale,
+            wrap=torch.library.wrap_triton,
+            stream=stream_tiles(),
         )
 
 else:

@@ -22,15 +22,25 @@ from .split_k_triton import last_to_arrive, reset_counter
 
 
 @triton.jit
-def _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """1/sqrt(mean(x²) + eps) of BLOCK_M rows of x [M, K] in fp32 (every program recomputes its rows')."""
+def _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr):
+    """1/sqrt(mean(x²) + eps) of BLOCK_M rows of x [M, K] in fp32 (every program recomputes its rows'). CHUNKS > 0:
+    the K loop unrolled into that many chunks (CHUNKS · BLOCK_K ≥ K), so every chunk's load is issued before the
+    first is summed: one L2 round trip before the first product instead of one per chunk."""
     ss = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(
-            x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0
-        ).to(tl.float32)
-        ss += x * x
+    if CHUNKS > 0:
+        for c in tl.static_range(CHUNKS):
+            offs_k = c * BLOCK_K + tl.arange(0, BLOCK_K)
+            x = tl.load(
+                x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0
+            ).to(tl.float32)
+            ss += x * x
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(
+                x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0
+            ).to(tl.float32)
+            ss += x * x
     return 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
 
 
@@ -148,6 +158,89 @@ def _dot_loop(
 
 
 @triton.jit
+def _dot_tiles(
+    x_ptr, w_ptr, offs_m, m_mask, offs_n, n_mask, N_OUT, K, k0, k_hi, GATED: tl.constexpr, BLOCK_K: tl.constexpr
+):
+    """The [BLOCK_M, BLOCK_K] x tile and the [BLOCK_N, BLOCK_K] W tile (and the matching up rows when GATED) at k0;
+    all-masked past k_hi."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    k_mask = offs_k < k_hi
+    x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+    w, wu = _dot_w_tile(w_ptr, offs_n, n_mask, N_OUT, K, k0, k_hi, GATED, BLOCK_K)
+    return x, w, wu
+
+
+@triton.jit
+def _dot_w_tile(w_ptr, offs_n, n_mask, N_OUT, K, k0, k_hi, GATED: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The [BLOCK_N, BLOCK_K] W tile (and the matching up rows when GATED) at k0; all-masked past k_hi."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    w_mask = n_mask[:, None] & (offs_k < k_hi)[None, :]
+    w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * K + offs_k[None, :], mask=w_mask, other=0.0)
+    wu = w
+    if GATED:
+        wu = tl.load(w_ptr + (offs_n + N_OUT).to(tl.int64)[:, None] * K + offs_k[None, :], mask=w_mask, other=0.0)
+    return w, wu
+
+
+@triton.jit
+def _dot_stream_loop(
+    x_ptr,
+    w_ptr,
+    g_ptr,
+    rstd,
+    w,
+    wu,
+    offs_m,
+    offs_n,
+    m_mask,
+    n_mask,
+    N_OUT,
+    K,
+    k_lo,
+    k_hi,
+    HAS_NORM: tl.constexpr,
+    GATED: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """Streamed tensor-core form: the GEMV form's memory schedule with `tl.dot` products. No cp.async pipeline
+    (num_stages 1, so little shared memory and several programs per SM, like the GEMV form's): the tiles of step
+    k+1 (W from HBM, x from L2) are loaded into registers before the product of step k, and `w`/`wu`, the first W
+    tile, was loaded by the caller before the grid-dependency wait."""
+    dt = x_ptr.dtype.element_ty
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    offs_k = k_lo + tl.arange(0, BLOCK_K)
+    x = tl.load(
+        x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & (offs_k < k_hi)[None, :], other=0.0
+    )
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        x_next, w_next, wu_next = _dot_tiles(
+            x_ptr, w_ptr, offs_m, m_mask, offs_n, n_mask, N_OUT, K, k0 + BLOCK_K, k_hi, GATED, BLOCK_K
+        )
+        if HAS_NORM:
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            gw = tl.load(g_ptr + offs_k, mask=offs_k < k_hi, other=0.0)
+            x = (x.to(tl.float32) * rstd[:, None]).to(dt)  # normalised, cast back
+            x = (gw.to(tl.float32)[None, :] * x.to(tl.float32)).to(dt)  # × weight in x's dtype
+        if FP32_DOT:
+            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+        if GATED:
+            if FP32_DOT:
+                acc_up = tl.dot(x.to(tl.float32), tl.trans(wu.to(tl.float32)), acc_up, input_precision="ieee")
+            else:
+                acc_up = tl.dot(x, tl.trans(wu), acc_up)
+        x = x_next
+        w = w_next
+        wu = wu_next
+    return acc, acc_up
+
+
+@triton.jit
 def _fma_w_tile(w_ptr, offs_n3, n_mask3, N_OUT, K, k0, k_hi, GATED: tl.constexpr, BLOCK_K: tl.constexpr):
     """The [1, BLOCK_N, BLOCK_K] W tile (and the matching up rows when GATED) at k0; all-masked past k_hi."""
     offs_k3 = (k0 + tl.arange(0, BLOCK_K))[None, None, :]
@@ -240,6 +333,8 @@ def skinny_linear_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    STREAM: tl.constexpr = False,
+    NORM_CHUNKS: tl.constexpr = 0,
 ):
     """Grid (cdiv(M, BLOCK_M), cdiv(N_OUT, BLOCK_N), SPLIT_K): the row tiles of one W block are neighbours in
     launch order, so with several row tiles W is read from HBM once and from L2 after. USE_DOT: tensor-core
@@ -250,7 +345,10 @@ def skinny_linear_kernel(
     (deterministic): by `split_k_epilogue_kernel`, or with FUSED_REDUCE by the tile's last program to arrive
     (counted in the zeroed int32 workspace sem_ptr, one counter per output tile, left zeroed). PDL (pdl.py): the
     GEMV form loads its first W tile, then waits for the previous kernel; x and the residual are read, and the
-    outputs written, only after the wait. NORM_BLOCK: the chunk of K the RMSNorm prologue reads per step (0: BLOCK_K).
+    outputs written, only after the wait. NORM_BLOCK: the chunk of K the RMSNorm prologue reads per step (0: BLOCK_K);
+    NORM_CHUNKS > 0: that many chunks, unrolled (all loads in flight at once). STREAM (with USE_DOT): the streamed
+    tensor-core form (`_dot_stream_loop`), which like the GEMV form loads its first W tile before the wait and lets
+    its dependents launch at once.
     """
     # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
     # _use_fp64_for_unbacked_floats), which turned the loop-carried state fp64 (H100 AOTI build failed).
@@ -265,6 +363,8 @@ def skinny_linear_kernel(
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     if not USE_DOT:  # weights only: safe before the wait
         w0, wu0 = _fma_w_tile(w_ptr, offs_n[None, :, None], n_mask[None, :, None], N_OUT, K, k_lo, k_hi, GATED, BLOCK_K)
+    elif STREAM:
+        w0, wu0 = _dot_w_tile(w_ptr, offs_n, n_mask, N_OUT, K, k_lo, k_hi, GATED, BLOCK_K)
     # Every activation access (x, residual, y, partials) is addressed by row, and the rows depend on the wait's
     # result: none of them can be scheduled before the wait.
     # Trigger: the GEMV form at once (its dependents' W loads overlap this kernel; H100 B=1 steps 8-11% faster),
@@ -273,13 +373,36 @@ def skinny_linear_kernel(
     # loaded its first W tile before the wait and triggered at once was slower still on the 1-row VoxCPM2 audio
     # packages, H100: local_encoder 0.572 vs 0.485 ms in one call, locdit 5.49 vs 5.20 ms in another;
     # bench/results/nvidia-h100/probes/tile_form_early_w/.)
-    token = grid_dependency_wait(PDL, not USE_DOT)
+    token = grid_dependency_wait(PDL, not USE_DOT or STREAM)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M) + token
     m_mask = offs_m < M
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_NORM:
-        rstd = _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M, NORM_BLOCK if NORM_BLOCK > 0 else BLOCK_K)
-    if USE_DOT:
+        rstd = _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M, NORM_BLOCK if NORM_BLOCK > 0 else BLOCK_K, NORM_CHUNKS)
+    if USE_DOT and STREAM:
+        acc, acc_up = _dot_stream_loop(
+            x_ptr,
+            w_ptr,
+            g_ptr,
+            rstd,
+            w0,
+            wu0,
+            offs_m,
+            offs_n,
+            m_mask,
+            n_mask,
+            N_OUT,
+            K,
+            k_lo,
+            k_hi,
+            HAS_NORM,
+            GATED,
+            FP32_DOT,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
+    elif USE_DOT:
         acc, acc_up = _dot_loop(
             x_ptr,
             w_ptr,
@@ -321,7 +444,7 @@ def skinny_linear_kernel(
             BLOCK_N,
             BLOCK_K,
         )
-    if USE_DOT:
+    if USE_DOT and not STREAM:
         offs_m += grid_dependency_trigger(PDL)
     finish = True  # this program writes y (a static True/False, or the runtime answer of the in-kernel reduction)
     if SPLIT_K > 1:
@@ -464,3 +587,16 @@ def _prune_tiles(configs, named_args, **kwargs):
 skinny_gemm_autotuned = triton.autotune(
     configs=GEMM_CONFIGS, key=AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_tiles}
 )(skinny_linear_kernel)
+
+
+# The streamed tensor-core form (`STREAM`): no cp.async stages, so small shared memory and several programs per SM;
+# its width is chosen by the same rule as the tile form's.
+STREAM_CONFIGS = [
+    triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=1),
+    triton.Config({"BLOCK_N": 32, "BLOCK_K": 256}, num_warps=8, num_stages=1),
+    triton.Config({"BLOCK_N": 16, "BLOCK_K": 128}, num_warps=4, num_stages=1),
+    triton.Config({"BLOCK_N": 16, "BLOCK_K": 512}, num_warps=8, num_stages=1),
+    triton.Config({"BLOCK_N": 32, "BLOCK_K": 128}, num_warps=4, num_stages=1),
+]
+
+skinny_stream_autotuned = triton.autotune(configs=STREAM_CONFIGS, key=AUTOTUNE_KEY)(skinny_linear_kernel)
