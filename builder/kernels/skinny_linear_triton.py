@@ -108,6 +108,53 @@ def _sum_partials(
 
 
 @triton.jit
+def _x_tile(x_ptr, offs_m, m_mask, K, k0, k_hi, BLOCK_K: tl.constexpr):
+    """The [BLOCK_M, BLOCK_K] x tile at k0; all-masked past k_hi."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(
+        x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & (offs_k < k_hi)[None, :], other=0.0
+    )
+
+
+@triton.jit
+def _w_rows(w_ptr, rows, n_mask, K, k0, k_hi, BLOCK_K: tl.constexpr):
+    """The [BLOCK_N, BLOCK_K] tile of W rows `rows` at k0; all-masked past k_hi."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    w_mask = n_mask[:, None] & (offs_k < k_hi)[None, :]
+    return tl.load(w_ptr + rows.to(tl.int64)[:, None] * K + offs_k[None, :], mask=w_mask, other=0.0)
+
+
+@triton.jit
+def _dot_w_tile(w_ptr, offs_n, n_mask, N_OUT, K, k0, k_hi, GATED: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The [BLOCK_N, BLOCK_K] W tile (and the matching up rows when GATED) at k0; all-masked past k_hi."""
+    w = _w_rows(w_ptr, offs_n, n_mask, K, k0, k_hi, BLOCK_K)
+    wu = w
+    if GATED:
+        wu = _w_rows(w_ptr, offs_n + N_OUT, n_mask, K, k0, k_hi, BLOCK_K)
+    return w, wu
+
+
+@triton.jit
+def _normed(x, g_ptr, rstd, k0, k_hi, BLOCK_K: tl.constexpr):
+    """The RMSNorm prologue on an x tile at k0, rounding where the eager RMSNorm rounds."""
+    dt = x.dtype
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    gw = tl.load(g_ptr + offs_k, mask=offs_k < k_hi, other=0.0)
+    x = (x.to(tl.float32) * rstd[:, None]).to(dt)  # normalised, cast back
+    return (gw.to(tl.float32)[None, :] * x.to(tl.float32)).to(dt)  # × weight in x's dtype
+
+
+@triton.jit
+def _mma(x, w, acc, FP32_DOT: tl.constexpr):
+    """acc + x · wᵀ on the tensor cores (exact fp32 products with FP32_DOT)."""
+    if FP32_DOT:
+        acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(x, tl.trans(w), acc)
+    return acc
+
+
+@triton.jit
 def _dot_loop(
     x_ptr,
     w_ptr,
@@ -129,57 +176,16 @@ def _dot_loop(
     BLOCK_K: tl.constexpr,
 ):
     """Tensor-core form: [BLOCK_M, BLOCK_K] x tile · [BLOCK_N, BLOCK_K]ᵀ W tile per step (cp.async-pipelined)."""
-    dt = x_ptr.dtype.element_ty
-    w_rows = offs_n.to(tl.int64) * K
-    w_rows_up = (offs_n + N_OUT).to(tl.int64) * K
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < k_hi
-        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        x = _x_tile(x_ptr, offs_m, m_mask, K, k0, k_hi, BLOCK_K)
         if HAS_NORM:
-            gw = tl.load(g_ptr + offs_k, mask=k_mask, other=0.0)
-            x = (x.to(tl.float32) * rstd[:, None]).to(dt)  # normalised, cast back
-            x = (gw.to(tl.float32)[None, :] * x.to(tl.float32)).to(dt)  # × weight in x's dtype
-        w_mask = n_mask[:, None] & k_mask[None, :]
-        w = tl.load(w_ptr + w_rows[:, None] + offs_k[None, :], mask=w_mask, other=0.0)
-        if FP32_DOT:
-            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, tl.trans(w), acc)
-        if GATED:
-            wu = tl.load(w_ptr + w_rows_up[:, None] + offs_k[None, :], mask=w_mask, other=0.0)
-            if FP32_DOT:
-                acc_up = tl.dot(x.to(tl.float32), tl.trans(wu.to(tl.float32)), acc_up, input_precision="ieee")
-            else:
-                acc_up = tl.dot(x, tl.trans(wu), acc_up)
+            x = _normed(x, g_ptr, rstd, k0, k_hi, BLOCK_K)
+        acc = _mma(x, _w_rows(w_ptr, offs_n, n_mask, K, k0, k_hi, BLOCK_K), acc, FP32_DOT)
+        if GATED:  # the up rows loaded after the gate product (150 vs 200 registers at the gated 16-row tile)
+            acc_up = _mma(x, _w_rows(w_ptr, offs_n + N_OUT, n_mask, K, k0, k_hi, BLOCK_K), acc_up, FP32_DOT)
     return acc, acc_up
-
-
-@triton.jit
-def _dot_tiles(
-    x_ptr, w_ptr, offs_m, m_mask, offs_n, n_mask, N_OUT, K, k0, k_hi, GATED: tl.constexpr, BLOCK_K: tl.constexpr
-):
-    """The [BLOCK_M, BLOCK_K] x tile and the [BLOCK_N, BLOCK_K] W tile (and the matching up rows when GATED) at k0;
-    all-masked past k_hi."""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    k_mask = offs_k < k_hi
-    x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-    w, wu = _dot_w_tile(w_ptr, offs_n, n_mask, N_OUT, K, k0, k_hi, GATED, BLOCK_K)
-    return x, w, wu
-
-
-@triton.jit
-def _dot_w_tile(w_ptr, offs_n, n_mask, N_OUT, K, k0, k_hi, GATED: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The [BLOCK_N, BLOCK_K] W tile (and the matching up rows when GATED) at k0; all-masked past k_hi."""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    w_mask = n_mask[:, None] & (offs_k < k_hi)[None, :]
-    w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * K + offs_k[None, :], mask=w_mask, other=0.0)
-    wu = w
-    if GATED:
-        wu = tl.load(w_ptr + (offs_n + N_OUT).to(tl.int64)[:, None] * K + offs_k[None, :], mask=w_mask, other=0.0)
-    return w, wu
 
 
 @triton.jit
@@ -209,31 +215,17 @@ def _dot_stream_loop(
     (num_stages 1, so little shared memory and several programs per SM, like the GEMV form's): the tiles of step
     k+1 (W from HBM, x from L2) are loaded into registers before the product of step k, and `w`/`wu`, the first W
     tile, was loaded by the caller before the grid-dependency wait."""
-    dt = x_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    offs_k = k_lo + tl.arange(0, BLOCK_K)
-    x = tl.load(
-        x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & (offs_k < k_hi)[None, :], other=0.0
-    )
+    x = _x_tile(x_ptr, offs_m, m_mask, K, k_lo, k_hi, BLOCK_K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        x_next, w_next, wu_next = _dot_tiles(
-            x_ptr, w_ptr, offs_m, m_mask, offs_n, n_mask, N_OUT, K, k0 + BLOCK_K, k_hi, GATED, BLOCK_K
-        )
+        x_next = _x_tile(x_ptr, offs_m, m_mask, K, k0 + BLOCK_K, k_hi, BLOCK_K)
+        w_next, wu_next = _dot_w_tile(w_ptr, offs_n, n_mask, N_OUT, K, k0 + BLOCK_K, k_hi, GATED, BLOCK_K)
         if HAS_NORM:
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            gw = tl.load(g_ptr + offs_k, mask=offs_k < k_hi, other=0.0)
-            x = (x.to(tl.float32) * rstd[:, None]).to(dt)  # normalised, cast back
-            x = (gw.to(tl.float32)[None, :] * x.to(tl.float32)).to(dt)  # × weight in x's dtype
-        if FP32_DOT:
-            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, tl.trans(w), acc)
+            x = _normed(x, g_ptr, rstd, k0, k_hi, BLOCK_K)
+        acc = _mma(x, w, acc, FP32_DOT)
         if GATED:
-            if FP32_DOT:
-                acc_up = tl.dot(x.to(tl.float32), tl.trans(wu.to(tl.float32)), acc_up, input_precision="ieee")
-            else:
-                acc_up = tl.dot(x, tl.trans(wu), acc_up)
+            acc_up = _mma(x, wu, acc_up, FP32_DOT)
         x = x_next
         w = w_next
         wu = wu_next
