@@ -24,7 +24,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -72,7 +71,7 @@ from .package_cache import (
     stable_text,
     tensor_digest,
 )
-from .parallel_compile import CompileTask, compile_in_workers
+from .parallel_compile import CompilePool, CompileTask
 from .pass_parity import pass_parity_problem
 from .passes import cast_to_compute_dtype, count_parameters
 from .stage_spec import StageSpec
@@ -637,15 +636,6 @@ def compile_cost(program: torch.export.ExportedProgram, args: tuple) -> tuple[in
     return calls, sum(a.numel() for a in args if isinstance(a, torch.Tensor))
 
 
-def largest_first(items: list, cost: Callable[[Any], tuple]) -> list:
-    """`items` most expensive first (stable among equals). The pool starts compiles in submission order: a full
-    Fish build submitted its 4 dac_encoder packages last, behind 21 others on 16 workers, so they could start only
-    as the first of those finished (H100: fast_ar and dac_decoder done by 359 s, dac_encoder 0/4 at 489 s,
-    bench/results/nvidia-h100/probes/package_cpu/; on an H200 one dac_encoder package took 320 s from submission
-    against 241-297 s for the dac_decoder ones, bench/results/nvidia-h200/builds.json)."""
-    return sorted(items, key=cost, reverse=True)
-
-
 def _compile_all(stages: list[_StageCompile], jobs: int) -> None:
     """Compile the packages the cache did not have, of every stage given: in this process one after another, or
     on `jobs` spawned workers when there are several (across stages: a CPU build has one dynamic package per
@@ -663,8 +653,17 @@ def _compile_all(stages: list[_StageCompile], jobs: int) -> None:
             st.indexed(job)
             st.finished(job, w)
         return
+    with CompilePool(min(jobs, len(todo))) as pool:
+        for st in stages:
+            _submit_compiles(st, pool)
+        _wait(pool)
+
+
+def _submit_compiles(st: _StageCompile, pool: CompilePool) -> None:
+    """Hand a prepared stage's packages to the pool: those the package cache holds are taken from it here, the
+    others exported (static ones export only now) and submitted, ranked by `compile_priority`."""
     misses = []
-    for st, job in todo:
+    for job in st.todo():
         if st.cache is not None:
             with st.cache.lock(job.cache_id):
                 found = st.cache.fetch(job.cache_id, job.sources, st.tmp / job.rel)
@@ -675,31 +674,47 @@ def _compile_all(stages: list[_StageCompile], jobs: int) -> None:
                 continue
         if job.ep is None:  # a static package compiled in-process would have exported itself
             st.export_static(job)
-        misses.append((st, job))
-    with tempfile.TemporaryDirectory(prefix="ttsaot-programs-") as programs:
-        tasks = []
-        by_label: dict[str, tuple[_StageCompile, _Job]] = {}
-        for i, (st, job) in enumerate(largest_first(misses, lambda m: compile_cost(m[1].ep, m[1].args))):
-            path = Path(programs) / f"{i}.pt2"
-            torch.export.save(job.ep, str(path))
-            label = f"{st.spec.name}/{job.label}"
-            by_label[label] = (st, job)
-            tasks.append(
-                CompileTask(label, path, job.args, st.device, st.tmp / job.rel, job.model_name, job.metadata, st.extra)
-            )
+        misses.append(job)
 
-        def compiled(task: CompileTask, package_weights: dict[str, torch.Tensor]) -> None:
-            st, job = by_label[task.label]
-            if st.cache is not None:
-                with st.cache.lock(job.cache_id):
-                    st.cache.store(job.cache_id, st.tmp / job.rel, package_weights, job.sources)
-                st.indexed(job)
-            st.finished(job, package_weights)
+    def compiled(task: CompileTask, package_weights: dict[str, torch.Tensor], job: _Job) -> None:
+        if st.cache is not None:
+            with st.cache.lock(job.cache_id):
+                st.cache.store(job.cache_id, st.tmp / job.rel, package_weights, job.sources)
+            st.indexed(job)
+        st.finished(job, package_weights)
 
-        try:
-            compile_in_workers(tasks, jobs, compiled)
-        except CompileError as e:
-            raise BuildError(str(e)) from e
+    for job in misses:
+        path = pool.programs / f"{st.spec.name}__{job.model_name}.pt2"
+        torch.export.save(job.ep, str(path))
+        task = CompileTask(
+            f"{st.spec.name}/{job.label}",
+            path,
+            job.args,
+            st.device,
+            st.tmp / job.rel,
+            job.model_name,
+            job.metadata,
+            st.extra,
+        )
+        pool.submit(task, partial(compiled, job=job), priority=compile_priority(compile_cost(job.ep, job.args)))
+
+
+def compile_priority(cost: tuple[int, int]) -> float:
+    """`compile_cost` as the pool's priority: the most expensive waiting compile starts first (operator calls, then
+    input elements; the fraction keeps that order). Submitted in plan order, a full Fish build had its 4 dac_encoder
+    packages start last, behind 21 others on 16 workers (H100: fast_ar and dac_decoder done by 359 s, dac_encoder
+    0/4 at 489 s, bench/results/nvidia-h100/probes/package_cpu/; on an H200 one dac_encoder package took 320 s from
+    submission against 241-297 s for the dac_decoder ones, bench/results/nvidia-h200/builds.json)."""
+    calls, elements = cost
+    return calls + elements / (elements + 1.0)
+
+
+def _wait(pool: CompilePool, block: bool = True) -> None:
+    """Every compile submitted so far finished and recorded (or, not blocking, those finished by now)."""
+    try:
+        pool.wait() if block else pool.poll()
+    except CompileError as e:
+        raise BuildError(str(e)) from e
 
 
 def _stamped_ranges(package: Path) -> dict[str, tuple] | None:
@@ -1040,35 +1055,47 @@ def _build_family(
         try:
             tmp = Path(tempfile.mkdtemp(prefix=f".{family}.tmp-", dir=out_root))
             stages: dict[str, StageEntry] = {}
-            # With several workers, stages are prepared first and their packages compiled side by side: a CPU
-            # build's one or few dynamic packages per stage, or a CUDA stage's few buckets, would leave the other
-            # workers idle while the next stage waits (the H100 qwen3-tts-12hz build compiled its 3 code_predictor
-            # packages only after code2wav's 22). A prepared stage holds its module on the device: on CUDA the
-            # pool is compiled before it would hold more than POOLED_DEVICE_SHARE of the GPU's memory.
-            pool = jobs > 1
+            # With several workers and stages, each stage's packages go to the compile pool as soon as the stage is
+            # prepared, and compile while the next stage is prepared (exports and lowering are one core's work: a
+            # 2-core CPU build left its second core idle through them), the largest waiting compile first. Packages
+            # of different stages compile side by side: a CPU build's one or few dynamic packages per stage, or a
+            # CUDA stage's few buckets, would leave the other workers idle while the next stage waits (the H100
+            # qwen3-tts-12hz build compiled its 3 code_predictor packages only after code2wav's 22). A prepared
+            # stage holds its module on the device: on CUDA the pool is drained before the prepared stages would
+            # hold more than POOLED_DEVICE_SHARE of the GPU's memory.
             budget = _pooled_device_bytes(dev)
             pending: list[_PendingStage] = []
             held = 0
+            with contextlib.ExitStack() as compiles:  # closed (workers stopped) before tmp is removed on a failure
+                pool = compiles.enter_context(CompilePool(jobs)) if jobs > 1 and len(specs) > 1 else None
 
-            def flush() -> None:
-                _compile_all([p.compile for p in pending if p.compile is not None], jobs)
-                for p in pending:
-                    stages[p.entry.name] = p.finish()
-                pending.clear()
+                def flush() -> None:
+                    if pool is None:
+                        _compile_all([p.compile for p in pending if p.compile is not None], jobs)
+                    else:
+                        _wait(pool)
+                    for p in pending:
+                        stages[p.entry.name] = p.finish()
+                    pending.clear()
 
-            for spec in specs:
-                prepared = prepare_stage(spec, tmp, dev, seed, reporter, extra_inductor_options, formats, cache, jobs)
-                term.check()
-                size = prepared.device_bytes()
-                if pending and held + size > budget:
-                    flush()
-                    held = 0
-                pending.append(prepared)
-                held += size
-                if not pool:
-                    flush()
-                    held = 0
-            flush()
+                for spec in specs:
+                    prepared = prepare_stage(
+                        spec, tmp, dev, seed, reporter, extra_inductor_options, formats, cache, jobs
+                    )
+                    term.check()
+                    size = prepared.device_bytes()
+                    if pending and held + size > budget:
+                        flush()
+                        held = 0
+                    pending.append(prepared)
+                    held += size
+                    if pool is None:
+                        flush()
+                        held = 0
+                    elif prepared.compile is not None:
+                        _submit_compiles(prepared.compile, pool)
+                        _wait(pool, block=False)  # a failed compile stops the build now, not after the last export
+                flush()
             term.check()
             kept = _carry_over_stages(final, tmp, env, dev, set(stages), reporter) if keep_existing_stages else {}
             if dev.type == "cpu":

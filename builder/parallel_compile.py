@@ -8,9 +8,13 @@ on OpenMP / CUDA, which a forked child cannot use safely."""
 
 from __future__ import annotations
 
+import heapq
 import os
+import queue
+import tempfile
+import threading
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -98,45 +102,137 @@ def _compile_program(task: CompileTask) -> dict[str, torch.Tensor]:
     return cb.weights
 
 
-def compile_in_workers(
-    tasks: list[CompileTask], jobs: int, on_done: Callable[[CompileTask, dict[str, torch.Tensor]], None]
-) -> None:
-    """Compile `tasks` on `jobs` spawned processes; `on_done(task, weights)` runs in this process as each one
-    finishes. The first failure (or an interrupt) cancels what has not started, terminates the running ones and
-    joins them (so nothing writes after the caller cleans up), then raises CompileError naming the task (or lets
-    the interrupt through)."""
-    if not tasks:
-        return
-    workers = min(jobs, len(tasks))
-    pool = ProcessPoolExecutor(
-        max_workers=workers,
-        mp_context=get_context("spawn"),
-        initializer=_share_cores,
-        initargs=(max(1, _cores() // workers),),
-    )
-    finished = False
-    try:
-        futures: dict[Future, CompileTask] = {pool.submit(_compile_saved, t): t for t in tasks}
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                task = futures[fut]
-                try:
-                    weights = fut.result()
-                except CompileError as e:
-                    raise CompileError(f"{task.label}: {e}") from e
-                except Exception as e:  # noqa: BLE001 - a worker killed (memory, signal) or an unexpected error
-                    raise CompileError(f"{task.label}: compile worker failed: {type(e).__name__}: {e}") from e
-                on_done(task, weights)
-        finished = True
-    finally:
-        if not finished:
+class CompilePool:
+    """Compiles handed over while the caller goes on (a build exports its next stage while the workers compile the
+    stages before it): `submit` queues a task, at most `jobs` run at once on spawned workers, the waiting task of
+    the highest priority starts first (ties: submission order), and `poll` / `wait` run each finished task's
+    `on_done(task, weights)` in the calling thread. The first failure raises CompileError naming the task from
+    `poll` or `wait`; leaving the `with` block on an error (or an interrupt) cancels what has not started and
+    terminates and joins the running workers, so nothing writes after the caller cleans up. The pool owns a
+    temporary folder for the saved programs (`programs`)."""
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs = max(1, jobs)
+        self._cond = threading.Condition()
+        self._waiting: list[tuple[float, int, CompileTask, Callable]] = []
+        self._running = 0
+        self._submitted = 0
+        self._outstanding = 0
+        self._finished: queue.Queue = queue.Queue()
+        self._closing = False
+        self._executor: ProcessPoolExecutor | None = None
+        self._feeder: threading.Thread | None = None
+        self._programs: tempfile.TemporaryDirectory | None = None
+
+    def __enter__(self) -> CompilePool:
+        self._programs = tempfile.TemporaryDirectory(prefix="ttsaot-programs-")
+        self._executor = ProcessPoolExecutor(
+            max_workers=self.jobs,
+            mp_context=get_context("spawn"),
+            initializer=_share_cores,
+            initargs=(max(1, _cores() // self.jobs),),
+        )
+        self._feeder = threading.Thread(target=self._feed, name="ttsaot-compile-feeder", daemon=True)
+        self._feeder.start()
+        return self
+
+    @property
+    def programs(self) -> Path:
+        """Where the caller saves the programs it submits (removed with the pool)."""
+        assert self._programs is not None, "CompilePool used outside its with-block"
+        return Path(self._programs.name)
+
+    def submit(
+        self,
+        task: CompileTask,
+        on_done: Callable[[CompileTask, dict[str, torch.Tensor]], None],
+        priority: float = 0.0,
+    ) -> None:
+        with self._cond:
+            heapq.heappush(self._waiting, (-priority, self._submitted, task, on_done))
+            self._submitted += 1
+            self._outstanding += 1
+            self._cond.notify_all()
+
+    def poll(self) -> None:
+        """Run `on_done` of every task finished so far (never blocks); raise the first failure."""
+        while True:
+            try:
+                item = self._finished.get_nowait()
+            except queue.Empty:
+                return
+            self._handle(*item)
+
+    def wait(self) -> None:
+        """Block until every task submitted so far has finished, running their `on_done`."""
+        while self._outstanding:
+            self._handle(*self._finished.get())
+
+    def _handle(self, task: CompileTask, on_done: Callable, fut: Future) -> None:
+        self._outstanding -= 1
+        try:
+            weights = fut.result()
+        except CompileError as e:
+            raise CompileError(f"{task.label}: {e}") from e
+        except Exception as e:  # noqa: BLE001 - a worker killed (memory, signal) or an unexpected error
+            raise CompileError(f"{task.label}: compile worker failed: {type(e).__name__}: {e}") from e
+        on_done(task, weights)
+
+    def _feed(self) -> None:
+        """Feeder thread: starts the waiting task of the highest priority whenever a worker is free (the executor's
+        own queue is first come, first served: tasks go to it only as workers free up)."""
+        while True:
+            with self._cond:
+                while not self._closing and (self._running >= self.jobs or not self._waiting):
+                    self._cond.wait()
+                if self._closing:
+                    return
+                task, on_done = self._next()
+                self._running += 1
+            try:
+                fut = self._executor.submit(_compile_saved, task)
+            except Exception as e:  # noqa: BLE001 - a broken or shut-down executor: reported like a failed compile
+                fut = Future()
+                fut.set_exception(e)
+            fut.add_done_callback(lambda f, t=task, d=on_done: self._done(t, d, f))
+
+    def _next(self) -> tuple[CompileTask, Callable]:
+        """The waiting task to start next (the caller holds the lock)."""
+        _, _, task, on_done = heapq.heappop(self._waiting)
+        return task, on_done
+
+    def _done(self, task: CompileTask, on_done: Callable, fut: Future) -> None:
+        self._finished.put((task, on_done, fut))
+        with self._cond:
+            self._running -= 1
+            self._cond.notify_all()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._feeder is not None:
+            self._feeder.join()
+        if exc_type is not None or self._outstanding:
             # A failure, Ctrl-C or SIGTERM (KeyboardInterrupt, builder/build.py): the running compiles are of no use
             # any more and may take minutes, so they are stopped rather than awaited (an H100 run killed by its time
             # box was killed again 10 s later while this waited on them); joined below, so none writes afterwards.
-            _terminate_workers(pool)
-        pool.shutdown(wait=True, cancel_futures=True)
+            _terminate_workers(self._executor)
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._programs.cleanup()
+
+
+def compile_in_workers(
+    tasks: list[CompileTask], jobs: int, on_done: Callable[[CompileTask, dict[str, torch.Tensor]], None]
+) -> None:
+    """Compile `tasks` (already saved) on `jobs` spawned processes, in list order; `on_done(task, weights)` runs in
+    this process as each one finishes (CompilePool, which also says what a failure does)."""
+    if not tasks:
+        return
+    with CompilePool(min(jobs, len(tasks))) as pool:
+        for i, t in enumerate(tasks):
+            pool.submit(t, on_done, priority=-i)
+        pool.wait()
 
 
 def _terminate_workers(pool: ProcessPoolExecutor) -> None:
@@ -148,4 +244,4 @@ def _terminate_workers(pool: ProcessPoolExecutor) -> None:
         proc.terminate()
 
 
-__all__ = ["CompileTask", "compile_in_workers", "default_jobs"]
+__all__ = ["CompilePool", "CompileTask", "compile_in_workers", "default_jobs"]

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from ttsaot.builder.buckets import BucketPlan
-from ttsaot.builder.build import build_family, compile_cost, largest_first
+from ttsaot.builder.build import build_family, compile_cost, compile_priority
 from ttsaot.builder.export import CompileError
 from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
-from ttsaot.builder.parallel_compile import CompileTask, compile_in_workers, default_jobs
+from ttsaot.builder.parallel_compile import CompilePool, CompileTask, compile_in_workers, default_jobs
 
 from .test_build_atomic import _specs
 
@@ -110,15 +110,26 @@ class _Chain(torch.nn.Module):
         return x
 
 
-def test_the_largest_compiles_are_submitted_first():
+def test_the_largest_compiles_start_first():
+    """compile_cost ranks by operator calls, then input elements; compile_priority keeps that order, and the pool
+    starts the waiting task of the highest priority first, ties in submission order."""
+
     def cost(depth: int, rows: int) -> tuple[int, int]:
         x = torch.randn(rows, 4)
         return compile_cost(torch.export.export(_Chain(depth), (x,)), (x,))
 
     small, deep, wide = cost(1, 2), cost(3, 2), cost(1, 8)
     assert deep[0] > small[0] and wide == (small[0], 32) and small[1] == 8
-    jobs = [("a", small), ("b", wide), ("c", deep), ("d", small)]
-    assert [n for n, _ in largest_first(jobs, lambda j: j[1])] == ["c", "b", "a", "d"]  # ties keep plan order
+    pool = CompilePool(1)  # never entered: no workers, only its queue
+    for name, c in [("a", small), ("b", wide), ("c", deep), ("d", small)]:
+        pool.submit(
+            CompileTask(name, Path(name), (), torch.device("cpu"), Path(name), name, {}, None),
+            None,
+            priority=compile_priority(c),
+        )
+    assert [pool._next()[0].label for _ in range(4)] == ["c", "b", "a", "d"]
+    big = compile_priority((10**6, 0))
+    assert big > compile_priority((10**6 - 1, 10**9)) and compile_priority((5, 3)) > compile_priority((5, 2))
 
 
 def test_default_jobs_is_bounded_by_cores_and_memory():
@@ -151,22 +162,61 @@ def test_cpu_builds_pool_every_stage():
 
 @pytest.mark.heavy
 def test_stages_pool_their_compiles_within_the_device_budget(monkeypatch, tmp_path):
-    """With --jobs > 1 the stages' packages compile side by side, but a CUDA build compiles the pool before the
+    """With --jobs > 1 the stages' packages compile side by side, but a CUDA build drains the pool before the
     prepared stages' modules would exceed their share of the GPU (`_pooled_device_bytes`); here a budget of one
     byte makes every stage compile alone, in spec order, and the artifact holds both."""
     import ttsaot.builder.build as build
 
-    calls: list[list[str]] = []
-    real = build._compile_all
+    events: list[tuple[str, str]] = []
+    real_submit, real_wait = build._submit_compiles, build._wait
 
-    def recording(compiles, jobs):
-        calls.append([c.spec.name for c in compiles])
-        return real(compiles, jobs)
+    def submit(st, pool):
+        events.append(("submit", st.spec.name))
+        return real_submit(st, pool)
 
-    monkeypatch.setattr(build, "_compile_all", recording)
+    def wait(pool, block=True):
+        if block:
+            events.append(("wait", ""))
+        return real_wait(pool, block)
+
+    monkeypatch.setattr(build, "_submit_compiles", submit)
+    monkeypatch.setattr(build, "_wait", wait)
     monkeypatch.setattr(build, "_pooled_device_bytes", lambda dev: 1)
     first = _specs()[0]
     specs = [first, replace(first, name="code2wav_again")]
     res = build_family(QWEN.name, specs, tmp_path / "out", "cpu", jobs=2)
-    assert calls == [["code2wav"], ["code2wav_again"]]
+    assert events == [("submit", "code2wav"), ("wait", ""), ("submit", "code2wav_again"), ("wait", "")]
     assert list(res.manifest.stages) == ["code2wav", "code2wav_again"]
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_stage_compiles_while_the_next_is_prepared(monkeypatch, tmp_path):
+    """A stage's packages go to the workers as soon as it is prepared, before the next stage is exported (a 2-core
+    CPU build otherwise idles its second core through every export); a build stopped then stops its running
+    compiles and leaves nothing behind."""
+    import ttsaot.builder.build as build
+
+    events: list[tuple[str, str]] = []
+    real_prepare, real_submit = build.prepare_stage, build._submit_compiles
+
+    def prepare(spec, *a, **kw):
+        events.append(("prepare", spec.name))
+        if spec.name == "code2wav_again":
+            raise _Stop
+        return real_prepare(spec, *a, **kw)
+
+    def submit(st, pool):
+        events.append(("submit", st.spec.name))
+        real_submit(st, pool)
+        assert pool._outstanding == 1
+
+    monkeypatch.setattr(build, "prepare_stage", prepare)
+    monkeypatch.setattr(build, "_submit_compiles", submit)
+    first = _specs()[0]
+    with pytest.raises(_Stop):
+        build_family(QWEN.name, [first, replace(first, name="code2wav_again")], tmp_path / "out", "cpu", jobs=2)
+    assert events == [("prepare", "code2wav"), ("submit", "code2wav"), ("prepare", "code2wav_again")]
+    assert not list((tmp_path / "out").iterdir())
