@@ -173,6 +173,17 @@ def test_streamed_form_unrolls_its_norm_prologue():
     assert meta["STREAM"] and meta["NORM_CHUNKS"] == 3 and meta["NORM_BLOCK"] == STREAM_NORM_BLOCK
 
 
+def test_streamed_gated_calls_at_32_rows_are_offered_no_spilling_tile():
+    from ttsaot.builder.kernels import skinny_linear_triton as kernels
+
+    prune = kernels.skinny_stream_autotuned.early_config_prune
+    kept = prune(kernels.STREAM_CONFIGS, {"M": 22}, GATED=True, BLOCK_M=32)
+    assert kept and all(c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] <= kernels.STREAM_GATED_TILE for c in kept)
+    assert len(kept) < len(kernels.STREAM_CONFIGS)
+    assert prune(kernels.STREAM_CONFIGS, {"M": 22}, GATED=False, BLOCK_M=32) == kernels.STREAM_CONFIGS
+    assert prune(kernels.STREAM_CONFIGS, {"M": 16}, GATED=True, BLOCK_M=16) == kernels.STREAM_CONFIGS
+
+
 def test_the_stream_switch_is_read_at_trace_time_and_keys_the_packages(monkeypatch):
     from ttsaot.builder import package_cache
     from ttsaot.builder.kernels.skinny_linear import STREAM_ENV, stream_tiles

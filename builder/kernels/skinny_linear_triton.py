@@ -591,4 +591,19 @@ STREAM_CONFIGS = [
     triton.Config({"BLOCK_N": 32, "BLOCK_K": 128}, num_warps=4, num_stages=1),
 ]
 
-skinny_stream_autotuned = triton.autotune(configs=STREAM_CONFIGS, key=AUTOTUNE_KEY)(skinny_linear_kernel)
+# A gated call at 32 rows holds two [32, BLOCK_N] accumulators and the next step's x and W (gate and up) tiles in
+# registers: BLOCK_N × BLOCK_K above this spills under Triton 3.7 (sm_90 compile: 32 × 256 and 16 × 512 do).
+STREAM_GATED_TILE = 4096
+
+
+def _prune_stream(configs, named_args, **kwargs):
+    """The streamed form's candidates: all but those that spill registers (gated calls at 32 rows)."""
+    meta = {**named_args, **kwargs}
+    if not (meta.get("GATED") and meta["BLOCK_M"] >= 32):
+        return configs
+    return [c for c in configs if c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] <= STREAM_GATED_TILE]
+
+
+skinny_stream_autotuned = triton.autotune(
+    configs=STREAM_CONFIGS, key=AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_stream}
+)(skinny_linear_kernel)
