@@ -37,6 +37,8 @@ PHASES: dict[str, tuple[tuple[str, str], ...]] = {
     "torch.export": (("torch/export/_trace.py", "_export"),),
     "package cache key/lookup": (("builder/package_cache.py", "pre_export_key"), ("builder/package_cache.py", "fetch")),
     "compile, in this process or waiting on workers": (("builder/build.py", "_compile_all"),),
+    "waiting on the compile pool (a multi-stage build)": (("builder/build.py", "_wait"),),
+    "hand compiles to the pool (save programs)": (("builder/build.py", "_submit_compiles"),),
     "load a saved program (worker)": (("torch/export/__init__.py", "load"),),
     "AOTInductor compile": (("torch/_inductor/__init__.py", "aot_compile"),),
     "Inductor lowering + codegen": (("torch/_inductor/graph.py", "codegen_with_cpp_wrapper"),),
