@@ -416,6 +416,12 @@ REAL_SHAPES = {  # name: (N, K, epilogue) as the stages use them
 }
 
 
+def _bf16_mirror(t: dict, gated: bool, scale: float) -> torch.Tensor:
+    """`_mirror` of `_inputs`' tensors at eps 1e-5 with the kernels' bf16 rounding."""
+    rnd = kernel_rounding(torch.bfloat16)
+    return _mirror(t["x"], t["weight"], t["bias"], t["norm_weight"], 1e-5, gated, t["residual"], scale, rnd)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("M", [1, 3, 16, 176])
@@ -427,17 +433,7 @@ def test_gpu_real_shapes_autotuned(name, M):
     y = skinny_linear(**t, norm_eps=1e-5, gated=gated, residual_scale=0.7 if spec.get("residual") else 1.0)
     ref = skinny_linear_reference(**t, norm_eps=1e-5, gated=gated, residual_scale=0.7 if spec.get("residual") else 1.0)
     assert rel_err(y.float(), ref.float()) < 1e-2
-    mirror = _mirror(
-        t["x"],
-        t["weight"],
-        t["bias"],
-        t["norm_weight"],
-        1e-5,
-        gated,
-        t["residual"],
-        0.7 if spec.get("residual") else 1.0,
-        kernel_rounding(torch.bfloat16),
-    )
+    mirror = _bf16_mirror(t, gated, 0.7 if spec.get("residual") else 1.0)
     assert (y.cpu().float() == mirror).float().mean().item() >= 0.99
     again = skinny_linear(**t, norm_eps=1e-5, gated=gated, residual_scale=0.7 if spec.get("residual") else 1.0)
     assert torch.equal(y, again)
@@ -457,17 +453,7 @@ def test_gpu_real_shapes_streamed(name, M):
     gated = spec.get("gated", False)
     scale = 0.7 if spec.get("residual") else 1.0
     kw = dict(norm_eps=1e-5, gated=gated, residual_scale=scale)
-    mirror = _mirror(
-        t["x"],
-        t["weight"],
-        t["bias"],
-        t["norm_weight"],
-        1e-5,
-        gated,
-        t["residual"],
-        scale,
-        kernel_rounding(torch.bfloat16),
-    )
+    mirror = _bf16_mirror(t, gated, scale)
     for c in kernels.STREAM_CONFIGS:
         config = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
         for split in (1,) if gated else (1, 2):
