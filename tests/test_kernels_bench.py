@@ -135,3 +135,20 @@ def test_kernels_bench_predictor_config_sweep_on_cpu(monkeypatch):
     assert set(case["runs"]) == {"bn16/bk32/w4/s2/split1", "bn16/bk32/w4/s2/split2", "bn16/bk32/w4/s2/split2/shared"}
     for key, run in case["runs"].items():
         assert "error" not in run and run["rel_err_vs_reference"] < 1e-2, (key, run)
+
+
+def test_kernels_bench_stream_sweep_on_cpu(monkeypatch):
+    """`--sections configs_stream`: the streamed tile form's candidates × split-K at a shape's serving rows, each
+    checked against the reference, beside the tile form's plan (not timed under the interpreter: its autotuner
+    needs a GPU, and the failure is recorded, not raised) and the summary line."""
+    require_kernel_runtime()
+    monkeypatch.setattr(kb, "SKINNY_SHAPES", {})
+    monkeypatch.setattr(kb, "PREDICTOR_SHAPES", {"voxcpm2_locdit_o": (40, 64, {"residual": True}, (22,))})
+    monkeypatch.setattr(kb, "STREAM_SWEEP", {"voxcpm2_locdit_o": (5,)})
+    monkeypatch.setattr(kb, "STREAM_CANDIDATES", ((16, 32, 4, 1),))
+    res = kb.run_kernels(torch.device("cpu"), budget_s=600, sections=("copy", "configs_stream"))
+    case = res["sections"]["configs_stream"]["voxcpm2_locdit_o/M=5/stream"]
+    assert set(case["runs"]) == {"bn16/bk32/w4/s1/split1", "bn16/bk32/w4/s1/split2"}
+    for key, run in case["runs"].items():
+        assert "error" not in run and run["rel_err_vs_reference"] < 1e-2, (key, run)
+    assert "plan" in case and "stream voxcpm2_locdit_o/M=5/stream" in kb.summary(res)
