@@ -3,6 +3,7 @@ lock) because every AOTI compile costs tens of seconds on a 2-core CI machine.""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -59,6 +60,18 @@ def built_artifact(name: str, build: Callable[[Path], Path]) -> Path:
             path = build(root)
             done.write_text(str(path.relative_to(root)))
         return root / done.read_text()
+
+
+def computed_once(name: str, compute: Callable[[], object]):
+    """The JSON result of `compute()`, computed once per run and shared like `built_artifact` (a module fixture is
+    set up again on every xdist worker that runs one of the module's tests): for costly child-process checks."""
+
+    def write(root: Path) -> Path:
+        out = root / "result.json"
+        out.write_text(json.dumps(compute()))
+        return out
+
+    return json.loads(built_artifact(name, write).read_text())
 
 
 def pytest_configure(config):
