@@ -102,7 +102,10 @@ def qwen_tiny_fp32() -> Path:
             frame_buckets=(8, 16, 48),
             streaming=StreamingConfig(16, 32, 0, 0),
         )
-        return build_family(QWEN.name, QWEN.specs(opts, ["code2wav"]), root, "cpu").path
+        # through the run's package cache (as the CLI builds): tests/oracle/test_qwen_code2wav_oracle.py builds the
+        # same program from a checkpoint of the same weights and reuses this package (or this build reuses its)
+        cache = os.environ["TTSAOT_CACHE_DIR"]
+        return build_family(QWEN.name, QWEN.specs(opts, ["code2wav"]), root, "cpu", cache_dir=cache).path
 
     return built_artifact("qwen-tiny-fp32", build)
 
