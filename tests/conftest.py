@@ -134,6 +134,22 @@ def qwen_tiny_bf16() -> Path:
     return built_artifact("qwen-tiny-bf16", build)
 
 
+@pytest.fixture(autouse=True)
+def _precision_flags_restored():
+    """Every test leaves the float32 precision flags as it found them. They are part of every package-cache key
+    (builder/package_cache.py `_environment`): a test that changed one for the rest of its worker (bench's
+    `_set_tf32` does) made later builds of the same program miss the run's cache, depending on the order xdist
+    gave that worker."""
+    saved = (
+        torch.get_float32_matmul_precision(),
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+    )
+    yield
+    torch.set_float32_matmul_precision(saved[0])
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[1:]
+
+
 @pytest.fixture
 def artifact_copy(tmp_path) -> Callable[[Path], Path]:
     """A writable copy of a built artifact, for fault-injection tests."""
