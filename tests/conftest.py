@@ -145,9 +145,11 @@ def _precision_flags_restored():
         torch.backends.cuda.matmul.allow_tf32,
         torch.backends.cudnn.allow_tf32,
     )
+    grad = torch.is_grad_enabled()
     yield
     torch.set_float32_matmul_precision(saved[0])
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[1:]
+    torch.set_grad_enabled(grad)
 
 
 @pytest.fixture
