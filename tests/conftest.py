@@ -4,6 +4,16 @@ lock) because every AOTI compile costs tens of seconds on a 2-core CI machine.""
 from __future__ import annotations
 
 import os
+
+# Idle OpenMP threads sleep instead of spinning. `make test` runs 2 xdist workers, each with an OpenMP team as
+# wide as the machine (2 on CI): by default libgomp spins ~300k iterations after every parallel region, burning
+# the core the other worker needs (tests/test_serve.py met the same starvation between threads; the service's
+# __main__ sets this too). Only how waiting threads wait changes, not what runs: measured on a 2-core box, a
+# -n 2 run of eager-heavy test files took 94 -> 60 CPU-s and 57 -> 42 s. Set before torch (and so libgomp)
+# is imported in this process; child processes (load checks, compiles) inherit it. An explicit value wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import json
 import shutil
 import uuid
 import warnings
@@ -61,6 +71,18 @@ def built_artifact(name: str, build: Callable[[Path], Path]) -> Path:
         return root / done.read_text()
 
 
+def computed_once(name: str, compute: Callable[[], object]):
+    """The JSON result of `compute()`, computed once per run and shared like `built_artifact` (a module fixture is
+    set up again on every xdist worker that runs one of the module's tests): for costly child-process checks."""
+
+    def write(root: Path) -> Path:
+        out = root / "result.json"
+        out.write_text(json.dumps(compute()))
+        return out
+
+    return json.loads(built_artifact(name, write).read_text())
+
+
 def pytest_configure(config):
     if not os.environ.get("PYTEST_XDIST_WORKER") and "TTSAOT_TEST_RUN" not in os.environ:
         os.environ["TTSAOT_TEST_RUN"] = uuid.uuid4().hex[:12]
@@ -89,7 +111,10 @@ def qwen_tiny_fp32() -> Path:
             frame_buckets=(8, 16, 48),
             streaming=StreamingConfig(16, 32, 0, 0),
         )
-        return build_family(QWEN.name, QWEN.specs(opts, ["code2wav"]), root, "cpu").path
+        # through the run's package cache (as the CLI builds): tests/oracle/test_qwen_code2wav_oracle.py builds the
+        # same program from a checkpoint of the same weights and reuses this package (or this build reuses its)
+        cache = os.environ["TTSAOT_CACHE_DIR"]
+        return build_family(QWEN.name, QWEN.specs(opts, ["code2wav"]), root, "cpu", cache_dir=cache).path
 
     return built_artifact("qwen-tiny-fp32", build)
 
@@ -107,6 +132,24 @@ def qwen_tiny_bf16() -> Path:
         return build_family(QWEN.name, QWEN.specs(opts, ["code2wav"]), root, "cpu").path
 
     return built_artifact("qwen-tiny-bf16", build)
+
+
+@pytest.fixture(autouse=True)
+def _precision_flags_restored():
+    """Every test leaves the float32 precision flags as it found them. They are part of every package-cache key
+    (builder/package_cache.py `_environment`): a test that changed one for the rest of its worker (bench's
+    `_set_tf32` does) made later builds of the same program miss the run's cache, depending on the order xdist
+    gave that worker."""
+    saved = (
+        torch.get_float32_matmul_precision(),
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+    )
+    grad = torch.is_grad_enabled()
+    yield
+    torch.set_float32_matmul_precision(saved[0])
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[1:]
+    torch.set_grad_enabled(grad)
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ fixtures into a test module by assigning them: `fish_dac_tiny = fish_fixtures.fi
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,8 @@ def fish_dac_tiny(fish_dac_ckpt) -> Path:
         specs = FISH.specs(opts)
         assert [s.name for s in specs] == ["dac_decoder", "dac_encoder"]
         assert specs[0].dtype == specs[1].dtype == torch.float32  # the stages' own defaults
-        return build_family(FISH.name, specs, root, "cpu").path
+        # through the run's package cache, as the CLI builds (tests/conftest.py): test_tf32.py's CLI build of the
+        # same codec and plan reuses these packages instead of compiling three more
+        return build_family(FISH.name, specs, root, "cpu", cache_dir=os.environ["TTSAOT_CACHE_DIR"]).path
 
     return built_artifact("fish-dac-tiny", build)

@@ -56,9 +56,13 @@ def _context(family: str, stage: str, emb_option: str, with_embedding: bool) -> 
     params=[(*p, emb) for p in PREDICTORS for emb in (False, True)],
     ids=lambda p: f"{p[1]}{'+emb' if p[3] else ''}",
 )
-def ctx(request) -> VariantContext:
+def ctx(request):
+    # grad off while this module's tests run, and back as it was after them: left off, it changed the exported
+    # programs of later builds on the worker (another package-cache key: a reuse missed)
+    enabled = torch.is_grad_enabled()
     torch.set_grad_enabled(False)
-    return _context(*request.param)
+    yield _context(*request.param)
+    torch.set_grad_enabled(enabled)
 
 
 # Sampling regimes: the stage's own random mix (greedy, top-k, top-p and plain rows), all greedy, top-k only,

@@ -11,6 +11,8 @@ from safetensors.torch import load_file, save_file
 
 from ttsaot.builder.cli import main
 
+from .conftest import built_artifact
+
 CLI_BUILD = [
     "build",
     "qwen3-tts-12hz",
@@ -28,14 +30,19 @@ CLI_BUILD = [
 ]
 
 
-@pytest.fixture(scope="module")
-def cli_artifact(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cli")
+def _cli_build(out):
     r = CliRunner().invoke(main, [*CLI_BUILD, "--out", str(out)])
     assert r.exit_code == 0, r.output
     # not a terminal: one progress line per compiled package (what `bench builds` keeps of a stopped build)
     assert re.search(r"\[\s*\d+\.\ds\] code2wav/b1_f8 compiled \(\d+s\)", r.output), r.output
     return out / "qwen3-tts-12hz"
+
+
+@pytest.fixture(scope="session")
+def cli_artifact():
+    """Built once per run (tests/conftest.py `built_artifact`; a module fixture built it again on each xdist worker
+    that ran a test of this file). Read-only: the tests that edit it take a copy."""
+    return built_artifact("cli-qwen-b1-f8", _cli_build)
 
 
 def test_build_writes_a_verified_artifact(cli_artifact):

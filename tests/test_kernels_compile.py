@@ -14,6 +14,7 @@ import textwrap
 
 import pytest
 
+from .conftest import computed_once
 from .kernel_fixtures import ON_GPU
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -148,14 +149,19 @@ SCRIPT = textwrap.dedent(r"""
 """)
 
 
-@pytest.fixture(scope="module")
-def sm90() -> dict:
+def _compile_for_sm90() -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT], env=env, cwd=REPO, capture_output=True, text=True, timeout=900
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def sm90() -> dict:
+    """The child's figures, once per run (both tests read them; the compile took ~70 s of a CI core per worker)."""
+    return computed_once("kernels-sm90", _compile_for_sm90)
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -37,6 +38,8 @@ from ttsaot.builder.kernels.snake_beta import HAVE_TRITON
 from ttsaot.builder.layers import BakedSnakeBeta
 from ttsaot.builder.layers.conv import CausalConv1d, CausalConvTranspose1d
 from ttsaot.builder.passes.conv import ShiftDepthwiseConv1d
+
+from .conftest import computed_once
 
 
 class LeftPadConv1d(nn.Conv1d):
@@ -550,10 +553,15 @@ _CASES = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def interpreted() -> dict:
-    """Every kernel case in ONE child process (interpreter start-up dominates on a loaded machine); returns
+    """Every kernel case in ONE child process (interpreter start-up dominates on a loaded machine), once per run
+    (tests/conftest.py `computed_once`: the parametrized tests below may run on both xdist workers); returns
     {group: [failure, ...]} for the groups that ran to the end."""
+    return computed_once("conv1d-interpreted", _run_interpreted)
+
+
+def _run_interpreted() -> dict:
     body = ["import json"]
     for group, (case, dtype) in GROUPS.items():
         body.append(f"GROUP = {group!r}")
@@ -653,11 +661,20 @@ _PTX_CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def hopper_ptx(tmp_path_factory) -> dict:
+@pytest.fixture(scope="session")
+def hopper_ptx() -> dict:
     """The sm_90 PTX of every `_PTX_CASES` kernel, compiled in ONE child process without TRITON_INTERPRET (which
-    the suite sets, and under which Triton compiles nothing); {} when Triton's NVIDIA backend is missing."""
-    out = tmp_path_factory.mktemp("ptx") / "ptx.json"
+    the suite sets, and under which Triton compiles nothing), once per run (`computed_once`); {} when Triton's
+    NVIDIA backend is missing."""
+    return computed_once("conv1d-hopper-ptx", _compile_hopper_ptx)
+
+
+def _compile_hopper_ptx() -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        return _compile_hopper_ptx_into(Path(tmp) / "ptx.json")
+
+
+def _compile_hopper_ptx_into(out: Path) -> dict:
     code = textwrap.dedent(f"""
         import json, sys
         sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})

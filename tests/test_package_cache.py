@@ -31,6 +31,7 @@ from ttsaot.builder.package_cache import (
     program_sources,
 )
 
+from .conftest import built_artifact
 from .test_build_atomic import _specs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,14 +45,30 @@ class Notes(Reporter):
         self.notes.append(msg)
 
 
-@pytest.fixture(scope="module")
-def cached(tmp_path_factory):
-    """One real build (b1_f8, fp32) that fills a fresh cache: (cache dir, artifact path)."""
-    root = tmp_path_factory.mktemp("package_cache")
+def _fill_a_fresh_cache(root: Path) -> Path:
     rep = Notes()
     res = build_family(QWEN.name, _specs(), root / "first", "cpu", cache_dir=root / "cache", reporter=rep)
     assert "code2wav: 0 of 1 packages reused from the package cache" in rep.notes
-    return root / "cache", res.path
+    return res.path
+
+
+@pytest.fixture(scope="session")
+def filled_cache() -> tuple[Path, Path]:
+    """One real build (b1_f8, fp32) that fills a fresh cache, once per run (tests/conftest.py `built_artifact`:
+    shared by the xdist workers, where a module fixture compiled it again on each worker that ran a test of this
+    file): (cache dir, artifact path). Read-only: tests take `cached`."""
+    first = built_artifact("package-cache-b1-f8", _fill_a_fresh_cache)
+    return first.parent.parent / "cache", first
+
+
+@pytest.fixture
+def cached(filled_cache, tmp_path_factory):
+    """(a private copy of the filled cache, the artifact its build wrote): each test edits, corrupts or adds to
+    its own copy, so no test sees another's changes."""
+    cache, first = filled_cache
+    copy = tmp_path_factory.mktemp("package_cache") / "cache"
+    shutil.copytree(cache, copy, ignore=shutil.ignore_patterns("*.lock"))
+    return copy, first
 
 
 def _entries(cache: Path) -> list[Path]:
@@ -332,7 +349,7 @@ def test_missing_package_exports_compiles_and_repairs_the_index(cached, monkeypa
     assert m1 == m2
 
 
-def test_changed_inlined_value_misses(cached):
+def test_changed_inlined_value_misses(cached, tmp_path):
     """Inductor inlines some CPU constants into the code (they are not among the package's weights): a lookup
     with another value of one of them must not reuse the package."""
     cache, first = cached
@@ -349,15 +366,15 @@ def test_changed_inlined_value_misses(cached):
         build_mod.export_bucket(module, tuple(ex[n] for n in spec.input_names), torch.device("cpu"))
     )
     pc = PackageCache(cache)
-    assert pc.fetch(entry.name, sources, first.parent / "probe.pt2").weights is not None
+    assert pc.fetch(entry.name, sources, tmp_path / "probe.pt2").weights is not None
     if meta["unbound"]:
         name = next(iter(meta["unbound"]))
         changed = {**sources, name: sources[name] + 1}
-        found = pc.fetch(entry.name, changed, first.parent / "probe2.pt2")
+        found = pc.fetch(entry.name, changed, tmp_path / "probe2.pt2")
         assert found.weights is None and name in found.why
     bound = meta["constants"][0][0]
     with_other_weights = {**sources, bound: sources[bound] * 2}
-    found = pc.fetch(entry.name, with_other_weights, first.parent / "probe3.pt2")
+    found = pc.fetch(entry.name, with_other_weights, tmp_path / "probe3.pt2")
     assert found.weights is not None and torch.equal(found.weights[bound], sources[bound] * 2)
 
 

@@ -12,6 +12,10 @@ from ttsaot.builder.families import get_family
 from ttsaot.builder.stage_spec import TF32_TOLERANCE, with_tf32
 from ttsaot.runtime.stage import fp32_mode
 
+from . import fish_fixtures
+
+fish_dac_ckpt = fish_fixtures.fish_dac_ckpt  # the session fixture's codec.pth
+
 
 def _fish_specs(dtype=None):
     fam = get_family("fish-s2-pro")
@@ -44,7 +48,10 @@ def test_fp32_mode_sets_the_built_for_flags_and_restores_the_callers(tf32):
 
 
 @pytest.mark.slow
-def test_cli_tf32_is_recorded_in_the_manifest(tmp_path):
+def test_cli_tf32_is_recorded_in_the_manifest(fish_dac_ckpt, tmp_path):
+    # The codec, plan and streaming of tests/fish_fixtures.py `fish_dac_tiny`: --tf32 changes no CPU program, so
+    # this build reuses that fixture's packages from the run's package cache (exported, checked, not compiled).
+    stream = fish_fixtures._streaming()
     r = CliRunner().invoke(
         main,
         [
@@ -54,13 +61,22 @@ def test_cli_tf32_is_recorded_in_the_manifest(tmp_path):
             "dac_decoder,dac_encoder",
             "--preset",
             "tiny",
-            "--random-weights",
+            "--checkpoint",
+            str(fish_dac_ckpt),
             "--batch-buckets",
-            "1",
+            ",".join(map(str, fish_fixtures.DECODER_BATCH)),
             "--frame-buckets",
-            "8",
+            ",".join(map(str, fish_fixtures.DECODER_FRAMES)),
             "--encoder-seconds",
-            "0.5",
+            ",".join(map(str, fish_fixtures.ENCODER_SECONDS)),
+            "--chunk-frames",
+            str(stream.chunk_frames),
+            "--left-context-frames",
+            str(stream.left_context_frames),
+            "--first-chunk-frames",
+            str(stream.first_chunk_frames),
+            "--nonstreaming-chunk-frames",
+            str(stream.nonstreaming_chunk_frames),
             "--tf32",
             "--out",
             str(tmp_path),
