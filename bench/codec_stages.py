@@ -54,8 +54,10 @@ from .common import (
     BudgetExceeded,
     device_info,
     git_commit,
+    kept_precision_flags,
     now_iso,
     rel_err,
+    set_tf32,
     short_error,
     time_box,
     time_fn,
@@ -119,11 +121,6 @@ def make_tasks(
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def _set_tf32(on: bool) -> None:
-    torch.backends.cudnn.allow_tf32 = on
-    torch.backends.cuda.matmul.allow_tf32 = on
-
-
 def _set_pytorch_defaults() -> None:
     """PyTorch's own defaults: cuDNN convolutions may use TF32, matmuls stay fp32."""
     torch.backends.cudnn.allow_tf32 = True
@@ -265,7 +262,7 @@ def run_task(
         ex = spec.make_inputs(sizes, torch.Generator().manual_seed(seed * 1000 + i))
         inputs[_key(sizes)] = [ex[n].to(device) for n in spec.input_names]
     refs = {}
-    _set_tf32(False)
+    set_tf32(False)
     with torch.no_grad():
         for k, args in inputs.items():
             refs[k] = _first(original(*args))
@@ -277,7 +274,7 @@ def run_task(
                 row = compare(out, refs[k], task.criterion)
                 row["ms"] = _replay_ms(lambda args=args, m=original: m(*args), device, reps)
             rec["buckets"].setdefault(k, {})["eager_default"] = row
-        _set_tf32(False)
+        set_tf32(False)
     del original
 
     kernels_list = ["ttsaot"] + (["inductor"] if "inductor" in variants else [])
@@ -319,7 +316,7 @@ def run_task(
     for name, on in eager_modes:
         if name.split("_")[0] not in variants:
             continue
-        _set_tf32(on)
+        set_tf32(on)
         for k, args in inputs.items():
             with torch.no_grad():
                 out = _first(staged(*args))
@@ -327,7 +324,7 @@ def run_task(
                 row["ms"] = _replay_ms(lambda args=args: staged(*args), device, reps)
             rec["buckets"][k][name] = row
     if "compile" in variants and device.type == "cuda":
-        _set_tf32(tf32)
+        set_tf32(tf32)
         compiled = torch.compile(staged, mode=compile_mode)
         for k, args in inputs.items():
             t0 = time.perf_counter()
@@ -349,7 +346,7 @@ def run_task(
             rec["buckets"][k]["compile_graph"] = row
             del g
         del compiled
-    _set_tf32(False)
+    set_tf32(False)
     for b in rec["buckets"].values():
         base = b.get("compile_graph", {}).get("ms")
         mine = (b.get("ttsaot") or {}).get("replay_ms") or (b.get("ttsaot") or {}).get("call_ms")
@@ -381,6 +378,11 @@ def _key(sizes: dict[str, int]) -> str:
 
 # ------------------------------------------------------------------------------------------ driver
 def run(a: argparse.Namespace) -> dict[str, Any]:
+    with kept_precision_flags():
+        return _run(a)
+
+
+def _run(a: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         if device.index is None:
@@ -454,7 +456,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
             res["tasks"].append(rec)
             res["seconds"] = round(time.perf_counter() - start, 1)
             write_json(out, res)
-            _set_tf32(False)
+            set_tf32(False)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     res["seconds"] = round(time.perf_counter() - start, 1)

@@ -184,6 +184,24 @@ def time_fn(fn: Callable[[], Any], device: torch.device, warmup: int, reps: int)
     }
 
 
+def set_tf32(on: bool) -> None:
+    """cuDNN convolutions and cuBLAS matmuls in TF32 (on) or exact fp32 (off), for the runs that follow."""
+    torch.backends.cudnn.allow_tf32 = on
+    torch.backends.cuda.matmul.allow_tf32 = on
+
+
+@contextlib.contextmanager
+def kept_precision_flags():
+    """The caller's TF32 flags and grad mode as they were after the block, whatever the bench switched inside it
+    (they are part of the package-cache key: a leaked flag made later builds in the same process miss it)."""
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, torch.is_grad_enabled())
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved[:2]
+        torch.set_grad_enabled(saved[2])
+
+
 @contextlib.contextmanager
 def time_box(seconds: float | None, what: str):
     """Raise BudgetExceeded if the block runs longer than `seconds` (SIGALRM, main thread only). Compiles are

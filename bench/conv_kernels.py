@@ -46,7 +46,18 @@ from torch import nn
 from ttsaot.runtime.dtypes import torch_dtype
 
 from . import RESULTS_SCHEMA
-from .common import REPO, device_info, git_commit, graph_replay_ms, now_iso, rel_err, short_error, write_json
+from .common import (
+    REPO,
+    device_info,
+    git_commit,
+    graph_replay_ms,
+    kept_precision_flags,
+    now_iso,
+    rel_err,
+    set_tf32,
+    short_error,
+    write_json,
+)
 
 DEVICE = "cuda"  # a module constant so that the logic can be dry-run on CPU (tests patch it)
 SURVEY = REPO / "bench" / "results" / "nvidia-h100" / "probes" / "codec_conv_survey.json"
@@ -86,8 +97,7 @@ def _kernel_precision(precision: str) -> str:
 
 
 def _set_tf32(precision: str) -> None:
-    torch.backends.cudnn.allow_tf32 = precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    set_tf32(precision == "tf32")
 
 
 # ------------------------------------------------------------------------------------------ timing
@@ -903,6 +913,11 @@ def smoke() -> dict:
 
 # ------------------------------------------------------------------------------------------ driver
 def run(out_dir: Path, survey_path: Path, budget: float, reps: int, only: set[str] | None, sweep: bool = False) -> dict:
+    with kept_precision_flags():
+        return _run(out_dir, survey_path, budget, reps, only, sweep)
+
+
+def _run(out_dir: Path, survey_path: Path, budget: float, reps: int, only: set[str] | None, sweep: bool) -> dict:
     torch.set_grad_enabled(False)
     dev = torch.device(DEVICE)
     t0 = time.time()
