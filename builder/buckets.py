@@ -46,6 +46,23 @@ class StreamingConfig:
             sizes.add(self.nonstreaming_chunk_frames + self.left_context_frames)
         return sorted(sizes)
 
+    def hot_windows(self) -> list[int]:
+        """The windows a service decodes on every chunk of a stream, or that decide its time to first audio: the
+        first chunk (first_chunk_frames, or a whole chunk when there is no first-chunk ramp), the steady window
+        (chunk + left context) and the long one-shot window (nonstreaming chunk + context), which a long request
+        hits once per 300-odd frames. The rest of a stage's frame buckets (the ramp windows' and a tail's padding
+        targets, the power-of-two targets of one-shot requests) are each hit about once per request."""
+        sizes = {self.first_chunk_frames or self.chunk_frames, self.chunk_frames + self.left_context_frames}
+        if self.nonstreaming_chunk_frames:
+            sizes.add(self.nonstreaming_chunk_frames + self.left_context_frames)
+        return sorted(sizes)
+
+
+def hot_frames(streaming: StreamingConfig, frames: tuple[int, ...]) -> tuple[int, ...]:
+    """The frame buckets that serve the hot windows (each window pads to the smallest bucket that holds it): what
+    `--dynamic-packages cold` keeps static (StageSpec.hot_sizes)."""
+    return tuple(sorted({min(f for f in frames if f >= w) for w in streaming.hot_windows() if w <= max(frames)}))
+
 
 def powers_of_two(upto: int, start: int = 1) -> list[int]:
     out, n = [], start
@@ -154,6 +171,10 @@ class StreamingCodecOptions(BuildOptions):
         if cap is None:
             cap = batch_frames_cap(self.streaming, batches, frames)
         return BucketPlan({"batch": batches, "frames": frames}, max_batch_frames=cap or None)
+
+    def codec_hot_sizes(self, frames: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+        """StageSpec.hot_sizes of the streaming codec stage: the frame buckets of its hot windows, every batch."""
+        return {"frames": hot_frames(self.streaming, frames)}
 
 
 # A golden case this many frames short of the smallest frame bucket exercises padding and trimming.

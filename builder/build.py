@@ -447,11 +447,12 @@ def _golden_cases(
 
 
 class _StageCompile:
-    """A stage's AOTI packages: one per bucket, or (`spec.dynamic_on(device)`) one dynamic-shape package for as
-    many buckets as the graph allows (`_dynamic_jobs`). Made in three steps: here, the exports and the package
-    cache's lookups (a package found through the pre-export index is not even exported); `_compile_all`, the
-    compiles of what the cache did not have (of one or several stages); `finalize`, the stage's weights file (the
-    constants every package binds, identical across packages) and the `weights`, `constants`, `buckets` and
+    """A stage's AOTI packages: one per bucket, or (`spec.dynamic_mode(device)`) one dynamic-shape package for as
+    many buckets as the graph allows (`_dynamic_jobs`), or both (`cold`: static ones for the hot buckets). Made in
+    three steps: here, the exports and the package cache's lookups (a package found through the pre-export index is
+    not even exported); `_compile_all`, the compiles of what the cache did not have (of one or several stages);
+    `finalize`, the stage's weights file (the constants every package binds, identical across packages) and the
+    `weights`, `constants`, `buckets` and
     `packaging` fields of its entry."""
 
     def __init__(
@@ -487,18 +488,32 @@ class _StageCompile:
         # Exported up front when the compile may run in a worker (it gets the saved program) or the cache keys on it.
         export_all = cache is not None or jobs > 1
         self.work: list[_Job] = []
-        if spec.dynamic_on(device):
-            self.work = _dynamic_jobs(self, module, seed, self.buckets, set())
-            self.packaging = _packaging(self.work)
-        else:
+        mode = spec.dynamic_mode(device)
+        if mode == "off":
             self.packaging = {"mode": "static", "reason": _static_reason(spec, device)}
-            for sizes in self.buckets:
-                job = self.static_job(sizes)
-                self.work.append(job)
-                if not self.lookup(job) and export_all:
-                    self.export_static(job)
+            self.work = self.static_work(self.buckets, export_all)
+        else:
+            # `cold`: the hot buckets keep a static package each (their kernels tuned for their shape), the others
+            # share dynamic ones; `on`: every bucket is "cold"
+            hot = [b for b in self.buckets if mode == "cold" and spec.is_hot(b)]
+            cold = [b for b in self.buckets if b not in hot]
+            self.work = self.static_work(hot, export_all, reason=HOT_REASON)
+            if cold:
+                self.work += _dynamic_jobs(self, module, seed, cold, set())
+            self.packaging = _packaging(self.work)
 
     # ------------------------------------------------------------------------------------------ jobs
+    def static_work(self, buckets: list[dict[str, int]], export: bool, reason: str = "") -> list[_Job]:
+        """A static package per bucket, looked up in the cache, exported now when `export` (else at compile)."""
+        work = []
+        for sizes in buckets:
+            job = self.static_job(sizes)
+            job.reason = reason
+            work.append(job)
+            if not self.lookup(job) and export:
+                self.export_static(job)
+        return work
+
     def static_job(self, sizes: dict[str, int]) -> _Job:
         spec, key = self.spec, BucketPlan.key(sizes)
         # the package's own record of what it was compiled for: the runtime cross-checks it, so an edited
@@ -724,6 +739,10 @@ def _stamped_ranges(package: Path) -> dict[str, tuple] | None:
     meta = AOTIModelPackageLoader.load_metadata_from_package(str(package), "model")
     raw = meta.get("ttsaot_dynamic")
     return {a: tuple(r) for a, r in json.loads(raw).items()} if raw else None
+
+
+# `--dynamic-packages cold`: why a bucket has a static package of its own (the manifest's packaging.reason)
+HOT_REASON = "a window every chunk of a stream hits (--dynamic-packages cold)"
 
 
 def _static_reason(spec: StageSpec, device: torch.device) -> str:

@@ -22,7 +22,7 @@ import click
 from ..runtime.dtypes import DTYPE_ALIASES, torch_dtype
 from .families import FAMILIES, get_family
 from .family import Family
-from .options import Flag, OptionsError, positive_ints, with_flags
+from .options import DYNAMIC_PACKAGES, Flag, OptionsError, positive_ints, with_flags
 
 # = build.FORMATS (tests/test_cli.py checks they agree); named here so a wrong --format fails before torch loads.
 ARTIFACT_FORMATS = ("aoti", "onnx")
@@ -284,11 +284,12 @@ def main(ctx: click.Context, debug: bool) -> None:
 )
 @click.option(
     "--dynamic-packages",
-    type=click.Choice(["auto", "on", "off"]),
+    type=click.Choice(list(DYNAMIC_PACKAGES)),
     default="auto",
     show_default=True,
-    help="One AOTI package per stage with the bucket axes dynamic, serving every bucket (on), or one static "
-    "package per bucket (off); auto = on for CPU builds, off on CUDA (kernels autotuned per shape).",
+    help="One AOTI package per stage with the bucket axes dynamic, serving every bucket (on), one static "
+    "package per bucket (off), or static ones for the windows every chunk of a stream hits and dynamic ones for "
+    "the rest (cold); auto = on for CPU builds, off on CUDA (kernels autotuned per shape).",
 )
 @click.option("--no-verify", is_flag=True, help="Skip loading the fresh packages in a subprocess (not advised).")
 @click.option(

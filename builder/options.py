@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 FLAG = "ttsaot.flag"  # field metadata key: a Flag
 FLAG_GROUP = "ttsaot.flag_group"  # field metadata key: a nested dataclass whose fields carry flags
-DYNAMIC_PACKAGES = ("auto", "on", "off")  # BuildOptions.dynamic_packages
+DYNAMIC_PACKAGES = ("auto", "on", "off", "cold")  # BuildOptions.dynamic_packages
 
 
 class OptionsError(ValueError):
@@ -188,8 +188,9 @@ class BuildOptions:
     batch_buckets: tuple[int, ...] | None = None  # explicit batch buckets instead
     kernels: str = "auto"  # the ttsaot kernel layer or Inductor's code (stage_spec.KERNELS)
     # One dynamic-shape AOTI package per stage serving all its buckets ("on"), one static package per bucket
-    # ("off"), or "auto": on for CPU builds, off for CUDA ones (on the GPU the kernels autotune per static shape;
-    # dynamic packages are unmeasured there). stage_spec.resolve_dynamic_packages.
+    # ("off"), static ones for the buckets a stream hits on every chunk and dynamic ones for the rest ("cold"), or
+    # "auto": on for CPU builds, off for CUDA ones (on the GPU the kernels autotune per static shape).
+    # stage_spec.resolve_dynamic_packages.
     dynamic_packages: str = "auto"
     # the device type the artifact is built for ("cpu" | "cuda"), for defaults that differ by device (the Fish
     # dac_decoder's numerics); None = not said: the CPU defaults. The CLI sets it from --device.
@@ -202,7 +203,9 @@ class BuildOptions:
         if self.kernels not in ("auto", "ttsaot", "inductor"):
             raise OptionsError(f"kernels must be auto, ttsaot or inductor, got {self.kernels!r}")
         if self.dynamic_packages not in DYNAMIC_PACKAGES:
-            raise OptionsError(f"dynamic_packages must be auto, on or off, got {self.dynamic_packages!r}")
+            raise OptionsError(
+                f"dynamic_packages must be one of {', '.join(DYNAMIC_PACKAGES)}, got {self.dynamic_packages!r}"
+            )
         if self.max_batch < 1:
             raise OptionsError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.batch_buckets is not None and (not self.batch_buckets or min(self.batch_buckets) < 1):

@@ -172,10 +172,12 @@ def program_sources(ep: torch.export.ExportedProgram) -> dict[str, torch.Tensor]
 
 
 def program_fingerprint(ep: torch.export.ExportedProgram) -> str:
-    """Everything of the exported program that shapes a weightless package: the graph, the signature and the
-    layout (not the values) of every tensor it carries."""
+    """Everything of the exported program that shapes a weightless package: the graph, the signature, the ranges
+    of its symbolic sizes (the same graph exported over another range compiles to another package) and the layout
+    (not the values) of every tensor it carries."""
     h = hashlib.sha256(_graph_text(ep.graph_module).encode())
     h.update(str(ep.graph_signature).encode())
+    h.update(str(sorted((str(s), str(r)) for s, r in ep.range_constraints.items())).encode())
     for name, t in sorted(program_sources(ep).items()):
         h.update(f"{name} {t.dtype} {list(t.shape)} {list(t.stride())}\n".encode())
     return h.hexdigest()

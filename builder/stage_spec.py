@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .buckets import BucketPlan
+from .options import DYNAMIC_PACKAGES
 
 KERNELS = ("ttsaot", "inductor")
 KERNELS_AUTO = "auto"
@@ -26,15 +27,19 @@ def resolve_kernels(choice: str, device: torch.device, cuda_auto: str = "ttsaot"
     return choice
 
 
-def resolve_dynamic_packages(choice: str, device: torch.device) -> bool:
-    """`auto` is on for CPU builds (one package instead of one per bucket: the 3-minute tiny CPU build, issue 17;
-    bench/results/cpu/probes/dynamic_package) and off on CUDA, where the Triton kernels autotune per static shape
-    and dynamic packages have not been measured."""
+def resolve_dynamic_packages(choice: str, device: torch.device) -> str:
+    """What the build packages: "on" (one dynamic-shape package for as many buckets as the graph allows), "off" (a
+    static package per bucket) or "cold" (a static package per hot bucket, StageSpec.hot_sizes, and dynamic ones
+    for the rest: the buckets a stream hits on every chunk keep their per-shape tuning, the ones hit about once
+    per request stop costing a compile each). `auto` is on for CPU builds (one package instead of one per
+    bucket: the 3-minute tiny CPU build, issue 17; bench/results/cpu/probes/dynamic_package) and off on CUDA,
+    where the Triton kernels autotune per static shape and a dynamic package ran 6-17% slower per call
+    (bench/results/nvidia-h100/probes/cuda_dynamic_package/)."""
     if choice == "auto":
-        return device.type == "cpu"
-    if choice not in ("on", "off"):
-        raise ValueError(f"dynamic_packages must be auto, on or off; got {choice!r}")
-    return choice == "on"
+        return "on" if device.type == "cpu" else "off"
+    if choice not in DYNAMIC_PACKAGES:
+        raise ValueError(f"dynamic_packages must be one of {', '.join(DYNAMIC_PACKAGES)}; got {choice!r}")
+    return choice
 
 
 # A module → module rewrite, applied in place, returning its report for the manifest (`build-artifacts inspect`):
@@ -76,15 +81,24 @@ class StageSpec:
     # What `auto` means on CUDA for this stage: "ttsaot" once its kernel passes have built, verified and been timed
     # on a GPU; "inductor" keeps them opt-in (`--kernels ttsaot`) until then.
     cuda_auto_kernels: str = "ttsaot"
-    dynamic_packages: str = "auto"  # "auto" | "on" | "off" (BuildOptions.dynamic_packages)
+    dynamic_packages: str = "auto"  # DYNAMIC_PACKAGES (BuildOptions.dynamic_packages)
+    # The sizes per axis that serving hits on every call of a stream (a codec decoder's steady and first-chunk
+    # windows: buckets.hot_frames); a bucket is hot when each listed axis has one of them (an empty tuple: no
+    # hot size on that axis, every bucket cold). None: every bucket is hot (decode steps, prefills): `cold`
+    # packaging is then static throughout.
+    hot_sizes: dict[str, tuple[int, ...]] | None = None
 
     def kernels_on(self, device: torch.device) -> str:
         """The kernel choice this spec builds with on `device` ("ttsaot" or "inductor")."""
         return resolve_kernels(self.kernels, device, self.cuda_auto_kernels)
 
-    def dynamic_on(self, device: torch.device) -> bool:
-        """Whether the build exports this stage once with its plan axes dynamic (one package for many buckets)."""
+    def dynamic_mode(self, device: torch.device) -> str:
+        """How the build packages this stage on `device`: "on", "off" or "cold" (resolve_dynamic_packages)."""
         return resolve_dynamic_packages(self.dynamic_packages, device)
+
+    def is_hot(self, sizes: dict[str, int]) -> bool:
+        """Whether a bucket is one serving hits on every call of a stream (`hot_sizes`)."""
+        return self.hot_sizes is None or all(sizes[a] in hot for a, hot in self.hot_sizes.items())
 
     @property
     def input_names(self) -> list[str]:

@@ -39,11 +39,12 @@ def _package_metadata(path: Path) -> dict:
 
 
 def test_auto_is_on_for_cpu_and_off_for_cuda():
-    assert resolve_dynamic_packages("auto", torch.device("cpu"))
-    assert not resolve_dynamic_packages("auto", torch.device("cuda", 0))
-    assert resolve_dynamic_packages("on", torch.device("cuda", 0))
-    assert not resolve_dynamic_packages("off", torch.device("cpu"))
-    with pytest.raises(OptionsError, match="dynamic_packages must be auto, on or off"):
+    assert resolve_dynamic_packages("auto", torch.device("cpu")) == "on"
+    assert resolve_dynamic_packages("auto", torch.device("cuda", 0)) == "off"
+    assert resolve_dynamic_packages("on", torch.device("cuda", 0)) == "on"
+    assert resolve_dynamic_packages("off", torch.device("cpu")) == "off"
+    assert resolve_dynamic_packages("cold", torch.device("cuda", 0)) == "cold"
+    with pytest.raises(OptionsError, match="dynamic_packages must be one of auto, on, off, cold"):
         QWEN.options(dynamic_packages="maybe")
     assert QWEN.specs(QWEN.options(dynamic_packages="off"), ["code2wav"])[0].dynamic_packages == "off"
 
@@ -185,6 +186,69 @@ def test_off_keeps_one_package_per_bucket_and_on_shares_one(dynamic, tmp_path, m
     assert sorted(p.name for p in (res.path / "code2wav").iterdir()) == sorted({Path(b.file).name for b in st.buckets})
 
 
+def test_cold_keeps_the_hot_windows_static_and_shares_a_dynamic_package_for_the_rest(tmp_path, monkeypatch):
+    """`--dynamic-packages cold`: the buckets of the windows every chunk hits (hot_sizes) keep a package of their
+    own; the others (padding targets hit about once per request) share one dynamic package."""
+    calls: list = []
+    monkeypatch.setattr(build_mod, "compile_bucket", _fake_compile(calls))
+    monkeypatch.setattr(build_mod, "_package_cpu_isa", lambda tmp, stages: "")
+    plan = BucketPlan({"batch": (1, 2), "frames": (8, 12, 16)})
+    spec = replace(_specs()[0], plan=plan, dynamic_packages="cold", hot_sizes={"frames": (8,)})
+    res = build_family(QWEN.name, [spec], tmp_path, "cpu", verify_in_subprocess=False)
+    st = res.manifest.stages["code2wav"]
+    files = {b.key: b.file for b in st.buckets}
+    assert files == {
+        "b1_f8": "code2wav/b1_f8.pt2",
+        "b1_f12": "code2wav/dynamic.pt2",
+        "b1_f16": "code2wav/dynamic.pt2",
+        "b2_f8": "code2wav/b2_f8.pt2",
+        "b2_f12": "code2wav/dynamic.pt2",
+        "b2_f16": "code2wav/dynamic.pt2",
+    }
+    assert len(calls) == 3
+    pk = st.packaging
+    assert pk["mode"] == "dynamic" and pk["reason"] == build_mod.HOT_REASON
+    assert pk["packages"]["code2wav/b1_f8.pt2"] == {"buckets": ["b1_f8"]}
+    assert pk["packages"]["code2wav/dynamic.pt2"]["dynamic_axes"] == {
+        "batch": {"min": 1, "max": 2},
+        "frames": {"min": 12, "max": 16},
+    }
+    # a stage with no hot sizes said (a decode step) stays static throughout
+    all_hot = [replace(spec, hot_sizes=None)]
+    res = build_family(QWEN.name, all_hot, tmp_path / "all_hot", "cpu", verify_in_subprocess=False)
+    assert [b.file for b in res.manifest.stages["code2wav"].buckets] == [
+        f"code2wav/{k}.pt2" for k in ("b1_f8", "b1_f12", "b1_f16", "b2_f8", "b2_f12", "b2_f16")
+    ]
+
+
+def test_the_hot_windows_of_each_family_default_plan():
+    """Which frame buckets `cold` keeps static: a stream's first chunk and steady window (and Qwen's long one-shot
+    window); the Fish DAC encoder has none (reference audio of any length)."""
+    from ttsaot.builder.families.fish_s2_pro import FAMILY as FISH
+    from ttsaot.builder.families.voxcpm2 import FAMILY as VOX
+
+    want = {
+        (FISH, "dac_decoder"): (18, {"frames": (4, 50)}, 6),
+        (FISH, "dac_encoder"): (4, {"samples": ()}, 0),
+        (QWEN, "code2wav"): (16, {"frames": (25, 50, 325)}, 7),
+        (VOX, "vae_decoder"): (12, {"frames": (12, 36)}, 6),
+    }
+    for (fam, stage), (buckets, hot_sizes, hot) in want.items():
+        spec = fam.specs(fam.options(dynamic_packages="cold"), [stage])[0]
+        plan = spec.plan.buckets()
+        assert (len(plan), spec.hot_sizes, sum(spec.is_hot(b) for b in plan)) == (buckets, hot_sizes, hot), stage
+    assert QWEN.specs(QWEN.options(), ["code_predictor"])[0].hot_sizes is None
+
+
+def test_hot_frames_pad_each_window_to_its_bucket():
+    from ttsaot.builder.buckets import StreamingConfig, hot_frames
+
+    streaming = StreamingConfig(chunk_frames=25, left_context_frames=25, first_chunk_frames=4)
+    assert streaming.hot_windows() == [4, 50, 300 + 25]
+    assert hot_frames(streaming, (8, 32, 64, 400)) == (8, 64, 400)  # 4 → 8, 50 → 64, 325 → 400
+    assert hot_frames(streaming, (8, 32)) == (8,)  # no bucket holds the longer windows
+
+
 class _FramesMustBe8Or16(nn.Module):
     """Batch can be symbolic; frames cannot (the view needs a constant frame count: torch.export specialises it)."""
 
@@ -279,3 +343,17 @@ def test_packages_record_whether_their_launches_are_programmatic(dynamic, tmp_pa
         assert got == {"code2wav_b1_f8": "1", "code2wav_b4_f8": "0"}
     else:
         assert list(got.values()) == ["0"]
+
+
+def test_a_symbol_is_never_asked_to_stop_at_two():
+    """dynamic_shapes.axis_dim: a range [1, 2] is exported as [1, 3] (a saved-and-loaded program over [1, 2] came
+    out of AOTInductor with the size baked to 2); other ranges are asked as they are."""
+    from ttsaot.builder.dynamic_shapes import axis_dim
+
+    def bounds(d):
+        return d.min, d.max
+
+    assert bounds(axis_dim("batch", 1, 2)) == (1, 3)
+    assert bounds(axis_dim("batch", 1, 4)) == (1, 4)
+    assert bounds(axis_dim("frames", 8, 32)) == (8, 32)
+    assert bounds(axis_dim("samples", 2048, 4096, 2048)) == (2048, 6144)  # 2048 × [1, 2] → 2048 × [1, 3]

@@ -472,3 +472,19 @@ def test_tensor_digests_on_threads_are_the_serial_ones_and_keep_their_format():
     w = ts["w"]
     want = hashlib.sha256(str((w.dtype, tuple(w.shape))).encode() + w.numpy().tobytes()).hexdigest()
     assert tensor_digest(w) == want
+
+
+def test_the_same_graph_over_another_range_is_another_package():
+    """program_fingerprint covers the symbolic sizes' ranges: a program exported for batch 1..4 must not reuse the
+    package compiled for 1..8 (AOTInductor specialises code to the range)."""
+
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    def exported(hi: int):
+        dim = torch.export.Dim("batch", min=1, max=hi)
+        return torch.export.export(Double(), (torch.randn(4, 3),), dynamic_shapes=({0: dim},))
+
+    assert package_cache.program_fingerprint(exported(8)) == package_cache.program_fingerprint(exported(8))
+    assert package_cache.program_fingerprint(exported(4)) != package_cache.program_fingerprint(exported(8))

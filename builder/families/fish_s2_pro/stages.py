@@ -225,6 +225,7 @@ def dac_decoder_stage(opts: FishS2Options) -> StageSpec:
         # comment of options.py; exact fp32 24.6 ms vs 57.3 ms eager with TF32 off at b4_f50)
         cuda_auto_kernels="ttsaot",
         plan=plan,
+        hot_sizes=opts.codec_hot_sizes(frames),
         make_inputs=make_inputs,
         inputs=[codes_input(cfg)],
         outputs=[{"name": "wav", "dtype": "float32", "shape": ["batch", 1, ["frames", cfg.samples_per_frame]]}],
@@ -275,6 +276,8 @@ def dac_encoder_stage(opts: FishS2Options) -> StageSpec:
         # artifact (bench/results/nvidia-h100/codec_stages_dac_encoder_vae_decoder_vs_inductor.json)
         cuda_auto_kernels="ttsaot",
         plan=plan,
+        # reference audio of any length, encoded once per voice: no length is hit more than another
+        hot_sizes={"samples": ()},
         make_inputs=make_inputs,
         inputs=[{"name": "audio", "dtype": "float32", "shape": [1, 1, "samples"], "pad": 0.0}],
         # "frames" is not a bucket axis: codec_encoder derives it as ⌈samples / samples_per_frame⌉

@@ -101,6 +101,7 @@ def code2wav_stage(opts: Qwen3TTSOptions) -> StageSpec:
         # bf16 (the default) is built and timed on the H100 (1.48 / 4.12 ms, 50 frames, B=1 / 4); fp32 (tf32x3) opt-in
         cuda_auto_kernels="ttsaot" if dtype == torch.bfloat16 else "inductor",
         plan=plan,
+        hot_sizes=opts.codec_hot_sizes(frames),
         make_inputs=make_inputs,
         inputs=[_codes_input(cfg)],
         outputs=[{"name": "wav", "dtype": "float32", "shape": ["batch", 1, ["frames", cfg.samples_per_frame]]}],

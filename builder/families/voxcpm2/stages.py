@@ -356,6 +356,7 @@ def vae_decoder_stage(opts: VoxCPM2Options) -> StageSpec:
         # earlier run (codec_stages_dac_encoder_vae_decoder_vs_inductor.json)
         cuda_auto_kernels="ttsaot",
         plan=plan,
+        hot_sizes=opts.codec_hot_sizes(frames),
         make_inputs=make_inputs,
         inputs=[{"name": "latents", "dtype": "float32", "shape": ["batch", cfg.latent_dim, "frames"], "pad": 0}],
         outputs=[{"name": "wav", "dtype": "float32", "shape": ["batch", 1, ["frames", spf]]}],
