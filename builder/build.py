@@ -1137,7 +1137,14 @@ def _build_family(
                 aoti_stages = [n for n, e in manifest.stages.items() if e.buckets]
                 if aoti_stages:
                     reporter.note("verifying the fresh artifact in a subprocess")
-                    subprocess_verify(tmp, dev, load_check, stages=aoti_stages)
+                    try:
+                        subprocess_verify(tmp, dev, load_check, stages=aoti_stages)
+                    except BuildError:
+                        if cache is not None:
+                            cache.discard_used("the artifact built from it failed its load check")
+                            for n in cache.notes:
+                                reporter.note(n)
+                        raise
                 onnx_stages = [n for n, e in stages.items() if e.onnx is not None]
                 if onnx_stages:
                     reporter.note("verifying the fresh ONNX models with onnxruntime in a subprocess")

@@ -361,6 +361,8 @@ class Lookup:
 class PackageCache:
     root: Path
     notes: list[str] = field(default_factory=list)  # what happened to entries (corrupted, not cacheable)
+    # the entries this build stored or reused: discarded together when its artifact fails the load check
+    used: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -413,6 +415,7 @@ class PackageCache:
             dest.unlink(missing_ok=True)
             self._discard(entry, "package.pt2 does not match its recorded sha256")
             return Lookup(None, "corrupted")
+        self.used.add(key)
         return Lookup(weights)
 
     def store(
@@ -448,7 +451,19 @@ class PackageCache:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        self.used.add(key)
         return True
+
+    def discard_used(self, why: str) -> None:
+        """Drop every entry this build stored or reused (`used`): its artifact failed the load check, which names a
+        bucket but not a cache entry, and a package that cannot pass must not be served to the next build (a
+        package compiled wrong stays wrong: with its key unchanged, every rebuild would reuse it and fail the same
+        way). The next build compiles them again; index entries that point at them miss and are repaired."""
+        for key in sorted(self.used):
+            with self.lock(key):
+                if (self.root / key).exists():
+                    self._discard(self.root / key, why)
+        self.used.clear()
 
     def _index_path(self, pre_key: str) -> Path:
         return self.root / INDEX / f"{pre_key}.json"

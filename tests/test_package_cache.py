@@ -488,3 +488,24 @@ def test_the_same_graph_over_another_range_is_another_package():
 
     assert package_cache.program_fingerprint(exported(8)) == package_cache.program_fingerprint(exported(8))
     assert package_cache.program_fingerprint(exported(4)) != package_cache.program_fingerprint(exported(8))
+
+
+def test_an_artifact_that_fails_its_load_check_takes_its_packages_out_of_the_cache(cached, monkeypatch, tmp_path):
+    """The load check names a bucket, not a cache entry: every entry the failed build stored or reused is dropped,
+    so the next build compiles it again instead of reusing a package that cannot pass."""
+    cache, _ = cached
+    assert len(_entries(cache)) == 1
+    calls = _no_compile(monkeypatch)
+
+    def failing_check(*a, **k):
+        raise BuildError("verifying the fresh artifact failed: code2wav/b1_f8: package outputs differ")
+
+    monkeypatch.setattr(build_mod, "subprocess_verify", failing_check)
+    rep = Notes()
+    with pytest.raises(BuildError, match="package outputs differ"):
+        build_family(QWEN.name, _specs(), tmp_path / "out", "cpu", cache_dir=cache, reporter=rep)
+    assert calls == []  # the package was reused, then failed the check
+    assert _entries(cache) == [] and not (tmp_path / "out" / QWEN.name).exists()
+    assert any("failed its load check" in n for n in rep.notes), rep.notes
+    with pytest.raises(BuildError, match="compile was called"):  # the next build no longer finds it
+        build_family(QWEN.name, _specs(), tmp_path / "again", "cpu", cache_dir=cache, verify_in_subprocess=False)
