@@ -192,14 +192,22 @@ def set_tf32(on: bool) -> None:
 
 @contextlib.contextmanager
 def kept_precision_flags():
-    """The caller's TF32 flags and grad mode as they were after the block, whatever the bench switched inside it
-    (they are part of the package-cache key: a leaked flag made later builds in the same process miss it)."""
-    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32, torch.is_grad_enabled())
+    """The caller's float32 precision flags (matmul precision, the TF32 switches) and grad mode as they were after
+    the block, whatever the block switched inside it: the flags are part of every package-cache key
+    (builder/package_cache.py `_environment`), so a leaked one made later builds in the same process miss it. The
+    bench's runs and every test (tests/conftest.py) are wrapped in it."""
+    saved = (
+        torch.get_float32_matmul_precision(),
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.is_grad_enabled(),
+    )
     try:
         yield
     finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved[:2]
-        torch.set_grad_enabled(saved[2])
+        torch.set_float32_matmul_precision(saved[0])
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[1:3]
+        torch.set_grad_enabled(saved[3])
 
 
 @contextlib.contextmanager

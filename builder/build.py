@@ -452,8 +452,7 @@ class _StageCompile:
     three steps: here, the exports and the package cache's lookups (a package found through the pre-export index is
     not even exported); `_compile_all`, the compiles of what the cache did not have (of one or several stages);
     `finalize`, the stage's weights file (the constants every package binds, identical across packages) and the
-    `weights`, `constants`, `buckets` and
-    `packaging` fields of its entry."""
+    `weights`, `constants`, `buckets` and `packaging` fields of its entry."""
 
     def __init__(
         self,

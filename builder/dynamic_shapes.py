@@ -55,18 +55,20 @@ def plan_ranges(sizes_by_axis: Mapping[str, Sequence[int]], low: int | None = No
 # A symbol whose range tops out at 2 is asked for up to 3. Found on torch 2.13 (CPU): the tiny Fish dac_decoder
 # exported with batch in [1, 2] (frames 8..32) compiled right in the exporting process, but once the program went
 # through torch.export.save / load (how it reaches a compile worker) AOTInductor baked batch = 2 into the package
-# (batch-1 inputs gave batch-2 outputs; the build's load check refused it). [1, 3] or [1, 4] compiled right both
-# ways. The package then accepts one size more than its buckets; the runtime feeds it bucket sizes only.
+# (batch-1 inputs gave batch-2 outputs; the build's load check refused it); asked as [1, 3] or [1, 4], the same
+# saved-and-loaded program compiled right (bench/results/cpu/probes/dynamic_range_top_2/). The package then
+# accepts one size more than its buckets; the runtime feeds it bucket sizes only.
 MIN_SYMBOL_MAX = 3
+
+
+def _symbol(name: str, lo: int, hi: int):
+    return torch.export.Dim(name, min=lo, max=max(hi, MIN_SYMBOL_MAX) if lo < hi else hi)
 
 
 def axis_dim(axis: str, lo: int, hi: int, mult: int = 1):
     if mult <= 1:
-        return torch.export.Dim(axis, min=lo, max=max(hi, MIN_SYMBOL_MAX) if lo < hi else hi)
-    per_lo, per_hi = max(1, -(-lo // mult)), hi // mult
-    return mult * torch.export.Dim(
-        f"{axis}_per_{mult}", min=per_lo, max=max(per_hi, MIN_SYMBOL_MAX) if per_lo < per_hi else per_hi
-    )
+        return _symbol(axis, lo, hi)
+    return mult * _symbol(f"{axis}_per_{mult}", max(1, -(-lo // mult)), hi // mult)
 
 
 def dynamic_shapes(inputs: Sequence[Mapping[str, Any]], dyn: Mapping[str, AxisRange]) -> list[dict[int, Any]]:

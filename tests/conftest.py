@@ -136,20 +136,13 @@ def qwen_tiny_bf16() -> Path:
 
 @pytest.fixture(autouse=True)
 def _precision_flags_restored():
-    """Every test leaves the float32 precision flags as it found them. They are part of every package-cache key
-    (builder/package_cache.py `_environment`): a test that changed one for the rest of its worker (bench's
-    `_set_tf32` does) made later builds of the same program miss the run's cache, depending on the order xdist
-    gave that worker."""
-    saved = (
-        torch.get_float32_matmul_precision(),
-        torch.backends.cuda.matmul.allow_tf32,
-        torch.backends.cudnn.allow_tf32,
-    )
-    grad = torch.is_grad_enabled()
-    yield
-    torch.set_float32_matmul_precision(saved[0])
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[1:]
-    torch.set_grad_enabled(grad)
+    """Every test leaves the float32 precision flags and grad mode as it found them. The flags are part of every
+    package-cache key: a test that changed one for the rest of its worker (the bench's `set_tf32` does) made later
+    builds of the same program miss the run's cache, depending on the order xdist gave that worker."""
+    from bench.common import kept_precision_flags
+
+    with kept_precision_flags():
+        yield
 
 
 @pytest.fixture
