@@ -84,7 +84,6 @@ def test_context_restores_torch_and_nests(counting):
 
 
 REAL = textwrap.dedent(r"""
-    import inspect
     import torch, triton
     import torch._higher_order_ops.triton_kernel_wrap as wrap
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -101,18 +100,15 @@ REAL = textwrap.dedent(r"""
     frontend = wrap.generate_ttir
     runs = []
     wrap.generate_ttir = lambda *a, **k: runs.append(1) or frontend(*a, **k)
-    # torch's wrapper binds the kernel's defaulted constexprs too (generate_ttir wants every argument named)
-    sig = inspect.signature(S.skinny_linear_kernel.fn).parameters.values()
-    DEFAULTS = {p.name: p.default for p in sig if p.default is not inspect.Parameter.empty}
     def kw(m):  # a fresh set of fake tensors per call site
         with FakeTensorMode():
             t = lambda dtype=torch.bfloat16: torch.empty(64, dtype=dtype)
-            return dict(DEFAULTS, x_ptr=t(), w_ptr=t(), b_ptr=t(), g_ptr=t(), r_ptr=t(), y_ptr=t(),
+            return dict(x_ptr=t(), w_ptr=t(), b_ptr=t(), g_ptr=t(), r_ptr=t(), y_ptr=t(),
                         part_ptr=t(torch.float32), sem_ptr=t(torch.int32), M=m, N_OUT=4096, K=1024, K_SPLIT=1024,
                         eps=1e-5, scale=1.0,
                         HAS_NORM=True, HAS_BIAS=False, GATED=False, HAS_RESIDUAL=True, SPLIT_K=1, FUSED_REDUCE=False,
                         USE_DOT=True, FP32_DOT=False, PDL=True, NORM_BLOCK=0, BLOCK_M=32, BLOCK_N=32,
-                        BLOCK_K=256)
+                        BLOCK_K=256, STREAM=False, NORM_CHUNKS=0)
 
     def writes(result):
         result = result.read_writes.writes if hasattr(result, "read_writes") else result

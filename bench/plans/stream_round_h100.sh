@@ -4,7 +4,7 @@
 # streamed form's GPU tests run, then `bench profile` of both builds, then the kernel-level config sweep
 # (`bench kernels --sections copy,configs_stream`) with what time is left. $OUT/<variant>/ the profiles,
 # $OUT/kernels_stream.json, the logs in $OUT/logs.tgz.
-#   STAGES=voxcpm2/locdit bash bench/plans/stream_round_h100.sh
+#   STAGES=voxcpm2/locdit bash bench/plans/stream_round_h100.sh     (SWEEP=0: no kernel sweep)
 . "$(dirname "$0")/setup_device.sh"
 STAGES=${STAGES:-voxcpm2/locdit}; AXIS=${AXIS:-batch=1}; BUILD_S=${BUILD_S:-330}; BUDGET_S=${BUDGET_S:-575}
 variant() {  # NAME CMD...: the default tile form or the streamed one
@@ -30,7 +30,7 @@ for st in $STAGES; do
 done
 for v in new stream; do mkdir -p "$LOGS/$v" && mv "$OUT/$v"/*.txt "$LOGS/$v"/ 2>/dev/null; done
 LEFT=$(( BUDGET_S - ($(date +%s) - T0) ))
-if [ "$LEFT" -gt 60 ]; then
+if [ "${SWEEP:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
   timeout "$LEFT" python3 -m bench kernels --sections copy,configs_stream --budget $(( LEFT - 20 )) \
     --result "$OUT/kernels_stream.json" > "$LOGS/kernels.txt" 2>&1
   tail -25 "$LOGS/kernels.txt" | cut -c1-220

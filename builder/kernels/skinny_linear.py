@@ -263,9 +263,9 @@ def launch_skinny_linear(
         FP32_DOT=x.dtype == torch.float32 or x.device.type != "cuda",
         PDL=kernels_wait(x.device),
         NORM_BLOCK=norm_block(k, m, use_dot, stream),
+        STREAM=use_dot and stream,
     )  # off-GPU = the interpreter
-    if use_dot and stream:
-        meta.update(STREAM=True, NORM_CHUNKS=cdiv(k, meta["NORM_BLOCK"]) if isinstance(k, int) else 0)
+    meta["NORM_CHUNKS"] = cdiv(k, meta["NORM_BLOCK"]) if meta["STREAM"] and isinstance(k, int) else 0
 
     def grid(meta):
         return (cdiv(m, meta["BLOCK_M"]), cdiv(n_out, meta["BLOCK_N"]), split_k)

@@ -325,8 +325,8 @@ def skinny_linear_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    STREAM: tl.constexpr = False,
-    NORM_CHUNKS: tl.constexpr = 0,
+    STREAM: tl.constexpr,
+    NORM_CHUNKS: tl.constexpr,
 ):
     """Grid (cdiv(M, BLOCK_M), cdiv(N_OUT, BLOCK_N), SPLIT_K): the row tiles of one W block are neighbours in
     launch order, so with several row tiles W is read from HBM once and from L2 after. USE_DOT: tensor-core
