@@ -297,17 +297,22 @@ def prepare_stage(
     formats: tuple[str, ...] = ("aoti",),
     cache: PackageCache | None = None,
     jobs: int = 1,
+    defer_golden_bytes: float = 0,
 ) -> _PendingStage:
     """Everything of a stage's build but its AOTI compiles: golden cases, passes, ONNX export, the exports and
     package-cache lookups of its packages. `_compile_all` then compiles the packages of one or several stages
     (a CPU build's stages each have one or a few dynamic packages: compiling them side by side keeps `--jobs`
-    workers busy), and `finish` writes the stage's files and returns its manifest entry."""
+    workers busy), and `finish` writes the stage's files and returns its manifest entry. `defer_golden_bytes`: the
+    golden cases wait (`_GoldenWork.run`, at the latest in `finish`) when keeping the fp32 modules they need takes
+    no more host memory than this."""
     if spec.fp32_only and spec.dtype != torch.float32:
         raise BuildError(f"{spec.name}: this stage is fp32 only (numerics policy), refusing {spec.dtype}")
     inputs_spec = _io_specs(spec.inputs, f"{spec.name}.inputs")
     outputs_spec = _io_specs(spec.outputs, f"{spec.name}.outputs")
     kernels = spec.kernels_on(device)
+    clock = _PhaseClock()
     original, rewritten, pass_reports = prepare_modules(spec, kernels)
+    clock.lap("modules")
     before = count_parameters(original)
 
     # Golden inputs and the fp32 eager reference of the ORIGINAL faithful module (from the cache when it holds the
@@ -317,11 +322,12 @@ def prepare_stage(
         for i, sizes in enumerate(_golden_sizes(spec))
     ]
     cases = [c.name for c in golden_inputs]
-    grel = f"golden/{spec.name}.safetensors"
-    gkey = _golden_key(spec, original, rewritten, golden_inputs) if cache is not None else None
-    golden = None
-    if gkey is None or not cache.fetch_golden(gkey, tmp / grel):
-        golden = _golden_cases(spec, original, rewritten, golden_inputs)
+    golden = _GoldenWork(spec, original, rewritten, golden_inputs, cache, tmp, f"golden/{spec.name}.safetensors")
+    if golden.host_bytes() <= defer_golden_bytes:
+        golden.rewritten = copy.deepcopy(rewritten)  # the compute-dtype cast below is in place
+    else:
+        golden.run()
+        clock.lap(golden.text())
     del original
 
     module = cast_to_compute_dtype(rewritten, spec.dtype).to(device).eval()
@@ -357,10 +363,73 @@ def prepare_stage(
             f"{spec.name}: ONNX opset {res.opset}, dynamic {res.dynamic_axes or '-'}, "
             f"{res.seconds:.1f}s" + "".join(f"; {n}" for n in res.notes)
         )
+        clock.lap("onnx")
     compile_ = None
     if "aoti" in formats:
         compile_ = _StageCompile(spec, module, tmp, device, seed, reporter, extra_inductor_options, cache, jobs)
-    return _PendingStage(entry, compile_, golden, gkey, grel, tmp, cache)
+        clock.lap("exports and cache lookups")
+    reporter.note(f"{spec.name}: prepared in {clock.text()}" + ("" if golden.done else "; golden cases deferred"))
+    return _PendingStage(entry, compile_, golden, reporter)
+
+
+@dataclass
+class _GoldenWork:
+    """A stage's golden cases (`_golden_cases`, or the package cache's copy), made during `prepare_stage` or, in a
+    parallel build, deferred until every stage is exported and its packages are compiling: the cases run the fp32
+    modules on the host, and in the build's own process they held back every later stage's exports (the H100 Fish
+    build started its DAC encoder's compile ~250 s in, behind the encoder's golden cases: 248 s of the 296 s its
+    preparation takes on a 2-core CPU, `bench.probes.prepare_phases`)."""
+
+    spec: StageSpec
+    original: torch.nn.Module | None
+    rewritten: torch.nn.Module | None  # fp32, on the host
+    inputs: list[_GoldenCase]
+    cache: PackageCache | None
+    tmp: Path
+    rel: str  # the golden file, in tmp
+    golden: dict[str, torch.Tensor] | None = None  # None once done: fetched from the package cache into place
+    key: str | None = None
+    done: bool = False
+    seconds: float = 0.0
+
+    def host_bytes(self) -> int:
+        """What keeping the cases' modules takes: the faithful module and a copy of the rewritten one."""
+        m = self.original
+        return 2 * sum(t.numel() * t.element_size() for t in (*m.parameters(), *m.buffers()))
+
+    def run(self) -> None:
+        if self.done:
+            return
+        t0 = time.perf_counter()
+        if self.cache is not None:
+            self.key = _golden_key(self.spec, self.original, self.rewritten, self.inputs)
+        if self.key is None or not self.cache.fetch_golden(self.key, self.tmp / self.rel):
+            self.golden = _golden_cases(self.spec, self.original, self.rewritten, self.inputs)
+        self.original = self.rewritten = None  # their memory goes now, not with the stage
+        self.done, self.seconds = True, time.perf_counter() - t0
+
+    def text(self) -> str:
+        cached = " (cached)" if self.golden is None else ""
+        return f"golden {len(self.inputs)} case(s){cached} {self.seconds:.1f}s"
+
+
+class _PhaseClock:
+    """Wall seconds of a stage's preparation phases, for one build-log line: stages are prepared one after another
+    in the build's own process while earlier stages compile, so a slow phase here delays every later compile (the
+    H100 Fish build started its DAC encoder's compile ~250 s in)."""
+
+    def __init__(self) -> None:
+        self.t0 = self.last = time.perf_counter()
+        self.laps: list[tuple[str, float]] = []
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps.append((name, now - self.last))
+        self.last = now
+
+    def text(self) -> str:
+        parts = ", ".join(f"{name} {secs:.1f}s" for name, secs in self.laps)
+        return f"{self.last - self.t0:.1f}s ({parts})"
 
 
 @dataclass
@@ -369,11 +438,8 @@ class _PendingStage:
 
     entry: StageEntry
     compile: _StageCompile | None
-    golden: dict[str, torch.Tensor] | None  # None: fetched from the package cache into place already
-    gkey: str | None
-    grel: str
-    tmp: Path
-    cache: PackageCache | None
+    golden: _GoldenWork
+    reporter: Reporter
 
     def device_bytes(self) -> int:
         """What the prepared stage holds on its device until it is compiled: its module's tensors."""
@@ -382,15 +448,23 @@ class _PendingStage:
         m = self.compile.module
         return sum(t.numel() * t.element_size() for t in (*m.parameters(), *m.buffers()))
 
+    def make_golden(self) -> None:
+        """The golden cases, if `prepare_stage` deferred them (a rewrite that changes the math stops the build here)."""
+        if not self.golden.done:
+            self.golden.run()
+            self.reporter.note(f"{self.entry.name}: {self.golden.text()} while the packages compile")
+
     def finish(self) -> StageEntry:
         entry = self.entry
+        self.make_golden()
         if self.compile is not None:
             entry = replace(entry, **self.compile.finalize())
-        if self.golden is not None:
-            _save_safetensors(self.golden, self.tmp / self.grel)
-            if self.gkey is not None:
-                self.cache.store_golden(self.gkey, self.tmp / self.grel)
-        return replace(entry, golden=FileEntry.of(self.tmp, self.grel))
+        g = self.golden
+        if g.golden is not None:
+            _save_safetensors(g.golden, g.tmp / g.rel)
+            if g.key is not None:
+                g.cache.store_golden(g.key, g.tmp / g.rel)
+        return replace(entry, golden=FileEntry.of(g.tmp, g.rel))
 
 
 @dataclass(frozen=True)
@@ -1080,14 +1154,20 @@ def _build_family(
             # CUDA stage's few buckets, would leave the other workers idle while the next stage waits (the H100
             # qwen3-tts-12hz build compiled its 3 code_predictor packages only after code2wav's 22). A prepared
             # stage holds its module on the device: on CUDA the pool is drained before the prepared stages would
-            # hold more than POOLED_DEVICE_SHARE of the GPU's memory.
+            # hold more than POOLED_DEVICE_SHARE of the GPU's memory. The stages' golden cases wait until the pool is
+            # drained (they run while it compiles), within DEFERRED_GOLDEN_SHARE of the host's memory.
             budget = _pooled_device_bytes(dev)
             pending: list[_PendingStage] = []
             held = 0
+            deferred = 0  # host bytes of the modules that deferred golden cases keep
             with contextlib.ExitStack() as compiles:  # closed (workers stopped) before tmp is removed on a failure
                 pool = compiles.enter_context(CompilePool(jobs)) if jobs > 1 and len(specs) > 1 else None
 
                 def flush() -> None:
+                    nonlocal deferred
+                    for p in pending:  # while the pool compiles their packages
+                        p.make_golden()
+                    deferred = 0
                     if pool is None:
                         _compile_all([p.compile for p in pending if p.compile is not None], jobs)
                     else:
@@ -1097,10 +1177,13 @@ def _build_family(
                     pending.clear()
 
                 for spec in specs:
+                    room = _deferred_golden_bytes() - deferred if pool is not None else 0
                     prepared = prepare_stage(
-                        spec, tmp, dev, seed, reporter, extra_inductor_options, formats, cache, jobs
+                        spec, tmp, dev, seed, reporter, extra_inductor_options, formats, cache, jobs, room
                     )
                     term.check()
+                    if not prepared.golden.done:
+                        deferred += prepared.golden.host_bytes()
                     size = prepared.device_bytes()
                     if pending and held + size > budget:
                         flush()
@@ -1205,6 +1288,15 @@ def _pooled_device_bytes(dev: torch.device) -> float:
     if dev.type != "cuda":
         return math.inf
     return torch.cuda.get_device_properties(dev).total_memory * POOLED_DEVICE_SHARE
+
+
+# A parallel build's deferred golden cases keep each stage's fp32 modules on the host (the faithful one and a copy
+# of the rewritten one) until the pool is drained: at most this share of the host's memory, else they run at once.
+DEFERRED_GOLDEN_SHARE = 0.25
+
+
+def _deferred_golden_bytes() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * DEFERRED_GOLDEN_SHARE
 
 
 def _package_cpu_isa(tmp: Path, stages: dict[str, StageEntry]) -> str:

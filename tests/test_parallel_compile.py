@@ -220,3 +220,113 @@ def test_a_stage_compiles_while_the_next_is_prepared(monkeypatch, tmp_path):
         build_family(QWEN.name, [first, replace(first, name="code2wav_again")], tmp_path / "out", "cpu", jobs=2)
     assert events == [("prepare", "code2wav"), ("submit", "code2wav"), ("prepare", "code2wav_again")]
     assert not list((tmp_path / "out").iterdir())
+
+
+def _record_build_order(monkeypatch, events: list[tuple[str, str]], stop_at_wait: bool = True):
+    """Record when each stage is exported (prepare_stage returns), its compiles submitted and its golden cases run;
+    the blocking wait for the pool raises _Stop (the compiles are not needed to see the order)."""
+    import ttsaot.builder.build as build
+
+    real_prepare, real_submit, real_golden, real_wait = (
+        build.prepare_stage,
+        build._submit_compiles,
+        build._golden_cases,
+        build._wait,
+    )
+
+    def prepare(spec, *a, **kw):
+        out = real_prepare(spec, *a, **kw)
+        events.append(("prepared", spec.name))
+        return out
+
+    def submit(st, pool):
+        events.append(("submit", st.spec.name))
+        return real_submit(st, pool)
+
+    def golden(spec, *a, **kw):
+        events.append(("golden", spec.name))
+        return real_golden(spec, *a, **kw)
+
+    def wait(pool, block=True):
+        if block and stop_at_wait:
+            raise _Stop
+        return real_wait(pool, block)
+
+    monkeypatch.setattr(build, "prepare_stage", prepare)
+    monkeypatch.setattr(build, "_submit_compiles", submit)
+    monkeypatch.setattr(build, "_golden_cases", golden)
+    monkeypatch.setattr(build, "_wait", wait)
+
+
+def test_golden_cases_wait_until_every_stage_is_compiling(monkeypatch, tmp_path):
+    """A parallel build runs the stages' golden cases (fp32 eager on the host) after the last stage's packages went
+    to the workers, not between the stages' exports: there they held back every later stage's compiles (the H100
+    Fish build started its DAC encoder's compile ~250 s in, behind the encoder's golden cases)."""
+    events: list[tuple[str, str]] = []
+    _record_build_order(monkeypatch, events)
+    first = _specs()[0]
+    with pytest.raises(_Stop):
+        build_family(QWEN.name, [first, replace(first, name="code2wav_again")], tmp_path / "out", "cpu", jobs=2)
+    assert events == [
+        ("prepared", "code2wav"),
+        ("submit", "code2wav"),
+        ("prepared", "code2wav_again"),
+        ("submit", "code2wav_again"),
+        ("golden", "code2wav"),
+        ("golden", "code2wav_again"),
+    ]
+    assert not list((tmp_path / "out").iterdir())
+
+
+def test_golden_cases_run_at_once_when_the_host_cannot_keep_their_modules(monkeypatch, tmp_path):
+    """Deferred cases keep the fp32 modules on the host: beyond DEFERRED_GOLDEN_SHARE of its memory they run while
+    the stage is prepared, as in a serial build."""
+    import ttsaot.builder.build as build
+
+    monkeypatch.setattr(build, "DEFERRED_GOLDEN_SHARE", 0.0)
+    events: list[tuple[str, str]] = []
+    _record_build_order(monkeypatch, events)
+    first = _specs()[0]
+    with pytest.raises(_Stop):
+        build_family(QWEN.name, [first, replace(first, name="code2wav_again")], tmp_path / "out", "cpu", jobs=2)
+    assert events == [
+        ("golden", "code2wav"),
+        ("prepared", "code2wav"),
+        ("submit", "code2wav"),
+        ("golden", "code2wav_again"),
+        ("prepared", "code2wav_again"),
+        ("submit", "code2wav_again"),
+    ]
+
+
+def test_a_deferred_golden_case_that_fails_pass_parity_stops_the_build(monkeypatch, tmp_path):
+    """The pass-parity check rides on the golden cases: deferred, it still stops the build (naming the stage),
+    stops the compiles and leaves nothing behind."""
+    import ttsaot.builder.build as build
+
+    real = build.pass_parity_problem
+
+    def parity(spec, *a, **kw):
+        if spec.name == "code2wav_again":
+            return "code2wav_again: passes changed output 'audio'"
+        return real(spec, *a, **kw)
+
+    monkeypatch.setattr(build, "pass_parity_problem", parity)
+    events: list[tuple[str, str]] = []
+    _record_build_order(monkeypatch, events, stop_at_wait=False)
+    first = _specs()[0]
+    with pytest.raises(build.BuildError, match="code2wav_again: passes changed"):
+        build_family(QWEN.name, [first, replace(first, name="code2wav_again")], tmp_path / "out", "cpu", jobs=2)
+    assert events[-1] == ("golden", "code2wav_again") and ("submit", "code2wav_again") in events
+    assert not list((tmp_path / "out").iterdir())
+
+
+@pytest.mark.heavy
+def test_deferred_golden_cases_equal_a_serial_builds(tmp_path):
+    first = _specs()[0]
+    specs = [first, replace(first, name="code2wav_again")]
+    serial = build_family(QWEN.name, specs, tmp_path / "serial", "cpu", jobs=1).path
+    parallel = build_family(QWEN.name, specs, tmp_path / "parallel", "cpu", jobs=2).path
+    for name in ("code2wav", "code2wav_again"):
+        rel = f"golden/{name}.safetensors"
+        assert (serial / rel).read_bytes() == (parallel / rel).read_bytes(), rel
