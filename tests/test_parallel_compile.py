@@ -258,23 +258,22 @@ def _record_build_order(monkeypatch, events: list[tuple[str, str]], stop_at_wait
     monkeypatch.setattr(build, "_wait", wait)
 
 
-def test_golden_cases_wait_until_every_stage_is_compiling(monkeypatch, tmp_path):
-    """A parallel build runs the stages' golden cases (fp32 eager on the host) after the last stage's packages went
-    to the workers, not between the stages' exports: there they held back every later stage's compiles (the H100
-    Fish build started its DAC encoder's compile ~250 s in, behind the encoder's golden cases)."""
+def _two_stages_until_the_wait(monkeypatch, tmp_path) -> tuple[list[tuple[str, str]], tuple[str, str]]:
+    """A parallel build of two stages, stopped when it first waits for its pool: (its events, the stage names)."""
     events: list[tuple[str, str]] = []
     _record_build_order(monkeypatch, events)
     first = _specs()[0]
     with pytest.raises(_Stop):
         build_family(QWEN.name, [first, replace(first, name="code2wav_again")], tmp_path / "out", "cpu", jobs=2)
-    assert events == [
-        ("prepared", "code2wav"),
-        ("submit", "code2wav"),
-        ("prepared", "code2wav_again"),
-        ("submit", "code2wav_again"),
-        ("golden", "code2wav"),
-        ("golden", "code2wav_again"),
-    ]
+    return events, ("code2wav", "code2wav_again")
+
+
+def test_golden_cases_wait_until_every_stage_is_compiling(monkeypatch, tmp_path):
+    """A parallel build runs the stages' golden cases (fp32 eager on the host) after the last stage's packages went
+    to the workers, not between the stages' exports: there they held back every later stage's compiles (the H100
+    Fish build started its DAC encoder's compile ~250 s in, behind the encoder's golden cases)."""
+    events, names = _two_stages_until_the_wait(monkeypatch, tmp_path)
+    assert events == [e for n in names for e in (("prepared", n), ("submit", n))] + [("golden", n) for n in names]
     assert not list((tmp_path / "out").iterdir())
 
 
@@ -284,19 +283,8 @@ def test_golden_cases_run_at_once_when_the_host_cannot_keep_their_modules(monkey
     import ttsaot.builder.build as build
 
     monkeypatch.setattr(build, "DEFERRED_GOLDEN_SHARE", 0.0)
-    events: list[tuple[str, str]] = []
-    _record_build_order(monkeypatch, events)
-    first = _specs()[0]
-    with pytest.raises(_Stop):
-        build_family(QWEN.name, [first, replace(first, name="code2wav_again")], tmp_path / "out", "cpu", jobs=2)
-    assert events == [
-        ("golden", "code2wav"),
-        ("prepared", "code2wav"),
-        ("submit", "code2wav"),
-        ("golden", "code2wav_again"),
-        ("prepared", "code2wav_again"),
-        ("submit", "code2wav_again"),
-    ]
+    events, names = _two_stages_until_the_wait(monkeypatch, tmp_path)
+    assert events == [e for n in names for e in (("golden", n), ("prepared", n), ("submit", n))]
 
 
 def test_a_deferred_golden_case_that_fails_pass_parity_stops_the_build(monkeypatch, tmp_path):
