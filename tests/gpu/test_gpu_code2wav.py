@@ -20,6 +20,7 @@ from ttsaot.builder.kernels.snake_beta import launch_snake_beta_kernel, snake_be
 from ttsaot.runtime import load  # noqa: E402
 
 from ..conftest import rel_err  # noqa: E402
+from . import GPU_BUILD_JOBS  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -39,7 +40,7 @@ def gpu_artifact(tmp_path_factory):
     opts = Qwen3TTSOptions(
         dtype=torch.bfloat16, batch_buckets=(1, 2), frame_buckets=(8, 16), streaming=StreamingConfig(8, 8, 0, 0)
     )
-    return build_family(QWEN.name, [qst.code2wav_stage(opts)], out, "cuda").path
+    return build_family(QWEN.name, [qst.code2wav_stage(opts)], out, "cuda", jobs=GPU_BUILD_JOBS).path
 
 
 def test_graph_replay_equals_direct_package_run_and_eager(gpu_artifact):

@@ -22,6 +22,7 @@ from ttsaot.runtime import load  # noqa: E402
 from ttsaot.runtime.stage import fp32_mode  # noqa: E402
 
 from ..conftest import rel_err  # noqa: E402
+from . import GPU_BUILD_JOBS  # noqa: E402
 
 CFG = fcfg.DAC_PRESETS["tiny"]
 SEED = 0
@@ -37,7 +38,9 @@ def gpu_artifact(tmp_path_factory):
         streaming=StreamingConfig(8, 8, 4, 0),
         encoder_seconds=(1.0, 2.0),
     )
-    return build_family(FISH.name, [fst.dac_decoder_stage(opts), fst.dac_encoder_stage(opts)], out, "cuda").path
+    return build_family(
+        FISH.name, [fst.dac_decoder_stage(opts), fst.dac_encoder_stage(opts)], out, "cuda", jobs=GPU_BUILD_JOBS
+    ).path
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,7 @@ def gpu_artifact_bf16(tmp_path_factory):
     opts = FishS2Options(
         seed=SEED, dtype=torch.bfloat16, batch_buckets=(2,), frame_buckets=(16,), streaming=StreamingConfig(16, 0, 0, 0)
     )
-    return build_family(FISH.name, [fst.dac_decoder_stage(opts)], out, "cuda").path
+    return build_family(FISH.name, [fst.dac_decoder_stage(opts)], out, "cuda", jobs=GPU_BUILD_JOBS).path
 
 
 def _eager(cls, device):

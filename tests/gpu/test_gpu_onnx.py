@@ -22,12 +22,15 @@ from ttsaot.builder.onnx_verify import default_providers, verify_onnx  # noqa: E
 from ttsaot.runtime import load  # noqa: E402
 
 from ..conftest import rel_err  # noqa: E402
+from . import GPU_BUILD_JOBS  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_build_with_onnx(dtype, tmp_path):
     opts = Qwen3TTSOptions(dtype=dtype, batch_buckets=(1, 2), frame_buckets=(8, 16))
-    art = build_family(QWEN.name, [qst.code2wav_stage(opts)], tmp_path, "cuda", formats="aoti,onnx").path
+    art = build_family(
+        QWEN.name, [qst.code2wav_stage(opts)], tmp_path, "cuda", formats="aoti,onnx", jobs=GPU_BUILD_JOBS
+    ).path
     st = json.loads((art / "manifest.json").read_text())["stages"]["code2wav"]
     o = st["onnx"]
     if st["kernels"] == "inductor":  # fp32 code2wav on CUDA: Inductor's convs, the snake op

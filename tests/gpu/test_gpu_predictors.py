@@ -33,6 +33,7 @@ from ttsaot.builder.passes import cast_to_compute_dtype  # noqa: E402
 from ttsaot.runtime import load  # noqa: E402
 
 from ..conftest import rel_err  # noqa: E402
+from . import GPU_BUILD_JOBS  # noqa: E402
 
 
 def _fish(dtype, buckets=(1, 4), preset="tiny"):
@@ -53,8 +54,9 @@ def _qwen(dtype, buckets=(1, 4), preset="tiny", size="0.6B"):
 def built(request, tmp_path_factory):
     dtype = torch.float32 if request.param == "fp32" else torch.bfloat16
     out = tmp_path_factory.mktemp(f"pred-{request.param}")
-    fish = build_family(FISH, [_fish(dtype)], out, "cuda").path  # the build verifies its golden cases
-    qwen = build_family(QWEN.name, [_qwen(dtype)], out, "cuda").path
+    # the builds verify their golden cases
+    fish = build_family(FISH, [_fish(dtype)], out, "cuda", jobs=GPU_BUILD_JOBS).path
+    qwen = build_family(QWEN.name, [_qwen(dtype)], out, "cuda", jobs=GPU_BUILD_JOBS).path
     return dtype, load(fish, device="cuda")["fast_ar"], load(qwen, device="cuda")["code_predictor"]
 
 
@@ -129,11 +131,11 @@ def test_full_size_frame_latency(which, tmp_path):
     """Full-size configs, random weights, bf16, one bucket of 8: one graph replay per frame."""
     if which == "fast_ar_full":
         spec = _fish(torch.bfloat16, buckets=(8,), preset="full")
-        art = build_family(FISH, [spec], tmp_path, "cuda").path
+        art = build_family(FISH, [spec], tmp_path, "cuda", jobs=GPU_BUILD_JOBS).path
         stage = load(art, device="cuda")["fast_ar"]
     else:
         spec = _qwen(torch.bfloat16, buckets=(8,), preset="full", size="1.7B")
-        art = build_family(QWEN.name, [spec], tmp_path, "cuda").path
+        art = build_family(QWEN.name, [spec], tmp_path, "cuda", jobs=GPU_BUILD_JOBS).path
         stage = load(art, device="cuda")["code_predictor"]
     x = _case(stage, spec, 8, 0)
     args = [x[n] for n in spec.input_names]

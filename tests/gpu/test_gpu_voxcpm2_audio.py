@@ -10,6 +10,8 @@ import torch
 
 from ttsaot.builder.buckets import StreamingConfig
 
+from . import GPU_BUILD_JOBS
+
 STREAM = StreamingConfig(12, 24, 0, 0)
 E2E_STAGES = ("base_lm_step", "residual_lm_step", "locdit", "local_encoder", "vae_decoder")
 
@@ -46,7 +48,7 @@ def decode_end_to_end(
     opts = _opts(dtype, **{"n_timesteps": 4, **opts_kw})
     specs = VOX.specs(opts, E2E_STAGES)
     root = out_root or tempfile.mkdtemp(prefix="vx-e2e-")
-    art = build_family(VOX.name, specs, root, device, verify_in_subprocess=False).path
+    art = build_family(VOX.name, specs, root, device, verify_in_subprocess=False, jobs=GPU_BUILD_JOBS).path
     bundle = load(art, device=device)
     eager = {s.name: s.make_module().to(device).eval() for s in specs}
 
@@ -133,7 +135,7 @@ def gpu_audio_artifact(tmp_path_factory):
     from ttsaot.builder.families.voxcpm2.stages import AUDIO_STAGES
 
     out = tmp_path_factory.mktemp("vx-gpu")
-    return build_family(VOX.name, VOX.specs(_opts(torch.bfloat16), AUDIO_STAGES), out, "cuda").path
+    return build_family(VOX.name, VOX.specs(_opts(torch.bfloat16), AUDIO_STAGES), out, "cuda", jobs=GPU_BUILD_JOBS).path
 
 
 def test_graph_replay_equals_direct_run_and_eager(gpu_audio_artifact):

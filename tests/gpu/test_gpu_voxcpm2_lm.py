@@ -20,6 +20,7 @@ from ttsaot.builder.families.voxcpm2.options import VoxCPM2Options  # noqa: E402
 from ttsaot.runtime import InputRangeError, load  # noqa: E402
 
 from ..conftest import rel_err  # noqa: E402
+from . import GPU_BUILD_JOBS  # noqa: E402
 
 TINY = vcfg.LM_PRESETS["tiny"]
 H = TINY.lm.hidden_size
@@ -30,7 +31,7 @@ PREFILL = 8
 def _build(tmp_path_factory, dtype):
     out = tmp_path_factory.mktemp(f"vox_lm_{str(dtype).split('.')[-1]}")
     opts = VoxCPM2Options(dtype=dtype, batch_buckets=(1, 2), max_len=MAX_LEN, prefill_buckets=(PREFILL,))
-    return build_family(VOX.name, VOX.specs(opts, vst.LM_STAGES), out, "cuda").path
+    return build_family(VOX.name, VOX.specs(opts, vst.LM_STAGES), out, "cuda", jobs=GPU_BUILD_JOBS).path
 
 
 @pytest.fixture(scope="module")
