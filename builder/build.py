@@ -1182,14 +1182,14 @@ def _build_family(
                         spec, tmp, dev, seed, reporter, extra_inductor_options, formats, cache, jobs, room
                     )
                     term.check()
-                    if not prepared.golden.done:
-                        deferred += prepared.golden.host_bytes()
                     size = prepared.device_bytes()
                     if pending and held + size > budget:
                         flush()
                         held = 0
                     pending.append(prepared)
                     held += size
+                    if not prepared.golden.done:  # counted after a flush, which runs only the earlier stages' cases
+                        deferred += prepared.golden.host_bytes()
                     if pool is None:
                         flush()
                         held = 0
