@@ -1154,8 +1154,8 @@ def _build_family(
             # CUDA stage's few buckets, would leave the other workers idle while the next stage waits (the H100
             # qwen3-tts-12hz build compiled its 3 code_predictor packages only after code2wav's 22). A prepared
             # stage holds its module on the device: on CUDA the pool is drained before the prepared stages would
-            # hold more than POOLED_DEVICE_SHARE of the GPU's memory. The stages' golden cases wait until the pool is
-            # drained (they run while it compiles), within DEFERRED_GOLDEN_SHARE of the host's memory.
+            # hold more than POOLED_DEVICE_SHARE of the GPU's memory. The stages' golden cases wait for the next
+            # drain and run before it, while the pool compiles (within DEFERRED_GOLDEN_SHARE of the host's memory).
             budget = _pooled_device_bytes(dev)
             pending: list[_PendingStage] = []
             held = 0
