@@ -323,7 +323,7 @@ def prepare_stage(
     ]
     cases = [c.name for c in golden_inputs]
     golden = _GoldenWork(spec, original, rewritten, golden_inputs, cache, tmp, f"golden/{spec.name}.safetensors")
-    if golden.host_bytes() <= defer_golden_bytes:
+    if golden.host_bytes <= defer_golden_bytes:
         golden.rewritten = copy.deepcopy(rewritten)  # the compute-dtype cast below is in place
     else:
         golden.run()
@@ -389,13 +389,16 @@ class _GoldenWork:
     rel: str  # the golden file, in tmp
     golden: dict[str, torch.Tensor] | None = None  # None once done: fetched from the package cache into place
     key: str | None = None
-    done: bool = False
     seconds: float = 0.0
+    # what keeping the cases' modules until they run takes: the faithful module and a copy of the rewritten one
+    host_bytes: int = dataclasses.field(init=False)
 
-    def host_bytes(self) -> int:
-        """What keeping the cases' modules takes: the faithful module and a copy of the rewritten one."""
-        m = self.original
-        return 2 * sum(t.numel() * t.element_size() for t in (*m.parameters(), *m.buffers()))
+    def __post_init__(self) -> None:
+        self.host_bytes = 2 * _module_bytes(self.original)
+
+    @property
+    def done(self) -> bool:
+        return self.original is None
 
     def run(self) -> None:
         if self.done:
@@ -406,11 +409,16 @@ class _GoldenWork:
         if self.key is None or not self.cache.fetch_golden(self.key, self.tmp / self.rel):
             self.golden = _golden_cases(self.spec, self.original, self.rewritten, self.inputs)
         self.original = self.rewritten = None  # their memory goes now, not with the stage
-        self.done, self.seconds = True, time.perf_counter() - t0
+        self.seconds = time.perf_counter() - t0
 
     def text(self) -> str:
         cached = " (cached)" if self.golden is None else ""
         return f"golden {len(self.inputs)} case(s){cached} {self.seconds:.1f}s"
+
+
+def _module_bytes(module: torch.nn.Module) -> int:
+    """The bytes of a module's parameters and buffers."""
+    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
 
 
 class _PhaseClock:
@@ -443,10 +451,7 @@ class _PendingStage:
 
     def device_bytes(self) -> int:
         """What the prepared stage holds on its device until it is compiled: its module's tensors."""
-        if self.compile is None:
-            return 0
-        m = self.compile.module
-        return sum(t.numel() * t.element_size() for t in (*m.parameters(), *m.buffers()))
+        return 0 if self.compile is None else _module_bytes(self.compile.module)
 
     def make_golden(self) -> None:
         """The golden cases, if `prepare_stage` deferred them (a rewrite that changes the math stops the build here)."""
@@ -1189,7 +1194,7 @@ def _build_family(
                     pending.append(prepared)
                     held += size
                     if not prepared.golden.done:  # counted after a flush, which runs only the earlier stages' cases
-                        deferred += prepared.golden.host_bytes()
+                        deferred += prepared.golden.host_bytes
                     if pool is None:
                         flush()
                         held = 0
