@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -96,21 +97,51 @@ def parse_reuse(log: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def _stop(proc: subprocess.Popen) -> str:
+def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM the build's process group (its compile workers with it), SIGKILL what is left after the grace."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
-        out, _ = proc.communicate(timeout=BUILD_GRACE_S)
+        proc.wait(timeout=BUILD_GRACE_S)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+        proc.wait()
     except ProcessLookupError:
-        out, _ = proc.communicate()
-    return out or ""
+        proc.wait()
+
+
+class _TimedLog:
+    """A build's console output, read as it comes: the text (for the notes parsed above) and each line stamped
+    with the seconds since the build started, written to `path` (the build's timeline: when each stage was
+    prepared, when its compiles were submitted and finished)."""
+
+    def __init__(self, proc: subprocess.Popen, t0: float, path: Path) -> None:
+        self.lines: list[str] = []
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._pump, args=(proc, t0), daemon=True)
+        self._thread.start()
+
+    def _pump(self, proc: subprocess.Popen, t0: float) -> None:
+        with self.path.open("w") as f:
+            for ln in proc.stdout:
+                self.lines.append(ln)
+                f.write(f"[{time.perf_counter() - t0:7.1f} s] {ln}")
+                f.flush()
+
+    def text(self) -> str:
+        self._thread.join(timeout=BUILD_GRACE_S)
+        return "".join(self.lines)
 
 
 def run_build(
-    family: str, stages: list[str] | None, art: Path, cache: Path, env: dict[str, str], a, timeout: float
+    family: str,
+    stages: list[str] | None,
+    art: Path,
+    cache: Path,
+    env: dict[str, str],
+    a,
+    timeout: float,
+    log_path: Path,
 ) -> dict[str, Any]:
     cmd = [
         sys.executable,
@@ -138,20 +169,28 @@ def run_build(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(REPO), start_new_session=True
     )
     _RUNNING.append(proc)
+    out = _TimedLog(proc, t0, log_path)
     try:
-        log, _ = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        log = _stop(proc)
+        _stop(proc)
         return {
             "status": "skipped",
             "wall_s": round(time.perf_counter() - t0, 1),
             "reason": f"stopped at the end of the budget ({timeout:.0f} s left when it started)",
-            "log_tail": progress_lines(log)[-LOG_TAIL_LINES:],
+            "log_tail": progress_lines(out.text())[-LOG_TAIL_LINES:],
+            "log": log_path.name,
         }
     finally:
         _RUNNING.remove(proc)
     wall = time.perf_counter() - t0
-    rec: dict[str, Any] = {"command": " ".join(["build-artifacts", *cmd[4:]]), "wall_s": round(wall, 1), "jobs": a.jobs}
+    log = out.text()
+    rec: dict[str, Any] = {
+        "command": " ".join(["build-artifacts", *cmd[4:]]),
+        "wall_s": round(wall, 1),
+        "jobs": a.jobs,
+        "log": log_path.name,
+    }
     if proc.returncode != 0:
         return {
             **rec,
@@ -338,7 +377,8 @@ def main(a) -> int:
                     )
                     # cached: the same command into a new --out, so that only the package cache can serve it
                     out = art if phase != "cached" else root / "artifacts-cached"
-                    rec[phase] = run_build(fam, stages, out, cache, fenv, a, left())
+                    log = path.parent / "build_logs" / f"{fam}-{phase}.log"  # the timeline, lines stamped
+                    rec[phase] = run_build(fam, stages, out, cache, fenv, a, left(), log)
                     print(
                         f"[bench builds] {fam}: {phase} {rec[phase].get('status')} {rec[phase].get('wall_s')} s, "
                         f"{rec[phase].get('compiled')} compiled / {rec[phase].get('reused')} reused",

@@ -1,6 +1,7 @@
 """`python -m bench builds` (build time cold/cached + cold start per stage) and `python -m bench bucket-hits`."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -122,6 +123,11 @@ def test_cold_then_cached_build_and_cold_start(tmp_path):
     assert (fam["warm"]["compiled"], fam["warm"]["reused"], fam["warm"]["up_to_date"]) == (0, 1, True)
     assert (fam["cached"]["compiled"], fam["cached"]["reused"], fam["cached"]["up_to_date"]) == (0, 1, False)
     assert fam["warm"]["wall_s"] < fam["cold"]["wall_s"] and fam["cached"]["wall_s"] < fam["cold"]["wall_s"]
+    # each build's console output is kept beside the JSON, every line stamped with its time since the start
+    cold_log = (out.parent / "build_logs" / fam["cold"]["log"]).read_text().splitlines()
+    assert fam["cold"]["log"] == "qwen3-tts-12hz-cold.log" and cold_log
+    assert all(re.match(r"\[ *\d+\.\d s\] ", ln) for ln in cold_log)
+    assert any("1 compiled" in ln or "packages reused" in ln for ln in cold_log), cold_log
     cs = fam["cold_start"]["code_predictor"]
     assert cs["status"] == "ok" and 0 < cs["startup_s"] < cs["first_output_s"] and cs["buckets_loaded"] == 1
     report = write_report(tmp_path, tmp_path / "BENCHMARKS.md", include_cpu=True).read_text()

@@ -1,3 +1,45 @@
-# The GPU fixtures' builds compile their packages on this many workers: with -n 8 on the 16-core H100 host their
+"""Shared by the GPU tests: how their artifacts are built.
+
+Every fixture artifact is built once per test run, whichever xdist workers need it (`tests/conftest.built_artifact`:
+a module fixture is otherwise set up again on every worker that runs one of the module's tests — on the H100 host
+`-n 8` built the Fish DAC, VoxCPM2 audio and code2wav fixtures up to three times side by side, gpu_suite run5).
+Every GPU build goes through one package cache that outlives the run (`GPU_CACHE_ENV`, default
+`.pytest_artifacts/gpu-package-cache`): a re-run after a change recompiles only the packages the change touches
+(issue 17: "developers pay on every change"). The cache is content-addressed (builder/package_cache.py: the key
+covers the exported program, the kernel sources, the toolchain) and every reused package still passes the build's
+subprocess load check and golden cases, so a stale entry cannot be served. `TTSAOT_GPU_TEST_CACHE=off` compiles
+everything, as a first run does.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..conftest import CACHE, built_artifact
+
+# The fixtures' builds compile their packages on this many workers: with -n 8 on the 16-core H100 host their
 # serial compiles were the suite's critical path (code2wav's fixture 158 s, the VoxCPM2 LM's 136 s: gpu_suite run4).
 GPU_BUILD_JOBS = 4
+GPU_CACHE_ENV = "TTSAOT_GPU_TEST_CACHE"
+
+
+def gpu_package_cache() -> Path | None:
+    """The GPU tests' package cache (None when `TTSAOT_GPU_TEST_CACHE=off`)."""
+    where = os.environ.get(GPU_CACHE_ENV, "")
+    if where.lower() in ("off", "0", "none"):
+        return None
+    return Path(where) if where else CACHE / "gpu-package-cache"
+
+
+def build_on_gpu(family: str, specs: Sequence, out: str | Path, **kw) -> Path:
+    """`build_family(..., "cuda")` with the GPU tests' compile workers and package cache; the artifact's path."""
+    from ttsaot.builder.build import build_family
+
+    return build_family(family, list(specs), out, "cuda", jobs=GPU_BUILD_JOBS, cache_dir=gpu_package_cache(), **kw).path
+
+
+def gpu_artifact(name: str, family: str, specs: Sequence, **kw) -> Path:
+    """A fixture's artifact: built by the first worker that asks (`build_on_gpu`), reused by every other."""
+    return built_artifact(f"gpu-{name}", lambda root: build_on_gpu(family, specs, root, **kw))

@@ -9,7 +9,6 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from ttsaot.builder.buckets import StreamingConfig  # noqa: E402
-from ttsaot.builder.build import build_family  # noqa: E402
 from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN  # noqa: E402
 from ttsaot.builder.families.qwen3_tts_12hz import checkpoint as qck  # noqa: E402
 from ttsaot.builder.families.qwen3_tts_12hz import code2wav as qm  # noqa: E402
@@ -20,7 +19,7 @@ from ttsaot.builder.kernels.snake_beta import launch_snake_beta_kernel, snake_be
 from ttsaot.runtime import load  # noqa: E402
 
 from ..conftest import rel_err  # noqa: E402
-from . import GPU_BUILD_JOBS  # noqa: E402
+from . import gpu_artifact as shared_artifact  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -35,12 +34,11 @@ def test_snake_kernel_matches_reference(dtype, shape):
 
 
 @pytest.fixture(scope="module")
-def gpu_artifact(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu")
+def gpu_artifact():
     opts = Qwen3TTSOptions(
         dtype=torch.bfloat16, batch_buckets=(1, 2), frame_buckets=(8, 16), streaming=StreamingConfig(8, 8, 0, 0)
     )
-    return build_family(QWEN.name, [qst.code2wav_stage(opts)], out, "cuda", jobs=GPU_BUILD_JOBS).path
+    return shared_artifact("code2wav-bf16", QWEN.name, [qst.code2wav_stage(opts)])
 
 
 def test_graph_replay_equals_direct_package_run_and_eager(gpu_artifact):

@@ -11,7 +11,6 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from ttsaot.builder.buckets import StreamingConfig  # noqa: E402
-from ttsaot.builder.build import build_family  # noqa: E402
 from ttsaot.builder.families.fish_s2_pro import FAMILY as FISH  # noqa: E402
 from ttsaot.builder.families.fish_s2_pro import checkpoint as fck  # noqa: E402
 from ttsaot.builder.families.fish_s2_pro import config as fcfg  # noqa: E402
@@ -22,15 +21,14 @@ from ttsaot.runtime import load  # noqa: E402
 from ttsaot.runtime.stage import fp32_mode  # noqa: E402
 
 from ..conftest import rel_err  # noqa: E402
-from . import GPU_BUILD_JOBS  # noqa: E402
+from . import gpu_artifact as shared_artifact  # noqa: E402
 
 CFG = fcfg.DAC_PRESETS["tiny"]
 SEED = 0
 
 
 @pytest.fixture(scope="module")
-def gpu_artifact(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fish_gpu")
+def gpu_artifact():
     opts = FishS2Options(
         seed=SEED,
         batch_buckets=(1, 2),
@@ -38,18 +36,15 @@ def gpu_artifact(tmp_path_factory):
         streaming=StreamingConfig(8, 8, 4, 0),
         encoder_seconds=(1.0, 2.0),
     )
-    return build_family(
-        FISH.name, [fst.dac_decoder_stage(opts), fst.dac_encoder_stage(opts)], out, "cuda", jobs=GPU_BUILD_JOBS
-    ).path
+    return shared_artifact("fish-dac-fp32", FISH.name, [fst.dac_decoder_stage(opts), fst.dac_encoder_stage(opts)])
 
 
 @pytest.fixture(scope="module")
-def gpu_artifact_bf16(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fish_gpu_bf16")
+def gpu_artifact_bf16():
     opts = FishS2Options(
         seed=SEED, dtype=torch.bfloat16, batch_buckets=(2,), frame_buckets=(16,), streaming=StreamingConfig(16, 0, 0, 0)
     )
-    return build_family(FISH.name, [fst.dac_decoder_stage(opts)], out, "cuda", jobs=GPU_BUILD_JOBS).path
+    return shared_artifact("fish-dac-bf16", FISH.name, [fst.dac_decoder_stage(opts)])
 
 
 def _eager(cls, device):

@@ -14,7 +14,6 @@ if not torch.cuda.is_available():
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from ttsaot.builder.build import build_family  # noqa: E402
 from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN  # noqa: E402
 from ttsaot.builder.families.qwen3_tts_12hz import stages as qst  # noqa: E402
 from ttsaot.builder.families.qwen3_tts_12hz.options import Qwen3TTSOptions  # noqa: E402
@@ -22,23 +21,23 @@ from ttsaot.builder.onnx_verify import default_providers, verify_onnx  # noqa: E
 from ttsaot.runtime import load  # noqa: E402
 
 from ..conftest import rel_err  # noqa: E402
-from . import GPU_BUILD_JOBS  # noqa: E402
+from . import build_on_gpu  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_build_with_onnx(dtype, tmp_path):
     opts = Qwen3TTSOptions(dtype=dtype, batch_buckets=(1, 2), frame_buckets=(8, 16))
-    art = build_family(
-        QWEN.name, [qst.code2wav_stage(opts)], tmp_path, "cuda", formats="aoti,onnx", jobs=GPU_BUILD_JOBS
-    ).path
+    art = build_on_gpu(QWEN.name, [qst.code2wav_stage(opts)], tmp_path, formats="aoti,onnx")
     st = json.loads((art / "manifest.json").read_text())["stages"]["code2wav"]
     o = st["onnx"]
     if st["kernels"] == "inductor":  # fp32 code2wav on CUDA: Inductor's convs, the snake op
         assert o["custom_ops"] == {"ttsaot.snake_beta.default": "translation"}
-    else:  # bf16: the conv kernel layer (--kernels auto); each op leaves as its aten translation
-        assert o["custom_ops"] and set(o["custom_ops"].values()) == {"translation"}
-        assert all(op.startswith("ttsaot.") for op in o["custom_ops"]), o["custom_ops"]
-        assert any(op.startswith("ttsaot.conv") for op in o["custom_ops"]), o["custom_ops"]
+    else:  # bf16: the conv kernel layer (--kernels auto); snake_beta leaves as its onnxscript translation, the conv
+        # ops through their aten decompositions (decompositions.py, the CPU builds' lowering)
+        ops = o["custom_ops"]
+        assert ops.pop("ttsaot.snake_beta.default") == "translation", o["custom_ops"]
+        assert ops and all(op.startswith("ttsaot.conv") or op.startswith("ttsaot.dwconv") for op in ops), ops
+        assert set(ops.values()) == {"decomposition"}, ops
     assert o["opset"] == (20 if dtype == torch.float32 else 22)
     model = onnx.load(str(art / o["file"]))
     onnx.checker.check_model(model, full_check=True)

@@ -15,7 +15,6 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from ttsaot.builder.build import build_family  # noqa: E402
 from ttsaot.builder.families.fish_s2_pro import FAMILY as FISH  # noqa: E402
 from ttsaot.builder.families.fish_s2_pro import stages as fst  # noqa: E402
 from ttsaot.builder.families.fish_s2_pro.options import FishS2Options  # noqa: E402
@@ -33,7 +32,7 @@ from ttsaot.builder.passes import cast_to_compute_dtype  # noqa: E402
 from ttsaot.runtime import load  # noqa: E402
 
 from ..conftest import rel_err  # noqa: E402
-from . import GPU_BUILD_JOBS  # noqa: E402
+from . import build_on_gpu, gpu_artifact  # noqa: E402
 
 
 def _fish(dtype, buckets=(1, 4), preset="tiny"):
@@ -51,12 +50,11 @@ def _qwen(dtype, buckets=(1, 4), preset="tiny", size="0.6B"):
 
 
 @pytest.fixture(scope="module", params=["fp32", "bf16"])
-def built(request, tmp_path_factory):
+def built(request):
     dtype = torch.float32 if request.param == "fp32" else torch.bfloat16
-    out = tmp_path_factory.mktemp(f"pred-{request.param}")
     # the builds verify their golden cases
-    fish = build_family(FISH, [_fish(dtype)], out, "cuda", jobs=GPU_BUILD_JOBS).path
-    qwen = build_family(QWEN.name, [_qwen(dtype)], out, "cuda", jobs=GPU_BUILD_JOBS).path
+    fish = gpu_artifact(f"fast-ar-{request.param}", FISH, [_fish(dtype)])
+    qwen = gpu_artifact(f"code-predictor-{request.param}", QWEN.name, [_qwen(dtype)])
     return dtype, load(fish, device="cuda")["fast_ar"], load(qwen, device="cuda")["code_predictor"]
 
 
@@ -131,11 +129,11 @@ def test_full_size_frame_latency(which, tmp_path):
     """Full-size configs, random weights, bf16, one bucket of 8: one graph replay per frame."""
     if which == "fast_ar_full":
         spec = _fish(torch.bfloat16, buckets=(8,), preset="full")
-        art = build_family(FISH, [spec], tmp_path, "cuda", jobs=GPU_BUILD_JOBS).path
+        art = build_on_gpu(FISH, [spec], tmp_path)
         stage = load(art, device="cuda")["fast_ar"]
     else:
         spec = _qwen(torch.bfloat16, buckets=(8,), preset="full", size="1.7B")
-        art = build_family(QWEN.name, [spec], tmp_path, "cuda", jobs=GPU_BUILD_JOBS).path
+        art = build_on_gpu(QWEN.name, [spec], tmp_path)
         stage = load(art, device="cuda")["code_predictor"]
     x = _case(stage, spec, 8, 0)
     args = [x[n] for n in spec.input_names]

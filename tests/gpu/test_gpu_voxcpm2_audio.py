@@ -10,7 +10,8 @@ import torch
 
 from ttsaot.builder.buckets import StreamingConfig
 
-from . import GPU_BUILD_JOBS
+from . import GPU_BUILD_JOBS, gpu_package_cache
+from . import gpu_artifact as shared_artifact
 
 STREAM = StreamingConfig(12, 24, 0, 0)
 E2E_STAGES = ("base_lm_step", "residual_lm_step", "locdit", "local_encoder", "vae_decoder")
@@ -48,7 +49,10 @@ def decode_end_to_end(
     opts = _opts(dtype, **{"n_timesteps": 4, **opts_kw})
     specs = VOX.specs(opts, E2E_STAGES)
     root = out_root or tempfile.mkdtemp(prefix="vx-e2e-")
-    art = build_family(VOX.name, specs, root, device, verify_in_subprocess=False, jobs=GPU_BUILD_JOBS).path
+    cache = gpu_package_cache() if device == "cuda" else None
+    art = build_family(
+        VOX.name, specs, root, device, verify_in_subprocess=False, jobs=GPU_BUILD_JOBS, cache_dir=cache
+    ).path
     bundle = load(art, device=device)
     eager = {s.name: s.make_module().to(device).eval() for s in specs}
 
@@ -127,15 +131,13 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def gpu_audio_artifact(tmp_path_factory):
+def gpu_audio_artifact():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from ttsaot.builder.build import build_family
     from ttsaot.builder.families.voxcpm2 import FAMILY as VOX
     from ttsaot.builder.families.voxcpm2.stages import AUDIO_STAGES
 
-    out = tmp_path_factory.mktemp("vx-gpu")
-    return build_family(VOX.name, VOX.specs(_opts(torch.bfloat16), AUDIO_STAGES), out, "cuda", jobs=GPU_BUILD_JOBS).path
+    return shared_artifact("voxcpm2-audio-bf16", VOX.name, VOX.specs(_opts(torch.bfloat16), AUDIO_STAGES))
 
 
 def test_graph_replay_equals_direct_run_and_eager(gpu_audio_artifact):

@@ -10,7 +10,6 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from ttsaot.builder.build import build_family  # noqa: E402
 from ttsaot.builder.families.voxcpm2 import FAMILY as VOX  # noqa: E402
 from ttsaot.builder.families.voxcpm2 import checkpoint as vck  # noqa: E402
 from ttsaot.builder.families.voxcpm2 import config as vcfg  # noqa: E402
@@ -20,7 +19,7 @@ from ttsaot.builder.families.voxcpm2.options import VoxCPM2Options  # noqa: E402
 from ttsaot.runtime import InputRangeError, load  # noqa: E402
 
 from ..conftest import rel_err  # noqa: E402
-from . import GPU_BUILD_JOBS  # noqa: E402
+from . import gpu_artifact as shared_artifact  # noqa: E402
 
 TINY = vcfg.LM_PRESETS["tiny"]
 H = TINY.lm.hidden_size
@@ -28,20 +27,19 @@ MAX_LEN = 32
 PREFILL = 8
 
 
-def _build(tmp_path_factory, dtype):
-    out = tmp_path_factory.mktemp(f"vox_lm_{str(dtype).split('.')[-1]}")
+def _build(dtype):
     opts = VoxCPM2Options(dtype=dtype, batch_buckets=(1, 2), max_len=MAX_LEN, prefill_buckets=(PREFILL,))
-    return build_family(VOX.name, VOX.specs(opts, vst.LM_STAGES), out, "cuda", jobs=GPU_BUILD_JOBS).path
+    return shared_artifact(f"voxcpm2-lm-{str(dtype).split('.')[-1]}", VOX.name, VOX.specs(opts, vst.LM_STAGES))
 
 
 @pytest.fixture(scope="module")
-def fp32_artifact(tmp_path_factory):
-    return _build(tmp_path_factory, torch.float32)
+def fp32_artifact():
+    return _build(torch.float32)
 
 
 @pytest.fixture(scope="module")
-def bf16_artifact(tmp_path_factory):
-    return _build(tmp_path_factory, torch.bfloat16)
+def bf16_artifact():
+    return _build(torch.bfloat16)
 
 
 @pytest.fixture(scope="module")
