@@ -51,6 +51,7 @@ from ..runtime.dtypes import dtype_name
 from ..runtime.errors import ArtifactError, ManifestError
 from .buckets import BucketPlan
 from .build_inputs import INPUTS_KEY, build_inputs_key
+from .cache_prune import describe, prune
 from .dynamic_shapes import DynamicExportError, export_dynamic, plan_ranges, range_record
 from .export import CompileError, compile_bucket, compiler_info, export_bucket, export_program, inductor_options
 from .kernels import pdl
@@ -1068,6 +1069,7 @@ def build_family(
     jobs: int = 1,
     load_check: LoadCheck | None = None,
     inputs: dict[str, Any] | None = None,
+    cache_max_bytes: int | None = None,
 ) -> BuildResult:
     """Build `specs` into <out_root>/<family>/ atomically (temp dir + rename, under a lock). `formats`: "aoti"
     (packages per bucket, or dynamic ones serving several: StageSpec.dynamic_packages), "onnx" (one ONNX model per
@@ -1078,7 +1080,12 @@ def build_family(
     by the caller before it imported torch (builder/load_check.py); None starts one here when the check runs. The
     build closes it, used or not. `inputs`: what the caller knows decides the stages' modules and weights beyond
     the specs (builder/build_inputs.py): with it and a cache, a build whose inputs are those the installed artifact
-    was built from checks that artifact instead of rebuilding it (`BuildResult.up_to_date`); None always builds."""
+    was built from checks that artifact instead of rebuilding it (`BuildResult.up_to_date`); None always builds.
+    `cache_max_bytes`: after a build that used the cache, its least recently used entries are removed down to this
+    size, never one this build used (builder/cache_prune.py); None leaves the cache unbounded (the CLI bounds it:
+    --cache-max-size)."""
+    reporter = reporter or Reporter()
+    t_start = time.time()
     with contextlib.ExitStack() as stack:
         if load_check is not None:
             stack.enter_context(load_check)
@@ -1087,14 +1094,14 @@ def build_family(
         formats = parse_formats(formats)
         if load_check is None and verify_in_subprocess and "aoti" in formats:
             load_check = stack.enter_context(LoadCheck())  # its imports overlap the stages' work
-        return _build_family(
+        res = _build_family(
             family,
             specs,
             out_root,
             device,
             seed,
             preset,
-            reporter or Reporter(),
+            reporter,
             verify_in_subprocess,
             extra_inductor_options,
             keep_existing_stages,
@@ -1105,6 +1112,21 @@ def build_family(
             inputs,
             stack,
         )
+    if cache_dir is not None and cache_max_bytes is not None and not res.up_to_date:
+        _bound_cache(Path(cache_dir), cache_max_bytes, t_start, reporter)
+    return res
+
+
+def _bound_cache(root: Path, max_bytes: int, since: float, reporter: Reporter) -> None:
+    """The cache within `max_bytes` after a build installed its artifact: a failure here is a note, not a failed
+    build (the artifact is in place; the next build prunes again)."""
+    try:
+        pruned = prune(root, max_bytes, protect_since=since)
+    except OSError as e:
+        reporter.note(f"package cache: not pruned ({e})")
+        return
+    if pruned.removed or pruned.busy or pruned.stale_tmp or pruned.bytes_after > max_bytes:
+        reporter.note(describe(pruned, max_bytes))
 
 
 def _build_family(

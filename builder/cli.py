@@ -1,4 +1,4 @@
-"""`build-artifacts`: build · inspect · verify · list.
+"""`build-artifacts`: build · inspect · verify · cache info / prune · list.
 
 The arguments are checked before torch is imported (that takes seconds): `--help`, `list` and every usage error
 answer at once, from the families' torch-free declarations (builder/options.py). Usage errors exit 2, failures 1.
@@ -195,6 +195,16 @@ def _formats(ctx: click.Context, param: click.Parameter, value: str) -> tuple[st
     return tuple(f for f in ARTIFACT_FORMATS if f in items)
 
 
+def _cache_size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """--cache-max-size → bytes (None: unbounded); unset → $TTSAOT_CACHE_MAX_SIZE, else the default bound."""
+    from .cache_prune import CacheSizeError, default_max_bytes, parse_size
+
+    try:
+        return default_max_bytes() if value is None else parse_size(value)
+    except CacheSizeError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 class _RichReporter:
     def __init__(self, progress) -> None:
         self.progress, self.tasks = progress, {}
@@ -310,6 +320,15 @@ def main(ctx: click.Context, debug: bool) -> None:
 )
 @click.option("--no-cache", is_flag=True, help="Compile every package (the cache is neither read nor written).")
 @click.option(
+    "--cache-max-size",
+    "cache_max_bytes",
+    default=None,
+    callback=_cache_size,
+    show_default="$TTSAOT_CACHE_MAX_SIZE or 20GB",
+    help="After the build, remove the cache's least recently used entries down to this size (20GB, 512MiB, off); "
+    "never one this build used.",
+)
+@click.option(
     "--jobs",
     type=click.IntRange(min=1),
     default=None,
@@ -341,6 +360,7 @@ def build(
     formats,
     cache_dir,
     no_cache,
+    cache_max_bytes,
     jobs,
     debug_here,
     **family_flags,
@@ -383,7 +403,7 @@ def build(
     try:
         from .build import build_family, stage_summary
         from .build_inputs import checkpoint_identity
-        from .package_cache import default_cache_dir
+        from .cache_layout import default_cache_dir
         from .parallel_compile import default_jobs
         from .stage_spec import with_tf32
 
@@ -427,6 +447,7 @@ def build(
                 extra_inductor_options=extra,
                 formats=formats,
                 cache_dir=None if no_cache else (cache_dir or default_cache_dir()),
+                cache_max_bytes=cache_max_bytes,
                 jobs=jobs or default_jobs(),
                 load_check=load_check,
                 inputs={
@@ -780,6 +801,81 @@ def verify(ctx, artifact, device, stages, no_graphs, check_onnx, debug_here):
         raise
     except Exception as e:  # noqa: BLE001
         _fail(e, _debug(ctx, debug_here))
+
+
+# ------------------------------------------------------------------------------------------- package cache
+_CACHE_DIR_OPTION = click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    show_default="$TTSAOT_CACHE_DIR or $XDG_CACHE_HOME/ttsaot/packages",
+    help="The package cache (as `build --cache-dir`).",
+)
+
+
+def _cache_root(cache_dir: str | None) -> Path:
+    from .cache_layout import default_cache_dir  # torch-free
+
+    return Path(cache_dir) if cache_dir else default_cache_dir()
+
+
+@main.group()
+def cache():
+    """The package cache that builds reuse packages from: what it holds, and pruning it."""
+
+
+@cache.command()
+@_CACHE_DIR_OPTION
+@_debug_option
+@click.pass_context
+def info(ctx, cache_dir, debug_here):
+    """Entries, size and age of the package cache."""
+    from rich.table import Table
+
+    from .cache_prune import cache_bytes, cache_items
+
+    root = _cache_root(cache_dir)
+    try:
+        items = cache_items(root)
+        total = cache_bytes(root)
+    except OSError as e:
+        _fail(e, _debug(ctx, debug_here))
+    now = time.time()
+    t = Table(title=f"package cache {root}")
+    for c in ("kind", "entries", "MB", "least recently used", "most recently used"):
+        t.add_column(c)
+    for kind in ("package", "golden"):
+        of = [i for i in items if i.kind == kind]
+        ages = [f"{(now - i.last_used) / 86400:.1f} days ago" for i in (of[:1] + of[-1:])] if of else [EMPTY, EMPTY]
+        t.add_row(kind, str(len(of)), f"{sum(i.bytes for i in of) / 1e6:.1f}", ages[0], ages[-1])
+    t.add_row("all", str(len(items)), f"{total / 1e6:.1f}", EMPTY, EMPTY)
+    _out_console().print(t)
+
+
+@cache.command()
+@_CACHE_DIR_OPTION
+@click.option(
+    "--max-size",
+    "max_bytes",
+    required=True,
+    callback=_cache_size,
+    help="Remove least recently used entries down to this size (20GB, 512MiB; 0 removes every entry not in use).",
+)
+@_debug_option
+@click.pass_context
+def prune(ctx, cache_dir, max_bytes, debug_here):
+    """Remove the package cache's least recently used entries down to --max-size (entries a running build
+    holds stay)."""
+    from .cache_prune import describe
+    from .cache_prune import prune as prune_cache
+
+    if max_bytes is None:
+        raise click.BadParameter("a bound is needed to prune to (off means none)", param_hint="--max-size")
+    try:
+        res = prune_cache(_cache_root(cache_dir), max_bytes)
+    except OSError as e:
+        _fail(e, _debug(ctx, debug_here))
+    _out_console().print(describe(res, max_bytes), highlight=False, soft_wrap=True)
 
 
 @main.command(name="list")

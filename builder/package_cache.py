@@ -40,7 +40,6 @@ import functools
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -50,21 +49,12 @@ from typing import Any
 
 import torch
 
-CACHE_ENV = "TTSAOT_CACHE_DIR"
+from .cache_layout import CACHE_ENV, ENTRY, GOLDEN, INDEX, KEY, PACKAGE, default_cache_dir, lock_name, lock_path
+
 ENTRY_FORMAT = 1
 INDEX_FORMAT = 1
 GOLDEN_FORMAT = 1
-PACKAGE, ENTRY, INDEX, GOLDEN = "package.pt2", "entry.json", "index", "golden"
-_KEY = re.compile(r"[0-9a-f]{64}")
 _BUILDER = Path(__file__).parent
-
-
-def default_cache_dir() -> Path:
-    """$TTSAOT_CACHE_DIR, else the user cache dir: $XDG_CACHE_HOME/ttsaot/packages (~/.cache/ttsaot/packages)."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "ttsaot" / "packages"
 
 
 def sources_hash(base: Path, pattern: str = "**/*.py", skip: tuple[str, ...] = ()) -> str:
@@ -90,6 +80,15 @@ def _sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def _mark_used(record: Path) -> None:
+    """An entry's "last used" is its record's modification time (what builder/cache_prune.py evicts by): a reuse
+    refreshes it. Best effort: a read-only cache is still read."""
+    try:
+        os.utime(record)
+    except OSError:
+        pass
 
 
 def _replace_file(path: Path, write: Callable[[Path], Any]) -> None:
@@ -372,7 +371,7 @@ class PackageCache:
         from filelock import FileLock
 
         self.root.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.root / f"{key}.lock"))
+        return FileLock(str(lock_path(self.root, key)))
 
     def _discard(self, entry: Path, why: str) -> None:
         self.notes.append(f"package cache: discarded {entry.name[:12]} ({why})")
@@ -415,6 +414,7 @@ class PackageCache:
             dest.unlink(missing_ok=True)
             self._discard(entry, "package.pt2 does not match its recorded sha256")
             return Lookup(None, "corrupted")
+        _mark_used(entry / ENTRY)
         self.used.add(key)
         return Lookup(weights)
 
@@ -475,14 +475,14 @@ class PackageCache:
         kind returns no weights: the build exports, and `index` repairs the entry. An unreadable entry, or one
         whose tensors the module does not have, is discarded."""
         path = self._index_path(pre_key)
-        with self.lock(f"{INDEX}-{pre_key}"):
+        with self.lock(lock_name(INDEX, pre_key)):
             if not path.is_file():
                 return Lookup(None, "not indexed")
             try:
                 meta = json.loads(path.read_text())
                 ok = meta["format"] == INDEX_FORMAT and meta["pre_key"] == pre_key
                 key = meta["package_key"]
-                ok = ok and isinstance(key, str) and _KEY.fullmatch(key) is not None
+                ok = ok and isinstance(key, str) and KEY.fullmatch(key) is not None
                 layout = {name: (dtype, shape, stride) for name, dtype, shape, stride in meta["sources"]}
             except (OSError, ValueError, KeyError, TypeError):
                 ok = False
@@ -527,7 +527,7 @@ class PackageCache:
         }
         path = self._index_path(pre_key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with self.lock(f"{INDEX}-{pre_key}"):
+        with self.lock(lock_name(INDEX, pre_key)):
             _replace_file(path, lambda tmp: tmp.write_text(json.dumps(meta, indent=1)))
         return True
 
@@ -535,7 +535,7 @@ class PackageCache:
         """Copy the golden cases stored under `key` to `dest`; False (nothing at `dest`) when there are none or
         the stored file does not hash to what its record says (then it is discarded)."""
         base = self.root / GOLDEN / key
-        with self.lock(f"{GOLDEN}-{key}"):
+        with self.lock(lock_name(GOLDEN, key)):
             try:
                 meta = json.loads(base.with_suffix(".json").read_text())
                 ok = meta["format"] == GOLDEN_FORMAT and meta["key"] == key
@@ -556,6 +556,8 @@ class PackageCache:
                 self.notes.append(f"package cache: discarded golden cases {key[:12]} (unreadable or corrupted)")
                 base.with_suffix(".json").unlink(missing_ok=True)
                 base.with_suffix(".safetensors").unlink(missing_ok=True)
+            else:
+                _mark_used(base.with_suffix(".json"))
             return ok
 
     def store_golden(self, key: str, path: Path) -> None:
@@ -564,7 +566,7 @@ class PackageCache:
         base = self.root / GOLDEN / key
         base.parent.mkdir(parents=True, exist_ok=True)
         meta = {"format": GOLDEN_FORMAT, "key": key, "sha256": _sha256_file(path)}
-        with self.lock(f"{GOLDEN}-{key}"):
+        with self.lock(lock_name(GOLDEN, key)):
             _replace_file(base.with_suffix(".safetensors"), lambda tmp: shutil.copyfile(path, tmp))
             _replace_file(base.with_suffix(".json"), lambda tmp: tmp.write_text(json.dumps(meta)))
 

@@ -4,9 +4,11 @@ field exports but reuses the package; a changed value that the package inlined m
 entry, or a missing package, is discarded and rebuilt; concurrent builds sharing the cache both succeed."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -149,6 +151,23 @@ def test_rebuild_with_no_change_reuses_every_package(cached, monkeypatch, tmp_pa
         assert (res.path / rel).read_bytes() == (first / rel).read_bytes(), rel
     assert not (res.path / "code2wav/b1_f8.pt2").is_symlink()
     assert _manifest(first) == _manifest(res.path)
+
+
+def test_a_bounded_cache_keeps_what_the_build_used_and_drops_the_rest(cached, monkeypatch, tmp_path):
+    """`cache_max_bytes` (the CLI's --cache-max-size): after the build, least recently used entries go down to the
+    bound — here 0, so every entry this build did not use — and none that it used, even over the bound."""
+    cache, first = cached
+    _no_compile(monkeypatch)
+    old = cache / ("f" * 64)
+    shutil.copytree(_entries(cache)[0], old)  # an entry of some earlier build, a day unused
+    os.utime(old / ENTRY, (time.time() - 86400,) * 2)
+    used = {p.name for p in _entries(cache)} - {old.name}
+    rep = Notes()
+    build_family(QWEN.name, _specs(), tmp_path, "cpu", cache_dir=cache, reporter=rep, cache_max_bytes=0)
+    assert "code2wav: 1 of 1 packages reused from the package cache" in rep.notes
+    assert {p.name for p in _entries(cache)} == used and not old.exists()
+    assert any("1 least recently used entries removed" in n for n in rep.notes), rep.notes
+    assert len(list((cache / GOLDEN).glob("*.json"))) >= 1  # this build's golden cases: reused, so kept
 
 
 def test_changed_spec_field_exports_and_reuses_the_package(cached, monkeypatch, tmp_path):

@@ -7,8 +7,9 @@ Every GPU build goes through one package cache that outlives the run (`GPU_CACHE
 `.pytest_artifacts/gpu-package-cache`): a re-run after a change recompiles only the packages the change touches
 (issue 17: "developers pay on every change"). The cache is content-addressed (builder/package_cache.py: the key
 covers the exported program, the kernel sources, the toolchain) and every reused package still passes the build's
-subprocess load check and golden cases, so a stale entry cannot be served. `TTSAOT_GPU_TEST_CACHE=off` compiles
-everything, as a first run does.
+subprocess load check and golden cases, so a stale entry cannot be served. Each build bounds it to
+`GPU_CACHE_MAX_BYTES`, least recently used entries first (builder/cache_prune.py). `TTSAOT_GPU_TEST_CACHE=off`
+compiles everything, as a first run does.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..conftest import CACHE, built_artifact
 # serial compiles were the suite's critical path (code2wav's fixture 158 s, the VoxCPM2 LM's 136 s: gpu_suite run4).
 GPU_BUILD_JOBS = 4
 GPU_CACHE_ENV = "TTSAOT_GPU_TEST_CACHE"
+GPU_CACHE_MAX_BYTES = 5 * 10**9  # a cold run of the suite stores ~135 MB (gpu_suite run6)
 
 
 def gpu_package_cache() -> Path | None:
@@ -37,7 +39,8 @@ def build_on_gpu(family: str, specs: Sequence, out: str | Path, **kw) -> Path:
     """`build_family(..., "cuda")` with the GPU tests' compile workers and package cache; the artifact's path."""
     from ttsaot.builder.build import build_family
 
-    return build_family(family, list(specs), out, "cuda", jobs=GPU_BUILD_JOBS, cache_dir=gpu_package_cache(), **kw).path
+    kw = {"jobs": GPU_BUILD_JOBS, "cache_dir": gpu_package_cache(), "cache_max_bytes": GPU_CACHE_MAX_BYTES, **kw}
+    return build_family(family, list(specs), out, "cuda", **kw).path
 
 
 def gpu_artifact(name: str, family: str, specs: Sequence, **kw) -> Path:

@@ -10,7 +10,7 @@ import torch
 
 from ttsaot.builder.buckets import StreamingConfig
 
-from . import GPU_BUILD_JOBS, gpu_package_cache
+from . import GPU_BUILD_JOBS, build_on_gpu
 from . import gpu_artifact as shared_artifact
 
 STREAM = StreamingConfig(12, 24, 0, 0)
@@ -49,10 +49,10 @@ def decode_end_to_end(
     opts = _opts(dtype, **{"n_timesteps": 4, **opts_kw})
     specs = VOX.specs(opts, E2E_STAGES)
     root = out_root or tempfile.mkdtemp(prefix="vx-e2e-")
-    cache = gpu_package_cache() if device == "cuda" else None
-    art = build_family(
-        VOX.name, specs, root, device, verify_in_subprocess=False, jobs=GPU_BUILD_JOBS, cache_dir=cache
-    ).path
+    if device == "cuda":
+        art = build_on_gpu(VOX.name, specs, root, verify_in_subprocess=False)
+    else:
+        art = build_family(VOX.name, specs, root, device, verify_in_subprocess=False, jobs=GPU_BUILD_JOBS).path
     bundle = load(art, device=device)
     eager = {s.name: s.make_module().to(device).eval() for s in specs}
 
