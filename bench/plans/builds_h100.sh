@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call (< 9 minutes on an H100 host, 16 cores): `python -m bench builds` — each family's DEFAULT full build
-# through the CLI, cold (empty package + Inductor caches) and again cached with no change, packages compiled/reused,
-# --jobs (the builder's default for the host), then every stage's fresh-process → first-output cold start.
+# through the CLI, cold (empty package + Inductor caches), again with no change, every stage's fresh-process →
+# first-output cold start, then cached into a new --out; packages compiled/reused, --jobs (the host's default).
+# Each build's console output, lines stamped with their time: $OUT/<device-slug>/build_logs/.
 #   bash bench/plans/builds_h100.sh            → $OUT/<device-slug>/builds.json (+ builds.log)
 # Families run in this order until the budget is spent; what did not fit is recorded `skipped` with the reason in
 # the JSON (status "incomplete"), never silently left out. The full VoxCPM2 build (7 stages, LM steps with a
