@@ -72,7 +72,7 @@ from .package_cache import (
     stable_text,
     tensor_digest,
 )
-from .parallel_compile import CompilePool, CompileTask
+from .parallel_compile import CompilePool, CompileTask, host_memory_bytes
 from .pass_parity import pass_parity_problem
 from .passes import cast_to_compute_dtype, count_parameters
 from .stage_spec import StageSpec
@@ -328,7 +328,7 @@ def prepare_stage(
         golden.rewritten = copy.deepcopy(rewritten)  # the compute-dtype cast below is in place
     else:
         golden.run()
-        clock.lap(golden.text())
+        clock.lap(golden.label)  # the clock adds the seconds
     del original
 
     module = cast_to_compute_dtype(rewritten, spec.dtype).to(device).eval()
@@ -412,9 +412,13 @@ class _GoldenWork:
         self.original = self.rewritten = None  # their memory goes now, not with the stage
         self.seconds = time.perf_counter() - t0
 
-    def text(self) -> str:
+    @property
+    def label(self) -> str:
         cached = " (cached)" if self.golden is None else ""
-        return f"golden {len(self.inputs)} case(s){cached} {self.seconds:.1f}s"
+        return f"golden {len(self.inputs)} case(s){cached}"
+
+    def text(self) -> str:
+        return f"{self.label} {self.seconds:.1f}s"
 
 
 def _module_bytes(module: torch.nn.Module) -> int:
@@ -1323,7 +1327,8 @@ DEFERRED_GOLDEN_SHARE = 0.25
 
 
 def _deferred_golden_bytes() -> float:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * DEFERRED_GOLDEN_SHARE
+    """0 (nothing deferred) where the host's memory is unknown."""
+    return (host_memory_bytes() or 0) * DEFERRED_GOLDEN_SHARE
 
 
 def _package_cpu_isa(tmp: Path, stages: dict[str, StageEntry]) -> str:

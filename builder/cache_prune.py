@@ -2,13 +2,13 @@
 
 Every build adds packages and golden cases for what it compiled; a change to a kernel source, the toolchain or a
 bucket plan makes new keys and leaves the old entries behind, so without a bound the cache only grows (the GPU
-tests' cache, shared by every run of the suite: 135 MB per cold run). What is bounded: package entries
+tests' cache, shared by every run of the suite: 135 MB after one cold run). What is bounded: package entries
 (`<key>/`, their package and record) and golden cases (`golden/<key>.*`). Their "last used" is the modification time
 of their record, which `PackageCache.fetch` / `fetch_golden` refresh on every reuse and a store writes. Index
-entries (`index/<pre-key>.json`, a few KB each) only point at a package: those whose package is gone are dropped
-with it. Folders a crashed store left (`.tmp-*`) older than an hour are removed too. Lock files (empty) stay:
-removing one that another process holds or waits on would let two processes hold "the" lock at once. Torch-free
-(the CLI's `cache` commands).
+entries (`index/<pre-key>.json`, a few KB each) only point at a package: those whose package is gone (pruned here or
+discarded by a build) are dropped. Folders a crashed store left (`.tmp-*`) older than an hour are removed too. Lock
+files (empty) stay: removing one that another process holds or waits on would let two processes hold "the" lock at
+once. Torch-free (the CLI's `cache` commands).
 
 An entry is removed only under its lock, taken without waiting: one that a running build holds is skipped and
 counted (`busy`), never waited for. An entry used at or after `protect_since` (a build passes its start) is kept
@@ -31,8 +31,9 @@ from filelock import FileLock, Timeout
 from .cache_layout import ENTRY, GOLDEN, INDEX, KEY, PACKAGE, lock_name, lock_path
 
 SIZE_ENV = "TTSAOT_CACHE_MAX_SIZE"
-# The CLI's bound when neither --cache-max-size nor $TTSAOT_CACHE_MAX_SIZE says: every family's full default build
-# with its golden cases is a few GB, so this keeps several toolchains' or kernel versions' worth.
+# The CLI's bound when neither --cache-max-size nor $TTSAOT_CACHE_MAX_SIZE says: generous (what the full builds'
+# entries weigh has not been measured; the tiny GPU test suite's cold run stored ~135 MB), it is a backstop against
+# the cache growing with every kernel or toolchain change, not a tight budget.
 DEFAULT_MAX_SIZE = "20GB"
 STALE_TMP_S = 3600.0  # a `.tmp-*` folder this old is a crashed store's, not one in progress
 _SIZE = re.compile(r"(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>(?:[kmgt]i?)?b?)", re.IGNORECASE)
@@ -203,8 +204,7 @@ def prune(root: Path, max_bytes: int, protect_since: float | None = None) -> Pru
             continue
         res.removed.append(item)
         total -= item.bytes
-    if any(i.kind == "package" for i in res.removed) or max_bytes == 0:
-        res.dangling_index = _drop_dangling_index(root)
+    res.dangling_index = _drop_dangling_index(root)
     res.bytes_after = cache_bytes(root)
     return res
 
@@ -220,7 +220,7 @@ def describe(res: PruneResult, max_bytes: int) -> str:
         f"{n} {what}"
         for n, what in (
             (res.busy, "in use by another build, kept"),
-            (res.dangling_index, "index entries of removed packages dropped"),
+            (res.dangling_index, "index entries of missing packages dropped"),
             (res.stale_tmp, "crashed stores' folders removed"),
         )
         if n

@@ -36,12 +36,19 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def host_memory_bytes() -> int | None:
+    """The host's physical memory (None where the platform does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
 def default_jobs() -> int:
     """As many compiles as the host's cores and memory allow: min(usable cores, physical memory / 4 GiB)."""
     cores = _cores()
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
+    memory = host_memory_bytes()
+    if memory is None:
         return max(1, cores)
     return max(1, min(cores, memory // MEMORY_PER_JOB))
 

@@ -17,19 +17,16 @@ from pathlib import Path
 import torch
 
 
-class _Print:
-    def stage_start(self, stage: str, n_buckets: int) -> None:
-        print(f"  {stage}: {n_buckets} bucket(s)", flush=True)
-
-    def bucket_done(self, stage: str, key: str, seconds: float) -> None:
-        pass
-
-    def note(self, msg: str) -> None:
-        print(f"  {msg}", flush=True)
-
-
 def main() -> None:
-    from ttsaot.builder.build import prepare_stage
+    from ttsaot.builder.build import Reporter, prepare_stage
+
+    class Print(Reporter):
+        def stage_start(self, stage: str, n_buckets: int) -> None:
+            print(f"  {stage}: {n_buckets} bucket(s)", flush=True)
+
+        def note(self, msg: str) -> None:
+            print(f"  {msg}", flush=True)
+
     from ttsaot.builder.families import get_family
 
     ap = argparse.ArgumentParser()
@@ -51,7 +48,7 @@ def main() -> None:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for spec in specs:
-            prepare_stage(spec, Path(tmp), dev, 0, _Print(), jobs=a.jobs)
+            prepare_stage(spec, Path(tmp), dev, 0, Print(), jobs=a.jobs)
     print(f"all stages prepared in {time.perf_counter() - t0:.1f} s")
 
 

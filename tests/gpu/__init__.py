@@ -1,8 +1,8 @@
 """Shared by the GPU tests: how their artifacts are built.
 
 Every fixture artifact is built once per test run, whichever xdist workers need it (`tests/conftest.built_artifact`:
-a module fixture is otherwise set up again on every worker that runs one of the module's tests — on the H100 host
-`-n 8` built the Fish DAC, VoxCPM2 audio and code2wav fixtures up to three times side by side, gpu_suite run5).
+a module fixture is otherwise set up again on every worker that runs one of the module's tests, and with `-n 8`
+the Fish DAC and VoxCPM2-audio fixtures serve three tests each, code2wav's and the VoxCPM2 LM's two).
 Every GPU build goes through one package cache that outlives the run (`GPU_CACHE_ENV`, default
 `.pytest_artifacts/gpu-package-cache`): a re-run after a change recompiles only the packages the change touches
 (issue 17: "developers pay on every change"). The cache is content-addressed (builder/package_cache.py: the key
