@@ -212,7 +212,9 @@ def run_build(
         status="ok",
         up_to_date=UP_TO_DATE_NOTE in log,
         stages=per_stage,
-        packages=sum(built.values()),
+        # packages compiled or reused (a dynamic package serves several buckets: --dynamic-packages cold / on)
+        packages=sum(s["packages"] for s in per_stage.values()),
+        buckets=sum(built.values()),
         reused=sum(s["reused"] for s in per_stage.values()),
         compiled=sum(s["compiled"] for s in per_stage.values()),
     )

@@ -119,7 +119,8 @@ def test_cold_then_cached_build_and_cold_start(tmp_path):
     res = json.loads(out.read_text())
     fam = res["families"]["qwen3-tts-12hz"]
     assert not res["default_build"] and res["jobs"] == 1
-    assert (fam["cold"]["compiled"], fam["cold"]["reused"]) == (1, 0)
+    assert (fam["cold"]["compiled"], fam["cold"]["reused"], fam["cold"]["packages"]) == (1, 0, 1)
+    assert fam["cold"]["buckets"] == 1
     assert (fam["warm"]["compiled"], fam["warm"]["reused"], fam["warm"]["up_to_date"]) == (0, 1, True)
     assert (fam["cached"]["compiled"], fam["cached"]["reused"], fam["cached"]["up_to_date"]) == (0, 1, False)
     assert fam["warm"]["wall_s"] < fam["cold"]["wall_s"] and fam["cached"]["wall_s"] < fam["cold"]["wall_s"]
