@@ -104,22 +104,15 @@ def test_stage_specs_install_the_pass_for_ttsaot_only(name):
     assert spec.kernels_on(torch.device("cpu")) == "inductor"
 
 
+INTERPRETED_TILE = {"BLOCK_N": 16, "BLOCK_K": 32}
+
+
 def _interpreted(calls: list):
     """skinny_linear that always runs the Triton kernels (the interpreter on CPU), whatever the row count."""
 
-    def run(x, weight, bias=None, norm_weight=None, norm_eps=1e-6, gated=False, residual=None, residual_scale=1.0):
+    def run(x, *args, **kwargs):
         calls.append(x.numel() // x.shape[-1])
-        return launch_skinny_linear(
-            x,
-            weight,
-            bias,
-            norm_weight,
-            norm_eps,
-            gated,
-            residual,
-            residual_scale,
-            config={"BLOCK_N": 16, "BLOCK_K": 32},
-        )
+        return launch_skinny_linear(x, *args, **kwargs, config=INTERPRETED_TILE)
 
     return run
 
@@ -248,21 +241,10 @@ def _interpreted_counted(seen: list):
     """skinny_linear_counted on the Triton kernels (the interpreter on CPU), every call split in 2 where K allows,
     so each output tile's last program adds the partials, counted on the shared workspace."""
 
-    def run(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale, counters):
+    def run(*args):
+        *op_args, counters = args
         seen.append(counters)
-        return launch_skinny_linear(
-            x,
-            weight,
-            bias,
-            norm_weight,
-            norm_eps,
-            gated,
-            residual,
-            residual_scale,
-            config={"BLOCK_N": 16, "BLOCK_K": 32},
-            split_k=2,
-            semaphores=counters,
-        )
+        return launch_skinny_linear(*op_args, config=INTERPRETED_TILE, split_k=2, semaphores=counters)
 
     return run
 

@@ -401,21 +401,6 @@ else:
 register_cpu_decomposition(torch.ops.ttsaot.skinny_linear.default, skinny_linear_reference)
 
 
-def skinny_linear_counted_reference(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    norm_weight: torch.Tensor | None,
-    norm_eps: float,
-    gated: bool,
-    residual: torch.Tensor | None,
-    residual_scale: float,
-    counters: torch.Tensor,
-) -> torch.Tensor:
-    """The counted op in aten: the op's math; the counters, which the kernel leaves zeroed, untouched."""
-    return skinny_linear_reference(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale)
-
-
 def _check_counters(counters: torch.Tensor, x: torch.Tensor) -> None:
     torch._check(
         counters.dtype == torch.int32 and counters.dim() == 1 and counters.device == x.device,
@@ -448,18 +433,17 @@ if HAVE_TRITON:
 else:
     # Without Triton (CPU-only installs): a CompositeImplicitAutograd op, which torch.export keeps as one node and
     # `run_decompositions` inlines into aten ops (a plain mutating custom_op would stay a proxy-executor call).
-    def _checked_counted_reference(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale, counters):
+    def _counted_reference(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale, counters):
         _check(x, weight, bias, norm_weight, gated, residual)
         _check_counters(counters, x)
-        return skinny_linear_counted_reference(
-            x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale, counters
-        )
+        return skinny_linear_reference(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale)
 
     _LIB = torch.library.Library("ttsaot", "FRAGMENT")
     _LIB.define(
-        "skinny_linear_counted" + torch.library.infer_schema(skinny_linear_counted_reference, mutates_args={"counters"})
+        "skinny_linear_counted(Tensor x, Tensor weight, Tensor? bias, Tensor? norm_weight, float norm_eps, "
+        "bool gated, Tensor? residual, float residual_scale, Tensor(a!) counters) -> Tensor"
     )
-    _LIB.impl("skinny_linear_counted", _checked_counted_reference, "CompositeImplicitAutograd")
+    _LIB.impl("skinny_linear_counted", _counted_reference, "CompositeImplicitAutograd")
     _skinny_linear_counted_op = torch.ops.ttsaot.skinny_linear_counted
 
 
