@@ -657,10 +657,11 @@ class _StageCompile:
             job.cache_id = cache_key(job.ep, self.context(job, job.dynamic_got or job.dynamic))
             job.sources = program_sources(job.ep)
 
-    def finished(self, job: _Job, package_weights: dict[str, torch.Tensor]) -> None:
+    def finished(self, job: _Job, package_weights: dict[str, torch.Tensor], at: float | None = None) -> None:
+        """`at`: when the package was done (a worker's finish, CompileTask.finished_at), if not now."""
         self.results[job.rel] = package_weights
         for key in job.keys:
-            self.reporter.bucket_done(self.spec.name, key, time.time() - job.t0)
+            self.reporter.bucket_done(self.spec.name, key, (at or time.time()) - job.t0)
 
     def indexed(self, job: _Job) -> None:
         """Point the job's pre-export key at its package, now in the cache, so a rebuild skips the export."""
@@ -779,7 +780,7 @@ def _submit_compiles(st: _StageCompile, pool: CompilePool) -> None:
             with st.cache.lock(job.cache_id):
                 st.cache.store(job.cache_id, st.tmp / job.rel, package_weights, job.sources)
             st.indexed(job)
-        st.finished(job, package_weights)
+        st.finished(job, package_weights, task.finished_at)
 
     for job in misses:
         path = pool.programs / f"{st.spec.name}__{job.model_name}.pt2"

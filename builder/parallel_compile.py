@@ -13,6 +13,7 @@ import os
 import queue
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
@@ -63,6 +64,9 @@ class CompileTask:
     model_name: str
     metadata: dict[str, str]
     extra_options: dict | None
+    # time.time() when its worker finished, stamped by the pool as the result arrives: the parent may notice it
+    # much later (it runs the deferred golden cases between polls), and the build log reports compile times from it
+    finished_at: float | None = None
 
 
 # Inductor gives every process a pool of Triton compile workers as large as the host's cores (capped at 32): with
@@ -209,6 +213,7 @@ class CompilePool:
         return task, on_done
 
     def _done(self, task: CompileTask, on_done: Callable, fut: Future) -> None:
+        task.finished_at = time.time()
         self._finished.put((task, on_done, fut))
         with self._cond:
             self._running -= 1

@@ -318,3 +318,26 @@ def test_deferred_golden_cases_equal_a_serial_builds(tmp_path):
     for name in ("code2wav", "code2wav_again"):
         rel = f"golden/{name}.safetensors"
         assert (serial / rel).read_bytes() == (parallel / rel).read_bytes(), rel
+
+
+def test_a_compile_is_timed_when_its_worker_finishes_not_when_the_parent_looks():
+    """The pool stamps a task's finish as its result arrives; the parent, busy with the deferred golden cases,
+    may poll much later, and the build log's compile seconds come from the stamp (an H100 log showed every
+    package "compiled" at the end of the golden cases)."""
+    import time
+    from concurrent.futures import Future
+
+    pool = CompilePool(1)  # never entered: no workers, only its queues
+    task = CompileTask("a/b1", Path("a"), (), torch.device("cpu"), Path("a"), "a", {}, None)
+    seen: list = []
+    pool.submit(task, lambda t, weights: seen.append((t.finished_at, time.time(), weights)))
+    started, on_done = pool._next()
+    pool._running += 1
+    fut: Future = Future()
+    fut.set_result({"w": torch.ones(1)})
+    before = time.time()
+    pool._done(started, on_done, fut)
+    time.sleep(0.2)  # the parent looks later
+    pool.poll()
+    ((finished, noticed, weights),) = seen
+    assert before <= finished <= noticed - 0.15 and list(weights) == ["w"]
