@@ -9,7 +9,6 @@ stage within its manifest tolerance at batches that are not a power of two."""
 from __future__ import annotations
 
 import copy
-import importlib
 from dataclasses import replace
 
 import pytest
@@ -31,8 +30,6 @@ from .conftest import built_artifact, rel_err
 from .kernel_fixtures import ON_GPU, build_recording_exported_ops, exported_ops, require_kernel_runtime
 from .test_voxcpm2_audio import _opts
 
-# the module (the package's `skinny_linear` attribute is the op of the same name)
-sl = importlib.import_module("ttsaot.builder.kernels.skinny_linear")
 STAGES = ("locdit", "local_encoder")
 SKINNY = "ttsaot.skinny_linear.default"
 TINY = vcfg.AUDIO_PRESETS["tiny"]
@@ -104,15 +101,22 @@ def test_stage_specs_install_the_pass_for_ttsaot_only(name):
     assert spec.kernels_on(torch.device("cpu")) == "inductor"
 
 
-INTERPRETED_TILE = {"BLOCK_N": 16, "BLOCK_K": 32}
-
-
 def _interpreted(calls: list):
     """skinny_linear that always runs the Triton kernels (the interpreter on CPU), whatever the row count."""
 
-    def run(x, *args, **kwargs):
+    def run(x, weight, bias=None, norm_weight=None, norm_eps=1e-6, gated=False, residual=None, residual_scale=1.0):
         calls.append(x.numel() // x.shape[-1])
-        return launch_skinny_linear(x, *args, **kwargs, config=INTERPRETED_TILE)
+        return launch_skinny_linear(
+            x,
+            weight,
+            bias,
+            norm_weight,
+            norm_eps,
+            gated,
+            residual,
+            residual_scale,
+            config={"BLOCK_N": 16, "BLOCK_K": 32},
+        )
 
     return run
 
@@ -142,7 +146,7 @@ def test_kernel_modules_on_the_triton_kernels_equal_eager(name, cfg, monkeypatch
     orig, kern, _ = _pair(name, config)
     calls: list[int] = []
     attention: list = []
-    monkeypatch.setattr(decode_modules, "skinny_linear_call", _interpreted(calls))
+    monkeypatch.setattr(decode_modules, "skinny_linear", _interpreted(calls))
     monkeypatch.setattr(decode_modules, "sequence_attention", _interpreted_attention(attention))
     dev = torch.device("cuda") if ON_GPU else torch.device("cpu")
     orig, kern = orig.to(dev), kern.to(dev)
@@ -221,91 +225,3 @@ def test_artifact_matches_eager_within_the_manifest_tolerance(audio_kernels_buil
             got = bundle[name](*xs)
             assert got.shape == want.shape
             assert rel_err(got, want) < bundle[name].entry.tolerance, (name, B)
-
-
-# ------------------------------------------------------------- shared split-K counters (TTSAOT_SKINNY_COUNTERS)
-def test_split_k_counters_pass_only_when_switched_on(monkeypatch):
-    """Off (the default) the stages' passes, hence their graphs and keys, are as before; on, both stages add
-    `use_split_k_counters` after their skinny_linear pass."""
-    monkeypatch.delenv(sl.COUNTERS_ENV, raising=False)
-    for name in STAGES:
-        (spec,) = VOX.specs(_opts(kernels="ttsaot"), [name])
-        assert spec.kernel_passes == [va.use_sequence_kernels]
-    monkeypatch.setenv(sl.COUNTERS_ENV, "1")
-    for name in STAGES:
-        (spec,) = VOX.specs(_opts(kernels="ttsaot"), [name])
-        assert spec.kernel_passes == [va.use_sequence_kernels, sl.use_split_k_counters]
-
-
-def _interpreted_counted(seen: list):
-    """skinny_linear_counted on the Triton kernels (the interpreter on CPU), every call split in 2 where K allows,
-    so each output tile's last program adds the partials, counted on the shared workspace."""
-
-    def run(*args):
-        *op_args, counters = args
-        seen.append(counters)
-        return launch_skinny_linear(*op_args, config=INTERPRETED_TILE, split_k=2, semaphores=counters)
-
-    return run
-
-
-@pytest.mark.parametrize("name", STAGES)
-def test_shared_counters_reduce_in_kernel_and_match_eager(name, monkeypatch):
-    """fp32, odd sizes, B = 3 and 1: with the counters pass every skinny_linear of one module call runs on ONE
-    zeroed workspace (a fresh one per call), adds its K splits in its own kernel, leaves the workspace zeroed, and the
-    module equals eager; outside a module call no workspace is current."""
-    require_kernel_runtime()
-    orig, kern, _ = _pair(name, ODD)
-    report = sl.use_split_k_counters(kern)
-    assert report == {"pass": "use_split_k_counters", "counters": sl.SPLIT_K_COUNTERS, "op": sl.COUNTED_OP_NAME}
-    seen: list[torch.Tensor] = []
-    monkeypatch.setattr(sl, "_skinny_linear_counted_op", _interpreted_counted(seen))
-    dev = torch.device("cuda") if ON_GPU else torch.device("cpu")
-    orig, kern = orig.to(dev), kern.to(dev)
-    workspaces = []
-    for B, seed in ((3, 0), (1, 1)):
-        xs = [x.to(dev) for x in _inputs(name, ODD, B, seed)]
-        seen.clear()
-        with torch.no_grad():
-            want, got = orig(*xs), kern(*xs)
-        assert rel_err(got, want) < 1e-5, (B, rel_err(got, want))
-        assert seen and all(c is seen[0] for c in seen)  # one workspace for every call of the module call
-        assert seen[0].dtype == torch.int32 and seen[0].numel() == sl.SPLIT_K_COUNTERS
-        assert torch.count_nonzero(seen[0]).item() == 0  # left zeroed
-        workspaces.append(seen[0])
-    assert workspaces[0] is not workspaces[1]
-    assert sl._COUNTERS.get() is None
-
-
-def test_shared_counters_export_and_lower_to_aten(monkeypatch):
-    """The counted op is one node per projection call in the exported LocDiT, beside ONE int32 counter workspace for
-    the whole call; the CPU lowering leaves plain aten ops that compute the eager module's output."""
-    from ttsaot.builder.kernels import lower_for_cpu
-
-    orig, kern, _ = _pair("locdit", TINY)
-    sl.use_split_k_counters(kern)
-    xs = _inputs("locdit", TINY, 2, 7)
-    calls: list = []
-    counted = sl._skinny_linear_counted_op
-
-    def counting(*args):
-        calls.append(args[-1])
-        return counted(*args)
-
-    with monkeypatch.context() as m, torch.no_grad():
-        m.setattr(sl, "_skinny_linear_counted_op", counting)
-        kern(*xs)
-    ep = torch.export.export(kern, xs, strict=False)
-    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
-    assert targets.count("ttsaot.skinny_linear_counted.default") == len(calls) > 0
-    assert "ttsaot.skinny_linear.default" not in targets
-    workspaces = [
-        n
-        for n in ep.graph.nodes
-        if n.op == "call_function" and n.kwargs.get("dtype") == torch.int32 and "zeros" in str(n.target)
-    ]
-    assert len(workspaces) == 1, targets
-    lowered = lower_for_cpu(ep)
-    assert not any("ttsaot" in str(n.target) for n in lowered.graph.nodes if n.op == "call_function")
-    with torch.no_grad():
-        assert rel_err(lowered.module()(*xs), orig(*xs)) < 1e-5

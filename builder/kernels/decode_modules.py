@@ -35,7 +35,7 @@ from ..layers.mlp import SwiGLU
 from ..layers.norms import RMSNorm
 from .decode_attention import decode_attention
 from .sequence_attention import sequence_attention
-from .skinny_linear import skinny_linear_call
+from .skinny_linear import skinny_linear
 
 
 class KernelAttention(nn.Module):
@@ -66,7 +66,7 @@ class KernelAttention(nn.Module):
         position and rotates in fp32), or None.
         workspace: the step's zeroed split-merge tickets (`attention_workspace`), shared by every layer (the op
         leaves it zeroed); None = the op zeroes one per call (one more launch per layer)."""
-        qkv = skinny_linear_call(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps)
+        qkv = skinny_linear(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps)
         qn = kn = None
         qk_eps = 1e-6
         if self.q_norm is not None:
@@ -101,13 +101,13 @@ class KernelAttention(nn.Module):
         fp32 tables cos/sin [≥ T, hd], or None; GQA) → skinny_linear (o_proj + residual epilogue)."""
         if self.q_norm is not None or self.rope_interleaved:
             raise ValueError("KernelAttention.sequence: q/k norms and interleaved RoPE are not supported")
-        qkv = skinny_linear_call(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps)
+        qkv = skinny_linear(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps)
         o = sequence_attention(qkv, cos, sin, self.n_heads, self.n_kv_heads, self.head_dim**-0.5)
         return self.project_out(o, x, residual_scale)
 
     def project_out(self, o: torch.Tensor, x: torch.Tensor, residual_scale: float) -> torch.Tensor:
         """x + residual_scale · o_proj(o): one skinny_linear with the residual epilogue."""
-        return skinny_linear_call(o, self.o_proj.weight, self.o_proj.bias, residual=x, residual_scale=residual_scale)
+        return skinny_linear(o, self.o_proj.weight, self.o_proj.bias, residual=x, residual_scale=residual_scale)
 
 
 class KernelSwiGLU(nn.Module):
@@ -119,10 +119,8 @@ class KernelSwiGLU(nn.Module):
 
     def decode_step(self, x: torch.Tensor, norm: RMSNorm, residual_scale: float = 1.0) -> torch.Tensor:
         """x [..., D] (a step's [B, D], a sequence's [B, T, D]) → x + residual_scale · down(silu(gate)·up)(norm(x))."""
-        h = skinny_linear_call(x, self.gate_up_proj.weight, self.gate_up_proj.bias, norm.weight, norm.eps, gated=True)
-        return skinny_linear_call(
-            h, self.down_proj.weight, self.down_proj.bias, residual=x, residual_scale=residual_scale
-        )
+        h = skinny_linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, norm.weight, norm.eps, gated=True)
+        return skinny_linear(h, self.down_proj.weight, self.down_proj.bias, residual=x, residual_scale=residual_scale)
 
 
 class KernelLinear(nn.Module):
@@ -136,7 +134,7 @@ class KernelLinear(nn.Module):
         self.register_parameter("bias", linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return skinny_linear_call(x, self.weight, self.bias)
+        return skinny_linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -37,7 +36,6 @@ from .decompositions import register_cpu_decomposition
 from .pdl import kernels_wait
 
 OP_NAME = "ttsaot::skinny_linear"
-COUNTED_OP_NAME = "ttsaot::skinny_linear_counted"  # the same op on a shared counter workspace (COUNTERS_ENV)
 # M up to this takes the FMA (GEMV) form by default, larger M the tensor-core tile: the FMA accumulator holds
 # BLOCK_M·BLOCK_N·BLOCK_K fp32 values (200+ registers per thread at M = 4 with the GEMV configs).
 GEMV_MAX_M = 2
@@ -55,20 +53,6 @@ SPLIT_K_ALIGN = 512  # split boundaries are multiples of the largest BLOCK_K of 
 STREAM_ENV = "TTSAOT_SKINNY_STREAM"
 METADATA_KEY = "ttsaot_skinny_stream"  # "1" / "0" in each package's metadata: whether it was traced streamed
 STREAM_NORM_BLOCK = 256  # the streamed tile form's RMSNorm chunk: [BLOCK_M ≤ 32, 256] per unrolled load
-# TTSAOT_SKINNY_COUNTERS=1 at build time: the stages whose kernel pass runs `use_split_k_counters` (VoxCPM2's LocDiT
-# and local encoder) trace every skinny_linear call as `ttsaot::skinny_linear_counted` on ONE zeroed int32 counter
-# workspace per stage call, shared by all its calls (each leaves it zeroed), so a split-K call adds its partials in
-# its own kernel (the tile's last program) instead of launching the epilogue kernel. A per-call fill of counters
-# was slower (216 plain fill launches broke the programmatic-launch chain: LocDiT b1 5.62 vs 4.92 ms); with one
-# workspace per stage call the kernel sweep saved ~1.4 µs on o_proj and ~2 µs on down per LocDiT layer pass
-# (bench/results/nvidia-h100/probes/skinny_split_k_ab/). Off by default until a GPU has timed it in the stages
-# (bench/plans/stage_ab_h100.sh with TTSAOT_SKINNY_COUNTERS=1 for one variant). The pass is then in the stage's
-# kernel passes (the manifest's `passes`) and changes the exported graph, so the build's and packages' keys follow it.
-COUNTERS_ENV = "TTSAOT_SKINNY_COUNTERS"
-# Counters in a stage call's workspace: one per output tile of its widest split-K call (≤ 32 rows in one row tile;
-# BLOCK_N ≥ 2), i.e. up to 32768 output columns.
-SPLIT_K_COUNTERS = 1 << 14
-_COUNTERS: ContextVar[torch.Tensor | None] = ContextVar("ttsaot_skinny_counters", default=None)
 
 
 def skinny_linear_reference(
@@ -192,35 +176,6 @@ def stream_tiles() -> bool:
     return os.environ.get(STREAM_ENV, "0") == "1"
 
 
-def split_k_counters() -> bool:
-    """Whether this build's opted-in stages share split-K counters (COUNTERS_ENV), decided when the pass runs."""
-    return os.environ.get(COUNTERS_ENV, "0") == "1"
-
-
-def split_k_counter_passes() -> list[Callable[[torch.nn.Module], dict[str, Any]]]:
-    """The kernel passes an opted-in stage adds after its skinny_linear pass: `use_split_k_counters` when
-    COUNTERS_ENV is set, else none (a default build's stages, passes and keys stay as they were)."""
-    return [use_split_k_counters] if split_k_counters() else []
-
-
-def use_split_k_counters(module: torch.nn.Module) -> dict[str, Any]:
-    """Kernel pass: every call of `module` allocates one zeroed counter workspace that the skinny_linear calls made
-    during it share (`skinny_linear_call`). Hooks rather than a forward argument, so the faithful modules'
-    signatures stay upstream's; the workspace is a `torch.zeros` in the traced graph (one fill per stage call)."""
-    tokens: list = []
-
-    def enter(mod: torch.nn.Module, args: tuple) -> None:
-        like = next(a for a in args if isinstance(a, torch.Tensor))
-        tokens.append(_COUNTERS.set(torch.zeros(SPLIT_K_COUNTERS, dtype=torch.int32, device=like.device)))
-
-    def leave(mod: torch.nn.Module, args: tuple, out: Any) -> None:
-        _COUNTERS.reset(tokens.pop())
-
-    module.register_forward_pre_hook(enter)
-    module.register_forward_hook(leave, always_call=True)
-    return {"pass": "use_split_k_counters", "counters": SPLIT_K_COUNTERS, "op": COUNTED_OP_NAME}
-
-
 def kernel_rows(x: torch.Tensor) -> bool:
     """Whether a call with this x runs the Triton kernels (else its aten reference): rows ≤ MAX_KERNEL_ROWS. Shapes
     are static per bucket, so each bucket's package bakes one choice; a symbolic row count keeps the kernels."""
@@ -251,8 +206,10 @@ def launch_skinny_linear(
     zeroed; with it a split-K call adds its partials in the same kernel (the last program of each output tile to
     finish), without it the second (epilogue) kernel does. No stage passes one: a per-call counter fill (an
     Inductor kernel) breaks the programmatic-launch chain of the 1-row packages (H100 LocDiT b1: 5.62 vs 4.92 ms,
-    bench/results/nvidia-h100/probes/skinny_split_k_ab/); a workspace that lives across calls would need one
-    threaded through the stage's graph. The bench times both (`--sections configs_predictors`). `stream`: the
+    bench/results/nvidia-h100/probes/skinny_split_k_ab/), and one workspace per stage call shared by all its
+    projections was slower too (LocDiT b1 4667 vs 4558 µs, local encoder 526 vs 461 µs: the tile's last program
+    reduces serially where the epilogue kernel's programs, launched early, run at once;
+    probes/skinny_counters_ab/). The bench times both (`--sections configs_predictors`). `stream`: the
     tensor-core form with the GEMV form's memory schedule (skinny_linear_triton._dot_stream_loop)."""
     from . import skinny_linear_triton as kernels
 
@@ -399,68 +356,3 @@ else:
 
 
 register_cpu_decomposition(torch.ops.ttsaot.skinny_linear.default, skinny_linear_reference)
-
-
-def _check_counters(counters: torch.Tensor, x: torch.Tensor) -> None:
-    torch._check(
-        counters.dtype == torch.int32 and counters.dim() == 1 and counters.device == x.device,
-        lambda: f"skinny_linear_counted: counters must be a 1-D int32 workspace on {x.device}",
-    )
-
-
-if HAVE_TRITON:
-
-    @torch.library.triton_op(COUNTED_OP_NAME, mutates_args={"counters"})
-    def _skinny_linear_counted_op(
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        norm_weight: torch.Tensor | None,
-        norm_eps: float,
-        gated: bool,
-        residual: torch.Tensor | None,
-        residual_scale: float,
-        counters: torch.Tensor,
-    ) -> torch.Tensor:
-        _check(x, weight, bias, norm_weight, gated, residual)
-        _check_counters(counters, x)
-        args = (x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale)
-        if x.device.type != "cuda" or not kernel_rows(x):
-            # Also what a CPU compile / ONNX export traces (lower_for_cpu): the aten reference, counters untouched.
-            return skinny_linear_reference(*args)
-        return launch_skinny_linear(*args, wrap=torch.library.wrap_triton, stream=stream_tiles(), semaphores=counters)
-
-else:
-    # Without Triton (CPU-only installs): a CompositeImplicitAutograd op, which torch.export keeps as one node and
-    # `run_decompositions` inlines into aten ops (a plain mutating custom_op would stay a proxy-executor call).
-    def _counted_reference(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale, counters):
-        _check(x, weight, bias, norm_weight, gated, residual)
-        _check_counters(counters, x)
-        return skinny_linear_reference(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale)
-
-    _LIB = torch.library.Library("ttsaot", "FRAGMENT")
-    _LIB.define(
-        "skinny_linear_counted(Tensor x, Tensor weight, Tensor? bias, Tensor? norm_weight, float norm_eps, "
-        "bool gated, Tensor? residual, float residual_scale, Tensor(a!) counters) -> Tensor"
-    )
-    _LIB.impl("skinny_linear_counted", _counted_reference, "CompositeImplicitAutograd")
-    _skinny_linear_counted_op = torch.ops.ttsaot.skinny_linear_counted
-
-
-def skinny_linear_call(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    norm_weight: torch.Tensor | None = None,
-    norm_eps: float = 1e-6,
-    gated: bool = False,
-    residual: torch.Tensor | None = None,
-    residual_scale: float = 1.0,
-) -> torch.Tensor:
-    """The op as the kernel layer's modules call it: `ttsaot::skinny_linear`, or, during a call of a module that
-    shares split-K counters (`use_split_k_counters`), `ttsaot::skinny_linear_counted` on that call's workspace. Every
-    argument is passed positionally (torch 2.11 indexes a mutating op's arguments by schema position)."""
-    counters = _COUNTERS.get()
-    if counters is None:
-        return skinny_linear(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale)
-    return _skinny_linear_counted_op(x, weight, bias, norm_weight, norm_eps, gated, residual, residual_scale, counters)

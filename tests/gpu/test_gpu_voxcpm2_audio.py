@@ -194,33 +194,3 @@ def test_pipeline_end_to_end_on_gpu(tmp_path):
     errs = decode_end_to_end("cuda", torch.float32, out_root=tmp_path)
     assert all(v < 1e-3 for k, v in errs.items() if k.startswith("wav")), errs
     assert errs["finals"] == 2
-
-
-def test_full_size_locdit_on_shared_split_k_counters(tmp_path, monkeypatch):
-    """TTSAOT_SKINNY_COUNTERS=1 (not the default yet): the full-size bf16 LocDiT's split-K projections (o_proj and
-    down at 22 rows, K 2048 / 4096) reduce in their own kernels on one counter workspace per call. The build
-    verifies its golden cases; its replays are deterministic and within the stage tolerance of the eager module;
-    no split-K epilogue kernel runs (the default build of the same stage launches two per DiT layer pass)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from ttsaot.builder.families.voxcpm2 import FAMILY as VOX
-    from ttsaot.builder.kernels.skinny_linear import COUNTERS_ENV
-    from ttsaot.runtime import load
-
-    monkeypatch.setenv(COUNTERS_ENV, "1")
-    (spec,) = VOX.specs(_opts(torch.bfloat16, preset="full", batch_buckets=(1,)), ["locdit"])
-    assert [p.__name__ for p in spec.kernel_passes][-1] == "use_split_k_counters"
-    stage = load(build_on_gpu(VOX.name, [spec], tmp_path), device="cuda")["locdit"]
-    assert stage.entry.passes[-1]["pass"] == "use_split_k_counters" and stage.uses_cuda_graphs
-    x = spec.make_inputs({"batch": 1}, torch.Generator().manual_seed(5))
-    args = [x[n].cuda() for n in spec.input_names]
-    first = stage(*args)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        again = stage(*args)
-        torch.cuda.synchronize()
-    assert torch.equal(first, again)  # the workspace came back zeroed: the same reduction every call
-    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-    assert any("skinny_linear_kernel" in n for n in names) and not any("split_k_epilogue" in n for n in names)
-    eager = spec.make_module().cuda().eval()
-    with torch.no_grad():
-        assert _rel(first, eager(*args)) < spec.tolerance

@@ -11,7 +11,6 @@ from torch import nn
 from ....runtime.dtypes import dtype_name
 from ...buckets import BucketPlan, batch_sizes, frame_sizes, off_bucket_frames
 from ...checkpoint import construct
-from ...kernels.skinny_linear import split_k_counter_passes
 from ...options import OptionsError
 from ...passes import bake_snake, bake_weight_norm, fuse_projections
 from ...stage_spec import StageSpec
@@ -278,7 +277,7 @@ def locdit_stage(opts: VoxCPM2Options) -> StageSpec:
         config=cfg.to_json(),
         checkpoint_report=report,
         golden_sizes=[],
-        kernel_passes=[use_sequence_kernels, *split_k_counter_passes()],
+        kernel_passes=[use_sequence_kernels],
         # bf16 on CUDA: the kernel layer (H100, batch 1: 5.20 ms vs the Inductor artifact's 5.98 ms in another run,
         # golden within tolerance; bench/results/nvidia-h100/profiles/, probes/audio_kernels/); fp32: Inductor
         cuda_auto_kernels="ttsaot" if dtype == torch.bfloat16 else "inductor",
@@ -317,7 +316,7 @@ def local_encoder_stage(opts: VoxCPM2Options) -> StageSpec:
         tolerance=1e-4 if dtype == torch.float32 else 3e-2,
         config=cfg.to_json(),
         checkpoint_report=report,
-        kernel_passes=[use_sequence_kernels, *split_k_counter_passes()],
+        kernel_passes=[use_sequence_kernels],
         # bf16 on CUDA: the kernel layer (H100, batch 1, same run: local_encoder 0.553 vs Inductor 0.634 ms, golden
         # within tolerance; bench/results/nvidia-h100/probes/audio_kernels/); fp32 keeps Inductor's GEMMs
         cuda_auto_kernels="ttsaot" if dtype == torch.bfloat16 else "inductor",
