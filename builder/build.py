@@ -803,7 +803,8 @@ def compile_priority(cost: tuple[int, int]) -> float:
     input elements; the fraction keeps that order). Submitted in plan order, a full Fish build had its 4 dac_encoder
     packages start last, behind 21 others on 16 workers (H100: fast_ar and dac_decoder done by 359 s, dac_encoder
     0/4 at 489 s, bench/results/nvidia-h100/probes/package_cpu/; on an H200 one dac_encoder package took 320 s from
-    submission against 241-297 s for the dac_decoder ones, bench/results/nvidia-h200/builds.json)."""
+    submission against 241-297 s for the dac_decoder ones,
+    bench/results/nvidia-h200/probes/builds_3e10dc8.json)."""
     calls, elements = cost
     return calls + elements / (elements + 1.0)
 
