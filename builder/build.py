@@ -782,7 +782,12 @@ def _submit_compiles(st: _StageCompile, pool: CompilePool) -> None:
             st.indexed(job)
         st.finished(job, package_weights, task.finished_at)
 
-    for job in misses:
+    # Saved and submitted in priority order (plan order for ties): with workers free a task starts as soon as it is
+    # submitted, and each save costs the build's own process seconds (a full DAC decoder's program ~2 s plus its
+    # weights, bench/probes/ep_save_cost.py), so plan order started a codec's largest windows, its longest
+    # compiles, last (H200 Fish dac_decoder: b1_f4 153 s … b4_f50 238 s, bench/results/nvidia-h200/build_logs/).
+    ranked = sorted(((compile_priority(compile_cost(job.ep, job.args)), job) for job in misses), key=lambda p: -p[0])
+    for priority, job in ranked:
         path = pool.programs / f"{st.spec.name}__{job.model_name}.pt2"
         torch.export.save(job.ep, str(path))
         task = CompileTask(
@@ -795,7 +800,7 @@ def _submit_compiles(st: _StageCompile, pool: CompilePool) -> None:
             job.metadata,
             st.extra,
         )
-        pool.submit(task, partial(compiled, job=job), priority=compile_priority(compile_cost(job.ep, job.args)))
+        pool.submit(task, partial(compiled, job=job), priority=priority)
 
 
 def compile_priority(cost: tuple[int, int]) -> float:

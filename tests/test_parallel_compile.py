@@ -341,3 +341,35 @@ def test_a_compile_is_timed_when_its_worker_finishes_not_when_the_parent_looks()
     pool.poll()
     ((finished, noticed, weights),) = seen
     assert before <= finished <= noticed - 0.15 and list(weights) == ["w"]
+
+
+def test_a_stage_hands_its_largest_compiles_to_the_workers_first(tmp_path):
+    """With workers free a task starts when it is submitted, so within a stage the saves and submissions go in
+    compile_priority order (plan order for ties), not plan order: a codec's largest windows are its longest
+    compiles (H200 Fish dac_decoder: 153 s for b1_f4 up to 238 s for b4_f50, submitted last)."""
+    from types import SimpleNamespace
+
+    from ttsaot.builder.build import _Job, _submit_compiles
+
+    def job(key: str, depth: int, rows: int) -> _Job:
+        x = torch.randn(rows, 4)
+        j = _Job([key], [{"rows": rows}], f"s/{key}.pt2", (x,), f"s_{key}", {})
+        j.ep = torch.export.export(_Chain(depth), (x,))
+        return j
+
+    jobs = [job("small", 1, 2), job("wide", 1, 8), job("deep", 3, 2), job("small_too", 1, 2)]
+    submitted: list[tuple[str, bool]] = []
+    pool = SimpleNamespace(
+        programs=tmp_path,
+        submit=lambda task, on_done, priority: submitted.append((task.label, task.program.is_file())),
+    )
+    st = SimpleNamespace(
+        todo=lambda: list(jobs),
+        cache=None,
+        spec=SimpleNamespace(name="s"),
+        device=torch.device("cpu"),
+        tmp=tmp_path,
+        extra=None,
+    )
+    _submit_compiles(st, pool)
+    assert submitted == [("s/deep", True), ("s/wide", True), ("s/small", True), ("s/small_too", True)]
