@@ -75,6 +75,7 @@ from .package_cache import (
 from .parallel_compile import CompilePool, CompileTask, host_memory_bytes
 from .pass_parity import pass_parity_problem
 from .passes import cast_to_compute_dtype, count_parameters
+from .saved_programs import StageTensors, save_program
 from .stage_spec import StageSpec
 
 VERIFY_TIMEOUT_S = 1800  # the subprocess that loads the fresh packages and runs the golden cases
@@ -783,13 +784,20 @@ def _submit_compiles(st: _StageCompile, pool: CompilePool) -> None:
         st.finished(job, package_weights, task.finished_at)
 
     # Saved and submitted in priority order (plan order for ties): with workers free a task starts as soon as it is
-    # submitted, and each save costs the build's own process seconds (a full DAC decoder's program ~2 s plus its
-    # weights, bench/probes/ep_save_cost.py), so plan order started a codec's largest windows, its longest
+    # submitted, and each save costs the build's own process seconds (a full DAC decoder's program 1.3 s on the
+    # 2-core box, bench/probes/ep_save_cost.py), so plan order started a codec's largest windows, its longest
     # compiles, last (H200 Fish dac_decoder: b1_f4 153 s … b4_f50 238 s, bench/results/nvidia-h200/build_logs/).
     ranked = sorted(((compile_priority(compile_cost(job.ep, job.args)), job) for job in misses), key=lambda p: -p[0])
-    for priority, job in ranked:
+    if not ranked:
+        return
+    # The stage's tensors once for all its programs, each program saved without them (builder/saved_programs.py)
+    shared = StageTensors()
+    names = [shared.add(job.ep) for _, job in ranked]
+    tensors = pool.programs / f"{st.spec.name}__tensors.pt"
+    shared.write(tensors)
+    for (priority, job), job_names in zip(ranked, names):
         path = pool.programs / f"{st.spec.name}__{job.model_name}.pt2"
-        torch.export.save(job.ep, str(path))
+        save_program(job.ep, path, job_names)
         task = CompileTask(
             f"{st.spec.name}/{job.label}",
             path,
@@ -799,6 +807,8 @@ def _submit_compiles(st: _StageCompile, pool: CompilePool) -> None:
             job.model_name,
             job.metadata,
             st.extra,
+            tensors=tensors,
+            tensor_names=job_names,
         )
         pool.submit(task, partial(compiled, job=job), priority=priority)
 

@@ -16,13 +16,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
 import torch
 
 from .export import CompileError, compile_bucket
+from .saved_programs import load_program
 
 # Set to a folder, every compile worker writes a cProfile of its compile there (`<stage>__<bucket>.prof`), read by
 # `python -m bench.probes.build_profile` next to the parent's own profile (`python -m cProfile -o ... -m
@@ -57,7 +58,7 @@ def default_jobs() -> int:
 @dataclass
 class CompileTask:
     label: str  # "<stage>/<bucket>", named by any failure
-    program: Path  # torch.export.save of the bucket's ExportedProgram
+    program: Path  # the bucket's ExportedProgram, saved (builder/saved_programs.py `save_program`)
     args: tuple
     device: torch.device
     package_path: Path
@@ -67,6 +68,9 @@ class CompileTask:
     # time.time() when its worker finished, stamped by the pool as the result arrives: the parent may notice it
     # much later (it runs the deferred golden cases between polls), and the build log reports compile times from it
     finished_at: float | None = None
+    # the stage's tensors, written once for all its programs (builder/saved_programs.py); None: `program` has them
+    tensors: Path | None = None
+    tensor_names: dict[str, str] = field(default_factory=dict)
 
 
 # Inductor gives every process a pool of Triton compile workers as large as the host's cores (capped at 32): with
@@ -99,7 +103,7 @@ def _compile_saved(task: CompileTask) -> dict[str, torch.Tensor]:
 
 
 def _compile_program(task: CompileTask) -> dict[str, torch.Tensor]:
-    ep = torch.export.load(str(task.program))
+    ep = load_program(task.program, task.tensors, task.tensor_names)
     cb = compile_bucket(
         None,
         task.args,
