@@ -2,7 +2,7 @@
 `torch.export.save` of the bucket's ExportedProgram (builder/build.py `_submit_compiles`), weights included, one
 after another for every package of a stage — split into its parts: the tensors' raw bytes, the archive's writes,
 and the program alone (`serialize` without state dict or constants). Also the worker's `torch.export.load`; and
-the hand-over of `--buckets` programs of the stage both ways: every program saved whole (what builds did before builder/saved_programs.py)
+the hand-over of `--buckets` programs of the stage both ways: every program saved whole (what builds did before)
 against the stage's tensors written once + each program without them (builder/saved_programs.py).
 
     python -m bench.probes.ep_save_cost --family fish-s2-pro --stage dac_decoder --preset full [--reps 3] [--buckets 3]
