@@ -104,19 +104,9 @@ def test_stage_specs_install_the_pass_for_ttsaot_only(name):
 def _interpreted(calls: list):
     """skinny_linear that always runs the Triton kernels (the interpreter on CPU), whatever the row count."""
 
-    def run(x, weight, bias=None, norm_weight=None, norm_eps=1e-6, gated=False, residual=None, residual_scale=1.0):
+    def run(x, *args, **kwargs):  # skinny_linear's signature
         calls.append(x.numel() // x.shape[-1])
-        return launch_skinny_linear(
-            x,
-            weight,
-            bias,
-            norm_weight,
-            norm_eps,
-            gated,
-            residual,
-            residual_scale,
-            config={"BLOCK_N": 16, "BLOCK_K": 32},
-        )
+        return launch_skinny_linear(x, *args, **kwargs, config={"BLOCK_N": 16, "BLOCK_K": 32})
 
     return run
 
