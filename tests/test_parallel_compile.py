@@ -345,8 +345,8 @@ def test_a_compile_is_timed_when_its_worker_finishes_not_when_the_parent_looks()
 
 def test_a_stage_hands_its_largest_compiles_to_the_workers_first(tmp_path):
     """With workers free a task starts when it is submitted, so within a stage the saves and submissions go in
-    compile_priority order (plan order for ties), not plan order: a codec's largest windows are its longest
-    compiles (H200 Fish dac_decoder: 153 s for b1_f4 up to 238 s for b4_f50, submitted last)."""
+    compile_priority order (plan order for ties), not plan order, which handed a codec's largest windows, its
+    costliest compiles, over last."""
     from types import SimpleNamespace
 
     from ttsaot.builder.build import _Job, _submit_compiles
