@@ -49,6 +49,7 @@ from ..runtime.artifact import (
 )
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import ArtifactError, ManifestError
+from . import golden_reference
 from .buckets import BucketPlan
 from .build_inputs import INPUTS_KEY, build_inputs_key
 from .cache_prune import describe, prune
@@ -324,7 +325,9 @@ def prepare_stage(
         for i, sizes in enumerate(_golden_sizes(spec))
     ]
     cases = [c.name for c in golden_inputs]
-    golden = _GoldenWork(spec, original, rewritten, golden_inputs, cache, tmp, f"golden/{spec.name}.safetensors")
+    golden = _GoldenWork(
+        spec, original, rewritten, golden_inputs, cache, tmp, f"golden/{spec.name}.safetensors", device
+    )
     if golden.host_bytes <= defer_golden_bytes:
         golden.rewritten = copy.deepcopy(rewritten)  # the compute-dtype cast below is in place
     else:
@@ -378,9 +381,10 @@ def prepare_stage(
 class _GoldenWork:
     """A stage's golden cases (`_golden_cases`, or the package cache's copy), made during `prepare_stage` or, in a
     parallel build, deferred until every stage is exported and its packages are compiling: the cases run the fp32
-    modules on the host, and in the build's own process they held back every later stage's exports (the H100 Fish
-    build started its DAC encoder's compile ~250 s in, behind the encoder's golden cases: 248 s of the 296 s its
-    preparation takes on a 2-core CPU, `bench.probes.prepare_phases`)."""
+    modules (on the build's GPU where it has room, builder/golden_reference.py), and in the build's own process they
+    held back every later stage's exports (the H100 Fish build started its DAC encoder's compile ~250 s in, behind
+    the encoder's golden cases: 248 s of the 296 s its preparation takes on a 2-core CPU,
+    `bench.probes.prepare_phases`)."""
 
     spec: StageSpec
     original: torch.nn.Module | None
@@ -389,9 +393,11 @@ class _GoldenWork:
     cache: PackageCache | None
     tmp: Path
     rel: str  # the golden file, in tmp
+    device: torch.device  # the build's
     golden: dict[str, torch.Tensor] | None = None  # None once done: fetched from the package cache into place
     key: str | None = None
     seconds: float = 0.0
+    reference: torch.device | None = None  # where the cases ran (builder/golden_reference.py), once run
     # what keeping the cases' modules until they run takes: the faithful module and a copy of the rewritten one
     host_bytes: int = dataclasses.field(init=False)
 
@@ -406,17 +412,21 @@ class _GoldenWork:
         if self.done:
             return
         t0 = time.perf_counter()
+        self.reference = golden_reference.reference_device(self.device, self.host_bytes)
         if self.cache is not None:
-            self.key = _golden_key(self.spec, self.original, self.rewritten, self.inputs)
+            self.key = _golden_key(self.spec, self.original, self.rewritten, self.inputs, self.reference)
         if self.key is None or not self.cache.fetch_golden(self.key, self.tmp / self.rel):
-            self.golden = _golden_cases(self.spec, self.original, self.rewritten, self.inputs)
+            self.golden = _golden_cases(self.spec, self.original, self.rewritten, self.inputs, self.reference)
         self.original = self.rewritten = None  # their memory goes now, not with the stage
+        if self.reference.type == "cuda":
+            torch.cuda.empty_cache()  # the fp32 modules' blocks, for the workers and the verifying subprocess
         self.seconds = time.perf_counter() - t0
 
     @property
     def label(self) -> str:
         cached = " (cached)" if self.golden is None else ""
-        return f"golden {len(self.inputs)} case(s){cached}"
+        where = f" on {self.reference.type}" if self.reference is not None else ""
+        return f"golden {len(self.inputs)} case(s){where}{cached}"
 
     def text(self) -> str:
         return f"{self.label} {self.seconds:.1f}s"
@@ -490,11 +500,17 @@ class _GoldenCase:
 
 
 def _golden_key(
-    spec: StageSpec, original: torch.nn.Module, rewritten: torch.nn.Module, golden_inputs: list[_GoldenCase]
+    spec: StageSpec,
+    original: torch.nn.Module,
+    rewritten: torch.nn.Module,
+    golden_inputs: list[_GoldenCase],
+    reference: torch.device = golden_reference.HOST,
 ) -> str:
-    """What decides `_golden_cases` (builder/package_cache.py `golden_key` adds the code, torch and the CPU)."""
+    """What decides `_golden_cases` on `reference` (builder/package_cache.py `golden_key` adds the code, torch and
+    the CPU)."""
     return golden_key(
         {
+            "reference": golden_reference.describe(reference),
             "spec": stable_text({f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}),
             "original": module_layout(original),
             "rewritten": module_layout(rewritten),
@@ -505,29 +521,37 @@ def _golden_key(
 
 
 def _golden_cases(
-    spec: StageSpec, original: torch.nn.Module, rewritten: torch.nn.Module, golden_inputs: list[_GoldenCase]
+    spec: StageSpec,
+    original: torch.nn.Module,
+    rewritten: torch.nn.Module,
+    golden_inputs: list[_GoldenCase],
+    device: torch.device = golden_reference.HOST,
 ) -> dict[str, torch.Tensor]:
     """Per case: the inputs, the faithful module's outputs (and sampling margins), after checking that the
-    rewritten module computes the same (`pass_parity`)."""
+    rewritten module computes the same (`pass_parity`); the forwards on `device` (builder/golden_reference.py), the
+    modules moved there in place, the cases returned on the host."""
     golden: dict[str, torch.Tensor] = {}
+    original, rewritten = original.to(device), rewritten.to(device)
     for c in golden_inputs:
-        case, inputs = c.name, c.inputs
-        with torch.no_grad():
+        case = c.name
+        # the inputs as the forwards leave them (step modules write their cache inputs in place)
+        inputs = {n: t.to(device) for n, t in c.inputs.items()}
+        with torch.no_grad(), golden_reference.reference_precision(device):
             ref = original(*[inputs[n] for n in spec.input_names])
             mid = rewritten(*[inputs[n] for n in spec.input_names])
-        ref = ref if isinstance(ref, tuple) else (ref,)
-        mid = mid if isinstance(mid, tuple) else (mid,)
-        problem = pass_parity_problem(spec, original, rewritten, c.sizes, c.seed, ref, mid)
-        if problem is not None:
-            raise BuildError(problem)
-        for o_desc, r in zip(spec.outputs, ref):
-            golden[f"{case}/out/{o_desc['name']}"] = r.detach().contiguous()
-        if spec.reference_margins is not None:
-            # how decided each sampled code of the reference is: verify allows a different code only at a near-tie
-            for name, margin in spec.reference_margins(original, inputs).items():
-                golden[f"{case}/margin/{name}"] = margin.float().contiguous()
+            ref = ref if isinstance(ref, tuple) else (ref,)
+            mid = mid if isinstance(mid, tuple) else (mid,)
+            problem = pass_parity_problem(spec, original, rewritten, c.sizes, c.seed, ref, mid)
+            if problem is not None:
+                raise BuildError(problem)
+            for o_desc, r in zip(spec.outputs, ref):
+                golden[f"{case}/out/{o_desc['name']}"] = r.detach().contiguous().cpu()
+            if spec.reference_margins is not None:
+                # how decided each sampled code of the reference is: verify allows another code only at a near-tie
+                for name, margin in spec.reference_margins(original, inputs).items():
+                    golden[f"{case}/margin/{name}"] = margin.float().contiguous().cpu()
         for n in spec.input_names:
-            golden[f"{case}/in/{n}"] = inputs[n].contiguous()
+            golden[f"{case}/in/{n}"] = inputs[n].contiguous().cpu()
     return golden
 
 

@@ -36,22 +36,30 @@ def lock_path(device: torch.device) -> Path:
     return Path(tempfile.gettempdir()) / f"ttsaot-{name}.benchmarks.lock"
 
 
+@contextmanager
+def holding(path: Path) -> Iterator[None]:
+    """Inside: an exclusive flock on `path` (created when missing; the lock goes with the process). The file is
+    opened read-only (flock needs no write access: another user's lock file on a shared host still serves); where
+    it cannot be opened at all, the body runs unlocked rather than failing the build."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def exclusive(fn: Callable[..., Any], path: Path) -> Callable[..., Any]:
-    """`fn` run while holding an exclusive flock on `path` (created when missing; the lock goes with the process).
-    The file is opened read-only (flock needs no write access: another user's lock file on a shared host still
-    serves); where it cannot be opened at all, `fn` runs unlocked rather than failing the build."""
+    """`fn` run while `holding` the lock on `path`."""
 
     @functools.wraps(fn)
     def locked(*args: Any, **kwargs: Any) -> Any:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
-        except OSError:
+        with holding(path):
             return fn(*args, **kwargs)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            return fn(*args, **kwargs)
-        finally:
-            os.close(fd)  # releases the lock
 
     setattr(locked, _MARK, True)
     return locked

@@ -1,6 +1,7 @@
 """Parity of a stage's rewritten module (its passes) with the faithful one, per golden case.
 
-The check runs both modules in fp32 on the build host's CPU. A correct rewrite may still change the order in which
+The check runs both modules in fp32 where the golden cases run (the build host's CPU, or a CUDA build's GPU in exact
+fp32: builder/golden_reference.py). A correct rewrite may still change the order in which
 fp32 sums are taken: `fuse_projections` turns three GEMMs into one of another shape, for which the host's CPU BLAS
 may block the K loop differently; through the 8 layers of VoxCPM2's full-size residual LM at batch 16 that reached
 1.5e-4 on a 16-core host (0.0 on a 2-core one). So an fp32 miss is re-decided in float64, where reassociation moves
@@ -20,7 +21,7 @@ from ..runtime.metrics import rel_error
 from .buckets import BucketPlan
 from .stage_spec import StageSpec
 
-FP32_LIMIT = 1e-5  # the fast check: rewritten vs original module, fp32 on CPU
+FP32_LIMIT = 1e-5  # the fast check: rewritten vs original module in fp32
 FP64_LIMIT = 1e-9  # the re-decision: float64 reassociation stays orders below this, a wrong rewrite far above
 
 
@@ -35,7 +36,8 @@ def output_errors(spec: StageSpec, ref: Sequence[torch.Tensor], out: Sequence[to
 def _run(spec: StageSpec, module: nn.Module, sizes: dict[str, int], seed: int) -> tuple[torch.Tensor, ...]:
     # Fresh inputs per module: step modules write their cache inputs in place.
     inputs = spec.make_inputs(sizes, torch.Generator().manual_seed(seed))
-    args = [t.double() if t.is_floating_point() else t for t in (inputs[n] for n in spec.input_names)]
+    device = next(iter(module.parameters()), torch.empty(0)).device
+    args = [(t.double() if t.is_floating_point() else t).to(device) for t in (inputs[n] for n in spec.input_names)]
     with torch.no_grad():
         out = module(*args)
     return out if isinstance(out, tuple) else (out,)
