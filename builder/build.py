@@ -536,7 +536,7 @@ def _golden_cases(
         case = c.name
         # the inputs as the forwards leave them (step modules write their cache inputs in place)
         inputs = {n: t.to(device) for n, t in c.inputs.items()}
-        with torch.no_grad(), golden_reference.reference_precision(device):
+        with torch.no_grad(), golden_reference.reference_forwards(device):
             ref = original(*[inputs[n] for n in spec.input_names])
             mid = rewritten(*[inputs[n] for n in spec.input_names])
             ref = ref if isinstance(ref, tuple) else (ref,)

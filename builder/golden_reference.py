@@ -5,7 +5,8 @@ A CPU build runs them on its host. A CUDA build runs them on its GPU, in exact f
 when the GPU has room for both modules: in a parallel build they run while the packages compile, and on the host
 they were the heaviest thing the build's own process did beside the compile workers — the full Fish DAC encoder's 5
 cases alone took 248 s on a 2-core CPU and 121.5 s of the H200 build (torch's intra-op threads on top of 16 busy
-workers), where the GPU sits idle between the workers' autotuning measurements. The cases hold the GPU's
+workers), where the GPU sits idle between the workers' autotuning measurements. There, as on the host, every
+ttsaot op runs its aten reference (no Triton kernel compiled in the build's process), and the cases hold the GPU's
 benchmark lock (builder/gpu_benchmark_lock.py) so that no worker times its kernel configs beside them.
 """
 
@@ -18,6 +19,7 @@ import torch
 
 from ..runtime.stage import fp32_mode
 from .gpu_benchmark_lock import holding, lock_path
+from .kernels.decompositions import reference_ops
 
 # What the GPU keeps free beside the two fp32 modules: their activations (the DAC encoder's largest case, 1.3 M
 # samples through 64-1024 channels, peaks near 1 GiB) and the compile workers' autotuning buffers.
@@ -46,10 +48,12 @@ def describe(device: torch.device) -> list[str]:
 
 
 @contextlib.contextmanager
-def reference_precision(device: torch.device) -> Iterator[None]:
-    """Inside: the cases' forwards at the reference's precision on `device`, alone on it if it is a GPU."""
-    if device.type != "cuda":
-        yield
-        return
-    with holding(lock_path(device)), fp32_mode(active=True, tf32=False):
+def reference_forwards(device: torch.device) -> Iterator[None]:
+    """Inside: the cases' forwards as the reference computes them on `device`: every ttsaot op its aten reference
+    (on the host the ops take that branch anyway), and on a GPU exact fp32, alone on it."""
+    with contextlib.ExitStack() as stack:
+        if device.type == "cuda":
+            stack.enter_context(holding(lock_path(device)))
+            stack.enter_context(fp32_mode(active=True, tf32=False))
+        stack.enter_context(reference_ops())
         yield

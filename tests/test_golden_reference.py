@@ -36,7 +36,7 @@ def test_without_a_driver_a_cuda_build_falls_back_to_the_host(monkeypatch):
 
 def test_host_precision_is_left_alone():
     before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
-    with G.reference_precision(G.HOST):
+    with G.reference_forwards(G.HOST):
         assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == before
 
 
@@ -49,3 +49,18 @@ def test_the_golden_key_names_where_the_cases_ran(monkeypatch):
     assert build_mod._golden_key(spec, original, original, cases, G.HOST) == host
     monkeypatch.setattr(G, "describe", lambda device: ["NVIDIA H100 80GB HBM3", "cuda 13.0", "cudnn 91500"])
     assert build_mod._golden_key(spec, original, original, cases, CUDA) != host
+
+
+def test_every_ttsaot_op_has_a_reference_the_mode_runs(monkeypatch):
+    from ttsaot.builder.kernels import decompositions as D
+
+    ops = {getattr(torch.ops.ttsaot, n).default for n in dir(torch.ops.ttsaot) if not n.startswith("_") and n != "name"}
+    assert ops <= set(D.REFERENCES), sorted(str(o) for o in ops - set(D.REFERENCES))
+    calls = []
+    op = torch.ops.ttsaot.snake_beta.default
+    real = D.REFERENCES[op]
+    monkeypatch.setitem(D.REFERENCES, op, lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    x, alpha, inv_beta = torch.randn(1, 4, 8), torch.rand(4), torch.rand(4)
+    with D.reference_ops():
+        y = torch.ops.ttsaot.snake_beta(x, alpha, inv_beta)
+    assert calls == [1] and torch.equal(y, real(x, alpha, inv_beta))

@@ -44,6 +44,7 @@ import torch
 
 from ..layers.rope import apply_rope_interleaved, apply_rope_neox
 from .common import HAVE_TRITON, cdiv, multiprocessor_count, next_power_of_2, no_wrap, rms_norm
+from .decompositions import register_reference
 from .pdl import kernels_wait
 
 OP_NAME = "ttsaot::decode_attention"
@@ -394,6 +395,8 @@ else:
     _LIB.impl("decode_attention", _checked_reference, "CompositeImplicitAutograd")
 
     _decode_attention_op = torch.ops.ttsaot.decode_attention
+
+register_reference(torch.ops.ttsaot.decode_attention.default, decode_attention_reference)
 
 
 def decode_attention(

@@ -17,13 +17,32 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 CPU_DECOMPOSITIONS: dict[Any, Callable] = {}
+# Every ttsaot op → its aten reference, the mutating ones too: what `reference_ops` runs.
+REFERENCES: dict[Any, Callable] = {}
 
 
 def register_cpu_decomposition(op: Any, fn: Callable) -> None:
     """`op` (an OpOverload) is replaced by `fn` (aten ops, same signature) in CPU builds and ONNX exports."""
     CPU_DECOMPOSITIONS[op] = fn
+    REFERENCES[op] = fn
+
+
+def register_reference(op: Any, fn: Callable) -> None:
+    """`fn` (aten ops, same signature, the same inputs mutated) is what the mutating `op` computes."""
+    REFERENCES[op] = fn
+
+
+class reference_ops(TorchDispatchMode):
+    """Inside: every ttsaot op runs its aten reference, on any device. The builder's fp32 eager forwards (golden
+    cases, pass parity) run so on a GPU as on the host: the same math, and no Triton kernel compiled or autotuned
+    in the build's own process (with the kernels, a full Fish DAC decoder's 2 golden cases took 116 s on an H200,
+    its conv GEMMs' candidates compiled one after another)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return REFERENCES.get(func, func)(*args, **(kwargs or {}))
 
 
 def lower_for_cpu(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
