@@ -1174,6 +1174,19 @@ def _bound_cache(root: Path, max_bytes: int, since: float, reporter: Reporter) -
         reporter.note(describe(pruned, max_bytes))
 
 
+def _preparation_order(specs: list[StageSpec], device: torch.device) -> list[StageSpec]:
+    """The order a parallel build prepares its stages in: on CUDA, fewest buckets first. Stages are prepared one
+    after another in the build's process, a CUDA stage exporting one program per bucket, so a stage of few buckets
+    is ready soon and its packages (few, each a long serial chain in its worker) start compiling early; a stage of
+    many buckets spreads over the workers anyway. In the H200 Fish build in the family's order the DAC encoder's 4
+    packages (~200 s each) started 117 s in, behind fast_ar and the DAC decoder's 18 exports, and for its last
+    ~95 s only those 4 compiles ran: 4 of 16 cores busy (bench/results/nvidia-h200/probes/golden_on_gpu/). A CPU
+    build's stages each have one or a few dynamic packages: the family's order."""
+    if device.type != "cuda":
+        return list(specs)
+    return sorted(specs, key=lambda s: len(s.plan.buckets()))
+
+
 def _build_family(
     family: str,
     specs: list[StageSpec],
@@ -1248,7 +1261,7 @@ def _build_family(
                         stages[p.entry.name] = p.finish()
                     pending.clear()
 
-                for spec in specs:
+                for spec in _preparation_order(specs, dev) if pool is not None else specs:
                     room = _deferred_golden_bytes() - deferred if pool is not None else 0
                     prepared = prepare_stage(
                         spec, tmp, dev, seed, reporter, extra_inductor_options, formats, cache, jobs, room
@@ -1270,6 +1283,7 @@ def _build_family(
                         _wait(pool, block=False)  # a failed compile stops the build now, not after the last export
                 flush()
             term.check()
+            stages = {s.name: stages[s.name] for s in specs}  # the manifest lists them in the family's order
             kept = _carry_over_stages(final, tmp, env, dev, set(stages), reporter) if keep_existing_stages else {}
             if dev.type == "cpu":
                 env["cpu_isa"] = _package_cpu_isa(tmp, stages)

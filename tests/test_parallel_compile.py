@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ttsaot.builder.buckets import BucketPlan
-from ttsaot.builder.build import build_family, compile_cost, compile_priority
+from ttsaot.builder.build import _preparation_order, build_family, compile_cost, compile_priority
 from ttsaot.builder.export import CompileError
 from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
 from ttsaot.builder.parallel_compile import CompilePool, CompileTask, compile_in_workers, default_jobs
@@ -373,3 +373,17 @@ def test_a_stage_hands_its_largest_compiles_to_the_workers_first(tmp_path):
     )
     _submit_compiles(st, pool)
     assert submitted == [("s/deep", True), ("s/wide", True), ("s/small", True), ("s/small_too", True)]
+
+
+def test_a_cuda_build_prepares_its_stages_fewest_buckets_first():
+    """Preparation exports one program per bucket, one stage after another: the few-bucket stages' long compiles
+    start first (the H200 Fish build's DAC encoder started 117 s in, behind the DAC decoder's 18 exports)."""
+    from types import SimpleNamespace
+
+    def spec(name, n):
+        return SimpleNamespace(name=name, plan=SimpleNamespace(buckets=lambda: list(range(n))))
+
+    specs = [spec("fast_ar", 3), spec("dac_decoder", 18), spec("dac_encoder", 4), spec("other", 3)]
+    cuda = [s.name for s in _preparation_order(specs, torch.device("cuda", 0))]
+    assert cuda == ["fast_ar", "other", "dac_encoder", "dac_decoder"]  # ties keep the family's order
+    assert _preparation_order(specs, torch.device("cpu")) == specs
