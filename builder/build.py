@@ -1181,7 +1181,8 @@ def _preparation_order(specs: list[StageSpec], device: torch.device) -> list[Sta
     many buckets spreads over the workers anyway. In the H200 Fish build in the family's order the DAC encoder's 4
     packages (~200 s each) started 117 s in, behind fast_ar and the DAC decoder's 18 exports, and for its last
     ~95 s only those 4 compiles ran: 4 of 16 cores busy (bench/results/nvidia-h200/probes/golden_on_gpu/). A CPU
-    build's stages each have one or a few dynamic packages: the family's order."""
+    build's stages each have one or a few dynamic packages and keep the family's order: on a 2-core box the tiny Fish
+    build took 146.3 s either way on average (bench/results/cpu/probes/prep_order_fish_tiny/)."""
     if device.type != "cuda":
         return list(specs)
     return sorted(specs, key=lambda s: len(s.plan.buckets()))
