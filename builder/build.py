@@ -1182,7 +1182,8 @@ def _preparation_order(specs: list[StageSpec], device: torch.device) -> list[Sta
     packages (~200 s each) started 117 s in, behind fast_ar and the DAC decoder's 18 exports, and for its last
     ~95 s only those 4 compiles ran: 4 of 16 cores busy (bench/results/nvidia-h200/probes/golden_on_gpu/). A CPU
     build's stages each have one or a few dynamic packages and keep the family's order: on a 2-core box the tiny Fish
-    build took 146.3 s either way on average (bench/results/cpu/probes/prep_order_fish_tiny/)."""
+    build took 146.3 s in it and 144.0 s fewest buckets first, on average of two runs each, within the box's spread
+    (bench/results/cpu/probes/prep_order_fish_tiny/)."""
     if device.type != "cuda":
         return list(specs)
     return sorted(specs, key=lambda s: len(s.plan.buckets()))

@@ -21,8 +21,9 @@ from ..runtime.stage import fp32_mode
 from .gpu_benchmark_lock import holding, lock_path
 from .kernels.decompositions import reference_ops
 
-# What the GPU keeps free beside the two fp32 modules: their activations (the DAC encoder's largest case, 1.3 M
-# samples through 64-1024 channels, peaks near 1 GiB) and the compile workers' autotuning buffers.
+# What the GPU keeps free beside the two fp32 modules, for their activations and the compile workers' autotuning
+# buffers: an allowance, not a measured peak (the full Fish stages' cases ran within it on an H200,
+# bench/results/nvidia-h200/probes/golden_on_gpu/).
 HEADROOM_BYTES = 4 << 30
 HOST = torch.device("cpu")
 

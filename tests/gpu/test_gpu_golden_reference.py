@@ -36,4 +36,4 @@ def test_gpu_cases_equal_the_hosts_in_exact_fp32(monkeypatch):
         if "/in/" in name or not t.is_floating_point():
             assert torch.equal(t, host[name]), name
         else:
-            assert rel_error(t, host[name]) < 1e-5, name  # TF32 would be ~1e-3
+            assert rel_error(t, host[name]) < 1e-5, name
