@@ -336,6 +336,32 @@ def test_tile_width_rule_picks_the_swept_best():
     assert len(kept) == 2 and {c.kwargs["BLOCK_N"] for c in kept} == {16}  # both depths still tuned
 
 
+def test_tile_stages_fit_the_gpus_shared_memory():
+    """The tile form keeps its bf16 configs on sm_90, and takes the deepest pipeline that fits where fp32 operands
+    (twice the bytes) would overflow its shared memory: an fp32 launch on the H200 raised Triton OutOfResources
+    (265,216 > 232,448 bytes). The pruning hands out the same config objects on every call."""
+    from ttsaot.builder.kernels import skinny_linear_triton as kernels
+    from ttsaot.builder.kernels.common import DEFAULT_SHARED_MEMORY
+
+    prune = kernels.skinny_gemm_autotuned.early_config_prune
+    wide = [c for c in kernels.GEMM_CONFIGS if c.kwargs["BLOCK_N"] == 32]
+    for dtype, gated, stages in ((torch.bfloat16, True, 4), (torch.float32, False, 3), (torch.float32, True, 2)):
+        named = {"x_ptr": torch.empty(22, 2048, dtype=dtype), "M": 22, "N_OUT": 4096, "K": 2048}
+        kept = prune(kernels.GEMM_CONFIGS, named, SPLIT_K=1, BLOCK_M=32, GATED=gated)
+        assert [(c.kwargs, c.num_warps) for c in kept] == [(c.kwargs, c.num_warps) for c in wide]
+        assert [c.num_stages for c in kept] == [stages], (dtype, gated)
+        size = torch.empty((), dtype=dtype).element_size()
+        assert all(kernels.tile_shared_memory(c, 32, size, gated) <= DEFAULT_SHARED_MEMORY for c in kept)
+        assert kept == prune(kernels.GEMM_CONFIGS, named, SPLIT_K=1, BLOCK_M=32, GATED=gated)  # same objects
+    assert prune(kernels.GEMM_CONFIGS, named, SPLIT_K=1, BLOCK_M=32, GATED=False)[0] is not wide[0]
+    bf16 = {**named, "x_ptr": torch.empty(22, 2048, dtype=torch.bfloat16)}
+    assert prune(kernels.GEMM_CONFIGS, bf16, SPLIT_K=1, BLOCK_M=32, GATED=True) == wide  # unchanged objects
+    # a GPU with less shared memory (A100's 166,912 bytes) takes shallower bf16 pipelines too
+    (small,) = kernels.fit_shared_memory(wide, 32, 2, True, 166_912)
+    assert small.num_stages == 3 and kernels.tile_shared_memory(small, 32, 2, True) <= 166_912
+    assert kernels.fit_shared_memory(wide, 32, 4, True, 64 * 1024) == []  # nothing fits: nothing offered
+
+
 def test_one_row_takes_the_swept_gemv_config():
     """At one row the GEMV autotuner is offered one config: BLOCK_N 8 × BLOCK_K 1024 × 8 warps where 1024 divides the
     K range (the VoxCPM2 shapes), BLOCK_K 512 × 4 warps where it does not (the Fish fast_ar's K = 2560, 9728); at two
@@ -469,6 +495,21 @@ def test_gpu_fp32_weights():
     t = _inputs(4, 1000, 1000, torch.float32, bias=True, norm=True, residual=True)
     y = skinny_linear(**t, residual_scale=0.3)
     ref = skinny_linear_reference(**{k: None if v is None else v.double() for k, v in t.items()}, residual_scale=0.3)
+    assert rel_err(y, ref) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("M", [4, 22])
+@pytest.mark.parametrize("name", ["fish_qkv_norm", "fish_gate_up_norm_silu", "voxcpm2_down_residual"])
+def test_gpu_fp32_real_shapes_fit_shared_memory(name, M):
+    """fp32 at the stages' full sizes in the tile form (`--dtype fp32` CUDA builds): the autotuned launch fits the
+    GPU's shared memory and computes the reference in fp32."""
+    N, K, spec = REAL_SHAPES[name]
+    t = _inputs(M, N, K, torch.float32, **spec)
+    kw = dict(norm_eps=1e-5, gated=spec.get("gated", False), residual_scale=0.7 if spec.get("residual") else 1.0)
+    y = skinny_linear(**t, **kw)
+    ref = skinny_linear_reference(**{k: None if v is None else v.double() for k, v in t.items()}, **kw)
     assert rel_err(y, ref) < 1e-5
 
 

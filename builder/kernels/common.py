@@ -1,4 +1,5 @@
-"""What every kernel module shares: whether Triton is importable, the GPU's size, the aten RMSNorm they reference."""
+"""What every kernel module shares: whether Triton is importable, the GPU's size (SMs, shared memory per program),
+the aten RMSNorm they reference."""
 
 from __future__ import annotations
 
@@ -21,6 +22,19 @@ def multiprocessor_count(device: torch.device) -> int:
     if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_properties(device).multi_processor_count
     return DEFAULT_MULTIPROCESSORS
+
+
+# Off-GPU (the interpreter) pruning plans for an sm_90 GPU's opt-in shared memory per block (H100 / H200).
+DEFAULT_SHARED_MEMORY = 232_448
+
+
+def shared_memory_per_block(device: torch.device) -> int:
+    """The most shared memory one program may take on `device` (the opt-in limit a kernel launch is checked
+    against: Triton raises OutOfResources above it)."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(device)
+        return int(getattr(props, "shared_memory_per_block_optin", DEFAULT_SHARED_MEMORY))
+    return DEFAULT_SHARED_MEMORY
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

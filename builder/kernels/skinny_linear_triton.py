@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import multiprocessor_count, size_hint
+from .common import multiprocessor_count, shared_memory_per_block, size_hint
 from .pdl_triton import grid_dependency_trigger, grid_dependency_wait
 from .skinny_linear import tile_block_n
 from .split_k_triton import last_to_arrive, reset_counter
@@ -561,19 +561,66 @@ skinny_gemv_autotuned = triton.autotune(
 )(skinny_linear_kernel)
 
 
+# What Triton's pipelined tile loop takes beyond its operand buffers (barriers, the epilogue's layout conversion):
+# an fp32 launch on the H200 that failed asked 265,216 bytes where the buffers count 262,144 (BLOCK_M 32, 4 stages of
+# BLOCK_K 256, and BLOCK_N 32 plain or 16 gated: the only tile configs with that count).
+SHARED_MEMORY_SLACK = 8 * 1024
+
+
+def tile_shared_memory(config: triton.Config, block_m: int, element_bytes: int, gated: bool) -> int:
+    """Bytes of shared memory the tile form's cp.async pipeline holds: num_stages buffers of the [BLOCK_M, BLOCK_K] x
+    tile and the [BLOCK_N, BLOCK_K] W tile (two, gate and up, when gated), plus SHARED_MEMORY_SLACK."""
+    w_rows = (2 if gated else 1) * config.kwargs["BLOCK_N"]
+    operands = (block_m + w_rows) * config.kwargs["BLOCK_K"] * element_bytes
+    return max(config.num_stages, 1) * operands + SHARED_MEMORY_SLACK
+
+
+def _shallower(config: triton.Config) -> list[triton.Config]:
+    """`config` with one stage fewer, down to one: made once, so the pruning hands out the same objects each time."""
+    return [
+        triton.Config(dict(config.kwargs), num_warps=config.num_warps, num_stages=s)
+        for s in range(config.num_stages - 1, 0, -1)
+    ]
+
+
+# The tile configs' shallower variants. The stages are sized for bf16 on sm_90: at most 204,800 bytes (32 rows,
+# gated, BLOCK_N 32) of its 232,448. fp32 operands take twice the bytes (the same gated tile at 16 / 32 rows:
+# 335,872 / 401,408) and other GPUs have less (A100: 166,912).
+SHALLOWER_GEMM_CONFIGS = {id(c): _shallower(c) for c in GEMM_CONFIGS}
+
+
+def fit_shared_memory(
+    configs: list[triton.Config], block_m: int, element_bytes: int, gated: bool, limit: int
+) -> list[triton.Config]:
+    """Each config, or else its deepest shallower variant whose pipeline fits `limit` bytes; configs with no fitting
+    variant are dropped. A launch above the limit fails (Triton OutOfResources) rather than slowing down, and the
+    autotuner does not get to catch it when the pruning leaves one candidate."""
+    fitted = []
+    for config in configs:
+        for c in (config, *SHALLOWER_GEMM_CONFIGS.get(id(config), _shallower(config))):
+            if tile_shared_memory(c, block_m, element_bytes, gated) <= limit:
+                fitted.append(c)
+                break
+    return fitted
+
+
 def _prune_tiles(configs, named_args, **kwargs):
     """The tile form's candidates: only those of the BLOCK_N `tile_block_n` picks for the call's shape (Triton's
-    autotuner and Inductor's AOTI autotuning both call this with the launch's arguments by name)."""
+    autotuner and Inductor's AOTI autotuning both call this with the launch's arguments by name), each with as many
+    pipeline stages as the GPU's shared memory holds (`fit_shared_memory`)."""
     meta = {**named_args, **kwargs}
+    x = meta["x_ptr"]
     bn = tile_block_n(
         size_hint(meta["M"]),
         size_hint(meta["N_OUT"]),
         meta["SPLIT_K"],
         meta["BLOCK_M"],
-        multiprocessor_count(meta["x_ptr"].device),
+        multiprocessor_count(x.device),
         [c.kwargs["BLOCK_N"] for c in configs],
     )
-    return [c for c in configs if c.kwargs["BLOCK_N"] == bn]
+    chosen = [c for c in configs if c.kwargs["BLOCK_N"] == bn]
+    limit = shared_memory_per_block(x.device)
+    return fit_shared_memory(chosen, meta["BLOCK_M"], x.element_size(), bool(meta.get("GATED")), limit) or chosen
 
 
 skinny_gemm_autotuned = triton.autotune(
