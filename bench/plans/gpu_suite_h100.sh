@@ -3,11 +3,12 @@
 # one machine (the second within the idle release, the machine keeps the repository's ignored folders):
 #   PASS=cold bash bench/plans/gpu_suite_h100.sh   → $OUT/suite_cold.txt  (empty .pytest_artifacts: every package compiled)
 #   PASS=warm bash bench/plans/gpu_suite_h100.sh   → $OUT/suite_warm.txt  (the GPU tests' package cache from the cold pass)
+# A warm call whose result says `warm: false` got a fresh machine: it was a second cold pass (run 4, gpu_suite/).
 # Each pass is stopped with SIGINT at LIMIT_S (default 540 s) so that pytest still prints its summary and durations.
 . "$(dirname "$0")/setup_device.sh"
 PASS=${PASS:-cold}
 [ "$PASS" = cold ] && rm -rf .pytest_artifacts
-timeout -s INT -k 20 "${LIMIT_S:-540}" python3 -m pytest -m gpu -q -n "${WORKERS:-8}" --durations=30 -p no:cacheprovider \
+timeout -s INT -k 20 "${LIMIT_S:-540}" python3 -m pytest -m gpu -v -n "${WORKERS:-8}" --durations=30 -p no:cacheprovider \
   tests/gpu tests/test_kernels_skinny_linear.py > "$OUT/suite_$PASS.txt" 2>&1
 echo "pytest rc $? wall $(( $(date +%s) - T0 )) s" | tee -a "$OUT/suite_$PASS.txt"
 du -sh .pytest_artifacts/gpu-package-cache 2>&1 | tee -a "$OUT/suite_$PASS.txt"
