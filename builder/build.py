@@ -372,7 +372,8 @@ def prepare_stage(
     compile_ = None
     if "aoti" in formats:
         compile_ = _StageCompile(spec, module, tmp, device, seed, reporter, extra_inductor_options, cache, jobs)
-        clock.lap("exports and cache lookups")
+        # with workers the static packages export as they are handed over (`_submit_compiles`)
+        clock.lap("exports and cache lookups" if any(j.ep is not None for j in compile_.work) else "cache lookups")
     reporter.note(f"{spec.name}: prepared in {clock.text()}" + ("" if golden.done else "; golden cases deferred"))
     return _PendingStage(entry, compile_, golden, reporter)
 
@@ -593,8 +594,9 @@ class _StageCompile:
             self.examples[key] = tuple(ex[n].to(device) for n in spec.input_names)
             self.signatures[key] = input_signature(self.examples[key])
         self.kernels = spec.kernels_on(device)
-        # Exported up front when the compile may run in a worker (it gets the saved program) or the cache keys on it.
-        export_all = cache is not None or jobs > 1
+        # Exported up front when the compiles run here, one after another, and the package cache keys on the
+        # program. With workers, `_submit_compiles` exports each package and hands it over at once.
+        export_all = cache is not None and jobs <= 1
         self.work: list[_Job] = []
         mode = spec.dynamic_mode(device)
         if mode == "off":
@@ -757,7 +759,7 @@ def compile_cost(program: torch.export.ExportedProgram, args: tuple) -> tuple[in
     user kernel to generate, compile and maybe autotune), then its example inputs' elements (bigger buckets
     autotune longer)."""
     calls = sum(1 for n in program.graph.nodes if n.op == "call_function")
-    return calls, sum(a.numel() for a in args if isinstance(a, torch.Tensor))
+    return calls, _input_elements(args)
 
 
 def _compile_all(stages: list[_StageCompile], jobs: int) -> None:
@@ -767,6 +769,8 @@ def _compile_all(stages: list[_StageCompile], jobs: int) -> None:
     todo = [(st, job) for st in stages for job in st.todo()]
     if jobs <= 1 or len(todo) <= 1:
         for st, job in todo:
+            if job.ep is None and st.cache is not None:  # the cache keys on the program
+                st.export_static(job)
             try:
                 w, from_cache = cached_compile(
                     st.cache, job.cache_id, job.sources, st.tmp / job.rel, partial(st.compile_here, job)
@@ -784,21 +788,18 @@ def _compile_all(stages: list[_StageCompile], jobs: int) -> None:
 
 
 def _submit_compiles(st: _StageCompile, pool: CompilePool) -> None:
-    """Hand a prepared stage's packages to the pool: those the package cache holds are taken from it here, the
-    others exported (static ones export only now) and submitted, ranked by `compile_priority`."""
-    misses = []
-    for job in st.todo():
-        if st.cache is not None:
-            with st.cache.lock(job.cache_id):
-                found = st.cache.fetch(job.cache_id, job.sources, st.tmp / job.rel)
-            if found.weights is not None:
-                st.reused += 1
-                st.indexed(job)
-                st.finished(job, found.weights)
-                continue
-        if job.ep is None:  # a static package compiled in-process would have exported itself
-            st.export_static(job)
-        misses.append(job)
+    """Hand a prepared stage's packages to the pool, each as soon as it is ready: exported here (a static package
+    not yet exported), taken from the package cache where it holds the program's package, else saved and submitted
+    at its `compile_priority`. The exports run one after another in the build's process, largest bucket first:
+    a worker that is free starts a task when it is submitted, so the stage's first compiles run while its other
+    buckets export. Exported all first and then handed over (d20e7ea), the H200 Fish build's 18 DAC decoder
+    programs took 33 s of exports before the first was submitted, while 7 of the 16 workers had work (fast_ar's 3,
+    dac_encoder's 4: bench/results/nvidia-h200/build_logs/fish-s2-pro-cold.log)."""
+    t0, exported = time.time(), 0
+    # The stage's tensors once for all its programs (builder/saved_programs.py): the first program's, written
+    # before its task is submitted; a later program's tensors that file does not hold stay in its own archive.
+    shared = StageTensors()
+    tensors = pool.programs / f"{st.spec.name}__tensors.pt"
 
     def compiled(task: CompileTask, package_weights: dict[str, torch.Tensor], job: _Job) -> None:
         if st.cache is not None:
@@ -807,21 +808,25 @@ def _submit_compiles(st: _StageCompile, pool: CompilePool) -> None:
             st.indexed(job)
         st.finished(job, package_weights, task.finished_at)
 
-    # Saved and submitted in priority order (plan order for ties): with workers free a task starts as soon as it is
-    # submitted, and each save costs the build's own process seconds (a full DAC decoder's program 1.3 s on the
-    # 2-core box, bench/probes/ep_save_cost.py), so plan order handed a codec's largest windows, its costliest
-    # compiles (compile_cost), over last, ~50 s after its first (H200 Fish dac_decoder, 18 packages, build_logs/).
-    ranked = sorted(((compile_priority(compile_cost(job.ep, job.args)), job) for job in misses), key=lambda p: -p[0])
-    if not ranked:
-        return
-    # The stage's tensors once for all its programs, each program saved without them (builder/saved_programs.py)
-    shared = StageTensors()
-    names = [shared.add(job.ep) for _, job in ranked]
-    tensors = pool.programs / f"{st.spec.name}__tensors.pt"
-    shared.write(tensors)
-    for (priority, job), job_names in zip(ranked, names):
+    for job in sorted(st.todo(), key=_submission_rank, reverse=True):  # stable: plan order for ties
+        if job.ep is None:
+            st.export_static(job)
+            exported += 1
+        if st.cache is not None:
+            with st.cache.lock(job.cache_id):
+                found = st.cache.fetch(job.cache_id, job.sources, st.tmp / job.rel)
+            if found.weights is not None:
+                st.reused += 1
+                st.indexed(job)
+                st.finished(job, found.weights)
+                continue
+        if shared.entries:
+            names = shared.held(job.ep)
+        else:
+            names = shared.add(job.ep)
+            shared.write(tensors)
         path = pool.programs / f"{st.spec.name}__{job.model_name}.pt2"
-        save_program(job.ep, path, job_names)
+        save_program(job.ep, path, names)
         task = CompileTask(
             f"{st.spec.name}/{job.label}",
             path,
@@ -832,9 +837,25 @@ def _submit_compiles(st: _StageCompile, pool: CompilePool) -> None:
             job.metadata,
             st.extra,
             tensors=tensors,
-            tensor_names=job_names,
+            tensor_names=names,
         )
-        pool.submit(task, partial(compiled, job=job), priority=priority)
+        pool.submit(task, partial(compiled, job=job), priority=compile_priority(compile_cost(job.ep, job.args)))
+        _wait(pool, block=False)  # a failed compile stops the build now, not after the stage's last export
+    if exported:
+        st.reporter.note(f"{st.spec.name}: {exported} program(s) exported while compiling, {time.time() - t0:.1f}s")
+
+
+def _input_elements(args: tuple) -> int:
+    return sum(a.numel() for a in args if isinstance(a, torch.Tensor))
+
+
+def _submission_rank(job: _Job) -> tuple[int, float]:
+    """The order a stage's packages are handed over in, largest first: by `compile_priority` where the program is
+    exported (dynamic ones are, at preparation), else by the bucket's input elements (a stage's static programs
+    are exports of one module at different sizes: the same operators, the larger inputs autotune longer)."""
+    if job.ep is not None:
+        return 1, compile_priority(compile_cost(job.ep, job.args))
+    return 0, float(_input_elements(job.args))
 
 
 def compile_priority(cost: tuple[int, int]) -> float:
@@ -1180,7 +1201,9 @@ def _preparation_order(specs: list[StageSpec], device: torch.device) -> list[Sta
     is ready soon and its packages (few, each a long serial chain in its worker) start compiling early; a stage of
     many buckets spreads over the workers anyway. In the H200 Fish build in the family's order the DAC encoder's 4
     packages (~200 s each) started 117 s in, behind fast_ar and the DAC decoder's 18 exports, and for its last
-    ~95 s only those 4 compiles ran: 4 of 16 cores busy (bench/results/nvidia-h200/probes/golden_on_gpu/). A CPU
+    ~95 s only those 4 compiles ran: 4 of 16 cores busy (bench/results/nvidia-h200/probes/golden_on_gpu/). In this
+    order the encoder's packages were handed over 35 s in and the build took 275.6 s cold against 329.5 s
+    (bench/results/nvidia-h200/builds.json, another machine of the same kind). A CPU
     build's stages each have one or a few dynamic packages and keep the family's order: on a 2-core box the tiny Fish
     build took 146.3 s in it and 144.0 s fewest buckets first, on average of two runs each, within the box's spread
     (bench/results/cpu/probes/prep_order_fish_tiny/)."""
@@ -1234,9 +1257,10 @@ def _build_family(
         try:
             tmp = Path(tempfile.mkdtemp(prefix=f".{family}.tmp-", dir=out_root))
             stages: dict[str, StageEntry] = {}
-            # With several workers and stages, each stage's packages go to the compile pool as soon as the stage is
-            # prepared, and compile while the next stage is prepared (exports and lowering are one core's work: a
-            # 2-core CPU build left its second core idle through them), the largest waiting compile first. Packages
+            # With several workers and stages, each stage's packages go to the compile pool once the stage is
+            # prepared, each as soon as it is exported (`_submit_compiles`), and compile while the next stage is
+            # prepared (exports and lowering are one core's work: a 2-core CPU build left its second core idle
+            # through them), the largest waiting compile first. Packages
             # of different stages compile side by side: a CPU build's one or few dynamic packages per stage, or a
             # CUDA stage's few buckets, would leave the other workers idle while the next stage waits (the H100
             # qwen3-tts-12hz build compiled its 3 code_predictor packages only after code2wav's 22). A prepared

@@ -8,7 +8,9 @@ A stage's packages are exports of one module at different buckets, so their stat
 once per stage (`StageTensors`), each archive carries zero-stride stand-ins of its tensors' shapes and dtypes
 (`save_program`; a few bytes each), and the worker puts the real tensors back before it compiles
 (`load_program`). A tensor is shared only where the programs hold the very same one (same storage, offset, shape,
-strides); a constant lifted per bucket under the same name stays that bucket's own."""
+strides); a constant lifted per bucket under the same name stays that bucket's own. The build writes the file with
+a stage's first program (its compile starts while the others export) and later programs share what it holds
+(`StageTensors.held`)."""
 
 from __future__ import annotations
 
@@ -35,13 +37,21 @@ def _identity(t: torch.Tensor) -> tuple:
 
 class StageTensors:
     """The tensors of one stage's programs, each once: `add` a program (returns where each of its tensors sits in
-    the file, `"<table>/<name>"` → entry), then `write`."""
+    the file, `"<table>/<name>"` → entry), then `write`; `held` for programs after the write."""
 
     def __init__(self) -> None:
         self.entries: dict[str, torch.Tensor] = {}
         self._by_identity: dict[tuple, str] = {}
 
     def add(self, ep: torch.export.ExportedProgram) -> dict[str, str]:
+        return self._names(ep, grow=True)
+
+    def held(self, ep: torch.export.ExportedProgram) -> dict[str, str]:
+        """`add` for a program that comes after `write`: only the tensors already held (the file has them); the
+        program's others are saved in its own archive."""
+        return self._names(ep, grow=False)
+
+    def _names(self, ep: torch.export.ExportedProgram, grow: bool) -> dict[str, str]:
         names: dict[str, str] = {}
         for table, values in _tables(ep).items():
             for name, t in values.items():
@@ -49,10 +59,11 @@ class StageTensors:
                     continue  # script objects, tensor subclasses: saved in the archive as torch does
                 key = _identity(t)
                 entry = self._by_identity.get(key)
-                if entry is None:
+                if entry is None and grow:
                     entry = self._by_identity[key] = str(len(self.entries))
                     self.entries[entry] = t
-                names[f"{table}/{name}"] = entry
+                if entry is not None:
+                    names[f"{table}/{name}"] = entry
         return names
 
     def write(self, path: Path) -> None:
