@@ -409,6 +409,15 @@ def main(a) -> int:
     return 0 if res["status"] == "ok" else 1
 
 
+def _load_cell(r: dict) -> str:
+    """A cold start's load seconds, with its phases where the run recorded them (`load_stats`, from 2026-11-28)."""
+    ls = r.get("load_stats")
+    if not ls:
+        return f"{r['load_s']:.2f}"
+    parts = [ls.get(k) for k in ("validate_s", "weights_s", "package_load_s", "warmup_capture_s")]
+    return f"{r['load_s']:.2f} (" + " / ".join("—" if p is None else f"{p:.2f}" for p in parts) + ")"
+
+
 def _s(rec: dict | None, key: str = "wall_s") -> str:
     if not rec:
         return "—"
@@ -452,7 +461,8 @@ def summary(res: dict) -> str:
         "|---|---|---|---|---|---|",
     ]
     cs = [
-        "| stage | first output s | import torch s | beyond import s | load s | buckets |",
+        "| stage | first output s | import torch s | beyond import s | load s (checks / weights / packages / "
+        "warm-up + capture) | buckets |",
         "|---|---|---|---|---|---|",
     ]
     for fam, f in res.get("families", {}).items():
@@ -472,7 +482,7 @@ def summary(res: dict) -> str:
                 continue
             cs.append(
                 f"| {fam}/{st} | {r['first_output_s']:.2f} | {r['startup_s']:.2f} | {r['beyond_import_s']:.2f}"
-                f" | {r['load_s']:.2f} | {r.get('buckets_loaded', '—')} |"
+                f" | {_load_cell(r)} | {r.get('buckets_loaded', '—')} |"
             )
     skipped = [
         f"{fam}: {p} {f[p].get('reason')}"

@@ -34,10 +34,13 @@ def child_main(a) -> None:
         from ttsaot.runtime import load
 
         t0 = time.time()
-        stage = load(a.artifact, device=device, stages=[a.stage])[a.stage]
+        bundle = load(a.artifact, device=device, stages=[a.stage])
+        stage = bundle[a.stage]
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         out["load_s"] = time.time() - t0
+        # where the load went: manifest + file checks, weights, package loads, warm-up calls + graph captures
+        out["load_stats"] = {**bundle.load_stats, **stage.load_stats}
         out["buckets_loaded"] = len(stage.buckets)
         out["cuda_graphs"] = stage.uses_cuda_graphs
         t0 = time.time()

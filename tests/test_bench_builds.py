@@ -131,8 +131,14 @@ def test_cold_then_cached_build_and_cold_start(tmp_path):
     assert any("1 compiled" in ln or "packages reused" in ln for ln in cold_log), cold_log
     cs = fam["cold_start"]["code_predictor"]
     assert cs["status"] == "ok" and 0 < cs["startup_s"] < cs["first_output_s"] and cs["buckets_loaded"] == 1
+    # the load's phases (runtime load_stats): they add up to no more than the load the child timed
+    ls = cs["load_stats"]
+    phases = [ls[k] for k in ("validate_s", "weights_s", "package_load_s", "warmup_capture_s")]
+    assert all(p >= 0 for p in phases) and sum(phases) <= cs["load_s"] + 0.01
     report = write_report(tmp_path, tmp_path / "BENCHMARKS.md", include_cpu=True).read_text()
     assert "Build time and cold start" in report and "qwen3-tts-12hz/code_predictor" in report
+    row = next(ln for ln in report.splitlines() if ln.startswith("| qwen3-tts-12hz/code_predictor |"))
+    assert f"{cs['load_s']:.2f} ({ls['validate_s']:.2f} / {ls['weights_s']:.2f} /" in row
 
 
 def test_cold_builds_get_the_empty_inductor_cache_the_builder_uses(tmp_path, monkeypatch):
