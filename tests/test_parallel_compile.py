@@ -343,6 +343,21 @@ def test_a_compile_is_timed_when_its_worker_finishes_not_when_the_parent_looks()
     assert before <= finished <= noticed - 0.15 and list(weights) == ["w"]
 
 
+def _stage_compile_stand_in(jobs: list, tmp_path, **more):
+    """What `_submit_compiles` reads of a `_StageCompile`: stage "s" on the CPU, no package cache, `jobs` to do."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        todo=lambda: list(jobs),
+        cache=None,
+        spec=SimpleNamespace(name="s"),
+        device=torch.device("cpu"),
+        tmp=tmp_path,
+        extra=None,
+        **more,
+    )
+
+
 def test_a_stage_hands_its_largest_compiles_to_the_workers_first(tmp_path):
     """With workers free a task starts when it is submitted, so within a stage the saves and submissions go in
     compile_priority order (plan order for ties), not plan order, which handed a codec's largest windows, its
@@ -364,15 +379,7 @@ def test_a_stage_hands_its_largest_compiles_to_the_workers_first(tmp_path):
         submit=lambda task, on_done, priority: submitted.append((task.label, task.program.is_file())),
         poll=lambda: None,
     )
-    st = SimpleNamespace(
-        todo=lambda: list(jobs),
-        cache=None,
-        spec=SimpleNamespace(name="s"),
-        device=torch.device("cpu"),
-        tmp=tmp_path,
-        extra=None,
-    )
-    _submit_compiles(st, pool)
+    _submit_compiles(_stage_compile_stand_in(jobs, tmp_path), pool)
     assert submitted == [("s/deep", True), ("s/wide", True), ("s/small", True), ("s/small_too", True)]
 
 
@@ -418,15 +425,8 @@ def test_a_stage_exports_each_package_and_hands_it_over_at_once(tmp_path):
     jobs = [job("b2", 2), job("b8", 8), job("b4", 4)]
     notes: list[str] = []
     pool = SimpleNamespace(programs=tmp_path, submit=submit, poll=lambda: events.append("poll"))
-    st = SimpleNamespace(
-        todo=lambda: list(jobs),
-        cache=None,
-        spec=SimpleNamespace(name="s"),
-        device=torch.device("cpu"),
-        tmp=tmp_path,
-        extra=None,
-        export_static=export_static,
-        reporter=SimpleNamespace(note=notes.append),
+    st = _stage_compile_stand_in(
+        jobs, tmp_path, export_static=export_static, reporter=SimpleNamespace(note=notes.append)
     )
     _submit_compiles(st, pool)
     order = ["b8", "b4", "b2"]
