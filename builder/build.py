@@ -1305,8 +1305,7 @@ def _build_family(
                         flush()
                         held = 0
                     elif prepared.compile is not None:
-                        _submit_compiles(prepared.compile, pool)
-                        _wait(pool, block=False)  # a failed compile stops the build now, not after the last export
+                        _submit_compiles(prepared.compile, pool)  # polls the pool after each submit
                 flush()
             term.check()
             stages = {s.name: stages[s.name] for s in specs}  # the manifest lists them in the family's order

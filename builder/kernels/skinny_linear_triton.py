@@ -597,7 +597,8 @@ def fit_shared_memory(
     autotuner does not get to catch it when the pruning leaves one candidate."""
     fitted = []
     for config in configs:
-        for c in (config, *SHALLOWER_GEMM_CONFIGS.get(id(config), _shallower(config))):
+        shallower = SHALLOWER_GEMM_CONFIGS.get(id(config))
+        for c in (config, *(shallower if shallower is not None else _shallower(config))):
             if tile_shared_memory(c, block_m, element_bytes, gated) <= limit:
                 fitted.append(c)
                 break
@@ -620,6 +621,7 @@ def _prune_tiles(configs, named_args, **kwargs):
     )
     chosen = [c for c in configs if c.kwargs["BLOCK_N"] == bn]
     limit = shared_memory_per_block(x.device)
+    # none fits even at one stage (no sm_80+ GPU at these tiles): the launch's own error names the resource
     return fit_shared_memory(chosen, meta["BLOCK_M"], x.element_size(), bool(meta.get("GATED")), limit) or chosen
 
 
