@@ -182,14 +182,13 @@ def program_fingerprint(ep: torch.export.ExportedProgram) -> str:
     return h.hexdigest()
 
 
-KERNEL_SWITCHES = ("TTSAOT_PDL", "TTSAOT_SKINNY_STREAM", "TTSAOT_DECODE_LAYER")
+KERNEL_SWITCHES = ("TTSAOT_PDL", "TTSAOT_SKINNY_STREAM")
 
 
 def _inductor_env() -> dict[str, str]:
     """Environment variables that change what Inductor or Triton generate (the cache location does not), and the
     kernel layer's build switches: TTSAOT_PDL (kernels/pdl.py: whether the launch helper gets the
-    programmatic-launch attribute), TTSAOT_SKINNY_STREAM (kernels/skinny_linear.py: the streamed tile form),
-    TTSAOT_DECODE_LAYER (kernels/decode_layer.py: the one-launch layer where it applies)."""
+    programmatic-launch attribute), TTSAOT_SKINNY_STREAM (kernels/skinny_linear.py: the streamed tile form)."""
     skip = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS"}  # where / how fast
     return {
         k: v

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .kernels.decode_attention import attention_workspace, supports_head_dim
-from .kernels.decode_modules import KernelAttention, KernelSwiGLU, decode_layer_step
+from .kernels.decode_modules import KernelAttention, KernelSwiGLU
 from .kernels.sample import gumbel, sample, support_mask
 from .layers.transformer import DecoderBlock
 
@@ -117,8 +117,7 @@ def _unrolled_frame_kernels(
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """`unrolled_frame` on the kernel layer (`use_predictor_kernels`): a static cache of the frame's positions,
     zeroed in the graph, and every position (the first T0 too: causal attention over T0 positions = T0 one-position
-    steps) one decode step per layer (`decode_layer_step`: one persistent `decode_layer` launch up to 2 rows, else
-    skinny_linear + decode_attention), with M = batch rows."""
+    steps) one decode step of skinny_linear + decode_attention per layer, with M = batch rows."""
     B, T0, _ = x.shape
     a = layers[0].self_attn
     shape = (len(layers), B, a.n_kv_heads, T0 + n_steps - 1, a.head_dim)
@@ -137,20 +136,10 @@ def _unrolled_frame_kernels(
         else:
             positions = torch.full((B,), p, dtype=torch.long, device=h.device)
         for i, layer in enumerate(layers):
-            h = decode_layer_step(
-                layer.self_attn,
-                layer.mlp,
-                layer.input_layernorm,
-                layer.post_attention_layernorm,
-                h,
-                positions,
-                k_cache,
-                v_cache,
-                i,
-                rope_cos,
-                rope_sin,
-                workspace,
+            h = layer.self_attn.decode_step(
+                h, layer.input_layernorm, positions, k_cache, v_cache, i, rope_cos, rope_sin, workspace=workspace
             )
+            h = layer.mlp.decode_step(h, layer.post_attention_layernorm)
         return h
 
     for t in range(T0):
@@ -194,8 +183,7 @@ def use_predictor_kernels(module: nn.Module) -> dict:
     return {
         "pass": "use_predictor_kernels",
         "layers": len(blocks),
-        # one decode_layer per layer pass up to decode_layer.MAX_ROWS rows, the five ops above (per bucket)
-        "ops": ["ttsaot::decode_layer", "ttsaot::skinny_linear", "ttsaot::decode_attention"],
+        "ops": ["ttsaot::skinny_linear", "ttsaot::decode_attention"],
         "frame_positions": list(blocks[0].self_attn.frame_positions.shape) if blocks and rows else None,
     }
 

@@ -92,16 +92,11 @@ def test_every_listed_kernel_exists_and_waits():
     """A name in PDL_KERNELS gets the launch attribute: it must be a Triton kernel of ours that calls the wait."""
     import inspect
 
-    from ttsaot.builder.kernels import (
-        decode_attention_triton,
-        decode_layer_triton,
-        sequence_attention_triton,
-        skinny_linear_triton,
-    )
+    from ttsaot.builder.kernels import decode_attention_triton, sequence_attention_triton, skinny_linear_triton
 
     kernels = {
         k.fn.__name__: k
-        for mod in (decode_attention_triton, decode_layer_triton, sequence_attention_triton, skinny_linear_triton)
+        for mod in (decode_attention_triton, sequence_attention_triton, skinny_linear_triton)
         for k in vars(mod).values()
         if hasattr(k, "fn") and hasattr(k, "arg_names") and inspect.isfunction(k.fn)
     }

@@ -107,14 +107,10 @@ def test_frame_reads_positions_and_rope_tables_from_module_buffers(B):
     ep = torch.export.export(kern, args)
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     consts = {**ep.graph_signature.inputs_to_buffers, **ep.graph_signature.inputs_to_parameters}
-    # up to 2 rows one decode_layer per layer pass, above it the five ops (decode_attention's cos/sin: args 6, 7)
-    op, tables = (
-        (torch.ops.ttsaot.decode_layer.default, 18) if B <= 2 else (torch.ops.ttsaot.decode_attention.default, 6)
-    )
-    calls = [n for n in ep.graph.nodes if n.target == op]
+    calls = [n for n in ep.graph.nodes if n.target == torch.ops.ttsaot.decode_attention.default]
     assert len(calls) == cfg.num_hidden_layers * cfg.num_code_groups
     for n in calls:
-        positions, cos, sin = _source(n.args[1]), n.args[tables], n.args[tables + 1]
+        positions, cos, sin = _source(n.args[1]), n.args[6], n.args[7]
         if B <= 64:
             assert consts.get(positions.name, "").endswith("self_attn.frame_positions"), positions
         else:

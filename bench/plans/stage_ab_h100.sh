@@ -2,7 +2,7 @@
 # One device call: stages built from two source trees and timed in turn on the same GPU — A: this tree, B: OTHER (a
 # `git archive` of another commit carried beside this one; its builder and runtime shadow the installed ones through
 # PYTHONPATH), C: this tree with TTSAOT_PDL=0, `stream`: this tree with TTSAOT_SKINNY_STREAM=1 (skinny_linear's
-# streamed tile form), `fiveops`: this tree with TTSAOT_DECODE_LAYER=0 (the predictors' layers as five ops), D (`alt`, optional): a third tree ALT carried like OTHER — `bench
+# streamed tile form), D (`alt`, optional): a third tree ALT carried like OTHER — `bench
 # build` of all of them side by side (caches apart), then `bench profile` of each, one at a time. $OUT/<variant>/:
 # the profile JSONs; the logs and tables in one tarball.
 #   OTHER=../.snap_old STAGES="voxcpm2/locdit voxcpm2/local_encoder" AXIS=batch=1 bash bench/plans/stage_ab_h100.sh
@@ -30,7 +30,6 @@ variant() {  # NAME: run the rest of the line in that variant's tree and environ
     old) (cd "${OTHER:?OTHER: a second source tree}" && PYTHONPATH="$SHADOW" "$@") ;;
     nopdl) (cd "$HERE" && TTSAOT_PDL=0 "$@") ;;
     stream) (cd "$HERE" && TTSAOT_SKINNY_STREAM=1 "$@") ;;
-    fiveops) (cd "$HERE" && TTSAOT_DECODE_LAYER=0 "$@") ;;
     alt) (cd "$ALT" && PYTHONPATH="$SHADOW_ALT" "$@") ;;
   esac
 }

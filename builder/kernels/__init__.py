@@ -3,7 +3,6 @@
 
 from . import conv1d
 from .decode_attention import decode_attention, decode_attention_reference
-from .decode_layer import decode_layer, decode_layer_reference
 from .decompositions import CPU_DECOMPOSITIONS, lower_for_cpu
 from .sample import sample_tokens
 from .sequence_attention import sequence_attention, sequence_attention_reference
@@ -16,8 +15,6 @@ __all__ = [
     "conv1d",
     "decode_attention",
     "decode_attention_reference",
-    "decode_layer",
-    "decode_layer_reference",
     "lower_for_cpu",
     "sample_tokens",
     "sequence_attention",

@@ -203,10 +203,9 @@ def plan_num_splits(rows: int, cache_len: int, multiprocessors: int) -> int:
 
 
 def attention_workspace(rows: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
-    """A zeroed workspace for a step's decode_attention calls: one int32 ticket per (row, kv head), and at least
-    the two counters of decode_layer's grid barrier; every call of either op leaves it zeroed, so one per step
-    serves all its layers. `rows`: any [B, ...] tensor of the step."""
-    return torch.zeros(max(rows.shape[0] * k_cache.shape[2], 2), dtype=torch.int32, device=rows.device)
+    """A zeroed workspace for a step's decode_attention calls: one int32 ticket per (row, kv head); every call
+    leaves it zeroed, so one per step serves all its layers. `rows`: any [B, ...] tensor of the step."""
+    return torch.zeros(rows.shape[0] * k_cache.shape[2], dtype=torch.int32, device=rows.device)
 
 
 def launch_decode_attention(

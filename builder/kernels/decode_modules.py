@@ -34,8 +34,6 @@ from ..layers.attention import Attention
 from ..layers.mlp import SwiGLU
 from ..layers.norms import RMSNorm
 from .decode_attention import decode_attention
-from .decode_layer import decode_layer
-from .decode_layer import supports as decode_layer_supports
 from .sequence_attention import sequence_attention
 from .skinny_linear import skinny_linear
 
@@ -123,61 +121,6 @@ class KernelSwiGLU(nn.Module):
         """x [..., D] (a step's [B, D], a sequence's [B, T, D]) → x + residual_scale · down(silu(gate)·up)(norm(x))."""
         h = skinny_linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, norm.weight, norm.eps, gated=True)
         return skinny_linear(h, self.down_proj.weight, self.down_proj.bias, residual=x, residual_scale=residual_scale)
-
-
-def decode_layer_step(
-    attn: KernelAttention,
-    mlp: KernelSwiGLU,
-    input_norm: RMSNorm,
-    post_norm: RMSNorm,
-    x: torch.Tensor,
-    positions: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    layer: int,
-    cos: torch.Tensor | None,
-    sin: torch.Tensor | None,
-    workspace: torch.Tensor,
-    residual_scale: float = 1.0,
-) -> torch.Tensor:
-    """A pre-norm layer's whole decode step, x [B, D] → x2 = x1 + mlp(post_norm(x1)) with x1 = x + attn(input_norm(x)):
-    ONE `ttsaot::decode_layer` (a persistent launch on CUDA) where it applies (B ≤ decode_layer.MAX_ROWS, a short
-    cache: decided per bucket at trace time), else the attention and MLP blocks' five ops. Same function either way
-    (decode_layer.py). `workspace`: the step's zeroed `attention_workspace`."""
-    if decode_layer_supports(x, k_cache) and input_norm.eps == post_norm.eps:
-        qn = kn = None
-        qk_eps = 1e-6
-        if attn.q_norm is not None:
-            qn, kn, qk_eps = attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps
-        return decode_layer(
-            x,
-            positions,
-            k_cache,
-            v_cache,
-            layer,
-            workspace,
-            input_norm.weight,
-            attn.qkv_proj.weight,
-            attn.o_proj.weight,
-            post_norm.weight,
-            mlp.gate_up_proj.weight,
-            mlp.down_proj.weight,
-            attn.qkv_proj.bias,
-            attn.o_proj.bias,
-            mlp.gate_up_proj.bias,
-            mlp.down_proj.bias,
-            qn,
-            kn,
-            cos,
-            sin,
-            attn.rope_interleaved,
-            attn.head_dim**-0.5,
-            input_norm.eps,
-            qk_eps,
-            residual_scale,
-        )
-    h = attn.decode_step(x, input_norm, positions, k_cache, v_cache, layer, cos, sin, residual_scale, workspace)
-    return mlp.decode_step(h, post_norm, residual_scale)
 
 
 class KernelLinear(nn.Module):

@@ -2,7 +2,8 @@
 
 Why: a decode step is a chain of short, bandwidth-bound launches (skinny_linear ×4 + decode_attention per layer).
 Profiles put their gap to the weight-read floor in each launch's ramp and tail (bench/results/nvidia-h100/probes/
-decode_layer_run/README.md: a persistent one-launch layer was slower; L2 prefetch did not help). With PDL the next
+decode_layer_run/README.md: a persistent one-launch layer was slower; L2 prefetch did not help; decode_layer_barrier/:
+a second one, with grid barriers, at best equal to these launches with PDL and slower in the stage). With PDL the next
 kernel's programs are launched while the previous kernel drains, issue their first WEIGHT loads (weights are never
 written by the step), and only then wait for the previous kernel's results (`griddepcontrol.wait`).
 
@@ -34,7 +35,6 @@ PDL_KERNELS = (
     "split_k_epilogue_kernel",
     "decode_attention_kernel",
     "sequence_attention_kernel",
-    "decode_layer_kernel",
 )
 ENV_SWITCH = "TTSAOT_PDL"
 METADATA_KEY = "ttsaot_pdl"  # "1" / "0" in each package's metadata: whether its launches carry the attribute
