@@ -457,6 +457,7 @@ def _add_coldstart_parser(sub) -> None:
     p.add_argument("--dtype", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--t-spawn", type=float, required=True)
+    p.add_argument("--warmup-calls", type=int, default=None)
 
 
 def _add_tool_parsers(sub) -> None:

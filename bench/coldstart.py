@@ -31,8 +31,10 @@ def child_main(a) -> None:
     out: dict[str, Any] = {"mode": a.mode}
     inputs = torch.load(a.inputs)
     if a.mode == "ttsaot":
-        from ttsaot.runtime import load
+        from ttsaot.runtime import graphs, load
 
+        if a.warmup_calls is not None:  # an A/B of the calls before each capture (bench/probes/coldstart_warmups.py)
+            graphs.WARMUP_CALLS = a.warmup_calls
         t0 = time.time()
         bundle = load(a.artifact, device=device, stages=[a.stage])
         stage = bundle[a.stage]
@@ -41,6 +43,7 @@ def child_main(a) -> None:
         out["load_s"] = time.time() - t0
         # where the load went: manifest + file checks, weights, package loads, warm-up calls + graph captures
         out["load_stats"] = {**bundle.load_stats, **stage.load_stats}
+        out["bucket_load_stats"] = stage.bucket_load_stats
         out["buckets_loaded"] = len(stage.buckets)
         out["cuda_graphs"] = stage.uses_cuda_graphs
         t0 = time.time()
@@ -89,8 +92,9 @@ def child_main(a) -> None:
         t0 = time.time()
         y = fn(xs)
     y = y[0] if isinstance(y, tuple | list) else y
-    y.float().cpu()  # the output on the host = the first audio a client could receive
+    host = y.float().cpu()  # the output on the host = the first audio a client could receive
     t_end = time.time()
+    out["output_sum"] = float(host.double().sum())  # tells two processes' outputs apart (A/B of load settings)
     out["first_call_ms"] = (t_end - t0) * 1e3
     out["first_output_s"] = t_end - a.t_spawn
     out["startup_s"] = t_start - a.t_spawn  # interpreter start + import torch
@@ -105,6 +109,7 @@ def measure(
     timeout: float,
     compile_mode: str,
     python: str = sys.executable,
+    warmup_calls: int | None = None,
 ) -> dict[str, Any]:
     """Parent side: spawn the child with an empty Inductor cache and return its numbers (or the failure)."""
     st = stage_res["stage"]
@@ -139,6 +144,8 @@ def measure(
         ]
         if st.get("dtype_override"):
             cmd += ["--dtype", st["dtype_override"]]
+        if warmup_calls is not None:
+            cmd += ["--warmup-calls", str(warmup_calls)]
         t_spawn = time.time()
         cmd += ["--t-spawn", repr(t_spawn)]
         try:

@@ -1,7 +1,7 @@
 """The one CUDA-graph capture/replay primitive: every captured callable (a bucket package, an LM package bound to
 one KV cache, a bench variant) goes through :class:`StaticGraph`.
 
-Recipe (AOTI.md §3): static input buffers owned by the caller; a few warm-up calls on a side stream (lazy cubin
+Recipe (AOTI.md §3): static input buffers owned by the caller; warm-up call(s) on a side stream (lazy cubin
 loads and allocator growth must happen before capture; one side stream per device for every warm-up, see
 `warmup_stream`); capture of one call into the given memory pool (graphs
 of one stage share a pool, captured largest first); replay writes the same static outputs every time, so callers
@@ -21,12 +21,15 @@ warm-up's peak resets the device's peak-memory statistics (torch.cuda.reset_peak
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-WARMUP_CALLS = 3  # calls before capture: enough for lazy kernel loads and the allocator to settle
+# Calls before a capture: the first call of a package loads its kernels (AOTI loads cubins lazily) and grows the
+# allocator, which must not happen inside the capture; a second or third call does neither again.
+WARMUP_CALLS = 1
 
 _WARMUP_STREAMS: dict[int, Any] = {}
 _LOCK = threading.Lock()  # guards _WARMUP_STREAMS and _CAPTURED_POOLS
@@ -70,7 +73,8 @@ class StaticGraph:
     capture=False keeps the static buffers but calls `fn` on them at every replay (the CPU path of stages that
     use static buffers; exercises the same scatter/gather code without a GPU). keep_alive: an object the graph
     must not outlive (e.g. the KV cache whose tensors are among the static inputs). pool_reserve=False skips the
-    first capture's pool reserve (module docstring; for comparisons)."""
+    first capture's pool reserve (module docstring; for comparisons). warmup_calls: None = WARMUP_CALLS, read at
+    construction. `warmup_s` / `capture_s`: seconds the warm-up calls (synchronised) and the capture took."""
 
     def __init__(
         self,
@@ -79,7 +83,7 @@ class StaticGraph:
         device: torch.device | None = None,
         pool: Any = None,
         capture: bool = True,
-        warmup_calls: int = WARMUP_CALLS,
+        warmup_calls: int | None = None,
         keep_alive: Any = None,
         pool_reserve: bool = True,
     ) -> None:
@@ -89,11 +93,15 @@ class StaticGraph:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: Any = None
         self.warmup_peak_bytes: int | None = None
+        self.warmup_s = self.capture_s = 0.0
         if not capture:
             return
+        if warmup_calls is None:
+            warmup_calls = WARMUP_CALLS
         device = device if device is not None else self.inputs[0].device
         first_in_pool = _claim_pool(pool) and pool_reserve
         torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
         base = torch.cuda.memory_allocated(device)
         if first_in_pool:
             torch.cuda.reset_peak_memory_stats(device)
@@ -104,6 +112,8 @@ class StaticGraph:
                 fn(self.inputs)
         torch.cuda.current_stream(device).wait_stream(side)
         torch.cuda.synchronize(device)
+        t1 = time.perf_counter()
+        self.warmup_s = t1 - t0
         #: bytes allocated beyond the static inputs at the warm-up's peak (one call's intermediates + outputs)
         self.warmup_peak_bytes = torch.cuda.max_memory_allocated(device) - base if first_in_pool else None
         self.graph = torch.cuda.CUDAGraph()
@@ -113,6 +123,7 @@ class StaticGraph:
                 reserve = torch.empty(self.warmup_peak_bytes, dtype=torch.uint8, device=device)
                 del reserve
             self.outputs = fn(self.inputs)
+        self.capture_s = time.perf_counter() - t1
 
     @property
     def captured(self) -> bool:

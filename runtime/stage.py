@@ -313,7 +313,8 @@ class Stage:
             st: dict[str, float | int | bool | str] = {
                 "package": b.file,
                 "package_load_s": round(runner.load_s, 4),
-                "capture_s": round(runner.capture_s, 4),
+                "capture_s": round(runner.capture_s, 4),  # warm-up calls + capture, the buffers' set-up included
+                "warmup_s": round(runner.graph.warmup_s, 4) if runner.graph is not None else 0.0,
                 "graph": runner.graph is not None,
             }
             if mem0 is not None:
@@ -326,6 +327,8 @@ class Stage:
         self.load_stats = {
             "package_load_s": round(sum(r.load_s for r in self._runners.values()), 3),
             "warmup_capture_s": round(sum(r.capture_s for r in self._runners.values()), 3),
+            # of which the warm-up calls (the first call of each package loads its kernels)
+            "warmup_s": round(sum(r.graph.warmup_s for r in self._runners.values() if r.graph is not None), 3),
         }
         self._axes = entry.axis_names()
         self.max_sizes = {a: max(b.sizes[a] for b in entry.buckets) for a in self._axes}

@@ -104,6 +104,29 @@ def test_static_graph_capture_and_replay_on_cuda():
     torch.testing.assert_close(g([y]).clone(), (y + 1).sin())
 
 
+@pytest.mark.gpu
+def test_warmup_calls_are_read_at_construction_and_timed(monkeypatch):
+    """WARMUP_CALLS calls before the capture (the module constant as it is when the graph is made; the cold-start
+    probe sets it), one call captured, none at replay; the warm-up and capture seconds recorded apart."""
+    from ttsaot.runtime import graphs
+
+    dev = torch.device("cuda")
+    calls = []
+
+    def fn(xs):
+        calls.append(torch.cuda.is_current_stream_capturing())
+        return xs[0] * 2
+
+    for n in (1, 3):
+        monkeypatch.setattr(graphs, "WARMUP_CALLS", n)
+        calls.clear()
+        g = StaticGraph(fn, [torch.ones(4, device=dev)], dev)
+        assert calls == [False] * n + [True]
+        assert g.warmup_s > 0 and g.capture_s > 0
+        g.replay()
+        assert len(calls) == n + 1 and float(g.outputs[0]) == 2.0
+
+
 def test_only_the_first_capture_into_a_pool_reserves(monkeypatch):
     from ttsaot.runtime import graphs
 
