@@ -4,11 +4,7 @@
 # alone on the host (fresh processes, WARMUP_CALLS 3 and 1 alternating, REPEATS each), then the GPU suite for the
 # time left (`pytest -m gpu -v`, with the tree's WARMUP_CALLS default) as the correctness check.
 #   OUT=... bash bench/plans/coldstart_warmups_h100.sh
-set -u
-cd "$(dirname "$0")/../.."
-export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
-OUT=${OUT:-$PWD/out}; LOGS=$OUT/logs; mkdir -p "$LOGS"; T0=$(date +%s)
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$LOGS/install.txt" 2>&1
+. "$(dirname "$0")/setup_device.sh"
 ART=/tmp/cw_art; rm -rf "$ART"
 timeout -s INT -k 10 "${BUILD_S:-260}" build-artifacts build fish-s2-pro --random-weights --preset full \
   --stages "${STAGES:-dac_decoder}" --device cuda --out "$ART" > "$LOGS/build.log" 2>&1

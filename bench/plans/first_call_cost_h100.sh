@@ -3,11 +3,7 @@
 # bucket 1: its 6 frame buckets; BUILD_ARGS overrides), then bench/probes/first_call_cost.py (lazy and eager module
 # loading, a profiled first call, the packages' kernel binaries).
 #   OUT=... bash bench/plans/first_call_cost_h100.sh
-set -u
-cd "$(dirname "$0")/../.."
-export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
-OUT=${OUT:-$PWD/out}; LOGS=$OUT/logs; mkdir -p "$LOGS"; T0=$(date +%s)
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$LOGS/install.txt" 2>&1
+. "$(dirname "$0")/setup_device.sh"
 ART=/tmp/fc_art; rm -rf "$ART"
 timeout -s INT -k 10 "${BUILD_S:-240}" build-artifacts build fish-s2-pro --random-weights --preset full \
   --stages dac_decoder ${BUILD_ARGS:---batch-buckets 1} --device cuda --no-verify --out "$ART" > "$LOGS/build.log" 2>&1

@@ -6,7 +6,8 @@ builds an execution plan: ~50-110 ms per package in the decoder's first calls
     python -m bench.probes.sdpa_backends --out OUT
 
 1. Eager, per (B, T) and backend (cuDNN, memory-efficient): the first call at the new shape (synchronised), the
-   per-call time (CUDA graph of 20 calls, median of 5 replays), the error against the fp32 math backend.
+   per-call time (bench.common.graph_replay_ms: a graph of 20 calls, median of 5 replays), the error against the
+   fp32 math backend.
 2. AOTInductor: a one-attention module exported and compiled with cuDNN's attention excluded
    (torch.nn.attention.sdpa_kernel), then which SDPA op the package's wrapper calls and its first call.
 Writes OUT/sdpa_backends.json."""
@@ -14,8 +15,8 @@ Writes OUT/sdpa_backends.json."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import statistics
 import tempfile
 import time
 import zipfile
@@ -25,6 +26,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from bench.common import graph_replay_ms
 
 HEADS, HEAD_DIM, WINDOW = 16, 64, 128
 SHAPES = [(1, 16), (1, 32), (1, 64), (1, 128), (1, 200), (4, 64), (4, 200)]
@@ -58,19 +61,8 @@ def eager(dev) -> list[dict[str, Any]]:
                     F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
                     torch.cuda.synchronize(dev)
                     row["second_ms"] = (time.perf_counter() - t) * 1e3
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        for _ in range(20):
-                            F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-                    times = []
-                    for _ in range(5):
-                        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        s.record()
-                        graph.replay()
-                        e.record()
-                        e.synchronize()
-                        times.append(s.elapsed_time(e) / 20 * 1e3)
-                    row["graph_us_per_call"] = statistics.median(times)
+                    call = functools.partial(F.scaled_dot_product_attention, q, k, v, attn_mask=mask)
+                    row["graph_us_per_call"] = graph_replay_ms([call] * 20, reps=5) * 1e3
                     row["max_abs_err_vs_fp32_math"] = float((y.float() - ref).abs().max())
             except Exception as ex:  # noqa: BLE001 - recorded
                 row["error"] = f"{type(ex).__name__}: {str(ex)[:200]}"
