@@ -295,30 +295,6 @@ def test_export_dynamic_keeps_the_axes_the_graph_allows():
     assert out.shape == (3, 6)
 
 
-class _WholeHops(nn.Module):
-    """A graph that needs whole hops of 8 samples (like a DAC encoder's conv stack): a plain range fails to export."""
-
-    def forward(self, x):
-        b, n = x.shape
-        return x.reshape(b, n // 8, 8).sum(-1)
-
-
-def test_export_dynamic_tries_the_buckets_common_step_first():
-    calls: list = []
-    x = torch.randn(2, 24)
-
-    def export(shapes):
-        calls.append(shapes)
-        return export_program(_WholeHops(), (x,), torch.device("cpu"), dynamic_shapes=shapes)
-
-    inputs = [{"name": "x", "dtype": "float32", "shape": ["batch", "samples"]}]
-    axes = {"batch": (1, 2), "samples": (16, 24, 48)}
-    res = export_dynamic(export, inputs, axes, plan_ranges(axes), "toy")
-    assert len(calls) == 1, "the stepped range exports at once"
-    assert res.dynamic == {"batch": (1, 2), "samples": (16, 48, 8)} and not res.dropped and not res.reason
-    assert res.program.module()(torch.ones(2, 40)).shape == (2, 5)  # any whole number of hops in the range
-
-
 def test_a_static_axis_groups_the_buckets_one_package_per_value(tmp_path, monkeypatch):
     """frames cannot be dynamic: one package per frame size, batch dynamic in each; the manifest says why."""
     calls: list = []
