@@ -27,8 +27,10 @@ from typing import Any
 
 import torch
 
-# Calls before a capture: the first call of a package loads its kernels (AOTI loads cubins lazily) and grows the
-# allocator, which must not happen inside the capture; a second or third call does neither again.
+# Calls before a capture: a package's first call loads kernels lazily (AOTI's, cuDNN's), sets up library state for
+# its shapes (cuDNN's attention plans: most of a Fish DAC decoder package's 50-90 ms, bench/results/nvidia-h200/
+# probes/first_call_cost/) and grows the allocator, none of which may happen inside the capture; a second call
+# repeats only GPU work (3 calls were not measurably slower than 1: probes/coldstart_warmups/).
 WARMUP_CALLS = 1
 
 _WARMUP_STREAMS: dict[int, Any] = {}

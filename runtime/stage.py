@@ -327,7 +327,7 @@ class Stage:
         self.load_stats = {
             "package_load_s": round(sum(r.load_s for r in self._runners.values()), 3),
             "warmup_capture_s": round(sum(r.capture_s for r in self._runners.values()), 3),
-            # of which the warm-up calls (the first call of each package loads its kernels)
+            # of which the warm-up calls (each package's first call: lazy loads and per-shape library set-up)
             "warmup_s": round(sum(r.graph.warmup_s for r in self._runners.values() if r.graph is not None), 3),
         }
         self._axes = entry.axis_names()
