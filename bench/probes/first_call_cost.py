@@ -1,5 +1,5 @@
 """Probe (issue 17): what a bucket package's first call costs at load, where the runtime's warm-up call before
-each graph capture spends ~50-90 ms per package whatever its size (Fish dac_decoder, 18 packages:
+each graph capture spends 50-140 ms per package whatever its size (Fish dac_decoder, 18 packages:
 ../results/nvidia-h200/probes/coldstart_warmups/).
 
     python -m bench.probes.first_call_cost --artifact DIR/FAMILY --stage STAGE --out OUT [--child]
