@@ -9,7 +9,7 @@ ART=/tmp/cw_art; rm -rf "$ART"
 timeout -s INT -k 10 "${BUILD_S:-260}" build-artifacts build fish-s2-pro --random-weights --preset full \
   --stages "${STAGES:-dac_decoder}" --device cuda --out "$ART" > "$LOGS/build.log" 2>&1
 echo "build rc $? at $(( $(date +%s) - T0 )) s: $(tail -2 "$LOGS/build.log" | cut -c1-200)"
-timeout "${PROBE_S:-150}" python3 -m bench.probes.coldstart_warmups --artifact "$ART/fish-s2-pro" --family fish-s2-pro \
+timeout "${PROBE_S:-150}" python3 -m bench.probes.coldstart_warmups --artifact "$ART/fish-s2-pro" \
   --repeats "${REPEATS:-3}" --out "$OUT" > "$LOGS/probe.txt" 2>&1
 echo "probe at $(( $(date +%s) - T0 )) s:"; grep -E "^rep" "$LOGS/probe.txt" | cut -c1-200
 LEFT=$(( 580 - ($(date +%s) - T0) ))

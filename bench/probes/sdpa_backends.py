@@ -1,13 +1,15 @@
 """Probe (issue 17): PyTorch's masked SDPA in the Fish DAC decoder's post-quantizer transformer (16 heads × 64,
 causal window 128, bf16: 8 calls per package) by backend. The first call of each new shape under cuDNN's attention
-builds an execution plan: ~50-110 ms per package in the decoder's first calls
+sets itself up: 50-140 ms of each package's first call in the decoder's warm-ups at load
 (../results/nvidia-h200/probes/first_call_cost/).
 
-    python -m bench.probes.sdpa_backends --out OUT
+    python -m bench.probes.sdpa_backends --out OUT [--skip-aoti]
 
-1. Eager, per (B, T) and backend (cuDNN, memory-efficient): the first call at the new shape (synchronised), the
-   per-call time (bench.common.graph_replay_ms: a graph of 20 calls, median of 5 replays), the error against the
-   fp32 math backend.
+1. Eager, per (B, T) and backend (cuDNN, memory-efficient, and `ttsaot::window_attention`, which the kernel
+   bodies now run instead): the first call at the new shape (synchronised; the op's first call overall includes
+   Triton's JIT compile and autotuning, which a package does not pay), the per-call time
+   (bench.common.graph_replay_ms: a graph of 20 calls, median of 5 replays), the error against the fp32 math
+   backend.
 2. AOTInductor: a one-attention module exported and compiled with cuDNN's attention excluded
    (torch.nn.attention.sdpa_kernel), then which SDPA op the package's wrapper calls and its first call.
 Writes OUT/sdpa_backends.json."""
@@ -15,6 +17,7 @@ Writes OUT/sdpa_backends.json."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import tempfile
@@ -27,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import ttsaot.builder.kernels  # noqa: F401 - registers ttsaot::window_attention
 from bench.common import graph_replay_ms
 
 HEADS, HEAD_DIM, WINDOW = 16, 64, 128
@@ -48,21 +52,29 @@ def eager(dev) -> list[dict[str, Any]]:
         mask = _mask(T, dev)
         with sdpa_kernel([SDPBackend.MATH]):
             ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
-        for name, backend in BACKENDS.items():
+        for name in (*BACKENDS, "ttsaot"):
             row: dict[str, Any] = {"B": B, "T": T, "backend": name}
+            if name == "ttsaot":  # the op on [B, T, H, D] views, its output [B, T, H·D] back to [B, H, T, D]
+                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                call = functools.partial(torch.ops.ttsaot.window_attention, qt, kt, vt, WINDOW, HEAD_DIM**-0.5, "ieee")
+                ctx: Any = contextlib.nullcontext()
+            else:
+                call = functools.partial(F.scaled_dot_product_attention, q, k, v, attn_mask=mask)
+                ctx = sdpa_kernel([BACKENDS[name]])
             try:
-                with sdpa_kernel([backend]):
+                with ctx:
                     torch.cuda.synchronize(dev)
                     t = time.perf_counter()
-                    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                    y = call()
                     torch.cuda.synchronize(dev)
                     row["first_ms"] = (time.perf_counter() - t) * 1e3
                     t = time.perf_counter()
-                    F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                    call()
                     torch.cuda.synchronize(dev)
                     row["second_ms"] = (time.perf_counter() - t) * 1e3
-                    call = functools.partial(F.scaled_dot_product_attention, q, k, v, attn_mask=mask)
                     row["graph_us_per_call"] = graph_replay_ms([call] * 20, reps=5) * 1e3
+                    if name == "ttsaot":
+                        y = y.view(B, T, HEADS, HEAD_DIM).transpose(1, 2)
                     row["max_abs_err_vs_fp32_math"] = float((y.float() - ref).abs().max())
             except Exception as ex:  # noqa: BLE001 - recorded
                 row["error"] = f"{type(ex).__name__}: {str(ex)[:200]}"
@@ -126,6 +138,7 @@ def aoti(dev) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--skip-aoti", action="store_true", help="only the eager part (1)")
     a = ap.parse_args()
     dev = torch.device("cuda")
     torch.zeros(1, device=dev)
@@ -133,6 +146,8 @@ def main() -> None:
                            "cudnn": torch.backends.cudnn.version(), "eager": eager(dev)}  # fmt: skip
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "sdpa_backends.json").write_text(json.dumps(res, indent=1))
+    if a.skip_aoti:
+        return
     try:
         res["aoti"] = aoti(dev)
     except Exception as ex:  # noqa: BLE001

@@ -23,7 +23,7 @@ reference below, which is the eager module's own SDPA call."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -154,16 +154,34 @@ register_cpu_decomposition(torch.ops.ttsaot.window_attention.default, window_att
 class KernelWindowAttention(nn.Module):
     """The attention core of a window-limited transformer layer on `ttsaot::window_attention`: (q, k, v) [B, T, H, D]
     after RoPE → [B, T, H·D], in place of transpose → SDPA(mask) → transpose. The precision is the stage body's fp32
-    GEMM mode (the exact codec bodies: "tf32x3")."""
+    GEMM mode (the exact codec bodies: "tf32x3"; 16-bit bodies multiply natively whatever it says). `scale`: the
+    module's own where it computes it differently from SDPA's default (`sdpa_scale`)."""
 
-    def __init__(self, window: int, head_dim: int, precision: str) -> None:
+    def __init__(self, window: int, head_dim: int, precision: str, scale: float | None = None) -> None:
         super().__init__()
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        self.window, self.scale, self.precision = int(window), sdpa_scale(head_dim), precision
+        self.window, self.precision = int(window), precision
+        self.scale = sdpa_scale(head_dim) if scale is None else float(scale)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return torch.ops.ttsaot.window_attention(q, k, v, self.window, self.scale, self.precision)
 
     def extra_repr(self) -> str:
         return f"window={self.window}, precision={self.precision}"
+
+
+def install_window_kernels(
+    owners: Iterable[nn.Module], window: int, head_dim: int, precision: str, scale: float | None = None
+) -> int:
+    """Put the attention core of each owner (a module with a `window_kernel` hook, None = its SDPA path) on
+    `ttsaot::window_attention`; returns how many. Every precision of a kernels=ttsaot codec body, bf16 included:
+    PyTorch's masked bf16 SDPA runs cuDNN's attention on CUDA, which sets itself up per new shape in each
+    package's first call (858.6 of a 902 ms first call on an H200, 50-140 ms of each DAC decoder bucket's warm-up
+    at load: bench/results/nvidia-h200/probes/first_call_cost/), where this op is one Triton launch with nothing to
+    set up that visits only the window's key blocks."""
+    n = 0
+    for owner in owners:
+        owner.window_kernel = KernelWindowAttention(window, head_dim, precision, scale)
+        n += 1
+    return n

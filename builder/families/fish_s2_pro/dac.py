@@ -88,8 +88,8 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(dim, 3 * n_head * head_dim, bias=False)
         self.wo = nn.Linear(n_head * head_dim, dim, bias=False)
         self.n_head, self.head_dim = n_head, head_dim
-        # the exact (tf32x3) channels-last bodies put the attention core on `ttsaot::window_attention`
-        # (dac_nlc._exact_attention), which takes [B, T, H, D] and the window instead of the mask
+        # the channels-last kernel bodies put the attention core on `ttsaot::window_attention`
+        # (dac_nlc._kernel_attention), which takes [B, T, H, D] and the window instead of the mask
         self.window_kernel: nn.Module | None = None
 
     def forward(self, x, cos, sin, mask):

@@ -11,7 +11,8 @@ from the first conv to the last, no transpose between layers.
   `KernelConvNeXt`) → pre_module, one chain ending in the latent's rows [B, T, D]; the quantizers then run the
   reference's ops in its order on those rows (`RVQEncodeNLC`), their 1×1 projections as linears.
 - Exact fp32 bodies ("tf32x3"): the transformers' and ConvNeXt blocks' linears on the conv kernel
-  (`_exact_linears`) and each transformer layer's attention on `ttsaot::window_attention` (`_exact_attention`).
+  (`_exact_linears`). Every precision: each transformer layer's attention on `ttsaot::window_attention`
+  (`_kernel_attention`).
 
 The `channels_last_*` kernel passes move the baked modules into these bodies, which the stage modules then run
 instead of their faithful forwards."""
@@ -32,7 +33,7 @@ from ...kernels.conv_modules import (
     fuse_conv_chain,
     linears_on_conv_kernel,
 )
-from ...kernels.window_attention import KernelWindowAttention
+from ...kernels.window_attention import install_window_kernels
 from ...passes.conv import install_channels_last
 from .dac import (
     DAC,
@@ -163,19 +164,16 @@ def _exact_linears(chain: nn.Module, precision: str) -> int:
     return linears_on_conv_kernel(chain, precision) if precision == "tf32x3" else 0
 
 
-def _exact_attention(chain: nn.Module, precision: str) -> int:
-    """Exact fp32 bodies ("tf32x3"): every window-limited transformer layer's attention on
-    `ttsaot::window_attention` in tf32x3 (PyTorch's fp32 SDPA runs on the FMA units over a dense mask: 0.87 ms of
-    the 10 s encoder call, H100). Other precisions keep SDPA (its bf16 / TF32 kernels use the tensor cores)."""
-    if precision != "tf32x3":
-        return 0
+def _kernel_attention(chain: nn.Module, precision: str) -> int:
+    """Every window-limited transformer layer's attention on `ttsaot::window_attention`, at every precision: exact
+    fp32 bodies because PyTorch's fp32 SDPA runs on the FMA units over a dense mask (0.87 ms of the 10 s encoder
+    call, H100), bf16 ones because its bf16 SDPA is cuDNN's, which sets itself up per shape in each package's first
+    call (`install_window_kernels`)."""
     n = 0
     for t in chain.modules():
         if isinstance(t, WindowLimitedTransformer):
-            for layer in t.layers:
-                att = layer.attention
-                att.window_kernel = KernelWindowAttention(t.window, att.head_dim, precision)
-                n += 1
+            head_dim = t.layers[0].attention.head_dim
+            n += install_window_kernels((layer.attention for layer in t.layers), t.window, head_dim, precision)
     return n
 
 
@@ -192,7 +190,7 @@ class DACDecoderNLC(nn.Module):
             decoder_items(dac), input_layout="NLC", output_layout="NCL", out_dtype=torch.float32, precision=precision
         )
         self.kernel_linears = _exact_linears(self.chain, precision)
-        self.kernel_attentions = _exact_attention(self.chain, precision)
+        self.kernel_attentions = _kernel_attention(self.chain, precision)
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
         semantic = codes[:, :1].clamp(max=self.semantic_size - 1)
@@ -208,7 +206,7 @@ class DACEncoderNLC(nn.Module):
         self.samples_per_frame = dac.cfg.samples_per_frame
         self.chain = fuse_conv_chain(encoder_items(dac), input_layout="NCL", output_layout="NLC", precision=precision)
         self.kernel_linears = _exact_linears(self.chain, precision)
-        self.kernel_attentions = _exact_attention(self.chain, precision)
+        self.kernel_attentions = _kernel_attention(self.chain, precision)
         self.semantic_quantizer = RVQEncodeNLC(dac.quantizer.semantic_quantizer, precision)
         self.quantizer = RVQEncodeNLC(dac.quantizer.quantizer, precision)
         self.kernel_linears += sum(

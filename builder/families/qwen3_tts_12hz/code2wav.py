@@ -104,11 +104,18 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
         self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
+        # the channels-last kernel body (code2wav_nlc) puts the attention core on `ttsaot::window_attention`, which
+        # takes [B, T, H, D] and the window instead of the mask
+        self.window_kernel: nn.Module | None = None
 
     def forward(self, x, cos, sin, mask):
         q, k, v = self.self_attn.project_qkv(self.input_layernorm(x))
         q, k = apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin)
-        x = x + self.self_attn_layer_scale(self.self_attn.attend(q, k, v, mask))
+        if self.window_kernel is not None:
+            o = self.self_attn.o_proj(self.window_kernel(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)))
+        else:
+            o = self.self_attn.attend(q, k, v, mask)
+        x = x + self.self_attn_layer_scale(o)
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
 

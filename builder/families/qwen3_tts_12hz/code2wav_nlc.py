@@ -5,11 +5,12 @@ The faithful module transposes around the pre-transformer and inside every ConvN
 adds NCHW↔NHWC conversions of its own (280 transposes per 50-frame call, 17% of its H200 profile). Here:
 - the quantizer gathers the baked codebook table into [B, F, d] and projects with the two 1×1 output
   projections as linears (the faithful conv1d(1×1) on [B, d, F] computes the same sums);
-- pre_conv → pre_transformer (it takes [B, T, C] already) → two (transposed conv, ConvNeXt) upsampling stages
-  (`KernelConvNeXt`) → the decoder (conv k7, 4 × [SnakeBeta, transposed conv, 3 residual units], SnakeBeta, conv
-  k7 → 1, clamp) are ONE `fuse_conv_chain`: every conv carries the snake that follows it, the residual add that
-  closes its unit and the skip the next unit needs in its epilogue; the chain ends in the [B, 1, T] wave (a view
-  of the [B, T, 1] rows) in fp32 (the stage's `clamp(-1, 1).float()`).
+- pre_conv → pre_transformer (it takes [B, T, C] already; its attention cores on `ttsaot::window_attention`) →
+  two (transposed conv, ConvNeXt) upsampling stages (`KernelConvNeXt`) → the decoder (conv k7, 4 × [SnakeBeta,
+  transposed conv, 3 residual units], SnakeBeta, conv k7 → 1, clamp) are ONE `fuse_conv_chain`: every conv
+  carries the snake that follows it, the residual add that closes its unit and the skip the next unit needs in its
+  epilogue; the chain ends in the [B, 1, T] wave (a view of the [B, T, 1] rows) in fp32 (the stage's
+  `clamp(-1, 1).float()`).
 
 `channels_last_code2wav` is the stage's kernel pass: it moves the baked modules into a `Code2WavNLC` that the
 stage module then runs instead of its faithful forward."""
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...kernels.conv_modules import KernelConvNeXt, Opaque, Residual, fuse_conv_chain
+from ...kernels.window_attention import install_window_kernels
 from ...passes.conv import install_channels_last
 from .code2wav import Code2Wav, DecoderBlock, QuantizerDecoder
 
@@ -62,6 +64,17 @@ def chain_items(m: Code2Wav) -> list[Any]:
     return [*items, "clamp"]
 
 
+def _kernel_attention(m: Code2Wav, precision: str) -> int:
+    """The pre-transformer's attention cores on `ttsaot::window_attention` (`install_window_kernels`: bf16 SDPA
+    would run cuDNN's attention, which sets itself up per shape in each package's first call); a checkpoint with
+    grouped k/v heads keeps SDPA (the op takes as many k/v heads as query heads)."""
+    attn = m.pre_transformer.layers[0].self_attn
+    if attn.n_kv_heads != attn.n_heads:
+        return 0
+    layers = m.pre_transformer.layers
+    return install_window_kernels(layers, m.cfg.sliding_window, attn.head_dim, precision, attn.head_dim**-0.5)
+
+
 class Code2WavNLC(nn.Module):
     """codes [B, 16, F] → wav [B, 1, F·spf] fp32, channels-last throughout (see the module docstring)."""
 
@@ -71,6 +84,7 @@ class Code2WavNLC(nn.Module):
         self.chain = fuse_conv_chain(
             chain_items(m), input_layout="NLC", output_layout="NCL", out_dtype=torch.float32, precision=precision
         )
+        self.kernel_attentions = _kernel_attention(m, precision)
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
         return self.chain(self.quantizer(codes))
