@@ -1,0 +1,86 @@
+"""Probe: the graph replay alone of every bucket of two or more builds of a stage, alternating, in one process (an
+A/B of the GPU work without the host's part of a call: input copies, validation, the per-call synchronisation that
+`bench profile`'s call_ms includes and whose noise, ±100 µs between runs on an H200 host, can hide a 50 µs change).
+
+    python -m bench.probes.replay_ab --artifact LABEL=DIR/FAMILY --artifact LABEL=DIR/FAMILY [--stage S]
+                                     [--rounds 5] [--replays 100] --out OUT
+
+Each artifact is loaded with the runtime (CUDA graphs captured at load); each bucket's static inputs hold random
+codes within the manifest's ranges (never all zeros; the same codes for every artifact). Per round and bucket, in
+turn for each artifact: `replays` back-to-back replays between two CUDA events → µs per replay. Writes
+OUT/replay_ab.json: every round's figure and per artifact and bucket the median over the rounds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import zlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _fill(runner, entry, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for spec, buf in zip(entry.inputs, runner.graph.inputs):
+        if buf.dtype.is_floating_point:
+            buf.copy_(torch.randn(buf.shape, generator=g))
+        else:
+            high = min(spec.range["high"]) if spec.range else 2
+            buf.copy_(torch.randint(0, high, buf.shape, generator=g))
+
+
+def _replay_us(graph, replays: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / replays
+
+
+def main() -> None:
+    from bench.probes.coldstart_warmups import _artifacts
+    from ttsaot.runtime import load
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--artifact", action="append", required=True, metavar="LABEL=DIR")
+    ap.add_argument("--stage", default=None, help="default: the manifest's first stage")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--replays", type=int, default=100)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    stages = {}
+    for label, path in _artifacts(a.artifact).items():
+        bundle = load(path, device="cuda")
+        stages[label] = bundle[a.stage or next(iter(bundle))]
+    res: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(),
+        "artifacts": a.artifact,
+        "rounds": [],
+        "median_us": {},
+    }
+    for r in range(a.rounds):
+        row: dict[str, dict[str, float]] = {}
+        for label, stage in stages.items():
+            for key, runner in stage._runners.items():
+                if runner.graph is None or not runner.graph.captured:
+                    continue
+                _fill(runner, stage.entry, seed=zlib.crc32(key.encode()))
+                row.setdefault(label, {})[key] = _replay_us(runner.graph, a.replays)
+        print(f"round {r}: " + json.dumps({k: {b: round(v, 1) for b, v in d.items()} for k, d in row.items()}))
+        res["rounds"].append(row)
+    for label in stages:
+        keys = res["rounds"][0].get(label, {})
+        res["median_us"][label] = {k: statistics.median(rd[label][k] for rd in res["rounds"]) for k in keys}
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "replay_ab.json").write_text(json.dumps(res, indent=1))
+    print(json.dumps(res["median_us"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
