@@ -267,3 +267,26 @@ def test_inspect_names_the_precision_what_chose_it_and_the_measured_error():
         "numerics=fp32 by --dac-decoder-precision"
     ]
     assert _numerics_cell(None) == []
+
+
+def test_code2wav_attention_on_the_kernel_only_with_as_many_kv_heads_as_query_heads():
+    """`ttsaot::window_attention` takes as many k/v heads as query heads: a code2wav checkpoint with grouped k/v heads
+    keeps SDPA in its kernel body (and its outputs); the presets' layers all go on the op."""
+    import dataclasses
+
+    from ttsaot.builder.families.qwen3_tts_12hz import checkpoint as qck
+    from ttsaot.builder.families.qwen3_tts_12hz import code2wav as qm
+    from ttsaot.builder.families.qwen3_tts_12hz import config as qcfg
+    from ttsaot.builder.families.qwen3_tts_12hz.code2wav_nlc import _kernel_attention
+
+    tiny = qcfg.CODE2WAV_PRESETS["tiny"]
+    m = qck.init_random_code2wav(qm.Code2Wav(tiny), seed=3)
+    assert _kernel_attention(m, "tf32x3") == tiny.num_hidden_layers
+    grouped = dataclasses.replace(tiny, num_key_value_heads=tiny.num_attention_heads // 2)
+    g = qck.init_random_code2wav(qm.Code2Wav(grouped), seed=3).eval()
+    x = torch.randn(1, 12, grouped.latent_dim, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = g.pre_transformer(x)
+        assert _kernel_attention(g, "tf32x3") == 0
+        assert all(layer.window_kernel is None for layer in g.pre_transformer.layers)
+        assert torch.equal(g.pre_transformer(x), ref)
