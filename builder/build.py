@@ -53,7 +53,7 @@ from . import golden_reference
 from .buckets import BucketPlan
 from .build_inputs import INPUTS_KEY, build_inputs_key
 from .cache_prune import describe, prune
-from .dynamic_shapes import DynamicExportError, export_dynamic, plan_ranges, range_record
+from .dynamic_shapes import DynamicExportError, export_dynamic, plan_ranges, range_record, with_steps
 from .export import CompileError, compile_bucket, compiler_info, export_bucket, export_program, inductor_options
 from .kernels import pdl
 from .kernels.skinny_linear import METADATA_KEY as STREAM_METADATA_KEY
@@ -906,7 +906,7 @@ def _dynamic_jobs(
     `names`: the package tags taken so far."""
     spec, device = st.spec, st.device
     axes = {a: sorted({b[a] for b in group}) for a in spec.plan.axes}
-    request = plan_ranges(axes)
+    request = with_steps(plan_ranges(axes), spec.axis_steps, axes)
     if len(group) == 1 or not request:
         out = []
         for sizes in group:

@@ -52,6 +52,20 @@ def plan_ranges(sizes_by_axis: Mapping[str, Sequence[int]], low: int | None = No
     return {a: (min(s) if low is None else low, max(s)) for a, s in sizes_by_axis.items() if len(set(s)) > 1}
 
 
+def with_steps(
+    ranges: Mapping[str, AxisRange], steps: Mapping[str, int], sizes_by_axis: Mapping[str, Sequence[int]]
+) -> dict[str, AxisRange]:
+    """`ranges` with each axis a stage declares stepped (StageSpec.axis_steps) as `(min, max, step)`, where every
+    size of that axis is a whole number of steps (otherwise the axis keeps its plain range and the search finds
+    what the graph allows)."""
+    out = dict(ranges)
+    for axis, step in steps.items():
+        r = out.get(axis)
+        if r is not None and len(r) == 2 and step > 1 and all(n % step == 0 for n in sizes_by_axis[axis]):
+            out[axis] = (r[0], r[1], step)
+    return out
+
+
 # A symbol whose range tops out at 2 is asked for up to 3. Found on torch 2.13 (CPU): the tiny Fish dac_decoder
 # exported with batch in [1, 2] (frames 8..32) compiled right in the exporting process, but once the program went
 # through torch.export.save / load (how it reaches a compile worker) AOTInductor baked batch = 2 into the package
@@ -200,4 +214,5 @@ __all__ = [
     "range_record",
     "stepped_ranges",
     "suggested_ranges",
+    "with_steps",
 ]

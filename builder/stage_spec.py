@@ -87,6 +87,11 @@ class StageSpec:
     # hot size on that axis, every bucket cold). None: every bucket is hot (decode steps, prefills): `cold`
     # packaging is then static throughout.
     hot_sizes: dict[str, tuple[int, ...]] | None = None
+    # Axes whose sizes the graph takes only in whole steps ({axis: step}: an encoder's samples in whole frames, its
+    # strided convs guard `samples // step`): a dynamic package exports such an axis stepped from its first try,
+    # instead of a plain range that torch.export refuses (one failed export: 18.6 s of the tiny Fish DAC encoder's
+    # 37 s of exports on a 2-core CPU).
+    axis_steps: dict[str, int] = field(default_factory=dict)
 
     def kernels_on(self, device: torch.device) -> str:
         """The kernel choice this spec builds with on `device` ("ttsaot" or "inductor")."""

@@ -15,8 +15,9 @@ from torch import nn
 from ttsaot.builder import build as build_mod
 from ttsaot.builder.buckets import BucketPlan
 from ttsaot.builder.build import Reporter, build_family
-from ttsaot.builder.dynamic_shapes import export_dynamic, plan_ranges
+from ttsaot.builder.dynamic_shapes import export_dynamic, plan_ranges, with_steps
 from ttsaot.builder.export import CompiledBucket, export_program
+from ttsaot.builder.families import get_family
 from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
 from ttsaot.builder.options import OptionsError
 from ttsaot.builder.stage_spec import StageSpec, resolve_dynamic_packages
@@ -293,6 +294,42 @@ def test_export_dynamic_keeps_the_axes_the_graph_allows():
     assert res.covers({"batch": 2, "frames": 16}) and not res.covers({"batch": 5, "frames": 16})
     out = res.program.module()(torch.ones(3, 3, 16))  # any batch in the range
     assert out.shape == (3, 6)
+
+
+class _WholeSteps(nn.Module):
+    """Takes its samples in whole steps of 4 (a strided conv stack's `samples // hop`): a plain range is refused."""
+
+    def forward(self, x):
+        b, c, n = x.shape
+        return x.reshape(b, c, n // 4, 4).sum(-1)
+
+
+@pytest.mark.parametrize("steps", [{}, {"samples": 4}])
+def test_a_declared_step_exports_the_axis_stepped_from_the_first_try(steps):
+    """StageSpec.axis_steps: the same stepped range, one export instead of a refused plain range and a retry."""
+    axes = {"samples": (8, 16, 24)}
+    x = torch.randn(1, 3, 24)
+    calls: list = []
+
+    def export(shapes):
+        calls.append(shapes)
+        return export_program(_WholeSteps().eval(), (x,), torch.device("cpu"), dynamic_shapes=shapes)
+
+    inputs = [{"name": "x", "dtype": "float32", "shape": [1, 3, "samples"]}]
+    res = export_dynamic(export, inputs, axes, with_steps(plan_ranges(axes), steps, axes), "toy")
+    assert res.dynamic == {"samples": (8, 24, 4)} and res.covers({"samples": 16}) and not res.covers({"samples": 18})
+    assert len(calls) == (1 if steps else 2)
+
+
+def test_with_steps_keeps_a_plain_range_where_a_size_is_not_whole_steps():
+    axes = {"samples": (8, 18), "batch": (1, 2)}
+    ranges = plan_ranges(axes)
+    assert with_steps(ranges, {"samples": 4}, axes) == ranges  # 18 is not whole steps of 4
+    assert with_steps(ranges, {"samples": 2, "frames": 2}, axes) == {"samples": (8, 18, 2), "batch": (1, 2)}
+    fish = get_family("fish-s2-pro")
+    enc = fish.specs(fish.options(), ["dac_encoder"])[0]
+    assert enc.axis_steps == {"samples": enc.metadata["samples_per_frame"]}
+    assert all(n % enc.axis_steps["samples"] == 0 for n in enc.plan.axes["samples"])
 
 
 def test_a_static_axis_groups_the_buckets_one_package_per_value(tmp_path, monkeypatch):

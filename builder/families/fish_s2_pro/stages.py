@@ -278,6 +278,8 @@ def dac_encoder_stage(opts: FishS2Options) -> StageSpec:
         plan=plan,
         # reference audio of any length, encoded once per voice: no length is hit more than another
         hot_sizes={"samples": ()},
+        # the buckets are whole frames and the strided conv stack needs them (torch.export refuses a plain range)
+        axis_steps={"samples": cfg.samples_per_frame},
         make_inputs=make_inputs,
         inputs=[{"name": "audio", "dtype": "float32", "shape": [1, 1, "samples"], "pad": 0.0}],
         # "frames" is not a bucket axis: codec_encoder derives it as ⌈samples / samples_per_frame⌉
