@@ -89,8 +89,8 @@ class StageSpec:
     hot_sizes: dict[str, tuple[int, ...]] | None = None
     # Axes whose sizes the graph takes only in whole steps ({axis: step}: an encoder's samples in whole frames, its
     # strided convs guard `samples // step`): a dynamic package exports such an axis stepped from its first try,
-    # instead of a plain range that torch.export refuses (one failed export: 18.6 s of the tiny Fish DAC encoder's
-    # 37 s of exports on a 2-core CPU).
+    # instead of a plain range that torch.export refuses and a retry (the tiny Fish DAC encoder on a 2-core CPU: 2.8
+    # and 8.7 s less export time in two alternating rounds, bench/results/cpu/probes/declared_axis_step/).
     axis_steps: dict[str, int] = field(default_factory=dict)
 
     def kernels_on(self, device: torch.device) -> str:
