@@ -28,10 +28,11 @@ from typing import Any
 import torch
 
 # Calls before a capture: a package's first call loads kernels lazily (AOTI's, cuDNN's), sets up library state for
-# its shapes (cuDNN's attention plans were most of a Fish DAC decoder package's 50-140 ms, bench/results/nvidia-h200/
-# probes/first_call_cost/, until its attention moved to ttsaot::window_attention: 8-55 ms, probes/window_attention_ab/)
-# and grows the allocator, none of which may happen inside the capture; a second call
-# repeats only GPU work (3 calls were not measurably slower than 1: probes/coldstart_warmups/).
+# its shapes, and grows the allocator, none of which may happen inside the capture. cuDNN's attention plans were
+# most of each Fish DAC decoder package's 50-140 ms (bench/results/nvidia-h200/probes/first_call_cost/); with that
+# attention on ttsaot::window_attention the 18 packages take 8-55 ms, 138 ms the first (H200,
+# bench/results/nvidia-h200/builds.json). A second call repeats only GPU work (3 warm-up calls made no
+# measurable difference against 1: probes/coldstart_warmups/).
 WARMUP_CALLS = 1
 
 _WARMUP_STREAMS: dict[int, Any] = {}

@@ -7,8 +7,11 @@ A/B of the GPU work without the host's part of a call: input copies, validation,
 
 Each artifact is loaded with the runtime (CUDA graphs captured at load); each bucket's static inputs hold random
 codes within the manifest's ranges (never all zeros; the same codes for every artifact). Per round and bucket, in
-turn for each artifact: `replays` back-to-back replays between two CUDA events → µs per replay. Writes
-OUT/replay_ab.json: every round's figure and per artifact and bucket the median over the rounds."""
+turn for each artifact: the bench's timing (bench.common.time_fn: `replays` replays of the runtime's own graph,
+bench.codec_stages._runner_replay, each between CUDA events with no synchronisation between them, the median) → µs
+per replay. (The committed results/nvidia-h200/probes/window_attention_ab/replay/ were made by b1f247b's version:
+the mean of 100 replays between one pair of events.) Writes OUT/replay_ab.json: every round's figure and
+per artifact and bucket the median over the rounds."""
 
 from __future__ import annotations
 
@@ -32,18 +35,9 @@ def _fill(runner, entry, seed: int) -> None:
             buf.copy_(torch.randint(0, high, buf.shape, generator=g))
 
 
-def _replay_us(graph, replays: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph.replay()
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / replays
-
-
 def main() -> None:
+    from bench.codec_stages import _runner_replay
+    from bench.common import time_fn
     from bench.probes.coldstart_warmups import _artifacts
     from ttsaot.runtime import load
 
@@ -54,6 +48,7 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
+    dev = torch.device("cuda")
     stages = {}
     for label, path in _artifacts(a.artifact).items():
         bundle = load(path, device="cuda")
@@ -68,10 +63,11 @@ def main() -> None:
         row: dict[str, dict[str, float]] = {}
         for label, stage in stages.items():
             for key, runner in stage._runners.items():
-                if runner.graph is None or not runner.graph.captured:
+                replay = _runner_replay(stage, key)
+                if replay is None:
                     continue
                 _fill(runner, stage.entry, seed=zlib.crc32(key.encode()))
-                row.setdefault(label, {})[key] = _replay_us(runner.graph, a.replays)
+                row.setdefault(label, {})[key] = time_fn(replay, dev, warmup=1, reps=a.replays)["ms"] * 1e3
         print(f"round {r}: " + json.dumps({k: {b: round(v, 1) for b, v in d.items()} for k, d in row.items()}))
         res["rounds"].append(row)
     for label in stages:
