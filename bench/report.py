@@ -103,7 +103,9 @@ def load_results(results: Path, include_cpu: bool) -> dict[str, dict[str, Any]]:
             elif r.get("kind") == "decode_stages":
                 r["_file"] = f.name
                 entry.setdefault("decode_stages", []).append(r)
-            elif r.get("kind") in ("builds", "bucket_hits"):
+            elif r.get("kind") == "builds":  # one file per run: builds.json, builds_<families>.json
+                entry.setdefault("builds", []).append(r)
+            elif r.get("kind") == "bucket_hits":
                 entry[r["kind"]] = r
             elif str(r.get("schema", "")).startswith("codec_stages/"):
                 entry.setdefault("codec_stages", []).append(r)
@@ -731,10 +733,10 @@ def write_report(results: Path, output: Path, plot_dir: Path | None = None, incl
             ]
         if d.get("profiles"):
             parts += [profiles_section(d["profiles"]), ""]
-        if d.get("builds"):
+        for res in d.get("builds", []):
             from .build_times import summary as builds_summary
 
-            parts += [builds_summary(d["builds"]), ""]
+            parts += [builds_summary(res), ""]
         for res in d.get("conv_kernels", []):
             rows = [
                 [

@@ -229,3 +229,22 @@ def test_the_cold_start_child_imports_neither_the_builder_nor_triton():
     proc = subprocess.run([sys.executable, "-c", _COLDSTART_IMPORTS], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_report_renders_every_builds_file_of_a_device(tmp_path):
+    """Each `bench builds` run writes its own file (a device call fits one family's full build): the report shows
+    them all, not the last one read."""
+    dev = tmp_path / "results" / "nvidia-h200"
+    dev.mkdir(parents=True)
+    for fam, name in (("fish-s2-pro", "builds.json"), ("qwen3-tts-12hz", "builds_qwen3-tts-12hz.json")):
+        cold = {"status": "ok", "wall_s": 100.0, "packages": 2, "reused": 0, "compiled": 2}
+        res = {
+            "kind": "builds",
+            "device": {"type": "cuda", "name": "NVIDIA H200"},
+            "default_build": True,
+            "git_commit": "abc",
+            "families": {fam: {"cold": cold}},
+        }
+        (dev / name).write_text(json.dumps(res))
+    report = write_report(tmp_path / "results", tmp_path / "BENCHMARKS.md", include_cpu=False).read_text()
+    assert "| fish-s2-pro | 100" in report and "| qwen3-tts-12hz | 100" in report

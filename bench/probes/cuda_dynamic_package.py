@@ -5,7 +5,8 @@ packages, and what does it save in build time?
 For one stage (full preset, random weights, the CUDA defaults: --kernels auto): build the whole default plan with
 `dynamic_packages="on"` (wall time, packages), then a static build (`"off"`) of a few of the plan's buckets; load
 both, check that the dynamic artifact's golden cases pass (`verify`), and time each static bucket through both
-(`stage(*inputs)`: graph replay plus the copies in and out; median of `--reps` calls after warm-up, random
+(`stage(*inputs)`, or an LM prefill's `prefill(...)` into a runtime-owned KVCache: graph replay plus the copies
+in and out; median of `--reps` calls after warm-up, random
 non-zero inputs) and compare their outputs. Not the bench harness: a feasibility and cost measurement.
 
     python3 bench/probes/cuda_dynamic_package.py --stage qwen3-tts-12hz/code2wav --buckets b1_f50,b4_f50,b1_f16 \
@@ -36,6 +37,27 @@ def _median_ms(fn, reps: int) -> float:
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
     return round(statistics.median(times), 4)
+
+
+def _first(y):
+    return y[0] if isinstance(y, tuple) else y
+
+
+def _caller(stage, sizes: dict, args: list):
+    """The stage's call on one bucket's inputs: `stage(*inputs)`, or for an LM prefill its serving API (`prefill`
+    into a KVCache the runtime owns, the cache inputs copied into it, the lengths input as `lengths`)."""
+    md = stage.entry.metadata
+    if stage.entry.kind != "lm_prefill":
+        return lambda: stage(*args)
+    names = stage.input_names
+    k_idx, v_idx = (names.index(n) for n in md["cache_inputs"])
+    ctl = names.index(md["length_input"])
+    rows = [args[i] for i in range(len(names)) if i not in (k_idx, v_idx, ctl)]
+    cache = stage.new_cache(sizes["batch"])
+    cache.k.copy_(args[k_idx])
+    cache.v.copy_(args[v_idx])
+    lengths = args[ctl].cpu().to(torch.int64)
+    return lambda: stage.prefill(*rows, lengths=lengths, cache=cache)
 
 
 def _build(family: str, spec, root: Path, jobs: int) -> dict:
@@ -96,14 +118,13 @@ def main() -> int:
         for sizes in static_spec.plan.buckets():
             ex = dyn_spec.make_inputs(sizes, torch.Generator().manual_seed(7))
             args = [ex[n].to("cuda") for n in dyn_spec.input_names]
-            y_dyn, y_sta = dyn[stage](*args), sta[stage](*args)
-            y_dyn = y_dyn[0] if isinstance(y_dyn, tuple) else y_dyn
-            y_sta = y_sta[0] if isinstance(y_sta, tuple) else y_sta
+            run_dyn, run_sta = _caller(dyn[stage], sizes, args), _caller(sta[stage], sizes, args)
+            y_dyn, y_sta = _first(run_dyn()), _first(run_sta())
             rel = ((y_dyn.double() - y_sta.double()).norm() / y_sta.double().norm().clamp_min(1e-30)).item()
             row = {
                 "bucket": BucketPlan.key(sizes),
-                "static_ms": _median_ms(lambda args=args: sta[stage](*args), a.reps),
-                "dynamic_ms": _median_ms(lambda args=args: dyn[stage](*args), a.reps),
+                "static_ms": _median_ms(run_sta, a.reps),
+                "dynamic_ms": _median_ms(run_dyn, a.reps),
                 "rel_diff": rel,
             }
             row["dynamic_over_static"] = round(row["dynamic_ms"] / row["static_ms"], 3)
