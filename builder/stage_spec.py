@@ -27,17 +27,18 @@ def resolve_kernels(choice: str, device: torch.device, cuda_auto: str = "ttsaot"
     return choice
 
 
-def resolve_dynamic_packages(choice: str, device: torch.device) -> str:
+def resolve_dynamic_packages(choice: str, device: torch.device, cuda_auto: str = "off") -> str:
     """What the build packages: "on" (one dynamic-shape package for as many buckets as the graph allows), "off" (a
     static package per bucket) or "cold" (a static package per hot bucket, StageSpec.hot_sizes, and dynamic ones
     for the rest: the buckets a stream hits on every chunk keep their per-shape tuning, the ones hit about once
     per request stop costing a compile each). `auto` is on for CPU builds (one package instead of one per
-    bucket: the 3-minute tiny CPU build, issue 17; bench/results/cpu/probes/dynamic_package) and off on CUDA,
-    where the Triton kernels autotune per static shape and a dynamic package ran 6-17% slower per call
-    (bench/results/nvidia-h100/probes/cuda_dynamic_package/)."""
+    bucket: the 3-minute tiny CPU build, issue 17; bench/results/cpu/probes/dynamic_package) and `cuda_auto` on
+    CUDA (StageSpec.cuda_auto_packages): "off" unless a stage showed no loss, because where the Triton kernels
+    autotune per static shape a dynamic package ran 6-17% slower per call (qwen code2wav,
+    bench/results/nvidia-h100/probes/cuda_dynamic_package/)."""
     if choice == "auto":
-        return "on" if device.type == "cpu" else "off"
-    if choice not in DYNAMIC_PACKAGES:
+        choice = "on" if device.type == "cpu" else cuda_auto
+    if choice not in DYNAMIC_PACKAGES or choice == "auto":
         raise ValueError(f"dynamic_packages must be one of {', '.join(DYNAMIC_PACKAGES)}; got {choice!r}")
     return choice
 
@@ -82,6 +83,9 @@ class StageSpec:
     # on a GPU; "inductor" keeps them opt-in (`--kernels ttsaot`) until then.
     cuda_auto_kernels: str = "ttsaot"
     dynamic_packages: str = "auto"  # DYNAMIC_PACKAGES (BuildOptions.dynamic_packages)
+    # What `auto` means on CUDA for this stage ("off", "on" or "cold"): "off" keeps a static package per bucket,
+    # the others once a GPU has shown the stage's dynamic package no slower per call (resolve_dynamic_packages).
+    cuda_auto_packages: str = "off"
     # The sizes per axis that serving hits on every call of a stream (a codec decoder's steady and first-chunk
     # windows: buckets.hot_frames); a bucket is hot when each listed axis has one of them (an empty tuple: no
     # hot size on that axis, every bucket cold). None: every bucket is hot (decode steps, prefills): `cold`
@@ -99,7 +103,7 @@ class StageSpec:
 
     def dynamic_mode(self, device: torch.device) -> str:
         """How the build packages this stage on `device`: "on", "off" or "cold" (resolve_dynamic_packages)."""
-        return resolve_dynamic_packages(self.dynamic_packages, device)
+        return resolve_dynamic_packages(self.dynamic_packages, device, self.cuda_auto_packages)
 
     def is_hot(self, sizes: dict[str, int]) -> bool:
         """Whether a bucket is one serving hits on every call of a stream (`hot_sizes`)."""

@@ -45,6 +45,12 @@ def test_auto_is_on_for_cpu_and_off_for_cuda():
     assert resolve_dynamic_packages("on", torch.device("cuda", 0)) == "on"
     assert resolve_dynamic_packages("off", torch.device("cpu")) == "off"
     assert resolve_dynamic_packages("cold", torch.device("cuda", 0)) == "cold"
+    # a stage's own CUDA default (StageSpec.cuda_auto_packages) decides `auto` there, never an explicit choice
+    assert resolve_dynamic_packages("auto", torch.device("cuda", 0), "on") == "on"
+    assert resolve_dynamic_packages("off", torch.device("cuda", 0), "on") == "off"
+    assert resolve_dynamic_packages("auto", torch.device("cpu"), "off") == "on"
+    with pytest.raises(ValueError, match="dynamic_packages must be one of"):
+        resolve_dynamic_packages("auto", torch.device("cuda", 0), "auto")
     with pytest.raises(OptionsError, match="dynamic_packages must be one of auto, on, off, cold"):
         QWEN.options(dynamic_packages="maybe")
     assert QWEN.specs(QWEN.options(dynamic_packages="off"), ["code2wav"])[0].dynamic_packages == "off"

@@ -205,6 +205,10 @@ def lm_stage(name: str, opts: VoxCPM2Options) -> StageSpec:
         # bench/results/nvidia-h100/decode_stages*.json, outputs within the stage tolerance): base_lm_step 1.30x /
         # 1.22x torch.compile + graph at B=1 / 16, residual_lm_step 1.36x at B=1 (2.85x the Inductor artifact).
         cuda_auto_kernels="ttsaot" if is_step and dtype == torch.bfloat16 else "inductor",
+        # A prefill runs once per request: ONE dynamic package serves its whole plan on CUDA too. H200, base LM,
+        # bf16: 1 package for 12 buckets built in 125 s where 4 static ones took 177 s, per call +6.8 % at b1_t64,
+        # +3.6 % at b1_t256, none at b4 (bench/results/nvidia-h200/probes/cuda_dynamic_prefill/).
+        cuda_auto_packages="off" if is_step else "on",
     )
 
 
