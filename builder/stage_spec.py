@@ -33,9 +33,9 @@ def resolve_dynamic_packages(choice: str, device: torch.device, cuda_auto: str =
     for the rest: the buckets a stream hits on every chunk keep their per-shape tuning, the ones hit about once
     per request stop costing a compile each). `auto` is on for CPU builds (one package instead of one per
     bucket: the 3-minute tiny CPU build, issue 17; bench/results/cpu/probes/dynamic_package) and `cuda_auto` on
-    CUDA (StageSpec.cuda_auto_packages): "off" unless a stage showed no loss, because where the Triton kernels
-    autotune per static shape a dynamic package ran 6-17% slower per call (qwen code2wav,
-    bench/results/nvidia-h100/probes/cuda_dynamic_package/)."""
+    CUDA (StageSpec.cuda_auto_packages): "off" unless a GPU showed a stage's per-call cost worth the compiles it
+    saves, because where the Triton kernels autotune per static shape a dynamic package ran 6-17% slower per call
+    (qwen code2wav, bench/results/nvidia-h100/probes/cuda_dynamic_package/)."""
     if choice == "auto":
         choice = "on" if device.type == "cpu" else cuda_auto
     if choice not in DYNAMIC_PACKAGES or choice == "auto":
@@ -83,8 +83,9 @@ class StageSpec:
     # on a GPU; "inductor" keeps them opt-in (`--kernels ttsaot`) until then.
     cuda_auto_kernels: str = "ttsaot"
     dynamic_packages: str = "auto"  # DYNAMIC_PACKAGES (BuildOptions.dynamic_packages)
-    # What `auto` means on CUDA for this stage ("off", "on" or "cold"): "off" keeps a static package per bucket,
-    # the others once a GPU has shown the stage's dynamic package no slower per call (resolve_dynamic_packages).
+    # What `auto` means on CUDA for this stage ("off", "on" or "cold"): "off" keeps a static package per bucket;
+    # another choice once a GPU has measured what the stage's dynamic package costs per call against the compiles
+    # it saves, and the spec cites it (resolve_dynamic_packages).
     cuda_auto_packages: str = "off"
     # The sizes per axis that serving hits on every call of a stream (a codec decoder's steady and first-chunk
     # windows: buckets.hot_frames); a bucket is hot when each listed axis has one of them (an empty tuple: no

@@ -39,7 +39,7 @@ def _package_metadata(path: Path) -> dict:
     return dict(AOTIModelPackageLoader.load_metadata_from_package(str(path), "model"))
 
 
-def test_auto_is_on_for_cpu_and_off_for_cuda():
+def test_auto_is_on_for_cpu_and_the_stages_choice_on_cuda():
     assert resolve_dynamic_packages("auto", torch.device("cpu")) == "on"
     assert resolve_dynamic_packages("auto", torch.device("cuda", 0)) == "off"
     assert resolve_dynamic_packages("on", torch.device("cuda", 0)) == "on"
@@ -51,6 +51,15 @@ def test_auto_is_on_for_cpu_and_off_for_cuda():
     assert resolve_dynamic_packages("auto", torch.device("cpu"), "off") == "on"
     with pytest.raises(ValueError, match="dynamic_packages must be one of"):
         resolve_dynamic_packages("auto", torch.device("cuda", 0), "auto")
+    # the VoxCPM2 LM prefills (once per request) are one dynamic package on CUDA too; the steps stay static
+    from ttsaot.builder.families.voxcpm2 import FAMILY as VOX
+
+    cuda = torch.device("cuda", 0)
+    modes = {s.name: s.dynamic_mode(cuda) for s in VOX.specs(VOX.options(device="cuda"), None)}
+    assert modes["base_lm_prefill"] == modes["residual_lm_prefill"] == "on"
+    assert {modes[n] for n in modes if not n.endswith("_prefill")} == {"off"}
+    explicit = VOX.specs(VOX.options(device="cuda", dynamic_packages="off"), ["base_lm_prefill"])[0]
+    assert explicit.dynamic_mode(cuda) == "off"
     with pytest.raises(OptionsError, match="dynamic_packages must be one of auto, on, off, cold"):
         QWEN.options(dynamic_packages="maybe")
     assert QWEN.specs(QWEN.options(dynamic_packages="off"), ["code2wav"])[0].dynamic_packages == "off"
