@@ -224,41 +224,46 @@ class TtsaotVariant(Variant):
         return lambda xs: st(*xs)
 
     def _prepare_lm(self, sizes, inputs):
-        """The serving API of LM stages: a runtime-owned KVCache (graphs captured per cache on CUDA),
-        filled with the bench's random cache contents and positions/lengths, so the outputs stay comparable
-        with the plain call. Positions are restored before every timed step: every call decodes the same
-        token."""
-        st = self.stage
-        md = st.entry.metadata
-        names = st.input_names
-        k_idx, v_idx = (names.index(n) for n in md["cache_inputs"])
-        step = self.ctx.spec.kind == "lm_step"
-        ctl = names.index(md["position_input" if step else "length_input"])
-        row_idx = [i for i in range(len(names)) if i not in (k_idx, v_idx, ctl)]
-        cache = st.new_cache(sizes["batch"])
-        if tuple(cache.k.shape) != tuple(inputs[k_idx].shape):
-            raise Skipped(f"cache shape {tuple(cache.k.shape)} differs from the input's {tuple(inputs[k_idx].shape)}")
-        cache.k.copy_(inputs[k_idx])
-        cache.v.copy_(inputs[v_idx])
-        control = inputs[ctl].detach().cpu().to(torch.int64)
+        """The serving API of LM stages (`lm_serving_call`)."""
+        run, cache, self.api = lm_serving_call(self.stage, sizes, inputs)
         self.caches = getattr(self, "caches", []) + [cache]
-        if step:
-            self.api = "step(*row_inputs, cache=KVCache)"
-
-            def run(xs):
-                cache.positions.copy_(control)
-                return st.step(*[xs[i] for i in row_idx], cache=cache)
-        else:
-            self.api = "prefill(*row_inputs, lengths=..., cache=KVCache)"
-
-            def run(xs):
-                return st.prefill(*[xs[i] for i in row_idx], lengths=control, cache=cache)
-
         return run
 
     def close(self) -> None:
         self.caches = []
         self.stage = None
+
+
+def lm_serving_call(st, sizes: dict[str, int], inputs) -> tuple[Call, object, str]:
+    """An LM stage's serving API on one bucket's program inputs: (run(xs), its runtime-owned KVCache, the API's
+    name). The cache (graphs captured per cache on CUDA) is filled with the inputs' cache contents, and the
+    positions / lengths input becomes the call's control, so the outputs stay comparable with the plain call. A
+    step's positions are restored before every call: every call decodes the same token. `run` takes the program
+    inputs and passes the rows' own."""
+    md = st.entry.metadata
+    names = st.input_names
+    k_idx, v_idx = (names.index(n) for n in md["cache_inputs"])
+    step = st.entry.kind == "lm_step"
+    ctl = names.index(md["position_input" if step else "length_input"])
+    row_idx = [i for i in range(len(names)) if i not in (k_idx, v_idx, ctl)]
+    cache = st.new_cache(sizes["batch"])
+    if tuple(cache.k.shape) != tuple(inputs[k_idx].shape):
+        raise Skipped(f"cache shape {tuple(cache.k.shape)} differs from the input's {tuple(inputs[k_idx].shape)}")
+    cache.k.copy_(inputs[k_idx])
+    cache.v.copy_(inputs[v_idx])
+    control = inputs[ctl].detach().cpu().to(torch.int64)
+    if step:
+
+        def run(xs):
+            cache.positions.copy_(control)
+            return st.step(*[xs[i] for i in row_idx], cache=cache)
+
+        return run, cache, "step(*row_inputs, cache=KVCache)"
+
+    def run(xs):
+        return st.prefill(*[xs[i] for i in row_idx], lengths=control, cache=cache)
+
+    return run, cache, "prefill(*row_inputs, lengths=..., cache=KVCache)"
 
 
 PREDICTOR_LOOPS = ("loop_eager_host", "loop_compile_graph")  # bench/predictor_loops.py

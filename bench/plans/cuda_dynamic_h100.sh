@@ -7,7 +7,7 @@ cd "$(dirname "$0")/../.."
 export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"; T0=$(date +%s)
 python3 -m pip install -q --no-deps --no-build-isolation -e . > /dev/null 2>&1
-timeout -s INT -k 10 "${PROBE_S:-540}" python3 bench/probes/cuda_dynamic_package.py --stage "${STAGE:-qwen3-tts-12hz/code2wav}" \
+timeout -s INT -k 10 "${PROBE_S:-540}" python3 -m bench.probes.cuda_dynamic_package --stage "${STAGE:-qwen3-tts-12hz/code2wav}" \
   --buckets "${BUCKETS:-b1_f50,b4_f50}" --out "$OUT" > "$OUT/probe.log" 2>&1
 echo "probe rc $? at $(( $(date +%s) - T0 )) s"
 grep -v "Warning\|warn(" "$OUT/probe.log" | tail -20 | cut -c1-600

@@ -5,11 +5,11 @@ packages, and what does it save in build time?
 For one stage (full preset, random weights, the CUDA defaults: --kernels auto): build the whole default plan with
 `dynamic_packages="on"` (wall time, packages), then a static build (`"off"`) of a few of the plan's buckets; load
 both, check that the dynamic artifact's golden cases pass (`verify`), and time each static bucket through both
-(`stage(*inputs)`, or an LM prefill's `prefill(...)` into a runtime-owned KVCache: graph replay plus the copies
+(`stage(*inputs)`, or an LM stage's serving API, bench.variants.lm_serving_call: graph replay plus the copies
 in and out; median of `--reps` calls after warm-up, random
 non-zero inputs) and compare their outputs. Not the bench harness: a feasibility and cost measurement.
 
-    python3 bench/probes/cuda_dynamic_package.py --stage qwen3-tts-12hz/code2wav --buckets b1_f50,b4_f50,b1_f16 \
+    python3 -m bench.probes.cuda_dynamic_package --stage qwen3-tts-12hz/code2wav --buckets b1_f50,b4_f50,b1_f16 \
         --out OUT
 """
 
@@ -44,20 +44,14 @@ def _first(y):
 
 
 def _caller(stage, sizes: dict, args: list):
-    """The stage's call on one bucket's inputs: `stage(*inputs)`, or for an LM prefill its serving API (`prefill`
-    into a KVCache the runtime owns, the cache inputs copied into it, the lengths input as `lengths`)."""
-    md = stage.entry.metadata
-    if stage.entry.kind != "lm_prefill":
+    """The stage's call on one bucket's inputs: `stage(*inputs)`, or an LM stage's serving API
+    (bench.variants.lm_serving_call)."""
+    if stage.entry.kind not in ("lm_step", "lm_prefill"):
         return lambda: stage(*args)
-    names = stage.input_names
-    k_idx, v_idx = (names.index(n) for n in md["cache_inputs"])
-    ctl = names.index(md["length_input"])
-    rows = [args[i] for i in range(len(names)) if i not in (k_idx, v_idx, ctl)]
-    cache = stage.new_cache(sizes["batch"])
-    cache.k.copy_(args[k_idx])
-    cache.v.copy_(args[v_idx])
-    lengths = args[ctl].cpu().to(torch.int64)
-    return lambda: stage.prefill(*rows, lengths=lengths, cache=cache)
+    from bench.variants import lm_serving_call
+
+    run, _cache, _api = lm_serving_call(stage, sizes, args)  # run keeps the cache alive
+    return lambda: run(args)
 
 
 def _build(family: str, spec, root: Path, jobs: int) -> dict:
