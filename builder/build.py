@@ -59,6 +59,7 @@ from .kernels import pdl
 from .kernels.skinny_linear import METADATA_KEY as STREAM_METADATA_KEY
 from .kernels.skinny_linear import stream_tiles
 from .load_check import LoadCheck
+from .module_copy import module_sharing_tensors
 from .package_cache import (
     PackageCache,
     cache_key,
@@ -329,7 +330,8 @@ def prepare_stage(
         spec, original, rewritten, golden_inputs, cache, tmp, f"golden/{spec.name}.safetensors", device
     )
     if golden.host_bytes <= defer_golden_bytes:
-        golden.rewritten = copy.deepcopy(rewritten)  # the compute-dtype cast below is in place
+        # the compute-dtype cast below replaces the module's tensors (builder/passes/cast.py), never writes into them
+        golden.rewritten = module_sharing_tensors(rewritten)
     else:
         golden.run()
         clock.lap(golden.label)  # the clock adds the seconds
@@ -465,6 +467,11 @@ class _PendingStage:
     compile: _StageCompile | None
     golden: _GoldenWork
     reporter: Reporter
+
+    @property
+    def compiled(self) -> bool:
+        """Whether every package of the stage is in (compiled or taken from the package cache)."""
+        return self.compile is None or not self.compile.todo()
 
     def device_bytes(self) -> int:
         """What the prepared stage holds on its device until it is compiled: its module's tensors."""
@@ -869,12 +876,29 @@ def compile_priority(cost: tuple[int, int]) -> float:
     return calls + elements / (elements + 1.0)
 
 
-def _wait(pool: CompilePool, block: bool = True) -> None:
-    """Every compile submitted so far finished and recorded (or, not blocking, those finished by now)."""
+def _wait(pool: CompilePool, block: bool = True, any_: bool = False) -> None:
+    """Every compile submitted so far finished and recorded (or, not blocking, those finished by now; `any_`: at
+    least one more)."""
     try:
-        pool.wait() if block else pool.poll()
+        if any_:
+            pool.wait_any()
+        else:
+            pool.wait() if block else pool.poll()
     except CompileError as e:
         raise BuildError(str(e)) from e
+
+
+def _finish_as_compiled(pending: list[_PendingStage], pool: CompilePool | None, stages: dict[str, StageEntry]) -> None:
+    """Finish each pending stage (its weights file, digests and golden file; `_PendingStage.finish`) into `stages`
+    once its own packages are in, while the pool compiles the others'. Finished after the last compile, one after
+    another, the H200 VoxCPM2 build's 7 stages took 37 s, 7-8 s per LM stage (nvidia-h200/build_logs/
+    voxcpm2-cold.log)."""
+    while pending:
+        for p in [p for p in pending if p.compiled]:
+            stages[p.entry.name] = p.finish()
+            pending.remove(p)
+        if pending:
+            _wait(pool, any_=True)
 
 
 def _stamped_ranges(package: Path) -> dict[str, tuple] | None:
@@ -1196,20 +1220,23 @@ def _bound_cache(root: Path, max_bytes: int, since: float, reporter: Reporter) -
 
 
 def _preparation_order(specs: list[StageSpec], device: torch.device) -> list[StageSpec]:
-    """The order a parallel build prepares its stages in: on CUDA, fewest buckets first. Stages are prepared one
-    after another in the build's process, a CUDA stage exporting one program per bucket, so a stage of few buckets
-    is ready soon and its packages (few, each a long serial chain in its worker) start compiling early; a stage of
-    many buckets spreads over the workers anyway. In the H200 Fish build in the family's order the DAC encoder's 4
-    packages (~200 s each) started 117 s in, behind fast_ar and the DAC decoder's 18 exports, and for its last
-    ~95 s only those 4 compiles ran: 4 of 16 cores busy (bench/results/nvidia-h200/probes/golden_on_gpu/). In this
-    order the encoder's packages were handed over 35 s in and the build took 275.6 s cold against 329.5 s
-    (bench/results/nvidia-h200/builds.json, another machine of the same kind). A CPU
-    build's stages each have one or a few dynamic packages and keep the family's order: on a 2-core box the tiny Fish
-    build took 146.3 s in it and 144.0 s fewest buckets first, on average of two runs each, within the box's spread
+    """The order a parallel build prepares its stages in: on CUDA, a stage whose packages compile longest of its
+    family first (`StageSpec.compiles_longest`), then fewest buckets first. Stages are prepared one after another
+    in the build's process, a CUDA stage exporting one program per bucket, so a stage of few buckets is ready soon
+    and its packages (few, each a long serial chain in its worker) start compiling early; a stage of many buckets
+    spreads over the workers anyway. In the H200 Fish build in the family's order the DAC encoder's 4 packages
+    (~200 s each) started 117 s in, behind fast_ar and the DAC decoder's 18 exports, and for its last ~95 s only
+    those 4 compiles ran: 4 of 16 cores busy (bench/results/nvidia-h200/probes/golden_on_gpu/). In this order the
+    encoder's packages were handed over 35 s in and the build took 275.6 s cold against 329.5 s
+    (bench/results/nvidia-h200/builds.json, another machine of the same kind). In the H200 VoxCPM2 build, fewest
+    buckets first put the LocDiT third: handed over 92 s in, its batch-1 package compiled for 256 s and was the
+    last but the VAE decoder's to finish (bench/results/nvidia-h200/build_logs/voxcpm2-cold.log). A CPU build's
+    stages each have one or a few dynamic packages and keep the family's order: on a 2-core box the tiny Fish build
+    took 146.3 s in it and 144.0 s fewest buckets first, on average of two runs each, within the box's spread
     (bench/results/cpu/probes/prep_order_fish_tiny/)."""
     if device.type != "cuda":
         return list(specs)
-    return sorted(specs, key=lambda s: len(s.plan.buckets()))
+    return sorted(specs, key=lambda s: (not s.compiles_longest, len(s.plan.buckets())))
 
 
 def _build_family(
@@ -1281,11 +1308,7 @@ def _build_family(
                     deferred = 0
                     if pool is None:
                         _compile_all([p.compile for p in pending if p.compile is not None], jobs)
-                    else:
-                        _wait(pool)
-                    for p in pending:
-                        stages[p.entry.name] = p.finish()
-                    pending.clear()
+                    _finish_as_compiled(pending, pool, stages)
 
                 for spec in _preparation_order(specs, dev) if pool is not None else specs:
                     room = _deferred_golden_bytes() - deferred if pool is not None else 0

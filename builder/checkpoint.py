@@ -5,8 +5,11 @@ is an error naming the key — the opposite of the reference loaders' `strict=Fa
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import zlib
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -56,6 +59,35 @@ def construct(cls: Callable[..., M], *args, **kwargs) -> M:
         return cls(*args, **kwargs)
     with without_default_init():
         return cls(*args, **kwargs)
+
+
+def name_seed(seed: int, name: str) -> int:
+    """The generator seed of one tensor of a random-weights module: keyed by its checkpoint NAME, not its place in
+    the module, so every stage module built with the same seed holds the same tensor for the same name (VoxCPM2's
+    base_lm_step and base_lm_prefill share base_lm.*)."""
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63
+
+
+def fill_by_name(
+    tensors: dict[str, torch.Tensor], fill: Callable[[str, torch.Tensor, torch.Generator], None], seed: int
+) -> None:
+    """Seeded random weights, in place: `fill(name, tensor, generator)` for each tensor, with a generator of its
+    own (`name_seed`), on threads. The draws are the same whatever the threads and their order; a storage named
+    twice (tied weights) is filled once, under its last name (what filling them in order left). On threads because
+    the draws are one core's work per tensor and the CPU generator does not parallelise: a full VoxCPM2 base-LM
+    module (1.33 B parameters) took 33 s on one core of a 2-core box, and 14-27 s of each base-LM stage's
+    preparation on the 16-core H200 hosts (bench/results/nvidia-h200/build_logs/voxcpm2-cold*.log)."""
+    last: dict[int, str] = {}
+    for name, t in tensors.items():
+        last[(t.data_ptr(), tuple(t.shape), t.stride()) if t.numel() else id(t)] = name
+    names = sorted(last.values(), key=lambda n: -tensors[n].numel())  # the largest first: the threads end together
+
+    def one(name: str) -> None:
+        with torch.no_grad():  # per thread: grad mode is thread-local
+            fill(name, tensors[name], torch.Generator().manual_seed(name_seed(seed, name)))
+
+    with ThreadPoolExecutor(max(1, min(len(names), os.cpu_count() or 1))) as pool:
+        list(pool.map(one, names))
 
 
 @dataclass

@@ -183,6 +183,13 @@ class CompilePool:
         while self._outstanding:
             self._handle(*self._finished.get())
 
+    def wait_any(self) -> None:
+        """Block until a task finishes (unless one has since the last call), running `on_done` of each finished."""
+        if not self._outstanding:
+            raise RuntimeError("CompilePool.wait_any: no task is running or waiting")
+        self._handle(*self._finished.get())
+        self.poll()
+
     def _handle(self, task: CompileTask, on_done: Callable, fut: Future) -> None:
         self._outstanding -= 1
         try:

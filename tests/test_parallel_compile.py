@@ -174,10 +174,10 @@ def test_stages_pool_their_compiles_within_the_device_budget(monkeypatch, tmp_pa
         events.append(("submit", st.spec.name))
         return real_submit(st, pool)
 
-    def wait(pool, block=True):
+    def wait(pool, block=True, any_=False):
         if block:
             events.append(("wait", ""))
-        return real_wait(pool, block)
+        return real_wait(pool, block, any_)
 
     monkeypatch.setattr(build, "_submit_compiles", submit)
     monkeypatch.setattr(build, "_wait", wait)
@@ -247,10 +247,10 @@ def _record_build_order(monkeypatch, events: list[tuple[str, str]], stop_at_wait
         events.append(("golden", spec.name))
         return real_golden(spec, *a, **kw)
 
-    def wait(pool, block=True):
+    def wait(pool, block=True, any_=False):
         if block and stop_at_wait:
             raise _Stop
-        return real_wait(pool, block)
+        return real_wait(pool, block, any_)
 
     monkeypatch.setattr(build, "prepare_stage", prepare)
     monkeypatch.setattr(build, "_submit_compiles", submit)
@@ -383,18 +383,68 @@ def test_a_stage_hands_its_largest_compiles_to_the_workers_first(tmp_path):
     assert submitted == [("s/deep", True), ("s/wide", True), ("s/small", True), ("s/small_too", True)]
 
 
-def test_a_cuda_build_prepares_its_stages_fewest_buckets_first():
-    """Preparation exports one program per bucket, one stage after another: the few-bucket stages' long compiles
-    start first (the H200 Fish build's DAC encoder started 117 s in, behind the DAC decoder's 18 exports)."""
+def test_each_stage_is_finished_once_its_own_packages_are_in():
+    """The pooled stages' files are written as each one's packages come in, not all after the last compile (the
+    H200 VoxCPM2 build spent its last 37 s finishing 7 stages one after another)."""
     from types import SimpleNamespace
 
-    def spec(name, n):
-        return SimpleNamespace(name=name, plan=SimpleNamespace(buckets=lambda: list(range(n))))
+    from ttsaot.builder.build import _finish_as_compiled
+
+    events: list[str] = []
+    stages: dict = {}
+
+    def stage(name: str, compiled: bool) -> SimpleNamespace:
+        st = SimpleNamespace(entry=SimpleNamespace(name=name), compiled=compiled)
+        st.finish = lambda: events.append(f"finish {name}") or name
+        return st
+
+    slow, fast, ready = stage("slow", False), stage("fast", False), stage("ready", True)
+    arriving = [fast, slow]
+
+    def wait_any() -> None:
+        st = arriving.pop(0)
+        st.compiled = True
+        events.append(f"compiled {st.entry.name}")
+
+    _finish_as_compiled([slow, fast, ready], SimpleNamespace(wait_any=wait_any), stages)
+    assert events == ["finish ready", "compiled fast", "finish fast", "compiled slow", "finish slow"]
+    assert stages == {"ready": "ready", "fast": "fast", "slow": "slow"}
+
+
+def test_wait_any_refuses_an_idle_pool():
+    pool = CompilePool(1)
+    with pytest.raises(RuntimeError, match="no task"):
+        pool.wait_any()
+
+
+def test_a_cuda_build_prepares_the_longest_compiling_stage_first_then_fewest_buckets_first():
+    """Preparation exports one program per bucket, one stage after another: the few-bucket stages' long compiles
+    start first (the H200 Fish build's DAC encoder started 117 s in, behind the DAC decoder's 18 exports), and a
+    stage whose packages compile longest of its family before them (the VoxCPM2 LocDiT's 256-s compile started
+    92 s in, third)."""
+    from types import SimpleNamespace
+
+    def spec(name, n, longest=False):
+        return SimpleNamespace(
+            name=name, plan=SimpleNamespace(buckets=lambda: list(range(n))), compiles_longest=longest
+        )
 
     specs = [spec("fast_ar", 3), spec("dac_decoder", 18), spec("dac_encoder", 4), spec("other", 3)]
     cuda = [s.name for s in _preparation_order(specs, torch.device("cuda", 0))]
     assert cuda == ["fast_ar", "other", "dac_encoder", "dac_decoder"]  # ties keep the family's order
     assert _preparation_order(specs, torch.device("cpu")) == specs
+    specs.append(spec("unrolled", 3, longest=True))
+    assert [s.name for s in _preparation_order(specs, torch.device("cuda", 0))][0] == "unrolled"
+    assert _preparation_order(specs, torch.device("cpu")) == specs
+
+
+def test_voxcpm2_prepares_its_locdit_first_on_cuda():
+    from ttsaot.builder.families import get_family
+
+    fam = get_family("voxcpm2")
+    specs = fam.specs(fam.options(preset="tiny"))
+    assert [s.name for s in specs if s.compiles_longest] == ["locdit"]
+    assert _preparation_order(specs, torch.device("cuda", 0))[0].name == "locdit"
 
 
 def test_a_stage_exports_each_package_and_hands_it_over_at_once(tmp_path):

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import zlib
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from ....runtime.artifact import sha256_of
-from ...checkpoint import CheckpointError, KeyRules, load_strict, read_safetensors_selected
+from ...checkpoint import CheckpointError, KeyRules, fill_by_name, load_strict, read_safetensors_selected
 from ...passes.weight_norm import NEW_G, NEW_V, legacy_weight_norm_to_new
 from .audio import LocalEncoderStage, LocDiTStage
 from .config import AudioConfig, VAEConfig, VoxCPM2LMConfig, preset_config_json
@@ -67,20 +66,20 @@ def load_lm_stage_module(stage: str, path: str | Path, cfg: VoxCPM2LMConfig, max
 
 
 def init_random_lm(module: nn.Module, seed: int = 0) -> nn.Module:
-    """Deterministic random weights keyed by checkpoint NAME (not order), so every stage module built with the
+    """Deterministic random weights keyed by checkpoint NAME (`fill_by_name`), so every stage module built with the
     same seed holds the same tensor for the same name (base_lm_step and base_lm_prefill share base_lm.*)."""
-    with torch.no_grad():
-        for name, p in module.state_dict().items():
-            g = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
-            leaf = name.rsplit(".", 1)[-1]
-            if "norm" in name and p.dim() == 1:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-            elif leaf == "bias":
-                p.copy_(0.02 * torch.randn(p.shape, generator=g))
-            elif "embed_tokens" in name:
-                p.copy_(torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+
+    def fill(name: str, p: torch.Tensor, g: torch.Generator) -> None:
+        if "norm" in name and p.dim() == 1:
+            p.normal_(1.0, 0.1, generator=g)
+        elif name.rsplit(".", 1)[-1] == "bias":
+            p.normal_(0.0, 0.02, generator=g)
+        elif "embed_tokens" in name:
+            p.normal_(0.0, 1.0, generator=g)
+        else:
+            p.normal_(0.0, 1 / math.sqrt(p.shape[-1]), generator=g)
+
+    fill_by_name(module.state_dict(), fill, seed)
     return module.eval()
 
 
@@ -122,18 +121,20 @@ def load_audio_stage_module(stage: str, ckpt_dir: str | Path, module: nn.Module)
 
 
 def init_random_audio(module: nn.Module, seed: int = 0) -> nn.Module:
-    """Deterministic random weights with realistic scales for the transformer stages (locdit, local_encoder)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if name.endswith("special_token"):
-                p.copy_(torch.randn(p.shape, generator=g))
-            elif p.dim() == 1 and ("norm" in name):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
-                p.copy_(0.02 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+    """Deterministic random weights with realistic scales for the transformer stages (locdit, local_encoder), keyed
+    by parameter name (`fill_by_name`)."""
+
+    def fill(name: str, p: torch.Tensor, g: torch.Generator) -> None:
+        if name.endswith("special_token"):
+            p.normal_(0.0, 1.0, generator=g)
+        elif p.dim() == 1 and ("norm" in name):
+            p.normal_(1.0, 0.1, generator=g)
+        elif name.endswith("bias"):
+            p.normal_(0.0, 0.02, generator=g)
+        else:
+            p.normal_(0.0, 1 / math.sqrt(p.shape[-1]), generator=g)
+
+    fill_by_name(dict(module.named_parameters()), fill, seed)
     return module.eval()
 
 
