@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ....runtime.artifact import sha256_of
-from ...checkpoint import CheckpointError, KeyRules, load_strict, read_safetensors_selected
+from ...checkpoint import CheckpointError, KeyRules, fill_by_name, load_strict, read_safetensors_selected
 from ...passes import legacy_weight_norm_to_new
 from .config import DACConfig, FastARConfig, codec_path, dac_config_from_checkpoint
 from .dac import DAC, WindowLimitedTransformer
@@ -83,29 +83,30 @@ def load_codec(path: str | Path, cfg: DACConfig | None = None, cls: type[DAC] = 
 def init_random_dac(model: DAC, seed: int = 0) -> DAC:
     """Deterministic random weights with trained-like scales: unit-ish activations through the residual
     stacks, snake alphas around 1, codebooks spread on the sphere: decode gives audio-range, unsaturated
-    output."""
-    g = torch.Generator().manual_seed(seed)
+    output. Keyed by parameter name (`fill_by_name`)."""
     last_conv = f"decoder.model.{len(model.decoder.model) - 2}.conv."
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            leaf = name.rsplit(".", 1)[-1]
-            if leaf == "alpha":
-                p.copy_(torch.rand(p.shape, generator=g) * 1.5 + 0.25)
-            elif leaf == "gamma":
-                p.copy_(torch.rand(p.shape, generator=g) * 0.2 + 0.05)
-            elif leaf == "original0":  # weight-norm magnitude g: sets each output channel's gain
-                # residual branches (ResidualUnit's k1 conv) and the final decoder conv start small
-                gain = 0.3 if (".block.3.conv." in name or name.startswith(last_conv)) else 1.0
-                p.copy_(gain * (0.5 + torch.rand(p.shape, generator=g)))
-            elif "norm" in name and leaf == "weight" and p.dim() == 1:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-            elif leaf == "bias":
-                p.copy_(0.02 * torch.randn(p.shape, generator=g))
-            elif "codebook" in name:
-                p.copy_(torch.randn(p.shape, generator=g))
-            else:
-                fan_in = p[0].numel() if p.dim() > 1 else p.numel()
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(fan_in))
+
+    def fill(name: str, p: torch.Tensor, g: torch.Generator) -> None:
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "alpha":
+            p.uniform_(0.25, 1.75, generator=g)
+        elif leaf == "gamma":
+            p.uniform_(0.05, 0.25, generator=g)
+        elif leaf == "original0":  # weight-norm magnitude g: sets each output channel's gain
+            # residual branches (ResidualUnit's k1 conv) and the final decoder conv start small
+            gain = 0.3 if (".block.3.conv." in name or name.startswith(last_conv)) else 1.0
+            p.uniform_(0.5 * gain, 1.5 * gain, generator=g)
+        elif "norm" in name and leaf == "weight" and p.dim() == 1:
+            p.normal_(1.0, 0.1, generator=g)
+        elif leaf == "bias":
+            p.normal_(0.0, 0.02, generator=g)
+        elif "codebook" in name:
+            p.normal_(0.0, 1.0, generator=g)
+        else:
+            fan_in = p[0].numel() if p.dim() > 1 else p.numel()
+            p.normal_(0.0, 1 / math.sqrt(fan_in), generator=g)
+
+    fill_by_name(dict(model.named_parameters()), fill, seed)
     return model.eval()
 
 
@@ -197,18 +198,20 @@ def load_fast_ar(path: str | Path, cfg: FastARConfig, with_embedding: bool) -> t
 
 
 def init_random_fast_ar(model: FastAR, seed: int = 0) -> FastAR:
-    """Deterministic random weights; the output head is scaled so logits spread over a few units (peaked but
-    not one-hot distributions, as a trained head gives), so sampling tests exercise top-k/top-p."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-            elif "embeddings" in name:
-                p.copy_(torch.randn(p.shape, generator=g))
-            else:
-                gain = 4.0 if name == "output.weight" else 1.0
-                p.copy_(torch.randn(p.shape, generator=g) * gain / math.sqrt(p.shape[1]))
+    """Deterministic random weights, keyed by parameter name (`fill_by_name`); the output head is scaled so logits
+    spread over a few units (peaked but not one-hot distributions, as a trained head gives), so sampling tests
+    exercise top-k/top-p."""
+
+    def fill(name: str, p: torch.Tensor, g: torch.Generator) -> None:
+        if p.dim() == 1:
+            p.normal_(1.0, 0.1, generator=g)
+        elif "embeddings" in name:
+            p.normal_(0.0, 1.0, generator=g)
+        else:
+            gain = 4.0 if name == "output.weight" else 1.0
+            p.normal_(0.0, gain / math.sqrt(p.shape[1]), generator=g)
+
+    fill_by_name(dict(model.named_parameters()), fill, seed)
     return model.eval()
 
 

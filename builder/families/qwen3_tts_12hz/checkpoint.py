@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ....runtime.artifact import sha256_of
-from ...checkpoint import KeyRules, load_strict, read_safetensors_selected
+from ...checkpoint import KeyRules, fill_by_name, load_strict, read_safetensors_selected
 from .code2wav import Code2Wav
 from .code_predictor import CodePredictor
 from .config import (
@@ -52,29 +52,32 @@ def load_code2wav(path: str | Path, cfg: Code2WavConfig | None = None) -> tuple[
 
 def init_random_code2wav(model: Code2Wav, seed: int = 0) -> Code2Wav:
     """Deterministic random weights with realistic scales (codebooks non-zero, snake log-params spread), so
-    the tiny preset produces audio-range signals rather than zeros or saturated clamps."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            leaf = name.rsplit(".", 1)[-1]
-            if leaf == "embedding_sum":
-                p.copy_(torch.randn(p.shape, generator=g))
-            elif leaf == "cluster_usage":
-                p.copy_(torch.rand(p.shape, generator=g) * 1.5 + 0.5)
-            elif leaf in ("alpha", "beta"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-            elif leaf in ("scale", "gamma"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1 + 0.3)
-            elif "norm" in name and leaf == "weight" and p.dim() == 1:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-            elif leaf == "bias":
-                p.copy_(0.02 * torch.randn(p.shape, generator=g))
-            else:
-                fan_in = p[0].numel() if p.dim() > 1 else p.numel()
-                # Residual branches and the output conv start small, as trained vocoders are: otherwise 29
-                # residual snakes grow the signal ~3x per block and the clamp saturates everything.
-                gain = 0.1 if (".conv2." in name or name.startswith(f"decoder.{len(model.decoder) - 1}.")) else 1.0
-                p.copy_(torch.randn(p.shape, generator=g) * gain / math.sqrt(fan_in))
+    the tiny preset produces audio-range signals rather than zeros or saturated clamps. Keyed by parameter name
+    (`fill_by_name`)."""
+    out_conv = f"decoder.{len(model.decoder) - 1}."
+
+    def fill(name: str, p: torch.Tensor, g: torch.Generator) -> None:
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "embedding_sum":
+            p.normal_(0.0, 1.0, generator=g)
+        elif leaf == "cluster_usage":
+            p.uniform_(0.5, 2.0, generator=g)
+        elif leaf in ("alpha", "beta"):
+            p.normal_(0.0, 0.3, generator=g)
+        elif leaf in ("scale", "gamma"):
+            p.normal_(0.3, 0.1, generator=g)
+        elif "norm" in name and leaf == "weight" and p.dim() == 1:
+            p.normal_(1.0, 0.1, generator=g)
+        elif leaf == "bias":
+            p.normal_(0.0, 0.02, generator=g)
+        else:
+            fan_in = p[0].numel() if p.dim() > 1 else p.numel()
+            # Residual branches and the output conv start small, as trained vocoders are: otherwise 29
+            # residual snakes grow the signal ~3x per block and the clamp saturates everything.
+            gain = 0.1 if (".conv2." in name or name.startswith(out_conv)) else 1.0
+            p.normal_(0.0, gain / math.sqrt(fan_in), generator=g)
+
+    fill_by_name(dict(model.named_parameters()), fill, seed)
     return model.eval()
 
 
@@ -142,19 +145,21 @@ def load_code_predictor(path: str | Path, cfg: CodePredictorConfig, with_embeddi
 
 
 def init_random_code_predictor(model: CodePredictor, seed: int = 0) -> CodePredictor:
-    """Deterministic random weights; lm heads scaled so logits spread over a few units (peaked distributions)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(0.02 * torch.randn(p.shape, generator=g))
-            elif p.dim() == 1:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-            elif "embedding" in name:
-                p.copy_(torch.randn(p.shape, generator=g))
-            else:
-                gain = 4.0 if name.startswith("lm_head") else 1.0
-                p.copy_(torch.randn(p.shape, generator=g) * gain / math.sqrt(p.shape[1]))
+    """Deterministic random weights, keyed by parameter name (`fill_by_name`); lm heads scaled so logits spread
+    over a few units (peaked distributions)."""
+
+    def fill(name: str, p: torch.Tensor, g: torch.Generator) -> None:
+        if name.endswith("bias"):
+            p.normal_(0.0, 0.02, generator=g)
+        elif p.dim() == 1:
+            p.normal_(1.0, 0.1, generator=g)
+        elif "embedding" in name:
+            p.normal_(0.0, 1.0, generator=g)
+        else:
+            gain = 4.0 if name.startswith("lm_head") else 1.0
+            p.normal_(0.0, gain / math.sqrt(p.shape[1]), generator=g)
+
+    fill_by_name(dict(model.named_parameters()), fill, seed)
     return model.eval()
 
 

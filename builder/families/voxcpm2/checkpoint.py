@@ -215,25 +215,27 @@ def load_vae_decoder(ckpt_dir: str | Path, cfg: VAEConfig) -> tuple[AudioVAEDeco
 
 
 def init_random_vae(model: AudioVAEDecoder, seed: int = 0) -> AudioVAEDecoder:
-    """Deterministic random weights with audio-range output (tanh not saturated, not silent)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("alpha"):
-                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
-            elif name.endswith(NEW_G):
-                # row norm of the effective weight; 1×1 convs closing residual branches start small
-                last = f"decoder.model.{len(model.decoder.model) - 2}."
-                small = ".block.3." in name or name.startswith(last)
-                p.copy_((0.1 if small else 0.7) * (0.8 + 0.4 * torch.rand(p.shape, generator=g)))
-            elif name.endswith(NEW_V):
-                p.copy_(torch.randn(p.shape, generator=g))
-            elif name.endswith("scale_embed.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
-                p.copy_(0.02 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+    """Deterministic random weights with audio-range output (tanh not saturated, not silent), keyed by parameter
+    name (`fill_by_name`)."""
+    last = f"decoder.model.{len(model.decoder.model) - 2}."
+
+    def fill(name: str, p: torch.Tensor, g: torch.Generator) -> None:
+        if name.endswith("alpha"):
+            p.uniform_(0.5, 1.5, generator=g)
+        elif name.endswith(NEW_G):
+            # row norm of the effective weight; 1×1 convs closing residual branches start small
+            gain = 0.1 if (".block.3." in name or name.startswith(last)) else 0.7
+            p.uniform_(0.8 * gain, 1.2 * gain, generator=g)
+        elif name.endswith(NEW_V):
+            p.normal_(0.0, 1.0, generator=g)
+        elif name.endswith("scale_embed.weight"):
+            p.normal_(1.0, 0.1, generator=g)
+        elif name.endswith("bias"):
+            p.normal_(0.0, 0.02, generator=g)
+        else:
+            p.normal_(0.0, 0.05, generator=g)
+
+    fill_by_name(dict(model.named_parameters()), fill, seed)
     return model.eval()
 
 
