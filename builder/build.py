@@ -892,7 +892,7 @@ def _finish_as_compiled(pending: list[_PendingStage], pool: CompilePool | None, 
     """Finish each pending stage (its weights file, digests and golden file; `_PendingStage.finish`) into `stages`
     once its own packages are in, while the pool compiles the others'. Finished after the last compile, one after
     another, the H200 VoxCPM2 build's 7 stages took 37 s, 7-8 s per LM stage (nvidia-h200/build_logs/
-    voxcpm2-cold.log)."""
+    voxcpm2-cold_a6ee558.log)."""
     while pending:
         for p in [p for p in pending if p.compiled]:
             stages[p.entry.name] = p.finish()
@@ -1230,7 +1230,7 @@ def _preparation_order(specs: list[StageSpec], device: torch.device) -> list[Sta
     encoder's packages were handed over 35 s in and the build took 275.6 s cold against 329.5 s
     (bench/results/nvidia-h200/builds.json, another machine of the same kind). In the H200 VoxCPM2 build, fewest
     buckets first put the LocDiT third: handed over 92 s in, its batch-1 package compiled for 256 s and was the
-    last but the VAE decoder's to finish (bench/results/nvidia-h200/build_logs/voxcpm2-cold.log). A CPU build's
+    last but the VAE decoder's to finish (bench/results/nvidia-h200/build_logs/voxcpm2-cold_a6ee558.log). A CPU build's
     stages each have one or a few dynamic packages and keep the family's order: on a 2-core box the tiny Fish build
     took 146.3 s in it and 144.0 s fewest buckets first, on average of two runs each, within the box's spread
     (bench/results/cpu/probes/prep_order_fish_tiny/)."""

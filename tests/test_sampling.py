@@ -158,3 +158,28 @@ def test_exports_without_rng_or_host_sync():
     assert not [o for o in ops if any(o.startswith(f"aten.{b}") for b in banned)], ops
     assert any(o.startswith("aten.sort") for o in ops)  # the check sees aten ops at all
     assert torch.equal(ep.module()(*args), sample(*args))
+
+
+def test_the_gpu_consistency_check_allows_a_top_p_boundary_that_bf16_moved_and_nothing_more():
+    """tests/sampling_checks.py, as the GPU predictor tests use it: the full-size Qwen code predictor's top token
+    held 0.532 of the mass in bf16 and 0.513 in fp32 at a row with top_p 0.521, so fp32 kept two tokens where
+    bf16 kept one and the fp32 draw took the second: a choice bf16 noise explains. A token beyond the widened
+    boundary, or one that is not the Gumbel-max within it, still fails."""
+    from .sampling_checks import gumbel_max_violations
+
+    probs = torch.tensor([[0.5322, 0.2572, 0.1101, 0.029] + [0.0715 / 60] * 60])
+    logits = probs.log() * 0.52  # logits/T with T 0.52 give these probabilities
+    T, k = torch.tensor([0.52]), torch.tensor([315])
+    u = torch.full((1, 64), 0.5)
+    u[0, 1] = 0.999  # token 1's Gumbel noise beats token 0's
+    u[0, 2] = 0.9999999  # token 2 would win if it were in the support
+
+    def off(code: int, top_p: float) -> bool:
+        return bool(gumbel_max_violations(logits, torch.tensor([code]), u, T, k, torch.tensor([top_p]))[0])
+
+    assert not off(1, 0.5209)  # the fp32 support {0, 1}: within the slack of bf16's {0}
+    assert off(2, 0.5209)  # token 2 needs 0.789 of the mass before it: beyond any bf16 slack
+    # top_p 0.85: token 2 (0.789 before it) is kept even 0.05 narrower, and it is the Gumbel-max there
+    assert not off(2, 0.85)
+    assert off(0, 0.85) and off(1, 0.85)
+    assert off(1, 1.0) and not off(2, 1.0)  # top-p off: the whole top-k, no boundary to move

@@ -19,17 +19,14 @@ from ttsaot.builder.families.fish_s2_pro.options import FishS2Options  # noqa: E
 from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN  # noqa: E402
 from ttsaot.builder.families.qwen3_tts_12hz import stages as qst  # noqa: E402
 from ttsaot.builder.families.qwen3_tts_12hz.options import Qwen3TTSOptions  # noqa: E402
-from ttsaot.builder.predictor import (  # noqa: E402
-    gumbel,
-    random_sampling_inputs,  # noqa: E402
-    support_mask,
-)
+from ttsaot.builder.predictor import random_sampling_inputs  # noqa: E402
 
 FISH = FISH.name
 from ttsaot.builder.passes import cast_to_compute_dtype  # noqa: E402
 from ttsaot.runtime import load  # noqa: E402
 
 from ..conftest import rel_err  # noqa: E402
+from ..sampling_checks import gumbel_max_violations  # noqa: E402
 from . import build_on_gpu, gpu_artifact  # noqa: E402
 
 
@@ -104,20 +101,12 @@ def _check_bf16_consistency(eager, name, x, codes, emb):
         else:
             _, logits, summed = eager.decode(x["hidden"], x["code0"], lambda s, lg: codes[:, s], collect_embedding=True)
             ref_emb = summed.float()
-    T = x["temperature"].float()
-    greedy = T <= 0
     # Qwen rows whose code0 is a special token are zeroed by design: nothing was sampled there.
-    rows = x["code0"] < eager.cfg.vocab_size if name == "code_predictor" else torch.ones_like(greedy)
+    rows = x["code0"] < eager.cfg.vocab_size if name == "code_predictor" else torch.ones_like(x["temperature"] > 0)
     bad = 0
     for s, lg in enumerate(logits, start=1):
-        lg = lg.float()
-        scaled = lg / torch.where(greedy, torch.ones_like(T), T)[:, None]
-        keep = support_mask(scaled, x["top_k"], x["top_p"])
-        score = torch.where(greedy[:, None], lg, scaled + gumbel(x["noise"][:, s - 1]))
-        score = score.masked_fill(~keep & ~greedy[:, None], float("-inf"))
-        chosen = score.gather(1, codes[:, s : s + 1]).squeeze(1)
-        slack = 0.05 * lg.abs().amax(1) / torch.where(greedy, torch.ones_like(T), T)  # bf16 logit error bound
-        bad += int(((chosen < score.amax(1) - slack) & rows).sum())
+        off = gumbel_max_violations(lg, codes[:, s], x["noise"][:, s - 1], x["temperature"], x["top_k"], x["top_p"])
+        bad += int((off & rows).sum())
     assert bad == 0
     assert rel_err(emb[rows], ref_emb[rows]) < 2e-2
 
