@@ -5,6 +5,7 @@ is an error naming the key — the opposite of the reference loaders' `strict=Fa
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import zlib
@@ -88,6 +89,20 @@ def fill_by_name(
 
     with ThreadPoolExecutor(max(1, min(len(names), os.cpu_count() or 1))) as pool:
         list(pool.map(one, names))
+
+
+def fan_in_fill(name: str, p: torch.Tensor, g: torch.Generator, gain: float = 1.0) -> None:
+    """The rules the codec decoders' random weights end with (`fill_by_name`'s `fill`, after their own): a 1-D
+    norm weight ~ N(1, 0.1²), a bias ~ N(0, 0.02²), any other tensor ~ N(0, gain²/fan_in), fan_in being its
+    elements per output row (a conv's in_channels × kernel)."""
+    leaf = name.rsplit(".", 1)[-1]
+    if "norm" in name and leaf == "weight" and p.dim() == 1:
+        p.normal_(1.0, 0.1, generator=g)
+    elif leaf == "bias":
+        p.normal_(0.0, 0.02, generator=g)
+    else:
+        fan_in = p[0].numel() if p.dim() > 1 else p.numel()
+        p.normal_(0.0, gain / math.sqrt(fan_in), generator=g)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ....runtime.artifact import sha256_of
-from ...checkpoint import CheckpointError, KeyRules, fill_by_name, load_strict, read_safetensors_selected
+from ...checkpoint import CheckpointError, KeyRules, fan_in_fill, fill_by_name, load_strict, read_safetensors_selected
 from ...passes import legacy_weight_norm_to_new
 from .config import DACConfig, FastARConfig, codec_path, dac_config_from_checkpoint
 from .dac import DAC, WindowLimitedTransformer
@@ -96,15 +96,10 @@ def init_random_dac(model: DAC, seed: int = 0) -> DAC:
             # residual branches (ResidualUnit's k1 conv) and the final decoder conv start small
             gain = 0.3 if (".block.3.conv." in name or name.startswith(last_conv)) else 1.0
             p.uniform_(0.5 * gain, 1.5 * gain, generator=g)
-        elif "norm" in name and leaf == "weight" and p.dim() == 1:
-            p.normal_(1.0, 0.1, generator=g)
-        elif leaf == "bias":
-            p.normal_(0.0, 0.02, generator=g)
-        elif "codebook" in name:
+        elif "codebook" in name:  # (no codebook tensor is a norm weight or a bias)
             p.normal_(0.0, 1.0, generator=g)
         else:
-            fan_in = p[0].numel() if p.dim() > 1 else p.numel()
-            p.normal_(0.0, 1 / math.sqrt(fan_in), generator=g)
+            fan_in_fill(name, p, g)
 
     fill_by_name(dict(model.named_parameters()), fill, seed)
     return model.eval()

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ....runtime.artifact import sha256_of
-from ...checkpoint import KeyRules, fill_by_name, load_strict, read_safetensors_selected
+from ...checkpoint import KeyRules, fan_in_fill, fill_by_name, load_strict, read_safetensors_selected
 from .code2wav import Code2Wav
 from .code_predictor import CodePredictor
 from .config import (
@@ -66,16 +66,10 @@ def init_random_code2wav(model: Code2Wav, seed: int = 0) -> Code2Wav:
             p.normal_(0.0, 0.3, generator=g)
         elif leaf in ("scale", "gamma"):
             p.normal_(0.3, 0.1, generator=g)
-        elif "norm" in name and leaf == "weight" and p.dim() == 1:
-            p.normal_(1.0, 0.1, generator=g)
-        elif leaf == "bias":
-            p.normal_(0.0, 0.02, generator=g)
         else:
-            fan_in = p[0].numel() if p.dim() > 1 else p.numel()
             # Residual branches and the output conv start small, as trained vocoders are: otherwise 29
             # residual snakes grow the signal ~3x per block and the clamp saturates everything.
-            gain = 0.1 if (".conv2." in name or name.startswith(out_conv)) else 1.0
-            p.normal_(0.0, gain / math.sqrt(fan_in), generator=g)
+            fan_in_fill(name, p, g, gain=0.1 if (".conv2." in name or name.startswith(out_conv)) else 1.0)
 
     fill_by_name(dict(model.named_parameters()), fill, seed)
     return model.eval()
