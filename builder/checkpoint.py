@@ -76,9 +76,9 @@ def fill_by_name(
     own (`name_seed`), on threads. The draws are the same whatever the threads and their order; a storage named
     twice (tied weights) is filled once, under its last name (what filling them in order left). On threads because
     the draws are one core's work per tensor and the CPU generator does not parallelise: a full VoxCPM2 base-LM
-    module (1.33 B parameters) took 33 s on one core of a 2-core box (15.6 s on threads), and making the base-LM
-    stages' modules took 14-40 s of their preparation on the 16-core H200 hosts, 9.9-13.6 s on threads
-    (bench/results/nvidia-h200/build_logs/voxcpm2-cold*.log)."""
+    module (1.33 B parameters) took 21.4 s on one thread and 7.1 s on two of a 2-core box
+    (bench/results/cpu/probes/random_init_threads/); the `modules` phase of the base-LM stages' preparation took
+    14-40 s on the 16-core H200 hosts before, 9.9-13.6 s after (nvidia-h200/build_logs/voxcpm2-cold*.log)."""
     last: dict[object, str] = {}  # the tensor's memory (or, empty, the tensor) → its last name
     for name, t in tensors.items():
         last[(t.data_ptr(), tuple(t.shape), t.stride()) if t.numel() else id(t)] = name

@@ -1,12 +1,17 @@
 """Probe (issue 17): seconds to make each stage's module with random weights (`StageSpec.make_module`), with and
-without torch's default parameter init (`builder.checkpoint.construct`), full presets on the host CPU.
+without torch's default parameter init (`builder.checkpoint.construct`), full presets on the host CPU; with
+`--fill-threads N` the random draws (`builder.checkpoint.fill_by_name`) on N threads instead of one per core, and
+with `--copies` what keeping a second copy of the module costs: `copy.deepcopy` against
+`builder.module_copy.module_sharing_tensors` (what a build's deferred golden cases keep).
 
-    python -m bench.probes.module_init_time [--family fish-s2-pro] [--preset full]
+    python -m bench.probes.module_init_time [--family fish-s2-pro] [--preset full] [--stages a,b]
+        [--fill-threads N] [--skip-only] [--copies]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 
 import torch
@@ -15,15 +20,25 @@ import torch
 def main() -> None:
     from ttsaot.builder import checkpoint
     from ttsaot.builder.families import get_family
+    from ttsaot.builder.module_copy import module_sharing_tensors
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--family", default="fish-s2-pro")
     ap.add_argument("--preset", default="full")
+    ap.add_argument("--stages", default=None, help="comma-separated (default: the family's default stages)")
+    ap.add_argument("--fill-threads", type=int, default=None, help="threads for the random draws (default: cores)")
+    ap.add_argument("--skip-only", action="store_true", help="only with the default init skipped (as builds run)")
+    ap.add_argument("--copies", action="store_true", help="also time a deep copy and a tensor-sharing copy")
     a = ap.parse_args()
+    if a.fill_threads is not None:
+        checkpoint.os.cpu_count = lambda: a.fill_threads  # fill_by_name's thread count
     fam = get_family(a.family)
-    specs = fam.specs(fam.options(preset=a.preset))
-    print(f"{a.family} ({a.preset}), torch {torch.__version__}, {torch.get_num_threads()} threads")
-    for skip in (False, True):
+    specs = fam.specs(fam.options(preset=a.preset), a.stages.split(",") if a.stages else None)
+    threads = a.fill_threads or checkpoint.os.cpu_count()
+    print(
+        f"{a.family} ({a.preset}), torch {torch.__version__}, {torch.get_num_threads()} threads, {threads} fill threads"
+    )
+    for skip in (True,) if a.skip_only else (False, True):
         checkpoint.SKIP_DEFAULT_INIT = skip
         total = 0.0
         for s in specs:
@@ -35,6 +50,12 @@ def main() -> None:
             print(
                 f"  {'skip' if skip else 'default'} init  {s.name:14s} {dt:6.1f} s  {params:5.0f}M params", flush=True
             )
+            if a.copies:
+                for name, make in (("deepcopy", copy.deepcopy), ("sharing", module_sharing_tensors)):
+                    t0 = time.perf_counter()
+                    c = make(m)
+                    print(f"    {name:8s} copy {time.perf_counter() - t0:6.2f} s", flush=True)
+                    del c
             del m
         print(f"  {'skip' if skip else 'default'} init  total          {total:6.1f} s")
 

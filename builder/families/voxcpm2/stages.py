@@ -281,9 +281,9 @@ def locdit_stage(opts: VoxCPM2Options) -> StageSpec:
         config=cfg.to_json(),
         checkpoint_report=report,
         golden_sizes=[],
-        # the solver unrolled (estimator_calls copies of the DiT in one graph): on the 16-core H200 hosts each
-        # package compiled in 125-256 s in a full build, the family's others in 28-154 s
-        # (bench/results/nvidia-h200/build_logs/voxcpm2-cold*.log)
+        # the solver unrolled (estimator_calls copies of the DiT in one graph): in each full build on the 16-core
+        # H200 hosts its batch-1 package took the family's longest (187, 256, 174 s at 9667827, a6ee558, fe69f18,
+        # counted, as the build log does, from the stage's preparation; bench/results/nvidia-h200/build_logs/)
         compiles_longest=True,
         kernel_passes=[use_sequence_kernels],
         # bf16 on CUDA: the kernel layer (H100, batch 1: 5.20 ms vs the Inductor artifact's 5.98 ms in another run,
