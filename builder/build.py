@@ -1329,6 +1329,8 @@ def _build_family(
                         held = 0
                     elif prepared.compile is not None:
                         _submit_compiles(prepared.compile, pool)  # polls the pool after each submit
+                if pool is not None:
+                    pool.lend_build_process()  # every package is handed over: this process only waits from here
                 flush()
             term.check()
             stages = {s.name: stages[s.name] for s in specs}  # the manifest lists them in the family's order

@@ -91,6 +91,41 @@ def pytest_configure(config):
     os.environ.setdefault("TTSAOT_CACHE_DIR", str(CACHE / os.environ["TTSAOT_TEST_RUN"] / "package-cache"))
 
 
+def _unit(item) -> str:
+    """What xdist's `--dist loadgroup` hands to one worker as a whole: the tests of an `xdist_group`, else one test."""
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
+        return item.nodeid
+    return str(mark.kwargs.get("name", mark.args[0] if mark.args else ""))
+
+
+def longest_compiles_first(items: list, workers: int = 1) -> list:
+    """The order a run hands its tests out in: units (`_unit`) by their `compiles(seconds)` marks, the most first,
+    ties (every unmarked test) in collection order, a group's tests together. With `-n 8 --dist loadgroup` xdist
+    gives each worker two units at the start (worker i the i-th and the (workers + i)-th) and then the next one as
+    each finishes, so the units from `workers` to 2 × `workers` go in reverse: the worker with the longest build
+    gets the shortest of them. In collection order the cold pass at 97e2f69 gave one worker the bf16 predictors'
+    fixture (211 s) and then both full-size predictor frames (74 + 105 s) one after another, ending the run
+    (bench/results/nvidia-h200/probes/gpu_suite/suite_cold_97e2f69.txt). A CPU run, with no such marks, keeps its
+    order."""
+    cost: dict[str, float] = {}
+    members: dict[str, list] = {}
+    for item in items:
+        unit = _unit(item)
+        members.setdefault(unit, []).append(item)
+        mark = item.get_closest_marker("compiles")
+        cost[unit] = cost.get(unit, 0.0) + (float(mark.args[0]) if mark is not None else 0.0)
+    units = sorted(members, key=lambda u: -cost[u])  # stable: collection order for ties
+    if workers > 1:
+        units[workers : 2 * workers] = reversed(units[workers : 2 * workers])
+    return [item for unit in units for item in members[unit]]
+
+
+def pytest_collection_modifyitems(config, items):
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)  # set in xdist's workers
+    items[:] = longest_compiles_first(items, workers if config.getoption("dist", "no") == "loadgroup" else 1)
+
+
 def pytest_unconfigure(config):
     if getattr(config, "_ttsaot_owns_run", False):
         shutil.rmtree(CACHE / os.environ.pop("TTSAOT_TEST_RUN"), ignore_errors=True)

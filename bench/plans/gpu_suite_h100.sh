@@ -8,8 +8,12 @@
 . "$(dirname "$0")/setup_device.sh"
 PASS=${PASS:-cold}
 [ "$PASS" = cold ] && rm -rf .pytest_artifacts
-timeout -s INT -k 20 "${LIMIT_S:-540}" python3 -m pytest -m gpu -v -n "${WORKERS:-8}" --durations=30 -p no:cacheprovider \
-  tests/gpu tests/test_kernels_skinny_linear.py > "$OUT/suite_$PASS.txt" 2>&1
+# --dist loadgroup: a fixture's tests (xdist_group) go to one worker, and the workers take the tests longest compile
+# first (tests/conftest.py longest_compiles_first); DIST=load for the order before. vmstat: is the pass CPU-bound?
+(vmstat -n 5 > "$OUT/vmstat_$PASS.txt" 2>&1 &)
+timeout -s INT -k 20 "${LIMIT_S:-540}" python3 -m pytest -m gpu -v -n "${WORKERS:-8}" --dist "${DIST:-loadgroup}" \
+  --durations=40 -p no:cacheprovider tests/gpu tests/test_kernels_skinny_linear.py > "$OUT/suite_$PASS.txt" 2>&1
 echo "pytest rc $? wall $(( $(date +%s) - T0 )) s" | tee -a "$OUT/suite_$PASS.txt"
+pkill vmstat
 du -sh .pytest_artifacts/gpu-package-cache 2>&1 | tee -a "$OUT/suite_$PASS.txt"
 grep -v DEBUG "$OUT/suite_$PASS.txt" | grep -v '^\s*$' | tail -50 | cut -c1-300

@@ -33,6 +33,9 @@ def test_snake_kernel_matches_reference(dtype, shape):
     assert rel_err(y.float(), r.float()) < (1e-6 if dtype == torch.float32 else 1e-2)
 
 
+GROUP = pytest.mark.xdist_group("code2wav-gpu")  # the fixture's tests on one worker (tests/conftest.py)
+
+
 @pytest.fixture(scope="module")
 def gpu_artifact():
     opts = Qwen3TTSOptions(
@@ -41,6 +44,8 @@ def gpu_artifact():
     return shared_artifact("code2wav-bf16", QWEN.name, [qst.code2wav_stage(opts)])
 
 
+@GROUP
+@pytest.mark.compiles(138)
 def test_graph_replay_equals_direct_package_run_and_eager(gpu_artifact):
     graphs = load(gpu_artifact, device="cuda")["code2wav"]
     direct = load(gpu_artifact, device="cuda", cuda_graphs=False)["code2wav"]
@@ -54,6 +59,7 @@ def test_graph_replay_equals_direct_package_run_and_eager(gpu_artifact):
         assert rel_err(a, eager(codes)) < 5e-2  # bf16 vs fp32 eager, the manifest tolerance
 
 
+@GROUP
 def test_outputs_are_not_aliased_between_calls(gpu_artifact):
     st = load(gpu_artifact, device="cuda")["code2wav"]
     c1 = torch.randint(0, 64, (1, 16, 8), device="cuda")

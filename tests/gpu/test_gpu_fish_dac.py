@@ -23,6 +23,7 @@ from ttsaot.runtime.stage import fp32_mode  # noqa: E402
 from ..conftest import rel_err  # noqa: E402
 from . import gpu_artifact as shared_artifact  # noqa: E402
 
+FP32_GROUP = pytest.mark.xdist_group("fish-dac-fp32")  # the tests of one fixture run on one worker (tests/conftest.py)
 CFG = fcfg.DAC_PRESETS["tiny"]
 SEED = 0
 
@@ -51,6 +52,8 @@ def _eager(cls, device):
     return fck.init_random_dac(cls(CFG), SEED).to(device).eval()
 
 
+@FP32_GROUP
+@pytest.mark.compiles(199)
 def test_decoder_graph_replay_equals_package_run_and_eager(gpu_artifact):
     graphs = load(gpu_artifact, device="cuda")["dac_decoder"]
     direct = load(gpu_artifact, device="cuda", cuda_graphs=False)["dac_decoder"]
@@ -68,6 +71,7 @@ def test_decoder_graph_replay_equals_package_run_and_eager(gpu_artifact):
             assert rel_err(a, eager(codes)) < 1e-4  # fp32, the manifest tolerance
 
 
+@FP32_GROUP
 def test_decoder_outputs_are_not_aliased_between_calls(gpu_artifact):
     st = load(gpu_artifact, device="cuda")["dac_decoder"]
     g = torch.Generator().manual_seed(1)
@@ -77,6 +81,7 @@ def test_decoder_outputs_are_not_aliased_between_calls(gpu_artifact):
     assert torch.equal(o1, keep)
 
 
+@pytest.mark.compiles(39)
 def test_decoder_bf16_within_tolerance(gpu_artifact_bf16):
     st = load(gpu_artifact_bf16, device="cuda")["dac_decoder"]
     eager = _eager(fdac.DACDecoder, "cuda")
@@ -87,6 +92,7 @@ def test_decoder_bf16_within_tolerance(gpu_artifact_bf16):
         assert rel_err(out, eager(codes)) < st.entry.tolerance
 
 
+@FP32_GROUP
 def test_encoder_codes_on_cuda_equal_cpu_eager_codes(gpu_artifact):
     st = load(gpu_artifact, device="cuda")["dac_encoder"]
     assert st.uses_cuda_graphs

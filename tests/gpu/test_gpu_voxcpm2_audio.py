@@ -128,6 +128,7 @@ if __name__ == "__main__":  # pragma: no cover
 
 # ---------------------------------------------------------------------------------------------- GPU tests
 pytestmark = pytest.mark.gpu
+AUDIO_GROUP = pytest.mark.xdist_group("voxcpm2-audio-bf16")  # one fixture's tests on one worker (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +141,8 @@ def gpu_audio_artifact():
     return shared_artifact("voxcpm2-audio-bf16", VOX.name, VOX.specs(_opts(torch.bfloat16), AUDIO_STAGES))
 
 
+@AUDIO_GROUP
+@pytest.mark.compiles(179)
 def test_graph_replay_equals_direct_run_and_eager(gpu_audio_artifact):
     from ttsaot.builder.families.voxcpm2 import FAMILY as VOX
     from ttsaot.builder.families.voxcpm2.stages import AUDIO_STAGES
@@ -161,6 +164,7 @@ def test_graph_replay_equals_direct_run_and_eager(gpu_audio_artifact):
             assert _rel(out_g, eager(*args)) < spec.tolerance, name
 
 
+@AUDIO_GROUP
 def test_streamed_vae_equals_one_shot_on_gpu(gpu_audio_artifact):
     from ttsaot.runtime import load
 
@@ -172,6 +176,7 @@ def test_streamed_vae_equals_one_shot_on_gpu(gpu_audio_artifact):
     assert _rel(streamed, one_shot) < 1e-4
 
 
+@AUDIO_GROUP
 def test_per_request_noise_is_reproducible_on_gpu(gpu_audio_artifact):
     from ttsaot.runtime import load
     from ttsaot.runtime.pipelines.voxcpm2 import PatchGenerator
@@ -187,6 +192,7 @@ def test_per_request_noise_is_reproducible_on_gpu(gpu_audio_artifact):
     assert _rel(p1, p2[1:]) < 2e-2  # batch-1 vs batch-2 buckets: same noise, bf16 kernel-order noise only
 
 
+@pytest.mark.compiles(53)
 def test_pipeline_end_to_end_on_gpu(tmp_path):
     """fp32, so the stop decisions of artifact and eager agree (bf16 parity is checked per stage above)."""
     if not torch.cuda.is_available():

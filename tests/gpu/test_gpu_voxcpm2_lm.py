@@ -27,6 +27,9 @@ MAX_LEN = 32
 PREFILL = 8
 
 
+FP32_GROUP = pytest.mark.xdist_group("voxcpm2-lm-fp32")  # one fixture's tests on one worker (tests/conftest.py)
+
+
 def _build(dtype):
     opts = VoxCPM2Options(dtype=dtype, batch_buckets=(1, 2), max_len=MAX_LEN, prefill_buckets=(PREFILL,))
     return shared_artifact(f"voxcpm2-lm-{str(dtype).split('.')[-1]}", VOX.name, VOX.specs(opts, vst.LM_STAGES))
@@ -91,6 +94,8 @@ def _request(bundle, eager, B, lengths, n_steps, seed=0):
     return got, refs, (bc, rc)
 
 
+@FP32_GROUP
+@pytest.mark.compiles(132)
 def test_graphs_replay_on_runtime_owned_caches(fp32_artifact, eager):
     bundle = load(fp32_artifact, device="cuda")
     bs = bundle["base_lm_step"]
@@ -114,6 +119,7 @@ def test_graphs_replay_on_runtime_owned_caches(fp32_artifact, eager):
     assert len([1 for (_k, cid) in bs._graphs if cid == id(bc)]) == 1
 
 
+@FP32_GROUP
 def test_graph_path_equals_direct_path_and_overflow(fp32_artifact, eager):
     direct = load(fp32_artifact, device="cuda", cuda_graphs=False)
     graphs = load(fp32_artifact, device="cuda")
@@ -126,6 +132,7 @@ def test_graph_path_equals_direct_path_and_overflow(fp32_artifact, eager):
         graphs["base_lm_step"].step(torch.randn(1, H, device="cuda"), cache=bc)
 
 
+@pytest.mark.compiles(62)
 def test_bf16_error_vs_fp32_eager(bf16_artifact, eager):
     bundle = load(bf16_artifact, device="cuda")
     got, refs, _ = _request(bundle, eager, 2, [8, 5], 6)
