@@ -1220,23 +1220,25 @@ def _bound_cache(root: Path, max_bytes: int, since: float, reporter: Reporter) -
 
 
 def _preparation_order(specs: list[StageSpec], device: torch.device) -> list[StageSpec]:
-    """The order a parallel build prepares its stages in: on CUDA, a stage whose packages compile longest of its family
-    first (`StageSpec.compiles_longest`), then fewest buckets first. Stages are prepared one after another in the
-    build's process, a CUDA stage exporting one program per bucket, so a stage of few buckets is ready soon and its
-    packages (few, each a long serial chain in its worker) start compiling early; a stage of many buckets spreads
-    over the workers anyway. In the H200 Fish build in the family's order the DAC encoder's 4 packages (~200 s each)
+    """The order a parallel build prepares its stages in: the stages that go first on this device
+    (`StageSpec.prepare_first_on`), then on CUDA fewest buckets first, on CPU the family's order. Stages are prepared
+    one after another in the build's process, a CUDA stage exporting one program per bucket, so a stage of few
+    buckets is ready soon and its packages (few, each a long serial chain in its worker) start compiling early; a
+    stage of many buckets spreads over the workers anyway. In the H200 Fish build in the family's order the DAC encoder's 4 packages (~200 s each)
     started 117 s in, behind fast_ar and the DAC decoder's 18 exports, and for its last ~95 s only those 4 compiles
     ran: 4 of 16 cores busy (bench/results/nvidia-h200/probes/golden_on_gpu/). In this order the encoder's packages
     were handed over 35 s in and the build took 275.6 s cold against 329.5 s
     (bench/results/nvidia-h200/probes/builds_87ef34e/, another machine of the same kind). In the H200 VoxCPM2 build,
     fewest buckets first put the LocDiT third: handed over 92 s in, its batch-1 package compiled for 256 s and was
     the last but the VAE decoder's to finish (bench/results/nvidia-h200/build_logs/voxcpm2-cold_a6ee558.log). A CPU
-    build's stages each have one or a few dynamic packages and keep the family's order: on a 2-core box the tiny
-    Fish build took 146.3 s in it and 144.0 s fewest buckets first, on average of two runs each, within the box's
-    spread (bench/results/cpu/probes/prep_order_fish_tiny/)."""
-    if device.type != "cuda":
-        return list(specs)
-    return sorted(specs, key=lambda s: (not s.compiles_longest, len(s.plan.buckets())))
+    build's stages each have one or a few dynamic packages: fewest buckets first made no difference there (the tiny
+    Fish build on 2 cores 146.3 s in the family's order, 144.0 s, bench/results/cpu/probes/prep_order_fish_tiny/),
+    the DAC encoder prepared first did (bench/results/cpu/probes/tiny_prepare_first_lending/)."""
+    first = [s for s in specs if device.type in s.prepare_first_on]
+    rest = [s for s in specs if device.type not in s.prepare_first_on]
+    if device.type == "cuda":
+        rest.sort(key=lambda s: len(s.plan.buckets()))
+    return first + rest
 
 
 def _build_family(
@@ -1329,8 +1331,6 @@ def _build_family(
                         held = 0
                     elif prepared.compile is not None:
                         _submit_compiles(prepared.compile, pool)  # polls the pool after each submit
-                if pool is not None:
-                    pool.lend_build_process()  # every package is handed over: this process only waits from here
                 flush()
             term.check()
             stages = {s.name: stages[s.name] for s in specs}  # the manifest lists them in the family's order

@@ -119,8 +119,7 @@ def _compile_program(task: CompileTask) -> dict[str, torch.Tensor]:
 
 class CompilePool:
     """Compiles handed over while the caller goes on (a build exports its next stage while the workers compile the
-    stages before it): `submit` queues a task, at most `jobs` run at once on spawned workers (one more once the
-    build lends its own process, `lend_build_process`), the waiting task of
+    stages before it): `submit` queues a task, at most `jobs` run at once on spawned workers, the waiting task of
     the highest priority starts first (ties: submission order), and `poll` / `wait` run each finished task's
     `on_done(task, weights)` in the calling thread. The first failure raises CompileError naming the task from
     `poll` or `wait`; leaving the `with` block on an error (or an interrupt) cancels what has not started and
@@ -129,7 +128,6 @@ class CompilePool:
 
     def __init__(self, jobs: int) -> None:
         self.jobs = max(1, jobs)
-        self._lent = 0  # 1 once the build's own process has lent its core (`lend_build_process`)
         self._cond = threading.Condition()
         self._waiting: list[tuple[float, int, CompileTask, Callable]] = []
         self._running = 0
@@ -144,7 +142,7 @@ class CompilePool:
     def __enter__(self) -> CompilePool:
         self._programs = tempfile.TemporaryDirectory(prefix="ttsaot-programs-")
         self._executor = ProcessPoolExecutor(
-            max_workers=self.jobs + 1,  # spawned as needed: the last one only once the build lends its process
+            max_workers=self.jobs,
             mp_context=get_context("spawn"),
             initializer=_share_cores,
             initargs=(max(1, _cores() // self.jobs),),
@@ -158,20 +156,6 @@ class CompilePool:
         """Where the caller saves the programs it submits (removed with the pool)."""
         assert self._programs is not None, "CompilePool used outside its with-block"
         return Path(self._programs.name)
-
-    def lend_build_process(self) -> None:
-        """One compile more may run from now on: the build's own process has handed over its last package and from
-        here only runs golden cases, finishes stages and waits, so its core goes to a waiting compile (when the
-        host's memory holds one more, `MEMORY_PER_JOB`). A compile cannot be split, so with every worker busy the
-        last one handed over otherwise waits for a whole compile and then runs alone: the 2-core box's tiny Fish
-        build compiled its DAC encoder from 137 to 189 s with the second core idle, after waiting from 78 s for a
-        worker (bench/results/cpu/probes/builds_39289f6/build_logs/fish-s2-pro-cold.log)."""
-        memory = host_memory_bytes()
-        if memory is not None and memory // MEMORY_PER_JOB < self.jobs + 1:
-            return
-        with self._cond:
-            self._lent = 1
-            self._cond.notify_all()
 
     def submit(
         self,
@@ -221,7 +205,7 @@ class CompilePool:
         own queue is first come, first served: tasks go to it only as workers free up)."""
         while True:
             with self._cond:
-                while not self._closing and (self._running >= self.jobs + self._lent or not self._waiting):
+                while not self._closing and (self._running >= self.jobs or not self._waiting):
                     self._cond.wait()
                 if self._closing:
                     return

@@ -97,10 +97,10 @@ class StageSpec:
     # instead of a plain range that torch.export refuses and a retry (the tiny Fish DAC encoder on a 2-core CPU: 2.8
     # and 8.7 s less export time in two alternating rounds, bench/results/cpu/probes/declared_axis_step/).
     axis_steps: dict[str, int] = field(default_factory=dict)
-    # Whether each of the stage's packages compiles longer than any other of its family's, so a parallel CUDA build
-    # prepares it first (builder/build.py `_preparation_order`): its compiles then bound the build's wall time from
-    # as early as possible, and the cheaper stages prepare while they run.
-    compiles_longest: bool = False
+    # The device types ("cpu", "cuda") on which a parallel build prepares this stage before the others
+    # (builder/build.py `_preparation_order`): a stage whose export and compiles, started later, end the build. Its
+    # compiles then run from as early as possible, and the cheaper stages prepare while they run.
+    prepare_first_on: tuple[str, ...] = ()
 
     def kernels_on(self, device: torch.device) -> str:
         """The kernel choice this spec builds with on `device` ("ttsaot" or "inductor")."""

@@ -223,9 +223,8 @@ def test_a_stage_compiles_while_the_next_is_prepared(monkeypatch, tmp_path):
 
 
 def _record_build_order(monkeypatch, events: list[tuple[str, str]], stop_at_wait: bool = True):
-    """Record when each stage is exported (prepare_stage returns), its compiles submitted, the build's process lent to
-    the pool and the golden cases run; the blocking wait for the pool raises _Stop (the compiles are not needed to
-    see the order)."""
+    """Record when each stage is exported (prepare_stage returns), its compiles submitted and its golden cases run;
+    the blocking wait for the pool raises _Stop (the compiles are not needed to see the order)."""
     import ttsaot.builder.build as build
 
     real_prepare, real_submit, real_golden, real_wait = (
@@ -253,17 +252,10 @@ def _record_build_order(monkeypatch, events: list[tuple[str, str]], stop_at_wait
             raise _Stop
         return real_wait(pool, block, any_)
 
-    real_lend = CompilePool.lend_build_process
-
-    def lend(pool):
-        events.append(("lend", ""))
-        return real_lend(pool)
-
     monkeypatch.setattr(build, "prepare_stage", prepare)
     monkeypatch.setattr(build, "_submit_compiles", submit)
     monkeypatch.setattr(build, "_golden_cases", golden)
     monkeypatch.setattr(build, "_wait", wait)
-    monkeypatch.setattr(CompilePool, "lend_build_process", lend)
 
 
 def _two_stages_until_the_wait(monkeypatch, tmp_path) -> tuple[list[tuple[str, str]], tuple[str, str]]:
@@ -281,8 +273,7 @@ def test_golden_cases_wait_until_every_stage_is_compiling(monkeypatch, tmp_path)
     to the workers, not between the stages' exports: there they held back every later stage's compiles (the H100
     Fish build started its DAC encoder's compile ~250 s in, behind the encoder's golden cases)."""
     events, names = _two_stages_until_the_wait(monkeypatch, tmp_path)
-    handed_over = [e for n in names for e in (("prepared", n), ("submit", n))]
-    assert events == handed_over + [("lend", "")] + [("golden", n) for n in names]
+    assert events == [e for n in names for e in (("prepared", n), ("submit", n))] + [("golden", n) for n in names]
     assert not list((tmp_path / "out").iterdir())
 
 
@@ -293,7 +284,7 @@ def test_golden_cases_run_at_once_when_the_host_cannot_keep_their_modules(monkey
 
     monkeypatch.setattr(build, "DEFERRED_GOLDEN_SHARE", 0.0)
     events, names = _two_stages_until_the_wait(monkeypatch, tmp_path)
-    assert events == [e for n in names for e in (("golden", n), ("prepared", n), ("submit", n))] + [("lend", "")]
+    assert events == [e for n in names for e in (("golden", n), ("prepared", n), ("submit", n))]
 
 
 def test_a_deferred_golden_case_that_fails_pass_parity_stops_the_build(monkeypatch, tmp_path):
@@ -426,34 +417,40 @@ def test_wait_any_refuses_an_idle_pool():
         pool.wait_any()
 
 
-def test_a_cuda_build_prepares_the_longest_compiling_stage_first_then_fewest_buckets_first():
-    """Preparation exports one program per bucket, one stage after another: the few-bucket stages' long compiles
-    start first (the H200 Fish build's DAC encoder started 117 s in, behind the DAC decoder's 18 exports), and a
-    stage whose packages compile longest of its family before them (the VoxCPM2 LocDiT's 256-s compile started
-    92 s in, third)."""
+def test_a_build_prepares_its_first_stages_first_then_fewest_buckets_first_on_cuda():
+    """Preparation exports one program per bucket, one stage after another: on CUDA the few-bucket stages' long
+    compiles start first (the H200 Fish build's DAC encoder started 117 s in, behind the DAC decoder's 18 exports);
+    a stage that goes first on the device before them all (the VoxCPM2 LocDiT's 256-s compile started 92 s in,
+    third; the tiny Fish DAC encoder on CPU ended the build, prepared last). A CPU build keeps the family's order
+    otherwise."""
     from types import SimpleNamespace
 
-    def spec(name, n, longest=False):
-        return SimpleNamespace(
-            name=name, plan=SimpleNamespace(buckets=lambda: list(range(n))), compiles_longest=longest
-        )
+    def spec(name, n, first=()):
+        return SimpleNamespace(name=name, plan=SimpleNamespace(buckets=lambda: list(range(n))), prepare_first_on=first)
+
+    def names(specs, device):
+        return [s.name for s in _preparation_order(specs, torch.device(device))]
 
     specs = [spec("fast_ar", 3), spec("dac_decoder", 18), spec("dac_encoder", 4), spec("other", 3)]
-    cuda = [s.name for s in _preparation_order(specs, torch.device("cuda", 0))]
-    assert cuda == ["fast_ar", "other", "dac_encoder", "dac_decoder"]  # ties keep the family's order
+    assert names(specs, "cuda") == ["fast_ar", "other", "dac_encoder", "dac_decoder"]  # ties: the family's order
     assert _preparation_order(specs, torch.device("cpu")) == specs
-    specs.append(spec("unrolled", 3, longest=True))
-    assert [s.name for s in _preparation_order(specs, torch.device("cuda", 0))][0] == "unrolled"
-    assert _preparation_order(specs, torch.device("cpu")) == specs
+    specs += [spec("unrolled", 3, first=("cuda",)), spec("encoder", 5, first=("cpu", "cuda"))]
+    assert names(specs, "cuda")[:2] == ["unrolled", "encoder"]
+    assert names(specs, "cpu") == ["encoder", "fast_ar", "dac_decoder", "dac_encoder", "other", "unrolled"]
 
 
-def test_voxcpm2_prepares_its_locdit_first_on_cuda():
+def test_voxcpm2_prepares_its_locdit_first_on_cuda_and_fish_its_dac_encoder_first():
     from ttsaot.builder.families import get_family
 
-    fam = get_family("voxcpm2")
-    specs = fam.specs(fam.options(preset="tiny"))
-    assert [s.name for s in specs if s.compiles_longest] == ["locdit"]
+    vox = get_family("voxcpm2")
+    specs = vox.specs(vox.options(preset="tiny"))
+    assert [s.name for s in specs if s.prepare_first_on] == ["locdit"]
     assert _preparation_order(specs, torch.device("cuda", 0))[0].name == "locdit"
+    assert _preparation_order(specs, torch.device("cpu")) == specs
+    fish = get_family("fish-s2-pro")
+    specs = fish.specs(fish.options(preset="tiny"))
+    for device in ("cpu", "cuda"):
+        assert _preparation_order(specs, torch.device(device))[0].name == "dac_encoder"
 
 
 def test_a_stage_exports_each_package_and_hands_it_over_at_once(tmp_path):
@@ -494,59 +491,3 @@ def test_a_stage_exports_each_package_and_hands_it_over_at_once(tmp_path):
     weights = 4 * sum(p.numel() for p in net.parameters())
     assert max(sizes) < weights  # no archive carries the shared parameters
     assert notes and notes[0].startswith("s: 3 program(s) exported while compiling")
-
-
-def _started_with_lending(monkeypatch, memory_bytes: int) -> tuple[list[str], list[str]]:
-    """Tasks a 2-job pool starts before and after `lend_build_process`, on a host of `memory_bytes` (workers stood in
-    by futures that never finish)."""
-    import threading
-    import time
-    from concurrent.futures import Future
-
-    import ttsaot.builder.parallel_compile as pc
-
-    monkeypatch.setattr(pc, "host_memory_bytes", lambda: memory_bytes)
-    started: list[str] = []
-
-    class Executor:
-        def submit(self, fn, task):
-            started.append(task.label)
-            return Future()
-
-    def settled(n: int) -> list[str]:
-        deadline = time.time() + 10
-        while len(started) < n and time.time() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.2)  # nothing more starts
-        return list(started)
-
-    pool = CompilePool(2)
-    pool._executor = Executor()
-    feeder = threading.Thread(target=pool._feed, daemon=True)
-    feeder.start()
-    try:
-        for n in "abcd":
-            pool.submit(CompileTask(n, Path(n), (), torch.device("cpu"), Path(n), n, {}, None), None)
-        before = settled(2)
-        pool.lend_build_process()
-        after = settled(3)
-    finally:
-        with pool._cond:
-            pool._closing = True
-            pool._cond.notify_all()
-        feeder.join()
-    return before, after
-
-
-def test_the_build_lends_its_process_to_one_more_compile(monkeypatch):
-    """Once the build has handed over every package its process only waits: one compile more may run (a compile
-    cannot be split, so the last one otherwise waits for a worker and then runs alone)."""
-    from ttsaot.builder.parallel_compile import GIB
-
-    assert _started_with_lending(monkeypatch, 64 * GIB) == (["a", "b"], ["a", "b", "c"])
-
-
-def test_the_lent_compile_needs_its_memory(monkeypatch):
-    from ttsaot.builder.parallel_compile import GIB
-
-    assert _started_with_lending(monkeypatch, 11 * GIB) == (["a", "b"], ["a", "b"])  # 2 compiles of 4 GiB fit, not 3
