@@ -1224,16 +1224,18 @@ def _preparation_order(specs: list[StageSpec], device: torch.device) -> list[Sta
     (`StageSpec.prepare_first_on`), then on CUDA fewest buckets first, on CPU the family's order. Stages are prepared
     one after another in the build's process, a CUDA stage exporting one program per bucket, so a stage of few
     buckets is ready soon and its packages (few, each a long serial chain in its worker) start compiling early; a
-    stage of many buckets spreads over the workers anyway. In the H200 Fish build in the family's order the DAC encoder's 4 packages (~200 s each)
-    started 117 s in, behind fast_ar and the DAC decoder's 18 exports, and for its last ~95 s only those 4 compiles
-    ran: 4 of 16 cores busy (bench/results/nvidia-h200/probes/golden_on_gpu/). In this order the encoder's packages
-    were handed over 35 s in and the build took 275.6 s cold against 329.5 s
-    (bench/results/nvidia-h200/probes/builds_87ef34e/, another machine of the same kind). In the H200 VoxCPM2 build,
-    fewest buckets first put the LocDiT third: handed over 92 s in, its batch-1 package compiled for 256 s and was
-    the last but the VAE decoder's to finish (bench/results/nvidia-h200/build_logs/voxcpm2-cold_a6ee558.log). A CPU
-    build's stages each have one or a few dynamic packages: fewest buckets first made no difference there (the tiny
-    Fish build on 2 cores 146.3 s in the family's order, 144.0 s, bench/results/cpu/probes/prep_order_fish_tiny/),
-    the DAC encoder prepared first did (bench/results/cpu/probes/tiny_prepare_first_lending/)."""
+    stage of many buckets spreads over the workers anyway. In the H200 Fish build in the family's order the DAC
+    encoder's 4 packages (~200 s each) started 117 s in, behind fast_ar and the DAC decoder's 18 exports, and for its
+    last ~95 s only those 4 compiles ran: 4 of 16 cores busy (bench/results/nvidia-h200/probes/golden_on_gpu/).
+    Fewest buckets first handed them over 35 s in and the build took 275.6 s cold against 329.5 s
+    (bench/results/nvidia-h200/probes/builds_87ef34e/, another machine of the same kind); prepared first, 11-36 s in
+    (bench/results/nvidia-h200/builds_fish-s2-pro.json, 251.7 s). In the H200 VoxCPM2 build, fewest buckets first
+    put the LocDiT third: handed over 92 s in, its batch-1 package compiled for 256 s and was the last but the VAE
+    decoder's to finish (bench/results/nvidia-h200/build_logs/voxcpm2-cold_a6ee558.log). A CPU build's stages each
+    have one or a few dynamic packages: fewest buckets first made no difference there (the tiny Fish build on 2
+    cores: 146.3 s in the family's order, 144.0 s fewest buckets first,
+    bench/results/cpu/probes/prep_order_fish_tiny/), the DAC encoder prepared first did (173.9 against 204.4 s,
+    bench/results/cpu/probes/tiny_prepare_first_lending/)."""
     first = [s for s in specs if device.type in s.prepare_first_on]
     rest = [s for s in specs if device.type not in s.prepare_first_on]
     if device.type == "cuda":
