@@ -298,7 +298,7 @@ def dac_encoder_stage(opts: FishS2Options) -> StageSpec:
         checkpoint_report=report,
         golden_sizes=[{"samples": samples[0] - OFF_BUCKET_SAMPLES}],
         # Prepared last, its export (~35 s on 2 cores beside two compiles) and its one dynamic package ended the tiny
-        # CPU build, compiling alone with the other core idle: 194-215 s in the family's order, 159-175 s prepared
+        # CPU build, compiling alone with the other core idle: 194-215 s in the family's order, 170-177 s prepared
         # first (bench/results/cpu/probes/tiny_prepare_first_lending/). On CUDA its 4 packages compile longest of the
         # family (one 320 s against 241-297 s for the DAC decoder's, nvidia-h200/probes/builds_3e10dc8.json).
         prepare_first_on=("cpu", "cuda"),
