@@ -439,7 +439,9 @@ def test_a_build_prepares_its_first_stages_first_then_fewest_buckets_first_on_cu
     assert names(specs, "cpu") == ["encoder", "fast_ar", "dac_decoder", "dac_encoder", "other", "unrolled"]
 
 
-def test_voxcpm2_prepares_its_locdit_first_on_cuda_and_fish_its_dac_encoder_first():
+def test_each_family_prepares_first_the_stage_that_ends_its_build():
+    """The VoxCPM2 LocDiT on CUDA (its batch-1 package compiles longest), the Fish DAC encoder on both devices and
+    the Qwen code predictor on CPU (their exports and compiles, started last, ended the tiny CPU builds)."""
     from ttsaot.builder.families import get_family
 
     vox = get_family("voxcpm2")
@@ -451,6 +453,11 @@ def test_voxcpm2_prepares_its_locdit_first_on_cuda_and_fish_its_dac_encoder_firs
     specs = fish.specs(fish.options(preset="tiny"))
     for device in ("cpu", "cuda"):
         assert _preparation_order(specs, torch.device(device))[0].name == "dac_encoder"
+    qwen = get_family("qwen3-tts-12hz")
+    specs = qwen.specs(qwen.options(preset="tiny"))
+    assert [s.name for s in specs] == ["code2wav", "code_predictor"]
+    for device in ("cpu", "cuda"):  # on CUDA by its fewer buckets
+        assert _preparation_order(specs, torch.device(device))[0].name == "code_predictor"
 
 
 def test_a_stage_exports_each_package_and_hands_it_over_at_once(tmp_path):

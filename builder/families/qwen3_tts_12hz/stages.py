@@ -198,6 +198,11 @@ def code_predictor_stage(opts: Qwen3TTSOptions) -> StageSpec:
         checkpoint_report=report,
         golden_sizes=off_bucket_batch(batches),
         reference_margins=functools.partial(reference_margins, first="code0"),
+        # its export (~33 s on 2 cores) and one dynamic package, prepared after code2wav's, ended the tiny CPU build
+        # 60 s after code2wav's compile; prepared first the two compiles end together: 151.1 / 172.9 s against
+        # 172.4 / 177.8 s, within the 2-core box's spread (bench/results/cpu/probes/tiny_prepare_first_lending/).
+        # On CUDA it goes first anyway (fewest buckets).
+        prepare_first_on=("cpu",),
     )
 
 

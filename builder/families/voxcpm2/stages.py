@@ -284,7 +284,7 @@ def locdit_stage(opts: VoxCPM2Options) -> StageSpec:
         # the solver unrolled (estimator_calls copies of the DiT in one graph): in each full build on the 16-core
         # H200 hosts its batch-1 package took the family's longest (187, 256, 174 s at 9667827, a6ee558, fe69f18,
         # counted, as the build log does, from the stage's preparation; bench/results/nvidia-h200/build_logs/). Not
-        # on CPU: the tiny build on 2 cores took 186-187 s with it first against 163-170 s in the family's order
+        # on CPU: the tiny build on 2 cores took 190.2 s with it first against 161.1 s in the family's order
         # (bench/results/cpu/probes/tiny_prepare_first_lending/)
         prepare_first_on=("cuda",),
         kernel_passes=[use_sequence_kernels],
