@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -88,7 +87,9 @@ def fill_by_name(
         with torch.no_grad():  # per thread: grad mode is thread-local
             fill(name, tensors[name], torch.Generator().manual_seed(name_seed(seed, name)))
 
-    with ThreadPoolExecutor(max(1, min(len(names), os.cpu_count() or 1))) as pool:
+    from .parallel_compile import usable_cores
+
+    with ThreadPoolExecutor(max(1, min(len(names), usable_cores()))) as pool:
         list(pool.map(one, names))
 
 

@@ -3,8 +3,8 @@
 A stage's preparation kept a deep copy of its rewritten fp32 module for its deferred golden cases, because the
 compute-dtype cast that follows changes the module; the cast replaces tensors (builder/passes/cast.py), so the
 structure is all that needs copying. A full VoxCPM2 base-LM module (5.3 GB fp32) took 10.9-13.8 s to deep-copy on
-a 2-core box and 0.04 s so (bench/results/cpu/probes/random_init_threads/), and the deep copy held 5.3 GB of host
-memory until the golden cases ran."""
+a 2-core box and 0.04 s with `module_sharing_tensors` (bench/results/cpu/probes/random_init_threads/), and the deep
+copy held 5.3 GB of host memory until the golden cases ran."""
 
 from __future__ import annotations
 

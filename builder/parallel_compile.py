@@ -34,7 +34,8 @@ GIB = 2**30
 MEMORY_PER_JOB = 4 * GIB  # an AOTI compile of a full-size stage peaks at a few GiB (Inductor + the C++ compiler)
 
 
-def _cores() -> int:
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the platform has one, else the host's count)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
@@ -48,7 +49,7 @@ def host_memory_bytes() -> int | None:
 
 def default_jobs() -> int:
     """As many compiles as the host's cores and memory allow: min(usable cores, physical memory / 4 GiB)."""
-    cores = _cores()
+    cores = usable_cores()
     memory = host_memory_bytes()
     if memory is None:
         return max(1, cores)
@@ -145,7 +146,7 @@ class CompilePool:
             max_workers=self.jobs,
             mp_context=get_context("spawn"),
             initializer=_share_cores,
-            initargs=(max(1, _cores() // self.jobs),),
+            initargs=(max(1, usable_cores() // self.jobs),),
         )
         self._feeder = threading.Thread(target=self._feed, name="ttsaot-compile-feeder", daemon=True)
         self._feeder.start()

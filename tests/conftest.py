@@ -99,13 +99,13 @@ def _unit(item) -> str:
     return str(mark.kwargs.get("name", mark.args[0] if mark.args else ""))
 
 
-def longest_compiles_first(items: list, workers: int = 1) -> list:
+def longest_compiles_first(items: list) -> list:
     """The order a run hands its tests out in: units (`_unit`) by their `compiles(seconds)` marks, the most first,
     ties (every unmarked test) in collection order, a group's tests together. With `-n 8 --dist loadgroup` xdist
-    gives each worker two units at the start (worker i the i-th and the (workers + i)-th) and then the next one as
-    each finishes, so the units from `workers` to 2 × `workers` go in reverse: the worker with the longest build
-    gets the shortest of them. In collection order the cold pass at 97e2f69 gave one worker the bf16 predictors'
-    fixture (211 s) and then both full-size predictor frames (74 + 105 s) one after another, ending the run
+    gives the workers units in this order (one each, then more to a worker whenever two or fewer of its tests are
+    left), so the GPU suite's long fixture builds start at once on separate workers. In collection order the cold
+    pass at 97e2f69 gave one worker the bf16 predictors' fixture (211 s) and then both full-size predictor frames
+    (74 + 105 s) one after another, ending the run
     (bench/results/nvidia-h200/probes/gpu_suite/suite_cold_97e2f69.txt). A CPU run, with no such marks, keeps its
     order."""
     cost: dict[str, float] = {}
@@ -116,14 +116,11 @@ def longest_compiles_first(items: list, workers: int = 1) -> list:
         mark = item.get_closest_marker("compiles")
         cost[unit] = cost.get(unit, 0.0) + (float(mark.args[0]) if mark is not None else 0.0)
     units = sorted(members, key=lambda u: -cost[u])  # stable: collection order for ties
-    if workers > 1:
-        units[workers : 2 * workers] = reversed(units[workers : 2 * workers])
     return [item for unit in units for item in members[unit]]
 
 
 def pytest_collection_modifyitems(config, items):
-    workers = getattr(config, "workerinput", {}).get("workercount", 1)  # set in xdist's workers
-    items[:] = longest_compiles_first(items, workers if config.getoption("dist", "no") == "loadgroup" else 1)
+    items[:] = longest_compiles_first(items)
 
 
 def pytest_unconfigure(config):

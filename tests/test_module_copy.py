@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from ttsaot.builder import checkpoint
+from ttsaot.builder import parallel_compile
 from ttsaot.builder.checkpoint import fill_by_name, name_seed
 from ttsaot.builder.module_copy import module_sharing_tensors
 from ttsaot.builder.passes import cast_to_compute_dtype
@@ -44,8 +44,9 @@ def _fill(name: str, t: torch.Tensor, g: torch.Generator) -> None:
 def test_random_weights_do_not_depend_on_the_threads(monkeypatch):
     """Each tensor draws from its own generator, seeded by its name: one thread or many, the same weights."""
     a, b = _Tied(), _Tied()
+    monkeypatch.setattr(parallel_compile, "usable_cores", lambda: 4)
     fill_by_name(dict(a.named_parameters()), _fill, seed=3)
-    monkeypatch.setattr(checkpoint.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(parallel_compile, "usable_cores", lambda: 1)
     fill_by_name(dict(b.named_parameters()), _fill, seed=3)
     for (n, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), n

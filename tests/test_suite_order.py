@@ -47,11 +47,3 @@ def test_units_go_longest_first_and_a_group_stays_together():
 def test_a_run_without_marks_keeps_its_order():
     items = [_item(n) for n in "zyxw"]
     assert longest_compiles_first(items) == items
-
-
-def test_the_second_units_of_the_workers_go_in_reverse():
-    """xdist's loadgroup gives worker i the i-th and the (workers + i)-th unit at the start: the worker with the
-    longest build gets the shortest of the second round."""
-    items = [_item(f"u{s}", s) for s in (100, 90, 80, 70, 60, 50, 40)] + [_item("light")]
-    order = [i.nodeid for i in longest_compiles_first(items, workers=3)]
-    assert order == ["u100", "u90", "u80", "u50", "u60", "u70", "u40", "light"]

@@ -18,7 +18,7 @@ import torch
 
 
 def main() -> None:
-    from ttsaot.builder import checkpoint
+    from ttsaot.builder import checkpoint, parallel_compile
     from ttsaot.builder.families import get_family
     from ttsaot.builder.module_copy import module_sharing_tensors
 
@@ -31,10 +31,10 @@ def main() -> None:
     ap.add_argument("--copies", action="store_true", help="also time a deep copy and a tensor-sharing copy")
     a = ap.parse_args()
     if a.fill_threads is not None:
-        checkpoint.os.cpu_count = lambda: a.fill_threads  # fill_by_name's thread count
+        parallel_compile.usable_cores = lambda: a.fill_threads  # fill_by_name's thread count
     fam = get_family(a.family)
     specs = fam.specs(fam.options(preset=a.preset), a.stages.split(",") if a.stages else None)
-    threads = a.fill_threads or checkpoint.os.cpu_count()
+    threads = a.fill_threads or parallel_compile.usable_cores()
     print(
         f"{a.family} ({a.preset}), torch {torch.__version__}, {torch.get_num_threads()} threads, {threads} fill threads"
     )
