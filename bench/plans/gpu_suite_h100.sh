@@ -7,13 +7,18 @@
 # Each pass is stopped with SIGINT at LIMIT_S (default 540 s) so that pytest still prints its summary and durations.
 . "$(dirname "$0")/setup_device.sh"
 PASS=${PASS:-cold}
-[ "$PASS" = cold ] && rm -rf .pytest_artifacts
+# cold: no package cache, and no kernel caches either (a machine that ran a build or a pass before keeps Inductor's
+# and Triton's, which a second cold pass on it would otherwise reuse)
+[ "$PASS" = cold ] && rm -rf .pytest_artifacts /tmp/ttsaot_inductor_* /tmp/torchinductor_* ~/.triton/cache
 # --dist loadgroup: a fixture's tests (xdist_group) go to one worker, and the workers take the tests longest compile
 # first (tests/conftest.py longest_compiles_first); DIST=load for the order before. vmstat: is the pass CPU-bound?
 (vmstat -n 5 > "$OUT/vmstat_$PASS.txt" 2>&1 &)
-timeout -s INT -k 20 "${LIMIT_S:-540}" python3 -m pytest -m gpu -v -n "${WORKERS:-8}" --dist "${DIST:-loadgroup}" \
+# CPU seconds per test item over its worker's process tree (bench/probes/suite_cpu_time.py): what to trim
+export TEST_CPU_DIR=$OUT/cpu_$PASS
+timeout -s INT -k 20 "${LIMIT_S:-540}" python3 -m pytest -p bench.probes.suite_cpu_time -m gpu -v -n "${WORKERS:-8}" --dist "${DIST:-loadgroup}" \
   --durations=40 -p no:cacheprovider tests/gpu tests/test_kernels_skinny_linear.py > "$OUT/suite_$PASS.txt" 2>&1
 echo "pytest rc $? wall $(( $(date +%s) - T0 )) s" | tee -a "$OUT/suite_$PASS.txt"
 pkill vmstat
 du -sh .pytest_artifacts/gpu-package-cache 2>&1 | tee -a "$OUT/suite_$PASS.txt"
+python3 -m bench.probes.suite_cpu_time "$TEST_CPU_DIR" > "$OUT/cpu_$PASS.txt" 2>&1; head -25 "$OUT/cpu_$PASS.txt"
 grep -v DEBUG "$OUT/suite_$PASS.txt" | grep -v '^\s*$' | tail -50 | cut -c1-300
