@@ -43,6 +43,23 @@ def build_on_gpu(family: str, specs: Sequence, out: str | Path, **kw) -> Path:
     return build_family(family, list(specs), out, "cuda", **kw).path
 
 
+# The VoxCPM2 LM steps' cache length in the GPU tests: the LM fixture's fp32 steps serve the end-to-end test's too
+# (one compile of each, through the package cache)
+VOXCPM2_LM_MAX_LEN = 32
+
+
+def code2wav_options(dtype, batch_buckets: tuple[int, ...] = (1, 2)):
+    """The GPU tests' code2wav builds (its fixture's and the ONNX tests'): one frame bucket, so a package of the
+    same bucket and dtype is compiled once for both (the package cache), and each costs the CPU-bound cold suite
+    ~100 CPU seconds (bench/results/nvidia-h200/probes/gpu_suite_cpu/)."""
+    from ttsaot.builder.buckets import StreamingConfig
+    from ttsaot.builder.families.qwen3_tts_12hz.options import Qwen3TTSOptions
+
+    return Qwen3TTSOptions(
+        dtype=dtype, batch_buckets=batch_buckets, frame_buckets=(16,), streaming=StreamingConfig(8, 8, 0, 0)
+    )
+
+
 def gpu_artifact(name: str, family: str, specs: Sequence, **kw) -> Path:
     """A fixture's artifact: built by the first worker that asks (`build_on_gpu`), reused by every other."""
     return built_artifact(f"gpu-{name}", lambda root: build_on_gpu(family, specs, root, **kw))
