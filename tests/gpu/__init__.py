@@ -18,6 +18,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from ..conftest import CACHE, built_artifact
 
 # The fixtures' builds compile their packages on this many workers: with -n 8 on the 16-core H100 host their
@@ -25,6 +27,13 @@ from ..conftest import CACHE, built_artifact
 GPU_BUILD_JOBS = 4
 GPU_CACHE_ENV = "TTSAOT_GPU_TEST_CACHE"
 GPU_CACHE_MAX_BYTES = 5 * 10**9  # a cold run of the suite stores ~135 MB (gpu_suite run6)
+
+# Under xdist the workers' builds already keep every core busy (the cold pass is CPU-bound): each compile worker
+# compiles its kernels itself instead of starting Inductor's pool of compile processes, which costs a torch import
+# per compile worker and only adds processes to the cores' queue. Set before any build spawns its workers (they
+# inherit it; builder/parallel_compile.py leaves a set TORCHINDUCTOR_COMPILE_THREADS alone).
+if os.environ.get("PYTEST_XDIST_WORKER") and torch.cuda.is_available():
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 def gpu_package_cache() -> Path | None:
@@ -48,15 +57,15 @@ def build_on_gpu(family: str, specs: Sequence, out: str | Path, **kw) -> Path:
 VOXCPM2_LM_MAX_LEN = 32
 
 
-def code2wav_options(dtype, batch_buckets: tuple[int, ...] = (1, 2)):
-    """The GPU tests' code2wav builds (its fixture's and the ONNX tests'): one frame bucket, so a package of the
-    same bucket and dtype is compiled once for both (the package cache), and each costs the CPU-bound cold suite
-    ~100 CPU seconds (bench/results/nvidia-h200/probes/gpu_suite_cpu/)."""
+def code2wav_options(dtype, batch_buckets: tuple[int, ...] = (1, 2), frame_buckets: tuple[int, ...] = (16,)):
+    """The GPU tests' code2wav builds (its fixture's and the ONNX tests'): a package of the same bucket and dtype is
+    compiled once for both (the package cache), and each costs the CPU-bound cold suite ~60-100 CPU seconds
+    (bench/results/nvidia-h200/probes/gpu_suite_cpu/)."""
     from ttsaot.builder.buckets import StreamingConfig
     from ttsaot.builder.families.qwen3_tts_12hz.options import Qwen3TTSOptions
 
     return Qwen3TTSOptions(
-        dtype=dtype, batch_buckets=batch_buckets, frame_buckets=(16,), streaming=StreamingConfig(8, 8, 0, 0)
+        dtype=dtype, batch_buckets=batch_buckets, frame_buckets=frame_buckets, streaming=StreamingConfig(8, 8, 0, 0)
     )
 
 
