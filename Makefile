@@ -36,7 +36,7 @@ test-all: setup-dev
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not gpu" tests
 
 test-gpu:
-	CXX=$${TTSAOT_CXX:-/usr/bin/g++} $(PY) -m pytest -m gpu tests -x -v
+	CXX=$${TTSAOT_CXX:-/usr/bin/g++} $(PY) -m pytest -m gpu tests -v -n auto --dist loadgroup
 
 bench:
 	$(PY) -m bench --out bench/results

@@ -15,7 +15,7 @@ PASS=${PASS:-cold}
 (vmstat -n 5 > "$OUT/vmstat_$PASS.txt" 2>&1 &)
 # CPU seconds per test item over its worker's process tree (bench/probes/suite_cpu_time.py): what to trim
 export TEST_CPU_DIR=$OUT/cpu_$PASS
-timeout -s INT -k 20 "${LIMIT_S:-540}" python3 -m pytest -p bench.probes.suite_cpu_time -m gpu -v -n "${WORKERS:-8}" --dist "${DIST:-loadgroup}" \
+timeout -s INT -k 20 "${LIMIT_S:-540}" python3 -m pytest -p bench.probes.suite_cpu_time -m gpu -v -n "${WORKERS:-auto}" --dist "${DIST:-loadgroup}" \
   --durations=40 -p no:cacheprovider tests/gpu tests/test_kernels_skinny_linear.py > "$OUT/suite_$PASS.txt" 2>&1
 echo "pytest rc $? wall $(( $(date +%s) - T0 )) s" | tee -a "$OUT/suite_$PASS.txt"
 pkill vmstat

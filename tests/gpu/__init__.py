@@ -18,8 +18,6 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
 from ..conftest import CACHE, built_artifact
 
 # The fixtures' builds compile their packages on this many workers: with -n 8 on the 16-core H100 host their
@@ -27,13 +25,6 @@ from ..conftest import CACHE, built_artifact
 GPU_BUILD_JOBS = 4
 GPU_CACHE_ENV = "TTSAOT_GPU_TEST_CACHE"
 GPU_CACHE_MAX_BYTES = 5 * 10**9  # a cold run of the suite stores ~135 MB (gpu_suite run6)
-
-# Under xdist the workers' builds already keep every core busy (the cold pass is CPU-bound): each compile worker
-# compiles its kernels itself instead of starting Inductor's pool of compile processes, which costs a torch import
-# per compile worker and only adds processes to the cores' queue. Set before any build spawns its workers (they
-# inherit it; builder/parallel_compile.py leaves a set TORCHINDUCTOR_COMPILE_THREADS alone).
-if os.environ.get("PYTEST_XDIST_WORKER") and torch.cuda.is_available():
-    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 def gpu_package_cache() -> Path | None:
