@@ -21,4 +21,6 @@ echo "pytest rc $? wall $(( $(date +%s) - T0 )) s" | tee -a "$OUT/suite_$PASS.tx
 pkill vmstat
 du -sh .pytest_artifacts/gpu-package-cache 2>&1 | tee -a "$OUT/suite_$PASS.txt"
 python3 -m bench.probes.suite_cpu_time "$TEST_CPU_DIR" > "$OUT/cpu_$PASS.txt" 2>&1; head -25 "$OUT/cpu_$PASS.txt"
+# one file per xdist worker: archived, as a call returns only a few files
+tar czf "$OUT/cpu_$PASS.tar.gz" -C "$OUT" "cpu_$PASS" && rm -rf "$TEST_CPU_DIR"
 grep -v DEBUG "$OUT/suite_$PASS.txt" | grep -v '^\s*$' | tail -50 | cut -c1-300
