@@ -590,6 +590,8 @@ class _StageCompile:
         self.toolchain = build_env(device) if cache is not None else None
         self.results: dict[str, dict[str, torch.Tensor]] = {}  # package file → its weights
         self.reused = 0
+        self.awaiting: list[_Job] = []  # packages another build sharing the cache is compiling (_submit_compiles)
+        self.handed = StageTensors()  # the tensors of the programs handed to a compile pool (_hand_over)
         # What decides the exported program besides the bucket (builder/package_cache.py `pre_export_key`).
         self.tensors = module_tensors(module) if cache is not None else {}
         self.layout = _stage_layout(spec, module) if cache is not None else ""
@@ -791,65 +793,118 @@ def _compile_all(stages: list[_StageCompile], jobs: int) -> None:
     with CompilePool(min(jobs, len(todo))) as pool:
         for st in stages:
             _submit_compiles(st, pool)
+        while any(st.awaiting for st in stages):  # packages other builds are compiling
+            if not _take_over_awaited(stages, pool):
+                _wait_a_while(pool)
         _wait(pool)
 
 
 def _submit_compiles(st: _StageCompile, pool: CompilePool) -> None:
     """Hand a prepared stage's packages to the pool, each as soon as it is ready: exported here (a static package
-    not yet exported), taken from the package cache where it holds the program's package, else saved and submitted
-    at its `compile_priority`. The exports run one after another in the build's process, largest bucket first:
-    a worker that is free starts a task when it is submitted, so the stage's first compiles run while its other
-    buckets export. Exported all first and then handed over (d20e7ea), the H200 Fish build's 18 DAC decoder
-    programs took 33 s of exports before the first was submitted, while 7 of the 16 workers had work (fast_ar's 3,
-    dac_encoder's 4: bench/results/nvidia-h200/build_logs/fish-s2-pro-cold.log)."""
+    not yet exported), taken from the package cache where it holds the program's package, left to wait where
+    another build sharing the cache is compiling it (`PackageCache.claim`: `_take_over_awaited` reuses it once
+    stored), else saved and submitted at its `compile_priority`. The exports run one after another in the build's
+    process, largest bucket first: a worker that is free starts a task when it is submitted, so the stage's first
+    compiles run while its other buckets export. Exported all first and then handed over (d20e7ea), the H200 Fish
+    build's 18 DAC decoder programs took 33 s of exports before the first was submitted, while 7 of the 16 workers
+    had work (fast_ar's 3, dac_encoder's 4: bench/results/nvidia-h200/build_logs/fish-s2-pro-cold.log)."""
     t0, exported = time.time(), 0
-    # The stage's tensors once for all its programs (builder/saved_programs.py): the first program's, written
-    # before its task is submitted; a later program's tensors that file does not hold stay in its own archive.
-    shared = StageTensors()
-    tensors = pool.programs / f"{st.spec.name}__tensors.pt"
-
-    def compiled(task: CompileTask, package_weights: dict[str, torch.Tensor], job: _Job) -> None:
-        if st.cache is not None:
-            with st.cache.lock(job.cache_id):
-                st.cache.store(job.cache_id, st.tmp / job.rel, package_weights, job.sources)
-            st.indexed(job)
-        st.finished(job, package_weights, task.finished_at)
-
     for job in sorted(st.todo(), key=_submission_rank, reverse=True):  # stable: plan order for ties
         if job.ep is None:
             st.export_static(job)
             exported += 1
-        if st.cache is not None:
-            with st.cache.lock(job.cache_id):
-                found = st.cache.fetch(job.cache_id, job.sources, st.tmp / job.rel)
-            if found.weights is not None:
-                st.reused += 1
-                st.indexed(job)
-                st.finished(job, found.weights)
-                continue
-        if shared.entries:
-            names = shared.held(job.ep)
-        else:
-            names = shared.add(job.ep)
-            shared.write(tensors)
-        path = pool.programs / f"{st.spec.name}__{job.model_name}.pt2"
-        save_program(job.ep, path, names)
-        task = CompileTask(
-            f"{st.spec.name}/{job.label}",
-            path,
-            job.args,
-            st.device,
-            st.tmp / job.rel,
-            job.model_name,
-            job.metadata,
-            st.extra,
-            tensors=tensors,
-            tensor_names=names,
-        )
-        pool.submit(task, partial(compiled, job=job), priority=compile_priority(compile_cost(job.ep, job.args)))
+        if _reuse(st, job):
+            continue
+        if st.cache is not None and not st.cache.claim(job.cache_id):
+            st.awaiting.append(job)
+            continue
+        _hand_over(st, pool, job)
         _wait(pool, block=False)  # a failed compile stops the build now, not after the stage's last export
     if exported:
         st.reporter.note(f"{st.spec.name}: {exported} program(s) exported while compiling, {time.time() - t0:.1f}s")
+
+
+def _reuse(st: _StageCompile, job: _Job) -> bool:
+    """Take the job's package from the package cache if it holds it (recorded as done); whether it did."""
+    if st.cache is None:
+        return False
+    with st.cache.lock(job.cache_id):
+        found = st.cache.fetch(job.cache_id, job.sources, st.tmp / job.rel)
+    if found.weights is None:
+        return False
+    st.reused += 1
+    st.indexed(job)
+    st.finished(job, found.weights)
+    return True
+
+
+def _hand_over(st: _StageCompile, pool: CompilePool, job: _Job) -> None:
+    """Save the job's exported program and submit its compile; once compiled, its package is stored in the cache
+    (and the build's claim on it released) and recorded as done. The stage's tensors are written once for all its
+    programs (builder/saved_programs.py): the first program's, before its task is submitted; a later program's
+    tensors that file does not hold stay in its own archive."""
+    tensors = pool.programs / f"{st.spec.name}__tensors.pt"
+    if st.handed.entries:
+        names = st.handed.held(job.ep)
+    else:
+        names = st.handed.add(job.ep)
+        st.handed.write(tensors)
+    path = pool.programs / f"{st.spec.name}__{job.model_name}.pt2"
+    save_program(job.ep, path, names)
+    task = CompileTask(
+        f"{st.spec.name}/{job.label}",
+        path,
+        job.args,
+        st.device,
+        st.tmp / job.rel,
+        job.model_name,
+        job.metadata,
+        st.extra,
+        tensors=tensors,
+        tensor_names=names,
+    )
+
+    def compiled(task: CompileTask, package_weights: dict[str, torch.Tensor]) -> None:
+        if st.cache is not None:
+            with st.cache.lock(job.cache_id):
+                st.cache.store(job.cache_id, st.tmp / job.rel, package_weights, job.sources)
+            st.cache.release_claim(job.cache_id)
+            st.indexed(job)
+        st.finished(job, package_weights, task.finished_at)
+
+    pool.submit(task, compiled, priority=compile_priority(compile_cost(job.ep, job.args)))
+
+
+# How often a build whose packages another build is compiling (PackageCache.claim) looks at their claims again.
+CLAIM_POLL_S = 0.5
+
+
+def _take_over_awaited(stages: list[_StageCompile], pool: CompilePool) -> bool:
+    """The packages that waited for another build's compile, whose claim is free now: reused from the cache (that
+    build stored them), else (it failed or stopped) compiled here. Whether any moved on."""
+    moved = False
+    for st in stages:
+        for job in list(st.awaiting):
+            if not st.cache.claim(job.cache_id):
+                continue
+            st.awaiting.remove(job)
+            moved = True
+            if _reuse(st, job):
+                st.cache.release_claim(job.cache_id)
+            else:
+                _hand_over(st, pool, job)
+    return moved
+
+
+def _wait_a_while(pool: CompilePool) -> None:
+    """Up to CLAIM_POLL_S: for one of this build's compiles to finish, or for other builds' compiles to move on."""
+    if pool.outstanding:
+        try:
+            pool.wait_any(timeout=CLAIM_POLL_S)
+        except CompileError as e:
+            raise BuildError(str(e)) from e
+    else:
+        time.sleep(CLAIM_POLL_S)
 
 
 def _input_elements(args: tuple) -> int:
@@ -897,7 +952,12 @@ def _finish_as_compiled(pending: list[_PendingStage], pool: CompilePool | None, 
         for p in [p for p in pending if p.compiled]:
             stages[p.entry.name] = p.finish()
             pending.remove(p)
-        if pending:
+        compiles = [p.compile for p in pending if p.compile is not None]
+        if not pending or _take_over_awaited(compiles, pool):
+            continue
+        if any(st.awaiting for st in compiles):  # packages other builds are compiling
+            _wait_a_while(pool)
+        else:
             _wait(pool, any_=True)
 
 
@@ -1374,6 +1434,8 @@ def _build_family(
         except BaseException:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)  # Ctrl-C and SIGTERM included: the previous artifact stays
+            if cache is not None:
+                cache.release_claims()  # a build waiting for one of these packages compiles it now
             raise
     return BuildResult(path=final, manifest=manifest, seconds=time.time() - t_start)
 

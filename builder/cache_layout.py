@@ -5,6 +5,7 @@ them). Torch-free, so that the CLI's `cache` commands answer without importing t
     <root>/index/<pre-key>.json                 a pre-export key → the package key it led to
     <root>/golden/<key>.{safetensors,json}      a stage's golden cases and their record
     <root>/<name>.lock                          the lock of one of them (`lock_name`)
+    <root>/compiling-<key>.lock                 held by the build compiling that package in its workers
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 CACHE_ENV = "TTSAOT_CACHE_DIR"
 
 PACKAGE, ENTRY, INDEX, GOLDEN = "package.pt2", "entry.json", "index", "golden"
+COMPILING = "compiling"  # lock_name kind: a package's compile claim (PackageCache.claim)
 KEY = re.compile(r"[0-9a-f]{64}")
 
 
@@ -28,7 +30,8 @@ def default_cache_dir() -> Path:
 
 
 def lock_name(kind: str, key: str) -> str:
-    """The lock of a package entry (kind PACKAGE), an index entry (INDEX) or golden cases (GOLDEN)."""
+    """The lock of a package entry (kind PACKAGE), an index entry (INDEX), golden cases (GOLDEN) or a package's
+    compile claim (COMPILING)."""
     return key if kind == PACKAGE else f"{kind}-{key}"
 
 
@@ -36,4 +39,15 @@ def lock_path(root: Path, name: str) -> Path:
     return Path(root) / f"{name}.lock"
 
 
-__all__ = ["CACHE_ENV", "ENTRY", "GOLDEN", "INDEX", "KEY", "PACKAGE", "default_cache_dir", "lock_name", "lock_path"]
+__all__ = [
+    "CACHE_ENV",
+    "COMPILING",
+    "ENTRY",
+    "GOLDEN",
+    "INDEX",
+    "KEY",
+    "PACKAGE",
+    "default_cache_dir",
+    "lock_name",
+    "lock_path",
+]

@@ -49,7 +49,18 @@ from typing import Any
 
 import torch
 
-from .cache_layout import CACHE_ENV, ENTRY, GOLDEN, INDEX, KEY, PACKAGE, default_cache_dir, lock_name, lock_path
+from .cache_layout import (
+    CACHE_ENV,
+    COMPILING,
+    ENTRY,
+    GOLDEN,
+    INDEX,
+    KEY,
+    PACKAGE,
+    default_cache_dir,
+    lock_name,
+    lock_path,
+)
 
 ENTRY_FORMAT = 1
 INDEX_FORMAT = 1
@@ -362,6 +373,8 @@ class PackageCache:
     notes: list[str] = field(default_factory=list)  # what happened to entries (corrupted, not cacheable)
     # the entries this build stored or reused: discarded together when its artifact fails the load check
     used: set[str] = field(default_factory=set)
+    # the compile claims this build holds (`claim`): key → its held lock
+    claims: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -372,6 +385,40 @@ class PackageCache:
 
         self.root.mkdir(parents=True, exist_ok=True)
         return FileLock(str(lock_path(self.root, key)))
+
+    def claim(self, key: str, wait: bool = False) -> bool:
+        """Claim the compile of `key`'s package for this build: False (`wait` False) when another build holds the
+        claim, i.e. is compiling that package right now. A build that compiles in workers looks a package up
+        (`fetch`, under `lock`) before it hands it over, but does not hold that lock while a worker compiles (its
+        next lookups and hand-overs would wait on it): builds started together on one cache missed the same
+        packages and each compiled them (in the GPU test suite with one xdist worker per core, the VoxCPM2
+        end-to-end test, started beside the LM fixture whose packages it shares, took 325 CPU seconds against 107
+        after it: bench/results/nvidia-h200/probes/gpu_suite_cpu/). A build whose claim fails waits for the claim
+        instead, then reuses the package, or compiles it if the claimant failed. Held until `release_claim` (after
+        the store) or `release_claims` (a failed build); a build that dies loses its claims with its process.
+        Never wait for a claim while holding a key's `lock` (the claimant takes it to store)."""
+        if key in self.claims:
+            return True
+        from filelock import FileLock, Timeout
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(lock_path(self.root, lock_name(COMPILING, key))))
+        try:
+            lock.acquire(timeout=-1 if wait else 0)
+        except Timeout:
+            return False
+        self.claims[key] = lock
+        return True
+
+    def release_claim(self, key: str) -> None:
+        lock = self.claims.pop(key, None)
+        if lock is not None:
+            lock.release()
+
+    def release_claims(self) -> None:
+        """Release every claim this build holds (it failed or was stopped: another build may compile them)."""
+        for key in list(self.claims):
+            self.release_claim(key)
 
     def _discard(self, entry: Path, why: str) -> None:
         self.notes.append(f"package cache: discarded {entry.name[:12]} ({why})")
@@ -586,13 +633,17 @@ def cached_compile(
     run `compile_fn` (which writes `dest` and returns a CompiledBucket) and store what it made."""
     if cache is None or key is None:
         return compile_fn().weights, False
-    with cache.lock(key):
-        found = cache.fetch(key, sources, dest)
-        if found.weights is not None:
-            return found.weights, True
-        weights = compile_fn().weights
-        cache.store(key, dest, weights, sources)
-        return weights, False
+    cache.claim(key, wait=True)  # another build compiling it in its workers: wait, then reuse what it stores
+    try:
+        with cache.lock(key):
+            found = cache.fetch(key, sources, dest)
+            if found.weights is not None:
+                return found.weights, True
+            weights = compile_fn().weights
+            cache.store(key, dest, weights, sources)
+            return weights, False
+    finally:
+        cache.release_claim(key)
 
 
 __all__ = [

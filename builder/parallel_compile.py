@@ -184,12 +184,23 @@ class CompilePool:
         while self._outstanding:
             self._handle(*self._finished.get())
 
-    def wait_any(self) -> None:
-        """Block until a task finishes (unless one has since the last call), running `on_done` of each finished."""
+    def wait_any(self, timeout: float | None = None) -> bool:
+        """Block until a task finishes (unless one has since the last call), running `on_done` of each finished;
+        with `timeout`, at most that many seconds. Whether one finished."""
         if not self._outstanding:
             raise RuntimeError("CompilePool.wait_any: no task is running or waiting")
-        self._handle(*self._finished.get())
+        try:
+            item = self._finished.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        self._handle(*item)
         self.poll()
+        return True
+
+    @property
+    def outstanding(self) -> int:
+        """Tasks submitted and not yet handled (waiting, running, or finished and not yet polled)."""
+        return self._outstanding
 
     def _handle(self, task: CompileTask, on_done: Callable, fut: Future) -> None:
         self._outstanding -= 1

@@ -528,3 +528,141 @@ def test_an_artifact_that_fails_its_load_check_takes_its_packages_out_of_the_cac
     assert any("failed its load check" in n for n in rep.notes), rep.notes
     with pytest.raises(BuildError, match="compile was called"):  # the next build no longer finds it
         build_family(QWEN.name, _specs(), tmp_path / "again", "cpu", cache_dir=cache, verify_in_subprocess=False)
+
+
+# ------------------------------------------------------------------------------- compile claims (PackageCache.claim)
+_HOLD = """
+import sys
+from filelock import FileLock
+lock = FileLock(sys.argv[1])
+lock.acquire()
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def _another_build_claims(root: Path, key: str) -> subprocess.Popen:
+    """A process holding `key`'s compile claim (another build compiling it) until its stdin closes."""
+    from ttsaot.builder.cache_layout import COMPILING, lock_name, lock_path
+
+    root.mkdir(parents=True, exist_ok=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(lock_path(root, lock_name(COMPILING, key)))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout.readline().strip() == "held"
+    return child
+
+
+def _awaiting_stage(cache: PackageCache, tmp_path: Path, key: str):
+    """What `_take_over_awaited` reads of a `_StageCompile`: one package waiting for another build's compile."""
+    from types import SimpleNamespace
+
+    job = build_mod._Job(["b1_f8"], [{"batch": 1, "frames": 8}], "code2wav/b1_f8.pt2", (), "m", {}, cache_id=key)
+    job.sources = {"w": torch.arange(4.0)}
+    st = SimpleNamespace(cache=cache, tmp=tmp_path / "out", awaiting=[job], reused=0, done=[])
+    st.indexed = lambda j: None
+    st.finished = lambda j, weights: st.done.append((j.rel, weights))
+    return st, job
+
+
+def test_a_package_another_build_is_compiling_is_waited_for_then_reused(tmp_path):
+    cache, key = PackageCache(tmp_path / "cache"), "ab" * 32
+    st, job = _awaiting_stage(cache, tmp_path, key)
+    other = _another_build_claims(cache.root, key)
+    try:
+        assert not cache.claim(key)
+        assert not build_mod._take_over_awaited([st], None)  # still compiling there: nothing moves
+        assert st.awaiting == [job] and not st.done
+        package = tmp_path / "compiled.pt2"  # what the other build stores once its worker is done
+        package.write_bytes(b"the other build's package")
+        with cache.lock(key):
+            assert cache.store(key, package, dict(job.sources), job.sources)
+    finally:
+        other.stdin.close()
+        other.wait(timeout=30)
+    assert build_mod._take_over_awaited([st], None)
+    assert st.awaiting == [] and st.reused == 1 and [rel for rel, _ in st.done] == [job.rel]
+    assert (st.tmp / job.rel).read_bytes() == b"the other build's package"
+    assert not cache.claims  # released once reused
+
+
+def test_a_package_whose_claimant_stopped_without_storing_it_is_compiled_here(monkeypatch, tmp_path):
+    cache, key = PackageCache(tmp_path / "cache"), "cd" * 32
+    st, job = _awaiting_stage(cache, tmp_path, key)
+    handed = []
+    monkeypatch.setattr(build_mod, "_hand_over", lambda st, pool, job: handed.append(job))
+    other = _another_build_claims(cache.root, key)
+    other.kill()  # died mid-compile: its claim goes with its process, nothing was stored
+    other.wait(timeout=30)
+    assert build_mod._take_over_awaited([st], None)
+    assert handed == [job] and st.awaiting == [] and st.reused == 0
+    assert set(cache.claims) == {key}  # held while this build compiles it (released after its store)
+
+
+def test_a_build_compiling_in_process_waits_for_a_claim_then_reuses(tmp_path):
+    """`cached_compile` (a build compiling in its own process) waits for another build's claim rather than
+    compile the same package beside it."""
+    import threading
+
+    from ttsaot.builder.package_cache import cached_compile
+
+    cache, key = PackageCache(tmp_path / "cache"), "ef" * 32
+    sources = {"w": torch.arange(3.0)}
+    other = _another_build_claims(cache.root, key)
+    result, compiled = [], []
+    t = threading.Thread(
+        target=lambda: result.append(
+            cached_compile(cache, key, sources, tmp_path / "out.pt2", lambda: compiled.append(1))
+        )
+    )
+    t.start()
+    t.join(1.0)
+    assert t.is_alive() and not result  # waiting for the claim
+    package = tmp_path / "compiled.pt2"
+    package.write_bytes(b"stored by the claimant")
+    with cache.lock(key):
+        assert cache.store(key, package, dict(sources), sources)
+    other.stdin.close()
+    other.wait(timeout=30)
+    t.join(30)
+    assert not compiled and result and result[0][1] is True  # reused, not compiled
+    assert (tmp_path / "out.pt2").read_bytes() == b"stored by the claimant"
+
+
+@pytest.mark.heavy
+def test_two_builds_started_together_compile_each_package_once(tmp_path):
+    """Two builds with workers (--jobs 2) on one empty cache, started together: each of the two packages is
+    compiled by one build and reused by the other (before claims, both compiled both)."""
+    child = _CHILD.replace(
+        'build_family("qwen3-tts-12hz", _specs(), {out!r}, "cpu", cache_dir={cache!r}, reporter=Print())',
+        "from dataclasses import replace\n"
+        "from ttsaot.builder.buckets import BucketPlan\n"
+        'plan = BucketPlan({{"batch": (1,), "frames": (8, 16)}})\n'
+        'specs = [replace(_specs()[0], plan=plan, dynamic_packages="off")]\n'
+        'build_family("qwen3-tts-12hz", specs, {out!r}, "cpu", cache_dir={cache!r}, reporter=Print(), jobs=2)',
+    )
+    cache = tmp_path / "cache"
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", child.format(root=str(ROOT), out=str(tmp_path / f"o{i}"), cache=str(cache))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outs = [c.communicate(timeout=1500) for c in children]
+    for c, (_, err) in zip(children, outs):
+        assert c.returncode == 0, err[-3000:]
+    reused = []
+    for out, _ in outs:
+        (line,) = [ln for ln in out.splitlines() if "packages reused from the package cache" in ln]
+        reused.append(int(line.split("code2wav: ")[1].split(" of ")[0]))
+    assert sum(reused) == 2, outs  # 4 packages built, 2 compiles
+    assert len(_entries(cache)) == 2
+    for rel in ("code2wav/b1_f8.pt2", "code2wav/b1_f16.pt2"):
+        a, b = (tmp_path / f"o{i}/qwen3-tts-12hz" / rel for i in (0, 1))
+        assert a.read_bytes() == b.read_bytes()

@@ -347,9 +347,13 @@ def _stage_compile_stand_in(jobs: list, tmp_path, **more):
     """What `_submit_compiles` reads of a `_StageCompile`: stage "s" on the CPU, no package cache, `jobs` to do."""
     from types import SimpleNamespace
 
+    from ttsaot.builder.saved_programs import StageTensors
+
     return SimpleNamespace(
         todo=lambda: list(jobs),
         cache=None,
+        awaiting=[],
+        handed=StageTensors(),
         spec=SimpleNamespace(name="s"),
         device=torch.device("cpu"),
         tmp=tmp_path,
@@ -394,7 +398,7 @@ def test_each_stage_is_finished_once_its_own_packages_are_in():
     stages: dict = {}
 
     def stage(name: str, compiled: bool) -> SimpleNamespace:
-        st = SimpleNamespace(entry=SimpleNamespace(name=name), compiled=compiled)
+        st = SimpleNamespace(entry=SimpleNamespace(name=name), compiled=compiled, compile=None)
         st.finish = lambda: events.append(f"finish {name}") or name
         return st
 
