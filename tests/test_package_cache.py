@@ -411,6 +411,24 @@ build_family("qwen3-tts-12hz", _specs(), {out!r}, "cpu", cache_dir={cache!r}, re
 """
 
 
+def _two_builds_at_once(child: str, tmp_path: Path, cache: Path) -> list[str]:
+    """Run the build script `child` (a `_CHILD`-like template) in two processes at once, writing to
+    tmp_path/o0 and tmp_path/o1 with one cache; their printed notes, once both succeeded."""
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", child.format(root=str(ROOT), out=str(tmp_path / f"o{i}"), cache=str(cache))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outs = [c.communicate(timeout=1500) for c in children]
+    for c, (_, err) in zip(children, outs):
+        assert c.returncode == 0, err[-3000:]
+    return [out for out, _ in outs]
+
+
 @pytest.mark.heavy
 def test_corrupted_entry_is_rebuilt_by_one_of_two_concurrent_builds(cached, tmp_path):
     # On a copy: the recompiled package's bytes differ from the shared fixture's (which other tests compare with)
@@ -421,20 +439,9 @@ def test_corrupted_entry_is_rebuilt_by_one_of_two_concurrent_builds(cached, tmp_
     data = bytearray(pkg.read_bytes())
     data[len(data) // 2] ^= 0xFF
     pkg.write_bytes(bytes(data))
-    children = [
-        subprocess.Popen(
-            [sys.executable, "-c", _CHILD.format(root=str(ROOT), out=str(tmp_path / f"o{i}"), cache=str(cache))],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    outs = [c.communicate(timeout=1500) for c in children]
-    for c, (_, err) in zip(children, outs):
-        assert c.returncode == 0, err[-3000:]
-    discarded = [out for out, _ in outs if "does not match its recorded sha256" in out]
-    reused = [out for out, _ in outs if "1 of 1 packages reused" in out]
+    outs = _two_builds_at_once(_CHILD, tmp_path, cache)
+    discarded = [out for out in outs if "does not match its recorded sha256" in out]
+    reused = [out for out in outs if "1 of 1 packages reused" in out]
     assert len(discarded) == 1 and len(reused) == 1, outs  # one rebuilt it, the other waited and reused
     meta = json.loads((entry / ENTRY).read_text())
     assert package_cache._sha256_file(entry / PACKAGE) == meta["sha256"]
@@ -645,20 +652,9 @@ def test_two_builds_started_together_compile_each_package_once(tmp_path):
         'build_family("qwen3-tts-12hz", specs, {out!r}, "cpu", cache_dir={cache!r}, reporter=Print(), jobs=2)',
     )
     cache = tmp_path / "cache"
-    children = [
-        subprocess.Popen(
-            [sys.executable, "-c", child.format(root=str(ROOT), out=str(tmp_path / f"o{i}"), cache=str(cache))],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    outs = [c.communicate(timeout=1500) for c in children]
-    for c, (_, err) in zip(children, outs):
-        assert c.returncode == 0, err[-3000:]
+    outs = _two_builds_at_once(child, tmp_path, cache)
     reused = []
-    for out, _ in outs:
+    for out in outs:
         (line,) = [ln for ln in out.splitlines() if "packages reused from the package cache" in ln]
         reused.append(int(line.split("code2wav: ")[1].split(" of ")[0]))
     assert sum(reused) == 2, outs  # 4 packages built, 2 compiles
