@@ -20,7 +20,8 @@ after the time budget are recorded as skipped):
   down+residual) from the ops vs the eager bf16 module (`MiniCPMLayer.forward_step`), both replayed from CUDA
   graphs over 4 distinct layers; output and caches checked against eager; time per layer vs the layer's byte
   floor. `--with-compile` adds torch.compile(mode="max-autotune-no-cudagraphs") + manual graph (minutes).
-- `predictors`: the re-prefill predictors' shapes (Fish fast_ar, Qwen code_predictor, VoxCPM2 locdit) at their M.
+- `predictors`: the predictors' shapes at their rows: Fish fast_ar's and the Qwen code_predictor's four
+  projections at their decode steps' M = 1 and 4, the VoxCPM2 locdit's at 22 and 88.
 - `sampler`: `ttsaot::sample_tokens` at the predictors' vocabularies (Qwen 2048, Fish 4096) and rows, against the
   aten sampler it replaces (a sort and a dozen small ops) in the same kind of graph; tokens compared.
 - `sweep`: split-K × GEMV/tensor-core form for the VoxCPM2 shapes, split count × BLOCK_S for attention: what
@@ -82,14 +83,19 @@ SKINNY_SHAPES: dict[str, tuple[int, int, dict, tuple[int, ...]]] = {
     "voxcpm2_gate_up": (12288, 2048, {"norm": True, "gated": True}, DECODE_M),
     "voxcpm2_down": (2048, 6144, {"residual": True}, DECODE_M),
 }
-# The re-prefill predictors at their rows (batch × positions): Fish fast_ar (11 positions), Qwen code_predictor
-# (≤ 16), VoxCPM2 locdit / local_encoder (~10 positions × 2B rows).
+# The codebook predictors' projections at their decode steps' rows (builder/predictor.py: one token per row over a
+# KV cache, M = batch; the H200 code_predictor profile at b1 ran gate_up in 13.6-17.1 µs for 12.6 MB,
+# bench/results/nvidia-h200/profiles/), and VoxCPM2 locdit / local_encoder at theirs (~10 positions × 2B rows).
+# (The predictors re-ran every position per step before the KV cache: 11-176 / 16-64 rows, the earlier results'.)
 PREDICTOR_SHAPES: dict[str, tuple[int, int, dict, tuple[int, ...]]] = {
-    "fish_fast_ar_qkv": (6144, 2560, {"norm": True}, (11, 44, 176)),
-    "fish_fast_ar_gate_up": (19456, 2560, {"norm": True, "gated": True}, (11, 44, 176)),
-    "fish_fast_ar_down": (2560, 9728, {"residual": True}, (11, 44, 176)),
-    "qwen_code_predictor_qkv": (4096, 1024, {"norm": True}, (16, 64)),
-    "qwen_code_predictor_down": (1024, 3072, {"residual": True}, (16, 64)),
+    "fish_fast_ar_qkv": (6144, 2560, {"norm": True}, (1, 4)),
+    "fish_fast_ar_o": (2560, 4096, {"residual": True}, (1, 4)),
+    "fish_fast_ar_gate_up": (19456, 2560, {"norm": True, "gated": True}, (1, 4)),
+    "fish_fast_ar_down": (2560, 9728, {"residual": True}, (1, 4)),
+    "qwen_code_predictor_qkv": (4096, 1024, {"norm": True}, (1, 4)),
+    "qwen_code_predictor_o": (1024, 2048, {"residual": True}, (1, 4)),
+    "qwen_code_predictor_gate_up": (6144, 1024, {"norm": True, "gated": True}, (1, 4)),
+    "qwen_code_predictor_down": (1024, 3072, {"residual": True}, (1, 4)),
     # LocDiT: 16 q + 2·2 kv heads of 128, hidden 1024, FFN 4096; 11 tokens × 2 (CFG) rows per request
     "voxcpm2_locdit_qkv": (2560, 1024, {"norm": True}, (22, 88)),
     "voxcpm2_locdit_o": (1024, 2048, {"residual": True}, (22, 88)),
