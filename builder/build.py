@@ -899,10 +899,7 @@ def _take_over_awaited(stages: list[_StageCompile], pool: CompilePool) -> bool:
 def _wait_a_while(pool: CompilePool) -> None:
     """Up to CLAIM_POLL_S: for one of this build's compiles to finish, or for other builds' compiles to move on."""
     if pool.outstanding:
-        try:
-            pool.wait_any(timeout=CLAIM_POLL_S)
-        except CompileError as e:
-            raise BuildError(str(e)) from e
+        _wait(pool, any_=True, timeout=CLAIM_POLL_S)
     else:
         time.sleep(CLAIM_POLL_S)
 
@@ -931,12 +928,12 @@ def compile_priority(cost: tuple[int, int]) -> float:
     return calls + elements / (elements + 1.0)
 
 
-def _wait(pool: CompilePool, block: bool = True, any_: bool = False) -> None:
+def _wait(pool: CompilePool, block: bool = True, any_: bool = False, timeout: float | None = None) -> None:
     """Every compile submitted so far finished and recorded (or, not blocking, those finished by now; `any_`: at
-    least one more)."""
+    least one more, or none within `timeout` seconds)."""
     try:
         if any_:
-            pool.wait_any()
+            pool.wait_any(timeout)
         else:
             pool.wait() if block else pool.poll()
     except CompileError as e:

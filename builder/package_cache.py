@@ -391,9 +391,10 @@ class PackageCache:
         claim, i.e. is compiling that package right now. A build that compiles in workers looks a package up
         (`fetch`, under `lock`) before it hands it over, but does not hold that lock while a worker compiles (its
         next lookups and hand-overs would wait on it): builds started together on one cache missed the same
-        packages and each compiled them (in the GPU test suite with one xdist worker per core, the VoxCPM2
-        end-to-end test, started beside the LM fixture whose packages it shares, took 325 CPU seconds against 107
-        after it: bench/results/nvidia-h200/probes/gpu_suite_cpu/). A build whose claim fails waits for the claim
+        packages and each compiled them (tests/test_package_cache.py, two builds started together; in the GPU test
+        suite with one xdist worker per core the VoxCPM2 end-to-end test, started beside the LM fixture whose
+        packages it shares, took 325 CPU seconds against 107 after it, most likely for that reason:
+        bench/results/nvidia-h200/probes/gpu_suite_cpu/). A build whose claim fails waits for the claim
         instead, then reuses the package, or compiles it if the claimant failed. Held until `release_claim` (after
         the store) or `release_claims` (a failed build); a build that dies loses its claims with its process.
         Never wait for a claim while holding a key's `lock` (the claimant takes it to store)."""

@@ -405,7 +405,7 @@ def test_each_stage_is_finished_once_its_own_packages_are_in():
     slow, fast, ready = stage("slow", False), stage("fast", False), stage("ready", True)
     arriving = [fast, slow]
 
-    def wait_any() -> None:
+    def wait_any(timeout=None) -> None:  # CompilePool.wait_any's signature
         st = arriving.pop(0)
         st.compiled = True
         events.append(f"compiled {st.entry.name}")
