@@ -478,8 +478,8 @@ def _add_tool_parsers(sub) -> None:
         "--sections",
         type=csv,
         default=None,
-        help="copy,skinny,attention,aoti,layer,predictors,sampler,sweep,sweep_predictors,configs,configs_predictors,configs_stream"
-        " (default: not the last four)",
+        help="copy,skinny,attention,aoti,layer,predictors,sampler,sweep,sweep_predictors,configs,configs_predictors,configs_stream,"
+        "configs_gemv (default: not the last five)",
     )
     p.add_argument("--with-compile", action="store_true", help="layer: also torch.compile max-autotune (minutes)")
     p.add_argument("--result", default=None)

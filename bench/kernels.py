@@ -31,6 +31,8 @@ after the time budget are recorded as skipped):
 - `configs`: explicit launch configs (block sizes, warps, stages) × split-K × form for the VoxCPM2 decode shapes at
   M = 1, 16 and 4, each timed like `skinny` (one weight rotation and one same-bytes copy per shape): what the
   autotune lists and the split-K plan are chosen from (not run by default; `--sections configs`).
+- `configs_gemv`: the GEMV form's candidates at M = 1 on the predictors' and VoxCPM2's decode shapes, each with and
+  without the next W tile prefetched (not run by default).
 A fresh machine compiles ~50 Triton kernels for the first four sections: ~3-4 minutes with the default budget;
 `--budget 540` also covers `predictors` and `sweep`. Writes `<out>/<device-slug>/kernels.json` (rewritten after
 every case, so a crash keeps what was measured).
@@ -68,8 +70,9 @@ SECTIONS = (
     "configs",
     "configs_predictors",
     "configs_stream",
+    "configs_gemv",
 )
-DEFAULT_SECTIONS = SECTIONS[:-4]  # the last four (minutes of compiles) only when asked for
+DEFAULT_SECTIONS = SECTIONS[:-5]  # the last five (minutes of compiles) only when asked for
 _WARMUP = {True: 3, False: 0}  # warm-up calls before eager timings: on the GPU, none in a CPU smoke run
 ROTATE_L2_MULTIPLE = 4  # weights rotated over at least this many times the L2 size
 MIN_GRAPH_CALLS = 16
@@ -316,6 +319,18 @@ def bench_skinny_case(
     return case
 
 
+# `configs_gemv`: the GEMV (one-row) form at M = 1 on every decode shape, predictors first, each candidate with and
+# without the next W tile prefetched into registers (PREFETCH: two tiles live, or one and more programs per SM; the
+# gated 8 × 1024 × 8-warp config takes 172 / 166 registers, 4 × 1024 × 4 warps 165 / 128 on sm_90 with Triton 3.7),
+# split in 2 only where N alone gives few programs (o, down). (BLOCK_N, BLOCK_K, num_warps, num_stages, PREFETCH).
+GEMV_SWEEP_CANDIDATES = tuple(
+    (bn, bk, w, 1, pf)
+    for bn, bk, w in ((8, 1024, 8), (4, 1024, 4), (8, 512, 4), (4, 512, 2), (2, 1024, 2), (16, 256, 4))
+    for pf in (True, False)
+)
+GEMV_SWEEP_SHAPES = ("qwen_code_predictor", "fish_fast_ar", "voxcpm2")
+
+
 def bench_skinny_configs(
     M: int,
     N: int,
@@ -327,7 +342,7 @@ def bench_skinny_configs(
     device: torch.device,
     time_left: Callable[[], float] = lambda: math.inf,
     with_plan: bool = False,
-    candidates: tuple[tuple[int, int, int, int], ...] | None = None,
+    candidates: tuple[tuple, ...] | None = None,
     splits: tuple[int, ...] | None = None,
     shared_counters: bool = False,
 ) -> dict:
@@ -336,7 +351,8 @@ def bench_skinny_configs(
     start past `time_left()` are recorded as skipped; splits that round to the same K ranges run once. A split runs
     as the op does (its epilogue kernel adds the partials); `shared_counters` also times it on one zeroed counter
     workspace that every call reuses (the kernel adds the partials and leaves the workspace zeroed). form "stream":
-    the streamed tensor-core form. `with_plan`: also the op's own plan (the autotuned tile form) as "plan"."""
+    the streamed tensor-core form. `with_plan`: also the op's own plan (the autotuned tile form) as "plan".
+    A candidate is (BLOCK_N, BLOCK_K, num_warps, num_stages[, PREFETCH]); without PREFETCH the op's (True)."""
     from ttsaot.builder.kernels.common import cdiv
     from ttsaot.builder.kernels.skinny_linear import launch_skinny_linear, skinny_linear_reference
 
@@ -354,17 +370,21 @@ def bench_skinny_configs(
         splits = (1,) if spec.get("gated") else (1, 2, 4)
     shared = torch.zeros(1 << 14, dtype=torch.int32, device=device) if shared_counters else None
     runs: dict[str, Any] = {}
-    for bn, bk, warps, stages in candidates:
+    for bn, bk, warps, stages, *prefetch in candidates:
         effective = {cdiv(K, cdiv(cdiv(K, sp), bk) * bk): sp for sp in splits}  # K ranges are whole BLOCK_Ks
+        config = {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
+        if prefetch:
+            config["PREFETCH"] = prefetch[0]
         for split, semaphores in [(sp, None) for sp in sorted(effective)] + [
             (sp, shared) for sp in sorted(effective) if shared is not None and sp > 1
         ]:
             key = f"bn{bn}/bk{bk}/w{warps}/s{stages}/split{split}{'/shared' if semaphores is not None else ''}"
+            key += "/noprefetch" if prefetch and not prefetch[0] else ""
             if time_left() <= 0:
                 runs[key] = {"skipped": "time budget used up"}
                 continue
             launch = dict(
-                config={"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages},
+                config=config,
                 split_k=split,
                 use_dot=form != "gemv",
                 semaphores=semaphores,
@@ -936,6 +956,30 @@ def run_kernels(
         return cases(bench_skinny_configs, items)
 
     guarded("configs_stream", configs_stream_section)
+
+    def configs_gemv_section() -> dict:
+        shapes = {**PREDICTOR_SHAPES, **SKINNY_SHAPES}
+        items = [
+            (
+                f"{name}/M=1/gemv",
+                dict(
+                    M=1,
+                    N=N,
+                    K=K,
+                    spec=spec,
+                    form="gemv",
+                    time_left=budget.left,
+                    candidates=GEMV_SWEEP_CANDIDATES,
+                    splits=(1, 2) if spec.get("residual") else (1,),
+                ),
+            )
+            for prefix in GEMV_SWEEP_SHAPES
+            for name, (N, K, spec, _) in shapes.items()
+            if name.startswith(prefix) and not name.startswith("voxcpm2_locdit")
+        ]
+        return cases(bench_skinny_configs, items)
+
+    guarded("configs_gemv", configs_gemv_section)
     _voxcpm2_layers.cache_clear()
     res["seconds"] = round(time.time() - t_all, 1)
     res["status"] = "ok"

@@ -264,11 +264,14 @@ def _fma_loop(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """GEMV form: elementwise FMA into a [BLOCK_M, BLOCK_N, BLOCK_K] fp32 accumulator, reduced over K once at the
     end. x and W are loaded straight in that 3-D layout ([BLOCK_M, 1, BLOCK_K], [1, BLOCK_N, BLOCK_K]) so no tile
     goes through shared memory on the way to the FMAs. `w`/`wu`: the first W tile, loaded by the caller (before the
-    grid-dependency wait); each step loads the next tile into registers before it multiplies the current one."""
+    grid-dependency wait). PREFETCH: each step loads the next tile into registers before it multiplies the current
+    one (two tiles live at once); otherwise after (one tile live: fewer registers, more programs per SM to hide the
+    latency instead)."""
     dt = x_ptr.dtype.element_ty
     offs_m3 = offs_m[:, None, None]
     offs_n3 = offs_n[None, :, None]
@@ -287,12 +290,18 @@ def _fma_loop(
             x = (x.to(tl.float32) * rstd3).to(dt)
             x = (gw.to(tl.float32) * x.to(tl.float32)).to(dt)
         xf = x.to(tl.float32)
-        w_next, wu_next = _fma_w_tile(w_ptr, offs_n3, n_mask3, N_OUT, K, k0 + BLOCK_K, k_hi, GATED, BLOCK_K)
-        acc3 += xf * w.to(tl.float32)
-        if GATED:
-            acc3_up += xf * wu.to(tl.float32)
-        w = w_next
-        wu = wu_next
+        if PREFETCH:
+            w_next, wu_next = _fma_w_tile(w_ptr, offs_n3, n_mask3, N_OUT, K, k0 + BLOCK_K, k_hi, GATED, BLOCK_K)
+            acc3 += xf * w.to(tl.float32)
+            if GATED:
+                acc3_up += xf * wu.to(tl.float32)
+            w = w_next
+            wu = wu_next
+        else:
+            acc3 += xf * w.to(tl.float32)
+            if GATED:
+                acc3_up += xf * wu.to(tl.float32)
+            w, wu = _fma_w_tile(w_ptr, offs_n3, n_mask3, N_OUT, K, k0 + BLOCK_K, k_hi, GATED, BLOCK_K)
     return tl.sum(acc3, axis=2), tl.sum(acc3_up, axis=2)
 
 
@@ -327,6 +336,7 @@ def skinny_linear_kernel(
     BLOCK_K: tl.constexpr,
     STREAM: tl.constexpr,
     NORM_CHUNKS: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """Grid (cdiv(M, BLOCK_M), cdiv(N_OUT, BLOCK_N), SPLIT_K): the row tiles of one W block are neighbours in
     launch order, so with several row tiles W is read from HBM once and from L2 after. USE_DOT: tensor-core
@@ -435,6 +445,7 @@ def skinny_linear_kernel(
             BLOCK_M,
             BLOCK_N,
             BLOCK_K,
+            PREFETCH,
         )
     if USE_DOT and not STREAM:
         offs_m += grid_dependency_trigger(PDL)
