@@ -68,7 +68,7 @@ SCRIPT = textwrap.dedent(r"""
     cases = [("gemv", 1, S.GEMV_CONFIGS[0], "plain", 1), ("gemv", 1, S.GEMV_CONFIGS[1], "norm_gated", 2),
              ("gemv", 2, S.GEMV_CONFIGS[2], "bias_residual", 1), ("dot", 16, S.GEMM_CONFIGS[1], "plain", 2),
              ("dot", 16, S.GEMM_CONFIGS[0], "norm_gated", 1), ("dot", 16, S.GEMM_CONFIGS[2], "bias_residual", 1),
-             ("dot64", 64, S.GEMM_CONFIGS[0], "norm_gated", 1)]
+             ("dot64", 64, S.GEMM_CONFIGS[0], "norm_gated", 1), ("gemv", 1, S.GEMV_CONFIGS[3], "norm_gated", 1)]
     # (GEMM_CONFIGS[1], BLOCK_N 32, with the gated epilogue's two accumulators spills one register under Triton 3.7;
     # it is still the fastest gate_up config on the H100 with Triton 3.6, kernel_configs.json)
     for form, block_m, c, fname, split in cases:

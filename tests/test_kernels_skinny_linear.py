@@ -386,20 +386,29 @@ def test_tile_stages_fit_the_gpus_shared_memory():
 
 
 def test_one_row_takes_the_swept_gemv_config():
-    """At one row the GEMV autotuner is offered one config: BLOCK_N 8 × BLOCK_K 1024 × 8 warps where 1024 divides the
-    K range (the VoxCPM2 shapes), BLOCK_K 512 × 4 warps where it does not (the Fish fast_ar's K = 2560, 9728); at two
-    rows all three configs (each is best at some shape)."""
+    """At one row the GEMV autotuner is offered one config, by epilogue: a gated call BLOCK_N 16 × BLOCK_K 256 × 4
+    warps, a normed ungated one (qkv) 8 × 512 × 4 warps, any other 8 × 1024 × 8 warps where 1024 divides the K range
+    (the VoxCPM2 shapes) and 8 × 512 × 4 warps where it does not (the Fish fast_ar's K = 2560, 9728); at two rows all
+    the configs."""
     from ttsaot.builder.kernels import skinny_linear_triton as kernels
 
     prune = kernels.skinny_gemv_autotuned.early_config_prune
-    for k, want in (
-        (6144, ({"BLOCK_N": 8, "BLOCK_K": 1024}, 8)),
-        (2048, ({"BLOCK_N": 8, "BLOCK_K": 1024}, 8)),
-        (2560, ({"BLOCK_N": 8, "BLOCK_K": 512}, 4)),
-        (9728, ({"BLOCK_N": 8, "BLOCK_K": 512}, 4)),
+    wide, narrow, gated = (
+        ({"BLOCK_N": 8, "BLOCK_K": 1024}, 8),
+        ({"BLOCK_N": 8, "BLOCK_K": 512}, 4),
+        ({"BLOCK_N": 16, "BLOCK_K": 256}, 4),
+    )
+    for k, flags, want in (
+        (6144, {}, wide),
+        (2048, {"HAS_RESIDUAL": True}, wide),
+        (2560, {}, narrow),
+        (9728, {"HAS_RESIDUAL": True}, narrow),
+        (2048, {"HAS_NORM": True}, narrow),
+        (1024, {"HAS_NORM": True, "GATED": True}, gated),
+        (2560, {"HAS_NORM": True, "GATED": True}, gated),
     ):
-        (one,) = prune(kernels.GEMV_CONFIGS, {"M": 1, "N_OUT": 2048, "K": k, "K_SPLIT": k})
-        assert (one.kwargs, one.num_warps) == want, k
+        (one,) = prune(kernels.GEMV_CONFIGS, {"M": 1, "N_OUT": 2048, "K": k, "K_SPLIT": k}, **flags)
+        assert (one.kwargs, one.num_warps) == want, (k, flags)
     # a split call is judged by its K range, not K
     (one,) = prune(kernels.GEMV_CONFIGS, {"M": 1, "N_OUT": 2048, "K": 2560, "K_SPLIT": 1024})
     assert one.kwargs["BLOCK_K"] == 1024

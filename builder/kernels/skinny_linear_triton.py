@@ -523,16 +523,18 @@ def split_k_epilogue_kernel(
 # smallest sets that keep the best time of every VoxCPM2 decode shape in the H100 sweep
 # (bench/results/nvidia-h100/kernel_configs.json, `python -m bench kernels --sections configs`): the GEMV set
 # reaches 93.9 us summed over qkv/o/gate_up/down at M = 1 and 2 (every candidate's best: 93.5; the previous four
-# configs: 94.9), the tile set 167.9 us at M = 4, 8, 16 (best: 167.9; previous four: 168.6). Fewer configs, less
-# autotuning per package at build time. The autotuner is not trusted with the choices the sweep settles: one row
+# configs: 94.9), the tile set 167.9 us at M = 4, 8, 16 (best: 167.9; previous four: 168.6); the fourth GEMV config
+# is the one-row gate_up's of the H200 sweep (`one_row_config`). Fewer configs, less autotuning per package at build
+# time. The autotuner is not trusted with the choices the sweep settles: one row
 # takes `one_row_config`, the tile form the BLOCK_N of `tile_block_n` (`_prune_gemv`, `_prune_tiles` below;
 # builds had baked slower ones, bench/results/nvidia-h100/probes/tile_width_rule/, gemv_one_row_pin/). BLOCK_M,
 # SPLIT_K and USE_DOT come from the launcher. The FMA accumulator holds BLOCK_M·BLOCK_N·BLOCK_K fp32 values: ≤ 64
 # registers per thread at M = 1.
 GEMV_CONFIGS = [
-    triton.Config({"BLOCK_N": 8, "BLOCK_K": 1024}, num_warps=8, num_stages=1),  # M = 1 where 1024 divides K
-    triton.Config({"BLOCK_N": 8, "BLOCK_K": 512}, num_warps=4, num_stages=1),  # gate_up at M = 2; M = 1 otherwise
+    triton.Config({"BLOCK_N": 8, "BLOCK_K": 1024}, num_warps=8, num_stages=1),  # o, down at M = 1 (1024 | K)
+    triton.Config({"BLOCK_N": 8, "BLOCK_K": 512}, num_warps=4, num_stages=1),  # gate_up at M = 2; qkv at M = 1
     triton.Config({"BLOCK_N": 2, "BLOCK_K": 1024}, num_warps=2, num_stages=1),  # o, down at M = 2
+    triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=1),  # gate_up at M = 1
 ]
 # Few rows: a deep cp.async pipeline keeps ≥ 24 KB of W in flight per SM even at one program per SM (BLOCK_N 32:
 # qkv and gate_up; 16: o and down at M = 16; 16 × 128 with 6 stages: o at M = 4 and 8).
@@ -545,25 +547,35 @@ GEMM_CONFIGS = [
 AUTOTUNE_KEY = ["M", "N_OUT", "K", "K_SPLIT", "BLOCK_M", "HAS_NORM", "GATED", "HAS_BIAS", "HAS_RESIDUAL"]
 
 
-def one_row_config(k_range: int) -> triton.Config:
-    """The GEMV config of one row, by rule: BLOCK_N 8 × BLOCK_K 1024 × 8 warps where 1024 divides the program's K
-    range, else BLOCK_N 8 × BLOCK_K 512 × 4 warps. The first is the fastest or tied at every VoxCPM2 shape in the H100
-    sweep (kernel_configs.json, M = 1, K = 2048 / 6144: qkv 6.5, o 5.3, down 11.3 us, where the others take up to
-    7.5 / 6.4 / 15.2; gate_up 22.3 vs 22.1). A K range that 1024 does not divide ends in a part-masked step that costs
-    a whole loop trip: at the Fish fast_ar's K = 2560 and 9728 the 512 config takes qkv 15.7 → 14.8, gate_up 48.2 →
-    39.4, down 23.8 → 21.7 us (probes/predictor_kernels/call3_0c73b31/kernels_fast_ar_gemv.json; the best of eight
-    configs: 14.3, 38.0, 20.5)."""
+def one_row_config(k_range: int, norm: bool = False, gated: bool = False) -> triton.Config:
+    """The GEMV config of one row, by rule, per epilogue:
+    - gated (norm + gate_up + SiLU·mul): BLOCK_N 16 × BLOCK_K 256 × 4 warps, the fastest in both sweeps: H200
+      (bench/results/nvidia-h200/probes/gemv_configs/, M = 1) code_predictor 6.8 / fast_ar 28.9 / VoxCPM2 14.9 us
+      where BLOCK_N 8 × BLOCK_K 1024 × 8 warps (one 172-register program per SM) took 9.7 / - / 23.4 and 8 × 512 ×
+      4 warps 6.3 / 30.7 / 16.5; H100 (kernel_configs.json) VoxCPM2 21.7 vs 22.2;
+    - RMSNorm without gating (qkv): BLOCK_N 8 × BLOCK_K 512 × 4 warps: H200 code_predictor 5.0 / fast_ar 12.6 /
+      VoxCPM2 6.1 us where 8 × 1024 × 8 warps took 6.6 / 13.1 / 7.3 (H100, VoxCPM2 only: 7.0 vs 6.5, an older
+      kernel);
+    - otherwise (o, down + residual): BLOCK_N 8 × BLOCK_K 1024 × 8 warps where 1024 divides the program's K range,
+      else 8 × 512 × 4 warps. The first is the fastest or tied at the VoxCPM2 and code_predictor shapes in both
+      sweeps (H200 o 4.7 / 3.6, down 8.7 / 4.5 us; H100 VoxCPM2 o 5.3, down 11.3 where the others took up to 6.4 /
+      15.2). A K range that 1024 does not divide ends in a part-masked step that costs a whole loop trip (H100, Fish
+      fast_ar K = 9728: down 23.8 → 21.7 us with the 512 config, probes/predictor_kernels/call3_0c73b31/)."""
+    if gated:
+        return GEMV_CONFIGS[3]
     first, second = GEMV_CONFIGS[0], GEMV_CONFIGS[1]
+    if norm:
+        return second
     return first if k_range % first.kwargs["BLOCK_K"] == 0 else second
 
 
 def _prune_gemv(configs, named_args, **kwargs):
-    """One row: only `one_row_config` of the call's K range; the autotuner, timing each kernel alone, is not trusted
-    with near-ties it can get wrong by a third. Two rows keep all three (each is best at some shape)."""
+    """One row: only `one_row_config` of the call's K range and epilogue; the autotuner, timing each kernel alone, is
+    not trusted with near-ties it can get wrong by a third. Two rows keep them all."""
     meta = {**named_args, **kwargs}
     if size_hint(meta["M"]) != 1:
         return configs
-    one = one_row_config(size_hint(meta["K_SPLIT"]))
+    one = one_row_config(size_hint(meta["K_SPLIT"]), bool(meta.get("HAS_NORM")), bool(meta.get("GATED")))
     return [c for c in configs if (c.kwargs, c.num_warps) == (one.kwargs, one.num_warps)] or configs
 
 
