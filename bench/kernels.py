@@ -33,6 +33,8 @@ after the time budget are recorded as skipped):
   autotune lists and the split-K plan are chosen from (not run by default; `--sections configs`).
 - `configs_gemv`: the GEMV form's candidates at M = 1 on the predictors' and VoxCPM2's decode shapes, each with and
   without the next W tile prefetched (not run by default).
+- `norm_prologue`: the tile form's RMSNorm prologue at the normed projections' serving rows, its chunks in a rolled
+  loop (as the op runs it) against unrolled 256- and 512-wide chunks (not run by default).
 A fresh machine compiles ~50 Triton kernels for the first four sections: ~3-4 minutes with the default budget;
 `--budget 540` also covers `predictors` and `sweep`. Writes `<out>/<device-slug>/kernels.json` (rewritten after
 every case, so a crash keeps what was measured).
@@ -71,8 +73,9 @@ SECTIONS = (
     "configs_predictors",
     "configs_stream",
     "configs_gemv",
+    "norm_prologue",
 )
-DEFAULT_SECTIONS = SECTIONS[:-5]  # the last five (minutes of compiles) only when asked for
+DEFAULT_SECTIONS = SECTIONS[:-6]  # the last six (minutes of compiles) only when asked for
 _WARMUP = {True: 3, False: 0}  # warm-up calls before eager timings: on the GPU, none in a CPU smoke run
 ROTATE_L2_MULTIPLE = 4  # weights rotated over at least this many times the L2 size
 MIN_GRAPH_CALLS = 16
@@ -324,10 +327,48 @@ def bench_skinny_case(
 # gated 8 × 1024 × 8-warp config takes 172 / 166 registers, 4 × 1024 × 4 warps 165 / 128 on sm_90 with Triton 3.7),
 # split in 2 only where N alone gives few programs (o, down). (BLOCK_N, BLOCK_K, num_warps, num_stages, PREFETCH).
 GEMV_SWEEP_CANDIDATES = tuple(
-    (bn, bk, w, 1, pf)
+    (bn, bk, w, 1, {"PREFETCH": pf})
     for bn, bk, w in ((8, 1024, 8), (4, 1024, 4), (8, 512, 4), (4, 512, 2), (2, 1024, 2), (16, 256, 4))
     for pf in (True, False)
 )
+# `norm_prologue`: the tile form's RMSNorm prologue (each program's rows' rstd before its K loop) at the normed
+# projections' serving rows, as the op runs it (a rolled loop of BLOCK_K chunks: one L2 round trip per chunk, not
+# overlapped) against the chunks unrolled so all their loads are in flight at once (NORM_UNROLL: the chunk width;
+# the streamed form's way), at the width `tile_block_n` gives these shapes (32) and 16.
+NORM_SWEEP_CANDIDATES = tuple(
+    (bn, 256, 4, 4, extra) for bn in (32, 16) for extra in ({}, {"NORM_UNROLL": 256}, {"NORM_UNROLL": 512})
+)
+NORM_SWEEP = {
+    "voxcpm2_locdit_qkv": (22,),
+    "voxcpm2_locdit_gate_up": (22,),
+    "voxcpm2_qkv": (16,),
+    "voxcpm2_gate_up": (16,),
+    "qwen_code_predictor_qkv": (4,),
+    "qwen_code_predictor_gate_up": (4,),
+    "fish_fast_ar_qkv": (4,),
+    "fish_fast_ar_gate_up": (4,),
+}
+
+
+def _launch_extra(extra: dict, K: int) -> tuple[dict, str]:
+    """A sweep candidate's extra launch constants and their key suffix: PREFETCH False → "/noprefetch"; NORM_UNROLL w
+    → NORM_BLOCK w with cdiv(K, w) NORM_CHUNKS, "/norm<w>"."""
+    from ttsaot.builder.kernels.common import cdiv
+
+    meta, key = {}, ""
+    for name, value in extra.items():
+        if name == "NORM_UNROLL":
+            meta.update(NORM_BLOCK=value, NORM_CHUNKS=cdiv(K, value))
+            key += f"/norm{value}"
+        elif name == "PREFETCH":
+            meta[name] = value
+            key += "" if value else "/noprefetch"
+        else:
+            meta[name] = value
+            key += f"/{name.lower()}{value}"
+    return meta, key
+
+
 GEMV_SWEEP_SHAPES = ("qwen_code_predictor", "fish_fast_ar", "voxcpm2")
 
 
@@ -352,7 +393,8 @@ def bench_skinny_configs(
     as the op does (its epilogue kernel adds the partials); `shared_counters` also times it on one zeroed counter
     workspace that every call reuses (the kernel adds the partials and leaves the workspace zeroed). form "stream":
     the streamed tensor-core form. `with_plan`: also the op's own plan (the autotuned tile form) as "plan".
-    A candidate is (BLOCK_N, BLOCK_K, num_warps, num_stages[, PREFETCH]); without PREFETCH the op's (True)."""
+    A candidate is (BLOCK_N, BLOCK_K, num_warps, num_stages[, extra launch constants: `_launch_extra`]); without
+    them the op's own."""
     from ttsaot.builder.kernels.common import cdiv
     from ttsaot.builder.kernels.skinny_linear import launch_skinny_linear, skinny_linear_reference
 
@@ -370,16 +412,15 @@ def bench_skinny_configs(
         splits = (1,) if spec.get("gated") else (1, 2, 4)
     shared = torch.zeros(1 << 14, dtype=torch.int32, device=device) if shared_counters else None
     runs: dict[str, Any] = {}
-    for bn, bk, warps, stages, *prefetch in candidates:
+    for bn, bk, warps, stages, *extra in candidates:
         effective = {cdiv(K, cdiv(cdiv(K, sp), bk) * bk): sp for sp in splits}  # K ranges are whole BLOCK_Ks
-        config = {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
-        if prefetch:
-            config["PREFETCH"] = prefetch[0]
+        meta, suffix = _launch_extra(extra[0] if extra else {}, K)
+        config = {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages, **meta}
         for split, semaphores in [(sp, None) for sp in sorted(effective)] + [
             (sp, shared) for sp in sorted(effective) if shared is not None and sp > 1
         ]:
             key = f"bn{bn}/bk{bk}/w{warps}/s{stages}/split{split}{'/shared' if semaphores is not None else ''}"
-            key += "/noprefetch" if prefetch and not prefetch[0] else ""
+            key += suffix
             if time_left() <= 0:
                 runs[key] = {"skipped": "time budget used up"}
                 continue
@@ -980,6 +1021,30 @@ def run_kernels(
         return cases(bench_skinny_configs, items)
 
     guarded("configs_gemv", configs_gemv_section)
+
+    def norm_prologue_section() -> dict:
+        shapes = {**SKINNY_SHAPES, **PREDICTOR_SHAPES}
+        items = [
+            (
+                f"{name}/M={M}/dot",
+                dict(
+                    M=M,
+                    N=shapes[name][0],
+                    K=shapes[name][1],
+                    spec=shapes[name][2],
+                    form="dot",
+                    time_left=budget.left,
+                    candidates=NORM_SWEEP_CANDIDATES,
+                    splits=(1,),
+                ),
+            )
+            for name, rows in NORM_SWEEP.items()
+            if name in shapes
+            for M in rows
+        ]
+        return cases(bench_skinny_configs, items)
+
+    guarded("norm_prologue", norm_prologue_section)
     _voxcpm2_layers.cache_clear()
     res["seconds"] = round(time.time() - t_all, 1)
     res["status"] = "ok"

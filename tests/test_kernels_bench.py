@@ -168,7 +168,9 @@ def test_kernels_bench_gemv_sweep_on_cpu(monkeypatch):
             "voxcpm2_locdit_o": (40, 64, {"residual": True}, (22,)),
         },
     )
-    monkeypatch.setattr(kb, "GEMV_SWEEP_CANDIDATES", ((8, 32, 4, 1, True), (8, 32, 4, 1, False)))
+    monkeypatch.setattr(
+        kb, "GEMV_SWEEP_CANDIDATES", ((8, 32, 4, 1, {"PREFETCH": True}), (8, 32, 4, 1, {"PREFETCH": False}))
+    )
     res = kb.run_kernels(torch.device("cpu"), budget_s=600, sections=("copy", "configs_gemv"))
     sweep = res["sections"]["configs_gemv"]
     assert list(sweep) == ["qwen_code_predictor_gate_up/M=1/gemv", "voxcpm2_o/M=1/gemv"]
@@ -189,3 +191,19 @@ def test_kernels_bench_gemv_sweep_on_cpu(monkeypatch):
             if key.endswith("/noprefetch"):
                 same = runs[key.removesuffix("/noprefetch")]["rel_err_vs_reference"]
                 assert run["rel_err_vs_reference"] == same, key
+
+
+def test_kernels_bench_norm_prologue_sweep_on_cpu(monkeypatch):
+    """`--sections norm_prologue`: the tile form with its RMSNorm chunks rolled (the op's way) and unrolled, at the
+    normed shapes' rows, each checked against the reference; the unrolled launch takes cdiv(K, width) chunks."""
+    require_kernel_runtime()
+    monkeypatch.setattr(kb, "SKINNY_SHAPES", {})
+    monkeypatch.setattr(kb, "PREDICTOR_SHAPES", {"voxcpm2_locdit_qkv": (40, 96, {"norm": True}, (22,))})
+    monkeypatch.setattr(kb, "NORM_SWEEP", {"voxcpm2_locdit_qkv": (5,), "absent": (3,)})
+    monkeypatch.setattr(kb, "NORM_SWEEP_CANDIDATES", ((16, 32, 4, 2, {}), (16, 32, 4, 2, {"NORM_UNROLL": 64})))
+    assert kb._launch_extra({"NORM_UNROLL": 64}, 96) == ({"NORM_BLOCK": 64, "NORM_CHUNKS": 2}, "/norm64")
+    res = kb.run_kernels(torch.device("cpu"), budget_s=600, sections=("copy", "norm_prologue"))
+    (case,) = res["sections"]["norm_prologue"].values()
+    assert set(case["runs"]) == {"bn16/bk32/w4/s2/split1", "bn16/bk32/w4/s2/split1/norm64"}
+    for key, run in case["runs"].items():
+        assert "error" not in run and run["rel_err_vs_reference"] < 5e-2, (key, run)
