@@ -84,6 +84,12 @@ SCRIPT = textwrap.dedent(r"""
                   NORM_BLOCK=256, BLOCK_M=block_m, STREAM=True, NORM_CHUNKS=4, PREFETCH=True, **c.kwargs)
         key = f"skinny/stream/{fname}/m{block_m}/bn{c.kwargs['BLOCK_N']}bk{c.kwargs['BLOCK_K']}"
         results[key] = build(S.skinny_linear_kernel, sl_types, cx, c.num_warps, c.num_stages, sl_aligned)
+    # the tile form's RMSNorm prologue unrolled into 256-wide chunks (skinny_linear.norm_block), K = 2048
+    for fname, block_m, c in (("norm_gated", 16, S.GEMM_CONFIGS[1]), ("norm_gated", 32, S.GEMM_CONFIGS[0])):
+        cx = dict(flags[fname], SPLIT_K=1, FUSED_REDUCE=False, USE_DOT=True, FP32_DOT=False, PDL=True,
+                  NORM_BLOCK=256, BLOCK_M=block_m, STREAM=False, NORM_CHUNKS=8, PREFETCH=True, **c.kwargs)
+        results[f"skinny/dot/{fname}/m{block_m}/norm_unrolled"] = build(
+            S.skinny_linear_kernel, sl_types, cx, c.num_warps, c.num_stages, sl_aligned)
     # split-K reduced in the kernel by each tile's last program (a semaphore workspace instead of a second launch)
     for form, block_m, c in (("dot", 32, S.GEMM_CONFIGS[1]), ("gemv", 1, S.GEMV_CONFIGS[0])):
         cx = dict(flags["bias_residual"], SPLIT_K=4, FUSED_REDUCE=True, USE_DOT=form == "dot", FP32_DOT=False,

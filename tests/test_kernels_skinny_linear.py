@@ -178,22 +178,27 @@ def test_streamed_tile_form_keeps_the_rounding_order(epilogue):
             assert torch.equal(y, launch_skinny_linear(**t, **kw, **launch)), (lead, N, K, split)
 
 
-def test_streamed_form_unrolls_its_norm_prologue():
-    from ttsaot.builder.kernels.skinny_linear import STREAM_NORM_BLOCK
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "tile"])
+def test_tile_forms_unroll_their_norm_prologue(stream):
+    """Both tile forms read the norm's row in TILE_NORM_BLOCK-wide chunks, unrolled; a gated call at 32 rows keeps
+    the rolled BLOCK_K loop in the cp.async tile form (at its register limit, measured slower unrolled)."""
+    from ttsaot.builder.kernels.skinny_linear import TILE_NORM_BLOCK
 
-    assert norm_block(1024, 22, True, stream=True) == STREAM_NORM_BLOCK
-    assert norm_block(100, 22, True, stream=True) == 128  # one chunk covers a short row
+    assert norm_block(1024, 22, True, stream=stream) == TILE_NORM_BLOCK
+    assert norm_block(100, 22, True, stream=stream) == 128  # one chunk covers a short row
+    assert norm_block(1024, 16, True, stream=stream, gated=True) == TILE_NORM_BLOCK
+    assert norm_block(1024, 22, True, stream=stream, gated=True) == (TILE_NORM_BLOCK if stream else 0)
     launched = []
     t = _inputs(None, 32, 600, torch.float32, lead=(20,), norm=True)
     launch_skinny_linear(
         **t,
         config={"BLOCK_N": 16, "BLOCK_K": 64},
         use_dot=True,
-        stream=True,
+        stream=stream,
         wrap=lambda k: _record_meta(k, launched),
     )
     ((meta,),) = launched
-    assert meta["STREAM"] and meta["NORM_CHUNKS"] == 3 and meta["NORM_BLOCK"] == STREAM_NORM_BLOCK
+    assert meta["STREAM"] == stream and meta["NORM_CHUNKS"] == 3 and meta["NORM_BLOCK"] == TILE_NORM_BLOCK
 
 
 def test_streamed_gated_calls_at_32_rows_are_offered_no_spilling_tile():
@@ -314,7 +319,7 @@ def test_gemv_norm_prologue_reads_the_row_in_one_chunk_where_it_fits():
     assert norm_block(2560, 1, False) == 4096 and norm_block(2048, 1, False) == 2048  # Fish, VoxCPM2: one step
     assert norm_block(100, 1, False) == 128 and norm_block(2560, 2, False) == NORM_ROW_ELEMENTS // 2
     assert norm_block(3 * NORM_ROW_ELEMENTS, 1, False) == NORM_ROW_ELEMENTS  # longer rows: chunks of that size
-    assert norm_block(2560, 16, True) == 0  # the tile form keeps the config's BLOCK_K
+    assert norm_block(2560, 16, True) == 256  # the tile form: 256-wide chunks, unrolled
 
 
 def test_split_k_plan():

@@ -52,7 +52,7 @@ SPLIT_K_ALIGN = 512  # split boundaries are multiples of the largest BLOCK_K of 
 # (bench/plans/stage_ab_h100.sh, variant `stream`); part of every package key (package_cache.KERNEL_SWITCHES).
 STREAM_ENV = "TTSAOT_SKINNY_STREAM"
 METADATA_KEY = "ttsaot_skinny_stream"  # "1" / "0" in each package's metadata: whether it was traced streamed
-STREAM_NORM_BLOCK = 256  # the streamed tile form's RMSNorm chunk: [BLOCK_M ≤ 32, 256] per unrolled load
+TILE_NORM_BLOCK = 256  # the tile forms' RMSNorm chunk: [BLOCK_M ≤ 32, 256] per unrolled load
 
 
 def skinny_linear_reference(
@@ -152,16 +152,20 @@ def tile_block_n(
     return widths[-1]
 
 
-def norm_block(k: int, m: int, use_dot: bool, stream: bool = False) -> int:
+def norm_block(k: int, m: int, use_dot: bool, stream: bool = False, gated: bool = False) -> int:
     """The K chunk of the RMSNorm prologue (each program recomputes its rows' rstd before its first product), 0 for
-    the config's BLOCK_K. The GEMV form reads the whole row in one step where it fits NORM_ROW_ELEMENTS fp32 values:
-    its K loop over x is not pipelined, so every chunk is one more dependent L2 round trip before the first product
-    (Fish fast_ar, K = 2560: 3 trips at BLOCK_K 1024). Measured only at the stage: fast_ar 4.76 → 4.69 ms on the H100,
-    within what two processes differ by (bench/results/nvidia-h100/probes/predictor_kernels/). The tile form keeps
-    BLOCK_K (a [BLOCK_M, K] row block would not fit its registers); the streamed tile form reads STREAM_NORM_BLOCK
-    columns per chunk, all chunks unrolled (`NORM_CHUNKS`), so their loads are in flight together."""
-    if use_dot and stream:
-        return min(next_power_of_2(k), STREAM_NORM_BLOCK)
+    the config's BLOCK_K in a rolled loop. The GEMV form reads the whole row in one step where it fits
+    NORM_ROW_ELEMENTS fp32 values: its K loop over x is not pipelined, so every chunk is one more dependent L2 round
+    trip before the first product (Fish fast_ar, K = 2560: 3 trips at BLOCK_K 1024). Measured only at the stage:
+    fast_ar 4.76 → 4.69 ms on the H100, within what two processes differ by
+    (bench/results/nvidia-h100/probes/predictor_kernels/). The tile forms read TILE_NORM_BLOCK columns per chunk,
+    all chunks unrolled (`NORM_CHUNKS`), so their loads are in flight together: on the H200 the tile form at the
+    plan's width 32 took 114.8 µs over eight normed shapes against 121.0 with BLOCK_K chunks in a loop
+    (bench/results/nvidia-h200/probes/norm_prologue/: Fish fast_ar gate_up at 4 rows 38.4 → 34.0, LocDiT qkv at 22
+    7.9 → 6.8). Except a gated call at 32 rows (two accumulators, 255 registers rolled or not), whose unrolled
+    prologue was slower (LocDiT gate_up 12.0 → 12.6 µs): it keeps the rolled BLOCK_K loop."""
+    if use_dot and (stream or not (gated and _block_m(m, True) >= 32)):
+        return min(next_power_of_2(k), TILE_NORM_BLOCK)
     if use_dot:
         return 0
     return min(next_power_of_2(k), max(NORM_ROW_ELEMENTS // next_power_of_2(m), 16))
@@ -264,11 +268,13 @@ def launch_skinny_linear(
         BLOCK_M=block_m,
         FP32_DOT=x.dtype == torch.float32 or x.device.type != "cuda",
         PDL=kernels_wait(x.device),
-        NORM_BLOCK=norm_block(k, m, use_dot, stream),
+        NORM_BLOCK=norm_block(k, m, use_dot, stream, gated),
         STREAM=use_dot and stream,
         PREFETCH=True,  # the GEMV form's next W tile loaded before the current product (a sweep's config may not)
     )  # off-GPU = the interpreter
-    meta["NORM_CHUNKS"] = cdiv(k, meta["NORM_BLOCK"]) if meta["STREAM"] and isinstance(k, int) else 0
+    # the tile forms' chunks unrolled (the GEMV form's norm_block covers the row where it fits: no loop to unroll)
+    unroll = use_dot and meta["NORM_BLOCK"] > 0 and isinstance(k, int)
+    meta["NORM_CHUNKS"] = cdiv(k, meta["NORM_BLOCK"]) if unroll else 0
 
     def grid(meta):
         return (cdiv(m, meta["BLOCK_M"]), cdiv(n_out, meta["BLOCK_N"]), split_k)
