@@ -940,111 +940,51 @@ def run_kernels(
 
     guarded("sweep_predictors", sweep_predictors_section)
 
-    def configs_section() -> dict:
-        items = [
-            (f"{name}/M={M}/{form}", dict(M=M, N=N, K=K, spec=spec, form=form, time_left=budget.left))
-            for M, form in CONFIG_SWEEP_M
-            for name, (N, K, spec, _) in SKINNY_SHAPES.items()
-        ]
-        return cases(bench_skinny_configs, items)
-
-    guarded("configs", configs_section)
-
-    def configs_predictors_section() -> dict:
-        prefix, rows, splits = PREDICTOR_SWEEP
-        items = [
-            (
-                f"{name}/M={M}/dot",
-                dict(
-                    M=M,
-                    N=N,
-                    K=K,
-                    spec=spec,
-                    form="dot",
-                    time_left=budget.left,
-                    candidates=PREDICTOR_DOT_CANDIDATES,
-                    splits=splits,
-                    shared_counters=True,
-                ),
-            )
-            for M in rows
-            for name, (N, K, spec, _) in PREDICTOR_SHAPES.items()
-            if name.startswith(prefix)
-        ]
-        return cases(bench_skinny_configs, items)
-
-    guarded("configs_predictors", configs_predictors_section)
-
-    def configs_stream_section() -> dict:
+    def config_sweep(cases_: list[tuple[str, int, str]], splits: Any = None, **kw: Any) -> dict:
+        """`bench_skinny_configs` at each (shape name, rows, form) of the skinny or predictor tables; `splits` a
+        tuple, or a function of the shape's epilogue giving one (None: the function's default)."""
         shapes = {**SKINNY_SHAPES, **PREDICTOR_SHAPES}
-        items = [
-            (
-                f"{name}/M={M}/stream",
-                dict(
-                    M=M,
-                    N=shapes[name][0],
-                    K=shapes[name][1],
-                    spec=shapes[name][2],
-                    form="stream",
-                    time_left=budget.left,
-                    splits=(1,) if shapes[name][2].get("gated") else (1, 2),
-                    with_plan=True,
-                ),
-            )
-            for name, rows in STREAM_SWEEP.items()
-            for M in rows
-        ]
+        items = []
+        for name, M, form in cases_:
+            N, K, spec, _ = shapes[name]
+            split_ks = splits(spec) if callable(splits) else splits
+            launch = dict(M=M, N=N, K=K, spec=spec, form=form, time_left=budget.left, splits=split_ks, **kw)
+            items.append((f"{name}/M={M}/{form}", launch))
         return cases(bench_skinny_configs, items)
 
-    guarded("configs_stream", configs_stream_section)
-
-    def configs_gemv_section() -> dict:
-        shapes = {**PREDICTOR_SHAPES, **SKINNY_SHAPES}
-        items = [
-            (
-                f"{name}/M=1/gemv",
-                dict(
-                    M=1,
-                    N=N,
-                    K=K,
-                    spec=spec,
-                    form="gemv",
-                    time_left=budget.left,
-                    candidates=GEMV_SWEEP_CANDIDATES,
-                    splits=(1, 2) if spec.get("residual") else (1,),
-                ),
-            )
-            for prefix in GEMV_SWEEP_SHAPES
-            for name, (N, K, spec, _) in shapes.items()
-            if name.startswith(prefix) and not name.startswith("voxcpm2_locdit")
-        ]
-        return cases(bench_skinny_configs, items)
-
-    guarded("configs_gemv", configs_gemv_section)
-
-    def norm_prologue_section() -> dict:
-        shapes = {**SKINNY_SHAPES, **PREDICTOR_SHAPES}
-        items = [
-            (
-                f"{name}/M={M}/dot",
-                dict(
-                    M=M,
-                    N=shapes[name][0],
-                    K=shapes[name][1],
-                    spec=shapes[name][2],
-                    form="dot",
-                    time_left=budget.left,
-                    candidates=NORM_SWEEP_CANDIDATES,
-                    splits=(1,),
-                ),
-            )
-            for name, rows in NORM_SWEEP.items()
-            if name in shapes
-            for M in rows
-        ]
-        return cases(bench_skinny_configs, items)
-
-    guarded("norm_prologue", norm_prologue_section)
+    guarded("configs", lambda: config_sweep([(n, M, form) for M, form in CONFIG_SWEEP_M for n in SKINNY_SHAPES]))
+    sweep_prefix, sweep_rows, sweep_splits = PREDICTOR_SWEEP
+    guarded(
+        "configs_predictors",
+        lambda: config_sweep(
+            [(n, M, "dot") for M in sweep_rows for n in PREDICTOR_SHAPES if n.startswith(sweep_prefix)],
+            sweep_splits,
+            candidates=PREDICTOR_DOT_CANDIDATES,
+            shared_counters=True,
+        ),
+    )
+    guarded(
+        "configs_stream",
+        lambda: config_sweep(
+            [(n, M, "stream") for n, ms in STREAM_SWEEP.items() for M in ms],
+            lambda spec: (1,) if spec.get("gated") else (1, 2),
+            with_plan=True,
+        ),
+    )
+    # predictors first; LocDiT's rows are never one
+    gemv_shapes = [n for p in GEMV_SWEEP_SHAPES for n in {**PREDICTOR_SHAPES, **SKINNY_SHAPES} if n.startswith(p)]
+    guarded(
+        "configs_gemv",
+        lambda: config_sweep(
+            [(n, 1, "gemv") for n in gemv_shapes if not n.startswith("voxcpm2_locdit")],
+            lambda spec: (1, 2) if spec.get("residual") else (1,),
+            candidates=GEMV_SWEEP_CANDIDATES,
+        ),
+    )
+    norm_cases = [
+        (n, M, "dot") for n, ms in NORM_SWEEP.items() if n in {**SKINNY_SHAPES, **PREDICTOR_SHAPES} for M in ms
+    ]
+    guarded("norm_prologue", lambda: config_sweep(norm_cases, (1,), candidates=NORM_SWEEP_CANDIDATES))
     _voxcpm2_layers.cache_clear()
     res["seconds"] = round(time.time() - t_all, 1)
     res["status"] = "ok"
