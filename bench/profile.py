@@ -10,6 +10,9 @@ runtime-owned cache: bench/variants.py `TtsaotVariant`). Per bucket it records:
   and the gap = call_ms − that sum (launch latency, host work and idle time between kernels);
 - kernels per layer = kernels per call / the layer passes of one call (bench/specs.py `layer_passes`);
 - the top kernels by total time (count and µs per call, share of the kernel time);
+- on CUDA, the `own` times: each kernel's span less what overlaps earlier activities of the call (programmatic
+  dependent launch starts a kernel while its predecessor drains, so spans overlap and their sum passes the call),
+  per kernel name (`own_us_per_call`) and in all (`own_ms`: the device's busy time within a call);
 - on CUDA, the `timeline`: one call's kernels and copies in launch order, each with its median µs over the
   profiled calls (layer by layer where the per-name table sums a conv stack's GEMMs into one row) and each kernel's
   launch shape from the profiler's trace (grid, block, shared memory, registers: the tile an autotuned package
@@ -254,6 +257,13 @@ def profile_bucket(
         b["note"] = "the profiler recorded no kernels (on a graph replay: CUPTI did not trace it; try --no-graphs)"
     for r in rows:
         r["share"] = round(r["us_per_call"] / kernel_us, 4) if kernel_us else None
+    if timeline is not None:
+        # the device's busy time within a call: its activities' spans with their overlaps counted once
+        own = own_per_name(timeline)
+        b["own_ms"] = sum(own.values()) / 1e3
+        for r in rows:
+            if r["name"] in own:
+                r["own_us_per_call"] = round(own[r["name"]], 3)
     b["top"] = rows[:top]
     b["distinct_kernels"] = len(kernels)
     if timeline is not None:
@@ -304,11 +314,29 @@ def trace_events(trace: dict[str, Any]) -> list[tuple[str, float, float, dict[st
     return out
 
 
+def own_times(call: list[tuple]) -> list[float]:
+    """Each activity's µs not overlapped by an earlier one of the same call (activities in start order): the time it
+    adds to the call. Under programmatic dependent launch a kernel starts while its predecessor drains and waits on
+    the GPU, so its span (`us`) counts its predecessor's tail too, and the spans sum past the call (a negative gap)."""
+    out, latest = [], float("-inf")
+    for _, start, dur, *_ in call:
+        end = start + dur
+        out.append(max(0.0, end - max(start, latest)))
+        latest = max(latest, end)
+    return out
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    return values[len(values) // 2]
+
+
 def kernel_timeline(events: list[tuple], calls: int) -> list[dict[str, Any]] | None:
-    """One call's device activities in launch order, each with its median duration over the profiled calls (and the
-    first call's launch shape, when the events carry one): where a call's time goes layer by layer (the per-name
-    table sums a conv stack's 26 GEMMs into one row) and which tile each kernel runs. None when the calls did not
-    launch the same sequence (then positions cannot be matched across calls)."""
+    """One call's device activities in launch order, each with its median duration over the profiled calls (`us`),
+    its median time not overlapped by earlier activities (`own_us`, `own_times`) and the first call's launch shape,
+    when the events carry one: where a call's time goes layer by layer (the per-name table sums a conv stack's 26
+    GEMMs into one row) and which tile each kernel runs. None when the calls did not launch the same sequence (then
+    positions cannot be matched across calls)."""
     ordered = sorted(events, key=lambda e: e[1])
     if not ordered or calls < 1 or len(ordered) % calls:
         return None
@@ -316,12 +344,27 @@ def kernel_timeline(events: list[tuple], calls: int) -> list[dict[str, Any]] | N
     per_call = [ordered[i * n : (i + 1) * n] for i in range(calls)]
     if any([e[0] for e in c] != [e[0] for e in per_call[0]] for c in per_call[1:]):
         return None
+    owns = [own_times(c) for c in per_call]
     out = []
     for k in range(n):
-        durs = sorted(c[k][2] for c in per_call)
         first = per_call[0][k]
-        out.append({"name": first[0], "us": round(durs[len(durs) // 2], 2), **(first[3] if len(first) > 3 else {})})
+        out.append(
+            {
+                "name": first[0],
+                "us": round(_median([c[k][2] for c in per_call]), 2),
+                "own_us": round(_median([o[k] for o in owns]), 2),
+                **(first[3] if len(first) > 3 else {}),
+            }
+        )
     return out
+
+
+def own_per_name(timeline: list[dict[str, Any]]) -> dict[str, float]:
+    """The timeline's `own_us` summed per activity name: each kernel's time on the call's path, PDL overlap removed."""
+    sums: dict[str, float] = {}
+    for e in timeline:
+        sums[e["name"]] = sums.get(e["name"], 0.0) + e["own_us"]
+    return sums
 
 
 def launch_text(entry: dict[str, Any]) -> str:
@@ -408,19 +451,21 @@ def render(res: dict[str, Any]) -> str:
             + f"; {b['kernels_per_call']:g} kernels/call{per_layer} + {b['copies_per_call']:g} copies; kernel sum "
             f"{b['kernel_ms'] * 1e3:.1f} µs, gap {b['gap_ms'] * 1e3:.1f} µs; "
             f"{b.get('gb_per_s_over_kernels', 0):.0f} GB/s over kernels, {b['gb_per_s_over_call']:.0f} over the call"
+            + (f"; busy {b['own_ms'] * 1e3:.1f} µs (kernel spans, overlaps counted once)" if "own_ms" in b else "")
         )
         if b.get("note"):
             lines.append(f"  note: {b['note']}")
-        lines.append(f"  {'µs/call':>9} {'n/call':>7} {'share':>6}  kernel")
+        lines.append(f"  {'µs/call':>9} {'own µs':>9} {'n/call':>7} {'share':>6}  kernel")
         for r in b["top"]:
             share = f"{r['share']:.0%}" if r["share"] is not None else "—"
-            lines.append(f"  {r['us_per_call']:9.2f} {r['per_call']:7.3g} {share:>6}  {r['name'][:100]}")
+            own = f"{r['own_us_per_call']:9.2f}" if "own_us_per_call" in r else f"{'—':>9}"
+            lines.append(f"  {r['us_per_call']:9.2f} {own} {r['per_call']:7.3g} {share:>6}  {r['name'][:100]}")
         if b.get("timeline") and len(b["timeline"]) > TIMELINE_LINES:
             lines.append(f"  one call in launch order: {len(b['timeline'])} activities, in the JSON's `timeline`")
         elif b.get("timeline"):
-            lines.append("  one call in launch order (median µs over the profiled calls):")
+            lines.append("  one call in launch order (median µs over the profiled calls: span, not overlapped):")
             lines += [
-                f"  {i:4d} {e['us']:9.2f}  {e['name'][:80]}  {launch_text(e)}".rstrip()
+                f"  {i:4d} {e['us']:9.2f} {e.get('own_us', e['us']):9.2f}  {e['name'][:80]}  {launch_text(e)}".rstrip()
                 for i, e in enumerate(b["timeline"])
             ]
     return "\n".join(lines)

@@ -139,6 +139,7 @@ def profiles_section(profiles: list[dict]) -> str:
                     f"{b['kernels_per_layer']:g}" if "kernels_per_layer" in b else "—",
                     f"{b['kernel_ms'] * 1e3:.1f}",
                     f"{b['gap_ms'] * 1e3:.1f}",
+                    f"{b['own_ms'] * 1e3:.1f}" if "own_ms" in b else "—",
                     f"{b['gb_per_s_over_kernels']:.0f}" if "gb_per_s_over_kernels" in b else "—",
                     f"`{top['name'][:48]}` {top['share']:.0%}" if top and top.get("share") is not None else "—",
                 ]
@@ -154,6 +155,7 @@ def profiles_section(profiles: list[dict]) -> str:
         "per layer",
         "kernel µs",
         "gap µs",
+        "busy µs",
         "GB/s (kernels)",
         "top kernel (share)",
     ]
@@ -161,7 +163,8 @@ def profiles_section(profiles: list[dict]) -> str:
         "Profiles (`python -m bench profile`; top kernels per bucket in `profiles/*.txt`; × floor: bytes = weights "
         "once + inputs/outputs; × loop floor, for a looped stage: its transformer stack's weights again for every "
         "further pass, `bench/floor.py` `loop_weight_bytes`; GB/s counts weights once, a lower bound for a "
-        "looped stage):\n\n" + _table(header, rows)
+        "looped stage; busy µs: the kernels' spans with their overlaps counted once, where programmatic launch makes "
+        "the kernel sum pass the call; — in profiles made before it was recorded):\n\n" + _table(header, rows)
     )
 
 

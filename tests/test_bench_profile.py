@@ -12,6 +12,8 @@ from bench.profile import (
     kernel_rows,
     kernel_timeline,
     launch_text,
+    own_per_name,
+    own_times,
     profile_stage,
     render,
     trace_device_events,
@@ -108,6 +110,20 @@ def test_kernel_timeline_is_one_call_in_launch_order_with_median_durations():
     tl = kernel_timeline(events, calls=3)
     assert [e["name"] for e in tl] == ["gemm", "dw", "gemm"]
     assert [e["us"] for e in tl] == [6.0, 3.0, 8.0]
+    # the middle call's spans overlap (gemm 110-125, dw 116-122 inside it, gemm 119-140): own times 15, 0, 15
+    assert own_times(sorted(calls[1], key=lambda e: e[1])) == [15.0, 0.0, 15.0]
+    assert [e["own_us"] for e in tl] == [6.0, 2.0, 8.0]  # medians of (5, 15, 6), (2, 0, 3), (7, 15, 8)
+
+
+def test_own_times_count_overlapped_spans_once():
+    """Programmatic dependent launch: a kernel starts while its predecessor drains and waits on the GPU; its span
+    covers that tail, and the spans' sum passes the call. Each activity's own time is what it adds past every
+    earlier one's end, so they sum to the device's busy time; per name as the profile tables print them."""
+    call = [("qkv", 0.0, 5.0), ("attn", 2.0, 6.0), ("o", 3.0, 2.0), ("o", 9.0, 3.0)]
+    assert own_times(call) == [5.0, 3.0, 0.0, 3.0]
+    tl = kernel_timeline(call, calls=1)
+    assert own_per_name(tl) == {"qkv": 5.0, "attn": 3.0, "o": 3.0}
+    assert sum(e["us"] for e in tl) == 16.0 and sum(own_per_name(tl).values()) == 11.0  # busy 0-8 and 9-12
 
 
 def test_kernel_timeline_refuses_calls_that_differ():
@@ -139,7 +155,8 @@ def test_trace_events_carry_each_kernels_launch_shape():
         ("Memcpy HtoD (Pageable -> Device)", 1.0, 2.0, {}),
     ]
     tl = kernel_timeline(events, calls=1)
-    assert tl[1] == {"name": "skinny_linear_kernel", "us": 7.5, "grid": [1, 64, 2], "block": [128, 1, 1]} | {
+    assert tl[1] == {"name": "skinny_linear_kernel", "us": 7.5, "own_us": 7.5, "grid": [1, 64, 2]} | {
+        "block": [128, 1, 1],
         "smem": 98304,
         "regs": 96,
     }
@@ -161,3 +178,34 @@ def test_unknown_stage_is_a_usage_error():
         timeout=300,
     )
     assert proc.returncode == 2 and "nope" in proc.stderr
+
+
+def test_busy_time_in_the_text_and_the_report_rows():
+    """A CUDA profile's busy time (spans, overlaps counted once) and each kernel's own time reach the text table and
+    `bench report`'s profile rows; profiles recorded before it show a dash."""
+    from bench.report import profiles_section
+
+    timeline = kernel_timeline([("qkv", 0.0, 5.0, {}), ("attn", 2.0, 6.0, {}), ("o", 9.0, 3.0, {})], calls=1)
+    own = own_per_name(timeline)
+    top = [
+        {"name": n, "class": "kernel", "per_call": 1.0, "us_per_call": us, "share": us / 14, "own_us_per_call": own[n]}
+        for n, us in (("attn", 6.0), ("qkv", 5.0), ("o", 3.0))
+    ]
+    bucket = {
+        "call_ms": 0.012, "call_p10_ms": 0.012, "call_p90_ms": 0.012, "kernels_per_call": 3, "copies_per_call": 0,
+        "kernel_ms": 0.014, "gap_ms": -0.002, "bytes": 10**6, "floor_ms": 0.001, "x_floor": 12.0,
+        "gb_per_s_over_call": 83.0, "top": top, "timeline": timeline, "own_ms": sum(own.values()) / 1e3,
+    }  # fmt: skip
+    res = {
+        "stage": {"family": "voxcpm2", "stage": "base_lm_step", "dtype": "bfloat16"},
+        "device": {"name": "GPU"}, "kernels": "ttsaot", "settings": {"graphs": True}, "copy": {"gb_per_s": 3000.0},
+        "weight_bytes": 10**6, "buckets": {"b1": bucket},
+    }  # fmt: skip
+    text = render(res)
+    assert "busy 11.0 µs" in text and "     6.00      3.00       1" in text  # attn: span 6, own 3
+    assert "     6.00      3.00  attn" in text  # the timeline's span and own columns
+    row = next(ln for ln in profiles_section([res]).splitlines() if ln.startswith("| voxcpm2/base_lm_step"))
+    assert "| -2.0 | 11.0 |" in row
+    del bucket["own_ms"]
+    row = next(ln for ln in profiles_section([res]).splitlines() if ln.startswith("| voxcpm2/base_lm_step"))
+    assert "| -2.0 | — |" in row
