@@ -393,8 +393,8 @@ def test_tile_stages_fit_the_gpus_shared_memory():
 def test_one_row_takes_the_swept_gemv_config():
     """At one row the GEMV autotuner is offered one config, by epilogue: a gated call BLOCK_N 16 × BLOCK_K 256 × 4
     warps, a normed ungated one (qkv) 8 × 512 × 4 warps, any other 8 × 1024 × 8 warps where 1024 divides the K range
-    (the VoxCPM2 shapes) and 8 × 512 × 4 warps where it does not (the Fish fast_ar's K = 2560, 9728); at two rows all
-    the configs."""
+    (the VoxCPM2 shapes) and 8 × 512 × 4 warps where it does not (the Fish fast_ar's K = 2560, 9728); at two rows the
+    three configs they autotuned over before the one-row gated config."""
     from ttsaot.builder.kernels import skinny_linear_triton as kernels
 
     prune = kernels.skinny_gemv_autotuned.early_config_prune
@@ -417,7 +417,9 @@ def test_one_row_takes_the_swept_gemv_config():
     # a split call is judged by its K range, not K
     (one,) = prune(kernels.GEMV_CONFIGS, {"M": 1, "N_OUT": 2048, "K": 2560, "K_SPLIT": 1024})
     assert one.kwargs["BLOCK_K"] == 1024
-    assert prune(kernels.GEMV_CONFIGS, {"M": 2, "N_OUT": 2048, "K": 6144, "K_SPLIT": 6144}) == kernels.GEMV_CONFIGS
+    # two rows: the three configs of the H100 sweep at M = 2, not the one-row gated one
+    two = prune(kernels.GEMV_CONFIGS, {"M": 2, "N_OUT": 2048, "K": 6144, "K_SPLIT": 6144}, GATED=True)
+    assert two == kernels.GEMV_CONFIGS[:3]
 
 
 def test_shape_and_dtype_errors():

@@ -569,12 +569,17 @@ def one_row_config(k_range: int, norm: bool = False, gated: bool = False) -> tri
     return first if k_range % first.kwargs["BLOCK_K"] == 0 else second
 
 
+# Configs only `one_row_config` hands out: two-row calls autotune over the H100 sweep's set as before (the gated
+# one-row config was swept at one row only).
+ONE_ROW_ONLY = GEMV_CONFIGS[3:]
+
+
 def _prune_gemv(configs, named_args, **kwargs):
     """One row: only `one_row_config` of the call's K range and epilogue; the autotuner, timing each kernel alone, is
-    not trusted with near-ties it can get wrong by a third. Two rows keep them all."""
+    not trusted with near-ties it can get wrong by a third. Two rows: all but ONE_ROW_ONLY."""
     meta = {**named_args, **kwargs}
     if size_hint(meta["M"]) != 1:
-        return configs
+        return [c for c in configs if all(c is not o for o in ONE_ROW_ONLY)]
     one = one_row_config(size_hint(meta["K_SPLIT"]), bool(meta.get("HAS_NORM")), bool(meta.get("GATED")))
     return [c for c in configs if (c.kwargs, c.num_warps) == (one.kwargs, one.num_warps)] or configs
 
