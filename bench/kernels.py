@@ -31,8 +31,8 @@ after the time budget are recorded as skipped):
 - `configs`: explicit launch configs (block sizes, warps, stages) × split-K × form for the VoxCPM2 decode shapes at
   M = 1, 16 and 4, each timed like `skinny` (one weight rotation and one same-bytes copy per shape): what the
   autotune lists and the split-K plan are chosen from (not run by default; `--sections configs`).
-- `configs_gemv`: the GEMV form's candidates at M = 1 on the predictors' and VoxCPM2's decode shapes, each with and
-  without the next W tile prefetched (not run by default).
+- `configs_gemv`: the GEMV form's candidates at M = 1 on the predictors' and VoxCPM2's decode shapes (not run by
+  default).
 - `norm_prologue`: the tile form's RMSNorm prologue at the normed projections' serving rows, its chunks in a rolled
   loop (as the op runs it) against unrolled 256- and 512-wide chunks (not run by default).
 A fresh machine compiles ~50 Triton kernels for the first four sections: ~3-4 minutes with the default budget;
@@ -322,14 +322,10 @@ def bench_skinny_case(
     return case
 
 
-# `configs_gemv`: the GEMV (one-row) form at M = 1 on every decode shape, predictors first, each candidate with and
-# without the next W tile prefetched into registers (PREFETCH: two tiles live, or one and more programs per SM; the
-# gated 8 × 1024 × 8-warp config takes 172 / 166 registers, 4 × 1024 × 4 warps 165 / 128 on sm_90 with Triton 3.7),
-# split in 2 only where N alone gives few programs (o, down). (BLOCK_N, BLOCK_K, num_warps, num_stages, PREFETCH).
+# `configs_gemv`: the GEMV (one-row) form at M = 1 on every decode shape, predictors first, split in 2 only where N
+# alone gives few programs (o, down): what `one_row_config` is chosen from. (BLOCK_N, BLOCK_K, num_warps, num_stages)
 GEMV_SWEEP_CANDIDATES = tuple(
-    (bn, bk, w, 1, {"PREFETCH": pf})
-    for bn, bk, w in ((8, 1024, 8), (4, 1024, 4), (8, 512, 4), (4, 512, 2), (2, 1024, 2), (16, 256, 4))
-    for pf in (True, False)
+    (bn, bk, w, 1) for bn, bk, w in ((8, 1024, 8), (4, 1024, 4), (8, 512, 4), (4, 512, 2), (2, 1024, 2), (16, 256, 4))
 )
 # `norm_prologue`: the tile form's RMSNorm prologue (each program's rows' rstd before its K loop) at the normed
 # projections' serving rows, as the op runs it (a rolled loop of BLOCK_K chunks: one L2 round trip per chunk, not
@@ -351,8 +347,8 @@ NORM_SWEEP = {
 
 
 def _launch_extra(extra: dict, K: int) -> tuple[dict, str]:
-    """A sweep candidate's extra launch constants and their key suffix: PREFETCH False → "/noprefetch"; NORM_UNROLL w
-    → NORM_BLOCK w with cdiv(K, w) NORM_CHUNKS, "/norm<w>"."""
+    """A sweep candidate's extra launch constants and their key suffix: NORM_UNROLL w → NORM_BLOCK w with cdiv(K, w)
+    NORM_CHUNKS, "/norm<w>"; any other constant as given, "/<name><value>"."""
     from ttsaot.builder.kernels.common import cdiv
 
     meta, key = {}, ""
@@ -360,9 +356,6 @@ def _launch_extra(extra: dict, K: int) -> tuple[dict, str]:
         if name == "NORM_UNROLL":
             meta.update(NORM_BLOCK=value, NORM_CHUNKS=cdiv(K, value))
             key += f"/norm{value}"
-        elif name == "PREFETCH":
-            meta[name] = value
-            key += "" if value else "/noprefetch"
         else:
             meta[name] = value
             key += f"/{name.lower()}{value}"

@@ -73,7 +73,7 @@ SCRIPT = textwrap.dedent(r"""
     # it is still the fastest gate_up config on the H100 with Triton 3.6, kernel_configs.json)
     for form, block_m, c, fname, split in cases:
         cx = dict(flags[fname], SPLIT_K=split, FUSED_REDUCE=False, USE_DOT=form != "gemv", FP32_DOT=False, PDL=True,
-                  NORM_BLOCK=2048 if form == "gemv" else 0, BLOCK_M=block_m, STREAM=False, NORM_CHUNKS=0, PREFETCH=True,
+                  NORM_BLOCK=2048 if form == "gemv" else 0, BLOCK_M=block_m, STREAM=False, NORM_CHUNKS=0,
                   **c.kwargs)
         key = f"skinny/{form}/{fname}/m{block_m}/split{split}/bn{c.kwargs['BLOCK_N']}bk{c.kwargs['BLOCK_K']}"
         results[key] = build(S.skinny_linear_kernel, sl_types, cx, c.num_warps, c.num_stages, sl_aligned)
@@ -81,19 +81,19 @@ SCRIPT = textwrap.dedent(r"""
     for fname, block_m, c in (("norm_gated", 32, S.STREAM_CONFIGS[0]), ("bias_residual", 32, S.STREAM_CONFIGS[1]),
                               ("norm_gated", 16, S.STREAM_CONFIGS[2])):
         cx = dict(flags[fname], SPLIT_K=1, FUSED_REDUCE=False, USE_DOT=True, FP32_DOT=False, PDL=True,
-                  NORM_BLOCK=256, BLOCK_M=block_m, STREAM=True, NORM_CHUNKS=4, PREFETCH=True, **c.kwargs)
+                  NORM_BLOCK=256, BLOCK_M=block_m, STREAM=True, NORM_CHUNKS=4, **c.kwargs)
         key = f"skinny/stream/{fname}/m{block_m}/bn{c.kwargs['BLOCK_N']}bk{c.kwargs['BLOCK_K']}"
         results[key] = build(S.skinny_linear_kernel, sl_types, cx, c.num_warps, c.num_stages, sl_aligned)
     # the tile form's RMSNorm prologue unrolled into 256-wide chunks (skinny_linear.norm_block), K = 2048
     for fname, block_m, c in (("norm_gated", 16, S.GEMM_CONFIGS[1]), ("norm_gated", 32, S.GEMM_CONFIGS[0])):
         cx = dict(flags[fname], SPLIT_K=1, FUSED_REDUCE=False, USE_DOT=True, FP32_DOT=False, PDL=True,
-                  NORM_BLOCK=256, BLOCK_M=block_m, STREAM=False, NORM_CHUNKS=8, PREFETCH=True, **c.kwargs)
+                  NORM_BLOCK=256, BLOCK_M=block_m, STREAM=False, NORM_CHUNKS=8, **c.kwargs)
         results[f"skinny/dot/{fname}/m{block_m}/norm_unrolled"] = build(
             S.skinny_linear_kernel, sl_types, cx, c.num_warps, c.num_stages, sl_aligned)
     # split-K reduced in the kernel by each tile's last program (a semaphore workspace instead of a second launch)
     for form, block_m, c in (("dot", 32, S.GEMM_CONFIGS[1]), ("gemv", 1, S.GEMV_CONFIGS[0])):
         cx = dict(flags["bias_residual"], SPLIT_K=4, FUSED_REDUCE=True, USE_DOT=form == "dot", FP32_DOT=False,
-                  PDL=True, NORM_BLOCK=0, BLOCK_M=block_m, STREAM=False, NORM_CHUNKS=0, PREFETCH=True, **c.kwargs)
+                  PDL=True, NORM_BLOCK=0, BLOCK_M=block_m, STREAM=False, NORM_CHUNKS=0, **c.kwargs)
         results[f"skinny/{form}/fused_split4"] = build(S.skinny_linear_kernel, sl_types, cx, c.num_warps,
                                                       c.num_stages, sl_aligned)
     ep_types = dict(part_ptr="*fp32", b_ptr="*bf16", r_ptr="*bf16", y_ptr="*bf16", M="i32", N_OUT="i32",
@@ -121,7 +121,7 @@ SCRIPT = textwrap.dedent(r"""
     results["skinny/gemv/norm_gated/fp64_scalars"] = build(
         S.skinny_linear_kernel, dict(sl_types, eps="fp64", scale="fp64"),
         dict(flags["norm_gated"], SPLIT_K=1, FUSED_REDUCE=False, USE_DOT=False, FP32_DOT=False, PDL=True,
-             NORM_BLOCK=2048, BLOCK_M=1, STREAM=False, NORM_CHUNKS=0, PREFETCH=True, **S.GEMV_CONFIGS[1].kwargs),
+             NORM_BLOCK=2048, BLOCK_M=1, STREAM=False, NORM_CHUNKS=0, **S.GEMV_CONFIGS[1].kwargs),
         S.GEMV_CONFIGS[1].num_warps, S.GEMV_CONFIGS[1].num_stages, sl_aligned)
     # Triton specialises an int argument equal to 1 into a constexpr: layer 1 of every LM compiles this variant
     results["attention/voxcpm2/layer1"] = build(
@@ -143,7 +143,7 @@ SCRIPT = textwrap.dedent(r"""
     results["nopdl/skinny/gemv"] = build(
         S.skinny_linear_kernel, sl_types,
         dict(flags["plain"], SPLIT_K=1, FUSED_REDUCE=False, USE_DOT=False, FP32_DOT=False, PDL=False, NORM_BLOCK=0,
-             BLOCK_M=1, STREAM=False, NORM_CHUNKS=0, PREFETCH=True, **S.GEMV_CONFIGS[0].kwargs), 8, 1, sl_aligned)
+             BLOCK_M=1, STREAM=False, NORM_CHUNKS=0, **S.GEMV_CONFIGS[0].kwargs), 8, 1, sl_aligned)
     # the predictors' sampler (no programmatic launch): their vocabularies, the row in registers without spills
     sm_types = dict(logits_ptr="*bf16", u_ptr="*fp32", t_ptr="*fp32", k_ptr="*i64", p_ptr="*fp32", out_ptr="*i64",
                     V="i32", logits_row_stride="i64", u_row_stride="i64")

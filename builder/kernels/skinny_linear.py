@@ -205,7 +205,7 @@ def launch_skinny_linear(
     stream: bool = False,
 ) -> torch.Tensor:
     """Run the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1). `config` ({"BLOCK_N", "BLOCK_K", "num_warps",
-    "num_stages"}, optionally "PREFETCH") skips autotuning (the interpreter tests and the bench's sweeps use it);
+    "num_stages"}, and launch constants to override) skips autotuning (the interpreter tests and the bench's sweeps);
     `split_k` and `use_dot` override the plan. `semaphores`: a zeroed int32 workspace of ≥ one counter per output tile,
     left zeroed; with it a split-K call adds its partials in the same kernel (the last program of each output tile to
     finish), without it the second (epilogue) kernel does. No stage passes one: a per-call counter fill (an Inductor
@@ -270,7 +270,6 @@ def launch_skinny_linear(
         PDL=kernels_wait(x.device),
         NORM_BLOCK=norm_block(k, m, use_dot, stream, gated),
         STREAM=use_dot and stream,
-        PREFETCH=True,  # the GEMV form's next W tile loaded before the current product (a sweep's config may not)
     )  # off-GPU = the interpreter
     # the tile forms' chunks unrolled (the GEMV form's norm_block covers the row where it fits: no loop to unroll)
     unroll = use_dot and meta["NORM_BLOCK"] > 0 and isinstance(k, int)

@@ -264,14 +264,11 @@ def _fma_loop(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     """GEMV form: elementwise FMA into a [BLOCK_M, BLOCK_N, BLOCK_K] fp32 accumulator, reduced over K once at the
     end. x and W are loaded straight in that 3-D layout ([BLOCK_M, 1, BLOCK_K], [1, BLOCK_N, BLOCK_K]) so no tile
     goes through shared memory on the way to the FMAs. `w`/`wu`: the first W tile, loaded by the caller (before the
-    grid-dependency wait). PREFETCH: each step loads the next tile into registers before it multiplies the current
-    one (two tiles live at once); otherwise after (one tile live: fewer registers, more programs per SM to hide the
-    latency instead)."""
+    grid-dependency wait); each step loads the next tile into registers before it multiplies the current one."""
     dt = x_ptr.dtype.element_ty
     offs_m3 = offs_m[:, None, None]
     offs_n3 = offs_n[None, :, None]
@@ -290,18 +287,12 @@ def _fma_loop(
             x = (x.to(tl.float32) * rstd3).to(dt)
             x = (gw.to(tl.float32) * x.to(tl.float32)).to(dt)
         xf = x.to(tl.float32)
-        if PREFETCH:
-            w_next, wu_next = _fma_w_tile(w_ptr, offs_n3, n_mask3, N_OUT, K, k0 + BLOCK_K, k_hi, GATED, BLOCK_K)
-            acc3 += xf * w.to(tl.float32)
-            if GATED:
-                acc3_up += xf * wu.to(tl.float32)
-            w = w_next
-            wu = wu_next
-        else:
-            acc3 += xf * w.to(tl.float32)
-            if GATED:
-                acc3_up += xf * wu.to(tl.float32)
-            w, wu = _fma_w_tile(w_ptr, offs_n3, n_mask3, N_OUT, K, k0 + BLOCK_K, k_hi, GATED, BLOCK_K)
+        w_next, wu_next = _fma_w_tile(w_ptr, offs_n3, n_mask3, N_OUT, K, k0 + BLOCK_K, k_hi, GATED, BLOCK_K)
+        acc3 += xf * w.to(tl.float32)
+        if GATED:
+            acc3_up += xf * wu.to(tl.float32)
+        w = w_next
+        wu = wu_next
     return tl.sum(acc3, axis=2), tl.sum(acc3_up, axis=2)
 
 
@@ -336,7 +327,6 @@ def skinny_linear_kernel(
     BLOCK_K: tl.constexpr,
     STREAM: tl.constexpr,
     NORM_CHUNKS: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     """Grid (cdiv(M, BLOCK_M), cdiv(N_OUT, BLOCK_N), SPLIT_K): the row tiles of one W block are neighbours in
     launch order, so with several row tiles W is read from HBM once and from L2 after. USE_DOT: tensor-core
@@ -445,7 +435,6 @@ def skinny_linear_kernel(
             BLOCK_M,
             BLOCK_N,
             BLOCK_K,
-            PREFETCH,
         )
     if USE_DOT and not STREAM:
         offs_m += grid_dependency_trigger(PDL)
@@ -549,10 +538,11 @@ AUTOTUNE_KEY = ["M", "N_OUT", "K", "K_SPLIT", "BLOCK_M", "HAS_NORM", "GATED", "H
 
 def one_row_config(k_range: int, norm: bool = False, gated: bool = False) -> triton.Config:
     """The GEMV config of one row, by rule, per epilogue:
-    - gated (norm + gate_up + SiLU·mul): BLOCK_N 16 × BLOCK_K 256 × 4 warps, the fastest in both sweeps: H200
-      (bench/results/nvidia-h200/probes/gemv_configs/, M = 1) code_predictor 6.8 / fast_ar 28.9 / VoxCPM2 14.9 us
-      where BLOCK_N 8 × BLOCK_K 1024 × 8 warps (one 172-register program per SM) took 9.7 / - / 23.4 and 8 × 512 ×
-      4 warps 6.3 / 30.7 / 16.5; H100 (kernel_configs.json) VoxCPM2 21.7 vs 22.2;
+    - gated (norm + gate_up + SiLU·mul): BLOCK_N 16 × BLOCK_K 256 × 4 warps, the fastest summed over the three
+      gated shapes of the H200 sweep (bench/results/nvidia-h200/probes/gemv_configs/, M = 1): code_predictor 6.8 /
+      fast_ar 28.9 / VoxCPM2 14.9 us, 50.6 in all, where BLOCK_N 8 × BLOCK_K 1024 × 8 warps (one 172-register
+      program per SM) took 9.7 / - / 23.4 and 8 × 512 × 4 warps 6.3 / 30.7 / 16.5 (53.5); the H100 sweep's best at
+      VoxCPM2 too (kernel_configs.json: 21.7 vs 22.2);
     - RMSNorm without gating (qkv): BLOCK_N 8 × BLOCK_K 512 × 4 warps: H200 code_predictor 5.0 / fast_ar 12.6 /
       VoxCPM2 6.1 us where 8 × 1024 × 8 warps took 6.6 / 13.1 / 7.3 (H100, VoxCPM2 only: 7.0 vs 6.5, an older
       kernel);
