@@ -162,8 +162,8 @@ def norm_block(k: int, m: int, use_dot: bool, stream: bool = False, gated: bool 
     all chunks unrolled (`NORM_CHUNKS`), so their loads are in flight together: on the H200 the tile form at the
     plan's width 32 took 114.8 µs over eight normed shapes against 121.0 with BLOCK_K chunks in a loop
     (bench/results/nvidia-h200/probes/norm_prologue/: Fish fast_ar gate_up at 4 rows 38.4 → 34.0, LocDiT qkv at 22
-    7.9 → 6.8). Except a gated call at 32 rows (two accumulators, 255 registers rolled or not), whose unrolled
-    prologue was slower (LocDiT gate_up 12.0 → 12.6 µs): it keeps the rolled BLOCK_K loop."""
+    7.9 → 6.8). Except a gated call at 32 rows (two accumulators, 255 registers rolled or not in an sm_90 compile
+    with Triton 3.7), whose unrolled prologue was slower (LocDiT gate_up 12.0 → 12.6 µs): it keeps the rolled loop."""
     if use_dot and (stream or not (gated and _block_m(m, True) >= 32)):
         return min(next_power_of_2(k), TILE_NORM_BLOCK)
     if use_dot:
