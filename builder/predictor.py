@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from .kernels.decode_attention import attention_workspace, supports_head_dim
-from .kernels.decode_modules import KernelAttention, KernelSwiGLU
+from .kernels.decode_modules import KernelAttention, KernelLinear, KernelSwiGLU
 from .kernels.sample import gumbel, sample, support_mask
+from .layers.norms import RMSNorm
 from .layers.transformer import DecoderBlock
 
 
@@ -157,12 +158,23 @@ def _unrolled_frame_kernels(
     return codes, all_logits
 
 
+def head_logits(norm: RMSNorm, head: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """A step's logits, head(norm(h)). On the kernel layer (`use_predictor_kernels` made the head a KernelLinear)
+    one skinny_linear with the RMSNorm as its prologue, where the eager modules take a norm kernel and a cuBLAS
+    GEMV once per sampled codebook."""
+    if isinstance(head, KernelLinear):
+        return head.normed(h, norm)
+    return head(norm(h))
+
+
 FRAME_POSITION_ROWS = 64  # batch rows the frame's positions table covers (larger buckets fill theirs per position)
 
 
 def use_predictor_kernels(module: nn.Module) -> dict:
     """Kernel pass of the codebook predictors (StageSpec.kernel_passes): every DecoderBlock's attention and MLP
-    become kernel-layer blocks holding the same weights; `unrolled_frame` then runs the frame on them."""
+    become kernel-layer blocks holding the same weights, and the output heads the module names in `LOGIT_HEADS`
+    KernelLinears (`head_logits`: final RMSNorm and head in one op); `unrolled_frame` then runs the frame on
+    them."""
     blocks = [
         sub
         for sub in module.modules()
@@ -174,6 +186,17 @@ def use_predictor_kernels(module: nn.Module) -> dict:
     for sub in blocks:
         sub.self_attn = KernelAttention(sub.self_attn, rope_interleaved=sub.rope_style == "interleaved")
         sub.mlp = KernelSwiGLU(sub.mlp)
+    heads = 0
+    for name in getattr(module, "LOGIT_HEADS", ()) if blocks else ():
+        # the output heads (`head_logits`): KernelLinears hold the Linears' own parameters, names unchanged
+        head = getattr(module, name)
+        if isinstance(head, nn.ModuleList):
+            for i, linear in enumerate(head):
+                if isinstance(linear, nn.Linear):
+                    head[i], heads = KernelLinear(linear), heads + 1
+        elif isinstance(head, nn.Linear):
+            setattr(module, name, KernelLinear(head))
+            heads += 1
     # Row p = position p for every row of a batch: `unrolled_frame`'s positions, a constant the compiled graph
     # reads in place (a torch.full per position became a fill kernel per layer). One row per RoPE table row.
     rows = module.rope_cos.shape[0] if hasattr(module, "rope_cos") else 0
@@ -183,6 +206,7 @@ def use_predictor_kernels(module: nn.Module) -> dict:
     return {
         "pass": "use_predictor_kernels",
         "layers": len(blocks),
+        "heads": heads,
         "ops": ["ttsaot::skinny_linear", "ttsaot::decode_attention"],
         "frame_positions": list(blocks[0].self_attn.frame_positions.shape) if blocks and rows else None,
     }

@@ -151,7 +151,7 @@ SCRIPT = textwrap.dedent(r"""
         for sort in (True, False):
             sm_meta = dict(U_MIN=1e-20, U_MAX=1.0 - 1e-7, BLOCK_V=v, SORT=sort)
             results[f"nopdl/sample/V{v}/{'sort' if sort else 'radix'}"] = build(
-                SM.sample_tokens_kernel, sm_types, sm_meta, SM.warps(v, sort), 1, set())
+                SM.sample_tokens_kernel, sm_types, sm_meta, SM.warps(v), 1, set())
     print(json.dumps(results))
 """)
 

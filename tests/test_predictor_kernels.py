@@ -1,7 +1,8 @@
 """The codebook predictors on the kernel layer (`--kernels ttsaot`, `use_predictor_kernels`): Fish `fast_ar` and
 Qwen `code_predictor` run their frame over a static in-graph cache, one skinny_linear + decode_attention step per
-position. Module parity with the eager frame (codes identical, logits and embeddings within fp32 noise), the
-exported ops, and the Fish artifact against its `--kernels inductor` build (tests/test_fast_ar.py)."""
+position, and each step's logits from one normed skinny_linear (final RMSNorm + output head). Module parity with
+the eager frame (codes identical, logits and embeddings within fp32 noise), the exported ops, and the Fish artifact
+against its `--kernels inductor` build (tests/test_fast_ar.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ttsaot.builder.families.fish_s2_pro.options import FishS2Options
 from ttsaot.builder.families.qwen3_tts_12hz import checkpoint as qck
 from ttsaot.builder.families.qwen3_tts_12hz import config as qcfg
 from ttsaot.builder.families.qwen3_tts_12hz.code_predictor import CodePredictor, prune_code_predictor
-from ttsaot.builder.kernels.decode_modules import KernelAttention
+from ttsaot.builder.kernels.decode_modules import KernelAttention, KernelLinear
 from ttsaot.builder.passes import fuse_projections
 from ttsaot.builder.predictor import random_sampling_inputs, use_predictor_kernels
 from ttsaot.runtime import load
@@ -48,6 +49,8 @@ def _greedy_logits(m, hidden, first):
 def test_fast_ar_frame_on_kernels_equals_eager():
     ref, kern, report = _pair(fck.init_random_fast_ar(far.FastAR(FISH_TINY, with_embedding=True), 0), fst.prune_fast_ar)
     assert report["layers"] == FISH_TINY.n_layer and isinstance(kern.layers[0].self_attn, KernelAttention)
+    assert report["heads"] == 1 and isinstance(kern.output, KernelLinear)
+    assert torch.equal(kern.output.weight, ref.output.weight)
     assert kern.layers[0].self_attn.rope_interleaved
     for B, seed, T in ((1, 0, None), (3, 1, 0.8), (4, 2, 0.0)):
         x = _inputs(B, seed, T)
@@ -64,6 +67,8 @@ def test_code_predictor_frame_on_kernels_equals_eager():
     cfg = replace(QWEN_TINY, head_dim=16)
     ref, kern, report = _pair(qck.init_random_code_predictor(CodePredictor(cfg, True), 0), prune_code_predictor)
     assert report["layers"] == cfg.num_hidden_layers and kern.model.layers[0].self_attn.q_norm is not None
+    assert report["heads"] == cfg.num_code_groups - 1 and all(isinstance(h, KernelLinear) for h in kern.lm_head)
+    assert set(dict(kern.named_parameters())) == set(dict(ref.named_parameters()))  # the checkpoint's names
     for B, seed in ((1, 0), (3, 1)):
         g = torch.Generator().manual_seed(seed)
         hidden = torch.randn(B, cfg.talker_hidden_size, generator=g)
@@ -123,6 +128,7 @@ def test_head_dims_the_kernel_refuses_leave_the_stage_eager():
     report = use_predictor_kernels(m)
     assert report["layers"] == 0 and "skipped" in report
     assert not isinstance(m.model.layers[0].self_attn, KernelAttention)
+    assert not any(isinstance(h, KernelLinear) for h in m.lm_head)  # the heads stay with their blocks
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +146,8 @@ def test_fast_ar_artifact_on_kernels_matches_the_inductor_build(fast_ar_kernels,
     positions = 2 + FISH_TINY.num_codebooks - 2  # rows 0, 1 and one per fed-back code
     (targets,) = seen
     assert targets.count("ttsaot.decode_attention.default") == positions * FISH_TINY.n_layer
-    assert targets.count("ttsaot.skinny_linear.default") == 4 * positions * FISH_TINY.n_layer
+    steps = FISH_TINY.num_codebooks - 1  # one normed head per sampled code
+    assert targets.count("ttsaot.skinny_linear.default") == 4 * positions * FISH_TINY.n_layer + steps
     kern, ind = load(path)["fast_ar"], load(fast_ar_fp32)["fast_ar"]
     assert kern.entry.kernels == "ttsaot" and ind.entry.kernels == "inductor"
     for B, seed, T in ((1, 0, None), (4, 1, 0.8), (3, 2, 0.0), (6, 3, 1.3)):

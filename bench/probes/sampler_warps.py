@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
     for V in (1024, 2048, 4096):
         for sort in (True, False) if V <= 2048 else (False,):
             for w in (1, 2, 4, 8, 16):
-                S.warps = lambda block_v, sort, w=w: w
+                S.warps = lambda block_v, w=w: w
                 S.use_sort = lambda block_v, sort=sort: sort
                 key = f"V={V}/{'sort' if sort else 'radix'}/w{w}" + (
                     " (rule)" if w == rule(V) and sort == sort_rule(V) else ""

@@ -13,7 +13,8 @@ Short bidirectional sequences (VoxCPM2's LocDiT and local encoder, M = rows × t
   RoPE + the T × T bidirectional attention of every head in one launch; decode_attention is one query per row
   over a runtime-owned cache it writes in place) → skinny_linear (o_proj + residual epilogue);
 - `KernelSwiGLU.decode_step` takes x [..., D] (skinny_linear flattens the leading dims into rows);
-- `KernelLinear`: any other projection (the stages' in/out projections, timestep MLPs).
+- `KernelLinear`: any other projection (the stages' in/out projections, timestep MLPs); `normed(x, norm)` with
+  a preceding RMSNorm as its prologue (the predictors' output heads).
 
 skinny_linear runs its Triton kernels up to MAX_KERNEL_ROWS rows and aten above (decided per bucket at trace
 time), so a bucket whose rows × tokens exceed it keeps cuBLAS with the same graph structure.
@@ -135,6 +136,10 @@ class KernelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return skinny_linear(x, self.weight, self.bias)
+
+    def normed(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """self(norm(x)) as one op: the RMSNorm is skinny_linear's prologue (a predictor's output head)."""
+        return skinny_linear(x, self.weight, self.bias, norm.weight, norm.eps)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

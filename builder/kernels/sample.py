@@ -129,7 +129,7 @@ def launch_sample_tokens(
         U_MAX=U_MAX,
         BLOCK_V=block,
         SORT=sort,
-        num_warps=kernels.warps(block, sort),
+        num_warps=kernels.warps(block),
     )
     return out
 

@@ -34,13 +34,14 @@ def use_sort(block_v: int) -> bool:
     return block_v <= SORT_MAX_VOCAB
 
 
-def warps(block_v: int, sort: bool) -> int:
-    """Warps per program: ~8 row values per thread for the sort, ~16 for the radix select. Measured alone on the
-    H100 (one row, a CUDA graph of 16 draws, bench/results/nvidia-h100/probes/sampler_warps/): the sort at V = 1024
-    takes 24.9 / 12.0 / 7.1 / 7.2 µs at 1 / 2 / 4 / 8 warps, at V = 2048 58.4 / 35.7 / 21.8 / 14.4 / 14.3 µs at 1-16
-    warps (the rule was 16 values per thread: 2 and 4 warps); the radix select at V = 4096 is fastest at 8 warps
-    (23.6 µs; 38.5 at 4, 25.1 at 16)."""
-    return max(1, min(16, block_v // (256 if sort else 512)))
+def warps(block_v: int) -> int:
+    """Warps per program: ~8 row values per thread, for the sort and the radix select alike. H200, one row alone, a
+    CUDA graph of 16 draws, random rows (bench/results/nvidia-h200/probes/sampler_radix4/call2/sampler_warps.txt):
+    the sort at V = 1024 / 2048 takes 6.5 / 13.7 µs at 4 / 8 warps (12.0 / 21.8 at half as many); the radix select
+    (two-bit top-k, a two-bit top-p since reverted) 14.2 / 18.0 / 27.7 µs at 4 / 8 / 16 warps for V = 1024 / 2048 /
+    4096, 26.1 / 27.1 / 30.5 at half as many (the H100 had preferred 8 warps at 4096 for the one-bit search:
+    23.6 µs, 25.1 at 16, nvidia-h100/probes/sampler_warps/)."""
+    return max(1, min(16, block_v // 256))
 
 
 @triton.jit
@@ -65,33 +66,66 @@ def _kept_by_sort(scaled, offs, valid, k, top_p):
     return valid & (scaled >= smallest)
 
 
+# Counts packed three to an int64 (21 bits each: rows of up to 2^21 tokens, far above MAX_VOCAB), so that one
+# reduction answers a radix-4 digit's three comparisons.
+# (Module globals a jit function reads must be `tl.constexpr(...)` objects; the interpreter also takes plain ints.)
+COUNT_BITS = tl.constexpr(21)
+COUNT_MASK = tl.constexpr((1 << 21) - 1)
+
+
 @triton.jit
-def _kept_by_radix(scaled, valid, k, top_p):
-    """The kept set from thresholds found by radix select over the values' ordered keys (module docstring)."""
+def _counts_at_least(key, base, step):
+    """count(key ≥ base + j·step) for j = 1, 2, 3: one packed int64 reduction."""
+    one = tl.full([], 1, tl.int64)
+    packed = tl.sum(
+        (key >= base + step).to(tl.int64)
+        + ((key >= base + 2 * step).to(tl.int64) << COUNT_BITS)
+        + ((key >= base + 3 * step).to(tl.int64) << (2 * COUNT_BITS)),
+        axis=0,
+    )
+    return packed & (COUNT_MASK * one), (packed >> COUNT_BITS) & (COUNT_MASK * one), packed >> (2 * COUNT_BITS)
+
+
+@triton.jit
+def _kept_by_radix(scaled, valid, k, top_p, V):
+    """The kept set from thresholds found by radix select over the values' ordered keys (module docstring). The
+    top-k threshold two bits per round: a round compares every key with the three candidates of its next base-4
+    digit at once (one packed reduction, `_counts_at_least`) and keeps the largest that still qualifies, 16 rounds
+    where one bit per round took 32. A threshold the row does not ask for is not searched: top-k off (k = V) keeps
+    every key, top-p off (p ≥ 1) skips the mass search."""
     key = tl.where(valid, _ordered_key(scaled), -1)  # padding: below every key, never counted
 
-    # top-k: the largest K with count(key ≥ K) ≥ k, one bit at a time from the top
+    # top-k: the largest K with count(key ≥ K) ≥ k, base-4 digits from the top
     kth = tl.zeros([], dtype=tl.int64)
-    for bit in tl.static_range(31, -1, -1):
-        cand = kth + (1 << bit)
-        if tl.sum((key >= cand).to(tl.int32), axis=0) >= k:
-            kth = cand
-    above = tl.sum((key > kth).to(tl.int32), axis=0)
-    tied = tl.sum((key == kth).to(tl.int32), axis=0)
+    if k < V:
+        for shift in tl.static_range(30, -1, -2):
+            n1, n2, n3 = _counts_at_least(key, kth, tl.full([], 1 << shift, tl.int64))
+            digit = (n1 >= k).to(tl.int64) + (n2 >= k).to(tl.int64) + (n3 >= k).to(tl.int64)
+            kth += digit << shift
+    one = tl.full([], 1, tl.int64)
+    packed = tl.sum((key > kth).to(tl.int64) + ((key == kth).to(tl.int64) << COUNT_BITS), axis=0)
+    above = packed & (COUNT_MASK * one)
+    tied = packed >> COUNT_BITS
     # softmax over the k sorted entries: tokens tied at the boundary share the (k − above) places left to them
+    # (k = V: kth = 0 is below every valid key, so above = V and nothing is tied)
     m = tl.max(tl.where(valid, scaled, float("-inf")), axis=0)
     e = tl.where(key >= kth, tl.exp(scaled - m), 0.0)
-    e = tl.where(key == kth, e * ((k - above).to(tl.float32) / tied.to(tl.float32)), e)
+    e = tl.where(key == kth, e * ((k - above).to(tl.float32) / tl.maximum(tied, 1).to(tl.float32)), e)
     probs = e / tl.sum(e, axis=0)
 
-    # top-p: the largest K whose mass of values ≥ K is ≥ p; clamped to the largest value (the first token is kept)
-    pth = tl.zeros([], dtype=tl.int64)
-    for bit in tl.static_range(31, -1, -1):
-        cand = pth + (1 << bit)
-        if tl.sum(tl.where(key >= cand, probs, 0.0), axis=0) >= top_p:
-            pth = cand
-    pth = tl.minimum(pth, tl.max(key, axis=0))
-    threshold = tl.where(top_p >= 1.0, kth, tl.maximum(pth, kth))
+    # top-p: the largest K whose mass of values ≥ K is ≥ p; clamped to the largest value (the first token is kept).
+    # One bit per round: a mass cannot be packed as the counts are, and three sums per round cost more than the
+    # rounds they save (H200, V = 2048, top-k 30 + top-p 0.9: 27.4 µs where one bit per round took 20.1,
+    # bench/results/nvidia-h200/probes/sampler_radix4/call2).
+    threshold = kth
+    if top_p < 1.0:
+        pth = tl.zeros([], dtype=tl.int64)
+        for bit in tl.static_range(31, -1, -1):
+            cand = pth + (1 << bit)
+            if tl.sum(tl.where(key >= cand, probs, 0.0), axis=0) >= top_p:
+                pth = cand
+        pth = tl.minimum(pth, tl.max(key, axis=0))
+        threshold = tl.maximum(pth, kth)
     return valid & (key >= threshold)
 
 
@@ -115,21 +149,28 @@ def sample_tokens_kernel(
     offs = tl.arange(0, BLOCK_V)
     valid = offs < V
     x = tl.load(logits_ptr + row * logits_row_stride + offs, mask=valid, other=float("-inf")).to(tl.float32)
+    # the noise is independent of the thresholds: its load is issued with the row's, not after the search
+    u = tl.load(u_ptr + row * u_row_stride + offs, mask=valid, other=0.5).to(tl.float32)
     t = tl.load(t_ptr + row).to(tl.float32)
-    greedy = t <= 0.0
-    scaled = x / tl.where(greedy, 1.0, t)
     top_k = tl.load(k_ptr + row).to(tl.int32)
     k = tl.where((top_k <= 0) | (top_k > V), V, top_k)
     top_p = tl.load(p_ptr + row).to(tl.float32)
-    if SORT:
-        kept = _kept_by_sort(scaled, offs, valid, k, top_p)
+    if t <= 0.0:
+        # greedy: the logits' argmax (first of equals, as torch.argmax); no thresholds to search
+        token = tl.argmax(x, axis=0)
     else:
-        kept = _kept_by_radix(scaled, valid, k, top_p)
-
-    # Gumbel-max over the kept set of the unsorted row
-    u = tl.load(u_ptr + row * u_row_stride + offs, mask=valid, other=0.5).to(tl.float32)
-    u = tl.minimum(tl.maximum(u, U_MIN), U_MAX)  # constexpr bounds: AOTI would pass float arguments as fp64
-    noisy = tl.where(kept, scaled - tl.log(-tl.log(u)), float("-inf"))
-    drawn = tl.argmax(noisy, axis=0)
-    best = tl.argmax(x, axis=0)  # greedy: the logits' argmax (first of equals, as torch.argmax)
-    tl.store(out_ptr + row, tl.where(greedy, best, drawn).to(tl.int64))
+        scaled = x / t
+        kept = valid
+        if SORT:
+            # rows with top-p: the sort (the mass search one bit per round is slower); top-k alone: the radix select
+            if top_p < 1.0:
+                kept = _kept_by_sort(scaled, offs, valid, k, top_p)
+            else:
+                kept = _kept_by_radix(scaled, valid, k, top_p, V)
+        else:
+            kept = _kept_by_radix(scaled, valid, k, top_p, V)
+        # Gumbel-max over the kept set of the unsorted row
+        u = tl.minimum(tl.maximum(u, U_MIN), U_MAX)  # constexpr bounds: AOTI would pass float arguments as fp64
+        noisy = tl.where(kept, scaled - tl.log(-tl.log(u)), float("-inf"))
+        token = tl.argmax(noisy, axis=0)
+    tl.store(out_ptr + row, token.to(tl.int64))

@@ -23,12 +23,14 @@ from torch import nn
 from ...layers.norms import RMSNorm
 from ...layers.rope import rope_table_interleaved
 from ...layers.transformer import DecoderBlock
-from ...predictor import Pick, traced_sampler, unrolled_frame
+from ...predictor import Pick, head_logits, traced_sampler, unrolled_frame
 from .config import FastARConfig
 
 
 class FastAR(nn.Module):
     """forward(hidden, token, noise, temperature, top_k, top_p[, token_embed]) → codes [B,10] (, embed [B,D])."""
+
+    LOGIT_HEADS = ("output",)  # predictor.use_predictor_kernels
 
     def __init__(self, cfg: FastARConfig, with_embedding: bool = False) -> None:
         super().__init__()
@@ -72,7 +74,7 @@ class FastAR(nn.Module):
         x = torch.stack((hidden.to(dt), self.embeddings(code0)), dim=1)  # positions 0, 1
 
         def logits_at(step: int, h: torch.Tensor) -> torch.Tensor:
-            return self.output(self.norm(h))[:, : cfg.residual_codebook_size]
+            return head_logits(self.norm, self.output, h)[:, : cfg.residual_codebook_size]
 
         def feed(step: int, code: torch.Tensor) -> torch.Tensor | None:
             return self.embeddings(code)[:, None] if step < last else None

@@ -20,7 +20,7 @@ from torch import nn
 from ...layers.norms import RMSNorm
 from ...layers.rope import rope_table
 from ...layers.transformer import DecoderBlock
-from ...predictor import Pick, traced_sampler, unrolled_frame
+from ...predictor import Pick, head_logits, traced_sampler, unrolled_frame
 from .config import CodePredictorConfig
 
 
@@ -50,6 +50,8 @@ class _Inner(nn.Module):
 
 class CodePredictor(nn.Module):
     """forward(hidden, code0, noise, temperature, top_k, top_p) → codes [B,16] (, next_embed [B,Ht])."""
+
+    LOGIT_HEADS = ("lm_head",)  # predictor.use_predictor_kernels
 
     def __init__(self, cfg: CodePredictorConfig, with_embedding: bool = False) -> None:
         super().__init__()
@@ -82,7 +84,7 @@ class CodePredictor(nn.Module):
         summed = [emb0] if collect_embedding else None
 
         def logits_at(step: int, h: torch.Tensor) -> torch.Tensor:
-            return self.lm_head[step - 1](self.model.norm(h))
+            return head_logits(self.model.norm, self.lm_head[step - 1], h)
 
         def feed(step: int, code: torch.Tensor) -> torch.Tensor | None:
             if step < last or collect_embedding:
