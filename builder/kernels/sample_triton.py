@@ -1,12 +1,22 @@
 """Triton kernel of `ttsaot::sample_tokens` (semantics: sample.py). One program per row: the kept set (top-k, then
-top-p) from the row held in registers, then the Gumbel-max draw over the unsorted row. Two ways to the kept set,
-chosen per vocabulary by `use_sort` from what the H100 measured inside the predictors' graphs (one draw, one row):
-- SORT (V ≤ SORT_MAX_VOCAB): the row sorted in registers (`tl.sort`, bitonic) and the thresholds read off it as the
-  reference does: 35 µs per draw at V = 2048 in the code_predictor (3.21 ms per frame), where the radix select
-  below took 40 µs (3.38 ms) and a 2-bit radix with [4, V] reductions 79 µs;
-- radix select (larger V): no sort; the thresholds are found by bisection over the values' ordered keys, one bit
-  per masked reduction (2 × 32 of them): 38 and 19.8 µs per draw at V = 4096 in two fast_ar builds; alone, 23.5 µs
-  where the sort took 53 µs (bench/results/nvidia-h100/probes/predictor_copies/, calls 1, 3 and 6).
+top-p) from the row held in registers, then the Gumbel-max draw over the unsorted row. The work follows what the row
+asks for (H200, one row alone, a CUDA graph of 16 draws, bench/results/nvidia-h200/probes/sampler_radix4/):
+- greedy rows (temperature ≤ 0): the logits' argmax only, 1.7-1.9 µs at V = 1024-4096 (the kept set used to be
+  found and thrown away: 7.0 / 14.6 / 23.3 µs);
+- the radix select (below) searches only the thresholds the row sets: top-k off (k ≤ 0 or ≥ V) and top-p off
+  (p ≥ 1) each skip their 32 reductions;
+- SORT (V ≤ SORT_MAX_VOCAB): rows with top-p take the row sorted in registers (`tl.sort`, bitonic) and the
+  thresholds read off it as the reference does (6.9 / 14.4 µs at V = 1024 / 2048 with top-k 30 + top-p 0.9, where
+  the radix select took 14.3 / 18.2); rows without top-p take the radix select (Qwen's top-k 50 at V = 2048: 9.8 µs
+  where the sort took 14.6);
+- larger V: the radix select throughout (V = 4096, one bit per round: 23.4 µs with both thresholds, under 15 with
+  one).
+The H100 had chosen the sort up to 2048 from the predictors' graphs when every row searched both thresholds: 35 µs
+per draw at V = 2048 in the code_predictor, the radix select 40 µs, a 2-bit radix with [4, V] reductions 79 µs;
+alone at V = 4096, the radix select 23.5 µs where the sort took 53 (bench/results/nvidia-h100/probes/
+predictor_copies/). Two bits per round, three counts packed in one int64 reduction, halved the top-k search's
+rounds but not its time (each int64 reduction cost about two fp32 ones: H200, sampler_radix4/call3), and three
+mass sums per round cost more than the rounds they saved (call2).
 
 The radix select's sets, as the reference computes them from the sorted row (ordered = values in descending order,
 k = top-k, e = exp(value − max) over the first k sorted entries, mass_before = the cumulative softmax mass before a
@@ -30,7 +40,7 @@ SORT_MAX_VOCAB = 2048
 
 
 def use_sort(block_v: int) -> bool:
-    """Whether rows of this (power-of-2) width take the sort (module docstring: what the H100 measured)."""
+    """Whether rows of this (power-of-2) width with top-p take the sort (module docstring)."""
     return block_v <= SORT_MAX_VOCAB
 
 
@@ -66,46 +76,22 @@ def _kept_by_sort(scaled, offs, valid, k, top_p):
     return valid & (scaled >= smallest)
 
 
-# Counts packed three to an int64 (21 bits each: rows of up to 2^21 tokens, far above MAX_VOCAB), so that one
-# reduction answers a radix-4 digit's three comparisons.
-# (Module globals a jit function reads must be `tl.constexpr(...)` objects; the interpreter also takes plain ints.)
-COUNT_BITS = tl.constexpr(21)
-COUNT_MASK = tl.constexpr((1 << 21) - 1)
-
-
-@triton.jit
-def _counts_at_least(key, base, step):
-    """count(key ≥ base + j·step) for j = 1, 2, 3: one packed int64 reduction."""
-    one = tl.full([], 1, tl.int64)
-    packed = tl.sum(
-        (key >= base + step).to(tl.int64)
-        + ((key >= base + 2 * step).to(tl.int64) << COUNT_BITS)
-        + ((key >= base + 3 * step).to(tl.int64) << (2 * COUNT_BITS)),
-        axis=0,
-    )
-    return packed & (COUNT_MASK * one), (packed >> COUNT_BITS) & (COUNT_MASK * one), packed >> (2 * COUNT_BITS)
-
-
 @triton.jit
 def _kept_by_radix(scaled, valid, k, top_p, V):
-    """The kept set from thresholds found by radix select over the values' ordered keys (module docstring). The
-    top-k threshold two bits per round: a round compares every key with the three candidates of its next base-4
-    digit at once (one packed reduction, `_counts_at_least`) and keeps the largest that still qualifies, 16 rounds
-    where one bit per round took 32. A threshold the row does not ask for is not searched: top-k off (k = V) keeps
-    every key, top-p off (p ≥ 1) skips the mass search."""
+    """The kept set from thresholds found by radix select over the values' ordered keys (module docstring), one bit
+    per masked reduction. A threshold the row does not ask for is not searched: top-k off (k = V) keeps every key,
+    top-p off (p ≥ 1) skips the mass search."""
     key = tl.where(valid, _ordered_key(scaled), -1)  # padding: below every key, never counted
 
-    # top-k: the largest K with count(key ≥ K) ≥ k, base-4 digits from the top
+    # top-k: the largest K with count(key ≥ K) ≥ k, one bit at a time from the top
     kth = tl.zeros([], dtype=tl.int64)
     if k < V:
-        for shift in tl.static_range(30, -1, -2):
-            n1, n2, n3 = _counts_at_least(key, kth, tl.full([], 1 << shift, tl.int64))
-            digit = (n1 >= k).to(tl.int64) + (n2 >= k).to(tl.int64) + (n3 >= k).to(tl.int64)
-            kth += digit << shift
-    one = tl.full([], 1, tl.int64)
-    packed = tl.sum((key > kth).to(tl.int64) + ((key == kth).to(tl.int64) << COUNT_BITS), axis=0)
-    above = packed & (COUNT_MASK * one)
-    tied = packed >> COUNT_BITS
+        for bit in tl.static_range(31, -1, -1):
+            cand = kth + (1 << bit)
+            if tl.sum((key >= cand).to(tl.int32), axis=0) >= k:
+                kth = cand
+    above = tl.sum((key > kth).to(tl.int32), axis=0)
+    tied = tl.sum((key == kth).to(tl.int32), axis=0)
     # softmax over the k sorted entries: tokens tied at the boundary share the (k − above) places left to them
     # (k = V: kth = 0 is below every valid key, so above = V and nothing is tied)
     m = tl.max(tl.where(valid, scaled, float("-inf")), axis=0)
@@ -114,9 +100,6 @@ def _kept_by_radix(scaled, valid, k, top_p, V):
     probs = e / tl.sum(e, axis=0)
 
     # top-p: the largest K whose mass of values ≥ K is ≥ p; clamped to the largest value (the first token is kept).
-    # One bit per round: a mass cannot be packed as the counts are, and three sums per round cost more than the
-    # rounds they save (H200, V = 2048, top-k 30 + top-p 0.9: 27.4 µs where one bit per round took 20.1,
-    # bench/results/nvidia-h200/probes/sampler_radix4/call2).
     threshold = kth
     if top_p < 1.0:
         pth = tl.zeros([], dtype=tl.int64)
