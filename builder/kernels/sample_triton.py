@@ -1,22 +1,23 @@
 """Triton kernel of `ttsaot::sample_tokens` (semantics: sample.py). One program per row: the kept set (top-k, then
 top-p) from the row held in registers, then the Gumbel-max draw over the unsorted row. The work follows what the row
 asks for (H200, one row alone, a CUDA graph of 16 draws, bench/results/nvidia-h200/probes/sampler_radix4/):
-- greedy rows (temperature ≤ 0): the logits' argmax only, 1.7-1.9 µs at V = 1024-4096 (the kept set used to be
-  found and thrown away: 7.0 / 14.6 / 23.3 µs);
+- greedy rows (temperature ≤ 0): the logits' argmax only, 1.6-1.9 µs at V = 1024-4096 (the kept set used to be
+  found and thrown away: 7.0 / 14.6 / 23.3 µs; call3);
 - the radix select (below) searches only the thresholds the row sets: top-k off (k ≤ 0 or ≥ V) and top-p off
   (p ≥ 1) each skip their 32 reductions;
 - SORT (V ≤ SORT_MAX_VOCAB): rows with top-p take the row sorted in registers (`tl.sort`, bitonic) and the
-  thresholds read off it as the reference does (6.9 / 14.4 µs at V = 1024 / 2048 with top-k 30 + top-p 0.9, where
-  the radix select took 14.3 / 18.2); rows without top-p take the radix select (Qwen's top-k 50 at V = 2048: 9.8 µs
+  thresholds read off it as the reference does (6.7 / 14.1 µs at V = 1024 / 2048 with top-k 30 + top-p 0.9, where
+  the radix select took 13.5 / 17.2); rows without top-p take the radix select (Qwen's top-k 50 at V = 2048: 9.1 µs
   where the sort took 14.6);
-- larger V: the radix select throughout (V = 4096, one bit per round: 23.4 µs with both thresholds, under 15 with
-  one).
+- larger V: the radix select throughout (V = 4096: 24.5 µs with both thresholds, 14.0-15.0 with one, at 16 warps;
+  `warps` now gives it 8).
 The H100 had chosen the sort up to 2048 from the predictors' graphs when every row searched both thresholds: 35 µs
 per draw at V = 2048 in the code_predictor, the radix select 40 µs, a 2-bit radix with [4, V] reductions 79 µs;
 alone at V = 4096, the radix select 23.5 µs where the sort took 53 (bench/results/nvidia-h100/probes/
 predictor_copies/). Two bits per round, three counts packed in one int64 reduction, halved the top-k search's
-rounds but not its time (each int64 reduction cost about two fp32 ones: H200, sampler_radix4/call3), and three
-mass sums per round cost more than the rounds they saved (call2).
+rounds but not its time (each int64 reduction cost about two int32 ones; V = 2048, top-k 50: 9.3 against 9.1 µs
+with one bit per round, V = 4096: 15.4 against 14.0; sampler_radix4/call4), and three mass sums per round cost
+more than the rounds they saved (call2).
 
 The radix select's sets, as the reference computes them from the sorted row (ordered = values in descending order,
 k = top-k, e = exp(value − max) over the first k sorted entries, mass_before = the cumulative softmax mass before a
@@ -45,13 +46,14 @@ def use_sort(block_v: int) -> bool:
 
 
 def warps(block_v: int) -> int:
-    """Warps per program: ~8 row values per thread, for the sort and the radix select alike. H200, one row alone, a
-    CUDA graph of 16 draws, random rows (bench/results/nvidia-h200/probes/sampler_radix4/call2/sampler_warps.txt):
-    the sort at V = 1024 / 2048 takes 6.5 / 13.7 µs at 4 / 8 warps (12.0 / 21.8 at half as many); the radix select
-    (two-bit top-k, a two-bit top-p since reverted) 14.2 / 18.0 / 27.7 µs at 4 / 8 / 16 warps for V = 1024 / 2048 /
-    4096, 26.1 / 27.1 / 30.5 at half as many (the H100 had preferred 8 warps at 4096 for the one-bit search:
-    23.6 µs, 25.1 at 16, nvidia-h100/probes/sampler_warps/)."""
-    return max(1, min(16, block_v // 256))
+    """Warps per program: ~8 row values per thread up to 8 warps, for the sort and the radix select alike. H200, one
+    row alone, a CUDA graph of 16 draws (bench/results/nvidia-h200/probes/sampler_radix4/): the sort at V = 1024 /
+    2048 takes 6.5 / 13.7 µs at 4 / 8 warps (12.0 / 21.8 at half as many; call2); the radix select at V = 1024 /
+    2048 14.2 / 18.0 µs at 4 / 8 warps (26.1 / 27.1 at half as many; call2, the two-bit variant), at V = 4096
+    13.3 / 22.7 µs at 8 warps under Qwen's top-k 50 / Fish's top-k 30 + top-p 0.9 where 16 took 14.0 / 24.5
+    (call4; the H100 too had found 8 fastest there: 23.6 µs, 25.1 at 16, nvidia-h100/probes/sampler_warps/).
+    Above 4096 unmeasured."""
+    return max(1, min(8, block_v // 256))
 
 
 @triton.jit
