@@ -201,12 +201,26 @@ def profile_stage(
                 fn, xs, device, calls, reps, top, weight_bytes + io, res["copy"]["gb_per_s"], res["layers"]
             )
             res["buckets"][key_of(sizes)].update(sizes=sizes, api=getattr(variant, "api", None), io_bytes=io)
+            sampling = sampling_rows(spec.input_names, xs)
+            if sampling:
+                res["buckets"][key_of(sizes)]["sampling"] = sampling
             del out
     finally:
         variant.close()
     res["status"] = "ok"
     res["finished"] = now_iso()
     return res
+
+
+# A codebook predictor's per-row sampling inputs: how much of the sampler's work the timed rows asked for (a row
+# without top-k or top-p skips that threshold's search, kernels/sample_triton.py).
+SAMPLING_INPUTS = ("temperature", "top_k", "top_p")
+
+
+def sampling_rows(names: list[str], xs: list[torch.Tensor]) -> dict[str, list] | None:
+    """The timed rows' sampling parameters by input name (None for a stage without them)."""
+    rows = {n: x.tolist() for n, x in zip(names, xs) if n in SAMPLING_INPUTS}
+    return rows or None
 
 
 def profile_bucket(
@@ -455,6 +469,8 @@ def render(res: dict[str, Any]) -> str:
         )
         if b.get("note"):
             lines.append(f"  note: {b['note']}")
+        if b.get("sampling"):
+            lines.append("  sampling rows: " + ", ".join(f"{n} {v}" for n, v in b["sampling"].items()))
         lines.append(f"  {'µs/call':>9} {'own µs':>9} {'n/call':>7} {'share':>6}  kernel")
         for r in b["top"]:
             share = f"{r['share']:.0%}" if r["share"] is not None else "—"

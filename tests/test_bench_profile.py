@@ -180,6 +180,15 @@ def test_unknown_stage_is_a_usage_error():
     assert proc.returncode == 2 and "nope" in proc.stderr
 
 
+def test_sampling_rows_are_the_predictor_inputs_only():
+    from bench.profile import sampling_rows
+
+    xs = [torch.ones(2, 3), torch.tensor([0.5, 0.0]), torch.tensor([50, 0]), torch.tensor([1.0, 0.25])]
+    rows = sampling_rows(["hidden", "temperature", "top_k", "top_p"], xs)
+    assert rows == {"temperature": [0.5, 0.0], "top_k": [50, 0], "top_p": [1.0, 0.25]}
+    assert sampling_rows(["codes"], [torch.ones(1, 4)]) is None
+
+
 def test_busy_time_in_the_text_and_the_report_rows():
     """A CUDA profile's busy time (spans, overlaps counted once) and each kernel's own time reach the text table and
     `bench report`'s profile rows; profiles recorded before it show a dash."""
@@ -203,6 +212,10 @@ def test_busy_time_in_the_text_and_the_report_rows():
     }  # fmt: skip
     text = render(res)
     assert "busy 11.0 µs" in text and "     6.00      3.00       1" in text  # attn: span 6, own 3
+    assert "sampling rows" not in text
+    bucket["sampling"] = {"temperature": [1000.0], "top_k": [0], "top_p": [1.0]}
+    assert "  sampling rows: temperature [1000.0], top_k [0], top_p [1.0]" in render(res).splitlines()
+    del bucket["sampling"]
     assert "     6.00      3.00  attn" in text  # the timeline's span and own columns
     row = next(ln for ln in profiles_section([res]).splitlines() if ln.startswith("| voxcpm2/base_lm_step"))
     assert "| -2.0 | 11.0 |" in row
