@@ -27,7 +27,7 @@ class CaseResult:
     value: float
     limit: float
     ok: bool
-    near_ties: int = 0  # sampled rows that left the reference at a near-tie (allowed; see compare_sampled)
+    near_ties: int = 0  # code rows that left the reference at a near-tie (allowed; see compare_sampled)
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor, tolerance: float) -> tuple[str, float, float, bool]:
@@ -61,6 +61,13 @@ def compare_sampled(
     return "mismatches", float(n), 0.0, n == 0, near_tie
 
 
+def code_rows(codes: torch.Tensor) -> torch.Tensor:
+    """Decided codes as `compare_sampled`'s rows, each code depending on the row's earlier ones: a predictor's draws
+    [B, codes] as they are; an encoder's quantizer choices [B, codebooks, frames] one row per frame (a residual
+    quantizer's codes of a frame depend on its earlier codebooks' choices, not on other frames')."""
+    return codes.transpose(1, 2).reshape(-1, codes.shape[1]) if codes.dim() == 3 else codes
+
+
 def load_golden(path: Path) -> dict[str, torch.Tensor]:
     """The golden cases of a stage; an unreadable file is an IntegrityError naming it."""
     from safetensors import SafetensorError
@@ -88,15 +95,15 @@ def verify_bundle(bundle, stages: list[str] | None = None) -> list[CaseResult]:
             outs = stage(**inputs)
             outs = dict(zip((s.name for s in entry.outputs), outs if isinstance(outs, tuple) else (outs,)))
             sampled = [n for n in outs if f"{case}/margin/{n}" in golden]
-            left = None  # rows that left the reference at a near-tie: their other outputs have no reference
+            left = None  # batch rows that left the reference at a near-tie: their other outputs have no reference
             for out_name in sampled:
+                out, ref = outs[out_name], golden[f"{case}/out/{out_name}"]
                 metric, value, limit, ok, near = compare_sampled(
-                    outs[out_name],
-                    golden[f"{case}/out/{out_name}"],
-                    golden[f"{case}/margin/{out_name}"],
-                    entry.tolerance,
+                    code_rows(out), code_rows(ref), code_rows(golden[f"{case}/margin/{out_name}"]), entry.tolerance
                 )
-                left = near if left is None else left | near
+                if near.numel():  # (empty where the shapes differ)
+                    rows = near.view(ref.shape[0], -1).any(dim=1)
+                    left = rows if left is None else left | rows
                 results.append(CaseResult(name, case, out_name, metric, value, limit, ok, int(near.sum())))
             for out_name, o in outs.items():
                 if out_name in sampled:

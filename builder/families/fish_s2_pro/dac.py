@@ -262,21 +262,33 @@ class VectorQuantize(nn.Module):
     def decode_code(self, idx: torch.Tensor) -> torch.Tensor:
         return F.embedding(idx, self.codebook.weight).transpose(1, 2)
 
-    def quantize(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """z [B,D,T] → (z_q [B,dim,T] before out_proj, indices [B,T])."""
+    def quantize(self, z: torch.Tensor, margins: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """z [B,D,T] → (z_q [B,dim,T] before out_proj, indices [B,T]); `margins` gets each choice's [B,T]
+        `nearest_code` margin."""
         z_e = self.in_proj(z)
         B, d, T = z_e.shape
-        idx = nearest_code(z_e.permute(0, 2, 1).reshape(B * T, d), self.codebook.weight).reshape(B, T)
+        gap = [] if margins is not None else None
+        idx = nearest_code(z_e.permute(0, 2, 1).reshape(B * T, d), self.codebook.weight, gap).reshape(B, T)
+        if margins is not None:
+            margins.append(gap[0].reshape(B, T))
         z_q = self.decode_code(idx)
         return z_e + (z_q - z_e), idx  # the straight-through form, as computed in the reference
 
 
-def nearest_code(rows: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
+def nearest_code(rows: torch.Tensor, codebook: torch.Tensor, margins: list[torch.Tensor] | None = None) -> torch.Tensor:
     """The codebook index of each row [N, dim] by cosine; the reference's distance form (not a plain dot product)
-    is kept so near-ties resolve identically. Shared by the faithful quantizer and the channels-last body."""
+    is kept so near-ties resolve identically. Shared by the faithful quantizer and the channels-last body.
+    `margins` (golden cases): gets how decided each choice is, [N]: the distance from the second-nearest entry less
+    the nearest one's (unit vectors: distances in [0, 4])."""
     enc = F.normalize(rows)
     cb = F.normalize(codebook)
     dist = enc.pow(2).sum(1, keepdim=True) - 2 * enc @ cb.t() + cb.pow(2).sum(1, keepdim=True).t()
+    if margins is not None:
+        if dist.shape[1] > 1:
+            top = (-dist).topk(2, dim=1).values
+            margins.append(top[:, 0] - top[:, 1])
+        else:  # one entry: nothing to choose
+            margins.append(torch.full_like(dist[:, 0], float("inf")))
     return (-dist).max(1)[1]
 
 
@@ -285,12 +297,13 @@ class ResidualVectorQuantize(nn.Module):
         super().__init__()
         self.quantizers = nn.ModuleList(VectorQuantize(input_dim, size, dim) for _ in range(n))
 
-    def encode(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, z: torch.Tensor, margins: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(Σ z_q_i, codes [B,n,T]). The last quantizer's out_proj only feeds Σ z_q, so it is skipped when it
-        has been pruned (the encoder stage needs the codes only)."""
+        has been pruned (the encoder stage needs the codes only). `margins` gets each quantizer's [B,T] choice
+        margins in code order (`nearest_code`)."""
         z_q, residual, codes = 0, z, []
         for i, q in enumerate(self.quantizers):
-            zq_i, idx = q.quantize(residual)
+            zq_i, idx = q.quantize(residual, margins)
             codes.append(idx)
             if i == len(self.quantizers) - 1 and not hasattr(q, "out_proj"):
                 break
@@ -353,14 +366,15 @@ class DAC(nn.Module):
         # stage's kernel pass, which moves the modules above into it
         self.channels_last: nn.Module | None = None
 
-    def encode(self, audio: torch.Tensor) -> torch.Tensor:
+    def encode(self, audio: torch.Tensor, margins: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """`margins` (golden cases): gets each code's [B,T] choice margin, in the codes' order (`nearest_code`)."""
         T = audio.shape[-1]
         spf = self.cfg.samples_per_frame
         audio = F.pad(audio, (0, -(-T // spf) * spf - T))
         q = self.quantizer
         z = q.pre_module(q.downsample(self.encoder(audio)))
-        semantic_z, semantic_codes = q.semantic_quantizer.encode(z)
-        _, codes = q.quantizer.encode(z - semantic_z)
+        semantic_z, semantic_codes = q.semantic_quantizer.encode(z, margins)
+        _, codes = q.quantizer.encode(z - semantic_z, margins)
         return torch.cat([semantic_codes, codes], dim=1)
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
