@@ -68,6 +68,14 @@ def code_rows(codes: torch.Tensor) -> torch.Tensor:
     return codes.transpose(1, 2).reshape(-1, codes.shape[1]) if codes.dim() == 3 else codes
 
 
+def compare_decided(
+    out: torch.Tensor, ref: torch.Tensor, margin: torch.Tensor, tolerance: float
+) -> tuple[str, float, float, bool, torch.Tensor]:
+    """`compare_sampled` over `code_rows` of an output whose golden case stores margins (every verifier's rule for
+    decided codes); the near-tie flags are per code row."""
+    return compare_sampled(code_rows(out), code_rows(ref), code_rows(margin), tolerance)
+
+
 def load_golden(path: Path) -> dict[str, torch.Tensor]:
     """The golden cases of a stage; an unreadable file is an IntegrityError naming it."""
     from safetensors import SafetensorError
@@ -98,9 +106,8 @@ def verify_bundle(bundle, stages: list[str] | None = None) -> list[CaseResult]:
             left = None  # batch rows that left the reference at a near-tie: their other outputs have no reference
             for out_name in sampled:
                 out, ref = outs[out_name], golden[f"{case}/out/{out_name}"]
-                metric, value, limit, ok, near = compare_sampled(
-                    code_rows(out), code_rows(ref), code_rows(golden[f"{case}/margin/{out_name}"]), entry.tolerance
-                )
+                margin = golden[f"{case}/margin/{out_name}"]
+                metric, value, limit, ok, near = compare_decided(out, ref, margin, entry.tolerance)
                 if near.numel():  # (empty where the shapes differ)
                     rows = near.view(ref.shape[0], -1).any(dim=1)
                     left = rows if left is None else left | rows

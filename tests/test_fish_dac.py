@@ -384,7 +384,7 @@ def test_encoder_golden_allows_a_frame_to_leave_only_at_a_quantizer_near_tie():
     ~1e-6 at frame 32's semantic code): fp64 eager takes the other entry there, and the frame's nine residual
     codes change with it, as the H200 package did (bench/results/nvidia-h200/probes/gpu_suite_cpu/ run 8). The
     stage's margins mark that choice, and verify's rule allows exactly that frame to leave."""
-    from ttsaot.runtime.verify import code_rows, compare_sampled
+    from ttsaot.runtime.verify import compare_decided
 
     spec = fst.dac_encoder_stage(FishS2Options(encoder_seconds=(1.0, 2.0)))
     module, _ = _apply(spec.make_module().eval(), spec.passes)
@@ -397,13 +397,13 @@ def test_encoder_golden_allows_a_frame_to_leave_only_at_a_quantizer_near_tie():
     differ = fp64 != fp32
     frames = differ[0].any(dim=0).nonzero().flatten().tolist()
     assert len(frames) == 1 and margin[0, 0, frames[0]] < spec.tolerance  # one frame, at its first code
-    _, mismatches, _, ok, near = compare_sampled(code_rows(fp64), code_rows(fp32), code_rows(margin), spec.tolerance)
-    assert ok and mismatches == 0 and near.nonzero().flatten().tolist() == frames
+    _, mismatches, _, ok, near = compare_decided(fp64, fp32, margin, spec.tolerance)
+    assert ok and mismatches == 0 and near.nonzero().flatten().tolist() == frames  # one code row per frame
     decided = torch.full_like(margin, float("inf"))  # without the near-tie, the same codes are a mismatch
-    assert not compare_sampled(code_rows(fp64), code_rows(fp32), code_rows(decided), spec.tolerance)[3]
+    assert not compare_decided(fp64, fp32, decided, spec.tolerance)[3]
     other = fp64.clone()
     other[0, 0, frames[0] - 1] += 1  # a decided frame that differs stays a mismatch
-    assert not compare_sampled(code_rows(other), code_rows(fp32), code_rows(margin), spec.tolerance)[3]
+    assert not compare_decided(other, fp32, margin, spec.tolerance)[3]
 
 
 def test_code_rows_are_frames_of_an_encoders_codes_and_a_predictors_rows_as_they_are():
