@@ -2,7 +2,7 @@
 top-p) from the row held in registers, then the Gumbel-max draw over the unsorted row. The work follows what the row
 asks for (H200, one row alone, a CUDA graph of 16 draws, bench/results/nvidia-h200/probes/sampler_radix4/):
 - greedy rows (temperature ≤ 0): the logits' argmax only, 1.6-1.9 µs at V = 1024-4096 (the kept set used to be
-  found and thrown away: 7.0 / 14.6 / 23.3 µs; call3);
+  found and thrown away: 7.0 / 14.7 / 23.3 µs; call3);
 - the radix select (below) searches only the thresholds the row sets: top-k off (k ≤ 0 or ≥ V) and top-p off
   (p ≥ 1) each skip their 32 reductions;
 - SORT (V ≤ SORT_MAX_VOCAB): rows with top-p take the row sorted in registers (`tl.sort`, bitonic) and the
@@ -145,7 +145,6 @@ def sample_tokens_kernel(
         token = tl.argmax(x, axis=0)
     else:
         scaled = x / t
-        kept = valid
         if SORT:
             # rows with top-p: the sort (the mass search one bit per round is slower); top-k alone: the radix select
             if top_p < 1.0:

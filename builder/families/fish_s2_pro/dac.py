@@ -267,10 +267,9 @@ class VectorQuantize(nn.Module):
         `nearest_code` margin."""
         z_e = self.in_proj(z)
         B, d, T = z_e.shape
-        gap = [] if margins is not None else None
-        idx = nearest_code(z_e.permute(0, 2, 1).reshape(B * T, d), self.codebook.weight, gap).reshape(B, T)
+        idx = nearest_code(z_e.permute(0, 2, 1).reshape(B * T, d), self.codebook.weight, margins).reshape(B, T)
         if margins is not None:
-            margins.append(gap[0].reshape(B, T))
+            margins[-1] = margins[-1].reshape(B, T)
         z_q = self.decode_code(idx)
         return z_e + (z_q - z_e), idx  # the straight-through form, as computed in the reference
 
