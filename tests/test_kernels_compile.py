@@ -110,7 +110,7 @@ SCRIPT = textwrap.dedent(r"""
                                        "interleaved_gqa4": (32, 8, 2, False), "qk_norm": (16, 8, 1, True)}.items():
         for ns in ((1, 16) if name == "voxcpm2" else (4,)):
             cx = dict(HQ=hq, HKV=hkv, HEAD_DIM=128, D_PAD=128, G_PAD=16, ROPE=rope, QK_NORM=qkn, NUM_SPLITS=ns,
-                      MIN_CHUNK=64, BLOCK_S=64, FP32_DOT=False, PDL=True)
+                      MIN_CHUNK=64, BLOCK_S=64, FP32_DOT=False, PDL=True, WHOLE=False)
             results[f"attention/{name}/splits{ns}"] = build(A.decode_attention_kernel, da_types, cx, 4, 2,
                                                             da_aligned)
     # AOTInductor types float arguments of user kernels fp64: the kernels must keep their fp32 state (the loop-carried
@@ -131,6 +131,11 @@ SCRIPT = textwrap.dedent(r"""
     results["attention/hd8_padded/splits4"] = build(
         A.decode_attention_kernel, da_types, dict(cx, HQ=4, HKV=2, HEAD_DIM=8, D_PAD=16, ROPE=1, QK_NORM=True,
                                                   NUM_SPLITS=4, BLOCK_S=16, MIN_CHUNK=16), 4, 2, da_aligned)
+    # the whole-cache form: the Qwen code predictor's 16 positions (one 16-row tile), and a 64-position cache
+    for name, block_s in (("code_predictor", 16), ("s64", 64)):
+        results[f"attention/whole/{name}"] = build(
+            A.decode_attention_kernel, da_types, dict(cx, HQ=16, HKV=8, ROPE=1, QK_NORM=True, NUM_SPLITS=1,
+                                                      BLOCK_S=block_s, WHOLE=True), 4, 1, da_aligned)
     # sequence attention at the VoxCPM2 LocDiT / local encoder shapes (16 query heads over 2 kv heads, hd 128)
     sq_types = dict(qkv_ptr="*bf16", cos_ptr="*fp32", sin_ptr="*fp32", o_ptr="*bf16", T="i32", row_stride="i32",
                     scale_log2="fp32")
@@ -185,6 +190,8 @@ def test_kernels_compile_for_sm90_with_the_intended_machine_code(sm90):
             assert r["HMMA"] > 0 and r["LDG.E.128"] > 0 and r["LDGSTS"] == 0, (key, r)
         elif key.startswith("sequence/"):
             assert r["HMMA"] > 0, (key, r)  # q·kᵀ and p·v on the tensor cores
+        elif key.startswith("attention/whole"):
+            assert r["HMMA"] > 0 and r["LDG.E.128"] > 0, (key, r)  # one tile in registers, 16-byte loads
         elif key.startswith("attention/"):
             assert r["HMMA"] > 0 and r["LDGSTS"] > 0, (key, r)
             if "splits1" not in key and "layer1" not in key:

@@ -173,6 +173,29 @@ def test_min_chunk_keeps_a_short_context_in_one_program():
     assert rel_err(o.cpu(), ref.cpu()) < 1e-5 and not ws.any()
 
 
+@pytest.mark.parametrize("rope,qk_norm", [("neox", True), ("interleaved", False)], ids=["neox-qknorm", "interleaved"])
+def test_whole_cache_form_ignores_slots_past_the_position(rope, qk_norm):
+    """A short cache planned as one split (the predictors' 10-17 positions) is read as one tile before the position
+    is known, slot p and the slots past it too: what they hold (NaN here) must not reach the output, which equals
+    the reference's and the loop form's over a clean copy; positions 0 and S-1 included, S not a power of two."""
+    B, hq, hkv, hd, S, L = 4, 4, 2, 16, 17, 2
+    t = _case(B, hq, hkv, hd, S, L, torch.float32, rope, qk_norm)
+    t["positions"] = torch.tensor([0, 1, 9, S - 1], device=DEVICE)
+    clean = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
+    loop = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
+    for b, p in enumerate(t["positions"].tolist()):  # slots p.. of each row, every layer
+        t["k_cache"][:, b, :, p:] = float("nan")
+        t["v_cache"][:, b, :, p:] = float("nan")
+    args = dict(layer=1, scale=hd**-0.5, rope_interleaved=rope == "interleaved")
+    o = launch_decode_attention(**t, **args, num_splits=1, config={"num_warps": 4})  # block_s 64 ≥ S: whole
+    ref = decode_attention_reference(**clean, **args)
+    by_loop = launch_decode_attention(**loop, **args, num_splits=1, block_s=16, config={"num_warps": 4})  # S > 16
+    assert torch.isfinite(o).all()
+    assert rel_err(o.cpu(), ref.cpu()) < 1e-5 and rel_err(o.cpu(), by_loop.cpu()) < 1e-6
+    at = (1, torch.arange(B), slice(None), t["positions"].cpu())
+    assert torch.equal(t["v_cache"].cpu()[at], clean["v_cache"].cpu()[at])  # this token's v written
+
+
 def test_strided_qkv_rows():
     """qkv may be one position of a [B, T, ·] projection (rows strided, elements contiguous)."""
     B, hq, hkv, hd, S, L = 3, 4, 2, 16, 40, 1

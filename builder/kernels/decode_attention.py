@@ -239,6 +239,10 @@ def launch_decode_attention(
         num_splits = plan_num_splits(B * hkv, S, multiprocessor_count(qkv.device))
     block_s = block_s or BLOCK_S
     min_chunk = max(min_chunk or MIN_CHUNK, block_s)
+    # One split over a cache of at most block_s positions: the whole-cache form, its tile the cache rounded up.
+    whole = num_splits == 1 and S <= block_s
+    if whole:
+        block_s = max(16, next_power_of_2(S))
     d_pad = max(16, hd)
     o = qkv.new_empty((B, hq * hd))
     if num_splits > 1:
@@ -287,6 +291,7 @@ def launch_decode_attention(
         BLOCK_S=block_s,
         FP32_DOT=qkv.dtype == torch.float32 or qkv.device.type != "cuda",
         PDL=kernels_wait(qkv.device),
+        WHOLE=whole,
     )  # off-GPU = the interpreter
     grid = (B * hkv, num_splits)
     if config is None:

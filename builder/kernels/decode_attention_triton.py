@@ -15,6 +15,9 @@ partial (max, sum, unnormalised output) to a small fp32 buffer, then takes a tic
 counter in `ws` (int32, zero on entry): the program holding the last ticket merges the partials in split order
 (deterministic whatever the arrival order), writes the output and puts the counter back to zero, so the workspace
 is unchanged by the call and one zeroed buffer serves every layer of a step. No second (combine) launch.
+
+A cache of at most BLOCK_S positions planned as one split (the codebook predictors' 10-17 positions) takes the
+WHOLE form: its keys/values are one tile loaded without waiting for the position (decode_attention_kernel).
 """
 
 from __future__ import annotations
@@ -122,6 +125,36 @@ def _token_heads(
 
 
 @triton.jit
+def _attend_block(q, kt, vt, valid, m_i, l_i, acc, qk_scale, FP32_DOT: tl.constexpr):
+    """One block of the online softmax (base 2): q [G_PAD, D_PAD] over keys/values kt, vt [BLOCK_S, D_PAD] where
+    `valid` [BLOCK_S]; the running (max, sum, unnormalised output) in fp32. Scores stay fp32; the probabilities are
+    rounded to q's dtype before · v (decode_attention.py). vt must be zero where not valid (0 · NaN would poison
+    the sum)."""
+    dt = q.dtype
+    if FP32_DOT:
+        sc = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
+    else:
+        sc = tl.dot(q, tl.trans(kt))  # [G_PAD, BLOCK_S] fp32
+    sc = tl.where(valid[None, :], sc * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(sc - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if FP32_DOT:
+        pv = tl.dot(p.to(dt).to(tl.float32), vt.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(dt), vt)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
+def _softmax_start(G_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    """The empty online-softmax state. The max starts finite: an empty range never computes −inf − (−inf)."""
+    m_i = tl.full([G_PAD], -1.0e30, dtype=tl.float32)
+    return m_i, tl.zeros([G_PAD], dtype=tl.float32), tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+
+
+@triton.jit
 def _attend_cached(
     q,
     k_base,
@@ -136,14 +169,10 @@ def _attend_cached(
     BLOCK_S: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
-    """Online softmax (base 2) of q [G_PAD, D_PAD] over the cached keys/values lo ≤ s < hi of one (row, kv head)
-    ([S, HEAD_DIM] at k_base / v_base): (running max, sum, unnormalised output [G_PAD, D_PAD]) in fp32. Scores stay
-    fp32; the probabilities are rounded to q's dtype before · v (decode_attention.py)."""
-    dt = q.dtype
+    """The online softmax of q [G_PAD, D_PAD] over the cached keys/values lo ≤ s < hi of one (row, kv head)
+    ([S, HEAD_DIM] at k_base / v_base), BLOCK_S positions per step."""
     d_mask = offs_d < HEAD_DIM
-    m_i = tl.full([G_PAD], -1.0e30, dtype=tl.float32)  # finite: an empty range never computes −inf − (−inf)
-    l_i = tl.zeros([G_PAD], dtype=tl.float32)
-    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+    m_i, l_i, acc = _softmax_start(G_PAD, D_PAD)
     for start in range(lo, hi, BLOCK_S):
         offs_s = start + tl.arange(0, BLOCK_S)
         valid = offs_s < hi
@@ -151,21 +180,7 @@ def _attend_cached(
         kv_mask = valid[:, None] & d_mask[None, :]
         kt = tl.load(k_base + kv_off, mask=kv_mask, other=0.0)
         vt = tl.load(v_base + kv_off, mask=kv_mask, other=0.0)
-        if FP32_DOT:
-            sc = tl.dot(q.to(tl.float32), tl.trans(kt.to(tl.float32)), input_precision="ieee")
-        else:
-            sc = tl.dot(q, tl.trans(kt))  # [G_PAD, BLOCK_S] fp32
-        sc = tl.where(valid[None, :], sc * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(sc - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if FP32_DOT:
-            pv = tl.dot(p.to(dt).to(tl.float32), vt.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(dt), vt)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = _attend_block(q, kt, vt, valid, m_i, l_i, acc, qk_scale, FP32_DOT)
     return m_i, l_i, acc
 
 
@@ -215,10 +230,12 @@ def decode_attention_kernel(
     BLOCK_S: tl.constexpr,
     FP32_DOT: tl.constexpr,
     PDL: tl.constexpr,
+    WHOLE: tl.constexpr,
 ):
     """Grid (B·HKV, NUM_SPLITS). qk_scale = softmax scale · log2(e) (the softmax runs in base 2). D_PAD = the head
     dim padded to ≥ 16 for tl.dot (lanes past HEAD_DIM are masked). NUM_SPLITS == 1: no partials, no workspace.
-    FP32_DOT: as in skinny_linear_triton. PDL (pdl.py): everything here is written by earlier kernels or by this
+    FP32_DOT: as in skinny_linear_triton. WHOLE (one split, S ≤ BLOCK_S): the cache is one tile, loaded before
+    the position is known (no loop). PDL (pdl.py): everything here is written by earlier kernels or by this
     step (qkv, positions, caches, workspace, output buffers), so the wait comes first; the early launch of the
     next kernel (o_proj, which starts loading its weights) is what it buys."""
     # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
@@ -254,23 +271,49 @@ def decode_attention_kernel(
     d_mask = offs_d < HEAD_DIM
     offs_g = tl.arange(0, G_PAD)
     g_mask = offs_g < G
-    row = qkv_ptr + b.to(tl.int64) * QKV_ROW
-    q, k_new, v_new = _token_heads(
-        row, h, pos, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV, HEAD_DIM, QK_NORM, ROPE
-    )
     # (layer, b, h, 0, 0). No `.to` on `layer`: Triton specialises an int argument equal to 1 into a constexpr
     # (a plain Python int), which has no `.to` (H100: every layer-1 launch failed to compile under AOTI).
     cache_off = (pid.to(tl.int64) * S + layer * CACHE_LAYER) * HEAD_DIM
     k_base = kc_ptr + cache_off
     v_base = vc_ptr + cache_off
+    if WHOLE:
+        # The whole cache of (row, kv head) at once, addressed without the position: these loads go out with the
+        # position's and the token's, one round trip, where the loop's bounds wait for the position first. Slot p
+        # (written below) and the slots past it are read too and masked out of the softmax.
+        offs_s = tl.arange(0, BLOCK_S)
+        kv_off = offs_s[:, None] * HEAD_DIM + offs_d[None, :]
+        in_cache = (offs_s < S)[:, None] & d_mask[None, :]
+        k_all = tl.load(k_base + kv_off, mask=in_cache, other=0.0)
+        v_all = tl.load(v_base + kv_off, mask=in_cache, other=0.0)
+    row = qkv_ptr + b.to(tl.int64) * QKV_ROW
+    q, k_new, v_new = _token_heads(
+        row, h, pos, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV, HEAD_DIM, QK_NORM, ROPE
+    )
     new_mask = writer & d_mask[None, :]
     tl.store(k_base + pos * HEAD_DIM + offs_d[None, :], k_new, mask=new_mask)
     tl.store(v_base + pos * HEAD_DIM + offs_d[None, :], v_new, mask=new_mask)
     # Cached keys lo ≤ s < min(lo + chunk, p) (none for an inactive split), then this token's key/value (position
     # p) from registers, in the split that holds p; other splits add nothing.
-    m_i, l_i, acc = _attend_cached(
-        q, k_base, v_base, lo, tl.minimum(lo + chunk, pos), qk_scale, offs_d, HEAD_DIM, G_PAD, D_PAD, BLOCK_S, FP32_DOT
-    )
+    if WHOLE:
+        m_i, l_i, acc = _softmax_start(G_PAD, D_PAD)
+        seen = offs_s < pos
+        v_all = tl.where(seen[:, None], v_all, 0.0)  # slots past the context may hold anything
+        m_i, l_i, acc = _attend_block(q, k_all, v_all, seen, m_i, l_i, acc, qk_scale, FP32_DOT)
+    else:
+        m_i, l_i, acc = _attend_cached(
+            q,
+            k_base,
+            v_base,
+            lo,
+            tl.minimum(lo + chunk, pos),
+            qk_scale,
+            offs_d,
+            HEAD_DIM,
+            G_PAD,
+            D_PAD,
+            BLOCK_S,
+            FP32_DOT,
+        )
     m_i, l_i, acc = _attend_token(q, k_new, v_new, writer, m_i, l_i, acc, qk_scale)
 
     heads = h * G + offs_g
@@ -325,5 +368,5 @@ ATTENTION_CONFIGS = [
 ]
 decode_attention_autotuned = triton.autotune(
     configs=ATTENTION_CONFIGS,
-    key=["S", "HQ", "HKV", "HEAD_DIM", "BLOCK_S", "NUM_SPLITS", "MIN_CHUNK", "ROPE", "QK_NORM"],
+    key=["S", "HQ", "HKV", "HEAD_DIM", "BLOCK_S", "NUM_SPLITS", "MIN_CHUNK", "ROPE", "QK_NORM", "WHOLE"],
 )(decode_attention_kernel)
