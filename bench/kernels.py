@@ -35,6 +35,10 @@ after the time budget are recorded as skipped):
   default).
 - `norm_prologue`: the tile form's RMSNorm prologue at the normed projections' serving rows, its chunks in a rolled
   loop (as the op runs it) against unrolled 256- and 512-wide chunks (not run by default).
+- `gemv_preload`: at M = 1, the one-row rule's config against PRELOAD candidates (the program's whole K range one W
+  tile, loaded before the grid-dependency wait), each also launched with programmatic dependent launch
+  (`launch_pdl`: in the graph each call's programs start while the previous call runs, as the stages' packages
+  launch them), on the predictors' and VoxCPM2's shapes whose K fits one 4096-wide tile (not run by default).
 A fresh machine compiles ~50 Triton kernels for the first four sections: ~3-4 minutes with the default budget;
 `--budget 540` also covers `predictors` and `sweep`. Writes `<out>/<device-slug>/kernels.json` (rewritten after
 every case, so a crash keeps what was measured).
@@ -74,8 +78,9 @@ SECTIONS = (
     "configs_stream",
     "configs_gemv",
     "norm_prologue",
+    "gemv_preload",
 )
-DEFAULT_SECTIONS = SECTIONS[:-6]  # the last six (minutes of compiles) only when asked for
+DEFAULT_SECTIONS = SECTIONS[:-7]  # the last seven (minutes of compiles) only when asked for
 _WARMUP = {True: 3, False: 0}  # warm-up calls before eager timings: on the GPU, none in a CPU smoke run
 ROTATE_L2_MULTIPLE = 4  # weights rotated over at least this many times the L2 size
 MIN_GRAPH_CALLS = 16
@@ -327,6 +332,27 @@ def bench_skinny_case(
 GEMV_SWEEP_CANDIDATES = tuple(
     (bn, bk, w, 1) for bn, bk, w in ((8, 1024, 8), (4, 1024, 4), (8, 512, 4), (4, 512, 2), (2, 1024, 2), (16, 256, 4))
 )
+# `gemv_preload`: K ranges up to one 4096-wide tile; candidates of 32 or 64 W values per thread at 4 warps, 64 at 8.
+PRELOAD_MAX_K = 4096
+PRELOAD_SHAPES_PER_THREAD = ((64, 4), (32, 4), (64, 8))
+
+
+def preload_sweep_candidates(K: int, spec: dict) -> tuple[tuple, ...]:
+    """`gemv_preload`'s candidates for one shape: the one-row rule's config, then PRELOAD configs with the K range in
+    one power-of-two tile; each plain and with `launch_pdl`."""
+    from ttsaot.builder.kernels.common import next_power_of_2
+    from ttsaot.builder.kernels.skinny_linear_triton import one_row_config
+
+    rule = one_row_config(K, bool(spec.get("norm")), bool(spec.get("gated")))
+    base = [(rule.kwargs["BLOCK_N"], rule.kwargs["BLOCK_K"], rule.num_warps, 1, {})]
+    bk = next_power_of_2(K)
+    for per_thread, warps in PRELOAD_SHAPES_PER_THREAD:
+        bn = per_thread * 32 * warps // (bk * (2 if spec.get("gated") else 1))
+        if bn >= 1:
+            base.append((bn, bk, warps, 1, {"PRELOAD": True}))
+    return tuple((*c[:4], {**c[4], **pdl}) for c in base for pdl in ({}, {"launch_pdl": True}))
+
+
 # `norm_prologue`: the tile form's RMSNorm prologue (each program's rows' rstd before its K loop) at the normed
 # projections' serving rows, as the op runs it (a rolled loop of BLOCK_K chunks: one L2 round trip per chunk, not
 # overlapped) against the chunks unrolled so all their loads are in flight at once (NORM_UNROLL: the chunk width;
@@ -978,6 +1004,19 @@ def run_kernels(
         (n, M, "dot") for n, ms in NORM_SWEEP.items() if n in {**SKINNY_SHAPES, **PREDICTOR_SHAPES} for M in ms
     ]
     guarded("norm_prologue", lambda: config_sweep(norm_cases, (1,), candidates=NORM_SWEEP_CANDIDATES))
+
+    def preload_section() -> dict:
+        shapes = {**PREDICTOR_SHAPES, **SKINNY_SHAPES}
+        items = [
+            (f"{name}/M=1/gemv", dict(M=1, N=N, K=K, spec=spec, form="gemv", time_left=budget.left, splits=(1,),
+                                      candidates=preload_sweep_candidates(K, spec)))
+            for name in gemv_shapes
+            for N, K, spec, _ in [shapes[name]]
+            if not name.startswith("voxcpm2_locdit") and K <= PRELOAD_MAX_K
+        ]  # fmt: skip
+        return cases(bench_skinny_configs, items)
+
+    guarded("gemv_preload", preload_section)
     _voxcpm2_layers.cache_clear()
     res["seconds"] = round(time.time() - t_all, 1)
     res["status"] = "ok"

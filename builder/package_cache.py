@@ -193,13 +193,14 @@ def program_fingerprint(ep: torch.export.ExportedProgram) -> str:
     return h.hexdigest()
 
 
-KERNEL_SWITCHES = ("TTSAOT_PDL", "TTSAOT_SKINNY_STREAM")
+KERNEL_SWITCHES = ("TTSAOT_PDL", "TTSAOT_SKINNY_STREAM", "TTSAOT_GEMV_PRELOAD")
 
 
 def _inductor_env() -> dict[str, str]:
     """Environment variables that change what Inductor or Triton generate (the cache location does not), and the
     kernel layer's build switches: TTSAOT_PDL (kernels/pdl.py: whether the launch helper gets the
-    programmatic-launch attribute), TTSAOT_SKINNY_STREAM (kernels/skinny_linear.py: the streamed tile form)."""
+    programmatic-launch attribute), TTSAOT_SKINNY_STREAM (kernels/skinny_linear.py: the streamed tile form),
+    TTSAOT_GEMV_PRELOAD (kernels/skinny_linear_triton.py: one-row calls with their W loaded before the wait)."""
     skip = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS"}  # where / how fast
     return {
         k: v

@@ -63,6 +63,7 @@ SCRIPT = textwrap.dedent(r"""
                   "K_SPLIT"}
     results = {}
     flags = {"plain": dict(HAS_NORM=False, HAS_BIAS=False, GATED=False, HAS_RESIDUAL=False),
+             "norm": dict(HAS_NORM=True, HAS_BIAS=False, GATED=False, HAS_RESIDUAL=False),
              "norm_gated": dict(HAS_NORM=True, HAS_BIAS=False, GATED=True, HAS_RESIDUAL=False),
              "bias_residual": dict(HAS_NORM=False, HAS_BIAS=True, GATED=False, HAS_RESIDUAL=True)}
     cases = [("gemv", 1, S.GEMV_CONFIGS[0], "plain", 1), ("gemv", 1, S.GEMV_CONFIGS[1], "norm_gated", 2),
@@ -77,6 +78,14 @@ SCRIPT = textwrap.dedent(r"""
                   **c.kwargs)
         key = f"skinny/{form}/{fname}/m{block_m}/split{split}/bn{c.kwargs['BLOCK_N']}bk{c.kwargs['BLOCK_K']}"
         results[key] = build(S.skinny_linear_kernel, sl_types, cx, c.num_warps, c.num_stages, sl_aligned)
+    # the GEMV form with the whole K range preloaded (PRELOAD) at the code predictor's one-row shapes: qkv + norm
+    # (K 1024), gate_up + norm (gated), o (K 2048), down (K 3072 in a 4096 tile), 64 W values per thread
+    for fname, bn, bk, warps in (("norm", 8, 1024, 4), ("norm_gated", 4, 1024, 4), ("bias_residual", 4, 2048, 4),
+                                 ("bias_residual", 2, 4096, 4), ("norm_gated", 8, 1024, 8)):
+        cx = dict(flags[fname], SPLIT_K=1, FUSED_REDUCE=False, USE_DOT=False, FP32_DOT=False, PDL=True,
+                  NORM_BLOCK=bk, BLOCK_M=1, STREAM=False, NORM_CHUNKS=0, BLOCK_N=bn, BLOCK_K=bk, PRELOAD=True)
+        results[f"skinny/gemv/preload/{fname}/bn{bn}bk{bk}w{warps}"] = build(
+            S.skinny_linear_kernel, sl_types, cx, warps, 1, sl_aligned)
     # the streamed tile form (no cp.async stages; W and x of the next step in registers; first W tile before the wait)
     for fname, block_m, c in (("norm_gated", 32, S.STREAM_CONFIGS[0]), ("bias_residual", 32, S.STREAM_CONFIGS[1]),
                               ("norm_gated", 16, S.STREAM_CONFIGS[2])):

@@ -137,6 +137,26 @@ def test_kernel_matches_reference_with_its_rounding_order(epilogue, dtype):
             assert same >= 0.99, (lead, N, K, form, split, same)
 
 
+@pytest.mark.parametrize("epilogue", ["norm", "norm_gated", "norm_bias_residual_scaled"])
+def test_preloaded_gemv_equals_the_streamed_loop(epilogue):
+    """PRELOAD: the program's whole K range is one W tile loaded before the wait, and with no split-K the RMSNorm's
+    rstd comes from that same x tile. Against the streamed GEMV loop on the same call: the same products, summed in
+    one pass (fp32 order aside); K off the power of two (masked lanes), 1 and 2 rows, split-K 1 and 2."""
+    spec = dict(EPILOGUES[epilogue])
+    scale = spec.pop("scale", 1.0)
+    for i, (m, N, K, split) in enumerate(((1, 40, 100, 1), (2, 24, 200, 1), (1, 34, 200, 2))):
+        t = _inputs(None, N, K, torch.float32, lead=(m,), seed=i, **spec)
+        kw = dict(norm_eps=1e-5, gated=spec.get("gated", False), residual_scale=scale, split_k=split, use_dot=False)
+        block_k = 256 if split == 1 else 128  # the whole K range of a program: 200 in one, 100 in each of two
+        pre = launch_skinny_linear(**t, **kw, config={"BLOCK_N": 8, "BLOCK_K": block_k, "PRELOAD": True})
+        loop = launch_skinny_linear(**t, **kw, config={"BLOCK_N": 8, "BLOCK_K": 32})
+        assert rel_err(pre.cpu(), loop.cpu()) < 1e-6, (m, N, K, split)
+        ref = skinny_linear_reference(
+            **{k: v for k, v in t.items()}, **{k: kw[k] for k in ("norm_eps", "gated")}, residual_scale=scale
+        )
+        assert rel_err(pre.cpu(), ref.cpu()) < 1e-5
+
+
 @pytest.mark.parametrize("epilogue", ["norm", "norm_gated", "norm_bias_residual_scaled", "residual"])
 def test_streamed_tile_form_keeps_the_rounding_order(epilogue):
     """The streamed tensor-core form (registers instead of cp.async stages, its RMSNorm prologue unrolled) computes
@@ -396,6 +416,31 @@ def test_one_row_takes_the_swept_gemv_config():
     assert one.kwargs["BLOCK_K"] == 1024
     # two rows: the three configs of the H100 sweep at M = 2, not the one-row gated one
     two = prune(kernels.GEMV_CONFIGS, {"M": 2, "N_OUT": 2048, "K": 6144, "K_SPLIT": 6144}, GATED=True)
+    assert two == kernels.GEMV_CONFIGS[:3]
+
+
+def test_preload_switch_gives_one_row_calls_a_tile_of_their_whole_k_range(monkeypatch):
+    """TTSAOT_GEMV_PRELOAD=1: a one-row call whose K range fits 4096 takes the PRELOAD config whose tile covers the
+    range (64 W values per thread at 4 warps); a longer range and two-row calls keep their configs."""
+    from ttsaot.builder.kernels import skinny_linear_triton as kernels
+
+    prune = kernels.skinny_gemv_autotuned.early_config_prune
+    monkeypatch.setenv(kernels.PRELOAD_ENV, "1")
+    for k_range, flags, want in (
+        (1024, {"HAS_NORM": True}, (8, 1024)),
+        (1024, {"HAS_NORM": True, "GATED": True}, (4, 1024)),
+        (2048, {"HAS_RESIDUAL": True}, (4, 2048)),
+        (1536, {}, (4, 2048)),
+        (3072, {"HAS_RESIDUAL": True}, (2, 4096)),
+        (2560, {"HAS_NORM": True, "GATED": True}, (1, 4096)),
+    ):
+        (one,) = prune(kernels.GEMV_CONFIGS, {"M": 1, "N_OUT": 2048, "K": 9728, "K_SPLIT": k_range}, **flags)
+        assert one.kwargs["PRELOAD"] and (one.kwargs["BLOCK_N"], one.kwargs["BLOCK_K"]) == want, (k_range, flags)
+        rows = 2 if flags.get("GATED") else 1
+        assert one.kwargs["BLOCK_K"] >= k_range and one.kwargs["BLOCK_N"] * one.kwargs["BLOCK_K"] * rows == 64 * 128
+    (one,) = prune(kernels.GEMV_CONFIGS, {"M": 1, "N_OUT": 2048, "K": 6144, "K_SPLIT": 6144})
+    assert "PRELOAD" not in one.kwargs
+    two = prune(kernels.GEMV_CONFIGS, {"M": 2, "N_OUT": 2048, "K": 1024, "K_SPLIT": 1024}, HAS_NORM=True)
     assert two == kernels.GEMV_CONFIGS[:3]
 
 

@@ -2,7 +2,8 @@
 # One device call: stages built from two source trees and timed in turn on the same GPU — A: this tree, B: OTHER (a
 # `git archive` of another commit carried beside this one; its builder and runtime shadow the installed ones through
 # PYTHONPATH), C: this tree with TTSAOT_PDL=0, `stream`: this tree with TTSAOT_SKINNY_STREAM=1 (skinny_linear's
-# streamed tile form), D (`alt`, optional): a third tree ALT carried like OTHER — `bench
+# streamed tile form), `preload`: this tree with TTSAOT_GEMV_PRELOAD=1 (one-row calls' W loaded before the wait), D
+# (`alt`, optional): a third tree ALT carried like OTHER — `bench
 # build` of all of them side by side (caches apart), then `bench profile` of each, one at a time. $OUT/<variant>/:
 # the profile JSONs; the logs and tables in one tarball.
 #   OTHER=../.snap_old STAGES="voxcpm2/locdit voxcpm2/local_encoder" AXIS=batch=1 bash bench/plans/stage_ab_h100.sh
@@ -13,6 +14,7 @@ cd "$(dirname "$0")/../.."
 export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}; LOGS=$OUT/logs; mkdir -p "$LOGS"; T0=$(date +%s)
 STAGES=${STAGES:-voxcpm2/locdit voxcpm2/local_encoder}; AXIS=${AXIS:-batch=1}; BUILD_S=${BUILD_S:-360}
+END_S=${END_S:-570}; JOBS=${JOBS:-2}
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$LOGS/install.txt" 2>&1
 HERE=$PWD
 if [ -n "${OTHER:-}" ]; then
@@ -30,19 +32,20 @@ variant() {  # NAME: run the rest of the line in that variant's tree and environ
     old) (cd "${OTHER:?OTHER: a second source tree}" && PYTHONPATH="$SHADOW" "$@") ;;
     nopdl) (cd "$HERE" && TTSAOT_PDL=0 "$@") ;;
     stream) (cd "$HERE" && TTSAOT_SKINNY_STREAM=1 "$@") ;;
+    preload) (cd "$HERE" && TTSAOT_GEMV_PRELOAD=1 "$@") ;;
     alt) (cd "$ALT" && PYTHONPATH="$SHADOW_ALT" "$@") ;;
   esac
 }
 VARIANTS=${VARIANTS:-new old nopdl}
 for v in $VARIANTS; do
-  variant "$v" timeout -s INT -k 10 "$BUILD_S" python3 -m bench build $STAGES --axis "$AXIS" --no-verify --jobs 2 \
+  variant "$v" timeout -s INT -k 10 "$BUILD_S" python3 -m bench build $STAGES --axis "$AXIS" --no-verify --jobs "$JOBS" \
     --cache-dir "/tmp/ab_cache_$v" > "$LOGS/build_$v.log" 2>&1 &
 done
 wait
 echo "builds done at $(( $(date +%s) - T0 )) s"; grep -h "bench build" "$LOGS"/build_*.log | cut -c1-200
 for st in $STAGES; do
   for v in $VARIANTS; do
-    LEFT=$(( 570 - ($(date +%s) - T0) )); [ "$LEFT" -gt 20 ] || { echo "skipped $st $v (time)"; continue; }
+    LEFT=$(( END_S - ($(date +%s) - T0) )); [ "$LEFT" -gt 20 ] || { echo "skipped $st $v (time)"; continue; }
     variant "$v" timeout -s INT -k 10 "$LEFT" python3 -m bench profile "$st" --axis "$AXIS" --cache-dir "/tmp/ab_cache_$v" \
       --out "$OUT/$v" --calls 10 --reps 50 > "$LOGS/profile_${v}_${st//\//_}.log" 2>&1
     echo "$v $st: $(grep -E '^\[b' "$LOGS/profile_${v}_${st//\//_}.log" | cut -c1-200)"

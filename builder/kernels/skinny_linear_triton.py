@@ -12,6 +12,8 @@ chunks (rows are contiguous along K: coalesced, 16-byte loads) and optionally a 
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -297,6 +299,49 @@ def _fma_loop(
 
 
 @triton.jit
+def _fma_preloaded(
+    x_ptr,
+    g_ptr,
+    rstd,
+    w,
+    wu,
+    offs_m,
+    M,
+    K,
+    k_lo,
+    k_hi,
+    eps,
+    HAS_NORM: tl.constexpr,
+    NORM_HERE: tl.constexpr,
+    GATED: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """GEMV form with the program's whole K range in ONE W tile (`w`/`wu`, BLOCK_K ≥ the range), loaded by the
+    caller before the grid-dependency wait: after it, one x load, the products and the reduction. NORM_HERE (the
+    tile is the whole row: no split-K): the RMSNorm's rstd comes from the same x tile instead of a pass of its own."""
+    dt = x_ptr.dtype.element_ty
+    offs_m3 = offs_m[:, None, None]
+    offs_k3 = (k_lo + tl.arange(0, BLOCK_K))[None, None, :]
+    k_mask3 = offs_k3 < k_hi
+    x = tl.load(x_ptr + offs_m3 * K + offs_k3, mask=(offs_m3 < M) & k_mask3, other=0.0)
+    if HAS_NORM:
+        if NORM_HERE:
+            xf = x.to(tl.float32)
+            rstd3 = (1.0 / tl.sqrt(tl.sum(xf * xf, axis=2) / K + eps))[:, :, None]
+        else:
+            rstd3 = rstd[:, None, None]
+        gw = tl.load(g_ptr + offs_k3, mask=k_mask3, other=0.0)
+        x = (x.to(tl.float32) * rstd3).to(dt)
+        x = (gw.to(tl.float32) * x.to(tl.float32)).to(dt)
+    xf = x.to(tl.float32)
+    acc = tl.sum(xf * w.to(tl.float32), axis=2)
+    acc_up = acc
+    if GATED:
+        acc_up = tl.sum(xf * wu.to(tl.float32), axis=2)
+    return acc, acc_up
+
+
+@triton.jit
 def skinny_linear_kernel(
     x_ptr,
     w_ptr,
@@ -327,6 +372,7 @@ def skinny_linear_kernel(
     BLOCK_K: tl.constexpr,
     STREAM: tl.constexpr,
     NORM_CHUNKS: tl.constexpr,
+    PRELOAD: tl.constexpr = False,
 ):
     """Grid (cdiv(M, BLOCK_M), cdiv(N_OUT, BLOCK_N), SPLIT_K): the row tiles of one W block are neighbours in
     launch order, so with several row tiles W is read from HBM once and from L2 after. USE_DOT: tensor-core
@@ -340,7 +386,8 @@ def skinny_linear_kernel(
     outputs written, only after the wait. NORM_BLOCK: the chunk of K the RMSNorm prologue reads per step (0: BLOCK_K);
     NORM_CHUNKS > 0: that many chunks, unrolled (all loads in flight at once). STREAM (with USE_DOT): the streamed
     tensor-core form (`_dot_stream_loop`), which like the GEMV form loads its first W tile before the wait and lets
-    its dependents launch at once.
+    its dependents launch at once. PRELOAD (GEMV form; the config's BLOCK_K covers the program's whole K range):
+    all of the program's W is that first tile, loaded before the wait (`_fma_preloaded`).
     """
     # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
     # _use_fp64_for_unbacked_floats), which turned the loop-carried state fp64 (H100 AOTI build failed).
@@ -369,7 +416,7 @@ def skinny_linear_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M) + token
     m_mask = offs_m < M
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if HAS_NORM:
+    if HAS_NORM and not (PRELOAD and SPLIT_K == 1):  # (one preloaded tile of the whole row: rstd from that tile)
         rstd = _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M, NORM_BLOCK if NORM_BLOCK > 0 else BLOCK_K, NORM_CHUNKS)
     if USE_DOT and STREAM:
         acc, acc_up = _dot_stream_loop(
@@ -414,6 +461,10 @@ def skinny_linear_kernel(
             BLOCK_M,
             BLOCK_N,
             BLOCK_K,
+        )
+    elif PRELOAD:
+        acc, acc_up = _fma_preloaded(
+            x_ptr, g_ptr, rstd, w0, wu0, offs_m, M, K, k_lo, k_hi, eps, HAS_NORM, SPLIT_K == 1, GATED, BLOCK_K
         )
     else:
         acc, acc_up = _fma_loop(
@@ -519,11 +570,23 @@ def split_k_epilogue_kernel(
 # builds had baked slower ones, bench/results/nvidia-h100/probes/tile_width_rule/, gemv_one_row_pin/). BLOCK_M,
 # SPLIT_K and USE_DOT come from the launcher. The FMA accumulator holds BLOCK_M·BLOCK_N·BLOCK_K fp32 values: ≤ 64
 # registers per thread at M = 1.
+# W values a PRELOAD program holds: 64 per thread at 4 warps (56-94 registers in the sm_90 compile test)
+PRELOAD_VALUES = 64 * 128
+PRELOAD_MAX_K = 4096
+PRELOAD_ENV = "TTSAOT_GEMV_PRELOAD"  # =1 at build time: one-row calls take `preload_config` (package_cache keys it)
 GEMV_CONFIGS = [
     triton.Config({"BLOCK_N": 8, "BLOCK_K": 1024}, num_warps=8, num_stages=1),  # o, down at M = 1 (1024 | K)
     triton.Config({"BLOCK_N": 8, "BLOCK_K": 512}, num_warps=4, num_stages=1),  # gate_up at M = 2; qkv at M = 1
     triton.Config({"BLOCK_N": 2, "BLOCK_K": 1024}, num_warps=2, num_stages=1),  # o, down at M = 2
     triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=1),  # gate_up at M = 1
+    # PRELOAD (`preload_config`): the whole K range (≤ 4096) in one tile, 64 W values per thread at 4 warps
+    *(
+        triton.Config(
+            {"BLOCK_N": PRELOAD_VALUES // (bk * rows), "BLOCK_K": bk, "PRELOAD": True}, num_warps=4, num_stages=1
+        )
+        for bk in (1024, 2048, 4096)
+        for rows in (1, 2)
+    ),
 ]
 # Few rows: a deep cp.async pipeline keeps ≥ 24 KB of W in flight per SM even at one program per SM (BLOCK_N 32:
 # qkv and gate_up; 16: o and down at M = 16; 16 × 128 with 6 stages: o at M = 4 and 8).
@@ -534,6 +597,18 @@ GEMM_CONFIGS = [
 ]
 # The epilogue flags are part of the key: a gated and a plain call of the same size are different kernels.
 AUTOTUNE_KEY = ["M", "N_OUT", "K", "K_SPLIT", "BLOCK_M", "HAS_NORM", "GATED", "HAS_BIAS", "HAS_RESIDUAL"]
+
+
+def preload_config(k_range: int, gated: bool = False) -> triton.Config | None:
+    """The PRELOAD config of a one-row call whose K range fits one tile (≤ PRELOAD_MAX_K): BLOCK_K the range rounded
+    up to 1024/2048/4096, BLOCK_N what PRELOAD_VALUES allow (half for gate and up rows); None above."""
+    if k_range > PRELOAD_MAX_K:
+        return None
+    bk = max(1024, 1 << (k_range - 1).bit_length())
+    bn = PRELOAD_VALUES // (bk * (2 if gated else 1))
+    return next(
+        c for c in GEMV_CONFIGS if c.kwargs.get("PRELOAD") and (c.kwargs["BLOCK_K"], c.kwargs["BLOCK_N"]) == (bk, bn)
+    )
 
 
 def one_row_config(k_range: int, norm: bool = False, gated: bool = False) -> triton.Config:
@@ -551,6 +626,10 @@ def one_row_config(k_range: int, norm: bool = False, gated: bool = False) -> tri
       sweeps (H200 o 4.7 / 3.6, down 8.7 / 4.5 us; H100 VoxCPM2 o 5.3, down 11.3 where the others took up to 6.4 /
       15.2). A K range that 1024 does not divide ends in a part-masked step that costs a whole loop trip (H100, Fish
       fast_ar K = 9728: down 23.8 → 21.7 us with the 512 config, probes/predictor_kernels/call3_0c73b31/)."""
+    if os.environ.get(PRELOAD_ENV, "0") == "1":
+        preload = preload_config(k_range, gated)
+        if preload is not None:
+            return preload
     if gated:
         return GEMV_CONFIGS[3]
     first, second = GEMV_CONFIGS[0], GEMV_CONFIGS[1]
@@ -561,7 +640,7 @@ def one_row_config(k_range: int, norm: bool = False, gated: bool = False) -> tri
 
 # Configs only `one_row_config` hands out: two-row calls autotune over the H100 sweep's set as before (the gated
 # one-row config was swept at one row only).
-ONE_ROW_ONLY = GEMV_CONFIGS[3:]
+ONE_ROW_ONLY = GEMV_CONFIGS[3:]  # (the gated config and the PRELOAD ones)
 
 
 def _prune_gemv(configs, named_args, **kwargs):
