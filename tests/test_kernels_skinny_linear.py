@@ -396,9 +396,9 @@ def test_one_row_takes_the_swept_gemv_config():
 
     prune = kernels.skinny_gemv_autotuned.early_config_prune
     wide, narrow, gated = (
-        ({"BLOCK_N": 8, "BLOCK_K": 1024}, 8),
-        ({"BLOCK_N": 8, "BLOCK_K": 512}, 4),
-        ({"BLOCK_N": 16, "BLOCK_K": 256}, 4),
+        ({"BLOCK_N": 8, "BLOCK_K": 1024, "PRELOAD": False}, 8),
+        ({"BLOCK_N": 8, "BLOCK_K": 512, "PRELOAD": False}, 4),
+        ({"BLOCK_N": 16, "BLOCK_K": 256, "PRELOAD": False}, 4),
     )
     for k, flags, want in (
         (6144, {}, wide),
@@ -417,6 +417,9 @@ def test_one_row_takes_the_swept_gemv_config():
     # two rows: the three configs of the H100 sweep at M = 2, not the one-row gated one
     two = prune(kernels.GEMV_CONFIGS, {"M": 2, "N_OUT": 2048, "K": 6144, "K_SPLIT": 6144}, GATED=True)
     assert two == kernels.GEMV_CONFIGS[:3]
+    # every autotuned config names PRELOAD (AOTInductor launches a user kernel with the chosen config's constants)
+    for c in (*kernels.GEMV_CONFIGS, *kernels.GEMM_CONFIGS, *kernels.STREAM_CONFIGS):
+        assert isinstance(c.kwargs.get("PRELOAD"), bool), c
 
 
 def test_preload_switch_gives_one_row_calls_a_tile_of_their_whole_k_range(monkeypatch):
@@ -439,7 +442,7 @@ def test_preload_switch_gives_one_row_calls_a_tile_of_their_whole_k_range(monkey
         rows = 2 if flags.get("GATED") else 1
         assert one.kwargs["BLOCK_K"] >= k_range and one.kwargs["BLOCK_N"] * one.kwargs["BLOCK_K"] * rows == 64 * 128
     (one,) = prune(kernels.GEMV_CONFIGS, {"M": 1, "N_OUT": 2048, "K": 6144, "K_SPLIT": 6144})
-    assert "PRELOAD" not in one.kwargs
+    assert not one.kwargs["PRELOAD"]
     two = prune(kernels.GEMV_CONFIGS, {"M": 2, "N_OUT": 2048, "K": 1024, "K_SPLIT": 1024}, HAS_NORM=True)
     assert two == kernels.GEMV_CONFIGS[:3]
 

@@ -559,6 +559,15 @@ def split_k_epilogue_kernel(
     )
 
 
+def _config(block_n: int, block_k: int, num_warps: int, num_stages: int, preload: bool = False) -> triton.Config:
+    """An autotuned config. Each names PRELOAD: AOTInductor's autotuning block launches a user kernel with the chosen
+    config's constants only, and the kernel's defaulted PRELOAD left out of them failed every build ("launcher()
+    missing ... argument", H200, 7f42ce7)."""
+    return triton.Config(
+        {"BLOCK_N": block_n, "BLOCK_K": block_k, "PRELOAD": preload}, num_warps=num_warps, num_stages=num_stages
+    )
+
+
 # Tuned per bucket at AOTI compile time on the build GPU (one config is baked into each package). The lists are the
 # smallest sets that keep the best time of every VoxCPM2 decode shape in the H100 sweep
 # (bench/results/nvidia-h100/kernel_configs.json, `python -m bench kernels --sections configs`): the GEMV set
@@ -575,25 +584,19 @@ PRELOAD_VALUES = 64 * 128
 PRELOAD_MAX_K = 4096
 PRELOAD_ENV = "TTSAOT_GEMV_PRELOAD"  # =1 at build time: one-row calls take `preload_config` (package_cache keys it)
 GEMV_CONFIGS = [
-    triton.Config({"BLOCK_N": 8, "BLOCK_K": 1024}, num_warps=8, num_stages=1),  # o, down at M = 1 (1024 | K)
-    triton.Config({"BLOCK_N": 8, "BLOCK_K": 512}, num_warps=4, num_stages=1),  # gate_up at M = 2; qkv at M = 1
-    triton.Config({"BLOCK_N": 2, "BLOCK_K": 1024}, num_warps=2, num_stages=1),  # o, down at M = 2
-    triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=1),  # gate_up at M = 1
+    _config(8, 1024, 8, 1),  # o, down at M = 1 (1024 | K)
+    _config(8, 512, 4, 1),  # gate_up at M = 2; qkv at M = 1
+    _config(2, 1024, 2, 1),  # o, down at M = 2
+    _config(16, 256, 4, 1),  # gate_up at M = 1
     # PRELOAD (`preload_config`): the whole K range (≤ 4096) in one tile, 64 W values per thread at 4 warps
-    *(
-        triton.Config(
-            {"BLOCK_N": PRELOAD_VALUES // (bk * rows), "BLOCK_K": bk, "PRELOAD": True}, num_warps=4, num_stages=1
-        )
-        for bk in (1024, 2048, 4096)
-        for rows in (1, 2)
-    ),
+    *(_config(PRELOAD_VALUES // (bk * rows), bk, 4, 1, preload=True) for bk in (1024, 2048, 4096) for rows in (1, 2)),
 ]
 # Few rows: a deep cp.async pipeline keeps ≥ 24 KB of W in flight per SM even at one program per SM (BLOCK_N 32:
 # qkv and gate_up; 16: o and down at M = 16; 16 × 128 with 6 stages: o at M = 4 and 8).
 GEMM_CONFIGS = [
-    triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_N": 32, "BLOCK_K": 256}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK_N": 16, "BLOCK_K": 128}, num_warps=4, num_stages=6),
+    _config(16, 256, 4, 4),
+    _config(32, 256, 4, 4),
+    _config(16, 128, 4, 6),
 ]
 # The epilogue flags are part of the key: a gated and a plain call of the same size are different kernels.
 AUTOTUNE_KEY = ["M", "N_OUT", "K", "K_SPLIT", "BLOCK_M", "HAS_NORM", "GATED", "HAS_BIAS", "HAS_RESIDUAL"]
@@ -730,11 +733,11 @@ skinny_gemm_autotuned = triton.autotune(
 # The streamed tensor-core form (`STREAM`): no cp.async stages, so small shared memory and several programs per SM;
 # its width is chosen by the same rule as the tile form's.
 STREAM_CONFIGS = [
-    triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=4, num_stages=1),
-    triton.Config({"BLOCK_N": 32, "BLOCK_K": 256}, num_warps=8, num_stages=1),
-    triton.Config({"BLOCK_N": 16, "BLOCK_K": 128}, num_warps=4, num_stages=1),
-    triton.Config({"BLOCK_N": 16, "BLOCK_K": 512}, num_warps=8, num_stages=1),
-    triton.Config({"BLOCK_N": 32, "BLOCK_K": 128}, num_warps=4, num_stages=1),
+    _config(16, 256, 4, 1),
+    _config(32, 256, 8, 1),
+    _config(16, 128, 4, 1),
+    _config(16, 512, 8, 1),
+    _config(32, 128, 4, 1),
 ]
 
 # A gated call at 32 rows holds two [32, BLOCK_N] accumulators and the next step's x and W (gate and up) tiles in
