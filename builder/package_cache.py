@@ -200,7 +200,7 @@ def _inductor_env() -> dict[str, str]:
     """Environment variables that change what Inductor or Triton generate (the cache location does not), and the
     kernel layer's build switches: TTSAOT_PDL (kernels/pdl.py: whether the launch helper gets the
     programmatic-launch attribute), TTSAOT_SKINNY_STREAM (kernels/skinny_linear.py: the streamed tile form),
-    TTSAOT_GEMV_PRELOAD (kernels/skinny_linear_triton.py: one-row calls with their W loaded before the wait)."""
+    TTSAOT_GEMV_PRELOAD (kernels/skinny_linear_triton.py: =0, no one-row call loads its W before the wait)."""
     skip = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS"}  # where / how fast
     return {
         k: v

@@ -422,29 +422,42 @@ def test_one_row_takes_the_swept_gemv_config():
         assert isinstance(c.kwargs.get("PRELOAD"), bool), c
 
 
-def test_preload_switch_gives_one_row_calls_a_tile_of_their_whole_k_range(monkeypatch):
-    """TTSAOT_GEMV_PRELOAD=1: a one-row call whose K range fits 4096 takes the PRELOAD config whose tile covers the
-    range (64 W values per thread at 4 warps); a longer range and two-row calls keep their configs."""
+def test_one_row_calls_preload_their_whole_k_range_where_the_grid_is_small(monkeypatch):
+    """A one-row call whose K range fits 4096 and whose PRELOAD grid has ≤ PRELOAD_PROGRAMS_PER_SM programs per SM
+    takes the PRELOAD config whose tile covers the range (64 W values per thread at 4 warps): the code predictor's
+    four projections and the Fish fast_ar's o; not its qkv (3,072 programs) or gate_up (9,728), a longer range, two
+    rows, or any call with TTSAOT_GEMV_PRELOAD=0."""
     from ttsaot.builder.kernels import skinny_linear_triton as kernels
 
     prune = kernels.skinny_gemv_autotuned.early_config_prune
-    monkeypatch.setenv(kernels.PRELOAD_ENV, "1")
-    for k_range, flags, want in (
-        (1024, {"HAS_NORM": True}, (8, 1024)),
-        (1024, {"HAS_NORM": True, "GATED": True}, (4, 1024)),
-        (2048, {"HAS_RESIDUAL": True}, (4, 2048)),
-        (1536, {}, (4, 2048)),
-        (3072, {"HAS_RESIDUAL": True}, (2, 4096)),
-        (2560, {"HAS_NORM": True, "GATED": True}, (1, 4096)),
+    x = torch.empty(1, 8, dtype=torch.bfloat16)  # off-GPU: the plan's DEFAULT_MULTIPROCESSORS (132)
+
+    def one(n_out, k_range, **flags):
+        (config,) = prune(kernels.GEMV_CONFIGS, {"x_ptr": x, "M": 1, "N_OUT": n_out, "K": 9728, "K_SPLIT": k_range},
+                          **flags)  # fmt: skip
+        return config
+
+    for n_out, k_range, flags, want in (
+        (4096, 1024, {"HAS_NORM": True}, (8, 1024)),  # code_predictor qkv
+        (3072, 1024, {"HAS_NORM": True, "GATED": True}, (4, 1024)),  # gate_up: 768 programs
+        (1024, 2048, {"HAS_RESIDUAL": True}, (4, 2048)),  # o
+        (1024, 3072, {"HAS_RESIDUAL": True}, (2, 4096)),  # down: 3072 in a 4096 tile
+        (2560, 4096, {"HAS_RESIDUAL": True}, (2, 4096)),  # Fish fast_ar o: 1,280 programs
+        (1024, 1536, {}, (4, 2048)),
     ):
-        (one,) = prune(kernels.GEMV_CONFIGS, {"M": 1, "N_OUT": 2048, "K": 9728, "K_SPLIT": k_range}, **flags)
-        assert one.kwargs["PRELOAD"] and (one.kwargs["BLOCK_N"], one.kwargs["BLOCK_K"]) == want, (k_range, flags)
+        c = one(n_out, k_range, **flags)
+        assert c.kwargs["PRELOAD"] and (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]) == want, (n_out, k_range, flags)
         rows = 2 if flags.get("GATED") else 1
-        assert one.kwargs["BLOCK_K"] >= k_range and one.kwargs["BLOCK_N"] * one.kwargs["BLOCK_K"] * rows == 64 * 128
-    (one,) = prune(kernels.GEMV_CONFIGS, {"M": 1, "N_OUT": 2048, "K": 6144, "K_SPLIT": 6144})
-    assert not one.kwargs["PRELOAD"]
-    two = prune(kernels.GEMV_CONFIGS, {"M": 2, "N_OUT": 2048, "K": 1024, "K_SPLIT": 1024}, HAS_NORM=True)
-    assert two == kernels.GEMV_CONFIGS[:3]
+        assert c.kwargs["BLOCK_K"] >= k_range and c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] * rows == 64 * 128
+    assert not one(6144, 2560, HAS_NORM=True).kwargs["PRELOAD"]  # fast_ar qkv: 3,072 programs
+    assert not one(9728, 2560, HAS_NORM=True, GATED=True).kwargs["PRELOAD"]  # fast_ar gate_up: 9,728
+    assert not one(2048, 6144).kwargs["PRELOAD"]  # longer than one tile
+    assert (
+        prune(kernels.GEMV_CONFIGS, {"x_ptr": x, "M": 2, "N_OUT": 1024, "K": 1024, "K_SPLIT": 1024})
+        == (kernels.GEMV_CONFIGS[:3])
+    )
+    monkeypatch.setenv(kernels.PRELOAD_ENV, "0")
+    assert not one(4096, 1024, HAS_NORM=True).kwargs["PRELOAD"]
 
 
 def test_shape_and_dtype_errors():

@@ -2,8 +2,8 @@
 # One device call: stages built from two source trees and timed in turn on the same GPU — A: this tree, B: OTHER (a
 # `git archive` of another commit carried beside this one; its builder and runtime shadow the installed ones through
 # PYTHONPATH), C: this tree with TTSAOT_PDL=0, `stream`: this tree with TTSAOT_SKINNY_STREAM=1 (skinny_linear's
-# streamed tile form), `preload`: this tree with TTSAOT_GEMV_PRELOAD=1 (one-row calls' W loaded before the wait), D
-# (`alt`, optional): a third tree ALT carried like OTHER — `bench
+# streamed tile form), `nopreload`: this tree with TTSAOT_GEMV_PRELOAD=0 (no one-row call loads its W before the
+# wait), D (`alt`, optional): a third tree ALT carried like OTHER — `bench
 # build` of all of them side by side (caches apart), then `bench profile` of each, one at a time. $OUT/<variant>/:
 # the profile JSONs; the logs and tables in one tarball.
 #   OTHER=../.snap_old STAGES="voxcpm2/locdit voxcpm2/local_encoder" AXIS=batch=1 bash bench/plans/stage_ab_h100.sh
@@ -32,7 +32,7 @@ variant() {  # NAME: run the rest of the line in that variant's tree and environ
     old) (cd "${OTHER:?OTHER: a second source tree}" && PYTHONPATH="$SHADOW" "$@") ;;
     nopdl) (cd "$HERE" && TTSAOT_PDL=0 "$@") ;;
     stream) (cd "$HERE" && TTSAOT_SKINNY_STREAM=1 "$@") ;;
-    preload) (cd "$HERE" && TTSAOT_GEMV_PRELOAD=1 "$@") ;;
+    nopreload) (cd "$HERE" && TTSAOT_GEMV_PRELOAD=0 "$@") ;;
     alt) (cd "$ALT" && PYTHONPATH="$SHADOW_ALT" "$@") ;;
   esac
 }
@@ -52,5 +52,10 @@ for st in $STAGES; do
   done
 done
 for v in $VARIANTS; do mkdir -p "$LOGS/$v" && mv "$OUT/$v"/*.txt "$LOGS/$v"/ 2>/dev/null; done
+if [ -n "${TESTS:-}" ]; then  # then these GPU tests (pytest paths), for what is left of END_S
+  LEFT=$(( END_S - ($(date +%s) - T0) ))
+  timeout "$LEFT" python3 -m pytest -q -m gpu -p no:cacheprovider $TESTS > "$LOGS/gpu_tests.txt" 2>&1
+  echo "gpu tests at $(( $(date +%s) - T0 )) s:"; tail -3 "$LOGS/gpu_tests.txt"
+fi
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
 echo "done at $(( $(date +%s) - T0 )) s"

@@ -582,7 +582,10 @@ def _config(block_n: int, block_k: int, num_warps: int, num_stages: int, preload
 # W values a PRELOAD program holds: 64 per thread at 4 warps (56-94 registers in the sm_90 compile test)
 PRELOAD_VALUES = 64 * 128
 PRELOAD_MAX_K = 4096
-PRELOAD_ENV = "TTSAOT_GEMV_PRELOAD"  # =1 at build time: one-row calls take `preload_config` (package_cache keys it)
+# At most this many PRELOAD programs per SM: the largest grids measured faster took 1,280 programs (Fish fast_ar o,
+# 8.9 → 5.2 µs) and 768 (code_predictor gate_up, 5.6 → 3.5); slower: 3,072 and 9,728 (`preload_config`).
+PRELOAD_PROGRAMS_PER_SM = 10
+PRELOAD_ENV = "TTSAOT_GEMV_PRELOAD"  # =0 at build time: no PRELOAD configs (the A/B; package_cache keys it)
 GEMV_CONFIGS = [
     _config(8, 1024, 8, 1),  # o, down at M = 1 (1024 | K)
     _config(8, 512, 4, 1),  # gate_up at M = 2; qkv at M = 1
@@ -602,20 +605,34 @@ GEMM_CONFIGS = [
 AUTOTUNE_KEY = ["M", "N_OUT", "K", "K_SPLIT", "BLOCK_M", "HAS_NORM", "GATED", "HAS_BIAS", "HAS_RESIDUAL"]
 
 
-def preload_config(k_range: int, gated: bool = False) -> triton.Config | None:
-    """The PRELOAD config of a one-row call whose K range fits one tile (≤ PRELOAD_MAX_K): BLOCK_K the range rounded
-    up to 1024/2048/4096, BLOCK_N what PRELOAD_VALUES allow (half for gate and up rows); None above."""
+def preload_enabled() -> bool:
+    """Whether one-row calls may take PRELOAD configs (PRELOAD_ENV, read at trace/autotune time; on by default)."""
+    return os.environ.get(PRELOAD_ENV, "1") != "0"
+
+
+def preload_config(k_range: int, gated: bool, n_out: int, multiprocessors: int) -> triton.Config | None:
+    """The PRELOAD config of a one-row call: BLOCK_K the K range rounded up to 1024/2048/4096, BLOCK_N what
+    PRELOAD_VALUES allow (half for gate and up rows). None where the range is longer than PRELOAD_MAX_K or the grid
+    has more than PRELOAD_PROGRAMS_PER_SM programs per SM: a dependent kernel is launched only once every program
+    has passed the early trigger, which a grid of many waves delays to its last ones (H200, Fish fast_ar b1: qkv
+    in 3,072 programs and gate_up in 9,728 took 12.0 / 35.9 µs against 11.1 / 27.4 with the loop, the attention
+    after qkv 5.8 against 3.4 µs; bench/results/nvidia-h200/probes/gemv_preload/)."""
     if k_range > PRELOAD_MAX_K:
         return None
     bk = max(1024, 1 << (k_range - 1).bit_length())
     bn = PRELOAD_VALUES // (bk * (2 if gated else 1))
+    if -(-n_out // bn) > PRELOAD_PROGRAMS_PER_SM * multiprocessors:
+        return None
     return next(
-        c for c in GEMV_CONFIGS if c.kwargs.get("PRELOAD") and (c.kwargs["BLOCK_K"], c.kwargs["BLOCK_N"]) == (bk, bn)
+        c for c in GEMV_CONFIGS if c.kwargs["PRELOAD"] and (c.kwargs["BLOCK_K"], c.kwargs["BLOCK_N"]) == (bk, bn)
     )
 
 
-def one_row_config(k_range: int, norm: bool = False, gated: bool = False) -> triton.Config:
-    """The GEMV config of one row, by rule, per epilogue:
+def one_row_config(
+    k_range: int, norm: bool = False, gated: bool = False, n_out: int | None = None, multiprocessors: int | None = None
+) -> triton.Config:
+    """The GEMV config of one row, by rule: `preload_config` where it gives one (with n_out and multiprocessors
+    given, and `preload_enabled`), else per epilogue:
     - gated (norm + gate_up + SiLU·mul): BLOCK_N 16 × BLOCK_K 256 × 4 warps, the fastest summed over the three
       gated shapes of the H200 sweep (bench/results/nvidia-h200/probes/gemv_configs/, M = 1): code_predictor 6.8 /
       fast_ar 28.9 / VoxCPM2 14.9 us, 50.6 in all, where BLOCK_N 8 × BLOCK_K 1024 × 8 warps (one 172-register
@@ -629,8 +646,8 @@ def one_row_config(k_range: int, norm: bool = False, gated: bool = False) -> tri
       sweeps (H200 o 4.7 / 3.6, down 8.7 / 4.5 us; H100 VoxCPM2 o 5.3, down 11.3 where the others took up to 6.4 /
       15.2). A K range that 1024 does not divide ends in a part-masked step that costs a whole loop trip (H100, Fish
       fast_ar K = 9728: down 23.8 → 21.7 us with the 512 config, probes/predictor_kernels/call3_0c73b31/)."""
-    if os.environ.get(PRELOAD_ENV, "0") == "1":
-        preload = preload_config(k_range, gated)
+    if n_out is not None and multiprocessors and preload_enabled():
+        preload = preload_config(k_range, gated, n_out, multiprocessors)
         if preload is not None:
             return preload
     if gated:
@@ -652,7 +669,13 @@ def _prune_gemv(configs, named_args, **kwargs):
     meta = {**named_args, **kwargs}
     if size_hint(meta["M"]) != 1:
         return [c for c in configs if all(c is not o for o in ONE_ROW_ONLY)]
-    one = one_row_config(size_hint(meta["K_SPLIT"]), bool(meta.get("HAS_NORM")), bool(meta.get("GATED")))
+    one = one_row_config(
+        size_hint(meta["K_SPLIT"]),
+        bool(meta.get("HAS_NORM")),
+        bool(meta.get("GATED")),
+        size_hint(meta["N_OUT"]),
+        multiprocessor_count(meta["x_ptr"].device) if "x_ptr" in meta else None,
+    )
     return [c for c in configs if (c.kwargs, c.num_warps) == (one.kwargs, one.num_warps)] or configs
 
 
