@@ -53,6 +53,7 @@ for st in $STAGES; do
 done
 for v in $VARIANTS; do mkdir -p "$LOGS/$v" && mv "$OUT/$v"/*.txt "$LOGS/$v"/ 2>/dev/null; done
 if [ -n "${TESTS:-}" ]; then  # then these GPU tests (pytest paths), for what is left of END_S
+  python3 -m pip install -q hypothesis pytest-xdist >> "$LOGS/install.txt" 2>&1
   LEFT=$(( END_S - ($(date +%s) - T0) ))
   timeout "$LEFT" python3 -m pytest -q -m gpu -p no:cacheprovider $TESTS > "$LOGS/gpu_tests.txt" 2>&1
   echo "gpu tests at $(( $(date +%s) - T0 )) s:"; tail -3 "$LOGS/gpu_tests.txt"
