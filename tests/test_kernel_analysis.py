@@ -108,7 +108,7 @@ REAL = textwrap.dedent(r"""
                         eps=1e-5, scale=1.0,
                         HAS_NORM=True, HAS_BIAS=False, GATED=False, HAS_RESIDUAL=True, SPLIT_K=1, FUSED_REDUCE=False,
                         USE_DOT=True, FP32_DOT=False, PDL=True, NORM_BLOCK=0, BLOCK_M=32, BLOCK_N=32,
-                        BLOCK_K=256, STREAM=False, NORM_CHUNKS=0)
+                        BLOCK_K=256, STREAM=False, NORM_CHUNKS=0, PRELOAD=False)
 
     def writes(result):
         result = result.read_writes.writes if hasattr(result, "read_writes") else result

@@ -205,15 +205,15 @@ def launch_skinny_linear(
     stream: bool = False,
 ) -> torch.Tensor:
     """Run the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1). `config` ({"BLOCK_N", "BLOCK_K", "num_warps",
-    "num_stages"}, and launch constants to override) skips autotuning (the interpreter tests and the bench's sweeps);
-    `split_k` and `use_dot` override the plan. `semaphores`: a zeroed int32 workspace of ≥ one counter per output tile,
-    left zeroed; with it a split-K call adds its partials in the same kernel (the last program of each output tile to
-    finish), without it the second (epilogue) kernel does. No stage passes one: a per-call counter fill (an Inductor
-    kernel) breaks the programmatic-launch chain of the 1-row packages (H100 LocDiT b1: 5.62 vs 4.92 ms,
-    bench/results/nvidia-h100/probes/skinny_split_k_ab/), and one workspace per stage call shared by all its projections
-    was slower too (LocDiT b1 4667 vs 4558 µs, local encoder 526 vs 461 µs: the tile's last program reduces serially
-    where the epilogue kernel's programs, launched early, run at once; probes/skinny_counters_ab/). The bench times both
-    (`--sections configs_predictors`). `stream`: the tensor-core form with the GEMV form's memory schedule
+    "num_stages"}, and launch constants to override, e.g. "PRELOAD": True) skips autotuning (the interpreter tests and
+    the bench's sweeps); `split_k` and `use_dot` override the plan. `semaphores`: a zeroed int32 workspace of ≥ one
+    counter per output tile, left zeroed; with it a split-K call adds its partials in the same kernel (the last program
+    of each output tile to finish), without it the second (epilogue) kernel does. No stage passes one: a per-call
+    counter fill (an Inductor kernel) breaks the programmatic-launch chain of the 1-row packages (H100 LocDiT b1: 5.62
+    vs 4.92 ms, bench/results/nvidia-h100/probes/skinny_split_k_ab/), and one workspace per stage call shared by all its
+    projections was slower too (LocDiT b1 4667 vs 4558 µs, local encoder 526 vs 461 µs: the tile's last program reduces
+    serially where the epilogue kernel's programs, launched early, run at once; probes/skinny_counters_ab/). The bench
+    times both (`--sections configs_predictors`). `stream`: the tensor-core form with the GEMV form's memory schedule
     (skinny_linear_triton._dot_stream_loop)."""
     from . import skinny_linear_triton as kernels
 
@@ -286,7 +286,7 @@ def launch_skinny_linear(
         )
         wrap(kernel)[grid](*args, **meta)
     else:
-        wrap(kernels.skinny_linear_kernel)[grid](*args, **{**meta, **config})
+        wrap(kernels.skinny_linear_kernel)[grid](*args, **{**meta, "PRELOAD": False, **config})
     if split_k > 1 and not fused_reduce:
         # The norm was applied in the first pass: the epilogue kernel takes the epilogue flags only.
         epilogue = {k: v for k, v in flags.items() if k != "HAS_NORM"}

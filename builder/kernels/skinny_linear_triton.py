@@ -372,7 +372,7 @@ def skinny_linear_kernel(
     BLOCK_K: tl.constexpr,
     STREAM: tl.constexpr,
     NORM_CHUNKS: tl.constexpr,
-    PRELOAD: tl.constexpr = False,
+    PRELOAD: tl.constexpr,
 ):
     """Grid (cdiv(M, BLOCK_M), cdiv(N_OUT, BLOCK_N), SPLIT_K): the row tiles of one W block are neighbours in
     launch order, so with several row tiles W is read from HBM once and from L2 after. USE_DOT: tensor-core
@@ -560,9 +560,9 @@ def split_k_epilogue_kernel(
 
 
 def _config(block_n: int, block_k: int, num_warps: int, num_stages: int, preload: bool = False) -> triton.Config:
-    """An autotuned config. Each names PRELOAD: AOTInductor's autotuning block launches a user kernel with the chosen
-    config's constants only, and the kernel's defaulted PRELOAD left out of them failed every build ("launcher()
-    missing ... argument", H200, 7f42ce7)."""
+    """An autotuned config. Each names PRELOAD, a constant the launcher leaves to the config (a kernel parameter may
+    not have a default: AOTInductor's launcher does not bind defaults, which failed every H200 build at 7f42ce7,
+    "launcher() missing ... argument"; tests/test_kernel_signatures.py)."""
     return triton.Config(
         {"BLOCK_N": block_n, "BLOCK_K": block_k, "PRELOAD": preload}, num_warps=num_warps, num_stages=num_stages
     )
