@@ -186,6 +186,30 @@ def test_kernels_bench_gemv_sweep_on_cpu(monkeypatch):
             assert "error" not in run and run["rel_err_vs_reference"] < 5e-2, (key, run)  # bf16, as the smoke test
 
 
+def test_kernels_bench_gemv_preload_sweep_on_cpu(monkeypatch):
+    """`--sections gemv_preload`: at M = 1, the one-row rule's config and the PRELOAD candidates whose one tile
+    covers K (64 / 32 W values per thread at 4 warps, 64 at 8), each plain and with `launch_pdl`; shapes whose K
+    passes one tile and LocDiT's are left out; every run checked against the reference."""
+    require_kernel_runtime()
+    monkeypatch.setattr(kb, "SKINNY_SHAPES", {"voxcpm2_down": (24, 5000, {"residual": True}, (1,))})
+    monkeypatch.setattr(
+        kb,
+        "PREDICTOR_SHAPES",
+        {
+            "qwen_code_predictor_gate_up": (48, 96, {"norm": True, "gated": True}, (1,)),
+            "voxcpm2_locdit_o": (40, 64, {"residual": True}, (22,)),
+        },
+    )
+    res = kb.run_kernels(torch.device("cpu"), budget_s=600, sections=("copy", "gemv_preload"))
+    ((name, case),) = res["sections"]["gemv_preload"].items()
+    assert name == "qwen_code_predictor_gate_up/M=1/gemv"
+    rule = "bn16/bk256/w4/s1/split1"  # one_row_config's gated config
+    preload = [f"bn{bn}/bk128/w{w}/s1/split1/preloadTrue" for bn, w in ((32, 4), (16, 4), (64, 8))]
+    assert set(case["runs"]) == {k + pdl for k in (rule, *preload) for pdl in ("", "/launch_pdlTrue")}
+    for key, run in case["runs"].items():
+        assert "error" not in run and run["rel_err_vs_reference"] < 5e-2, (key, run)
+
+
 def test_kernels_bench_norm_prologue_sweep_on_cpu(monkeypatch):
     """`--sections norm_prologue`: the tile form with its RMSNorm chunks rolled (the op's way) and unrolled, at the
     normed shapes' rows, each checked against the reference; the unrolled launch takes cdiv(K, width) chunks."""
