@@ -154,11 +154,8 @@ def test_kernels_bench_stream_sweep_on_cpu(monkeypatch):
     assert "plan" in case and "stream voxcpm2_locdit_o/M=5/stream" in kb.summary(res)
 
 
-def test_kernels_bench_gemv_sweep_on_cpu(monkeypatch):
-    """`--sections configs_gemv`: the one-row form's candidates at M = 1, split in 2 for residual shapes only,
-    predictors first, LocDiT's (never one row) left out; every run checked against the reference."""
-    require_kernel_runtime()
-    monkeypatch.setattr(kb, "SKINNY_SHAPES", {"voxcpm2_o": (24, 64, {"residual": True}, (1,))})
+def _one_row_predictor_shapes(monkeypatch) -> None:
+    """The one-row sweeps' predictor table: a gated code_predictor shape, and a LocDiT one (never one row)."""
     monkeypatch.setattr(
         kb,
         "PREDICTOR_SHAPES",
@@ -167,6 +164,14 @@ def test_kernels_bench_gemv_sweep_on_cpu(monkeypatch):
             "voxcpm2_locdit_o": (40, 64, {"residual": True}, (22,)),
         },
     )
+
+
+def test_kernels_bench_gemv_sweep_on_cpu(monkeypatch):
+    """`--sections configs_gemv`: the one-row form's candidates at M = 1, split in 2 for residual shapes only,
+    predictors first, LocDiT's (never one row) left out; every run checked against the reference."""
+    require_kernel_runtime()
+    monkeypatch.setattr(kb, "SKINNY_SHAPES", {"voxcpm2_o": (24, 64, {"residual": True}, (1,))})
+    _one_row_predictor_shapes(monkeypatch)
     monkeypatch.setattr(kb, "GEMV_SWEEP_CANDIDATES", ((8, 32, 4, 1), (4, 32, 2, 1)))
     res = kb.run_kernels(torch.device("cpu"), budget_s=600, sections=("copy", "configs_gemv"))
     sweep = res["sections"]["configs_gemv"]
@@ -192,14 +197,7 @@ def test_kernels_bench_gemv_preload_sweep_on_cpu(monkeypatch):
     passes one tile and LocDiT's are left out; every run checked against the reference."""
     require_kernel_runtime()
     monkeypatch.setattr(kb, "SKINNY_SHAPES", {"voxcpm2_down": (24, 5000, {"residual": True}, (1,))})
-    monkeypatch.setattr(
-        kb,
-        "PREDICTOR_SHAPES",
-        {
-            "qwen_code_predictor_gate_up": (48, 96, {"norm": True, "gated": True}, (1,)),
-            "voxcpm2_locdit_o": (40, 64, {"residual": True}, (22,)),
-        },
-    )
+    _one_row_predictor_shapes(monkeypatch)
     res = kb.run_kernels(torch.device("cpu"), budget_s=600, sections=("copy", "gemv_preload"))
     ((name, case),) = res["sections"]["gemv_preload"].items()
     assert name == "qwen_code_predictor_gate_up/M=1/gemv"
