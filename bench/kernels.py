@@ -332,8 +332,8 @@ def bench_skinny_case(
 GEMV_SWEEP_CANDIDATES = tuple(
     (bn, bk, w, 1) for bn, bk, w in ((8, 1024, 8), (4, 1024, 4), (8, 512, 4), (4, 512, 2), (2, 1024, 2), (16, 256, 4))
 )
-# `gemv_preload`: K ranges up to one 4096-wide tile; candidates of 32 or 64 W values per thread at 4 warps, 64 at 8.
-PRELOAD_MAX_K = 4096
+# `gemv_preload`: K ranges up to one tile (the kernel's PRELOAD_MAX_K); candidates of 32 or 64 W values per thread at
+# 4 warps, 64 at 8.
 PRELOAD_SHAPES_PER_THREAD = ((64, 4), (32, 4), (64, 8))
 
 
@@ -1006,6 +1006,8 @@ def run_kernels(
     guarded("norm_prologue", lambda: config_sweep(norm_cases, (1,), candidates=NORM_SWEEP_CANDIDATES))
 
     def preload_section() -> dict:
+        from ttsaot.builder.kernels.skinny_linear_triton import PRELOAD_MAX_K
+
         shapes = {**PREDICTOR_SHAPES, **SKINNY_SHAPES}
         items = [
             (f"{name}/M=1/gemv", dict(M=1, N=N, K=K, spec=spec, form="gemv", time_left=budget.left, splits=(1,),

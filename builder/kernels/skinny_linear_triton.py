@@ -17,7 +17,7 @@ import os
 import triton
 import triton.language as tl
 
-from .common import multiprocessor_count, shared_memory_per_block, size_hint
+from .common import cdiv, multiprocessor_count, next_power_of_2, shared_memory_per_block, size_hint
 from .pdl_triton import grid_dependency_trigger, grid_dependency_wait
 from .skinny_linear import tile_block_n
 from .split_k_triton import last_to_arrive, reset_counter
@@ -568,6 +568,15 @@ def _config(block_n: int, block_k: int, num_warps: int, num_stages: int, preload
     )
 
 
+# W values a PRELOAD program holds: 64 per thread at 4 warps (no spills in the sm_90 compile test)
+PRELOAD_VALUES = 64 * 128
+PRELOAD_MAX_K = 4096
+# At most this many PRELOAD programs per SM: the largest grids measured faster took 1,280 programs (Fish fast_ar o,
+# 8.9 → 5.2 µs) and 768 (code_predictor gate_up, 5.6 → 3.5); slower: 3,072 and 9,728 (`preload_config`).
+PRELOAD_PROGRAMS_PER_SM = 10
+PRELOAD_ENV = "TTSAOT_GEMV_PRELOAD"  # =0 at build time: no PRELOAD configs (the A/B; package_cache keys it)
+
+
 # Tuned per bucket at AOTI compile time on the build GPU (one config is baked into each package). The lists are the
 # smallest sets that keep the best time of every VoxCPM2 decode shape in the H100 sweep
 # (bench/results/nvidia-h100/kernel_configs.json, `python -m bench kernels --sections configs`): the GEMV set
@@ -579,13 +588,6 @@ def _config(block_n: int, block_k: int, num_warps: int, num_stages: int, preload
 # builds had baked slower ones, bench/results/nvidia-h100/probes/tile_width_rule/, gemv_one_row_pin/). BLOCK_M,
 # SPLIT_K and USE_DOT come from the launcher. The FMA accumulator holds BLOCK_M·BLOCK_N·BLOCK_K fp32 values: ≤ 64
 # registers per thread at M = 1.
-# W values a PRELOAD program holds: 64 per thread at 4 warps (56-94 registers in the sm_90 compile test)
-PRELOAD_VALUES = 64 * 128
-PRELOAD_MAX_K = 4096
-# At most this many PRELOAD programs per SM: the largest grids measured faster took 1,280 programs (Fish fast_ar o,
-# 8.9 → 5.2 µs) and 768 (code_predictor gate_up, 5.6 → 3.5); slower: 3,072 and 9,728 (`preload_config`).
-PRELOAD_PROGRAMS_PER_SM = 10
-PRELOAD_ENV = "TTSAOT_GEMV_PRELOAD"  # =0 at build time: no PRELOAD configs (the A/B; package_cache keys it)
 GEMV_CONFIGS = [
     _config(8, 1024, 8, 1),  # o, down at M = 1 (1024 | K)
     _config(8, 512, 4, 1),  # gate_up at M = 2; qkv at M = 1
@@ -619,9 +621,9 @@ def preload_config(k_range: int, gated: bool, n_out: int, multiprocessors: int) 
     after qkv 5.8 against 3.4 µs; bench/results/nvidia-h200/probes/gemv_preload/)."""
     if k_range > PRELOAD_MAX_K:
         return None
-    bk = max(1024, 1 << (k_range - 1).bit_length())
+    bk = max(1024, next_power_of_2(k_range))
     bn = PRELOAD_VALUES // (bk * (2 if gated else 1))
-    if -(-n_out // bn) > PRELOAD_PROGRAMS_PER_SM * multiprocessors:
+    if cdiv(n_out, bn) > PRELOAD_PROGRAMS_PER_SM * multiprocessors:
         return None
     return next(
         c for c in GEMV_CONFIGS if c.kwargs["PRELOAD"] and (c.kwargs["BLOCK_K"], c.kwargs["BLOCK_N"]) == (bk, bn)
