@@ -35,6 +35,8 @@ Output: `<out>/<device-slug>/memory.json` (rewritten after each stage)."""
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
 import math
 import os
@@ -86,6 +88,17 @@ def _rss_bytes() -> int | None:
     except OSError:
         pass
     return None
+
+
+def _settle_heap() -> None:
+    """Free what is already garbage before the first RSS reading. Otherwise a collection (or glibc handing freed
+    pages back) that happens to fall inside the load makes the load's RSS growth read low or even negative (CI saw
+    -92 MiB when the measurement ran in a test worker with other tests' garbage about)."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)  # glibc only; elsewhere the collection alone
+    except (OSError, AttributeError):
+        pass
 
 
 def _pool_usage(device) -> dict[str, Any]:
@@ -143,6 +156,7 @@ def measure_load(artifact: Path, stage: str, device_name: str) -> dict[str, Any]
         a0, r0 = torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev)
         torch.cuda.reset_peak_memory_stats(dev)
     else:
+        _settle_heap()
         rss0 = _rss_bytes()
     t0 = time.perf_counter()
     bundle = load(artifact, device=dev, stages=[stage], cuda_graphs=True)
