@@ -132,37 +132,72 @@ def _check(
     workspace: torch.Tensor | None,
 ) -> None:
     torch._check(
-        k_cache.dim() == 5, lambda: f"decode_attention: caches must be [L, B, Hkv, S, hd], got {tuple(k_cache.shape)}"
+        qkv.dim() == 2 and qkv.stride(1) == 1,
+        lambda: f"decode_attention: qkv must be [B, (Hq + 2·Hkv)·hd] with contiguous rows, got {tuple(qkv.shape)}",
     )
+    check_heads(
+        "decode_attention",
+        (qkv.shape[0], qkv.shape[1]),
+        qkv.dtype,
+        qkv.is_cuda,
+        positions,
+        k_cache,
+        v_cache,
+        layer,
+        cos,
+        sin,
+        rope_interleaved,
+        q_norm,
+        k_norm,
+        workspace,
+    )
+
+
+def check_heads(
+    op: str,
+    qkv_shape: tuple[int, int],
+    dtype: torch.dtype,
+    on_cuda: bool,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    layer: int,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    rope_interleaved: bool,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    workspace: torch.Tensor | None,
+) -> None:
+    """The attention half of an op's checks, from the fused qkv rows' shape [B, width] and dtype (they may exist
+    only inside a kernel: qkv_attention's); errors named after `op`."""
+    torch._check(k_cache.dim() == 5, lambda: f"{op}: caches must be [L, B, Hkv, S, hd], got {tuple(k_cache.shape)}")
     torch._check(
         v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype,
-        lambda: "decode_attention: k_cache and v_cache differ in shape or dtype",
+        lambda: f"{op}: k_cache and v_cache differ in shape or dtype",
     )
-    torch._check(
-        k_cache.is_contiguous() and v_cache.is_contiguous(), lambda: "decode_attention: caches must be contiguous"
-    )
+    torch._check(k_cache.is_contiguous() and v_cache.is_contiguous(), lambda: f"{op}: caches must be contiguous")
     L, B, hkv, S, hd = k_cache.shape
-    torch._check(hd >= 2 and hd & (hd - 1) == 0, lambda: f"decode_attention: head_dim {hd} is not a power of 2")
+    torch._check(hd >= 2 and hd & (hd - 1) == 0, lambda: f"{op}: head_dim {hd} is not a power of 2")
+    rows, width = qkv_shape
     torch._check(
-        qkv.dim() == 2 and qkv.shape[0] == B and qkv.shape[1] % hd == 0 and qkv.stride(1) == 1,
-        lambda: (
-            f"decode_attention: qkv must be [B={B}, (Hq + 2·Hkv)·{hd}] with contiguous rows, got {tuple(qkv.shape)}"
-        ),
+        rows == B and width % hd == 0,
+        lambda: f"{op}: qkv rows must be [B={B}, (Hq + 2·Hkv)·{hd}], got {tuple(qkv_shape)}",
     )
-    hq = qkv.shape[1] // hd - 2 * hkv
-    torch._check(hq > 0 and hq % hkv == 0, lambda: f"decode_attention: {hq} query heads for {hkv} kv heads")
+    hq = width // hd - 2 * hkv
+    torch._check(hq > 0 and hq % hkv == 0, lambda: f"{op}: {hq} query heads for {hkv} kv heads")
     torch._check(
         # float64: the aten reference only (the builder's float64 pass-parity re-check), never a Triton launch
-        (k_cache.dtype in (torch.float32, torch.bfloat16) or (k_cache.dtype == torch.float64 and not qkv.is_cuda))
-        and (qkv.dtype == k_cache.dtype or qkv.dtype == torch.float32),
-        lambda: f"decode_attention: qkv {qkv.dtype} and caches {k_cache.dtype} must share a float dtype (or qkv fp32)",
+        (k_cache.dtype in (torch.float32, torch.bfloat16) or (k_cache.dtype == torch.float64 and not on_cuda))
+        and (dtype == k_cache.dtype or dtype == torch.float32),
+        lambda: f"{op}: qkv {dtype} and caches {k_cache.dtype} must share a float dtype (or qkv fp32)",
     )
     torch._check(
         positions.shape == (B,) and positions.dtype in (torch.int64, torch.int32),
-        lambda: f"decode_attention: positions must be [{B}] int64/int32",
+        lambda: f"{op}: positions must be [{B}] int64/int32",
     )
-    torch._check(0 <= layer < L, lambda: f"decode_attention: layer {layer} outside the cache's {L} layers")
-    torch._check((cos is None) == (sin is None), lambda: "decode_attention: give cos and sin together")
+    torch._check(0 <= layer < L, lambda: f"{op}: layer {layer} outside the cache's {L} layers")
+    torch._check((cos is None) == (sin is None), lambda: f"{op}: give cos and sin together")
     if cos is not None:
         width = hd // 2 if rope_interleaved else hd
         for t in (cos, sin):
@@ -170,25 +205,25 @@ def _check(
                 t.dim() == 2
                 and t.shape[0] >= S
                 and t.shape[1] == width
-                and (t.dtype in ROPE_TABLE_DTYPES or (t.dtype == torch.float64 and not qkv.is_cuda))
+                and (t.dtype in ROPE_TABLE_DTYPES or (t.dtype == torch.float64 and not on_cuda))
                 and t.is_contiguous(),
                 lambda t=t: (
-                    f"decode_attention: rope tables must be contiguous fp32/bf16/fp16 [≥ {S}, {width}], "
+                    f"{op}: rope tables must be contiguous fp32/bf16/fp16 [≥ {S}, {width}], "
                     f"got {tuple(t.shape)} {t.dtype}"
                 ),
             )
-    torch._check((q_norm is None) == (k_norm is None), lambda: "decode_attention: give q_norm and k_norm together")
+    torch._check((q_norm is None) == (k_norm is None), lambda: f"{op}: give q_norm and k_norm together")
     if q_norm is not None:
         for t in (q_norm, k_norm):
             torch._check(
-                t.shape == (hd,) and t.dtype == qkv.dtype,
-                lambda: f"decode_attention: q/k norm weights must be [{hd}] in {qkv.dtype}",
+                t.shape == (hd,) and t.dtype == dtype,
+                lambda: f"{op}: q/k norm weights must be [{hd}] in {dtype}",
             )
     if workspace is not None:
         torch._check(
             workspace.dtype == torch.int32 and workspace.is_contiguous() and workspace.numel() >= B * hkv,
             lambda: (
-                f"decode_attention: workspace must be a contiguous int32 buffer of ≥ {B * hkv} entries, "
+                f"{op}: workspace must be a contiguous int32 buffer of ≥ {B * hkv} entries, "
                 f"got {tuple(workspace.shape)} {workspace.dtype}"
             ),
         )

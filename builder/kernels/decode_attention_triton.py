@@ -198,6 +198,62 @@ def _attend_token(q, k, v, take, m_i, l_i, acc, qk_scale):
     return m_new, l_i, acc
 
 
+@triton.jit
+def _whole_cache_head(
+    row,
+    pos,
+    k_base,
+    v_base,
+    o_row,
+    h,
+    S,
+    qn_ptr,
+    kn_ptr,
+    cos_ptr,
+    sin_ptr,
+    eps,
+    qk_scale,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    G_PAD: tl.constexpr,
+    ROPE: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
+    """The WHOLE form of one (row, kv head) whose cache (S ≤ BLOCK_S positions, [S, HEAD_DIM] at k_base / v_base)
+    is one tile: this token's heads from the fused qkv `row`, its k/v written at `pos` (clamped by the caller), the
+    G query heads' outputs stored at `o_row` (the row's [HQ·HEAD_DIM] output). The cache is loaded first,
+    addressed without the position: those loads go out with the position's and the token's, one round trip, where
+    the loop's bounds wait for the position. Slot p (written here) and the slots past it are read too and masked
+    out of the softmax. decode_attention_kernel's one-split short caches and qkv_attention_kernel's heads."""
+    G: tl.constexpr = HQ // HKV
+    dt = row.dtype.element_ty
+    offs_d = tl.arange(0, D_PAD)
+    d_mask = offs_d < HEAD_DIM
+    offs_g = tl.arange(0, G_PAD)
+    offs_s = tl.arange(0, BLOCK_S)
+    kv_off = offs_s[:, None] * HEAD_DIM + offs_d[None, :]
+    in_cache = (offs_s < S)[:, None] & d_mask[None, :]
+    k_all = tl.load(k_base + kv_off, mask=in_cache, other=0.0)
+    v_all = tl.load(v_base + kv_off, mask=in_cache, other=0.0)
+    q, k_new, v_new = _token_heads(
+        row, h, pos, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV, HEAD_DIM, QK_NORM, ROPE
+    )
+    tl.store(k_base + pos * HEAD_DIM + offs_d[None, :], k_new, mask=d_mask[None, :])
+    tl.store(v_base + pos * HEAD_DIM + offs_d[None, :], v_new, mask=d_mask[None, :])
+    m_i, l_i, acc = _softmax_start(G_PAD, D_PAD)
+    seen = offs_s < pos
+    v_all = tl.where(seen[:, None], v_all, 0.0)  # slots past the context may hold anything
+    m_i, l_i, acc = _attend_block(q, k_all, v_all, seen, m_i, l_i, acc, qk_scale, FP32_DOT)
+    m_i, l_i, acc = _attend_token(q, k_new, v_new, pos >= 0, m_i, l_i, acc, qk_scale)
+    heads = h * G + offs_g
+    o_ptrs = o_row + heads[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(o_ptrs, (acc / l_i[:, None]).to(dt), mask=(offs_g < G)[:, None] & d_mask[None, :])
+
+
 @triton.jit(do_not_specialize=["layer"])  # one compiled kernel for every layer index
 def decode_attention_kernel(
     qkv_ptr,
@@ -259,47 +315,59 @@ def decode_attention_kernel(
     dt = qkv_ptr.dtype.element_ty
     pos = tl.load(pos_ptr + b).to(tl.int32)
     pos = tl.minimum(tl.maximum(pos, 0), S - 1)  # never write or read outside the cache
-    # This row's split size: p + 1 positions over NUM_SPLITS programs, whole BLOCK_S blocks, ≥ MIN_CHUNK.
-    chunk = tl.cdiv(tl.cdiv(pos + 1, NUM_SPLITS), BLOCK_S) * BLOCK_S
-    chunk = tl.maximum(chunk, MIN_CHUNK)
-    n_active = tl.cdiv(pos + 1, chunk)  # splits holding positions (the last one holds p)
-    lo = split * chunk
-    active = lo <= pos
-    writer = active & (pos < lo + chunk)
-
-    offs_d = tl.arange(0, D_PAD)
-    d_mask = offs_d < HEAD_DIM
-    offs_g = tl.arange(0, G_PAD)
-    g_mask = offs_g < G
     # (layer, b, h, 0, 0). No `.to` on `layer`: Triton specialises an int argument equal to 1 into a constexpr
     # (a plain Python int), which has no `.to` (H100: every layer-1 launch failed to compile under AOTI).
     cache_off = (pid.to(tl.int64) * S + layer * CACHE_LAYER) * HEAD_DIM
     k_base = kc_ptr + cache_off
     v_base = vc_ptr + cache_off
-    if WHOLE:
-        # The whole cache of (row, kv head) at once, addressed without the position: these loads go out with the
-        # position's and the token's, one round trip, where the loop's bounds wait for the position first. Slot p
-        # (written below) and the slots past it are read too and masked out of the softmax.
-        offs_s = tl.arange(0, BLOCK_S)
-        kv_off = offs_s[:, None] * HEAD_DIM + offs_d[None, :]
-        in_cache = (offs_s < S)[:, None] & d_mask[None, :]
-        k_all = tl.load(k_base + kv_off, mask=in_cache, other=0.0)
-        v_all = tl.load(v_base + kv_off, mask=in_cache, other=0.0)
     row = qkv_ptr + b.to(tl.int64) * QKV_ROW
-    q, k_new, v_new = _token_heads(
-        row, h, pos, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV, HEAD_DIM, QK_NORM, ROPE
-    )
-    new_mask = writer & d_mask[None, :]
-    tl.store(k_base + pos * HEAD_DIM + offs_d[None, :], k_new, mask=new_mask)
-    tl.store(v_base + pos * HEAD_DIM + offs_d[None, :], v_new, mask=new_mask)
-    # Cached keys lo ≤ s < min(lo + chunk, p) (none for an inactive split), then this token's key/value (position
-    # p) from registers, in the split that holds p; other splits add nothing.
+    o_row = o_ptr + b.to(tl.int64) * (HQ * HEAD_DIM)
     if WHOLE:
-        m_i, l_i, acc = _softmax_start(G_PAD, D_PAD)
-        seen = offs_s < pos
-        v_all = tl.where(seen[:, None], v_all, 0.0)  # slots past the context may hold anything
-        m_i, l_i, acc = _attend_block(q, k_all, v_all, seen, m_i, l_i, acc, qk_scale, FP32_DOT)
+        _whole_cache_head(
+            row,
+            pos,
+            k_base,
+            v_base,
+            o_row,
+            h,
+            S,
+            qn_ptr,
+            kn_ptr,
+            cos_ptr,
+            sin_ptr,
+            eps,
+            qk_scale,
+            HQ,
+            HKV,
+            HEAD_DIM,
+            D_PAD,
+            G_PAD,
+            ROPE,
+            QK_NORM,
+            BLOCK_S,
+            FP32_DOT,
+        )
     else:
+        # This row's split size: p + 1 positions over NUM_SPLITS programs, whole BLOCK_S blocks, ≥ MIN_CHUNK.
+        chunk = tl.cdiv(tl.cdiv(pos + 1, NUM_SPLITS), BLOCK_S) * BLOCK_S
+        chunk = tl.maximum(chunk, MIN_CHUNK)
+        n_active = tl.cdiv(pos + 1, chunk)  # splits holding positions (the last one holds p)
+        lo = split * chunk
+        active = lo <= pos
+        writer = active & (pos < lo + chunk)
+
+        offs_d = tl.arange(0, D_PAD)
+        d_mask = offs_d < HEAD_DIM
+        offs_g = tl.arange(0, G_PAD)
+        g_mask = offs_g < G
+        q, k_new, v_new = _token_heads(
+            row, h, pos, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV, HEAD_DIM, QK_NORM, ROPE
+        )
+        new_mask = writer & d_mask[None, :]
+        tl.store(k_base + pos * HEAD_DIM + offs_d[None, :], k_new, mask=new_mask)
+        tl.store(v_base + pos * HEAD_DIM + offs_d[None, :], v_new, mask=new_mask)
+        # Cached keys lo ≤ s < min(lo + chunk, p) (none for an inactive split), then this token's key/value
+        # (position p) from registers, in the split that holds p; other splits add nothing.
         m_i, l_i, acc = _attend_cached(
             q,
             k_base,
@@ -314,49 +382,49 @@ def decode_attention_kernel(
             BLOCK_S,
             FP32_DOT,
         )
-    m_i, l_i, acc = _attend_token(q, k_new, v_new, writer, m_i, l_i, acc, qk_scale)
+        m_i, l_i, acc = _attend_token(q, k_new, v_new, writer, m_i, l_i, acc, qk_scale)
 
-    heads = h * G + offs_g
-    o_ptrs = o_ptr + b.to(tl.int64) * (HQ * HEAD_DIM) + heads[:, None] * HEAD_DIM + offs_d[None, :]
-    out_mask = g_mask[:, None] & d_mask[None, :]
-    if NUM_SPLITS == 1:
-        tl.store(o_ptrs, (acc / l_i[:, None]).to(dt), mask=out_mask)
-    else:
-        # One active split (a short context): it is the whole answer. (l = 0 only where nothing is stored: inactive
-        # splits, padded heads; 1 there keeps the masked lanes finite.)
-        l_safe = tl.where(l_i > 0, l_i, 1.0)
-        tl.store(o_ptrs, (acc / l_safe[:, None]).to(dt), mask=out_mask & active & (n_active == 1))
-        multi = active & (n_active > 1)
-        slot = (b * HQ + heads).to(tl.int64) * NUM_SPLITS + split  # [G_PAD]
-        tl.store(part_o_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None] & multi)
-        tl.store(part_ml_ptr + slot * 2, m_i, mask=g_mask & multi)
-        tl.store(part_ml_ptr + slot * 2 + 1, l_i, mask=g_mask & multi)
-        tl.debug_barrier()  # every thread's partial is written before the ticket is taken
-        ticket = tl.atomic_add(ws_ptr + pid, 1, mask=multi, sem="acq_rel", scope="gpu")
-        if multi & (ticket == n_active - 1):
-            # The last of the row's splits: merge the partials in split order (deterministic), from L2.
-            tl.debug_barrier()
-            base = (b * HQ + heads).to(tl.int64) * NUM_SPLITS  # [G_PAD]
-            m_all = tl.full([G_PAD], -1.0e30, dtype=tl.float32)
-            l_all = tl.zeros([G_PAD], dtype=tl.float32)
-            o_all = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
-            for s in range(0, n_active):
-                ms = tl.load(part_ml_ptr + (base + s) * 2, mask=g_mask, other=-1.0e30, cache_modifier=".cg")
-                ls = tl.load(part_ml_ptr + (base + s) * 2 + 1, mask=g_mask, other=0.0, cache_modifier=".cg")
-                ps = tl.load(
-                    part_o_ptr + (base + s)[:, None] * D_PAD + offs_d[None, :],
-                    mask=g_mask[:, None],
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
-                m_next = tl.maximum(m_all, ms)
-                a_old = tl.exp2(m_all - m_next)
-                a_s = tl.exp2(ms - m_next)
-                l_all = l_all * a_old + ls * a_s
-                o_all = o_all * a_old[:, None] + ps * a_s[:, None]
-                m_all = m_next
-            tl.store(o_ptrs, (o_all / tl.where(l_all > 0, l_all, 1.0)[:, None]).to(dt), mask=out_mask)
-            tl.atomic_xchg(ws_ptr + pid, 0, sem="relaxed", scope="gpu")  # the workspace is zero again
+        heads = h * G + offs_g
+        o_ptrs = o_row + heads[:, None] * HEAD_DIM + offs_d[None, :]
+        out_mask = g_mask[:, None] & d_mask[None, :]
+        if NUM_SPLITS == 1:
+            tl.store(o_ptrs, (acc / l_i[:, None]).to(dt), mask=out_mask)
+        else:
+            # One active split (a short context): it is the whole answer. (l = 0 only where nothing is stored:
+            # inactive splits, padded heads; 1 there keeps the masked lanes finite.)
+            l_safe = tl.where(l_i > 0, l_i, 1.0)
+            tl.store(o_ptrs, (acc / l_safe[:, None]).to(dt), mask=out_mask & active & (n_active == 1))
+            multi = active & (n_active > 1)
+            slot = (b * HQ + heads).to(tl.int64) * NUM_SPLITS + split  # [G_PAD]
+            tl.store(part_o_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None] & multi)
+            tl.store(part_ml_ptr + slot * 2, m_i, mask=g_mask & multi)
+            tl.store(part_ml_ptr + slot * 2 + 1, l_i, mask=g_mask & multi)
+            tl.debug_barrier()  # every thread's partial is written before the ticket is taken
+            ticket = tl.atomic_add(ws_ptr + pid, 1, mask=multi, sem="acq_rel", scope="gpu")
+            if multi & (ticket == n_active - 1):
+                # The last of the row's splits: merge the partials in split order (deterministic), from L2.
+                tl.debug_barrier()
+                base = (b * HQ + heads).to(tl.int64) * NUM_SPLITS  # [G_PAD]
+                m_all = tl.full([G_PAD], -1.0e30, dtype=tl.float32)
+                l_all = tl.zeros([G_PAD], dtype=tl.float32)
+                o_all = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+                for s in range(0, n_active):
+                    ms = tl.load(part_ml_ptr + (base + s) * 2, mask=g_mask, other=-1.0e30, cache_modifier=".cg")
+                    ls = tl.load(part_ml_ptr + (base + s) * 2 + 1, mask=g_mask, other=0.0, cache_modifier=".cg")
+                    ps = tl.load(
+                        part_o_ptr + (base + s)[:, None] * D_PAD + offs_d[None, :],
+                        mask=g_mask[:, None],
+                        other=0.0,
+                        cache_modifier=".cg",
+                    )
+                    m_next = tl.maximum(m_all, ms)
+                    a_old = tl.exp2(m_all - m_next)
+                    a_s = tl.exp2(ms - m_next)
+                    l_all = l_all * a_old + ls * a_s
+                    o_all = o_all * a_old[:, None] + ps * a_s[:, None]
+                    m_all = m_next
+                tl.store(o_ptrs, (o_all / tl.where(l_all > 0, l_all, 1.0)[:, None]).to(dt), mask=out_mask)
+                tl.atomic_xchg(ws_ptr + pid, 0, sem="relaxed", scope="gpu")  # the workspace is zero again
 
 
 # BLOCK_S, NUM_SPLITS and MIN_CHUNK come from the launcher (decode_attention.py); the autotuner picks warps and

@@ -88,38 +88,37 @@ def _check(
     norm_weight: torch.Tensor | None,
     gated: bool,
     residual: torch.Tensor | None,
+    op: str = "skinny_linear",
 ) -> None:
-    torch._check(weight.dim() == 2, lambda: f"skinny_linear: weight must be [N, K], got {tuple(weight.shape)}")
+    torch._check(weight.dim() == 2, lambda: f"{op}: weight must be [N, K], got {tuple(weight.shape)}")
     torch._check(
         x.dim() >= 1 and x.shape[-1] == weight.shape[1],
-        lambda: f"skinny_linear: x {tuple(x.shape)} does not end in K = {weight.shape[1]}",
+        lambda: f"{op}: x {tuple(x.shape)} does not end in K = {weight.shape[1]}",
     )
     torch._check(
         # float64: the aten reference only (the builder's float64 pass-parity re-check), never a Triton launch
         (x.dtype in (torch.float32, torch.bfloat16) or (x.dtype == torch.float64 and x.device.type != "cuda"))
         and weight.dtype == x.dtype,
-        lambda: f"skinny_linear: x and weight must share a float dtype, got {x.dtype} / {weight.dtype}",
+        lambda: f"{op}: x and weight must share a float dtype, got {x.dtype} / {weight.dtype}",
     )
     torch._check(
         weight.stride(1) == 1 and weight.stride(0) == weight.shape[1],
-        lambda: "skinny_linear: weight must be contiguous (nn.Linear layout)",
+        lambda: f"{op}: weight must be contiguous (nn.Linear layout)",
     )
-    torch._check(
-        not gated or weight.shape[0] % 2 == 0, lambda: "skinny_linear: gated needs an even N (gate rows then up rows)"
-    )
+    torch._check(not gated or weight.shape[0] % 2 == 0, lambda: f"{op}: gated needs an even N (gate rows then up rows)")
     n = weight.shape[0]
     torch._check(
         bias is None or (bias.shape == (n,) and bias.dtype == x.dtype),
-        lambda: f"skinny_linear: bias must be [{n}] in {x.dtype}",
+        lambda: f"{op}: bias must be [{n}] in {x.dtype}",
     )
     torch._check(
         norm_weight is None or (norm_weight.shape == (x.shape[-1],) and norm_weight.dtype == x.dtype),
-        lambda: f"skinny_linear: norm_weight must be [{x.shape[-1]}] in {x.dtype}",
+        lambda: f"{op}: norm_weight must be [{x.shape[-1]}] in {x.dtype}",
     )
     out_shape = (*x.shape[:-1], _out_features(weight, gated))
     torch._check(
         residual is None or (tuple(residual.shape) == out_shape and residual.dtype == x.dtype),
-        lambda: f"skinny_linear: residual must be {list(out_shape)} in {x.dtype}",
+        lambda: f"{op}: residual must be {list(out_shape)} in {x.dtype}",
     )
 
 

@@ -342,6 +342,71 @@ def _fma_preloaded(
 
 
 @triton.jit
+def _gemv_program(
+    x_ptr,
+    w_ptr,
+    g_ptr,
+    pid_m,
+    offs_n,
+    n_mask,
+    M,
+    N_OUT,
+    K,
+    k_lo,
+    k_hi,
+    eps,
+    PDL: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    GATED: tl.constexpr,
+    WHOLE_ROW: tl.constexpr,
+    PRELOAD: tl.constexpr,
+    NORM_BLOCK: tl.constexpr,
+    NORM_CHUNKS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """One program of the GEMV (FMA) form up to its fp32 accumulators: its first W tile (all of its W with
+    PRELOAD) loaded, then the grid-dependency wait with the early trigger, then the RMSNorm's rstd and the K range
+    k_lo..k_hi. WHOLE_ROW: the range is the whole row (no split-K), so a PRELOAD tile gives the rstd too. Returns
+    (acc, acc_up, offs_m, m_mask, token): the rows are offset by the wait's token, so no access by row can move
+    before the wait. skinny_linear_kernel's GEMV form and qkv_attention_kernel's projection."""
+    w0, wu0 = _fma_w_tile(w_ptr, offs_n[None, :, None], n_mask[None, :, None], N_OUT, K, k_lo, k_hi, GATED, BLOCK_K)
+    token = grid_dependency_wait(PDL, True)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M) + token
+    m_mask = offs_m < M
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_NORM and not (PRELOAD and WHOLE_ROW):  # (one preloaded tile of the whole row: rstd from that tile)
+        rstd = _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M, NORM_BLOCK if NORM_BLOCK > 0 else BLOCK_K, NORM_CHUNKS)
+    if PRELOAD:
+        acc, acc_up = _fma_preloaded(
+            x_ptr, g_ptr, rstd, w0, wu0, offs_m, M, K, k_lo, k_hi, eps, HAS_NORM, WHOLE_ROW, GATED, BLOCK_K
+        )
+    else:
+        acc, acc_up = _fma_loop(
+            x_ptr,
+            w_ptr,
+            g_ptr,
+            rstd,
+            w0,
+            wu0,
+            offs_m,
+            offs_n,
+            M,
+            N_OUT,
+            K,
+            k_lo,
+            k_hi,
+            HAS_NORM,
+            GATED,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
+    return acc, acc_up, offs_m, m_mask, token
+
+
+@triton.jit
 def skinny_linear_kernel(
     x_ptr,
     w_ptr,
@@ -400,10 +465,6 @@ def skinny_linear_kernel(
     n_mask = offs_n < N_OUT
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
-    if not USE_DOT:  # weights only: safe before the wait
-        w0, wu0 = _fma_w_tile(w_ptr, offs_n[None, :, None], n_mask[None, :, None], N_OUT, K, k_lo, k_hi, GATED, BLOCK_K)
-    elif STREAM:
-        w0, wu0 = _dot_w_tile(w_ptr, offs_n, n_mask, N_OUT, K, k_lo, k_hi, GATED, BLOCK_K)
     # Every activation access (x, residual, y, partials) is addressed by row, and the rows depend on the wait's
     # result: none of them can be scheduled before the wait.
     # Trigger: the GEMV form at once (its dependents' W loads overlap this kernel; H100 B=1 steps 8-11% faster),
@@ -412,83 +473,87 @@ def skinny_linear_kernel(
     # loaded its first W tile before the wait and triggered at once was slower still on the 1-row VoxCPM2 audio
     # packages, H100: local_encoder 0.572 vs 0.485 ms in one call, locdit 5.49 vs 5.20 ms in another;
     # bench/results/nvidia-h100/probes/tile_form_early_w/.)
-    token = grid_dependency_wait(PDL, not USE_DOT or STREAM)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M) + token
-    m_mask = offs_m < M
-    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if HAS_NORM and not (PRELOAD and SPLIT_K == 1):  # (one preloaded tile of the whole row: rstd from that tile)
-        rstd = _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M, NORM_BLOCK if NORM_BLOCK > 0 else BLOCK_K, NORM_CHUNKS)
-    if USE_DOT and STREAM:
-        acc, acc_up = _dot_stream_loop(
+    if not USE_DOT:
+        acc, acc_up, offs_m, m_mask, token = _gemv_program(
             x_ptr,
             w_ptr,
             g_ptr,
-            rstd,
-            w0,
-            wu0,
-            offs_m,
+            pid_m,
             offs_n,
-            m_mask,
             n_mask,
-            N_OUT,
-            K,
-            k_lo,
-            k_hi,
-            HAS_NORM,
-            GATED,
-            FP32_DOT,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-        )
-    elif USE_DOT:
-        acc, acc_up = _dot_loop(
-            x_ptr,
-            w_ptr,
-            g_ptr,
-            rstd,
-            offs_m,
-            offs_n,
-            m_mask,
-            n_mask,
-            N_OUT,
-            K,
-            k_lo,
-            k_hi,
-            HAS_NORM,
-            GATED,
-            FP32_DOT,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-        )
-    elif PRELOAD:
-        acc, acc_up = _fma_preloaded(
-            x_ptr, g_ptr, rstd, w0, wu0, offs_m, M, K, k_lo, k_hi, eps, HAS_NORM, SPLIT_K == 1, GATED, BLOCK_K
-        )
-    else:
-        acc, acc_up = _fma_loop(
-            x_ptr,
-            w_ptr,
-            g_ptr,
-            rstd,
-            w0,
-            wu0,
-            offs_m,
-            offs_n,
             M,
             N_OUT,
             K,
             k_lo,
             k_hi,
+            eps,
+            PDL,
             HAS_NORM,
             GATED,
+            SPLIT_K == 1,
+            PRELOAD,
+            NORM_BLOCK,
+            NORM_CHUNKS,
             BLOCK_M,
             BLOCK_N,
             BLOCK_K,
         )
-    if USE_DOT and not STREAM:
-        offs_m += grid_dependency_trigger(PDL)
+    else:
+        if STREAM:  # weights only: safe before the wait
+            w0, wu0 = _dot_w_tile(w_ptr, offs_n, n_mask, N_OUT, K, k_lo, k_hi, GATED, BLOCK_K)
+        token = grid_dependency_wait(PDL, STREAM)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M) + token
+        m_mask = offs_m < M
+        rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if HAS_NORM:
+            rstd = _row_rstd(
+                x_ptr, offs_m, m_mask, K, eps, BLOCK_M, NORM_BLOCK if NORM_BLOCK > 0 else BLOCK_K, NORM_CHUNKS
+            )
+        if STREAM:
+            acc, acc_up = _dot_stream_loop(
+                x_ptr,
+                w_ptr,
+                g_ptr,
+                rstd,
+                w0,
+                wu0,
+                offs_m,
+                offs_n,
+                m_mask,
+                n_mask,
+                N_OUT,
+                K,
+                k_lo,
+                k_hi,
+                HAS_NORM,
+                GATED,
+                FP32_DOT,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+            )
+        else:
+            acc, acc_up = _dot_loop(
+                x_ptr,
+                w_ptr,
+                g_ptr,
+                rstd,
+                offs_m,
+                offs_n,
+                m_mask,
+                n_mask,
+                N_OUT,
+                K,
+                k_lo,
+                k_hi,
+                HAS_NORM,
+                GATED,
+                FP32_DOT,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+            )
+            offs_m += grid_dependency_trigger(PDL)
     finish = True  # this program writes y (a static True/False, or the runtime answer of the in-kernel reduction)
     if SPLIT_K > 1:
         n_acc = N_OUT * 2 if GATED else N_OUT
