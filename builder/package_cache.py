@@ -193,14 +193,15 @@ def program_fingerprint(ep: torch.export.ExportedProgram) -> str:
     return h.hexdigest()
 
 
-KERNEL_SWITCHES = ("TTSAOT_PDL", "TTSAOT_SKINNY_STREAM", "TTSAOT_GEMV_PRELOAD")
+KERNEL_SWITCHES = ("TTSAOT_PDL", "TTSAOT_SKINNY_STREAM", "TTSAOT_GEMV_PRELOAD", "TTSAOT_QKV_ATTENTION")
 
 
 def _inductor_env() -> dict[str, str]:
     """Environment variables that change what Inductor or Triton generate (the cache location does not), and the
     kernel layer's build switches: TTSAOT_PDL (kernels/pdl.py: whether the launch helper gets the
     programmatic-launch attribute), TTSAOT_SKINNY_STREAM (kernels/skinny_linear.py: the streamed tile form),
-    TTSAOT_GEMV_PRELOAD (kernels/skinny_linear_triton.py: =0, no one-row call loads its W before the wait)."""
+    TTSAOT_GEMV_PRELOAD (kernels/skinny_linear_triton.py: =0, no one-row call loads its W before the wait),
+    TTSAOT_QKV_ATTENTION (kernels/qkv_attention.py: =1, the predictors' steps trace the fused qkv + attention op)."""
     skip = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS"}  # where / how fast
     return {
         k: v

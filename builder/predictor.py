@@ -17,6 +17,7 @@ from torch import nn
 
 from .kernels.decode_attention import attention_workspace, supports_head_dim
 from .kernels.decode_modules import KernelAttention, KernelLinear, KernelSwiGLU
+from .kernels.qkv_attention import enabled as qkv_attention_enabled
 from .kernels.sample import gumbel, sample, support_mask
 from .layers.norms import RMSNorm
 from .layers.transformer import DecoderBlock
@@ -207,7 +208,8 @@ def use_predictor_kernels(module: nn.Module) -> dict:
         "pass": "use_predictor_kernels",
         "layers": len(blocks),
         "heads": heads,
-        "ops": ["ttsaot::skinny_linear", "ttsaot::decode_attention"],
+        "ops": ["ttsaot::skinny_linear", "ttsaot::decode_attention"]
+        + (["ttsaot::qkv_attention"] if qkv_attention_enabled() else []),
         "frame_positions": list(blocks[0].self_attn.frame_positions.shape) if blocks and rows else None,
     }
 

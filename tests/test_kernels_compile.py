@@ -25,6 +25,7 @@ SCRIPT = textwrap.dedent(r"""
     from triton.backends.compiler import GPUTarget
     from ttsaot.builder.kernels import decode_attention_triton as A, skinny_linear_triton as S
     from ttsaot.builder.kernels import sequence_attention_triton as Q
+    from ttsaot.builder.kernels import qkv_attention_triton as QA
     from ttsaot.builder.kernels import sample_triton as SM
 
     BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -145,6 +146,22 @@ SCRIPT = textwrap.dedent(r"""
         results[f"attention/whole/{name}"] = build(
             A.decode_attention_kernel, da_types, dict(cx, HQ=16, HKV=8, ROPE=1, QK_NORM=True, NUM_SPLITS=1,
                                                       BLOCK_S=block_s, WHOLE=True), 4, 1, da_aligned)
+    # the fused qkv projection + whole-cache attention (qkv_attention) at the predictors' one-row shapes: the code
+    # predictor's PRELOAD projection (K 1024, q/k norm, NeoX) and Fish fast_ar's loop one (K 2560, interleaved)
+    qa_types = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", g_ptr="*bf16", qkv_ptr="*bf16", pos_ptr="*i64",
+                    kc_ptr="*bf16", vc_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16", qn_ptr="*bf16",
+                    kn_ptr="*bf16", o_ptr="*bf16", ws_ptr="*i32", layer="i32", M="i32", N_OUT="i32", K="i32",
+                    K_SPLIT="i32", S="i32", CACHE_LAYER="i32", eps="fp32", qk_eps="fp32", qk_scale="fp32")
+    qa_aligned = {n for n in qa_types if n.endswith("_ptr")} | {"N_OUT", "K", "K_SPLIT"}
+    # (NORM_BLOCK: skinny_linear.norm_block's, the whole row)
+    for name, hq, rope, qkn, c, norm_block in (
+            ("code_predictor", 16, 1, True, S.preload_config(1024, False, 4096, 132), 1024),
+            ("fast_ar", 32, 2, False, S.GEMV_CONFIGS[1], 4096)):
+        cx = dict(HAS_NORM=True, HAS_BIAS=False, PDL=True, NORM_BLOCK=norm_block, NORM_CHUNKS=0, BLOCK_M=1, HQ=hq,
+                  HKV=8, HEAD_DIM=128, D_PAD=128, G_PAD=16, ROPE=rope, QK_NORM=qkn, BLOCK_S=16, FP32_DOT=False,
+                  **c.kwargs)
+        results[f"qkv_attention/{name}"] = build(QA.qkv_attention_kernel, qa_types, cx, c.num_warps, c.num_stages,
+                                                 qa_aligned)
     # sequence attention at the VoxCPM2 LocDiT / local encoder shapes (16 query heads over 2 kv heads, hd 128)
     sq_types = dict(qkv_ptr="*bf16", cos_ptr="*fp32", sin_ptr="*fp32", o_ptr="*bf16", T="i32", row_stride="i32",
                     scale_log2="fp32")
@@ -199,6 +216,9 @@ def test_kernels_compile_for_sm90_with_the_intended_machine_code(sm90):
             assert r["HMMA"] > 0 and r["LDG.E.128"] > 0 and r["LDGSTS"] == 0, (key, r)
         elif key.startswith("sequence/"):
             assert r["HMMA"] > 0, (key, r)  # q·kᵀ and p·v on the tensor cores
+        elif key.startswith("qkv_attention/"):
+            # the projection's 16-byte W loads, the attention's tensor cores, the arrival counter's atomic
+            assert r["LDG.E.128"] > 0 and r["HMMA"] > 0 and r["ATOM"] >= 1, (key, r)
         elif key.startswith("attention/whole"):
             assert r["HMMA"] > 0 and r["LDG.E.128"] > 0, (key, r)  # one tile in registers, 16-byte loads
         elif key.startswith("attention/"):
@@ -226,7 +246,7 @@ def test_decode_kernels_wait_on_their_predecessor_after_loading_weights_only(sm9
         assert r["pdl_wait"] >= 1 and r["pdl_trigger"] >= 1, (key, r)
         # the GEMV and streamed forms trigger their dependent at once, the tile form only after its K loop
         assert r["trigger_after_wait"] == key.startswith("skinny/dot"), (key, r)
-        if key.startswith(("skinny/gemv", "skinny/stream")):
+        if key.startswith(("skinny/gemv", "skinny/stream", "qkv_attention/")):
             assert r["loads_before_wait"] > 0, (key, r)
         elif key.startswith(("attention/", "sequence/", "skinny/split_k_epilogue")):
             assert r["loads_before_wait"] == 0, (key, r)

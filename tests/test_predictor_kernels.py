@@ -123,6 +123,36 @@ def test_frame_reads_positions_and_rope_tables_from_module_buffers(B):
         assert consts.get(cos.name) == "rope_cos" and consts.get(sin.name) == "rope_sin" and cos.name in placeholders
 
 
+@pytest.mark.parametrize("B", [2, 3])
+def test_fused_qkv_attention_switch_routes_the_steps_that_fit(B, monkeypatch):
+    """TTSAOT_QKV_ATTENTION=1: a frame of ≤ 2 rows traces one `qkv_attention` per layer and position in place of
+    its qkv skinny_linear + decode_attention (3 rows: the two ops as before), reading the same position rows and
+    RoPE buffers, with the eager frame's codes."""
+    monkeypatch.setenv("TTSAOT_QKV_ATTENTION", "1")
+    cfg = replace(QWEN_TINY, head_dim=16)
+    ref, kern, report = _pair(qck.init_random_code_predictor(CodePredictor(cfg), 0), prune_code_predictor)
+    assert "ttsaot::qkv_attention" in report["ops"]
+    g = torch.Generator().manual_seed(B)
+    samp = random_sampling_inputs(B, cfg.num_code_groups - 1, cfg.vocab_size, g)
+    args = (
+        torch.randn(B, cfg.talker_hidden_size, generator=g),
+        torch.randint(0, cfg.vocab_size, (B,), generator=g),
+        *(samp[n] for n in ("noise", "temperature", "top_k", "top_p")),
+    )
+    with torch.no_grad():
+        want, got = ref(*args), kern(*args)
+    assert torch.equal(got[0], want[0]) and rel_err(got[1], want[1]) < 1e-5
+    ep = torch.export.export(kern, args)
+    consts = {**ep.graph_signature.inputs_to_buffers, **ep.graph_signature.inputs_to_parameters}
+    fused = [n for n in ep.graph.nodes if n.target == torch.ops.ttsaot.qkv_attention.default]
+    plain = [n for n in ep.graph.nodes if n.target == torch.ops.ttsaot.decode_attention.default]
+    steps = cfg.num_hidden_layers * cfg.num_code_groups
+    assert (len(fused), len(plain)) == ((steps, 0) if B <= 2 else (0, steps))
+    for n in fused:
+        assert consts.get(_source(n.args[5]).name, "").endswith("self_attn.frame_positions")
+        assert consts.get(n.args[10].name) == "rope_cos" and consts.get(n.args[11].name) == "rope_sin"
+
+
 def test_head_dims_the_kernel_refuses_leave_the_stage_eager():
     m = qck.init_random_code_predictor(CodePredictor(QWEN_TINY), 0)  # head_dim 8
     report = use_predictor_kernels(m)

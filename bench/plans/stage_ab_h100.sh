@@ -3,7 +3,8 @@
 # `git archive` of another commit carried beside this one; its builder and runtime shadow the installed ones through
 # PYTHONPATH), C: this tree with TTSAOT_PDL=0, `stream`: this tree with TTSAOT_SKINNY_STREAM=1 (skinny_linear's
 # streamed tile form), `nopreload`: this tree with TTSAOT_GEMV_PRELOAD=0 (no one-row call loads its W before the
-# wait), D (`alt`, optional): a third tree ALT carried like OTHER — `bench
+# wait), `fused`: this tree with TTSAOT_QKV_ATTENTION=1 (the predictors' qkv projection and attention in one
+# launch, kernels/qkv_attention.py), D (`alt`, optional): a third tree ALT carried like OTHER — `bench
 # build` of all of them side by side (caches apart), then `bench profile` of each, one at a time. $OUT/<variant>/:
 # the profile JSONs; the logs and tables in one tarball.
 #   OTHER=../.snap_old STAGES="voxcpm2/locdit voxcpm2/local_encoder" AXIS=batch=1 bash bench/plans/stage_ab_h100.sh
@@ -33,6 +34,7 @@ variant() {  # NAME: run the rest of the line in that variant's tree and environ
     nopdl) (cd "$HERE" && TTSAOT_PDL=0 "$@") ;;
     stream) (cd "$HERE" && TTSAOT_SKINNY_STREAM=1 "$@") ;;
     nopreload) (cd "$HERE" && TTSAOT_GEMV_PRELOAD=0 "$@") ;;
+    fused) (cd "$HERE" && TTSAOT_QKV_ATTENTION=1 "$@") ;;
     alt) (cd "$ALT" && PYTHONPATH="$SHADOW_ALT" "$@") ;;
   esac
 }

@@ -9,7 +9,9 @@ predictors' shapes, every kernel launched with programmatic dependent launch as 
   `layer/no_attention`: qkv → o with o reading a fixed buffer, so `marginal` = what the attention adds to a layer;
 - `alone/*`: the attention alone, launch after launch;
 - per variant: warps 1/2/4/8, and the shape's q/k RMSNorm and RoPE switched off one at a time (what each stage
-  of the kernel's chain costs).
+  of the kernel's chain costs);
+- `fused`: `ttsaot::qkv_attention` (the projection and the attention in one launch) → o, its output checked equal
+  to the two kernels'.
 
 The attention runs its whole-cache form at the cache sizes of the stages (T0 + steps - 1 positions), at a
 position in the middle of the cache."""
@@ -102,6 +104,34 @@ def run_shape(name: str, s: dict, dev: torch.device, reps: int) -> dict:
         case["alone_us"] = kb.graph_ms(alone, reps, dev) * 1e3
         out["cases"][key] = case
         print(name, key, {k: round(x, 3) if isinstance(x, float) else x for k, x in case.items()}, flush=True)
+
+    # the fused projection + attention (ttsaot::qkv_attention) at the same projection config, then o
+    from ttsaot.builder.kernels.qkv_attention import launch_qkv_attention
+
+    kw = attn_kw({"warps": 4})
+    fused_kw = {k: kw[k] for k in ("cos", "sin", "rope_interleaved", "q_norm", "k_norm")}
+    ws = torch.zeros(hkv, dtype=torch.int32, device=dev)
+    k1, v1, k2, v2 = kc[:1].clone(), vc[:1].clone(), kc[:1].clone(), vc[:1].clone()
+    got = launch_qkv_attention(
+        x0, w_qkv[0], None, norm, 1e-6, pos, k1, v1, 0, hd**-0.5, **fused_kw, workspace=ws, config=cq
+    )
+    two = launch_decode_attention(
+        launch_skinny_linear(x0, w_qkv[0], norm_weight=norm, config=cq), pos, k2, v2, 0, hd**-0.5, **kw
+    )
+
+    def fused_layer(i: int) -> None:
+        o = launch_qkv_attention(
+            x0, w_qkv[i], None, norm, 1e-6, pos, kc, vc, i, hd**-0.5, **fused_kw, workspace=ws, config=cq
+        )
+        launch_skinny_linear(o, w_o[i], residual=x0, config=co)
+
+    fused_rot = [i % n_sets for i in range(CHAIN if dev.type == "cuda" else 1)]
+    out["fused"] = {
+        "equal_to_two_kernels": bool(torch.equal(got, two)),
+        "workspace_zero_after": not bool(ws.any()),
+        "layer_us": kb.graph_ms([lambda i=i: fused_layer(i) for i in fused_rot], reps, dev) * 1e3,
+    }
+    print(name, "fused", out["fused"], flush=True)
 
     def no_attention(i: int) -> None:
         launch_skinny_linear(x0, w_qkv[i], norm_weight=norm, config=cq)

@@ -4,6 +4,7 @@
 from . import conv1d
 from .decode_attention import decode_attention, decode_attention_reference
 from .decompositions import CPU_DECOMPOSITIONS, lower_for_cpu
+from .qkv_attention import qkv_attention, qkv_attention_reference
 from .sample import sample_tokens
 from .sequence_attention import sequence_attention, sequence_attention_reference
 from .skinny_linear import skinny_linear, skinny_linear_reference
@@ -16,6 +17,8 @@ __all__ = [
     "decode_attention",
     "decode_attention_reference",
     "lower_for_cpu",
+    "qkv_attention",
+    "qkv_attention_reference",
     "sample_tokens",
     "sequence_attention",
     "sequence_attention_reference",

@@ -3,7 +3,8 @@
 
 - `KernelAttention.decode_step(x, norm, ...)`: x + scale·o_proj(decode_attention(qkv_proj(norm(x)))) as three ops:
   skinny_linear (RMSNorm prologue) → decode_attention (q/k norm, RoPE, in-place cache write at each row's position,
-  GQA over the cache) → skinny_linear (o_proj + residual epilogue);
+  GQA over the cache) → skinny_linear (o_proj + residual epilogue); with TTSAOT_QKV_ATTENTION=1 at build time, a
+  step of ≤ 2 rows over a cache of ≤ 64 positions (the predictors') fuses the first two into `qkv_attention`;
 - `KernelSwiGLU.decode_step(x, norm, ...)`: x + scale·down(silu(gate)·up) (norm(x)) as two ops: skinny_linear
   (RMSNorm prologue, fused gate_up, SiLU·mul epilogue) → skinny_linear (down + residual epilogue).
 
@@ -35,6 +36,9 @@ from ..layers.attention import Attention
 from ..layers.mlp import SwiGLU
 from ..layers.norms import RMSNorm
 from .decode_attention import decode_attention
+from .qkv_attention import enabled as fused_enabled
+from .qkv_attention import fits as fused_fits
+from .qkv_attention import qkv_attention
 from .sequence_attention import sequence_attention
 from .skinny_linear import skinny_linear
 
@@ -67,26 +71,18 @@ class KernelAttention(nn.Module):
         position and rotates in fp32), or None.
         workspace: the step's zeroed split-merge tickets (`attention_workspace`), shared by every layer (the op
         leaves it zeroed); None = the op zeroes one per call (one more launch per layer)."""
-        qkv = skinny_linear(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps)
         qn = kn = None
         qk_eps = 1e-6
         if self.q_norm is not None:
             qn, kn, qk_eps = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
-        o = decode_attention(
-            qkv,
-            positions,
-            k_cache,
-            v_cache,
-            layer,
-            self.head_dim**-0.5,
-            cos,
-            sin,
-            self.rope_interleaved,
-            qn,
-            kn,
-            qk_eps,
-            workspace,
-        )
+        attention = (positions, k_cache, v_cache, layer, self.head_dim**-0.5, cos, sin, self.rope_interleaved, qn, kn)
+        if fused_enabled() and fused_fits(x, k_cache):
+            # (TTSAOT_QKV_ATTENTION=1: the projection and a short cache's attention in one launch)
+            w = self.qkv_proj
+            o = qkv_attention(x, w.weight, w.bias, norm.weight, norm.eps, *attention, qk_eps, workspace)
+        else:
+            qkv = skinny_linear(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps)
+            o = decode_attention(qkv, *attention, qk_eps, workspace)
         return self.project_out(o, x, residual_scale)
 
     def sequence(

@@ -34,6 +34,7 @@ PDL_KERNELS = (
     "skinny_linear_kernel",
     "split_k_epilogue_kernel",
     "decode_attention_kernel",
+    "qkv_attention_kernel",
     "sequence_attention_kernel",
 )
 ENV_SWITCH = "TTSAOT_PDL"
