@@ -114,35 +114,38 @@ def qkv_attention_kernel(
     h = tl.where(col < HQ * HEAD_DIM, col // (G * HEAD_DIM), (kv_col // HEAD_DIM) % HKV)
     counter = ws_ptr + token + h
     if last_to_arrive(counter, (G + 2) * HEAD_DIM // BLOCK_N):
-        for b in range(0, M):
-            pos = tl.load(pos_ptr + token + b).to(tl.int32)
-            pos = tl.minimum(tl.maximum(pos, 0), S - 1)  # never write or read outside the cache
-            # (layer, b, h, 0, 0); no `.to` on `layer` (decode_attention_kernel says why)
-            cache_off = ((b * HKV + h).to(tl.int64) * S + layer * CACHE_LAYER) * HEAD_DIM
-            _whole_cache_head(
-                qkv_ptr + token + b * N_OUT,
-                pos,
-                kc_ptr + token + cache_off,
-                vc_ptr + token + cache_off,
-                o_ptr + token + b * (HQ * HEAD_DIM),
-                h,
-                S,
-                qn_ptr,
-                kn_ptr,
-                cos_ptr,
-                sin_ptr,
-                qk_eps,
-                qk_scale,
-                HQ,
-                HKV,
-                HEAD_DIM,
-                D_PAD,
-                G_PAD,
-                ROPE,
-                QK_NORM,
-                BLOCK_S,
-                FP32_DOT,
-            )
+        # unrolled over the GEMV form's rows (BLOCK_M = M ≤ 2): a runtime loop kept its pointers live across the
+        # attention, 139 registers per thread in an sm_90 compile of the code predictor's case against 96
+        for b in tl.static_range(BLOCK_M):
+            if b < M:
+                pos = tl.load(pos_ptr + token + b).to(tl.int32)
+                pos = tl.minimum(tl.maximum(pos, 0), S - 1)  # never write or read outside the cache
+                # (layer, b, h, 0, 0); no `.to` on `layer` (decode_attention_kernel says why)
+                cache_off = ((b * HKV + h).to(tl.int64) * S + layer * CACHE_LAYER) * HEAD_DIM
+                _whole_cache_head(
+                    qkv_ptr + token + b * N_OUT,
+                    pos,
+                    kc_ptr + token + cache_off,
+                    vc_ptr + token + cache_off,
+                    o_ptr + token + b * (HQ * HEAD_DIM),
+                    h,
+                    S,
+                    qn_ptr,
+                    kn_ptr,
+                    cos_ptr,
+                    sin_ptr,
+                    qk_eps,
+                    qk_scale,
+                    HQ,
+                    HKV,
+                    HEAD_DIM,
+                    D_PAD,
+                    G_PAD,
+                    ROPE,
+                    QK_NORM,
+                    BLOCK_S,
+                    FP32_DOT,
+                )
         reset_counter(counter)
 
 
