@@ -56,6 +56,8 @@ from .cache_prune import describe, prune
 from .dynamic_shapes import DynamicExportError, export_dynamic, plan_ranges, range_record, with_steps
 from .export import CompileError, compile_bucket, compiler_info, export_bucket, export_program, inductor_options
 from .kernels import pdl
+from .kernels.qkv_attention import METADATA_KEY as QKV_ATTENTION_METADATA_KEY
+from .kernels.qkv_attention import enabled as qkv_attention_enabled
 from .kernels.skinny_linear import METADATA_KEY as STREAM_METADATA_KEY
 from .kernels.skinny_linear import stream_tiles
 from .load_check import LoadCheck
@@ -228,6 +230,15 @@ def _io_specs(descs: list[dict[str, Any]], where: str) -> list[TensorSpec]:
             f"{where}: the stage spec's I/O descriptor does not fit the artifact format "
             f"({str(e).removeprefix('manifest.json: ')})"
         ) from None
+
+
+def _trace_switches() -> dict[str, str]:
+    """Package metadata: the kernel layer's trace-time switches this process built with ("1" / "0"), which
+    `inspect` reports: skinny_linear's streamed tile form, the fused qkv + attention."""
+    return {
+        STREAM_METADATA_KEY: "1" if stream_tiles() else "0",
+        QKV_ATTENTION_METADATA_KEY: "1" if qkv_attention_enabled() else "0",
+    }
 
 
 def input_signature(args: tuple) -> str:
@@ -643,7 +654,7 @@ class _StageCompile:
             "ttsaot_family": spec.family,
             "ttsaot_inputs": self.signatures[key],
             pdl.METADATA_KEY: "1" if pdl.wanted_for(sizes) else "0",
-            STREAM_METADATA_KEY: "1" if stream_tiles() else "0",
+            **_trace_switches(),
         }
         return _Job([key], [dict(sizes)], f"{spec.name}/{key}.pt2", self.examples[key], f"{spec.name}_{key}", metadata)
 
@@ -1012,7 +1023,7 @@ def _dynamic_jobs(
         # every bucket the package serves with its input signature: the runtime refuses any other
         "ttsaot_buckets": json.dumps({k: json.loads(st.signatures[k]) for k in keys}),
         pdl.METADATA_KEY: "1" if all(pdl.wanted_for(b) for b in group) else "0",
-        STREAM_METADATA_KEY: "1" if stream_tiles() else "0",
+        **_trace_switches(),
     }
     if st.lookup(job):
         names.add(tag)

@@ -572,6 +572,10 @@ def inspect(ctx, artifact, as_json, debug_here):
                     "stream_buckets": [
                         b["key"] for b in st["buckets"] if _cuda(metas[b["file"]], "ttsaot_skinny_stream")
                     ],
+                    # CUDA packages traced with the predictors' fused qkv + attention (TTSAOT_QKV_ATTENTION)
+                    "qkv_attention_buckets": [
+                        b["key"] for b in st["buckets"] if _cuda(metas[b["file"]], "ttsaot_qkv_attention")
+                    ],
                 }
             )
         if as_json:
@@ -622,6 +626,7 @@ def inspect(ctx, artifact, as_json, debug_here):
                 *_numerics_cell(r["numerics"]),
                 *([f"pdl={','.join(r['pdl_buckets'])}"] if r["pdl_buckets"] else []),
                 *([f"skinny_stream={','.join(r['stream_buckets'])}"] if r["stream_buckets"] else []),
+                *([f"qkv_attention={','.join(r['qkv_attention_buckets'])}"] if r["qkv_attention_buckets"] else []),
             ]
             t.add_row(
                 r["stage"],

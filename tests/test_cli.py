@@ -121,11 +121,12 @@ def test_inspect_names_the_packages_launched_with_pdl(cli_artifact, tmp_path):
     assert not _launches_with_pdl(meta("c.pt2", {"AOTI_DEVICE_KEY": "cpu", "ttsaot_pdl": "1"}))
     assert not _launches_with_pdl(meta("d.pt2", {"AOTI_DEVICE_KEY": "cuda"}))
     assert _cuda(meta("s.pt2", {"AOTI_DEVICE_KEY": "cuda", "ttsaot_skinny_stream": "1"}), "ttsaot_skinny_stream")
+    assert not _cuda(meta("q.pt2", {"AOTI_DEVICE_KEY": "cpu", "ttsaot_qkv_attention": "1"}), "ttsaot_qkv_attention")
     (tmp_path / "e.pt2").write_bytes(b"not a zip")
     assert _package_metadata(str(tmp_path / "e.pt2")) == {} == _package_metadata(str(tmp_path / "missing.pt2"))
     r = CliRunner().invoke(main, ["inspect", str(cli_artifact), "--json"])
     stage = json.loads(r.output)["stages"][0]
-    assert stage["pdl_buckets"] == [] == stage["stream_buckets"]  # a CPU build
+    assert stage["pdl_buckets"] == [] == stage["stream_buckets"] == stage["qkv_attention_buckets"]  # a CPU build
 
 
 def test_verify_ok_then_regression_exits_1(cli_artifact, tmp_path):

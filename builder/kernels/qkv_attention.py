@@ -41,6 +41,7 @@ from .skinny_linear import _check as check_projection
 
 OP_NAME = "ttsaot::qkv_attention"
 ENV_SWITCH = "TTSAOT_QKV_ATTENTION"  # =1 at build time: the predictors' steps take the fused op
+METADATA_KEY = "ttsaot_qkv_attention"  # "1" / "0" in each package's metadata: whether it was traced with the switch
 MUTATED = {"k_cache", "v_cache", "workspace"}
 
 
