@@ -45,16 +45,18 @@ def _norm_rope(
     QK_NORM: tl.constexpr,
     ROPE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    CACHE: tl.constexpr,
 ):
     """Heads `rows` ([R] head offsets in elements) of the fused qkv row → [R, len(offs_d)] in x's dtype: RMSNorm
     over the head (project rounding), then the rotation in fp32 (tables of any float dtype, widened as loaded),
     cast back (as the eager `_rope`).
     `offs_d` may run past HEAD_DIM (a tile padded for tl.dot): those lanes are zero. `pos`: one position for every
-    head (a decode step's token), or [R, 1] positions, one per row (a sequence's tokens, sequence_attention)."""
+    head (a decode step's token), or [R, 1] positions, one per row (a sequence's tokens, sequence_attention).
+    CACHE: the x loads' cache modifier ("" or ".cg": rows other programs of the same launch wrote, read through L2)."""
     dt = x_ptr.dtype.element_ty
     d_mask = offs_d < HEAD_DIM
     mask = row_mask[:, None] & d_mask[None, :]
-    x = tl.load(x_ptr + rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    x = tl.load(x_ptr + rows[:, None] + offs_d[None, :], mask=mask, other=0.0, cache_modifier=CACHE)
     if ROPE == 1:  # NeoX rotate-half: partner d ± HEAD_DIM/2, −sin on the first half
         offs_p = (offs_d + HEAD_DIM // 2) % HEAD_DIM
         sign = tl.where(offs_d < HEAD_DIM // 2, -1.0, 1.0)
@@ -64,7 +66,7 @@ def _norm_rope(
         sign = tl.where(offs_d % 2 == 0, -1.0, 1.0)
         tab = pos * (HEAD_DIM // 2) + offs_d // 2
     if ROPE != 0:
-        xp = tl.load(x_ptr + rows[:, None] + offs_p[None, :], mask=mask, other=0.0)
+        xp = tl.load(x_ptr + rows[:, None] + offs_p[None, :], mask=mask, other=0.0, cache_modifier=CACHE)
     if QK_NORM:
         xf = x.to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / HEAD_DIM + eps)
@@ -97,6 +99,7 @@ def _token_heads(
     HEAD_DIM: tl.constexpr,
     QK_NORM: tl.constexpr,
     ROPE: tl.constexpr,
+    CACHE: tl.constexpr,
 ):
     """This token's heads of kv head h from its fused qkv row: q [G_PAD, D_PAD] (the G = HQ/HKV query heads that
     share h; padded rows zero), k [1, D_PAD] (normed and rotated like q) and v [1, D_PAD], in the row's dtype."""
@@ -115,12 +118,26 @@ def _token_heads(
         QK_NORM,
         ROPE,
         HEAD_DIM,
+        CACHE,
     )
     one = tl.arange(0, 1)
     k = _norm_rope(
-        row, (HQ + h) * HEAD_DIM + one, offs_d, one == 0, kn_ptr, cos_ptr, sin_ptr, pos, eps, QK_NORM, ROPE, HEAD_DIM
+        row,
+        (HQ + h) * HEAD_DIM + one,
+        offs_d,
+        one == 0,
+        kn_ptr,
+        cos_ptr,
+        sin_ptr,
+        pos,
+        eps,
+        QK_NORM,
+        ROPE,
+        HEAD_DIM,
+        CACHE,
     )
-    v = tl.load(row + (HQ + HKV + h) * HEAD_DIM + one[:, None] + offs_d[None, :], mask=d_mask[None, :], other=0.0)
+    v_ptrs = row + (HQ + HKV + h) * HEAD_DIM + one[:, None] + offs_d[None, :]
+    v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0, cache_modifier=CACHE)
     return q, k, v
 
 
@@ -222,13 +239,15 @@ def _whole_cache_head(
     QK_NORM: tl.constexpr,
     BLOCK_S: tl.constexpr,
     FP32_DOT: tl.constexpr,
+    ROW_CACHE: tl.constexpr,
 ):
     """The WHOLE form of one (row, kv head) whose cache (S ≤ BLOCK_S positions, [S, HEAD_DIM] at k_base / v_base)
     is one tile: this token's heads from the fused qkv `row`, its k/v written at `pos` (clamped by the caller), the
     G query heads' outputs stored at `o_row` (the row's [HQ·HEAD_DIM] output). The cache is loaded first,
     addressed without the position: those loads go out with the position's and the token's, one round trip, where
     the loop's bounds wait for the position. Slot p (written here) and the slots past it are read too and masked
-    out of the softmax. decode_attention_kernel's one-split short caches and qkv_attention_kernel's heads."""
+    out of the softmax. decode_attention_kernel's one-split short caches and qkv_attention_kernel's heads (ROW_CACHE
+    ".cg": its row was written by other programs of the launch, read through L2 after the arrival's acquire)."""
     G: tl.constexpr = HQ // HKV
     dt = row.dtype.element_ty
     offs_d = tl.arange(0, D_PAD)
@@ -240,7 +259,7 @@ def _whole_cache_head(
     k_all = tl.load(k_base + kv_off, mask=in_cache, other=0.0)
     v_all = tl.load(v_base + kv_off, mask=in_cache, other=0.0)
     q, k_new, v_new = _token_heads(
-        row, h, pos, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV, HEAD_DIM, QK_NORM, ROPE
+        row, h, pos, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV, HEAD_DIM, QK_NORM, ROPE, ROW_CACHE
     )
     tl.store(k_base + pos * HEAD_DIM + offs_d[None, :], k_new, mask=d_mask[None, :])
     tl.store(v_base + pos * HEAD_DIM + offs_d[None, :], v_new, mask=d_mask[None, :])
@@ -346,6 +365,7 @@ def decode_attention_kernel(
             QK_NORM,
             BLOCK_S,
             FP32_DOT,
+            "",
         )
     else:
         # This row's split size: p + 1 positions over NUM_SPLITS programs, whole BLOCK_S blocks, ≥ MIN_CHUNK.
@@ -361,7 +381,7 @@ def decode_attention_kernel(
         offs_g = tl.arange(0, G_PAD)
         g_mask = offs_g < G
         q, k_new, v_new = _token_heads(
-            row, h, pos, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV, HEAD_DIM, QK_NORM, ROPE
+            row, h, pos, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV, HEAD_DIM, QK_NORM, ROPE, ""
         )
         new_mask = writer & d_mask[None, :]
         tl.store(k_base + pos * HEAD_DIM + offs_d[None, :], k_new, mask=new_mask)

@@ -145,6 +145,7 @@ def qkv_attention_kernel(
                     QK_NORM,
                     BLOCK_S,
                     FP32_DOT,
+                    ".cg",  # the row other programs wrote: through L2, as the split-K reduction reads its partials
                 )
         reset_counter(counter)
 

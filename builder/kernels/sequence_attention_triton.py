@@ -51,9 +51,9 @@ def sequence_attention_kernel(
     # positions clamped into the table: padded rows read row T-1 of it (their q/k are zero anyway)
     pos = tl.minimum(offs_t, T - 1)[:, None]
     q_rows = rows + h * HEAD_DIM
-    q = _norm_rope(qkv_ptr, q_rows, offs_d, t_mask, qkv_ptr, cos_ptr, sin_ptr, pos, 0.0, False, ROPE, HEAD_DIM)
+    q = _norm_rope(qkv_ptr, q_rows, offs_d, t_mask, qkv_ptr, cos_ptr, sin_ptr, pos, 0.0, False, ROPE, HEAD_DIM, "")
     k_rows = rows + (HQ + kvh) * HEAD_DIM
-    k = _norm_rope(qkv_ptr, k_rows, offs_d, t_mask, qkv_ptr, cos_ptr, sin_ptr, pos, 0.0, False, ROPE, HEAD_DIM)
+    k = _norm_rope(qkv_ptr, k_rows, offs_d, t_mask, qkv_ptr, cos_ptr, sin_ptr, pos, 0.0, False, ROPE, HEAD_DIM, "")
     v_rows = rows + (HQ + HKV + kvh) * HEAD_DIM
     v = tl.load(qkv_ptr + v_rows[:, None] + offs_d[None, :], mask=t_mask[:, None], other=0.0)
     if FP32_DOT:  # fp32 stages, and the interpreter (which multiplies 16-bit operands as raw integers)
