@@ -91,6 +91,17 @@ def _source(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
+def _frame_args(cfg, B: int) -> tuple:
+    """A code predictor frame's inputs for B rows: hidden, first code, sampling noise and settings."""
+    g = torch.Generator().manual_seed(B)
+    samp = random_sampling_inputs(B, cfg.num_code_groups - 1, cfg.vocab_size, g)
+    return (
+        torch.randn(B, cfg.talker_hidden_size, generator=g),
+        torch.randint(0, cfg.vocab_size, (B,), generator=g),
+        *(samp[n] for n in ("noise", "temperature", "top_k", "top_p")),
+    )
+
+
 @pytest.mark.parametrize("B", [2, 65])
 def test_frame_reads_positions_and_rope_tables_from_module_buffers(B):
     """The compiled graph recomputes an input of a user kernel it has not realized into a new buffer at each use
@@ -100,13 +111,7 @@ def test_frame_reads_positions_and_rope_tables_from_module_buffers(B):
     cfg = replace(QWEN_TINY, head_dim=16)
     ref, kern, report = _pair(qck.init_random_code_predictor(CodePredictor(cfg), 0), prune_code_predictor)
     assert report["frame_positions"] == [cfg.num_code_groups, 64]
-    g = torch.Generator().manual_seed(B)
-    samp = random_sampling_inputs(B, cfg.num_code_groups - 1, cfg.vocab_size, g)
-    args = (
-        torch.randn(B, cfg.talker_hidden_size, generator=g),
-        torch.randint(0, cfg.vocab_size, (B,), generator=g),
-        *(samp[n] for n in ("noise", "temperature", "top_k", "top_p")),
-    )
+    args = _frame_args(cfg, B)
     with torch.no_grad():
         assert torch.equal(kern(*args), ref(*args))
     ep = torch.export.export(kern, args)
@@ -132,13 +137,7 @@ def test_fused_qkv_attention_switch_routes_the_steps_that_fit(B, monkeypatch):
     cfg = replace(QWEN_TINY, head_dim=16)
     ref, kern, report = _pair(qck.init_random_code_predictor(CodePredictor(cfg), 0), prune_code_predictor)
     assert "ttsaot::qkv_attention" in report["ops"]
-    g = torch.Generator().manual_seed(B)
-    samp = random_sampling_inputs(B, cfg.num_code_groups - 1, cfg.vocab_size, g)
-    args = (
-        torch.randn(B, cfg.talker_hidden_size, generator=g),
-        torch.randint(0, cfg.vocab_size, (B,), generator=g),
-        *(samp[n] for n in ("noise", "temperature", "top_k", "top_p")),
-    )
+    args = _frame_args(cfg, B)
     with torch.no_grad():
         want, got = ref(*args), kern(*args)
     assert torch.equal(got[0], want[0]) and rel_err(got[1], want[1]) < 1e-5

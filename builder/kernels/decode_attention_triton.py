@@ -142,6 +142,39 @@ def _token_heads(
 
 
 @triton.jit
+def _token_to_cache(
+    row,
+    h,
+    pos,
+    k_base,
+    v_base,
+    write,
+    offs_d,
+    offs_g,
+    qn_ptr,
+    kn_ptr,
+    cos_ptr,
+    sin_ptr,
+    eps,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    ROPE: tl.constexpr,
+    CACHE: tl.constexpr,
+):
+    """`_token_heads`, and this token's k/v written at slot `pos` of its (row, kv head) cache where `write` (the
+    program holding the position). Returns q, k, v."""
+    q, k_new, v_new = _token_heads(
+        row, h, pos, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV, HEAD_DIM, QK_NORM, ROPE, CACHE
+    )
+    new_mask = write & (offs_d < HEAD_DIM)[None, :]
+    tl.store(k_base + pos * HEAD_DIM + offs_d[None, :], k_new, mask=new_mask)
+    tl.store(v_base + pos * HEAD_DIM + offs_d[None, :], v_new, mask=new_mask)
+    return q, k_new, v_new
+
+
+@triton.jit
 def _attend_block(q, kt, vt, valid, m_i, l_i, acc, qk_scale, FP32_DOT: tl.constexpr):
     """One block of the online softmax (base 2): q [G_PAD, D_PAD] over keys/values kt, vt [BLOCK_S, D_PAD] where
     `valid` [BLOCK_S]; the running (max, sum, unnormalised output) in fp32. Scores stay fp32; the probabilities are
@@ -258,16 +291,16 @@ def _whole_cache_head(
     in_cache = (offs_s < S)[:, None] & d_mask[None, :]
     k_all = tl.load(k_base + kv_off, mask=in_cache, other=0.0)
     v_all = tl.load(v_base + kv_off, mask=in_cache, other=0.0)
-    q, k_new, v_new = _token_heads(
-        row, h, pos, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV, HEAD_DIM, QK_NORM, ROPE, ROW_CACHE
-    )
-    tl.store(k_base + pos * HEAD_DIM + offs_d[None, :], k_new, mask=d_mask[None, :])
-    tl.store(v_base + pos * HEAD_DIM + offs_d[None, :], v_new, mask=d_mask[None, :])
+    every = pos >= 0  # (one program per (row, kv head): it holds the position)
+    q, k_new, v_new = _token_to_cache(
+        row, h, pos, k_base, v_base, every, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV,
+        HEAD_DIM, QK_NORM, ROPE, ROW_CACHE,
+    )  # fmt: skip
     m_i, l_i, acc = _softmax_start(G_PAD, D_PAD)
     seen = offs_s < pos
     v_all = tl.where(seen[:, None], v_all, 0.0)  # slots past the context may hold anything
     m_i, l_i, acc = _attend_block(q, k_all, v_all, seen, m_i, l_i, acc, qk_scale, FP32_DOT)
-    m_i, l_i, acc = _attend_token(q, k_new, v_new, pos >= 0, m_i, l_i, acc, qk_scale)
+    m_i, l_i, acc = _attend_token(q, k_new, v_new, every, m_i, l_i, acc, qk_scale)
     heads = h * G + offs_g
     o_ptrs = o_row + heads[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(o_ptrs, (acc / l_i[:, None]).to(dt), mask=(offs_g < G)[:, None] & d_mask[None, :])
@@ -380,12 +413,10 @@ def decode_attention_kernel(
         d_mask = offs_d < HEAD_DIM
         offs_g = tl.arange(0, G_PAD)
         g_mask = offs_g < G
-        q, k_new, v_new = _token_heads(
-            row, h, pos, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV, HEAD_DIM, QK_NORM, ROPE, ""
-        )
-        new_mask = writer & d_mask[None, :]
-        tl.store(k_base + pos * HEAD_DIM + offs_d[None, :], k_new, mask=new_mask)
-        tl.store(v_base + pos * HEAD_DIM + offs_d[None, :], v_new, mask=new_mask)
+        q, k_new, v_new = _token_to_cache(
+            row, h, pos, k_base, v_base, writer, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV,
+            HEAD_DIM, QK_NORM, ROPE, "",
+        )  # fmt: skip
         # Cached keys lo ≤ s < min(lo + chunk, p) (none for an inactive split), then this token's key/value
         # (position p) from registers, in the split that holds p; other splits add nothing.
         m_i, l_i, acc = _attend_cached(
