@@ -76,11 +76,18 @@ CASES = [
     (1, 32, 8, 2, 64, 17, 1, {"BLOCK_N": 2, "BLOCK_K": 32, "num_warps": 1, "num_stages": 1}),
     (1, 64, 4, 2, 16, 16, 2, {"BLOCK_N": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1, "PRELOAD": True}),
 ]
-VARIANTS = [("neox", True, False), ("interleaved", False, True), (None, False, False)]
+# (rope, q/k norm, bias, dtype): every form in bf16, the fp32 path (exact fp32 dots) with the most steps
+VARIANTS = [
+    ("neox", True, False, torch.bfloat16),
+    ("interleaved", False, True, torch.bfloat16),
+    (None, False, False, torch.bfloat16),
+    ("neox", True, True, torch.float32),
+]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("rope,qk_norm,bias", VARIANTS, ids=["neox-qknorm", "interleaved-bias", "plain"])
+@pytest.mark.parametrize(
+    "rope,qk_norm,bias,dtype", VARIANTS, ids=["neox-qknorm", "interleaved-bias", "plain", "neox-qknorm-bias-fp32"]
+)
 def test_fused_kernel_equals_the_two_kernels_bit_for_bit(rope, qk_norm, bias, dtype):
     for i, (B, D, hq, hkv, hd, S, L, config) in enumerate(CASES):
         t = _case(B, D, hq, hkv, hd, S, L, dtype, rope, qk_norm, bias, seed=i)
