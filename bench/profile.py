@@ -12,7 +12,9 @@ runtime-owned cache: bench/variants.py `TtsaotVariant`). Per bucket it records:
 - the top kernels by total time (count and µs per call, share of the kernel time);
 - on CUDA, the `own` times: each kernel's span less what overlaps earlier activities of the call (programmatic
   dependent launch starts a kernel while its predecessor drains, so spans overlap and their sum passes the call),
-  per kernel name (`own_us_per_call`) and in all (`own_ms`: the device's busy time within a call);
+  per kernel name (`own_us_per_call`), per kernel name and launch shape (`by_launch`: in a decode stage one row
+  per role, e.g. each projection of a layer, with the median own µs of one launch) and in all (`own_ms`: the
+  device's busy time within a call);
 - on CUDA, the `timeline`: one call's kernels and copies in launch order, each with its median µs over the
   profiled calls (layer by layer where the per-name table sums a conv stack's GEMMs into one row) and each kernel's
   launch shape from the profiler's trace (grid, block, shared memory, registers: the tile an autotuned package
@@ -43,6 +45,7 @@ from .common import REPO, as_tuple, device_info, git_commit, now_iso, sync, tens
 MARK = "bench::profiled_call"  # record_function label around each profiled call (not a kernel)
 COPY_KINDS = ("memcpy", "memset")
 TIMELINE_LINES = 300  # longer timelines (a looped transformer's ~1,000 kernels) stay in the JSON only
+LAUNCH_LINES = 10  # rows of the by-launch-shape table in the text
 
 
 def add_parser(sub) -> None:
@@ -281,6 +284,7 @@ def profile_bucket(
     b["top"] = rows[:top]
     b["distinct_kernels"] = len(kernels)
     if timeline is not None:
+        b["by_launch"] = own_per_launch(timeline)
         b["timeline"] = timeline
     return b
 
@@ -381,6 +385,27 @@ def own_per_name(timeline: list[dict[str, Any]]) -> dict[str, float]:
     return sums
 
 
+def own_per_launch(timeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The timeline grouped by kernel name and launch shape, most own time first: in a decode stage each projection
+    of a layer has its own grid, so a row is a role (qkv, o, gate_up, down, the head; attention, sampling), with
+    its launches per call, the median own µs of one launch and their sum (what `own_per_name` adds up per name)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for e in timeline:
+        groups.setdefault((e["name"], launch_text(e)), []).append(e)
+    rows = [
+        {
+            "name": name,
+            "launch": launch,
+            "n": len(es),
+            "own_us_median": _median([e["own_us"] for e in es]),
+            "us_median": _median([e["us"] for e in es]),
+            "own_us": round(sum(e["own_us"] for e in es), 2),
+        }
+        for (name, launch), es in groups.items()
+    ]
+    return sorted(rows, key=lambda r: -r["own_us"])
+
+
 def launch_text(entry: dict[str, Any]) -> str:
     """A timeline entry's launch shape in a few characters: `grid 1×64×2 block 128 smem 98304`."""
     parts = []
@@ -476,6 +501,14 @@ def render(res: dict[str, Any]) -> str:
             share = f"{r['share']:.0%}" if r["share"] is not None else "—"
             own = f"{r['own_us_per_call']:9.2f}" if "own_us_per_call" in r else f"{'—':>9}"
             lines.append(f"  {r['us_per_call']:9.2f} {own} {r['per_call']:7.3g} {share:>6}  {r['name'][:100]}")
+        if b.get("by_launch"):
+            lines.append(
+                f"  by launch shape (top {LAUNCH_LINES}): {'n':>4} {'own µs each':>11} {'own µs':>9}  kernel  launch"
+            )
+            lines += [
+                f"  {'':28}{r['n']:4d} {r['own_us_median']:11.2f} {r['own_us']:9.2f}  {r['name'][:60]}  {r['launch']}"
+                for r in b["by_launch"][:LAUNCH_LINES]
+            ]
         if b.get("timeline") and len(b["timeline"]) > TIMELINE_LINES:
             lines.append(f"  one call in launch order: {len(b['timeline'])} activities, in the JSON's `timeline`")
         elif b.get("timeline"):

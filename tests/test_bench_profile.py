@@ -12,6 +12,7 @@ from bench.profile import (
     kernel_rows,
     kernel_timeline,
     launch_text,
+    own_per_launch,
     own_per_name,
     own_times,
     profile_stage,
@@ -124,6 +125,27 @@ def test_own_times_count_overlapped_spans_once():
     tl = kernel_timeline(call, calls=1)
     assert own_per_name(tl) == {"qkv": 5.0, "attn": 3.0, "o": 3.0}
     assert sum(e["us"] for e in tl) == 16.0 and sum(own_per_name(tl).values()) == 11.0  # busy 0-8 and 9-12
+
+
+def test_own_per_launch_separates_the_roles_one_kernel_plays():
+    """One kernel name, several grids (a layer's projections): a row per (name, launch shape), most own time first,
+    with the median own µs of one launch."""
+    qkv, o = {"grid": [1, 512, 1], "block": [128, 1, 1]}, {"grid": [1, 256, 1], "block": [128, 1, 1]}
+    call = [
+        ("skinny", 0.0, 4.0, qkv),
+        ("attn", 4.0, 6.0, {"grid": [8, 1, 1], "block": [128, 1, 1]}),
+        ("skinny", 10.0, 2.0, o),
+        ("skinny", 12.0, 5.0, qkv),
+        ("attn", 17.0, 7.0, {"grid": [8, 1, 1], "block": [128, 1, 1]}),
+        ("skinny", 24.0, 1.0, o),
+    ]
+    rows = own_per_launch(kernel_timeline(call, calls=1))
+    assert [(r["name"], r["launch"], r["n"], r["own_us"]) for r in rows] == [
+        ("attn", "grid 8×1×1 block 128", 2, 13.0),
+        ("skinny", "grid 1×512×1 block 128", 2, 9.0),
+        ("skinny", "grid 1×256×1 block 128", 2, 3.0),
+    ]
+    assert rows[1]["own_us_median"] == 5.0  # the median of 4 and 5: the upper of two
 
 
 def test_kernel_timeline_refuses_calls_that_differ():
