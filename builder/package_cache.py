@@ -193,7 +193,13 @@ def program_fingerprint(ep: torch.export.ExportedProgram) -> str:
     return h.hexdigest()
 
 
-KERNEL_SWITCHES = ("TTSAOT_PDL", "TTSAOT_SKINNY_STREAM", "TTSAOT_GEMV_PRELOAD", "TTSAOT_QKV_ATTENTION")
+KERNEL_SWITCHES = (
+    "TTSAOT_PDL",
+    "TTSAOT_SKINNY_STREAM",
+    "TTSAOT_GEMV_PRELOAD",
+    "TTSAOT_QKV_ATTENTION",
+    "TTSAOT_WHOLE_ATTENTION_WARPS",
+)
 
 
 def _inductor_env() -> dict[str, str]:
@@ -201,7 +207,8 @@ def _inductor_env() -> dict[str, str]:
     kernel layer's build switches: TTSAOT_PDL (kernels/pdl.py: whether the launch helper gets the
     programmatic-launch attribute), TTSAOT_SKINNY_STREAM (kernels/skinny_linear.py: the streamed tile form),
     TTSAOT_GEMV_PRELOAD (kernels/skinny_linear_triton.py: =0, no one-row call loads its W before the wait),
-    TTSAOT_QKV_ATTENTION (kernels/qkv_attention.py: =1, the predictors' steps trace the fused qkv + attention op)."""
+    TTSAOT_QKV_ATTENTION (kernels/qkv_attention.py: =1, the predictors' steps trace the fused qkv + attention op),
+    TTSAOT_WHOLE_ATTENTION_WARPS (kernels/decode_attention.py: the whole-cache attention's warps, not autotuned)."""
     skip = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS"}  # where / how fast
     return {
         k: v

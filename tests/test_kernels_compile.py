@@ -142,10 +142,10 @@ SCRIPT = textwrap.dedent(r"""
         A.decode_attention_kernel, da_types, dict(cx, HQ=4, HKV=2, HEAD_DIM=8, D_PAD=16, ROPE=1, QK_NORM=True,
                                                   NUM_SPLITS=4, BLOCK_S=16, MIN_CHUNK=16), 4, 2, da_aligned)
     # the whole-cache form: the Qwen code predictor's 16 positions (one 16-row tile), and a 64-position cache
-    for name, block_s in (("code_predictor", 16), ("s64", 64)):
+    for name, block_s, warps in (("code_predictor", 16, 4), ("s64", 64, 4), ("code_predictor_w1", 16, 1)):
         results[f"attention/whole/{name}"] = build(
             A.decode_attention_kernel, da_types, dict(cx, HQ=16, HKV=8, ROPE=1, QK_NORM=True, NUM_SPLITS=1,
-                                                      BLOCK_S=block_s, WHOLE=True), 4, 1, da_aligned)
+                                                      BLOCK_S=block_s, WHOLE=True), warps, 1, da_aligned)
     # the fused qkv projection + whole-cache attention (qkv_attention) at the predictors' one-row shapes: the code
     # predictor's PRELOAD projection (K 1024, q/k norm, NeoX) and Fish fast_ar's loop one (K 2560, interleaved)
     qa_types = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", g_ptr="*bf16", qkv_ptr="*bf16", pos_ptr="*i64",
@@ -226,6 +226,9 @@ def test_kernels_compile_for_sm90_with_the_intended_machine_code(sm90):
             if "splits1" not in key and "layer1" not in key:
                 assert r["ATOM"] > 0, (key, r)  # the ticket of the split merge
     assert sum(k.startswith("skinny/dot64") and sm90[k]["HGMMA"] > 0 for k in sm90) > 0  # wgmma at 64 rows
+    # one warp (TTSAOT_WHOLE_ATTENTION_WARPS=1): the tile's reductions and dot operands stay in the warp
+    whole = sm90["attention/whole/code_predictor"]["BAR.SYNC"]
+    assert sm90["attention/whole/code_predictor_w1"]["BAR.SYNC"] < whole / 2, whole
     for key in ("skinny/dot/fused_split4", "skinny/gemv/fused_split4"):
         # the in-kernel split-K reduction: a barrier before the tile counter's atomic (and the counter's reset)
         assert sm90[key]["ATOM"] >= 1 and sm90[key]["BAR.SYNC"] >= 1, (key, sm90[key])

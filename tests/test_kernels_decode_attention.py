@@ -196,6 +196,43 @@ def test_whole_cache_form_ignores_slots_past_the_position(rope, qk_norm):
     assert torch.equal(t["v_cache"].cpu()[at], clean["v_cache"].cpu()[at])  # this token's v written
 
 
+def test_whole_form_warps_switch(monkeypatch):
+    """TTSAOT_WHOLE_ATTENTION_WARPS (a build-time A/B switch): the whole-cache form launches the fixed-warp kernel
+    it names (not the autotuned one), with the same result; the loop form keeps autotuning; a bad value is a clear
+    error."""
+    from ttsaot.builder.kernels import decode_attention_triton as kernels
+    from ttsaot.builder.kernels.decode_attention import WHOLE_WARPS_ENV, whole_warps
+
+    monkeypatch.delenv(WHOLE_WARPS_ENV, raising=False)
+    assert whole_warps() is None
+    monkeypatch.setenv(WHOLE_WARPS_ENV, "3")
+    with pytest.raises(ValueError, match="expected 1, 2, 4 or 8"):
+        whole_warps()
+    launched = []
+
+    class Spy:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            launched.append(self.name)
+            return self.kernel[grid] if self.kernel is not None else lambda *args, **meta: None
+
+    monkeypatch.setattr(kernels, "decode_attention_whole", {2: Spy("whole2", kernels.decode_attention_whole[2])})
+    # (recorded, not run: autotuning several configs needs a GPU)
+    monkeypatch.setattr(kernels, "decode_attention_autotuned", Spy("autotuned", None))
+    B, hq, hkv, hd, S, L = 2, 4, 2, 16, 12, 1
+    t = _case(B, hq, hkv, hd, S, L, torch.float32, "neox", True)
+    ref_t = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
+    args = dict(layer=0, scale=hd**-0.5)
+    monkeypatch.setenv(WHOLE_WARPS_ENV, "2")
+    o = launch_decode_attention(**t, **args, num_splits=1)
+    assert launched == ["whole2"]
+    assert rel_err(o.cpu(), decode_attention_reference(**ref_t, **args).cpu()) < 1e-5
+    launch_decode_attention(**ref_t, **args, num_splits=1, block_s=8)  # S > 8: the loop form
+    assert launched == ["whole2", "autotuned"]
+
+
 def test_strided_qkv_rows():
     """qkv may be one position of a [B, T, ·] projection (rows strided, elements contiguous)."""
     B, hq, hkv, hd, S, L = 3, 4, 2, 16, 40, 1

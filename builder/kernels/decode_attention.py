@@ -37,6 +37,7 @@ by the kernel, is not touched).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,10 @@ MAX_SPLITS = 16  # the last split merges ≤ this many partials
 MIN_CHUNK = 64  # fewest positions per split: shorter contexts run in one program
 BLOCK_S = 64  # cache positions per loop step (a whole number of them per split)
 ROPE_TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64: the CPU reference only
+# TTSAOT_WHOLE_ATTENTION_WARPS=1|2|4|8 at build time: the whole-cache form (the predictors' caches) launches at that
+# many warps instead of autotuning over ATTENTION_CONFIGS, whose timing of the kernel alone cannot see what a chain
+# of programmatic launches sees (bench/probes/attention_chain.py). A package-key switch (package_cache), for A/Bs.
+WHOLE_WARPS_ENV = "TTSAOT_WHOLE_ATTENTION_WARPS"
 
 
 def _heads(qkv: torch.Tensor, k_cache: torch.Tensor) -> tuple[int, int, int]:
@@ -237,6 +242,16 @@ def plan_num_splits(rows: int, cache_len: int, multiprocessors: int) -> int:
     return max(1, min(splits, MAX_SPLITS, cdiv(cache_len, MIN_CHUNK)))
 
 
+def whole_warps() -> int | None:
+    """The whole-cache form's warps from WHOLE_WARPS_ENV (read at trace time), None when unset: autotuned."""
+    value = os.environ.get(WHOLE_WARPS_ENV, "").strip()
+    if not value:
+        return None
+    if value not in ("1", "2", "4", "8"):
+        raise ValueError(f"{WHOLE_WARPS_ENV}={value!r}: expected 1, 2, 4 or 8 (warps of the whole-cache attention)")
+    return int(value)
+
+
 def attention_workspace(rows: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
     """A zeroed workspace for a step's decode_attention calls: one int32 ticket per (row, kv head); every call
     leaves it zeroed, so one per step serves all its layers. `rows`: any [B, ...] tensor of the step."""
@@ -329,10 +344,12 @@ def launch_decode_attention(
         WHOLE=whole,
     )  # off-GPU = the interpreter
     grid = (B * hkv, num_splits)
-    if config is None:
-        wrap(kernels.decode_attention_autotuned)[grid](*args, **meta)
-    else:
+    if config is not None:
         wrap(kernels.decode_attention_kernel)[grid](*args, **meta, **config)
+    elif whole and whole_warps() is not None:
+        wrap(kernels.decode_attention_whole[whole_warps()])[grid](*args, **meta)
+    else:
+        wrap(kernels.decode_attention_autotuned)[grid](*args, **meta)
     return o
 
 
