@@ -208,3 +208,63 @@ def test_gpu_predictor_shapes_through_the_op(name, B):
     want = qkv_attention_reference(*proj, **{**_attention_args(t), **ref}, **args)
     assert rel_err(o.float(), want.float()) < 1e-2 and not ws.any()
     assert rel_err(t["k_cache"].float(), ref["k_cache"].float()) < 1e-2
+
+
+class _FusedStep(torch.nn.Module):
+    """Two layers as a predictor step traces them with the switch: the fused op, then o_proj + residual."""
+
+    def __init__(self, D=256, hq=4, hkv=2, hd=64, S=16):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        n = (hq + 2 * hkv) * hd
+        self.norm = torch.nn.Parameter(torch.rand(2, D, generator=g) + 0.5)
+        self.wqkv = torch.nn.Parameter(torch.randn(2, n, D, generator=g) / D**0.5)
+        self.wo = torch.nn.Parameter(torch.randn(2, D, hq * hd, generator=g) / (hq * hd) ** 0.5)
+        self.qn = torch.nn.Parameter(torch.rand(2, hd, generator=g) + 0.5)
+        cos, sin = rope_table(hd, S, 10000.0)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        self.scale = hd**-0.5
+
+    def forward(self, x, positions, k_cache, v_cache, workspace):
+        from ttsaot.builder.kernels.skinny_linear import skinny_linear
+
+        for i in range(2):
+            o = qkv_attention(
+                x, self.wqkv[i], None, self.norm[i], 1e-5, positions, k_cache, v_cache, i, self.scale, self.cos,
+                self.sin, False, self.qn[i], self.qn[i], 1e-6, workspace,
+            )  # fmt: skip
+            x = skinny_linear(o, self.wo[i], residual=x)
+        return x
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+def test_gpu_aoti_package_of_a_fused_step(tmp_path):
+    """AOTInductor compiles the fused op (its pruned configs, the cache and counter mutations) into a package that
+    computes the step's eager function and writes the caller's caches, leaving the counters zeroed."""
+    from torch._inductor import aoti_compile_and_package, aoti_load_package
+
+    def inputs():
+        g = torch.Generator().manual_seed(4)
+        return (
+            torch.randn(1, 256, generator=g).cuda(),
+            torch.tensor([9]).cuda(),
+            torch.randn(2, 1, 2, 16, 64, generator=g).cuda(),
+            torch.randn(2, 1, 2, 16, 64, generator=g).cuda(),
+            torch.zeros(2, dtype=torch.int32).cuda(),
+        )
+
+    m = _FusedStep().cuda()
+    with torch.no_grad():
+        ep = torch.export.export(m, inputs(), strict=False)
+        assert sum(n.target == QKV_ATTN for n in ep.graph.nodes) == 2
+        path = aoti_compile_and_package(ep, package_path=str(tmp_path / "fused.pt2"))
+    runner = aoti_load_package(path, run_single_threaded=True)
+    got_args, want_args = inputs(), inputs()
+    with torch.no_grad():
+        got = runner(*got_args)
+        want = m(*want_args)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got_args[2], want_args[2], rtol=1e-4, atol=1e-4)
+    assert not got_args[4].any() and not want_args[4].any()
