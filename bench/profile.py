@@ -501,13 +501,15 @@ def render(res: dict[str, Any]) -> str:
             share = f"{r['share']:.0%}" if r["share"] is not None else "—"
             own = f"{r['own_us_per_call']:9.2f}" if "own_us_per_call" in r else f"{'—':>9}"
             lines.append(f"  {r['us_per_call']:9.2f} {own} {r['per_call']:7.3g} {share:>6}  {r['name'][:100]}")
-        if b.get("by_launch"):
+        # (from the timeline where a profile predates `by_launch`)
+        by_launch = b.get("by_launch") or (own_per_launch(b["timeline"]) if b.get("timeline") else None)
+        if by_launch:
             lines.append(
                 f"  by launch shape (top {LAUNCH_LINES}): {'n':>4} {'own µs each':>11} {'own µs':>9}  kernel  launch"
             )
             lines += [
                 f"  {'':28}{r['n']:4d} {r['own_us_median']:11.2f} {r['own_us']:9.2f}  {r['name'][:60]}  {r['launch']}"
-                for r in b["by_launch"][:LAUNCH_LINES]
+                for r in by_launch[:LAUNCH_LINES]
             ]
         if b.get("timeline") and len(b["timeline"]) > TIMELINE_LINES:
             lines.append(f"  one call in launch order: {len(b['timeline'])} activities, in the JSON's `timeline`")

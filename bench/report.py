@@ -117,6 +117,46 @@ def load_results(results: Path, include_cpu: bool) -> dict[str, dict[str, Any]]:
     return devices
 
 
+LAUNCH_ROWS = 6  # launch shapes per profiled bucket in `launch_shapes_section`
+
+
+def launch_shapes_section(profiles: list[dict]) -> str:
+    """The kernel layer's profiles by kernel and launch shape (bench/profile.py `own_per_launch`, from each bucket's
+    one-call timeline): in a decode stage each projection of a layer has its own grid, so the rows are its roles.
+    Empty when no profile has a timeline."""
+    from .profile import own_per_launch
+
+    rows = []
+    for r in sorted(profiles, key=lambda r: (r["stage"]["family"], r["stage"]["stage"])):
+        if r["kernels"] != "ttsaot":
+            continue
+        st = r["stage"]
+        for key, b in r.get("buckets", {}).items():
+            if not b.get("timeline") or not b.get("own_ms"):
+                continue
+            for g in own_per_launch(b["timeline"])[:LAUNCH_ROWS]:
+                rows.append(
+                    [
+                        f"{st['family']}/{st['stage']}",
+                        f"`{key}`",
+                        f"`{g['name'][:40]}`",
+                        g["launch"],
+                        f"{g['n']}",
+                        f"{g['own_us_median']:.2f}",
+                        f"{g['own_us']:.1f}",
+                        f"{g['own_us'] / (b['own_ms'] * 1e3):.0%}",
+                    ]
+                )
+    if not rows:
+        return ""
+    header = ["stage", "bucket", "kernel", "launch", "per call", "own µs each", "own µs/call", "of busy"]
+    return (
+        f"Where the kernel layer's profiled calls spend their time, by kernel and launch shape (the {LAUNCH_ROWS} "
+        "largest per bucket; one call's timeline; own µs: a launch's span less what overlaps earlier ones, the "
+        "median over its launches; in a decode stage each projection has its own grid):\n\n" + _table(header, rows)
+    )
+
+
 def profiles_section(profiles: list[dict]) -> str:
     """One row per (stage, kernel choice, bucket) of the `bench profile` results (bench/profile.py)."""
     rows = []
@@ -736,6 +776,8 @@ def write_report(results: Path, output: Path, plot_dir: Path | None = None, incl
             ]
         if d.get("profiles"):
             parts += [profiles_section(d["profiles"]), ""]
+            shapes = launch_shapes_section(d["profiles"])
+            parts += [shapes, ""] if shapes else []
         for res in d.get("builds", []):
             from .build_times import summary as builds_summary
 

@@ -214,7 +214,7 @@ def test_sampling_rows_are_the_predictor_inputs_only():
 def test_busy_time_in_the_text_and_the_report_rows():
     """A CUDA profile's busy time (spans, overlaps counted once) and each kernel's own time reach the text table and
     `bench report`'s profile rows; profiles recorded before it show a dash."""
-    from bench.report import profiles_section
+    from bench.report import launch_shapes_section, profiles_section
 
     timeline = kernel_timeline([("qkv", 0.0, 5.0, {}), ("attn", 2.0, 6.0, {}), ("o", 9.0, 3.0, {})], calls=1)
     own = own_per_name(timeline)
@@ -241,6 +241,12 @@ def test_busy_time_in_the_text_and_the_report_rows():
     assert "     6.00      3.00  attn" in text  # the timeline's span and own columns
     row = next(ln for ln in profiles_section([res]).splitlines() if ln.startswith("| voxcpm2/base_lm_step"))
     assert "| -2.0 | 11.0 |" in row
+    # by launch shape: the text's table, and the report's rows with each shape's share of the busy time
+    assert "by launch shape" in text
+    shapes = [ln for ln in launch_shapes_section([res]).splitlines() if ln.startswith("| voxcpm2/base_lm_step")]
+    assert [ln.split(" | ")[2] for ln in shapes] == ["`qkv`", "`attn`", "`o`"]  # own 5, 3, 3: most first
+    assert shapes[0].endswith("| 1 | 5.00 | 5.0 | 45% |")
+    assert launch_shapes_section([{**res, "kernels": "inductor"}]) == ""  # the kernel layer's profiles only
     del bucket["own_ms"]
     row = next(ln for ln in profiles_section([res]).splitlines() if ln.startswith("| voxcpm2/base_lm_step"))
     assert "| -2.0 | — |" in row
