@@ -252,6 +252,38 @@ def whole_warps() -> int | None:
     return int(value)
 
 
+def whole_block(cache_len: int) -> int:
+    """The whole-cache form's tile: the cache's positions rounded up to a power of 2, at least 16 (tl.dot's)."""
+    return max(16, next_power_of_2(cache_len))
+
+
+def head_meta(
+    qkv: torch.Tensor,
+    hq: int,
+    hkv: int,
+    hd: int,
+    cos: torch.Tensor | None,
+    rope_interleaved: bool,
+    q_norm: torch.Tensor | None,
+) -> dict[str, Any]:
+    """The attention kernels' head constants (decode_attention_kernel's, qkv_attention_kernel's) for a step whose
+    fused qkv rows have qkv's dtype and device: lanes padded to 16 for tl.dot (D_PAD, G_PAD), the RoPE form, exact
+    fp32 dots for fp32 rows and off the GPU (the interpreter)."""
+    from . import decode_attention_triton as kernels
+
+    rope = kernels.ROPE_NONE if cos is None else kernels.ROPE_INTERLEAVED if rope_interleaved else kernels.ROPE_NEOX
+    return dict(
+        HQ=hq,
+        HKV=hkv,
+        HEAD_DIM=hd,
+        D_PAD=max(16, hd),
+        G_PAD=max(16, next_power_of_2(hq // hkv)),
+        ROPE=rope,
+        QK_NORM=q_norm is not None,
+        FP32_DOT=qkv.dtype == torch.float32 or qkv.device.type != "cuda",
+    )
+
+
 def attention_workspace(rows: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
     """A zeroed workspace for a step's decode_attention calls: one int32 ticket per (row, kv head); every call
     leaves it zeroed, so one per step serves all its layers. `rows`: any [B, ...] tensor of the step."""
@@ -292,7 +324,7 @@ def launch_decode_attention(
     # One split over a cache of at most block_s positions: the whole-cache form, its tile the cache rounded up.
     whole = num_splits == 1 and S <= block_s
     if whole:
-        block_s = max(16, next_power_of_2(S))
+        block_s = whole_block(S)
     d_pad = max(16, hd)
     o = qkv.new_empty((B, hq * hd))
     if num_splits > 1:
@@ -307,7 +339,6 @@ def launch_decode_attention(
         # three fill kernels per layer (H100 profiles of the predictors; bench/probes/functional_copies.py).
         # qkv is a kernel's output, a realized buffer.
         part_o = part_ml = ws = qkv
-    rope = kernels.ROPE_NONE if cos is None else kernels.ROPE_INTERLEAVED if rope_interleaved else kernels.ROPE_NEOX
     args = (
         qkv,
         positions,
@@ -329,25 +360,19 @@ def launch_decode_attention(
         float(scale) * kernels.LOG2E,
     )
     meta = dict(
-        HQ=hq,
-        HKV=hkv,
-        HEAD_DIM=hd,
-        D_PAD=d_pad,
-        G_PAD=max(16, next_power_of_2(hq // hkv)),
-        ROPE=rope,
-        QK_NORM=q_norm is not None,
+        head_meta(qkv, hq, hkv, hd, cos, rope_interleaved, q_norm),
         NUM_SPLITS=num_splits,
         MIN_CHUNK=min_chunk,
         BLOCK_S=block_s,
-        FP32_DOT=qkv.dtype == torch.float32 or qkv.device.type != "cuda",
         PDL=kernels_wait(qkv.device),
         WHOLE=whole,
-    )  # off-GPU = the interpreter
+    )
     grid = (B * hkv, num_splits)
+    warps = whole_warps() if whole else None
     if config is not None:
         wrap(kernels.decode_attention_kernel)[grid](*args, **meta, **config)
-    elif whole and whole_warps() is not None:
-        wrap(kernels.decode_attention_whole[whole_warps()])[grid](*args, **meta)
+    elif warps is not None:
+        wrap(kernels.decode_attention_whole[warps])[grid](*args, **meta)
     else:
         wrap(kernels.decode_attention_autotuned)[grid](*args, **meta)
     return o

@@ -33,7 +33,14 @@ from typing import Any
 import torch
 
 from .common import HAVE_TRITON, cdiv, next_power_of_2, no_wrap
-from .decode_attention import MIN_CHUNK, attention_workspace, check_heads, decode_attention_reference
+from .decode_attention import (
+    MIN_CHUNK,
+    attention_workspace,
+    check_heads,
+    decode_attention_reference,
+    head_meta,
+    whole_block,
+)
 from .decompositions import register_reference
 from .pdl import kernels_wait
 from .skinny_linear import GEMV_MAX_M, norm_block, skinny_linear_reference
@@ -151,15 +158,11 @@ def launch_qkv_attention(
     n_out, k = weight.shape
     hq = n_out // hd - 2 * hkv
     m = x.shape[0]
-    torch._check(m <= GEMV_MAX_M and S <= MIN_CHUNK, lambda: f"qkv_attention: {m} rows / {S} positions do not fit")
+    torch._check(fits(x, k_cache), lambda: f"qkv_attention: {m} rows / {S} positions do not fit the fused kernel")
     x2 = x.contiguous()
     qkv = x2.new_empty((m, n_out))
     o = x2.new_empty((m, hq * hd))
     ws = workspace if workspace is not None else attention_workspace(x2, k_cache)
-    if cos is None:
-        rope = attention.ROPE_NONE
-    else:
-        rope = attention.ROPE_INTERLEAVED if rope_interleaved else attention.ROPE_NEOX
     args = (
         x2,
         weight,
@@ -188,22 +191,15 @@ def launch_qkv_attention(
         float(scale) * attention.LOG2E,
     )
     meta = dict(
+        head_meta(x2, hq, hkv, hd, cos, rope_interleaved, q_norm),
         HAS_NORM=norm_weight is not None,
         HAS_BIAS=bias is not None,
         PDL=kernels_wait(x.device),
         NORM_BLOCK=norm_block(k, m, False),
         NORM_CHUNKS=0,
         BLOCK_M=next_power_of_2(m),
-        HQ=hq,
-        HKV=hkv,
-        HEAD_DIM=hd,
-        D_PAD=max(16, hd),
-        G_PAD=max(16, next_power_of_2(hq // hkv)),
-        ROPE=rope,
-        QK_NORM=q_norm is not None,
-        BLOCK_S=max(16, next_power_of_2(S)),
-        FP32_DOT=x.dtype == torch.float32 or x.device.type != "cuda",
-    )  # off-GPU = the interpreter
+        BLOCK_S=whole_block(S),
+    )
 
     def grid(meta):
         return (1, cdiv(n_out, meta["BLOCK_N"]), 1)
