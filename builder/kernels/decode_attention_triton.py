@@ -488,7 +488,8 @@ ATTENTION_CONFIGS = [
 ATTENTION_KEY = ["S", "HQ", "HKV", "HEAD_DIM", "BLOCK_S", "NUM_SPLITS", "MIN_CHUNK", "ROPE", "QK_NORM", "WHOLE"]
 decode_attention_autotuned = triton.autotune(configs=ATTENTION_CONFIGS, key=ATTENTION_KEY)(decode_attention_kernel)
 # The whole-cache form at a fixed warp count (decode_attention.whole_warps, a build-time A/B switch): one config
-# each, nothing to time. An sm_90 compile of the code predictor's case: 5 barriers at 1 warp, 34 at 4.
+# each, nothing to time. An sm_90 compile of the code predictor's case: 5 barriers at 1 warp, 34 at 4
+# (bench/results/cpu/probes/sm90_compile/).
 WHOLE_WARPS = (1, 2, 4, 8)
 decode_attention_whole = {
     w: triton.autotune(configs=[triton.Config({}, num_warps=w, num_stages=1)], key=ATTENTION_KEY)(

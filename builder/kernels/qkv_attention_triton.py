@@ -115,7 +115,7 @@ def qkv_attention_kernel(
     counter = ws_ptr + token + h
     if last_to_arrive(counter, (G + 2) * HEAD_DIM // BLOCK_N):
         # unrolled over the GEMV form's rows (BLOCK_M = M ≤ 2): a runtime loop kept its pointers live across the
-        # attention, 139 registers per thread in an sm_90 compile of the code predictor's case against 96
+        # attention (more registers per thread in the sm_90 compile of the code predictor's case)
         for b in tl.static_range(BLOCK_M):
             if b < M:
                 pos = tl.load(pos_ptr + token + b).to(tl.int32)
