@@ -129,3 +129,48 @@ def test_real_analysis_of_a_kernel_layer_kernel_is_unchanged():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", REAL], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+
+
+# What each decode-step kernel writes, by launch form (tests/kernel_access_cases.py launches them): nothing else.
+WRITES = {
+    "skinny gemv": {"skinny_linear_kernel": ["y_ptr"]},
+    "skinny gemv preload": {"skinny_linear_kernel": ["y_ptr"]},
+    "skinny gemv split-k": {"skinny_linear_kernel": ["part_ptr", "y_ptr"], "split_k_epilogue_kernel": ["y_ptr"]},
+    "skinny gemv split-k fused reduce": {"skinny_linear_kernel": ["part_ptr", "sem_ptr", "y_ptr"]},
+    "skinny dot": {"skinny_linear_kernel": ["y_ptr"]},
+    "skinny dot stream": {"skinny_linear_kernel": ["y_ptr"]},
+    "skinny gated": {"skinny_linear_kernel": ["y_ptr"]},
+    "skinny residual": {"skinny_linear_kernel": ["y_ptr"]},
+    "decode attention whole": {"decode_attention_kernel": ["kc_ptr", "o_ptr", "vc_ptr"]},
+    "decode attention split": {
+        "decode_attention_kernel": ["kc_ptr", "o_ptr", "part_ml_ptr", "part_o_ptr", "vc_ptr", "ws_ptr"]
+    },
+    "qkv attention": {"qkv_attention_kernel": ["kc_ptr", "o_ptr", "qkv_ptr", "vc_ptr", "ws_ptr"]},
+    "qkv attention preload": {"qkv_attention_kernel": ["kc_ptr", "o_ptr", "qkv_ptr", "vc_ptr", "ws_ptr"]},
+    "sequence attention": {"sequence_attention_kernel": ["o_ptr"]},
+    "window attention": {"window_attention_kernel": ["o_ptr"]},
+    "sample": {"sample_tokens_kernel": ["out_ptr"]},
+}
+
+
+def test_decode_step_kernels_write_only_their_outputs_in_torch_analysis():
+    """torch's analysis of every decode-step kernel form, as an sm_90 AOTInductor build runs it: its write set is
+    the kernel's outputs and workspaces, never an input. A leaked input is a mutated weight in the package (the
+    H200 code_predictor packages at 2d3e484 returned every projection weight; kernel_access_cases.py says how)."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.kernel_access_cases"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    got: dict[str, dict[str, list[str]]] = {}
+    for line in r.stdout.splitlines():
+        row = json.loads(line)
+        got.setdefault(row["form"], {})[row["kernel"]] = row["writes"]
+    assert got == WRITES

@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 
 from .decode_attention_triton import _whole_cache_head
-from .skinny_linear_triton import GEMV_CONFIGS, _epilogue, _gemv_program, _prune_gemv
+from .pdl_triton import grid_dependency_wait
+from .skinny_linear_triton import GEMV_CONFIGS, _epilogue, _fma_w_tile, _gemv_program, _prune_gemv
 from .split_k_triton import last_to_arrive, reset_counter
 
 
@@ -83,20 +84,26 @@ def qkv_attention_kernel(
     pid_n = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N_OUT
-    acc, acc_up, offs_m, m_mask, token = _gemv_program(
+    # W first, then the wait, then the rows offset by its token (here, not in `_gemv_program`, which says why)
+    w0, wu0 = _fma_w_tile(w_ptr, offs_n[None, :, None], n_mask[None, :, None], N_OUT, K, 0, K, False, BLOCK_K)
+    token = grid_dependency_wait(PDL, True)
+    offs_m = tl.arange(0, BLOCK_M) + token
+    m_mask = offs_m < M
+    acc, acc_up = _gemv_program(
         x_ptr,
         w_ptr,
         g_ptr,
-        0,
+        w0,
+        wu0,
+        offs_m,
+        m_mask,
         offs_n,
-        n_mask,
         M,
         N_OUT,
         K,
         0,
         K,
         eps,
-        PDL,
         HAS_NORM,
         False,
         True,

@@ -346,16 +346,17 @@ def _gemv_program(
     x_ptr,
     w_ptr,
     g_ptr,
-    pid_m,
+    w0,
+    wu0,
+    offs_m,
+    m_mask,
     offs_n,
-    n_mask,
     M,
     N_OUT,
     K,
     k_lo,
     k_hi,
     eps,
-    PDL: tl.constexpr,
     HAS_NORM: tl.constexpr,
     GATED: tl.constexpr,
     WHOLE_ROW: tl.constexpr,
@@ -366,15 +367,15 @@ def _gemv_program(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """One program of the GEMV (FMA) form up to its fp32 accumulators: its first W tile (all of its W with
-    PRELOAD) loaded, then the grid-dependency wait with the early trigger, then the RMSNorm's rstd and the K range
-    k_lo..k_hi. WHOLE_ROW: the range is the whole row (no split-K), so a PRELOAD tile gives the rstd too. Returns
-    (acc, acc_up, offs_m, m_mask, token): the rows are offset by the wait's token, so no access by row can move
-    before the wait. skinny_linear_kernel's GEMV form and qkv_attention_kernel's projection."""
-    w0, wu0 = _fma_w_tile(w_ptr, offs_n[None, :, None], n_mask[None, :, None], N_OUT, K, k_lo, k_hi, GATED, BLOCK_K)
-    token = grid_dependency_wait(PDL, True)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M) + token
-    m_mask = offs_m < M
+    """One program of the GEMV (FMA) form after the grid-dependency wait, up to its fp32 accumulators (acc, acc_up):
+    the RMSNorm's rstd, then the K range k_lo..k_hi from its first W tile w0 / wu0 (`_fma_w_tile`, all of its W
+    with PRELOAD), which the caller loaded before the wait. WHOLE_ROW: the range is the whole row (no split-K), so
+    a PRELOAD tile gives the rstd too. skinny_linear_kernel's GEMV form and qkv_attention_kernel's projection.
+
+    The caller loads w0, waits and makes the rows (offs_m = ... + the wait's token) itself: torch's access
+    analysis follows a pointer back through the call that made any of its offsets, so rows returned from a call
+    that takes x / W / g would mark those written too (every projection's weights became package outputs, H200
+    at 2d3e484; tests/test_kernel_analysis.py)."""
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_NORM and not (PRELOAD and WHOLE_ROW):  # (one preloaded tile of the whole row: rstd from that tile)
         rstd = _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M, NORM_BLOCK if NORM_BLOCK > 0 else BLOCK_K, NORM_CHUNKS)
@@ -403,7 +404,7 @@ def _gemv_program(
             BLOCK_N,
             BLOCK_K,
         )
-    return acc, acc_up, offs_m, m_mask, token
+    return acc, acc_up
 
 
 @triton.jit
@@ -473,21 +474,26 @@ def skinny_linear_kernel(
     # loaded its first W tile before the wait and triggered at once was slower still on the 1-row VoxCPM2 audio
     # packages, H100: local_encoder 0.572 vs 0.485 ms in one call, locdit 5.49 vs 5.20 ms in another;
     # bench/results/nvidia-h100/probes/tile_form_early_w/.)
-    if not USE_DOT:
-        acc, acc_up, offs_m, m_mask, token = _gemv_program(
+    if not USE_DOT:  # W first (weights only: safe before the wait), then the wait with the early trigger
+        w0, wu0 = _fma_w_tile(w_ptr, offs_n[None, :, None], n_mask[None, :, None], N_OUT, K, k_lo, k_hi, GATED, BLOCK_K)
+        token = grid_dependency_wait(PDL, True)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M) + token
+        m_mask = offs_m < M
+        acc, acc_up = _gemv_program(
             x_ptr,
             w_ptr,
             g_ptr,
-            pid_m,
+            w0,
+            wu0,
+            offs_m,
+            m_mask,
             offs_n,
-            n_mask,
             M,
             N_OUT,
             K,
             k_lo,
             k_hi,
             eps,
-            PDL,
             HAS_NORM,
             GATED,
             SPLIT_K == 1,
