@@ -198,8 +198,8 @@ def test_whole_cache_form_ignores_slots_past_the_position(rope, qk_norm):
 
 def test_whole_form_warps_switch(monkeypatch):
     """TTSAOT_WHOLE_ATTENTION_WARPS (a build-time A/B switch): the whole-cache form launches the fixed-warp kernel
-    it names (not the autotuned one), with the same result; the loop form keeps autotuning; a bad value is a clear
-    error."""
+    it names (not the autotuned one), with the same result; unset, it autotunes over its own 1-8 warp configs; the
+    loop form keeps the loop's configs; a bad value is a clear error."""
     from ttsaot.builder.kernels import decode_attention_triton as kernels
     from ttsaot.builder.kernels.decode_attention import WHOLE_WARPS_ENV, whole_warps
 
@@ -221,6 +221,7 @@ def test_whole_form_warps_switch(monkeypatch):
     monkeypatch.setattr(kernels, "decode_attention_whole", {2: Spy("whole2", kernels.decode_attention_whole[2])})
     # (recorded, not run: autotuning several configs needs a GPU)
     monkeypatch.setattr(kernels, "decode_attention_autotuned", Spy("autotuned", None))
+    monkeypatch.setattr(kernels, "decode_attention_whole_autotuned", Spy("whole autotuned", None))
     B, hq, hkv, hd, S, L = 2, 4, 2, 16, 12, 1
     t = _case(B, hq, hkv, hd, S, L, torch.float32, "neox", True)
     ref_t = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
@@ -231,6 +232,10 @@ def test_whole_form_warps_switch(monkeypatch):
     assert rel_err(o.cpu(), decode_attention_reference(**ref_t, **args).cpu()) < 1e-5
     launch_decode_attention(**ref_t, **args, num_splits=1, block_s=8)  # S > 8: the loop form
     assert launched == ["whole2", "autotuned"]
+    monkeypatch.delenv(WHOLE_WARPS_ENV)
+    launch_decode_attention(**ref_t, **args, num_splits=1)
+    assert launched == ["whole2", "autotuned", "whole autotuned"]
+    assert sorted(c.num_warps for c in kernels.WHOLE_CONFIGS) == [1, 2, 4, 8]
 
 
 def test_strided_qkv_rows():

@@ -59,8 +59,8 @@ MIN_CHUNK = 64  # fewest positions per split: shorter contexts run in one progra
 BLOCK_S = 64  # cache positions per loop step (a whole number of them per split)
 ROPE_TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64: the CPU reference only
 # TTSAOT_WHOLE_ATTENTION_WARPS=1|2|4|8 at build time: the whole-cache form (the predictors' caches) launches at that
-# many warps instead of autotuning over ATTENTION_CONFIGS, whose timing of the kernel alone cannot see what a chain
-# of programmatic launches sees (bench/probes/attention_chain.py). A package-key switch (package_cache), for A/Bs.
+# many warps instead of autotuning over 1-8 (decode_attention_triton.WHOLE_CONFIGS). A package-key switch
+# (package_cache), for A/Bs in a chain of programmatic launches (bench/probes/attention_chain.py).
 WHOLE_WARPS_ENV = "TTSAOT_WHOLE_ATTENTION_WARPS"
 
 
@@ -243,7 +243,8 @@ def plan_num_splits(rows: int, cache_len: int, multiprocessors: int) -> int:
 
 
 def whole_warps() -> int | None:
-    """The whole-cache form's warps from WHOLE_WARPS_ENV (read at trace time), None when unset: autotuned."""
+    """The whole-cache form's warps from WHOLE_WARPS_ENV (read at trace time), None when unset: autotuned over
+    WHOLE_CONFIGS."""
     value = os.environ.get(WHOLE_WARPS_ENV, "").strip()
     if not value:
         return None
@@ -371,8 +372,9 @@ def launch_decode_attention(
     warps = whole_warps() if whole else None
     if config is not None:
         wrap(kernels.decode_attention_kernel)[grid](*args, **meta, **config)
-    elif warps is not None:
-        wrap(kernels.decode_attention_whole[warps])[grid](*args, **meta)
+    elif whole:
+        kernel = kernels.decode_attention_whole[warps] if warps else kernels.decode_attention_whole_autotuned
+        wrap(kernel)[grid](*args, **meta)
     else:
         wrap(kernels.decode_attention_autotuned)[grid](*args, **meta)
     return o
