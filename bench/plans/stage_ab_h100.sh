@@ -11,12 +11,14 @@
 #   OTHER=../.snap_old STAGES="voxcpm2/locdit voxcpm2/local_encoder" AXIS=batch=1 bash bench/plans/stage_ab_h100.sh
 #   ALT=../.snap_alt VARIANTS="new old alt" OTHER=../.snap_old bash bench/plans/stage_ab_h100.sh
 #   VARIANTS="new stream" bash bench/plans/stage_ab_h100.sh   (no second tree needed)
+#   VERIFY=1 ...: the builds verified (the builder loads each package and checks it against eager) as users' are
 set -u
 cd "$(dirname "$0")/../.."
 export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}; LOGS=$OUT/logs; mkdir -p "$LOGS"; T0=$(date +%s)
 STAGES=${STAGES:-voxcpm2/locdit voxcpm2/local_encoder}; AXIS=${AXIS:-batch=1}; BUILD_S=${BUILD_S:-360}
 END_S=${END_S:-570}; JOBS=${JOBS:-2}
+NO_VERIFY=--no-verify; [ "${VERIFY:-0}" = 1 ] && NO_VERIFY=  # VERIFY=1: each build loaded and checked against eager
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$LOGS/install.txt" 2>&1
 HERE=$PWD
 if [ -n "${OTHER:-}" ]; then
@@ -42,7 +44,7 @@ variant() {  # NAME: run the rest of the line in that variant's tree and environ
 }
 VARIANTS=${VARIANTS:-new old nopdl}
 for v in $VARIANTS; do
-  variant "$v" timeout -s INT -k 10 "$BUILD_S" python3 -m bench build $STAGES --axis "$AXIS" --no-verify --jobs "$JOBS" \
+  variant "$v" timeout -s INT -k 10 "$BUILD_S" python3 -m bench build $STAGES --axis "$AXIS" $NO_VERIFY --jobs "$JOBS" \
     --cache-dir "/tmp/ab_cache_$v" > "$LOGS/build_$v.log" 2>&1 &
 done
 wait
