@@ -196,18 +196,18 @@ def test_whole_cache_form_ignores_slots_past_the_position(rope, qk_norm):
     assert torch.equal(t["v_cache"].cpu()[at], clean["v_cache"].cpu()[at])  # this token's v written
 
 
-def test_whole_form_warps_switch(monkeypatch):
-    """TTSAOT_WHOLE_ATTENTION_WARPS (a build-time A/B switch): the whole-cache form launches the fixed-warp kernel
-    it names (not the autotuned one), with the same result; unset, it autotunes over its own 1-8 warp configs; the
-    loop form keeps the loop's configs; a bad value is a clear error."""
+def test_whole_form_warps_rule_and_switch(monkeypatch):
+    """The whole-cache form launches the fixed-warp kernel of WHOLE_WARPS_BY_ROPE (1 warp for NeoX RoPE, 8 for
+    interleaved) or of TTSAOT_WHOLE_ATTENTION_WARPS (a build-time A/B switch), with the same result; the loop form
+    autotunes; a bad value is a clear error."""
     from ttsaot.builder.kernels import decode_attention_triton as kernels
     from ttsaot.builder.kernels.decode_attention import WHOLE_WARPS_ENV, whole_warps
 
     monkeypatch.delenv(WHOLE_WARPS_ENV, raising=False)
-    assert whole_warps() is None
+    assert (whole_warps("none"), whole_warps("neox"), whole_warps("interleaved")) == (1, 1, 8)
     monkeypatch.setenv(WHOLE_WARPS_ENV, "3")
     with pytest.raises(ValueError, match="expected 1, 2, 4 or 8"):
-        whole_warps()
+        whole_warps("neox")
     launched = []
 
     class Spy:
@@ -218,24 +218,22 @@ def test_whole_form_warps_switch(monkeypatch):
             launched.append(self.name)
             return self.kernel[grid] if self.kernel is not None else lambda *args, **meta: None
 
-    monkeypatch.setattr(kernels, "decode_attention_whole", {2: Spy("whole2", kernels.decode_attention_whole[2])})
+    whole = {w: Spy(f"whole{w}", k) for w, k in kernels.decode_attention_whole.items()}
+    monkeypatch.setattr(kernels, "decode_attention_whole", whole)
     # (recorded, not run: autotuning several configs needs a GPU)
     monkeypatch.setattr(kernels, "decode_attention_autotuned", Spy("autotuned", None))
-    monkeypatch.setattr(kernels, "decode_attention_whole_autotuned", Spy("whole autotuned", None))
     B, hq, hkv, hd, S, L = 2, 4, 2, 16, 12, 1
-    t = _case(B, hq, hkv, hd, S, L, torch.float32, "neox", True)
-    ref_t = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
     args = dict(layer=0, scale=hd**-0.5)
-    monkeypatch.setenv(WHOLE_WARPS_ENV, "2")
-    o = launch_decode_attention(**t, **args, num_splits=1)
-    assert launched == ["whole2"]
-    assert rel_err(o.cpu(), decode_attention_reference(**ref_t, **args).cpu()) < 1e-5
+    for rope, env, want in (("neox", "2", "whole2"), ("neox", "", "whole1"), ("interleaved", "", "whole8")):
+        monkeypatch.setenv(WHOLE_WARPS_ENV, env)
+        t = _case(B, hq, hkv, hd, S, L, torch.float32, rope, True)
+        ref_t = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
+        o = launch_decode_attention(**t, **args, num_splits=1, rope_interleaved=rope == "interleaved")
+        assert launched[-1] == want
+        ref = decode_attention_reference(**ref_t, **args, rope_interleaved=rope == "interleaved")
+        assert rel_err(o.cpu(), ref.cpu()) < 1e-5
     launch_decode_attention(**ref_t, **args, num_splits=1, block_s=8)  # S > 8: the loop form
-    assert launched == ["whole2", "autotuned"]
-    monkeypatch.delenv(WHOLE_WARPS_ENV)
-    launch_decode_attention(**ref_t, **args, num_splits=1)
-    assert launched == ["whole2", "autotuned", "whole autotuned"]
-    assert sorted(c.num_warps for c in kernels.WHOLE_CONFIGS) == [1, 2, 4, 8]
+    assert launched[-1] == "autotuned"
 
 
 def test_strided_qkv_rows():

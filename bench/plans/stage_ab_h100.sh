@@ -4,7 +4,7 @@
 # PYTHONPATH), C: this tree with TTSAOT_PDL=0, `stream`: this tree with TTSAOT_SKINNY_STREAM=1 (skinny_linear's
 # streamed tile form), `nopreload`: this tree with TTSAOT_GEMV_PRELOAD=0 (no one-row call loads its W before the
 # wait), `fused`: this tree with TTSAOT_QKV_ATTENTION=1 (the predictors' qkv projection and attention in one
-# launch, kernels/qkv_attention.py), `whole1` / `whole2` / `whole8`: this tree with the whole-cache attention at that
+# launch, kernels/qkv_attention.py), `whole1` / `whole2` / `whole4` / `whole8`: this tree with the whole-cache attention at that
 # many warps (TTSAOT_WHOLE_ATTENTION_WARPS, not autotuned), D (`alt`, optional): a third tree ALT carried like OTHER — `bench
 # build` of all of them side by side (caches apart), then `bench profile` of each, one at a time. $OUT/<variant>/:
 # the profile JSONs; the logs and tables in one tarball.
@@ -38,7 +38,7 @@ variant() {  # NAME: run the rest of the line in that variant's tree and environ
     stream) (cd "$HERE" && TTSAOT_SKINNY_STREAM=1 "$@") ;;
     nopreload) (cd "$HERE" && TTSAOT_GEMV_PRELOAD=0 "$@") ;;
     fused) (cd "$HERE" && TTSAOT_QKV_ATTENTION=1 "$@") ;;
-    whole1|whole2|whole8) (cd "$HERE" && TTSAOT_WHOLE_ATTENTION_WARPS=${name#whole} "$@") ;;
+    whole1|whole2|whole4|whole8) (cd "$HERE" && TTSAOT_WHOLE_ATTENTION_WARPS=${name#whole} "$@") ;;
     alt) (cd "$ALT" && PYTHONPATH="$SHADOW_ALT" "$@") ;;
   esac
 }

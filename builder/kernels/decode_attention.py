@@ -59,8 +59,16 @@ MIN_CHUNK = 64  # fewest positions per split: shorter contexts run in one progra
 BLOCK_S = 64  # cache positions per loop step (a whole number of them per split)
 ROPE_TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64: the CPU reference only
 # TTSAOT_WHOLE_ATTENTION_WARPS=1|2|4|8 at build time: the whole-cache form (the predictors' caches) launches at that
-# many warps instead of autotuning over 1-8 (decode_attention_triton.WHOLE_CONFIGS). A package-key switch
-# (package_cache), for A/Bs in a chain of programmatic launches (bench/probes/attention_chain.py).
+# many warps instead of WHOLE_WARPS_BY_ROPE's. A package-key switch (package_cache), for A/Bs.
+# The whole-cache form's warps by the step's RoPE form: a rule, not the autotuner, whose timing of a ~3 µs kernel
+# alone picked 1, 2 and 4 warps for the code predictor's 80 identical launches in one H200 build (in-chain own
+# 5.3, 7.0 and 6.1 µs a launch), and 2, 4 and 8 for fast_ar's (4.3, 3.5, 3.1 µs). H200, b1, in the stage's PDL
+# chain (bench/results/nvidia-h200/probes/attention_chain/: the probe, and the stages built at 1cef199):
+# NeoX RoPE + q/k norm (Qwen code predictor) fastest at 1 warp — alone 2.76 µs (4 warps 3.50, 8 warps 3.07), a
+# layer 9.38 µs (12.21 at 4), the stage 1,769.3 against 1,881.5 µs autotuned; interleaved RoPE (Fish fast_ar)
+# fastest at 8 — alone 2.87 µs, 1 warp 4.56 (without RoPE 2.27: at 1 warp the pair rotation is the cost), the
+# stage at 1 warp 3,097.3 against 2,931.2 µs autotuned.
+WHOLE_WARPS_BY_ROPE = {"none": 1, "neox": 1, "interleaved": 8}
 WHOLE_WARPS_ENV = "TTSAOT_WHOLE_ATTENTION_WARPS"
 
 
@@ -242,12 +250,12 @@ def plan_num_splits(rows: int, cache_len: int, multiprocessors: int) -> int:
     return max(1, min(splits, MAX_SPLITS, cdiv(cache_len, MIN_CHUNK)))
 
 
-def whole_warps() -> int | None:
-    """The whole-cache form's warps from WHOLE_WARPS_ENV (read at trace time), None when unset: autotuned over
-    WHOLE_CONFIGS."""
+def whole_warps(rope: str) -> int:
+    """The whole-cache form's warps for a step with this RoPE form ("none", "neox", "interleaved"):
+    WHOLE_WARPS_ENV's (read at trace time) where set, else WHOLE_WARPS_BY_ROPE's."""
     value = os.environ.get(WHOLE_WARPS_ENV, "").strip()
     if not value:
-        return None
+        return WHOLE_WARPS_BY_ROPE[rope]
     if value not in ("1", "2", "4", "8"):
         raise ValueError(f"{WHOLE_WARPS_ENV}={value!r}: expected 1, 2, 4 or 8 (warps of the whole-cache attention)")
     return int(value)
@@ -369,12 +377,11 @@ def launch_decode_attention(
         WHOLE=whole,
     )
     grid = (B * hkv, num_splits)
-    warps = whole_warps() if whole else None
     if config is not None:
         wrap(kernels.decode_attention_kernel)[grid](*args, **meta, **config)
     elif whole:
-        kernel = kernels.decode_attention_whole[warps] if warps else kernels.decode_attention_whole_autotuned
-        wrap(kernel)[grid](*args, **meta)
+        rope = "none" if cos is None else "interleaved" if rope_interleaved else "neox"
+        wrap(kernels.decode_attention_whole[whole_warps(rope)])[grid](*args, **meta)
     else:
         wrap(kernels.decode_attention_autotuned)[grid](*args, **meta)
     return o

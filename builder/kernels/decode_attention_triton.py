@@ -487,17 +487,13 @@ ATTENTION_CONFIGS = [
 ]
 ATTENTION_KEY = ["S", "HQ", "HKV", "HEAD_DIM", "BLOCK_S", "NUM_SPLITS", "MIN_CHUNK", "ROPE", "QK_NORM", "WHOLE"]
 decode_attention_autotuned = triton.autotune(configs=ATTENTION_CONFIGS, key=ATTENTION_KEY)(decode_attention_kernel)
-# The whole-cache form (the predictors' short caches): no loop to pipeline, so one stage, and its warps from 1 to 8.
-# The H200 chain probe (bench/results/nvidia-h200/probes/attention_chain/): the code predictor's shape was fastest
-# at 1 warp both alone (2.76 µs; 4 warps 3.50, 8 warps 3.07) and inside a PDL layer (9.38 µs a layer; 4 warps
-# 12.21), Fish fast_ar's at 8 warps (alone 2.87, 1 warp 4.56; layer 21.18 against 23.34), so the timing of the
-# kernel alone ranks them as the chain does. An sm_90 compile of the code predictor's case: 5 barriers at 1 warp,
-# 34 at 4 (bench/results/cpu/probes/sm90_compile/).
+# The whole-cache form (the predictors' short caches) at a fixed warp count (decode_attention.whole_warps: a rule
+# by the RoPE form, or the A/B switch): no loop to pipeline, so one stage; one config each, nothing to time. An
+# sm_90 compile of the code predictor's case: 5 barriers at 1 warp, 34 at 4 (bench/results/cpu/probes/sm90_compile/).
 WHOLE_WARPS = (1, 2, 4, 8)
-WHOLE_CONFIGS = [triton.Config({}, num_warps=w, num_stages=1) for w in WHOLE_WARPS]
-decode_attention_whole_autotuned = triton.autotune(configs=WHOLE_CONFIGS, key=ATTENTION_KEY)(decode_attention_kernel)
-# ... and at a fixed warp count (decode_attention.whole_warps, a build-time A/B switch): one config each.
 decode_attention_whole = {
-    w: triton.autotune(configs=[c], key=ATTENTION_KEY)(decode_attention_kernel)
-    for w, c in zip(WHOLE_WARPS, WHOLE_CONFIGS)
+    w: triton.autotune(configs=[triton.Config({}, num_warps=w, num_stages=1)], key=ATTENTION_KEY)(
+        decode_attention_kernel
+    )
+    for w in WHOLE_WARPS
 }
