@@ -197,14 +197,14 @@ def test_whole_cache_form_ignores_slots_past_the_position(rope, qk_norm):
 
 
 def test_whole_form_warps_rule_and_switch(monkeypatch):
-    """The whole-cache form launches the fixed-warp kernel of WHOLE_WARPS_BY_ROPE (1 warp for NeoX RoPE, 8 for
+    """The whole-cache form launches the fixed-warp kernel of WHOLE_WARPS_BY_ROPE (1 warp for NeoX RoPE, 4 for
     interleaved) or of TTSAOT_WHOLE_ATTENTION_WARPS (a build-time A/B switch), with the same result; the loop form
     autotunes; a bad value is a clear error."""
     from ttsaot.builder.kernels import decode_attention_triton as kernels
     from ttsaot.builder.kernels.decode_attention import WHOLE_WARPS_ENV, whole_warps
 
     monkeypatch.delenv(WHOLE_WARPS_ENV, raising=False)
-    assert (whole_warps("none"), whole_warps("neox"), whole_warps("interleaved")) == (1, 1, 8)
+    assert (whole_warps("none"), whole_warps("neox"), whole_warps("interleaved")) == (1, 1, 4)
     monkeypatch.setenv(WHOLE_WARPS_ENV, "3")
     with pytest.raises(ValueError, match="expected 1, 2, 4 or 8"):
         whole_warps("neox")
@@ -224,7 +224,7 @@ def test_whole_form_warps_rule_and_switch(monkeypatch):
     monkeypatch.setattr(kernels, "decode_attention_autotuned", Spy("autotuned", None))
     B, hq, hkv, hd, S, L = 2, 4, 2, 16, 12, 1
     args = dict(layer=0, scale=hd**-0.5)
-    for rope, env, want in (("neox", "2", "whole2"), ("neox", "", "whole1"), ("interleaved", "", "whole8")):
+    for rope, env, want in (("neox", "2", "whole2"), ("neox", "", "whole1"), ("interleaved", "", "whole4")):
         monkeypatch.setenv(WHOLE_WARPS_ENV, env)
         t = _case(B, hq, hkv, hd, S, L, torch.float32, rope, True)
         ref_t = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}

@@ -62,13 +62,14 @@ ROPE_TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64: t
 # many warps instead of WHOLE_WARPS_BY_ROPE's. A package-key switch (package_cache), for A/Bs.
 # The whole-cache form's warps by the step's RoPE form: a rule, not the autotuner, whose timing of a ~3 µs kernel
 # alone picked 1, 2 and 4 warps for the code predictor's 80 identical launches in one H200 build (in-chain own
-# 5.3, 7.0 and 6.1 µs a launch), and 2, 4 and 8 for fast_ar's (4.3, 3.5, 3.1 µs). H200, b1, in the stage's PDL
-# chain (bench/results/nvidia-h200/probes/attention_chain/: the probe, and the stages built at 1cef199):
-# NeoX RoPE + q/k norm (Qwen code predictor) fastest at 1 warp — alone 2.76 µs (4 warps 3.50, 8 warps 3.07), a
-# layer 9.38 µs (12.21 at 4), the stage 1,769.3 against 1,881.5 µs autotuned; interleaved RoPE (Fish fast_ar)
-# fastest at 8 — alone 2.87 µs, 1 warp 4.56 (without RoPE 2.27: at 1 warp the pair rotation is the cost), the
-# stage at 1 warp 3,097.3 against 2,931.2 µs autotuned.
-WHOLE_WARPS_BY_ROPE = {"none": 1, "neox": 1, "interleaved": 8}
+# 5.3, 7.0 and 6.1 µs a launch). H200, b1, the stages' calls (bench/results/nvidia-h200/probes/attention_chain/):
+# NeoX RoPE + q/k norm (Qwen code predictor) at 1 warp: 1,769.3 and 1,766.3 µs in two builds against 1,881.5
+# autotuned (alone 2.76 µs at 1 warp, 3.50 at 4, 3.07 at 8). Interleaved RoPE (Fish fast_ar) at 4: the calls
+# slowed as 8-warp launches replaced 4-warp ones, although the 8-warp kernel is the fastest alone (2.87 µs) and
+# in its own time in the chain (3.1 against 3.5 µs): 30 of 40 launches at 4 warps 2,921.6 µs, 20 of 40 2,931.2,
+# none (all at 8) 3,008.6 (p10 2,989.1, above the others' p90), all at 1 warp 3,097.3. All at 4 is not yet timed
+# as a stage.
+WHOLE_WARPS_BY_ROPE = {"none": 1, "neox": 1, "interleaved": 4}
 WHOLE_WARPS_ENV = "TTSAOT_WHOLE_ATTENTION_WARPS"
 
 
