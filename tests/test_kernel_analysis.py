@@ -13,7 +13,7 @@ import torch
 import torch._higher_order_ops.triton_kernel_wrap as wrap
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ttsaot.builder.kernels.kernel_analysis import analysis_key, memoized_kernel_analysis
+from ttsaot.builder.kernels.kernel_analysis import KernelAccessError, analysis_key, memoized_kernel_analysis
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ANALYSIS = next(n for n in ("identify_accessed_tensors", "identify_mutated_tensors") if hasattr(wrap, n))
@@ -174,3 +174,28 @@ def test_decode_step_kernels_write_only_their_outputs_in_torch_analysis():
         row = json.loads(line)
         got.setdefault(row["form"], {})[row["kernel"]] = row["writes"]
     assert got == WRITES
+
+
+def test_an_analysis_that_counts_an_input_as_written_stops_the_build(monkeypatch):
+    """Inside the memoised analysis, an answer that counts as written an argument the kernel's module does not
+    declare (WRITES) raises KernelAccessError naming it, memoised or not; a declared answer passes; a kernel whose
+    module declares nothing is not checked."""
+    from ttsaot.builder.kernels import skinny_linear_triton as S
+
+    answer = {"names": ["x_ptr", "y_ptr"]}
+    monkeypatch.setattr(wrap, ANALYSIS, lambda kernel, kwargs, tma: list(answer["names"]))
+    kw = {"x_ptr": fake(torch.bfloat16), "y_ptr": fake(torch.bfloat16), "M": 3}
+    with memoized_kernel_analysis():
+        analysis = getattr(wrap, ANALYSIS)
+        with pytest.raises(KernelAccessError, match=r"skinny_linear_kernel: .*\['x_ptr'\]"):
+            analysis(S.skinny_linear_kernel, kw, {})
+        with pytest.raises(KernelAccessError, match="x_ptr"):  # a real tensor: not memoised, still checked
+            analysis(S.skinny_linear_kernel, {**kw, "x_ptr": torch.empty(2)}, {})
+        answer["names"] = ["y_ptr"]
+        assert analysis(S.skinny_linear_kernel, {**kw, "M": 4}, {}) == ["y_ptr"]
+
+        def undeclared_kernel():  # not a kernel-layer kernel: its module declares no WRITES for it
+            pass
+
+        answer["names"] = ["x_ptr", "y_ptr"]
+        assert analysis(undeclared_kernel, kw, {}) == ["x_ptr", "y_ptr"]

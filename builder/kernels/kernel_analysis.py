@@ -11,12 +11,18 @@ What the analysis sees is exactly what torch's `generate_ttir` hands Triton: the
 `torch.empty(2, dtype)` (so only its dtype), every scalar's value (a symbolic size as the constant 2) and the TMA
 metadata. Keyed on those, the result is the same for every call with the same key, and it is computed once per
 process. Calls with anything else (a real tensor, whose pointer alignment Triton specialises on; TMA descriptors;
-an unhashable argument) go to torch's analysis unchanged."""
+an unhashable argument) go to torch's analysis unchanged.
+
+Every answer for a kernel-layer kernel is also checked against the writes its module declares (`WRITES`): an
+argument the analysis counts as written becomes a mutated output of the package, which the runtime refuses at
+its first call (H200 at 2d3e484: every code_predictor package returned its weights), so the build stops here
+with the kernel and the arguments named instead."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +33,36 @@ import torch
 _ANALYSES = ("identify_accessed_tensors", "identify_mutated_tensors")
 _results: dict[tuple, Any] = {}
 _UNCACHEABLE = object()
+
+
+class KernelAccessError(RuntimeError):
+    """torch's access analysis counts as written an argument that its kernel only reads."""
+
+
+def written_args(result: Any) -> list[str]:
+    """The argument names an analysis result counts as written (torch ≥ 2.12: accesses; 2.11: a list of names)."""
+    result = result.read_writes.writes if hasattr(result, "read_writes") else result
+    return sorted(getattr(d, "name", d) for d in result)
+
+
+def check_writes(kernel: Any, result: Any) -> None:
+    """Raise KernelAccessError when `result` counts as written an argument that the kernel's module does not
+    declare in its WRITES; kernels whose module declares none are not checked."""
+    fn = kernel
+    while hasattr(fn, "fn"):  # an autotuner / JIT function → the Python function
+        fn = fn.fn
+    declared = getattr(sys.modules.get(getattr(fn, "__module__", ""), None), "WRITES", {})
+    name = getattr(fn, "__name__", "")
+    if name not in declared:
+        return
+    extra = sorted(set(written_args(result)) - declared[name])
+    if extra:
+        raise KernelAccessError(
+            f"{name}: torch's access analysis counts {extra} as written, which the kernel only reads; AOTInductor "
+            "would return them as mutated package outputs. Either a stored pointer's offsets come out of a helper "
+            "call that takes those arguments (make the offsets in the kernel body, as skinny_linear_kernel does), "
+            "or the analysis failed (torch logged why, above)"
+        )
 
 
 def _arg_key(value: Any) -> Any:
@@ -69,7 +105,8 @@ def analysis_key(kernel: Any, kwargs: dict[str, Any], tma_descriptor_metadata: A
 @contextlib.contextmanager
 def memoized_kernel_analysis() -> Iterator[bool]:
     """Within: torch's user-kernel access analysis is memoised by `analysis_key` (process-wide; every hit returns a
-    deep copy). Yields whether this torch has an analysis to memoise; leaves the module as it found it."""
+    deep copy) and checked by `check_writes`. Yields whether this torch has an analysis to memoise; leaves the
+    module as it found it."""
     import torch._higher_order_ops.triton_kernel_wrap as wrap
 
     name = next((n for n in _ANALYSES if callable(getattr(wrap, n, None))), None)
@@ -81,9 +118,13 @@ def memoized_kernel_analysis() -> Iterator[bool]:
     def memoized(kernel, kwargs, tma_descriptor_metadata, *rest, **options):
         key = None if rest or options else analysis_key(kernel, kwargs, tma_descriptor_metadata)
         if key is None:
-            return original(kernel, kwargs, tma_descriptor_metadata, *rest, **options)
+            result = original(kernel, kwargs, tma_descriptor_metadata, *rest, **options)
+            check_writes(kernel, result)
+            return result
         if key not in _results:
-            _results[key] = original(kernel, kwargs, tma_descriptor_metadata)
+            result = original(kernel, kwargs, tma_descriptor_metadata)
+            check_writes(kernel, result)
+            _results[key] = result
         return copy.deepcopy(_results[key])
 
     memoized._ttsaot_memoized = True

@@ -24,6 +24,10 @@ from .pdl_triton import grid_dependency_wait
 from .skinny_linear_triton import GEMV_CONFIGS, _epilogue, _fma_w_tile, _gemv_program, _prune_gemv
 from .split_k_triton import last_to_arrive, reset_counter
 
+# The arguments each kernel of this module may write (kernel_analysis checks torch's access analysis against
+# them while a stage compiles: an input it counts as written becomes a mutated package output).
+WRITES = {"qkv_attention_kernel": frozenset({"qkv_ptr", "kc_ptr", "vc_ptr", "o_ptr", "ws_ptr"})}
+
 
 @triton.jit(do_not_specialize=["layer"])  # one compiled kernel for every layer index
 def qkv_attention_kernel(

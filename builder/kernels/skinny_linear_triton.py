@@ -407,6 +407,14 @@ def _gemv_program(
     return acc, acc_up
 
 
+# The arguments each kernel of this module may write (kernel_analysis checks torch's access analysis against
+# them while a stage compiles: an input it counts as written becomes a mutated package output).
+WRITES = {
+    "skinny_linear_kernel": frozenset({"y_ptr", "part_ptr", "sem_ptr"}),
+    "split_k_epilogue_kernel": frozenset({"y_ptr"}),
+}
+
+
 @triton.jit
 def skinny_linear_kernel(
     x_ptr,

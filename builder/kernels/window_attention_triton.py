@@ -46,6 +46,11 @@ def interpreter_tiles(head_dim: int) -> dict[str, int]:
     return _prune(CONFIGS, {"FP32_DOT": True, "HEAD_DIM": head_dim})[0].kwargs
 
 
+# The arguments each kernel of this module may write (kernel_analysis checks torch's access analysis against
+# them while a stage compiles: an input it counts as written becomes a mutated package output).
+WRITES = {"window_attention_kernel": frozenset({"o_ptr"})}
+
+
 @triton.jit
 def window_attention_kernel(
     q_ptr,
