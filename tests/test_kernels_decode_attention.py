@@ -204,10 +204,11 @@ def test_whole_form_warps_rule_and_switch(monkeypatch):
     from ttsaot.builder.kernels.decode_attention import WHOLE_WARPS_ENV, whole_warps
 
     monkeypatch.delenv(WHOLE_WARPS_ENV, raising=False)
-    assert (whole_warps("none"), whole_warps("neox"), whole_warps("interleaved")) == (1, 1, 4)
+    rope_forms = (kernels.ROPE_NONE, kernels.ROPE_NEOX, kernels.ROPE_INTERLEAVED)
+    assert tuple(whole_warps(r) for r in rope_forms) == (1, 1, 4)
     monkeypatch.setenv(WHOLE_WARPS_ENV, "3")
     with pytest.raises(ValueError, match="expected 1, 2, 4 or 8"):
-        whole_warps("neox")
+        whole_warps(kernels.ROPE_NEOX)
     launched = []
 
     class Spy:

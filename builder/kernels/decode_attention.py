@@ -69,7 +69,7 @@ ROPE_TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64: t
 # in its own time in the chain (3.1 against 3.5 µs): 30 of 40 launches at 4 warps 2,921.6 µs, 20 of 40 2,931.2,
 # none (all at 8) 3,008.6 (p10 2,989.1, above the others' p90), all at 1 warp 3,097.3. All at 4 is not yet timed
 # as a stage.
-WHOLE_WARPS_BY_ROPE = {"none": 1, "neox": 1, "interleaved": 4}
+WHOLE_WARPS_BY_ROPE = (1, 1, 4)  # by the kernels' ROPE constant: none, NeoX, interleaved
 WHOLE_WARPS_ENV = "TTSAOT_WHOLE_ATTENTION_WARPS"
 
 
@@ -251,8 +251,8 @@ def plan_num_splits(rows: int, cache_len: int, multiprocessors: int) -> int:
     return max(1, min(splits, MAX_SPLITS, cdiv(cache_len, MIN_CHUNK)))
 
 
-def whole_warps(rope: str) -> int:
-    """The whole-cache form's warps for a step with this RoPE form ("none", "neox", "interleaved"):
+def whole_warps(rope: int) -> int:
+    """The whole-cache form's warps for a step with this RoPE form (the kernels' ROPE constant, `head_meta`'s):
     WHOLE_WARPS_ENV's (read at trace time) where set, else WHOLE_WARPS_BY_ROPE's."""
     value = os.environ.get(WHOLE_WARPS_ENV, "").strip()
     if not value:
@@ -381,8 +381,7 @@ def launch_decode_attention(
     if config is not None:
         wrap(kernels.decode_attention_kernel)[grid](*args, **meta, **config)
     elif whole:
-        rope = "none" if cos is None else "interleaved" if rope_interleaved else "neox"
-        wrap(kernels.decode_attention_whole[whole_warps(rope)])[grid](*args, **meta)
+        wrap(kernels.decode_attention_whole[whole_warps(meta["ROPE"])])[grid](*args, **meta)
     else:
         wrap(kernels.decode_attention_autotuned)[grid](*args, **meta)
     return o

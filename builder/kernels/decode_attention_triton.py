@@ -306,8 +306,7 @@ def _whole_cache_head(
     tl.store(o_ptrs, (acc / l_i[:, None]).to(dt), mask=(offs_g < G)[:, None] & d_mask[None, :])
 
 
-# The arguments each kernel of this module may write (kernel_analysis checks torch's access analysis against
-# them while a stage compiles: an input it counts as written becomes a mutated package output).
+# What each kernel here may write (kernel_analysis.check_writes holds torch's access analysis to it)
 WRITES = {"decode_attention_kernel": frozenset({"kc_ptr", "vc_ptr", "o_ptr", "part_o_ptr", "part_ml_ptr", "ws_ptr"})}
 
 

@@ -24,8 +24,7 @@ from .pdl_triton import grid_dependency_wait
 from .skinny_linear_triton import GEMV_CONFIGS, _epilogue, _fma_w_tile, _gemv_program, _prune_gemv
 from .split_k_triton import last_to_arrive, reset_counter
 
-# The arguments each kernel of this module may write (kernel_analysis checks torch's access analysis against
-# them while a stage compiles: an input it counts as written becomes a mutated package output).
+# What each kernel here may write (kernel_analysis.check_writes holds torch's access analysis to it)
 WRITES = {"qkv_attention_kernel": frozenset({"qkv_ptr", "kc_ptr", "vc_ptr", "o_ptr", "ws_ptr"})}
 
 

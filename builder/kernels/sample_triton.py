@@ -114,8 +114,7 @@ def _kept_by_radix(scaled, valid, k, top_p, V):
     return valid & (key >= threshold)
 
 
-# The arguments each kernel of this module may write (kernel_analysis checks torch's access analysis against
-# them while a stage compiles: an input it counts as written becomes a mutated package output).
+# What each kernel here may write (kernel_analysis.check_writes holds torch's access analysis to it)
 WRITES = {"sample_tokens_kernel": frozenset({"out_ptr"})}
 
 

@@ -21,8 +21,7 @@ from .pdl_triton import grid_dependency_wait
 LOG2E = 1.4426950408889634
 
 
-# The arguments each kernel of this module may write (kernel_analysis checks torch's access analysis against
-# them while a stage compiles: an input it counts as written becomes a mutated package output).
+# What each kernel here may write (kernel_analysis.check_writes holds torch's access analysis to it)
 WRITES = {"sequence_attention_kernel": frozenset({"o_ptr"})}
 
 

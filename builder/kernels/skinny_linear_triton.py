@@ -407,8 +407,7 @@ def _gemv_program(
     return acc, acc_up
 
 
-# The arguments each kernel of this module may write (kernel_analysis checks torch's access analysis against
-# them while a stage compiles: an input it counts as written becomes a mutated package output).
+# What each kernel here may write (kernel_analysis.check_writes holds torch's access analysis to it)
 WRITES = {
     "skinny_linear_kernel": frozenset({"y_ptr", "part_ptr", "sem_ptr"}),
     "split_k_epilogue_kernel": frozenset({"y_ptr"}),

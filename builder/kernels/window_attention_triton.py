@@ -46,8 +46,7 @@ def interpreter_tiles(head_dim: int) -> dict[str, int]:
     return _prune(CONFIGS, {"FP32_DOT": True, "HEAD_DIM": head_dim})[0].kwargs
 
 
-# The arguments each kernel of this module may write (kernel_analysis checks torch's access analysis against
-# them while a stage compiles: an input it counts as written becomes a mutated package output).
+# What each kernel here may write (kernel_analysis.check_writes holds torch's access analysis to it)
 WRITES = {"window_attention_kernel": frozenset({"o_ptr"})}
 
 
