@@ -123,9 +123,9 @@ class Recorder:
         self.calls: list[dict[str, int]] = []
         run = stage._run_bucket
 
-        def recording(named, sizes):
+        def recording(named, sizes, *pending):
             self.calls.append(dict(sizes))
-            return run(named, sizes)
+            return run(named, sizes, *pending)
 
         stage._run_bucket = recording
 

@@ -582,6 +582,10 @@ def _measure_bucket(
         v.stage.validate_inputs = False
         b["ms_without_input_validation"] = time_fn(lambda: fn(xs), device, run.warmup, run.reps)["ms"]
         v.stage.validate_inputs = True
+        # the same checks run eagerly, as before each bucket replayed them as one captured graph
+        v.stage.capture_value_checks = False
+        b["ms_eager_input_checks"] = time_fn(lambda: fn(xs), device, run.warmup, run.reps)["ms"]
+        v.stage.capture_value_checks = True
     return b
 
 

@@ -39,7 +39,7 @@ class CodecEncoderStage(Stage):
         # bucket runner's, which also gives CPU packages the slack their vectorised tail loops read past the input.
         return {**sizes, "frames": math.ceil(sizes["samples"] / self.samples_per_frame)}
 
-    def _run(self, named, sizes):
+    def _run(self, named, sizes, pending=False):
         if sizes["samples"] > self.max_samples:
             n, sr = sizes["samples"], self.sample_rate
             raise InputShapeError(
@@ -47,7 +47,7 @@ class CodecEncoderStage(Stage):
                 f"({self.max_samples} samples, {self.max_samples / sr:.2f} s); trim the reference audio or "
                 f"rebuild with longer encoder buckets"
             )
-        return self._run_bucket(named, sizes)
+        return self._run_bucket(named, sizes, pending)
 
     def encode(
         self, audio: str | Path | np.ndarray | torch.Tensor, sample_rate: int | None = None, keep_batch: bool = False

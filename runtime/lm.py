@@ -33,6 +33,7 @@ from .errors import InputDTypeError, InputRangeError, InputShapeError, InputValu
 from .graphs import StaticGraph, new_pool
 from .host_copies import copy_to_device, to_device
 from .stage import Stage
+from .validation import DeviceValueChecks
 
 
 class KVCache:
@@ -156,6 +157,11 @@ class _LMStage(Stage):
         self._control_idx = names.index(md[self.control_key])
         self._row_idx = [i for i in range(len(names)) if i not in self._cache_idx and i != self._control_idx]
         self._graphs: dict[tuple[str, int], StaticGraph] = {}
+        # per (bucket, cache) graph: its row inputs' value checks over the same buffers (validation.py), where the
+        # rows' zero padding passes them
+        self._value_checks: dict[tuple[str, int], DeviceValueChecks] = {}
+        self._row_specs = [entry.inputs[i] for i in self._row_idx]
+        self._values_capturable = DeviceValueChecks.capturable(self._row_specs, [0] * len(self._row_specs))
         self._caches: dict[int, KVCache] = {}
         self._cache_lock = threading.Lock()
         self.batch_buckets = sorted({b.sizes["batch"] for b in entry.buckets})
@@ -184,6 +190,7 @@ class _LMStage(Stage):
         with self._lock:
             for key in [k for k in self._graphs if k[1] == id(cache)]:
                 del self._graphs[key]
+                self._value_checks.pop(key, None)
             if self.uses_cuda_graphs and not self._graphs:
                 # The last graph of the pool is gone, and with it the pool: capturing into the old handle again
                 # trips the allocator's `use_count > 0` assert (H100, a step after release + new_cache).
@@ -214,16 +221,23 @@ class _LMStage(Stage):
             raise InputShapeError(f"{self.name}: cache tensors must be contiguous")
 
     # ------------------------------------------------------------------------------ running
-    def _row_inputs(self, args: Sequence, n: int, sizes: dict[str, int]) -> list[torch.Tensor]:
-        """Validate the per-row inputs (leading dim n; other axes as in `sizes`) and return them on the device."""
-        specs = [self.entry.inputs[i] for i in self._row_idx]
+    def _row_inputs(
+        self, args: Sequence, n: int, sizes: dict[str, int]
+    ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor] | None]:
+        """Validate the per-row inputs (leading dim n; other axes as in `sizes`) and return them on the device,
+        with, where their value checks are pending (they run over the graph's buffers: `_run_rows`), the same
+        tensors by name."""
+        specs = self._row_specs
         if len(args) != len(specs):
             raise InputShapeError(
                 f"{self.name}: takes {len(specs)} row inputs ({', '.join(s.name for s in specs)}), got {len(args)}"
             )
         named = {spec.name: x if isinstance(x, torch.Tensor) else torch.as_tensor(x) for spec, x in zip(specs, args)}
-        self._inputs.check(specs, named, sizes={"batch": n, **sizes}, values=self.validate_inputs)
-        return [named[spec.name] for spec in specs]
+        defer = (self.static_buffers or self.uses_cuda_graphs) and self.capture_value_checks and self._values_capturable
+        _, pending = self._inputs.check_deferring(
+            specs, named, sizes={"batch": n, **sizes}, values=self.validate_inputs, defer=defer
+        )
+        return [named[spec.name] for spec in specs], named if pending else None
 
     def _run_rows(
         self,
@@ -234,6 +248,7 @@ class _LMStage(Stage):
         control: torch.Tensor,
         idle_control: int,
         out_sizes: dict[str, int],
+        pending: dict[str, torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
         """Scatter the rows into bucket-shaped inputs, run (graph or direct) on the cache, gather the rows.
 
@@ -262,6 +277,14 @@ class _LMStage(Stage):
                         capture=self.uses_cuda_graphs,
                     )
                     self._graphs[(bucket.key, id(cache))] = g
+                    self._value_checks[(bucket.key, id(cache))] = DeviceValueChecks(
+                        self._inputs,
+                        self._row_specs,
+                        [g.inputs[i] for i in self._row_idx],
+                        self.device,
+                        self._graph_pool,
+                        capture=self.uses_cuda_graphs,
+                    )
                 for i, x in zip(self._row_idx, row_inputs):
                     dst = g.inputs[i]
                     if whole and x.shape == dst.shape:
@@ -269,6 +292,8 @@ class _LMStage(Stage):
                         continue
                     dst.zero_()
                     dst[(row_index, *(slice(0, s) for s in x.shape[1:]))] = x
+                if pending is not None:  # the rows' value checks, on the filled buffers; the cache is not touched
+                    self._value_checks[(bucket.key, id(cache))].run(pending)
                 copy_to_device(g.inputs[self._control_idx], ctl)
                 outs = g.replay()
             else:
@@ -298,7 +323,7 @@ class _LMStage(Stage):
         return r
 
     # ---------------------------------------------------------------- plain call (verify, tests)
-    def _run(self, named: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
+    def _run(self, named: dict[str, torch.Tensor], sizes: dict[str, int], pending: bool = False) -> list[torch.Tensor]:
         """`stage(*inputs)` with explicit caches: the batch must be a bucket's batch (the caches' own batch);
         other axes are padded. The caches are written in place."""
         bucket = self.pick_bucket(sizes)
@@ -356,9 +381,9 @@ class LMStepStage(_LMStage):
                 f"cache holds max_len={self.max_len}; finish or reset the request, or rebuild "
                 f"with a larger --max-len"
             )
-        x = self._row_inputs(row_inputs, n, {})
+        x, pending = self._row_inputs(row_inputs, n, {})
         bucket = next(b for b in self.entry.buckets if b.sizes["batch"] == cache.batch)
-        outs = self._run_rows(bucket, cache, r, x, pos, self.max_len, {})
+        outs = self._run_rows(bucket, cache, r, x, pos, self.max_len, {}, pending)
         cache.positions[r] += 1
         return outs[0] if len(outs) == 1 else tuple(outs)
 
@@ -392,11 +417,11 @@ class LMPrefillStage(_LMStage):
             raise InputRangeError(
                 f"{self.name}: a prompt of {int(lengths.max())} tokens exceeds max_len={self.max_len}"
             )
-        x = self._row_inputs(row_inputs, n, {"tokens": T})
+        x, pending = self._row_inputs(row_inputs, n, {"tokens": T})
         bucket = min(
             (b for b in self.entry.buckets if b.sizes["batch"] == cache.batch and b.sizes["tokens"] >= T),
             key=lambda b: b.sizes["tokens"],
         )
-        outs = self._run_rows(bucket, cache, r, x, lengths, 0, {"tokens": T})
+        outs = self._run_rows(bucket, cache, r, x, lengths, 0, {"tokens": T}, pending)
         cache.positions[r] = lengths
         return outs[0] if len(outs) == 1 else tuple(outs)

@@ -19,7 +19,7 @@ from .artifact import DTYPES, BucketEntry, StageEntry, TensorSpec, WeightSpec
 from .errors import BindingError, InputDTypeError, InputShapeError
 from .graphs import StaticGraph, new_pool
 from .threads import cpu_threads_mode
-from .validation import InputChecker, check_outputs
+from .validation import DeviceValueChecks, InputChecker, check_outputs
 
 # The TF32 switches are process-global: two fp32 stages built for different settings, called from two threads,
 # must not interleave their switch-set-call-restore regions (an exact stage would run with TF32 on).
@@ -182,6 +182,7 @@ class _BucketRunner:
         pool,
         cpu_threads: int | None = None,
         loaded_here: bool = True,
+        checker: InputChecker | None = None,
     ) -> None:
         self.bucket = bucket
         self.device = device
@@ -195,6 +196,7 @@ class _BucketRunner:
         )
         self.threads = cpu_threads_mode(cpu_threads if device.type == "cpu" else None)
         self.graph: StaticGraph | None = None
+        self.value_checks: DeviceValueChecks | None = None
         self.outputs_checked = False
         t0 = time.perf_counter()
         if use_graph:
@@ -203,6 +205,9 @@ class _BucketRunner:
                 for spec, shape in zip(entry.inputs, self.shapes)
             ]
             self.graph = StaticGraph(self.call, static, device, pool)
+            if checker is not None:
+                # the inputs' value checks over the same buffers, replayed before the package's graph
+                self.value_checks = DeviceValueChecks(checker, entry.inputs, static, device, pool)
         self.capture_s = time.perf_counter() - t0
 
     @staticmethod
@@ -232,13 +237,20 @@ class _BucketRunner:
         with self.fp32, self.threads:
             return self.run_fn(inputs)
 
-    def run(self, inputs: list[torch.Tensor], pads: list) -> list[torch.Tensor]:
-        """inputs: the caller's (unpadded, validated) tensors; padding to the bucket happens here."""
+    def run(
+        self, inputs: list[torch.Tensor], pads: list, check: dict[str, torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
+        """inputs: the caller's (unpadded, validated) tensors; padding to the bucket happens here. `check`: the
+        caller's tensors by name, whose value checks are pending (InputChecker.check_deferring): they run on the
+        filled buffers (`value_checks`) before the package's graph, which a failure leaves unrun."""
         if self.graph is not None:
             for dst, src, pad in zip(self.graph.inputs, inputs, pads):
                 if tuple(src.shape) != tuple(dst.shape):
                     dst.fill_(pad if pad is not None else 0)
                 dst[tuple(slice(0, n) for n in src.shape)].copy_(src)
+            if check is not None:
+                assert self.value_checks is not None  # pending only where every runner has them
+                self.value_checks.run(check)
             return self.graph.replay()
         padded = []
         for src, shape, pad in zip(inputs, self.shapes, pads):
@@ -281,6 +293,9 @@ class Stage:
         self.name, self.kind = entry.name, entry.kind
         self.metadata = entry.metadata
         self.validate_inputs = True
+        # False: the device inputs' value checks run eagerly (aten ops from the host) instead of replaying the
+        # bucket's captured check graph (validation.DeviceValueChecks): the same checks, for A/Bs
+        self.capture_value_checks = True
         self.cpu_threads = cpu_threads if device.type == "cpu" else None
         self._lock = threading.RLock()
         self._inputs = InputChecker(self.name, device)
@@ -288,6 +303,11 @@ class Stage:
         use_graph = cuda_graphs and device.type == "cuda"
         self.uses_cuda_graphs = use_graph
         self._pool = new_pool() if use_graph else None
+        # The value checks of device inputs run as one graph per bucket over its static buffers
+        # (validation.DeviceValueChecks) where every padding value passes them; eagerly otherwise.
+        self._values_capturable = use_graph and DeviceValueChecks.capturable(
+            entry.inputs, [s.pad for s in entry.inputs]
+        )
         # Capture the largest buckets first so smaller graphs reuse their pool blocks.
         order = sorted(entry.buckets, key=lambda b: -math.prod(b.sizes.values()))
         self._runners = {}
@@ -307,7 +327,15 @@ class Stage:
                 package.bind(entry, weights)
                 self._packages[b.file] = package
             runner = _BucketRunner(
-                package, b, entry, device, use_graph, self._pool, cpu_threads=self.cpu_threads, loaded_here=fresh
+                package,
+                b,
+                entry,
+                device,
+                use_graph,
+                self._pool,
+                cpu_threads=self.cpu_threads,
+                loaded_here=fresh,
+                checker=self._inputs if self._values_capturable else None,
             )
             self._runners[b.key] = runner
             st: dict[str, float | int | bool | str] = {
@@ -349,8 +377,8 @@ class Stage:
 
     def __call__(self, *args, **kwargs):
         named = self._bind(args, kwargs)
-        sizes = self._validate(named)
-        outs = self._run(named, sizes)
+        sizes, pending = self._validate(named)
+        outs = self._run(named, sizes, pending)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def __repr__(self) -> str:
@@ -383,10 +411,16 @@ class Stage:
                 )
         return named
 
-    def _validate(self, named: dict[str, torch.Tensor]) -> dict[str, int]:
-        """Check every input (runtime/validation.py) and move it to the device; the request's axis sizes."""
-        sizes = self._inputs.check(self.entry.inputs, named, values=self.validate_inputs)
-        return self._derived_sizes(sizes)
+    def _validate(self, named: dict[str, torch.Tensor]) -> tuple[dict[str, int], bool]:
+        """Check every input (runtime/validation.py) and move it to the device: the request's axis sizes, and
+        whether the value checks of its device inputs are pending (they run over the bucket's buffers)."""
+        sizes, pending = self._inputs.check_deferring(
+            self.entry.inputs,
+            named,
+            values=self.validate_inputs,
+            defer=self.capture_value_checks and self._values_capturable,
+        )
+        return self._derived_sizes(sizes), pending
 
     def _derived_sizes(self, sizes: dict[str, int]) -> dict[str, int]:
         """Bucket-axis sizes plus the output axes a kind derives from them (the encoder's `frames`)."""
@@ -396,7 +430,15 @@ class Stage:
         fits = [b for b in self.entry.buckets if all(b.sizes[a] >= sizes[a] for a in self._axes)]
         return min(fits, key=lambda b: math.prod(b.sizes.values())) if fits else None
 
-    def _run(self, named: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
+    def _run(self, named: dict[str, torch.Tensor], sizes: dict[str, int], pending: bool = False) -> list[torch.Tensor]:
+        """`pending`: the device inputs' value checks are still to run (`_validate`)."""
+        split = "batch" in sizes and (
+            sizes["batch"] > self.max_sizes.get("batch", sizes["batch"]) or self.pick_bucket(sizes) is None
+        )
+        if pending and (split or any(sizes[a] > self.max_sizes[a] for a in self._axes)):
+            # not one bucket's buffers: the whole request is checked here, so errors index the caller's tensors
+            self._inputs.check_values(self.entry.inputs, named)
+            pending = False
         if "batch" in sizes and sizes["batch"] > self.max_sizes.get("batch", sizes["batch"]):
             return self._run_split_batch(named, sizes, self.max_sizes["batch"])
         for axis in self._axes:
@@ -406,7 +448,7 @@ class Stage:
             # a plan without the large-batch buckets of its long windows (BucketPlan.max_batch_frames): the
             # rows go through in the largest batch compiled at this size (batch 1 always is)
             return self._run_split_batch(named, sizes, self._largest_batch_at(sizes))
-        return self._run_bucket(named, sizes)
+        return self._run_bucket(named, sizes, pending)
 
     def _largest_batch_at(self, sizes: dict[str, int]) -> int:
         fits = [
@@ -418,14 +460,16 @@ class Stage:
             raise InputShapeError(f"{self.name}: no bucket covers {sizes} even at batch 1; rebuild with one")
         return max(fits)
 
-    def _run_bucket(self, named: dict[str, torch.Tensor], sizes: dict[str, int]) -> list[torch.Tensor]:
+    def _run_bucket(
+        self, named: dict[str, torch.Tensor], sizes: dict[str, int], pending: bool = False
+    ) -> list[torch.Tensor]:
         bucket = self.pick_bucket(sizes)
         assert bucket is not None
         runner = self._runners[bucket.key]
         inputs = [named[s.name] for s in self.entry.inputs]
         pads = [s.pad for s in self.entry.inputs]
         with self._lock:
-            outs = runner.run(inputs, pads)
+            outs = runner.run(inputs, pads, named if pending else None)
             if not runner.outputs_checked:
                 self._check_outputs(runner, outs)
             trimmed = []

@@ -290,6 +290,48 @@ def test_input_checker_sizes_and_value_switch():
         chk.check(_specs(), named)
 
 
+def test_device_value_checks_run_on_the_buffers_and_explain_from_the_callers_tensors():
+    """The checks a CUDA-graph stage replays over its bucket's static buffers (here run without capture): a pass,
+    then each failure raised with the same typed error and details as the eager checker's (index and value from
+    the caller's tensor, not the padded buffer); pads that would fail their own checks are refused."""
+    from ttsaot.runtime.validation import DeviceValueChecks
+
+    specs = _specs()
+    chk = InputChecker("s", torch.device("cpu"))
+    bufs = [torch.zeros(2, 2, 6, dtype=torch.long), torch.zeros(2)]  # a bucket of batch 2, 6 frames
+    checks = DeviceValueChecks(chk, specs, bufs, torch.device("cpu"), capture=False)
+    assert [(i, what) for i, _, what in checks.items] == [(0, "range"), (1, "finite")]
+
+    def call(codes, scale):
+        bufs[0].zero_(), bufs[1].zero_()
+        bufs[0][: codes.shape[0], :, : codes.shape[2]] = codes
+        bufs[1][: scale.shape[0]] = scale
+        checks.run({"codes": codes, "scale": scale})
+
+    call(torch.tensor([[[3, 1], [7, 0]]]), torch.ones(1))
+    with pytest.raises(InputRangeError, match=r"\[0, 1, 1\] = 8 is outside \[0, 8\) \(codebook 1\)"):
+        call(torch.tensor([[[3, 1], [7, 8]]]), torch.ones(1))
+    with pytest.raises(InputValueError, match="'scale' contains NaN or Inf"):
+        call(torch.zeros(1, 2, 2, dtype=torch.long), torch.tensor([float("nan")]))
+    assert DeviceValueChecks.capturable(specs, [0, None])
+    assert not DeviceValueChecks.capturable(specs, [4, 0])  # codebook 0 holds 4 codes: pad 4 is out of range
+    assert not DeviceValueChecks.capturable(specs, [0, float("inf")])
+    none = DeviceValueChecks(chk, [TensorSpec("mask", "bool", ["batch"])], [torch.ones(2, dtype=torch.bool)], None)
+    assert none.graph is None and none.run({}) is None  # nothing to check: no graph, no synchronisation
+
+
+def test_checks_of_device_inputs_can_be_deferred_host_inputs_never_are():
+    chk = InputChecker("s", torch.device("cpu"))
+    bad = {"codes": torch.full((1, 2, 3), 9, dtype=torch.long), "scale": torch.ones(1)}
+    with pytest.raises(InputRangeError):  # host inputs: checked before their copy, deferred or not
+        chk.check_deferring(_specs(), dict(bad), defer=True)
+    good = {"codes": torch.zeros(1, 2, 3, dtype=torch.long), "scale": torch.ones(1)}
+    assert chk.check_deferring(_specs(), dict(good), defer=True) == ({"batch": 1, "frames": 3}, False)
+    chk.check_values(_specs(), dict(good))
+    with pytest.raises(InputRangeError, match=r"\[0, 0, 0\] = 9"):
+        chk.check_values(_specs(), dict(bad))
+
+
 def test_output_check_uses_derived_axes():
     spec = [TensorSpec("codes", "int64", [1, 4, "frames"])]
     check_outputs("enc", "s4096", spec, {"samples": 4096, "frames": 2}, [torch.zeros(1, 4, 2, dtype=torch.long)])

@@ -1,6 +1,7 @@
 """GPU correctness (run on the GPU machine: `make test-gpu`). Performance lives in bench/, not here."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from ttsaot.builder.families.qwen3_tts_12hz import code2wav as qm  # noqa: E402
 from ttsaot.builder.families.qwen3_tts_12hz import config as qcfg  # noqa: E402
 from ttsaot.builder.families.qwen3_tts_12hz import stages as qst  # noqa: E402
 from ttsaot.builder.kernels.snake_beta import launch_snake_beta_kernel, snake_beta_reference  # noqa: E402
-from ttsaot.runtime import load  # noqa: E402
+from ttsaot.runtime import InputRangeError, load  # noqa: E402
 
 from ..conftest import rel_err  # noqa: E402
 from . import code2wav_options  # noqa: E402
@@ -71,3 +72,33 @@ def test_outputs_are_not_aliased_between_calls(gpu_artifact):
     keep = o1.clone()
     st(c2)
     assert torch.equal(o1, keep)
+
+
+@GROUP
+def test_device_codes_are_checked_in_one_replay_before_the_graph(gpu_artifact):
+    """Codes already on the GPU: their range checks run as each bucket's captured check graph over its padded
+    buffers, read back with ONE synchronisation per call; a bad code is refused with the index and value of the
+    caller's tensor (also off-bucket, in the padded region's bucket), and the package's graph does not run."""
+    st = load(gpu_artifact, device="cuda")["code2wav"]
+    assert all(r.value_checks is not None and r.value_checks.graph.captured for r in st._runners.values())
+    good = torch.randint(0, 64, (1, 16, 11), device="cuda")
+    first = st(good)  # the bucket's one-time output check synchronises; not counted below
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            again = st(good)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len([w for w in caught if "synchroniz" in str(w.message)]) == 1, [str(w.message) for w in caught]
+    assert torch.equal(first, again)
+    runner = st._runners[st.pick_bucket({"batch": 1, "frames": 11}).key]
+    before = runner.graph.outputs[0].clone()
+    bad = good.clone()
+    bad[0, 3, 7] = 64
+    with pytest.raises(InputRangeError, match=r"'codes'\[0, 3, 7\] = 64 is outside \[0, 64\)"):
+        st(bad)
+    assert torch.equal(runner.graph.outputs[0], before)  # refused before the package's graph replayed
+    st.validate_inputs = False
+    st(bad)  # unchecked: the switch still skips the values

@@ -16,7 +16,7 @@ from ttsaot.builder.families.voxcpm2 import config as vcfg  # noqa: E402
 from ttsaot.builder.families.voxcpm2 import lm as vlm  # noqa: E402
 from ttsaot.builder.families.voxcpm2 import stages as vst  # noqa: E402
 from ttsaot.builder.families.voxcpm2.options import VoxCPM2Options  # noqa: E402
-from ttsaot.runtime import InputRangeError, load  # noqa: E402
+from ttsaot.runtime import InputRangeError, InputValueError, load  # noqa: E402
 
 from ..conftest import rel_err  # noqa: E402
 from . import VOXCPM2_LM_MAX_LEN  # noqa: E402
@@ -147,3 +147,24 @@ def test_bf16_error_vs_fp32_eager(bf16_artifact, eager):
     print("bf16 decode rel errors vs fp32 eager (6 steps, tiny):", {k: round(v, 4) for k, v in errs.items()})
     assert errs["hidden"] < tol["residual_lm_step"] and errs["residual"] < tol["residual_lm_step"]
     assert errs["lm_hidden"] < tol["base_lm_step"] and errs["stop"] < tol["base_lm_step"]
+
+
+@FP32_GROUP
+def test_a_nan_row_input_leaves_the_cache_and_positions_untouched(fp32_artifact, eager):
+    """Row inputs on the GPU are checked by the (bucket, cache) graph's captured value checks over its buffers:
+    a NaN embedding is refused before the step's graph runs, so the cache and its positions stay as they were,
+    and the next good step runs."""
+    bundle = load(fp32_artifact, device="cuda")
+    _request(bundle, eager, 2, [8, 5], 1)
+    bs = bundle["base_lm_step"]
+    bc = bs.cache(2)
+    k, v, pos = bc.k.clone(), bc.v.clone(), bc.positions.clone()
+    x = torch.randn(2, H, device="cuda")
+    x[1, 3] = float("nan")
+    with pytest.raises(InputValueError, match="'embeds' contains NaN or Inf"):
+        bs.step(x, cache=bc)
+    assert torch.equal(bc.k, k) and torch.equal(bc.v, v) and torch.equal(bc.positions, pos)
+    assert [key for key in bs._value_checks if key[1] == id(bc)] == [key for key in bs._graphs if key[1] == id(bc)]
+    x[1, 3] = 0.0
+    bs.step(x, cache=bc)
+    assert torch.equal(bc.positions, pos + 1)
