@@ -197,7 +197,7 @@ def test_whole_cache_form_ignores_slots_past_the_position(rope, qk_norm):
 
 
 def test_whole_form_warps_rule_and_switch(monkeypatch):
-    """The whole-cache form launches the fixed-warp kernel of WHOLE_WARPS_BY_ROPE (1 warp for NeoX RoPE, 4 for
+    """The whole-cache form launches the fixed-warp kernel of WHOLE_WARPS_BY_ROPE (1 warp for NeoX RoPE, 8 for
     interleaved) or of TTSAOT_WHOLE_ATTENTION_WARPS (a build-time A/B switch), with the same result; the loop form
     autotunes; a bad value is a clear error."""
     from ttsaot.builder.kernels import decode_attention_triton as kernels
@@ -205,7 +205,7 @@ def test_whole_form_warps_rule_and_switch(monkeypatch):
 
     monkeypatch.delenv(WHOLE_WARPS_ENV, raising=False)
     rope_forms = (kernels.ROPE_NONE, kernels.ROPE_NEOX, kernels.ROPE_INTERLEAVED)
-    assert tuple(whole_warps(r) for r in rope_forms) == (1, 1, 4)
+    assert tuple(whole_warps(r) for r in rope_forms) == (1, 1, 8)
     monkeypatch.setenv(WHOLE_WARPS_ENV, "3")
     with pytest.raises(ValueError, match="expected 1, 2, 4 or 8"):
         whole_warps(kernels.ROPE_NEOX)
@@ -225,7 +225,7 @@ def test_whole_form_warps_rule_and_switch(monkeypatch):
     monkeypatch.setattr(kernels, "decode_attention_autotuned", Spy("autotuned", None))
     B, hq, hkv, hd, S, L = 2, 4, 2, 16, 12, 1
     args = dict(layer=0, scale=hd**-0.5)
-    for rope, env, want in (("neox", "2", "whole2"), ("neox", "", "whole1"), ("interleaved", "", "whole4")):
+    for rope, env, want in (("neox", "2", "whole2"), ("neox", "", "whole1"), ("interleaved", "", "whole8")):
         monkeypatch.setenv(WHOLE_WARPS_ENV, env)
         t = _case(B, hq, hkv, hd, S, L, torch.float32, rope, True)
         ref_t = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}

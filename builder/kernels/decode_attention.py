@@ -64,12 +64,11 @@ ROPE_TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64: t
 # alone picked 1, 2 and 4 warps for the code predictor's 80 identical launches in one H200 build (in-chain own
 # 5.3, 7.0 and 6.1 µs a launch). H200, b1, the stages' calls (bench/results/nvidia-h200/probes/attention_chain/):
 # NeoX RoPE + q/k norm (Qwen code predictor) at 1 warp: 1,769.3 and 1,766.3 µs in two builds against 1,881.5
-# autotuned (alone 2.76 µs at 1 warp, 3.50 at 4, 3.07 at 8). Interleaved RoPE (Fish fast_ar) at 4: the calls
-# slowed as 8-warp launches replaced 4-warp ones, although the 8-warp kernel is the fastest alone (2.87 µs) and
-# in its own time in the chain (3.1 against 3.5 µs): 30 of 40 launches at 4 warps 2,921.6 µs, 20 of 40 2,931.2,
-# none (all at 8) 3,008.6 (p10 2,989.1, above the others' p90), all at 1 warp 3,097.3. All at 4 is not yet timed
-# as a stage.
-WHOLE_WARPS_BY_ROPE = (1, 1, 4)  # by the kernels' ROPE constant: none, NeoX, interleaved
+# autotuned (alone 2.76 µs at 1 warp, 3.50 at 4, 3.07 at 8). Interleaved RoPE (Fish fast_ar) at 8: the graph
+# replays of two verified builds alternating in one process (bench/results/nvidia-h200/probes/whole_warps_fast_ar/),
+# every launch at 8 warps 2,633.1 µs against every launch at 4 2,651.3, 7 rounds of 7 each lower at 8 (the calls,
+# timed in separate processes with the host's ±100 µs, had ranked 4 first in one session and 8 in the next).
+WHOLE_WARPS_BY_ROPE = (1, 1, 8)  # by the kernels' ROPE constant: none, NeoX, interleaved
 WHOLE_WARPS_ENV = "TTSAOT_WHOLE_ATTENTION_WARPS"
 
 
