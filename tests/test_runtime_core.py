@@ -246,8 +246,11 @@ def test_all_finite_is_isfinite_all(dtype):
         torch.tensor([-float("inf")], dtype=dtype),
         torch.empty(0, 3, dtype=dtype),
     ]
+    chk, spec = InputChecker("s", torch.device("cpu")), TensorSpec("x", str(dtype).removeprefix("torch."), [])
     for x in cases:
         assert all_finite(x) == bool(torch.isfinite(x).all()), x
+        if x.numel():  # the device checks' flag (an empty input is never checked)
+            assert chk.flag(spec, "finite", x).item() == bool(torch.isfinite(x).all()), x
     assert all_finite(torch.arange(5)) and all_finite(torch.ones(2, dtype=torch.bool))  # codes and masks
 
 
