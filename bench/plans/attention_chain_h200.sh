@@ -6,8 +6,11 @@
 # and the kernels' GPU tests. ~2 min of probe, ~5 min of stages for one stage and three variants.
 #   BENCH_GIT_COMMIT=$(git rev-parse --short HEAD) STAGES=qwen3-tts-12hz/code_predictor \
 #     bash bench/plans/attention_chain_h200.sh
+#   SHAPES="voxcpm2_base_lm voxcpm2_residual_lm" bash bench/plans/attention_chain_h200.sh   (the LM steps' split
+#     plans × configs in a layer's chain: which plan the launcher should pick at a 512-token context)
 . "$(dirname "$0")/setup_device.sh"
-timeout "${PROBE_S:-240}" python3 -m bench.probes.attention_chain "$OUT/attention_chain.json" > "$OUT/attention_chain.txt" 2>&1
+timeout "${PROBE_S:-240}" python3 -m bench.probes.attention_chain "$OUT/attention_chain.json" cuda ${SHAPES:-} \
+  > "$OUT/attention_chain.txt" 2>&1
 echo "probe at $(( $(date +%s) - T0 )) s:"; cut -c1-250 "$OUT/attention_chain.txt"
 if [ -n "${STAGES:-}" ]; then
   OUT=$OUT/stages STAGES=$STAGES VARIANTS="${VARIANTS:-new fused whole1}" AXIS=batch=1 JOBS=${JOBS:-3} \
