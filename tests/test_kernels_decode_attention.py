@@ -158,6 +158,27 @@ def test_split_count_does_not_change_the_result_and_runs_are_deterministic():
         assert rel_err(o.cpu(), outs[0].cpu()) < 1e-6
 
 
+def test_unrolled_merge_equals_the_merge_loop_bit_for_bit():
+    """MERGE_UNROLLED (the last split merges in NUM_SPLITS masked steps, a probe variant) gives the loop's output
+    bit for bit, at rows whose positions leave 1, some and all of the splits active, and leaves the workspace
+    zeroed."""
+    B, hq, hkv, hd, S, L = 3, 8, 2, 32, 130, 1
+    t = _case(B, hq, hkv, hd, S, L, torch.float32, "neox", False)
+    t["positions"] = torch.tensor([20, 70, 129], device=DEVICE)  # 1, 3 and 5 of the 5 splits of 32 positions
+    ws = torch.zeros(B * hkv, dtype=torch.int32, device=DEVICE)
+    outs = []
+    for unrolled in (False, True):
+        tt = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
+        outs.append(
+            launch_decode_attention(
+                **tt, layer=0, scale=0.1, workspace=ws, num_splits=5, min_chunk=16, block_s=16,
+                config={"num_warps": 4}, merge_unrolled=unrolled,
+            )
+        )  # fmt: skip
+        assert not ws.any()
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_min_chunk_keeps_a_short_context_in_one_program():
     """A row whose context fits MIN_CHUNK is answered by its first split alone (no partials, no ticket) even when the
     bucket plans several; a longer row of the same launch still merges its splits."""
@@ -516,6 +537,30 @@ def test_gpu_forced_splits_merge_through_one_workspace(B, splits):
         torch.cuda.synchronize()
         assert not ws.any(), layer
     assert torch.equal(t["v_cache"], ref_t["v_cache"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("splits", [2, 9, 16])
+def test_gpu_unrolled_merge_equals_the_merge_loop(splits):
+    """The probe's MERGE_UNROLLED variant compiled for the GPU: bit-equal to the merge loop at the VoxCPM2 LM shape
+    (a 512-token context, rows with few and with all splits active), the workspace back at zero."""
+    B, hq, hkv, S, L = 2, 16, 2, 513, 1
+    t = _case(B, hq, hkv, 128, S, L, torch.bfloat16, "neox", False)
+    t["positions"] = torch.tensor([100, 511], device="cuda")
+    ws = torch.zeros(B * hkv, dtype=torch.int32, device="cuda")
+    outs = []
+    for unrolled in (False, True):
+        tt = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
+        outs.append(
+            launch_decode_attention(
+                **tt, layer=0, scale=128**-0.5, workspace=ws, num_splits=splits, min_chunk=32, block_s=32,
+                config={"num_warps": 4, "num_stages": 2}, merge_unrolled=unrolled,
+            )
+        )  # fmt: skip
+        torch.cuda.synchronize()
+        assert not ws.any()
+    assert torch.equal(outs[0], outs[1])
 
 
 @pytest.mark.gpu

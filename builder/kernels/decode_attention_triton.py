@@ -306,6 +306,22 @@ def _whole_cache_head(
     tl.store(o_ptrs, (acc / l_i[:, None]).to(dt), mask=(offs_g < G)[:, None] & d_mask[None, :])
 
 
+@triton.jit
+def _merge_partial(part_o_ptr, part_ml_ptr, slot, mask, offs_d, m_all, l_all, o_all, D_PAD: tl.constexpr):
+    """One split's partial (max, sum, unnormalised output at `slot` [G_PAD]) merged into the running state, read
+    through L2 (other programs wrote it). Where `mask` is off the loads give (−1e30, 0, 0), which leaves the state
+    exactly as it is (its weight is 0, the state's 1)."""
+    ms = tl.load(part_ml_ptr + slot * 2, mask=mask, other=-1.0e30, cache_modifier=".cg")
+    ls = tl.load(part_ml_ptr + slot * 2 + 1, mask=mask, other=0.0, cache_modifier=".cg")
+    ps = tl.load(
+        part_o_ptr + slot[:, None] * D_PAD + offs_d[None, :], mask=mask[:, None], other=0.0, cache_modifier=".cg"
+    )
+    m_next = tl.maximum(m_all, ms)
+    a_old = tl.exp2(m_all - m_next)
+    a_s = tl.exp2(ms - m_next)
+    return m_next, l_all * a_old + ls * a_s, o_all * a_old[:, None] + ps * a_s[:, None]
+
+
 # What each kernel here may write (kernel_analysis.check_writes holds torch's access analysis to it)
 WRITES = {"decode_attention_kernel": frozenset({"kc_ptr", "vc_ptr", "o_ptr", "part_o_ptr", "part_ml_ptr", "ws_ptr"})}
 
@@ -343,13 +359,16 @@ def decode_attention_kernel(
     FP32_DOT: tl.constexpr,
     PDL: tl.constexpr,
     WHOLE: tl.constexpr,
+    MERGE_UNROLLED: tl.constexpr = False,
 ):
     """Grid (B·HKV, NUM_SPLITS). qk_scale = softmax scale · log2(e) (the softmax runs in base 2). D_PAD = the head
     dim padded to ≥ 16 for tl.dot (lanes past HEAD_DIM are masked). NUM_SPLITS == 1: no partials, no workspace.
     FP32_DOT: as in skinny_linear_triton. WHOLE (one split, S ≤ BLOCK_S): the cache is one tile, loaded before
-    the position is known (no loop). PDL (pdl.py): everything here is written by earlier kernels or by this
-    step (qkv, positions, caches, workspace, output buffers), so the wait comes first; the early launch of the
-    next kernel (o_proj, which starts loading its weights) is what it buys."""
+    the position is known (no loop). MERGE_UNROLLED: the last split merges the partials in NUM_SPLITS unrolled,
+    masked steps (every split's loads can be in flight at once) instead of a loop over the active ones; the same
+    result bit for bit (a masked step leaves the state exactly as it is). PDL (pdl.py): everything here is written
+    by earlier kernels or by this step (qkv, positions, caches, workspace, output buffers), so the wait comes first;
+    the early launch of the next kernel (o_proj, which starts loading its weights) is what it buys."""
     # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
     # _use_fp64_for_unbacked_floats), which turned the loop-carried softmax state fp64 (H100 AOTI build failed).
     eps = tl.cast(eps, tl.float32)
@@ -463,21 +482,24 @@ def decode_attention_kernel(
                 m_all = tl.full([G_PAD], -1.0e30, dtype=tl.float32)
                 l_all = tl.zeros([G_PAD], dtype=tl.float32)
                 o_all = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
-                for s in range(0, n_active):
-                    ms = tl.load(part_ml_ptr + (base + s) * 2, mask=g_mask, other=-1.0e30, cache_modifier=".cg")
-                    ls = tl.load(part_ml_ptr + (base + s) * 2 + 1, mask=g_mask, other=0.0, cache_modifier=".cg")
-                    ps = tl.load(
-                        part_o_ptr + (base + s)[:, None] * D_PAD + offs_d[None, :],
-                        mask=g_mask[:, None],
-                        other=0.0,
-                        cache_modifier=".cg",
-                    )
-                    m_next = tl.maximum(m_all, ms)
-                    a_old = tl.exp2(m_all - m_next)
-                    a_s = tl.exp2(ms - m_next)
-                    l_all = l_all * a_old + ls * a_s
-                    o_all = o_all * a_old[:, None] + ps * a_s[:, None]
-                    m_all = m_next
+                if MERGE_UNROLLED:
+                    for s in tl.static_range(NUM_SPLITS):
+                        m_all, l_all, o_all = _merge_partial(
+                            part_o_ptr,
+                            part_ml_ptr,
+                            base + s,
+                            g_mask & (s < n_active),
+                            offs_d,
+                            m_all,
+                            l_all,
+                            o_all,
+                            D_PAD,
+                        )
+                else:
+                    for s in range(0, n_active):
+                        m_all, l_all, o_all = _merge_partial(
+                            part_o_ptr, part_ml_ptr, base + s, g_mask, offs_d, m_all, l_all, o_all, D_PAD
+                        )
                 tl.store(o_ptrs, (o_all / tl.where(l_all > 0, l_all, 1.0)[:, None]).to(dt), mask=out_mask)
                 tl.atomic_xchg(ws_ptr + pid, 0, sem="relaxed", scope="gpu")  # the workspace is zero again
 
