@@ -162,9 +162,14 @@ CPU_INPUT_SLACK = 64  # elements
 def _with_slack(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A contiguous tensor of `shape` followed by unused elements. Inductor's vectorised CPU tail loops were seen
     (gdb, Fish DAC encoder) to read up to 15 elements past an input's end, which segfaults when the input ends at
-    an unmapped page; the caller's own tensors are therefore never handed to a CPU package directly."""
+    an unmapped page; the caller's own tensors are therefore never handed to a CPU package directly. The slack is
+    zeroed (the tensor itself is the caller's to fill): what such a loop reads there is then the same at every call
+    instead of whatever the allocator left (suspected, not shown, in one flaky CPU-test run where two calls on the
+    same code2wav input differed: tests/test_batching.py::test_context_window_is_the_stage_stream_windowing)."""
     n = math.prod(shape)
-    return torch.empty(n + CPU_INPUT_SLACK, dtype=dtype, device=device)[:n].view(shape)
+    buf = torch.empty(n + CPU_INPUT_SLACK, dtype=dtype, device=device)
+    buf[n:].zero_()
+    return buf[:n].view(shape)
 
 
 class _BucketRunner:

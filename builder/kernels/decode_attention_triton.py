@@ -359,7 +359,7 @@ def decode_attention_kernel(
     FP32_DOT: tl.constexpr,
     PDL: tl.constexpr,
     WHOLE: tl.constexpr,
-    MERGE_UNROLLED: tl.constexpr = False,
+    MERGE_UNROLLED: tl.constexpr,
 ):
     """Grid (B·HKV, NUM_SPLITS). qk_scale = softmax scale · log2(e) (the softmax runs in base 2). D_PAD = the head
     dim padded to ≥ 16 for tl.dot (lanes past HEAD_DIM are masked). NUM_SPLITS == 1: no partials, no workspace.
