@@ -120,9 +120,13 @@ SCRIPT = textwrap.dedent(r"""
                                        "interleaved_gqa4": (32, 8, 2, False), "qk_norm": (16, 8, 1, True)}.items():
         for ns in ((1, 16) if name == "voxcpm2" else (4,)):
             cx = dict(HQ=hq, HKV=hkv, HEAD_DIM=128, D_PAD=128, G_PAD=16, ROPE=rope, QK_NORM=qkn, NUM_SPLITS=ns,
-                      MIN_CHUNK=64, BLOCK_S=64, FP32_DOT=False, PDL=True, WHOLE=False)
+                      MIN_CHUNK=64, BLOCK_S=64, FP32_DOT=False, PDL=True, WHOLE=False, MERGE_UNROLLED=False)
             results[f"attention/{name}/splits{ns}"] = build(A.decode_attention_kernel, da_types, cx, 4, 2,
                                                             da_aligned)
+    # the probe variant that merges the partials in unrolled masked steps (attention_chain.py `/unrolled`)
+    results["attention/voxcpm2/splits16_unrolled"] = build(
+        A.decode_attention_kernel, da_types, dict(cx, HQ=16, HKV=2, ROPE=1, QK_NORM=False, NUM_SPLITS=16,
+                                                  MERGE_UNROLLED=True), 4, 2, da_aligned)
     # AOTInductor types float arguments of user kernels fp64: the kernels must keep their fp32 state (the loop-carried
     # softmax state of decode attention became fp64 and failed to compile on the H100)
     results["attention/voxcpm2/fp64_scalars"] = build(
