@@ -437,11 +437,9 @@ class Stage:
 
     def _run(self, named: dict[str, torch.Tensor], sizes: dict[str, int], pending: bool = False) -> list[torch.Tensor]:
         """`pending`: the device inputs' value checks are still to run (`_validate`)."""
-        split = "batch" in sizes and (
-            sizes["batch"] > self.max_sizes.get("batch", sizes["batch"]) or self.pick_bucket(sizes) is None
-        )
-        if pending and (split or any(sizes[a] > self.max_sizes[a] for a in self._axes)):
-            # not one bucket's buffers: the whole request is checked here, so errors index the caller's tensors
+        if pending and self.pick_bucket(sizes) is None:
+            # not one bucket's buffers (a split batch, an overflow): the whole request is checked here, so errors
+            # index the caller's tensors
             self._inputs.check_values(self.entry.inputs, named)
             pending = False
         if "batch" in sizes and sizes["batch"] > self.max_sizes.get("batch", sizes["batch"]):

@@ -127,13 +127,18 @@ class InputChecker:
         )
 
     def _read_back(self, checks: list[tuple[TensorSpec, str, torch.Tensor]], named: dict[str, torch.Tensor]) -> None:
-        if not checks:
-            return
-        # Every check of device data is read back in ONE copy: each read is a stream synchronisation (the host
-        # waits for the queue to drain), and a predictor frame had five (H100 profiles: fast_ar, code_predictor).
-        # The details of a failure are worked out only then.
-        flags = torch.stack([flag for _, _, flag in checks]).tolist()
-        for (spec, what, _), flag in zip(checks, flags, strict=True):
+        if checks:
+            flags = torch.stack([flag for *_, flag in checks])
+            self.raise_first_failed([(spec, what) for spec, what, _ in checks], flags, named)
+
+    def raise_first_failed(
+        self, checks: Sequence[tuple[TensorSpec, str]], flags: torch.Tensor, named: dict[str, torch.Tensor]
+    ) -> None:
+        """Read the stacked `flag`s of `checks` back and raise the typed error of the first that failed, explained
+        from `named` (the caller's tensors). Every check of device data is read back in ONE copy: each read is a
+        stream synchronisation (the host waits for the queue to drain), and a predictor frame had five (H100
+        profiles: fast_ar, code_predictor). The details of a failure are worked out only then."""
+        for (spec, what), flag in zip(checks, flags.tolist(), strict=True):
             if not flag_ok(what, flag):
                 self.raise_failed(spec, what, named[spec.name])
 
@@ -210,7 +215,7 @@ class DeviceValueChecks:
 
     Why: eagerly each check is 4-5 small aten ops, each a few µs of host time while the GPU waits for the call's
     graph (the sync that reads the flags comes before it): with checks vs without, one call of the H200 bench took
-    +156 µs for the code_predictor (25 check kernels), +200 fast_ar, +188 locdit, +71 residual_lm_step
+    +156 µs for the code_predictor (24 check kernels), +200 fast_ar, +188 locdit, +71 residual_lm_step
     (bench/results/nvidia-h200/*.json, `ms_without_input_validation`). Replayed, the same kernels cost one launch.
 
     The buffers hold the inputs padded to the bucket, so the pads are checked too: `capturable` accepts only pads
@@ -232,6 +237,7 @@ class DeviceValueChecks:
         self.items = [
             (i, spec, what) for i, spec in enumerate(specs) if buffers[i].numel() for what in value_checks(spec)
         ]
+        self._checks = [(spec, what) for _, spec, what in self.items]
         self.graph = (
             StaticGraph(self._flags, buffers, device, pool, capture=capture, pool_reserve=False) if self.items else None
         )
@@ -253,12 +259,8 @@ class DeviceValueChecks:
     def run(self, named: dict[str, torch.Tensor]) -> None:
         """Check the buffers (they hold this call's inputs); raise the typed error of the first failed check, with
         its details from `named` (the caller's tensors, by input name)."""
-        if self.graph is None:
-            return
-        flags = self.graph.replay().tolist()  # the one synchronisation
-        for (_, spec, what), flag in zip(self.items, flags, strict=True):
-            if not flag_ok(what, flag):
-                self.checker.raise_failed(spec, what, named[spec.name])
+        if self.graph is not None:
+            self.checker.raise_first_failed(self._checks, self.graph.replay(), named)
 
 
 def check_outputs(
