@@ -479,7 +479,7 @@ def _add_tool_parsers(sub) -> None:
         type=csv,
         default=None,
         help="copy,skinny,attention,aoti,layer,predictors,sampler,sweep,sweep_predictors,configs,configs_predictors,configs_stream,"
-        "configs_gemv,norm_prologue (default: not the last six)",
+        "configs_gemv,norm_prologue,gemv_preload,norm_cost (default: not the last eight)",
     )
     p.add_argument("--with-compile", action="store_true", help="layer: also torch.compile max-autotune (minutes)")
     p.add_argument("--result", default=None)

@@ -39,6 +39,9 @@ after the time budget are recorded as skipped):
   tile, loaded before the grid-dependency wait), each also launched with programmatic dependent launch
   (`launch_pdl`: in the graph each call's programs start while the previous call runs, as the stages' packages
   launch them), on the predictors' and VoxCPM2's shapes whose K fits one 4096-wide tile (not run by default).
+- `norm_cost`: what the RMSNorm prologue costs a normed projection at its serving rows: the same shape, weights and
+  config with the prologue and without it (x taken as already normed), rolled and unrolled chunks, 4 and 8 warps:
+  what moving the norm out of the projection (into the kernel that writes x) could save (not run by default).
 A fresh machine compiles ~50 Triton kernels for the first four sections: ~3-4 minutes with the default budget;
 `--budget 540` also covers `predictors` and `sweep`. Writes `<out>/<device-slug>/kernels.json` (rewritten after
 every case, so a crash keeps what was measured).
@@ -79,8 +82,9 @@ SECTIONS = (
     "configs_gemv",
     "norm_prologue",
     "gemv_preload",
+    "norm_cost",
 )
-DEFAULT_SECTIONS = SECTIONS[:-7]  # the last seven (minutes of compiles) only when asked for
+DEFAULT_SECTIONS = SECTIONS[:-8]  # the last eight (minutes of compiles) only when asked for
 _WARMUP = {True: 3, False: 0}  # warm-up calls before eager timings: on the GPU, none in a CPU smoke run
 ROTATE_L2_MULTIPLE = 4  # weights rotated over at least this many times the L2 size
 MIN_GRAPH_CALLS = 16
@@ -370,6 +374,12 @@ NORM_SWEEP = {
     "fish_fast_ar_qkv": (4,),
     "fish_fast_ar_gate_up": (4,),
 }
+
+
+# `norm_cost`: the normed shapes of NORM_SWEEP at the plan's width (32), BLOCK_K 256, 4 stages; with the prologue
+# rolled / unrolled at 4 and 8 warps, and without it (the last two candidates, run on the spec without "norm").
+NORM_COST_NORMED = tuple((32, 256, w, 4, extra) for w in (4, 8) for extra in ({}, {"NORM_UNROLL": 256}))
+NORM_COST_PLAIN = tuple((32, 256, w, 4) for w in (4, 8))
 
 
 def _launch_extra(extra: dict, K: int) -> tuple[dict, str]:
@@ -1005,6 +1015,21 @@ def run_kernels(
     ]
     guarded("norm_prologue", lambda: config_sweep(norm_cases, (1,), candidates=NORM_SWEEP_CANDIDATES))
 
+    def norm_cost_section() -> dict:
+        shapes = {**SKINNY_SHAPES, **PREDICTOR_SHAPES}
+        items = []
+        for name, rows in NORM_SWEEP.items():
+            N, K, spec, _ = shapes[name]
+            plain = {k: v for k, v in spec.items() if k != "norm"}
+            for M in rows:
+                for label, sp, cands in (("norm", spec, NORM_COST_NORMED), ("plain", plain, NORM_COST_PLAIN)):
+                    launch = dict(M=M, N=N, K=K, spec=sp, form="dot", time_left=budget.left, splits=(1,),
+                                  candidates=cands)
+                    items.append((f"{name}/M={M}/{label}", launch))
+        return cases(bench_skinny_configs, items)
+
+    guarded("norm_cost", norm_cost_section)
+
     def preload_section() -> dict:
         from ttsaot.builder.kernels.skinny_linear_triton import PRELOAD_MAX_K
 
@@ -1112,5 +1137,10 @@ def summary(res: dict) -> str:
             f"stream {key:<32} tile plan {tile}  stream best {b['graph_ms'] * 1e3:6.1f} us ({b['config']}, "
             f"{b['ratio_to_copy']:4.0%} of copy)  copy {copy * 1e3:5.1f} us"
         )
+    for key, c in sec.get("norm_cost", {}).items():
+        runs = c.get("runs", {}) if isinstance(c, dict) else {}
+        timed = "  ".join(f"{k.split('/split1')[0].replace('bn32/bk256/', '')}{k.split('/split1')[1]} "
+                          f"{r['graph_ms'] * 1e3:.2f}" for k, r in runs.items() if "graph_ms" in r)
+        lines.append(f"norm_cost {key:<38} {timed or (c.get('error') or c.get('skipped') or 'none timed')} us")
     lines.append(f"status {res.get('status')} in {res.get('seconds', 0)} s")
     return "\n".join(lines)
