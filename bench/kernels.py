@@ -1023,8 +1023,9 @@ def run_kernels(
             plain = {k: v for k, v in spec.items() if k != "norm"}
             for M in rows:
                 for label, sp, cands in (("norm", spec, NORM_COST_NORMED), ("plain", plain, NORM_COST_PLAIN)):
-                    launch = dict(M=M, N=N, K=K, spec=sp, form="dot", time_left=budget.left, splits=(1,),
-                                  candidates=cands)
+                    launch = dict(
+                        M=M, N=N, K=K, spec=sp, form="dot", time_left=budget.left, splits=(1,), candidates=cands
+                    )
                     items.append((f"{name}/M={M}/{label}", launch))
         return cases(bench_skinny_configs, items)
 
@@ -1139,8 +1140,11 @@ def summary(res: dict) -> str:
         )
     for key, c in sec.get("norm_cost", {}).items():
         runs = c.get("runs", {}) if isinstance(c, dict) else {}
-        timed = "  ".join(f"{k.split('/split1')[0].replace('bn32/bk256/', '')}{k.split('/split1')[1]} "
-                          f"{r['graph_ms'] * 1e3:.2f}" for k, r in runs.items() if "graph_ms" in r)
+        timed = "  ".join(
+            f"{k.split('/split1')[0].replace('bn32/bk256/', '')}{k.split('/split1')[1]} {r['graph_ms'] * 1e3:.2f}"
+            for k, r in runs.items()
+            if "graph_ms" in r
+        )
         lines.append(f"norm_cost {key:<38} {timed or (c.get('error') or c.get('skipped') or 'none timed')} us")
     lines.append(f"status {res.get('status')} in {res.get('seconds', 0)} s")
     return "\n".join(lines)
