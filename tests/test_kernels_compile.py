@@ -120,18 +120,14 @@ SCRIPT = textwrap.dedent(r"""
                                        "interleaved_gqa4": (32, 8, 2, False), "qk_norm": (16, 8, 1, True)}.items():
         for ns in ((1, 16) if name == "voxcpm2" else (4,)):
             cx = dict(HQ=hq, HKV=hkv, HEAD_DIM=128, D_PAD=128, G_PAD=16, ROPE=rope, QK_NORM=qkn, NUM_SPLITS=ns,
-                      MIN_CHUNK=64, BLOCK_S=64, FP32_DOT=False, PDL=True, WHOLE=False, MERGE_UNROLLED=False)
-            results[f"attention/{name}/splits{ns}"] = build(A.decode_attention_kernel, da_types, cx, 4, 2,
-                                                            da_aligned)
-    # the probe variant that merges the partials in unrolled masked steps (attention_chain.py `/unrolled`)
-    results["attention/voxcpm2/splits16_unrolled"] = build(
-        A.decode_attention_kernel, da_types, dict(cx, HQ=16, HKV=2, ROPE=1, QK_NORM=False, NUM_SPLITS=16,
-                                                  MERGE_UNROLLED=True), 4, 2, da_aligned)
+                      MIN_CHUNK=64, BLOCK_S=64, FP32_DOT=False, PDL=True, WHOLE=False)
+            results[f"attention/{name}/splits{ns}"] = build(A.decode_attention_kernel, da_types, cx, A.split_warps(128),
+                                                            A.SPLIT_STAGES, da_aligned)
     # AOTInductor types float arguments of user kernels fp64: the kernels must keep their fp32 state (the loop-carried
     # softmax state of decode attention became fp64 and failed to compile on the H100)
     results["attention/voxcpm2/fp64_scalars"] = build(
         A.decode_attention_kernel, dict(da_types, eps="fp64", qk_scale="fp64"),
-        dict(cx, HQ=16, HKV=2, ROPE=1, QK_NORM=True, NUM_SPLITS=16), 4, 2, da_aligned)
+        dict(cx, HQ=16, HKV=2, ROPE=1, QK_NORM=True, NUM_SPLITS=16), A.split_warps(128), A.SPLIT_STAGES, da_aligned)
     results["skinny/gemv/norm_gated/fp64_scalars"] = build(
         S.skinny_linear_kernel, dict(sl_types, eps="fp64", scale="fp64"),
         dict(flags["norm_gated"], SPLIT_K=1, FUSED_REDUCE=False, USE_DOT=False, FP32_DOT=False, PDL=True,
@@ -140,11 +136,12 @@ SCRIPT = textwrap.dedent(r"""
     # Triton specialises an int argument equal to 1 into a constexpr: layer 1 of every LM compiles this variant
     results["attention/voxcpm2/layer1"] = build(
         A.decode_attention_kernel, da_types, dict(cx, HQ=16, HKV=2, ROPE=1, QK_NORM=False, NUM_SPLITS=1, layer=1),
-        4, 2, da_aligned)
+        A.split_warps(128), A.SPLIT_STAGES, da_aligned)
     # The Qwen tiny presets' head_dim 8, padded to 16 lanes for tl.dot, with the ticket merge
     results["attention/hd8_padded/splits4"] = build(
         A.decode_attention_kernel, da_types, dict(cx, HQ=4, HKV=2, HEAD_DIM=8, D_PAD=16, ROPE=1, QK_NORM=True,
-                                                  NUM_SPLITS=4, BLOCK_S=16, MIN_CHUNK=16), 4, 2, da_aligned)
+                                                  NUM_SPLITS=4, BLOCK_S=16, MIN_CHUNK=16), A.split_warps(8),
+        A.SPLIT_STAGES, da_aligned)
     # the whole-cache form: the Qwen code predictor's 16 positions (one 16-row tile), and a 64-position cache
     for name, block_s, warps in (("code_predictor", 16, 4), ("s64", 64, 4), ("code_predictor_w1", 16, 1)):
         results[f"attention/whole/{name}"] = build(

@@ -17,10 +17,10 @@ The predictors' attention runs its whole-cache form at the cache sizes of the st
 a position in the middle of the cache. The VoxCPM2 LM steps' (`voxcpm2_*`, a 512-token context: the bench's
 `base_lm_step` / `residual_lm_step` bucket) runs the split form at the cache's last position, and its variants are
 the split plans (`SPLIT_PLANS`: the launcher's plan is 9 splits of 64 positions at B = 1 on 132 SMs, each merged by
-the last split through the step's ticket workspace) × the autotuner's configs (`SPLIT_CONFIGS`), and for the plans
-of 5 or more splits the merge unrolled (`/unrolled`: the kernel's MERGE_UNROLLED, every partial's loads in flight at
-once): which is the fastest inside a layer's chain, where the profiles put the attention at ~7 µs of its own per
-layer.
+the last split through the step's ticket workspace) × the configs the autotuner chose from before the rule
+(`SPLIT_CONFIGS`; decode_attention_triton.SPLIT_WARPS / SPLIT_STAGES now): which is the fastest inside a layer's
+chain, where the profiles put the attention at ~7 µs of its own per layer. (The `/unrolled` variants of the committed
+H200 results, bench/results/nvidia-h200/probes/lm_split_norm_cost/, are the merge every variant runs since.)
 
     python -m bench.probes.attention_chain OUT.json [cuda|cpu] [SHAPE ...]   (cpu: under TRITON_INTERPRET=1)"""
 
@@ -42,7 +42,7 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 # (splits, positions per loop step, fewest positions per split): the launcher's plan for the LM shapes is (9, 64, 64)
 SPLIT_PLANS = ((1, 64, 64), (2, 64, 64), (3, 64, 64), (5, 64, 64), (9, 64, 64), (16, 32, 32))
-SPLIT_CONFIGS = ((4, 2), (4, 3), (8, 2))  # (warps, stages): decode_attention_triton.ATTENTION_CONFIGS
+SPLIT_CONFIGS = ((4, 2), (4, 3), (8, 2))  # (warps, stages): the autotuner's former candidates
 WARPS = (1, 2, 4, 8)
 CHAIN = 32  # layers per graph
 
@@ -96,7 +96,6 @@ def run_shape(name: str, s: dict, dev: torch.device, reps: int) -> dict:
                 else {}
             ),
             **({"workspace": ws} if v.get("splits", 1) > 1 else {}),
-            **({"merge_unrolled": True} if v.get("unrolled") else {}),
         )
 
     out: dict[str, Any] = {"shape": s, "weight_sets": n_sets, "qkv_config": cq, "o_config": co, "cases": {}}
@@ -109,8 +108,6 @@ def run_shape(name: str, s: dict, dev: torch.device, reps: int) -> dict:
             for n, bs, mc in SPLIT_PLANS
             for w, st in SPLIT_CONFIGS
         ]
-        # the last split's merge in unrolled masked steps (MERGE_UNROLLED) where it merges several partials
-        variants += [{**v, "unrolled": True} for v in variants if v["splits"] >= 5 and v["stages"] == 2]
     else:
         variants = [{"warps": w} for w in WARPS]
         variants += [{"warps": 4, "no_norm": True}] if s["qk_norm"] else []
@@ -119,7 +116,6 @@ def run_shape(name: str, s: dict, dev: torch.device, reps: int) -> dict:
         key = f"w{v['warps']}" + ("/no_norm" if v.get("no_norm") else "") + ("/no_rope" if v.get("no_rope") else "")
         if split:
             key = f"splits{v['splits']}x{v['block_s']}/w{v['warps']}s{v['stages']}"
-            key += "/unrolled" if v.get("unrolled") else ""
         kw = attn_kw(v)
         k1, v1, k2, v2 = kc[:1].clone(), vc[:1].clone(), kc[:1].clone(), vc[:1].clone()
         got = launch_decode_attention(qkv, pos, k1, v1, 0, hd**-0.5, **kw)

@@ -319,12 +319,10 @@ def launch_decode_attention(
     min_chunk: int | None = None,
     block_s: int | None = None,
     config: dict | None = None,
-    merge_unrolled: bool = False,
 ) -> torch.Tensor:
     """Run the Triton kernel (CUDA, or CPU under TRITON_INTERPRET=1). `num_splits` / `min_chunk` / `block_s`
-    override the plan; `config` ({"num_warps", "num_stages"}) skips autotuning (interpreter tests, bench sweeps);
-    `merge_unrolled`: the split form's last split merges in unrolled masked steps (the kernel's MERGE_UNROLLED; a
-    probe variant, bench/probes/attention_chain.py, not yet timed: the op does not use it)."""
+    override the plan; `config` ({"num_warps", "num_stages"}) overrides the forms' rules (interpreter tests, bench
+    sweeps)."""
     from . import decode_attention_triton as kernels
 
     hq, hkv, hd = _heads(qkv, k_cache)
@@ -378,7 +376,6 @@ def launch_decode_attention(
         BLOCK_S=block_s,
         PDL=kernels_wait(qkv.device),
         WHOLE=whole,
-        MERGE_UNROLLED=merge_unrolled,
     )
     grid = (B * hkv, num_splits)
     if config is not None:
@@ -386,7 +383,7 @@ def launch_decode_attention(
     elif whole:
         wrap(kernels.decode_attention_whole[whole_warps(meta["ROPE"])])[grid](*args, **meta)
     else:
-        wrap(kernels.decode_attention_autotuned)[grid](*args, **meta)
+        wrap(kernels.decode_attention_split[kernels.split_warps(hd)])[grid](*args, **meta)
     return o
 
 

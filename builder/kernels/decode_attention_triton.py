@@ -359,14 +359,14 @@ def decode_attention_kernel(
     FP32_DOT: tl.constexpr,
     PDL: tl.constexpr,
     WHOLE: tl.constexpr,
-    MERGE_UNROLLED: tl.constexpr,
 ):
     """Grid (B·HKV, NUM_SPLITS). qk_scale = softmax scale · log2(e) (the softmax runs in base 2). D_PAD = the head
     dim padded to ≥ 16 for tl.dot (lanes past HEAD_DIM are masked). NUM_SPLITS == 1: no partials, no workspace.
     FP32_DOT: as in skinny_linear_triton. WHOLE (one split, S ≤ BLOCK_S): the cache is one tile, loaded before
-    the position is known (no loop). MERGE_UNROLLED: the last split merges the partials in NUM_SPLITS unrolled,
-    masked steps (every split's loads can be in flight at once) instead of a loop over the active ones; the same
-    result bit for bit (a masked step leaves the state exactly as it is). PDL (pdl.py): everything here is written
+    the position is known (no loop). The last split merges the partials in NUM_SPLITS unrolled, masked steps, so
+    every split's loads are in flight at once (a masked step leaves the state exactly as it is; a loop over the
+    active splits gave the same bits and took 1.4-2.0 µs more per layer in the VoxCPM2 LMs' chains on the H200,
+    bench/results/nvidia-h200/probes/lm_split_norm_cost/). PDL (pdl.py): everything here is written
     by earlier kernels or by this step (qkv, positions, caches, workspace, output buffers), so the wait comes first;
     the early launch of the next kernel (o_proj, which starts loading its weights) is what it buys."""
     # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
@@ -482,37 +482,39 @@ def decode_attention_kernel(
                 m_all = tl.full([G_PAD], -1.0e30, dtype=tl.float32)
                 l_all = tl.zeros([G_PAD], dtype=tl.float32)
                 o_all = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
-                if MERGE_UNROLLED:
-                    for s in tl.static_range(NUM_SPLITS):
-                        m_all, l_all, o_all = _merge_partial(
-                            part_o_ptr,
-                            part_ml_ptr,
-                            base + s,
-                            g_mask & (s < n_active),
-                            offs_d,
-                            m_all,
-                            l_all,
-                            o_all,
-                            D_PAD,
-                        )
-                else:
-                    for s in range(0, n_active):
-                        m_all, l_all, o_all = _merge_partial(
-                            part_o_ptr, part_ml_ptr, base + s, g_mask, offs_d, m_all, l_all, o_all, D_PAD
-                        )
+                for s in tl.static_range(NUM_SPLITS):
+                    m_all, l_all, o_all = _merge_partial(
+                        part_o_ptr, part_ml_ptr, base + s, g_mask & (s < n_active), offs_d, m_all, l_all, o_all, D_PAD
+                    )
                 tl.store(o_ptrs, (o_all / tl.where(l_all > 0, l_all, 1.0)[:, None]).to(dt), mask=out_mask)
                 tl.atomic_xchg(ws_ptr + pid, 0, sem="relaxed", scope="gpu")  # the workspace is zero again
 
 
-# BLOCK_S, NUM_SPLITS and MIN_CHUNK come from the launcher (decode_attention.py); the autotuner picks warps and
-# stages per bucket at AOTI compile time.
-ATTENTION_CONFIGS = [
-    triton.Config({}, num_warps=4, num_stages=2),
-    triton.Config({}, num_warps=4, num_stages=3),
-    triton.Config({}, num_warps=8, num_stages=2),
-]
+# The split form at a fixed config, a rule instead of the autotuner, which times the kernel alone and baked
+# different configs for some layers in two base_lm_step builds of one tree
+# (bench/results/nvidia-h200/probes/whole_warps_fast_ar/: their calls 1,202.9 and 1,153.7 µs, not settled by that
+# call). 8 warps, 2 stages: the fastest of the three former candidates in the VoxCPM2 LMs' layer chains at the
+# launcher's plan (B = 1, 9 splits, 512-token context, H200: base LM 12.21 µs a layer against 12.79 at 4 warps /
+# 2 stages, residual LM 11.94 against 12.31; bench/results/nvidia-h200/probes/lm_split_norm_cost/attention_chain.txt).
+# Heads narrower than 64 (the tiny presets' 8) at 4 warps: their tiles are too small to give 8 warps cp.async
+# copies (an sm_90 compile of head dim 8 at 8 warps has none). BLOCK_S, NUM_SPLITS and MIN_CHUNK come from the
+# launcher (decode_attention.py).
+SPLIT_STAGES = 2
+SPLIT_WARPS_WIDE, SPLIT_WARPS_NARROW, SPLIT_WIDE_HEAD = 8, 4, 64
 ATTENTION_KEY = ["S", "HQ", "HKV", "HEAD_DIM", "BLOCK_S", "NUM_SPLITS", "MIN_CHUNK", "ROPE", "QK_NORM", "WHOLE"]
-decode_attention_autotuned = triton.autotune(configs=ATTENTION_CONFIGS, key=ATTENTION_KEY)(decode_attention_kernel)
+decode_attention_split = {
+    w: triton.autotune(configs=[triton.Config({}, num_warps=w, num_stages=SPLIT_STAGES)], key=ATTENTION_KEY)(
+        decode_attention_kernel
+    )
+    for w in (SPLIT_WARPS_NARROW, SPLIT_WARPS_WIDE)
+}
+
+
+def split_warps(head_dim: int) -> int:
+    """The split form's warps for a head width (the rule above)."""
+    return SPLIT_WARPS_WIDE if head_dim >= SPLIT_WIDE_HEAD else SPLIT_WARPS_NARROW
+
+
 # The whole-cache form (the predictors' short caches) at a fixed warp count (decode_attention.whole_warps: a rule
 # by the RoPE form, or the A/B switch): no loop to pipeline, so one stage; one config each, nothing to time. An
 # sm_90 compile of the code predictor's case: 5 barriers at 1 warp, 34 at 4 (bench/results/cpu/probes/sm90_compile/).
