@@ -12,8 +12,9 @@ bench.codec_stages._runner_replay, each between CUDA events with no synchronisat
 per replay. (The committed results/nvidia-h200/probes/window_attention_ab/replay/ were made by b1f247b's version:
 the mean of 100 replays between one pair of events.) Writes OUT/replay_ab.json: every round's figure and
 per artifact and bucket the median over the rounds. An LM step stage (graphs captured per cache on first use) runs
-one step per bucket on a cache of its own first, its rows at position `--context` (the inputs random as above, the
-cache filled at random), and its graph of that cache is what is replayed: the same token every replay."""
+one step per bucket on a cache of its own first, its rows at position `--context` or the cache's last (the inputs
+random as above, the cache filled at random), and its graph of that cache is what is replayed: the same token every
+replay."""
 
 from __future__ import annotations
 
@@ -48,10 +49,11 @@ def _lm_step_replays(stage, context: int, seed: int) -> dict[str, Any]:
     for b in stage.entry.buckets:
         runner = stage._runners[b.key]
         g = torch.Generator().manual_seed(seed + zlib.crc32(b.key.encode()))
+        position = min(context, stage.new_cache(b.sizes["batch"]).max_len - 1)  # the bench's: the last slot
         xs = []
         for spec, shape in zip(stage.entry.inputs, runner.shapes):
             if spec.name == md["position_input"]:
-                xs.append(torch.full(shape, context, dtype=spec.torch_dtype))
+                xs.append(torch.full(shape, position, dtype=spec.torch_dtype))
             elif spec.torch_dtype.is_floating_point:
                 xs.append(torch.randn(shape, generator=g).to(spec.torch_dtype))
             else:
@@ -75,7 +77,7 @@ def main() -> None:
     ap.add_argument("--stage", default=None, help="default: the manifest's first stage")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--replays", type=int, default=100)
-    ap.add_argument("--context", type=int, default=512, help="an LM step's rows' position (its cache holds this many)")
+    ap.add_argument("--context", type=int, default=512, help="an LM step's rows' position, at most the cache's last")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     dev = torch.device("cuda")
