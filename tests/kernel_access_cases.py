@@ -104,6 +104,11 @@ def _launches() -> list:
     skinny_linear.launch_skinny_linear(
         x, w, None, None, residual=r(1, 384), wrap=_recorder(calls, "skinny residual"), config=gemv
     )
+    for form, split in (("skinny norm out split-k", 2), ("skinny norm out", 1)):
+        skinny_linear.launch_skinny_linear(
+            x, w, None, None, residual=r(1, 384), wrap=_recorder(calls, form), config=gemv, split_k=split,
+            out_norm_weight=r(384),
+        )  # fmt: skip
     hq, hkv, hd, S, L, B = 4, 2, 32, 32, 2, 1
     cos, sin = r(S, hd, dtype=torch.float32), r(S, hd, dtype=torch.float32)
     caches = dict(k_cache=r(L, B, hkv, S, hd), v_cache=r(L, B, hkv, S, hd))

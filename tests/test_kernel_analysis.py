@@ -141,6 +141,12 @@ WRITES = {
     "skinny dot stream": {"skinny_linear_kernel": ["y_ptr"]},
     "skinny gated": {"skinny_linear_kernel": ["y_ptr"]},
     "skinny residual": {"skinny_linear_kernel": ["y_ptr"]},
+    # skinny_linear_norm_out: split, the second pass writes y and its norm; unsplit, it reads y back
+    "skinny norm out split-k": {
+        "skinny_linear_kernel": ["part_ptr", "y_ptr"],
+        "norm_out_epilogue_kernel": ["y_ptr", "yn_ptr"],
+    },
+    "skinny norm out": {"skinny_linear_kernel": ["y_ptr"], "norm_out_epilogue_kernel": ["yn_ptr"]},
     "decode attention whole": {"decode_attention_kernel": ["kc_ptr", "o_ptr", "vc_ptr"]},
     "decode attention split": {
         "decode_attention_kernel": ["kc_ptr", "o_ptr", "part_ml_ptr", "part_o_ptr", "vc_ptr", "ws_ptr"]

@@ -111,6 +111,12 @@ SCRIPT = textwrap.dedent(r"""
     results["skinny/split_k_epilogue"] = build(S.split_k_epilogue_kernel, ep_types,
         dict(HAS_BIAS=True, GATED=True, HAS_RESIDUAL=True, SPLIT_K=4, PDL=True, BLOCK_M=16, BLOCK_N=128), 4, 1,
         set())
+    # skinny_linear_norm_out's second pass, whole rows: the LocDiT's 1024 columns, the VoxCPM2 LM's 2048, Fish's 2560
+    no_types = dict(part_ptr="*fp32", b_ptr="*bf16", r_ptr="*bf16", g_ptr="*bf16", y_ptr="*bf16", yn_ptr="*bf16",
+                    M="i32", N_OUT="i32", scale="fp32", eps="fp32")
+    for block_n, split in ((1024, 2), (2048, 0), (4096, 4)):
+        results[f"skinny/norm_out_epilogue/{block_n}/split{split}"] = build(S.norm_out_epilogue_kernel, no_types,
+            dict(HAS_BIAS=True, HAS_RESIDUAL=True, SPLIT_K=split, PDL=True, BLOCK_M=1, BLOCK_N=block_n), 4, 1, set())
     da_types = dict(qkv_ptr="*bf16", pos_ptr="*i64", kc_ptr="*bf16", vc_ptr="*bf16", cos_ptr="*fp32",
                     sin_ptr="*fp32", qn_ptr="*bf16", kn_ptr="*bf16", o_ptr="*bf16", part_o_ptr="*fp32",
                     part_ml_ptr="*fp32", ws_ptr="*i32", layer="i32", S="i32", QKV_ROW="i32", CACHE_LAYER="i32",

@@ -158,6 +158,38 @@ def test_kernel_modules_on_the_triton_kernels_equal_eager(name, cfg, monkeypatch
 
 
 @pytest.mark.parametrize("name", STAGES)
+def test_layers_hand_each_rmsnorm_to_the_projection_before_it(name, monkeypatch):
+    """Where `norm_out_pays` (on a GPU build: the o_proj and down calls whose K the plan splits), each layer's o_proj
+    returns the post-attention norm and its down the next layer's input norm (the last layer's: the final norm), so
+    only the first qkv keeps its prologue: fp32 on the Triton kernels (interpreter on CPU), odd sizes, against the
+    eager module; 2 such calls per layer pass."""
+    require_kernel_runtime()
+    orig, kern, _ = _pair(name, ODD)
+    calls: list[int] = []
+    handed: list[int] = []
+
+    def norm_out(h, weight, bias, residual, residual_scale, g, eps):
+        handed.append(h.numel() // h.shape[-1])
+        return launch_skinny_linear(
+            h, weight, bias, residual=residual, residual_scale=residual_scale, out_norm_weight=g, out_norm_eps=eps,
+            config={"BLOCK_N": 16, "BLOCK_K": 32},
+        )  # fmt: skip
+
+    monkeypatch.setattr(decode_modules, "skinny_linear", _interpreted(calls))
+    monkeypatch.setattr(decode_modules, "skinny_linear_norm_out", norm_out)
+    monkeypatch.setattr(decode_modules, "norm_out_pays", lambda h, weight: True)
+    for B, seed in ((3, 0), (1, 1)):
+        xs = _inputs(name, ODD, B, seed)
+        with torch.no_grad():
+            want, got = orig(*xs), kern(*xs)
+        assert rel_err(got, want) < 1e-5, (B, rel_err(got, want))
+    layer_passes = 2 * (2 if name == "locdit" else 1)  # layers × estimator calls per module call
+    assert len(handed) == 2 * 2 * layer_passes  # two batches, o_proj and down of each layer pass
+    per_call = 2 * (4 * 2 + 7) + 2 if name == "locdit" else 4 * 2 + 2  # skinny_linear calls without the hand-over
+    assert len(calls) == 2 * (per_call - 2 * layer_passes)
+
+
+@pytest.mark.parametrize("name", STAGES)
 def test_bf16_kernel_module_within_the_manifest_tolerance(name):
     """The stage as a CPU build makes it (its passes, the LocDiT's time-table fold included, then the kernel passes:
     the ops' aten references) in bf16 against the fp32 eager stage, at the tolerance the stage's manifest records.

@@ -7,7 +7,12 @@ from .decompositions import CPU_DECOMPOSITIONS, lower_for_cpu
 from .qkv_attention import qkv_attention, qkv_attention_reference
 from .sample import sample_tokens
 from .sequence_attention import sequence_attention, sequence_attention_reference
-from .skinny_linear import skinny_linear, skinny_linear_reference
+from .skinny_linear import (
+    skinny_linear,
+    skinny_linear_norm_out,
+    skinny_linear_norm_out_reference,
+    skinny_linear_reference,
+)
 from .snake_beta import snake_beta, snake_beta_nlc, snake_beta_nlc_reference, snake_beta_reference
 from .window_attention import window_attention, window_attention_reference
 
@@ -23,6 +28,8 @@ __all__ = [
     "sequence_attention",
     "sequence_attention_reference",
     "skinny_linear",
+    "skinny_linear_norm_out",
+    "skinny_linear_norm_out_reference",
     "skinny_linear_reference",
     "snake_beta",
     "snake_beta_nlc",

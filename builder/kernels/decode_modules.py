@@ -13,7 +13,9 @@ Short bidirectional sequences (VoxCPM2's LocDiT and local encoder, M = rows × t
 - `KernelAttention.sequence(x, norm, cos, sin)`: skinny_linear (RMSNorm prologue) → sequence_attention (NeoX
   RoPE + the T × T bidirectional attention of every head in one launch; decode_attention is one query per row
   over a runtime-owned cache it writes in place) → skinny_linear (o_proj + residual epilogue);
-- `KernelSwiGLU.decode_step` takes x [..., D] (skinny_linear flattens the leading dims into rows);
+- `KernelSwiGLU.decode_step` takes x [..., D] (skinny_linear flattens the leading dims into rows); its `sequence`
+  form, like `KernelAttention.sequence`, takes the block's input already normalised and returns the output's next
+  RMSNorm where the projection computes it (`residual_projection`: skinny_linear_norm_out where K is split);
 - `KernelLinear`: any other projection (the stages' in/out projections, timestep MLPs); `normed(x, norm)` with
   a preceding RMSNorm as its prologue (the predictors' output heads).
 
@@ -40,7 +42,7 @@ from .qkv_attention import enabled as fused_enabled
 from .qkv_attention import fits as fused_fits
 from .qkv_attention import qkv_attention
 from .sequence_attention import sequence_attention
-from .skinny_linear import skinny_linear
+from .skinny_linear import norm_out_pays, skinny_linear, skinny_linear_norm_out
 
 
 class KernelAttention(nn.Module):
@@ -92,19 +94,43 @@ class KernelAttention(nn.Module):
         cos: torch.Tensor | None,
         sin: torch.Tensor | None,
         residual_scale: float = 1.0,
-    ) -> torch.Tensor:
-        """Sequence form, bidirectional: x [B,T,D] → x + residual_scale · o_proj(attention(rope(q), rope(k), v)) as
-        three ops: skinny_linear (RMSNorm prologue) → sequence_attention (NeoX RoPE at positions 0..T-1 with the
-        fp32 tables cos/sin [≥ T, hd], or None; GQA) → skinny_linear (o_proj + residual epilogue)."""
+        x_normed: torch.Tensor | None = None,
+        next_norm: RMSNorm | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Sequence form, bidirectional: x [B,T,D] → (x + residual_scale · o_proj(attention(rope(q), rope(k), v)),
+        next_norm of it or None) as three ops: skinny_linear (RMSNorm prologue) → sequence_attention (NeoX RoPE at
+        positions 0..T-1 with the fp32 tables cos/sin [≥ T, hd], or None; GQA) → skinny_linear (o_proj + residual
+        epilogue). `x_normed`: norm(x) already computed (by the projection before, `residual_projection`): qkv
+        without its prologue. `next_norm`: the RMSNorm the next block applies to the output, computed with it where
+        that pays (`residual_projection`)."""
         if self.q_norm is not None or self.rope_interleaved:
             raise ValueError("KernelAttention.sequence: q/k norms and interleaved RoPE are not supported")
-        qkv = skinny_linear(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps)
+        qkv = _normed_projection(self.qkv_proj, x, norm, x_normed)
         o = sequence_attention(qkv, cos, sin, self.n_heads, self.n_kv_heads, self.head_dim**-0.5)
-        return self.project_out(o, x, residual_scale)
+        return residual_projection(self.o_proj, o, x, residual_scale, next_norm)
 
     def project_out(self, o: torch.Tensor, x: torch.Tensor, residual_scale: float) -> torch.Tensor:
         """x + residual_scale · o_proj(o): one skinny_linear with the residual epilogue."""
         return skinny_linear(o, self.o_proj.weight, self.o_proj.bias, residual=x, residual_scale=residual_scale)
+
+
+def _normed_projection(proj: nn.Linear, x: torch.Tensor, norm: RMSNorm, x_normed: torch.Tensor | None) -> torch.Tensor:
+    """proj(norm(x)): the norm as the projection's prologue, or taken from `x_normed` where it was computed."""
+    if x_normed is not None:
+        return skinny_linear(x_normed, proj.weight, proj.bias)
+    return skinny_linear(x, proj.weight, proj.bias, norm.weight, norm.eps)
+
+
+def residual_projection(
+    proj: nn.Linear, h: torch.Tensor, x: torch.Tensor, residual_scale: float, next_norm: RMSNorm | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(y, next_norm(y) or None) for y = x + residual_scale · proj(h): with `next_norm` and where it pays
+    (skinny_linear.norm_out_pays: the projection's K split, its second pass launched anyway) one
+    skinny_linear_norm_out, whose second pass also writes the RMSNorm of y's rows, so the next projection runs
+    without its prologue; else one skinny_linear (and None: the next projection normalises)."""
+    if next_norm is not None and norm_out_pays(h, proj.weight):
+        return skinny_linear_norm_out(h, proj.weight, proj.bias, x, residual_scale, next_norm.weight, next_norm.eps)
+    return skinny_linear(h, proj.weight, proj.bias, residual=x, residual_scale=residual_scale), None
 
 
 class KernelSwiGLU(nn.Module):
@@ -118,6 +144,22 @@ class KernelSwiGLU(nn.Module):
         """x [..., D] (a step's [B, D], a sequence's [B, T, D]) → x + residual_scale · down(silu(gate)·up)(norm(x))."""
         h = skinny_linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, norm.weight, norm.eps, gated=True)
         return skinny_linear(h, self.down_proj.weight, self.down_proj.bias, residual=x, residual_scale=residual_scale)
+
+    def sequence(
+        self,
+        x: torch.Tensor,
+        norm: RMSNorm,
+        residual_scale: float = 1.0,
+        x_normed: torch.Tensor | None = None,
+        next_norm: RMSNorm | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """decode_step's block on x [..., D] with `KernelAttention.sequence`'s x_normed / next_norm: (the output,
+        next_norm of it or None)."""
+        if x_normed is not None:
+            h = skinny_linear(x_normed, self.gate_up_proj.weight, self.gate_up_proj.bias, gated=True)
+        else:
+            h = skinny_linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, norm.weight, norm.eps, gated=True)
+        return residual_projection(self.down_proj, h, x, residual_scale, next_norm)
 
 
 class KernelLinear(nn.Module):

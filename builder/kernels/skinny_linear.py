@@ -31,11 +31,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .common import HAVE_TRITON, cdiv, multiprocessor_count, next_power_of_2, no_wrap, rms_norm
+from .common import HAVE_TRITON, cdiv, multiprocessor_count, next_power_of_2, no_wrap, rms_norm, size_hint
 from .decompositions import register_cpu_decomposition
 from .pdl import kernels_wait
 
 OP_NAME = "ttsaot::skinny_linear"
+# (y, RMSNorm(y)) of a projection whose output is the residual stream the next projection normalises: the norm in the
+# projection's second pass, where each program holds whole rows, instead of in every program of the next one
+# (`skinny_linear_norm_out` below; `norm_out_pays` says where a layer uses it).
+NORM_OUT_OP_NAME = "ttsaot::skinny_linear_norm_out"
 # M up to this takes the FMA (GEMV) form by default, larger M the tensor-core tile: the FMA accumulator holds
 # BLOCK_M·BLOCK_N·BLOCK_K fp32 values (200+ registers per thread at M = 4 with the GEMV configs).
 GEMV_MAX_M = 2
@@ -75,6 +79,21 @@ def skinny_linear_reference(
     if residual is not None:
         y = residual + (y if residual_scale == 1.0 else y * residual_scale)
     return y
+
+
+def skinny_linear_norm_out_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    residual_scale: float,
+    out_norm_weight: torch.Tensor,
+    out_norm_eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`skinny_linear_norm_out` in aten: y = skinny_linear(x, weight, bias, residual=..., residual_scale=...) and
+    the next RMSNorm of y, rms_norm(y, out_norm_weight, out_norm_eps)."""
+    y = skinny_linear_reference(x, weight, bias, residual=residual, residual_scale=residual_scale)
+    return y, rms_norm(y, out_norm_weight, out_norm_eps)
 
 
 def _out_features(weight: torch.Tensor, gated: bool) -> int:
@@ -119,6 +138,22 @@ def _check(
     torch._check(
         residual is None or (tuple(residual.shape) == out_shape and residual.dtype == x.dtype),
         lambda: f"{op}: residual must be {list(out_shape)} in {x.dtype}",
+    )
+
+
+def _check_norm_out(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    out_norm_weight: torch.Tensor,
+) -> None:
+    op = "skinny_linear_norm_out"
+    _check(x, weight, bias, None, False, residual, op)
+    n = weight.shape[0]
+    torch._check(
+        out_norm_weight.shape == (n,) and out_norm_weight.dtype == x.dtype,
+        lambda: f"{op}: out_norm_weight must be [{n}] in {x.dtype}",
     )
 
 
@@ -179,6 +214,24 @@ def stream_tiles() -> bool:
     return os.environ.get(STREAM_ENV, "0") == "1"
 
 
+NORM_OUT_ENV = "TTSAOT_NORM_OUT"  # =0 at build time: layers keep every RMSNorm in the next projection's prologue
+
+
+def norm_out_pays(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a residual projection of x (weight [N, K]) should compute the next RMSNorm in its second pass
+    (`skinny_linear_norm_out`), decided at trace time from the bucket's static shape: on the kernel path (CUDA, rows
+    ≤ MAX_KERNEL_ROWS) where the plan splits K, so that the second pass is launched anyway. Each program of the next
+    projection then starts on its W tiles at once instead of after its rows' rstd: at the LocDiT's 22 rows on the
+    H200, qkv 6.69 → 5.44 µs and gate_up 11.89 → 8.53 µs without the prologue
+    (bench/results/nvidia-h200/probes/lm_split_norm_cost/). Unsplit, it would add a launch. NORM_OUT_ENV=0: never."""
+    if os.environ.get(NORM_OUT_ENV, "1") == "0" or x.device.type != "cuda" or not kernel_rows(x):
+        return False
+    n_out, k = weight.shape
+    m = size_hint(x.numel() // max(k, 1))
+    split = plan_split_k(m, n_out, k, multiprocessor_count(x.device), m > GEMV_MAX_M)
+    return cdiv(k, cdiv(cdiv(k, split), SPLIT_K_ALIGN) * SPLIT_K_ALIGN) > 1  # the launcher's K ranges
+
+
 def kernel_rows(x: torch.Tensor) -> bool:
     """Whether a call with this x runs the Triton kernels (else its aten reference): rows ≤ MAX_KERNEL_ROWS. Shapes
     are static per bucket, so each bucket's package bakes one choice; a symbolic row count keeps the kernels."""
@@ -202,7 +255,9 @@ def launch_skinny_linear(
     use_dot: bool | None = None,
     semaphores: torch.Tensor | None = None,
     stream: bool = False,
-) -> torch.Tensor:
+    out_norm_weight: torch.Tensor | None = None,
+    out_norm_eps: float = 1e-6,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Run the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1). `config` ({"BLOCK_N", "BLOCK_K", "num_warps",
     "num_stages"}, and launch constants to override, e.g. "PRELOAD": True) skips autotuning (the interpreter tests and
     the bench's sweeps); `split_k` and `use_dot` override the plan. `semaphores`: a zeroed int32 workspace of ≥ one
@@ -213,8 +268,12 @@ def launch_skinny_linear(
     projections was slower too (LocDiT b1 4667 vs 4558 µs, local encoder 526 vs 461 µs: the tile's last program reduces
     serially where the epilogue kernel's programs, launched early, run at once; probes/skinny_counters_ab/). The bench
     times both (`--sections configs_predictors`). `stream`: the tensor-core form with the GEMV form's memory schedule
-    (skinny_linear_triton._dot_stream_loop)."""
+    (skinny_linear_triton._dot_stream_loop). `out_norm_weight`: `skinny_linear_norm_out`'s call, returning (y, the
+    RMSNorm of y's rows), its second pass `norm_out_epilogue_kernel` (in place of the split-K epilogue kernel)."""
     from . import skinny_linear_triton as kernels
+
+    norm_out = out_norm_weight is not None
+    torch._check(not (norm_out and (gated or semaphores is not None)), lambda: "norm_out: not gated, no semaphores")
 
     k = weight.shape[1]
     n_out = _out_features(weight, gated)
@@ -286,6 +345,29 @@ def launch_skinny_linear(
         wrap(kernel)[grid](*args, **meta)
     else:
         wrap(kernels.skinny_linear_kernel)[grid](*args, **{**meta, "PRELOAD": False, **config})
+    if norm_out:
+        # whole rows per program: the row's RMSNorm needs every column of y (from the partials, or from y itself
+        # when the projection ran unsplit and wrote it)
+        yn = y.new_empty(y.shape)
+        wrap(kernels.norm_out_epilogue_kernel)[(m,)](
+            part,
+            args[2],
+            r2,
+            out_norm_weight,
+            y,
+            yn,
+            m,
+            n_out,
+            float(residual_scale),
+            float(out_norm_eps),
+            HAS_BIAS=bias is not None,
+            HAS_RESIDUAL=residual is not None,
+            SPLIT_K=split_k if split_k > 1 else 0,
+            PDL=meta["PDL"],
+            BLOCK_M=1,
+            BLOCK_N=next_power_of_2(n_out),
+        )
+        return y, yn
     if split_k > 1 and not fused_reduce:
         # The norm was applied in the first pass: the epilogue kernel takes the epilogue flags only.
         epilogue = {k: v for k, v in flags.items() if k != "HAS_NORM"}
@@ -338,7 +420,54 @@ if HAVE_TRITON:
             stream=stream_tiles(),
         )
 
+    @torch.library.triton_op(NORM_OUT_OP_NAME, mutates_args=())
+    def skinny_linear_norm_out(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor | None,
+        residual_scale: float,
+        out_norm_weight: torch.Tensor,
+        out_norm_eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        _check_norm_out(x, weight, bias, residual, out_norm_weight)
+        if x.device.type != "cuda" or not kernel_rows(x):
+            return skinny_linear_norm_out_reference(
+                x, weight, bias, residual, residual_scale, out_norm_weight, out_norm_eps
+            )
+        return launch_skinny_linear(
+            x,
+            weight,
+            bias,
+            residual=residual,
+            residual_scale=residual_scale,
+            wrap=torch.library.wrap_triton,
+            stream=stream_tiles(),
+            out_norm_weight=out_norm_weight,
+            out_norm_eps=out_norm_eps,
+        )
+
 else:
+
+    @torch.library.custom_op(NORM_OUT_OP_NAME, mutates_args=())
+    def skinny_linear_norm_out(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor | None,
+        residual_scale: float,
+        out_norm_weight: torch.Tensor,
+        out_norm_eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        _check_norm_out(x, weight, bias, residual, out_norm_weight)
+        args = (x, weight, bias, residual, residual_scale, out_norm_weight, out_norm_eps)
+        return skinny_linear_norm_out_reference(*args)
+
+    @skinny_linear_norm_out.register_fake
+    def _(x, weight, bias, residual, residual_scale, out_norm_weight, out_norm_eps):
+        _check_norm_out(x, weight, bias, residual, out_norm_weight)
+        y = x.new_empty((*x.shape[:-1], weight.shape[0]))
+        return y, torch.empty_like(y)
 
     @torch.library.custom_op(OP_NAME, mutates_args=())
     def skinny_linear(
@@ -361,3 +490,4 @@ else:
 
 
 register_cpu_decomposition(torch.ops.ttsaot.skinny_linear.default, skinny_linear_reference)
+register_cpu_decomposition(torch.ops.ttsaot.skinny_linear_norm_out.default, skinny_linear_norm_out_reference)

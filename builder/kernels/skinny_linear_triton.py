@@ -47,6 +47,41 @@ def _row_rstd(x_ptr, offs_m, m_mask, K, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.
 
 
 @triton.jit
+def _epilogue_values(
+    acc,
+    acc_up,
+    offs_m,
+    offs_n,
+    m_mask,
+    n_mask,
+    b_ptr,
+    r_ptr,
+    N_OUT,
+    scale,
+    dt: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
+    """fp32 accumulators [BLOCK_M, BLOCK_N] → y in dt, rounding where eager bf16 ops round; 0 in masked lanes."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            acc_up += tl.load(b_ptr + N_OUT + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    y = acc.to(dt)  # F.linear's output
+    if GATED:
+        g = y.to(tl.float32)
+        s = (g / (1.0 + tl.exp(-g))).to(dt)  # F.silu(gate)
+        y = (s.to(tl.float32) * acc_up.to(dt).to(tl.float32)).to(dt)  # silu(gate) * up
+    if HAS_RESIDUAL:
+        offs = offs_m[:, None] * N_OUT + offs_n[None, :]
+        r = tl.load(r_ptr + offs, mask=m_mask[:, None] & n_mask[None, :], other=0.0).to(tl.float32)
+        branch = (y.to(tl.float32) * scale).to(dt)  # branch * scale (exact when scale == 1)
+        y = (r + branch.to(tl.float32)).to(dt)  # residual + branch
+    return y
+
+
+@triton.jit
 def _epilogue(
     acc,
     acc_up,
@@ -63,24 +98,12 @@ def _epilogue(
     GATED: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
 ):
-    """fp32 accumulators [BLOCK_M, BLOCK_N] → y, rounding to y's dtype where eager bf16 ops round."""
-    dt = y_ptr.dtype.element_ty
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        if GATED:
-            acc_up += tl.load(b_ptr + N_OUT + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    y = acc.to(dt)  # F.linear's output
-    if GATED:
-        g = y.to(tl.float32)
-        s = (g / (1.0 + tl.exp(-g))).to(dt)  # F.silu(gate)
-        y = (s.to(tl.float32) * acc_up.to(dt).to(tl.float32)).to(dt)  # silu(gate) * up
-    offs = offs_m[:, None] * N_OUT + offs_n[None, :]
-    mask = m_mask[:, None] & n_mask[None, :]
-    if HAS_RESIDUAL:
-        r = tl.load(r_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        branch = (y.to(tl.float32) * scale).to(dt)  # branch * scale (exact when scale == 1)
-        y = (r + branch.to(tl.float32)).to(dt)  # residual + branch
-    tl.store(y_ptr + offs, y, mask=mask)
+    """fp32 accumulators [BLOCK_M, BLOCK_N] → y (`_epilogue_values`), stored."""
+    y = _epilogue_values(
+        acc, acc_up, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, N_OUT, scale, y_ptr.dtype.element_ty, HAS_BIAS,
+        GATED, HAS_RESIDUAL,
+    )  # fmt: skip
+    tl.store(y_ptr + offs_m[:, None] * N_OUT + offs_n[None, :], y, mask=m_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit
@@ -635,6 +658,56 @@ def split_k_epilogue_kernel(
     _epilogue(
         acc, acc_up, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, y_ptr, N_OUT, scale, HAS_BIAS, GATED, HAS_RESIDUAL
     )
+
+
+@triton.jit
+def norm_out_epilogue_kernel(
+    part_ptr,
+    b_ptr,
+    r_ptr,
+    g_ptr,
+    y_ptr,
+    yn_ptr,
+    M,
+    N_OUT,
+    scale,
+    eps,
+    HAS_BIAS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """`skinny_linear_norm_out`'s second pass: whole rows (BLOCK_N ≥ N_OUT), grid (cdiv(M, BLOCK_M),). SPLIT_K ≥ 1:
+    sum the partials in split order and run the epilogue (bias, residual) as split_k_epilogue_kernel does → y;
+    SPLIT_K == 0: y was written by the projection's own epilogue, read back. Then the next RMSNorm of the row,
+    rounding where the tile form's prologue rounds (`_row_rstd`, `_normed`) → yn: what the next projection would
+    have computed from y before its first W tile."""
+    scale = tl.cast(scale, tl.float32)  # fp32 whatever the caller passes (AOTI passes floats as fp64)
+    eps = tl.cast(eps, tl.float32)
+    token = grid_dependency_wait(PDL, True)
+    part_ptr += token
+    r_ptr += token
+    y_ptr += token
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < M
+    n_mask = offs_n < N_OUT
+    mask = m_mask[:, None] & n_mask[None, :]
+    offs = offs_m[:, None] * N_OUT + offs_n[None, :]
+    if SPLIT_K == 0:
+        y = tl.load(y_ptr + offs, mask=mask, other=0.0)
+    else:
+        acc, acc_up = _sum_partials(part_ptr, offs_m, offs_n, mask, M, N_OUT, False, SPLIT_K, BLOCK_M, BLOCK_N)
+        y = _epilogue_values(
+            acc, acc_up, offs_m, offs_n, m_mask, n_mask, b_ptr, r_ptr, N_OUT, scale, y_ptr.dtype.element_ty,
+            HAS_BIAS, False, HAS_RESIDUAL,
+        )  # fmt: skip
+        tl.store(y_ptr + offs, y, mask=mask)
+    yf = y.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(yf * yf, axis=1) / N_OUT + eps)
+    tl.store(yn_ptr + offs, _normed(y, g_ptr, rstd, 0, N_OUT, BLOCK_N), mask=mask)
 
 
 def _config(block_n: int, block_k: int, num_warps: int, num_stages: int, preload: bool = False) -> triton.Config:

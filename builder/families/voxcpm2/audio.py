@@ -50,12 +50,27 @@ class MiniCPMLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if isinstance(self.self_attn, KernelAttention):  # use_sequence_kernels: the same math in 5 ops
-            scale = 1.0 if self.residual_scale is None else self.residual_scale
-            x = self.self_attn.sequence(x, self.input_layernorm, cos, sin, scale)
-            return self.mlp.decode_step(x, self.post_attention_layernorm, scale)
+            return self.forward_kernels(x, cos, sin)[0]
         q, k, v = self.self_attn.project_qkv(self.input_layernorm(x))
         x = self._res(x, self.self_attn.attend(_rope(q, cos, sin), _rope(k, cos, sin), v, None))
         return self._res(x, self.mlp(self.post_attention_layernorm(x)))
+
+    def forward_kernels(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        x_normed: torch.Tensor | None = None,
+        next_norm: RMSNorm | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The layer on the kernel layer (use_sequence_kernels): (output, next_norm(output) or None). `x_normed`:
+        input_layernorm(x) if the layer before computed it; each RMSNorm is computed by the projection before it
+        where that pays (decode_modules.residual_projection), else in the next projection's prologue."""
+        scale = 1.0 if self.residual_scale is None else self.residual_scale
+        x, xn = self.self_attn.sequence(
+            x, self.input_layernorm, cos, sin, scale, x_normed=x_normed, next_norm=self.post_attention_layernorm
+        )
+        return self.mlp.sequence(x, self.post_attention_layernorm, scale, x_normed=xn, next_norm=next_norm)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -80,6 +95,14 @@ class BidirectionalMiniCPM(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[1]
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        if isinstance(self.layers[0].self_attn, KernelAttention):
+            # each layer hands the next RMSNorm (the next layer's input norm, then the final norm) to its last
+            # projection where that pays
+            xn = None
+            for i, layer in enumerate(self.layers):
+                next_norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+                x, xn = layer.forward_kernels(x, cos, sin, x_normed=xn, next_norm=next_norm)
+            return xn if xn is not None else self.norm(x)
         for layer in self.layers:
             x = layer(x, cos, sin)
         return self.norm(x)
