@@ -124,8 +124,9 @@ def test_export_keeps_one_node_and_cpu_lowers_to_aten():
 
 def test_norm_out_pays_where_the_plan_splits_k(monkeypatch):
     """Decided from static shapes at trace time (fake CUDA tensors here, 132 SMs): the LocDiT's o and down at 22
-    rows split K in 2, so they take it; the LM's one-row o_proj runs unsplit, and rows past MAX_KERNEL_ROWS run
-    aten: neither does; nor anything on CPU, nor with TTSAOT_NORM_OUT=0."""
+    rows split K in 2, so they take it; the local encoder's 5 rows are fewer than NORM_OUT_MIN_ROWS, the LM's one-row
+    o_proj runs unsplit, and rows past MAX_KERNEL_ROWS run aten: none of these does; nor anything on CPU, nor with
+    TTSAOT_NORM_OUT=0."""
     monkeypatch.setattr(SL_MODULE, "multiprocessor_count", lambda device: 132)
     monkeypatch.delenv(NORM_OUT_ENV, raising=False)
     with FakeTensorMode():
@@ -135,6 +136,7 @@ def test_norm_out_pays_where_the_plan_splits_k(monkeypatch):
             return norm_out_pays(torch.empty(rows, k, device=device), torch.empty(n, k, device=device))
 
         assert pays(22, 1024, 2048) and pays(22, 1024, 4096)  # LocDiT o, down
+        assert not pays(5, 1024, 2048)  # the local encoder's 5 rows: split, but the prologue costs too little
         assert not pays(1, 2048, 2048)  # a one-row LM o_proj: 256 GEMV column tiles, unsplit
         assert not pays(352, 1024, 4096)  # LocDiT b16: 352 rows, aten
         assert not pays(22, 1024, 512)  # K too short to split

@@ -215,6 +215,11 @@ def stream_tiles() -> bool:
 
 
 NORM_OUT_ENV = "TTSAOT_NORM_OUT"  # =0 at build time: layers keep every RMSNorm in the next projection's prologue
+# Fewest rows for which a layer hands its RMSNorm to the projection before it: the prologue cost 1.25-3.36 µs a
+# projection at 16 and 22 rows but 0.45-0.50 at 4 (H200, lm_split_norm_cost/), and the local encoder's 5-row b1
+# stage was slower with the hand-over (366.1 against 358.2 µs) while the LocDiT's 22-row one gained 404 µs
+# (bench/results/nvidia-h200/probes/norm_out_ab/).
+NORM_OUT_MIN_ROWS = 16
 
 
 def norm_out_pays(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -223,11 +228,14 @@ def norm_out_pays(x: torch.Tensor, weight: torch.Tensor) -> bool:
     ≤ MAX_KERNEL_ROWS) where the plan splits K, so that the second pass is launched anyway. Each program of the next
     projection then starts on its W tiles at once instead of after its rows' rstd: at the LocDiT's 22 rows on the
     H200, qkv 6.69 → 5.44 µs and gate_up 11.89 → 8.53 µs without the prologue
-    (bench/results/nvidia-h200/probes/lm_split_norm_cost/). Unsplit, it would add a launch. NORM_OUT_ENV=0: never."""
+    (bench/results/nvidia-h200/probes/lm_split_norm_cost/). Unsplit, it would add a launch; below NORM_OUT_MIN_ROWS
+    the prologue is too cheap to pay for a second pass of whole rows. NORM_OUT_ENV=0: never."""
     if os.environ.get(NORM_OUT_ENV, "1") == "0" or x.device.type != "cuda" or not kernel_rows(x):
         return False
     n_out, k = weight.shape
     m = size_hint(x.numel() // max(k, 1))
+    if m < NORM_OUT_MIN_ROWS:
+        return False
     split = plan_split_k(m, n_out, k, multiprocessor_count(x.device), m > GEMV_MAX_M)
     return cdiv(k, cdiv(cdiv(k, split), SPLIT_K_ALIGN) * SPLIT_K_ALIGN) > 1  # the launcher's K ranges
 
