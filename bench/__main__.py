@@ -144,7 +144,8 @@ def merge_results(old: dict, new: dict) -> dict:
     origin = {"started": old.get("started"), "git_commit": old.get("git_commit")}
     out = dict(new)
     for key, value in old.items():
-        out.setdefault(key, value)
+        if key not in out:  # a section the new run did not measure, named as the old run's
+            out[key] = {**value, "merged_from": origin} if isinstance(value, dict) and key != "device" else value
     variants = dict(new.get("variants", {}))
     for name, rec in old.get("variants", {}).items():
         if name not in variants or not variants[name].get("buckets"):

@@ -230,3 +230,27 @@ def test_cli_is_registered_and_parses(capsys):
     assert s.phases == ("build", "ttsaot") and s.budget == 500
     with pytest.raises(ValueError, match="unknown phase"):
         settings_from_args(sub.choices["voxcpm-loop"].parse_args(["--device", "cpu", "--phases", "bogus"]))
+
+
+def test_section_takes_the_speed_up_from_the_timed_loop_and_names_a_merged_upstream():
+    """A loop re-timed without its upstream (`bench run --merge` keeps the earlier run's, marked merged_from): the
+    speed-up is the earlier upstream over this run's timed step, the section says where the upstream came from, and
+    the stages' own result files do not stand in for a batch whose loop was timed."""
+    from bench.families.voxcpm2_report import decode_loop_section
+
+    res = {
+        "status": "ok",
+        "stage": {"batches": [1], "preset": "full"},
+        "audio": {"ms_per_step": 160.0},
+        "ttsaot": {"steps": {"batches": {"1": {"step_ms": 5.0}}}},
+        "upstream": {
+            "optimize": {"batches": {"1": {"step_ms": 10.0}}},
+            "merged_from": {"started": "2026-11-21T11:19:21", "git_commit": "430b32f48167abc"},
+        },
+        "summary": {"batches": {"1": {"ttsaot_ms": 5.0}}},
+    }
+    stage = {"stage": {"stage": "locdit"}, "variants": {"ttsaot_graph": {"buckets": {"b1": {"ms": 9.0}}}}}
+    text = decode_loop_section(res, [stage])
+    row = next(ln for ln in text.splitlines() if ln.startswith("| 1 |"))
+    assert row.endswith("| 2.0× |") and "Σ" not in text
+    assert "come from the run of 2026-11-21T11:19:21 (commit `430b32f48167`" in text

@@ -67,11 +67,9 @@ def decode_loop_section(res: dict, stages: list[dict] | None = None) -> str:
     for b in [str(x) for x in st.get("batches", [])]:
         stream = tts.get(b, {}).get("stream", {})
         row = summ.get("batches", {}).get(b, {})
-        speed = (
-            f"{row['upstream_optimize_ms'] / row['ttsaot_ms']:.1f}×"
-            if row.get("upstream_optimize_ms") and row.get("ttsaot_ms")
-            else "—"
-        )
+        ttsaot_ms = row.get("ttsaot_ms") or tts.get(b, {}).get("step_ms")
+        up_opt = row.get("upstream_optimize_ms") or up.get("optimize", {}).get("batches", {}).get(b, {}).get("step_ms")
+        speed = f"{up_opt / ttsaot_ms:.1f}×" if up_opt and ttsaot_ms else "—"
         rows.append(
             [
                 b,
@@ -82,7 +80,9 @@ def decode_loop_section(res: dict, stages: list[dict] | None = None) -> str:
                 speed,
             ]
         )
-    sums = {b: stage_sum_per_step(stages or [], b) for b in [str(x) for x in st.get("batches", [])]}
+    # the stages' own result files stand in only for a batch whose loop was not timed in this run
+    untimed = [str(x) for x in st.get("batches", []) if "step_ms" not in tts.get(str(x), {})]
+    sums = {b: stage_sum_per_step(stages or [], b) for b in untimed}
     if any(v is not None for v in sums.values()):
         for row in rows:
             v, up_ms = sums.get(row[0]), up.get("optimize", {}).get("batches", {}).get(row[0], {}).get("step_ms")
@@ -113,6 +113,12 @@ def decode_loop_section(res: dict, stages: list[dict] | None = None) -> str:
             "ttsaot speed-up vs optimize()",
         ]
         note = ""
+    merged = up.get("merged_from")
+    if merged:  # the upstream loop was not re-timed: its figures come from an earlier run (bench run --merge)
+        note = (note + " " if note else "") + (
+            f"The upstream columns come from the run of {merged.get('started')} (commit "
+            f"`{str(merged.get('git_commit'))[:12]}`, same device kind), not re-timed in this one."
+        )
     lines += ["Per decode step, ms (RTF):", "", _table(head, rows), ""] + ([note, ""] if note else [])
     comp = [(b, c["components_ms"]) for b, c in tts.items() if c.get("components_ms")]
     if comp:
