@@ -576,6 +576,10 @@ def inspect(ctx, artifact, as_json, debug_here):
                     "qkv_attention_buckets": [
                         b["key"] for b in st["buckets"] if _cuda(metas[b["file"]], "ttsaot_qkv_attention")
                     ],
+                    # CUDA packages traced with every RMSNorm kept in its projection's prologue (TTSAOT_NORM_OUT=0)
+                    "norm_out_off_buckets": [
+                        b["key"] for b in st["buckets"] if _cuda(metas[b["file"]], "ttsaot_norm_out_off")
+                    ],
                 }
             )
         if as_json:
@@ -627,6 +631,7 @@ def inspect(ctx, artifact, as_json, debug_here):
                 *([f"pdl={','.join(r['pdl_buckets'])}"] if r["pdl_buckets"] else []),
                 *([f"skinny_stream={','.join(r['stream_buckets'])}"] if r["stream_buckets"] else []),
                 *([f"qkv_attention={','.join(r['qkv_attention_buckets'])}"] if r["qkv_attention_buckets"] else []),
+                *([f"norm_out_off={','.join(r['norm_out_off_buckets'])}"] if r["norm_out_off_buckets"] else []),
             ]
             t.add_row(
                 r["stage"],

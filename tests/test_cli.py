@@ -126,7 +126,19 @@ def test_inspect_names_the_packages_launched_with_pdl(cli_artifact, tmp_path):
     assert _package_metadata(str(tmp_path / "e.pt2")) == {} == _package_metadata(str(tmp_path / "missing.pt2"))
     r = CliRunner().invoke(main, ["inspect", str(cli_artifact), "--json"])
     stage = json.loads(r.output)["stages"][0]
-    assert stage["pdl_buckets"] == [] == stage["stream_buckets"] == stage["qkv_attention_buckets"]  # a CPU build
+    # a CPU build
+    assert stage["pdl_buckets"] == [] == stage["stream_buckets"] == stage["qkv_attention_buckets"]
+    assert stage["norm_out_off_buckets"] == []
+
+
+def test_packages_record_the_norm_hand_over_switch(monkeypatch):
+    """Each package's metadata says whether it was traced with TTSAOT_NORM_OUT=0, which inspect lists."""
+    from ttsaot.builder.build import _trace_switches
+
+    monkeypatch.delenv("TTSAOT_NORM_OUT", raising=False)
+    assert _trace_switches()["ttsaot_norm_out_off"] == "0"
+    monkeypatch.setenv("TTSAOT_NORM_OUT", "0")
+    assert _trace_switches()["ttsaot_norm_out_off"] == "1"
 
 
 def test_verify_ok_then_regression_exits_1(cli_artifact, tmp_path):

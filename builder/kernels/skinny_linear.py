@@ -215,11 +215,17 @@ def stream_tiles() -> bool:
 
 
 NORM_OUT_ENV = "TTSAOT_NORM_OUT"  # =0 at build time: layers keep every RMSNorm in the next projection's prologue
+NORM_OUT_OFF_METADATA_KEY = "ttsaot_norm_out_off"  # "1" in each package's metadata traced with NORM_OUT_ENV=0
 # Fewest rows for which a layer hands its RMSNorm to the projection before it: the prologue cost 1.25-3.36 µs a
 # projection at 16 and 22 rows but 0.45-0.50 at 4 (H200, lm_split_norm_cost/), and the local encoder's 5-row b1
 # stage was slower with the hand-over (366.1 against 358.2 µs) while the LocDiT's 22-row one gained 404 µs
 # (bench/results/nvidia-h200/probes/norm_out_ab/).
 NORM_OUT_MIN_ROWS = 16
+
+
+def norm_out_enabled() -> bool:
+    """Whether layers may hand their RMSNorms to the projection before them (NORM_OUT_ENV, read at trace time)."""
+    return os.environ.get(NORM_OUT_ENV, "1") != "0"
 
 
 def norm_out_pays(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -230,7 +236,7 @@ def norm_out_pays(x: torch.Tensor, weight: torch.Tensor) -> bool:
     H200, qkv 6.69 → 5.44 µs and gate_up 11.89 → 8.53 µs without the prologue
     (bench/results/nvidia-h200/probes/lm_split_norm_cost/). Unsplit, it would add a launch; below NORM_OUT_MIN_ROWS
     the prologue is too cheap to pay for a second pass of whole rows. NORM_OUT_ENV=0: never."""
-    if os.environ.get(NORM_OUT_ENV, "1") == "0" or x.device.type != "cuda" or not kernel_rows(x):
+    if not norm_out_enabled() or x.device.type != "cuda" or not kernel_rows(x):
         return False
     n_out, k = weight.shape
     m = size_hint(x.numel() // max(k, 1))
