@@ -158,10 +158,11 @@ class _LMStage(Stage):
         self._row_idx = [i for i in range(len(names)) if i not in self._cache_idx and i != self._control_idx]
         self._graphs: dict[tuple[str, int], StaticGraph] = {}
         # per (bucket, cache) graph: its row inputs' value checks over the same buffers (validation.py), where the
-        # rows' zero padding passes them
+        # rows' zero padding passes them. (Stage's own `_values_capturable` stays False here, the packages having
+        # no graphs of their own: a plain `stage(*inputs)` call with explicit caches checks its inputs eagerly.)
         self._value_checks: dict[tuple[str, int], DeviceValueChecks] = {}
         self._row_specs = [entry.inputs[i] for i in self._row_idx]
-        self._values_capturable = DeviceValueChecks.capturable(self._row_specs, [0] * len(self._row_specs))
+        self._rows_capturable = DeviceValueChecks.capturable(self._row_specs, [0] * len(self._row_specs))
         self._caches: dict[int, KVCache] = {}
         self._cache_lock = threading.Lock()
         self.batch_buckets = sorted({b.sizes["batch"] for b in entry.buckets})
@@ -233,7 +234,7 @@ class _LMStage(Stage):
                 f"{self.name}: takes {len(specs)} row inputs ({', '.join(s.name for s in specs)}), got {len(args)}"
             )
         named = {spec.name: x if isinstance(x, torch.Tensor) else torch.as_tensor(x) for spec, x in zip(specs, args)}
-        defer = (self.static_buffers or self.uses_cuda_graphs) and self.capture_value_checks and self._values_capturable
+        defer = (self.static_buffers or self.uses_cuda_graphs) and self.capture_value_checks and self._rows_capturable
         _, pending = self._inputs.check_deferring(
             specs, named, sizes={"batch": n, **sizes}, values=self.validate_inputs, defer=defer
         )

@@ -111,14 +111,16 @@ class KernelAttention(nn.Module):
 
     def project_out(self, o: torch.Tensor, x: torch.Tensor, residual_scale: float) -> torch.Tensor:
         """x + residual_scale · o_proj(o): one skinny_linear with the residual epilogue."""
-        return skinny_linear(o, self.o_proj.weight, self.o_proj.bias, residual=x, residual_scale=residual_scale)
+        return residual_projection(self.o_proj, o, x, residual_scale, None)[0]
 
 
-def _normed_projection(proj: nn.Linear, x: torch.Tensor, norm: RMSNorm, x_normed: torch.Tensor | None) -> torch.Tensor:
+def _normed_projection(
+    proj: nn.Linear, x: torch.Tensor, norm: RMSNorm, x_normed: torch.Tensor | None, gated: bool = False
+) -> torch.Tensor:
     """proj(norm(x)): the norm as the projection's prologue, or taken from `x_normed` where it was computed."""
     if x_normed is not None:
-        return skinny_linear(x_normed, proj.weight, proj.bias)
-    return skinny_linear(x, proj.weight, proj.bias, norm.weight, norm.eps)
+        return skinny_linear(x_normed, proj.weight, proj.bias, gated=gated)
+    return skinny_linear(x, proj.weight, proj.bias, norm.weight, norm.eps, gated=gated)
 
 
 def residual_projection(
@@ -142,8 +144,7 @@ class KernelSwiGLU(nn.Module):
 
     def decode_step(self, x: torch.Tensor, norm: RMSNorm, residual_scale: float = 1.0) -> torch.Tensor:
         """x [..., D] (a step's [B, D], a sequence's [B, T, D]) → x + residual_scale · down(silu(gate)·up)(norm(x))."""
-        h = skinny_linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, norm.weight, norm.eps, gated=True)
-        return skinny_linear(h, self.down_proj.weight, self.down_proj.bias, residual=x, residual_scale=residual_scale)
+        return self.sequence(x, norm, residual_scale)[0]
 
     def sequence(
         self,
@@ -155,10 +156,7 @@ class KernelSwiGLU(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """decode_step's block on x [..., D] with `KernelAttention.sequence`'s x_normed / next_norm: (the output,
         next_norm of it or None)."""
-        if x_normed is not None:
-            h = skinny_linear(x_normed, self.gate_up_proj.weight, self.gate_up_proj.bias, gated=True)
-        else:
-            h = skinny_linear(x, self.gate_up_proj.weight, self.gate_up_proj.bias, norm.weight, norm.eps, gated=True)
+        h = _normed_projection(self.gate_up_proj, x, norm, x_normed, gated=True)
         return residual_projection(self.down_proj, h, x, residual_scale, next_norm)
 
 

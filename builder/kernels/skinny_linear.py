@@ -186,6 +186,13 @@ def tile_block_n(
     return widths[-1]
 
 
+def k_ranges(k: int, split: int, align: int) -> tuple[int, int]:
+    """(K range per program, number of ranges) for `split` ranges whose boundaries are multiples of `align`: fewer
+    ranges than asked where K is short."""
+    k_split = cdiv(cdiv(k, split), align) * align
+    return k_split, cdiv(k, k_split)
+
+
 def norm_block(k: int, m: int, use_dot: bool, stream: bool = False, gated: bool = False) -> int:
     """The K chunk of the RMSNorm prologue (each program recomputes its rows' rstd before its first product), 0 for
     the config's BLOCK_K in a rolled loop. The GEMV form reads the whole row in one step where it fits
@@ -243,7 +250,7 @@ def norm_out_pays(x: torch.Tensor, weight: torch.Tensor) -> bool:
     if m < NORM_OUT_MIN_ROWS:
         return False
     split = plan_split_k(m, n_out, k, multiprocessor_count(x.device), m > GEMV_MAX_M)
-    return cdiv(k, cdiv(cdiv(k, split), SPLIT_K_ALIGN) * SPLIT_K_ALIGN) > 1  # the launcher's K ranges
+    return k_ranges(k, split, SPLIT_K_ALIGN)[1] > 1
 
 
 def kernel_rows(x: torch.Tensor) -> bool:
@@ -300,9 +307,7 @@ def launch_skinny_linear(
     block_m = _block_m(m, use_dot)
     if split_k is None:
         split_k = plan_split_k(m, n_out, k, multiprocessor_count(x.device), use_dot)
-    align = config["BLOCK_K"] if config else SPLIT_K_ALIGN
-    k_split = cdiv(cdiv(k, split_k), align) * align
-    split_k = cdiv(k, k_split)
+    k_split, split_k = k_ranges(k, split_k, config["BLOCK_K"] if config else SPLIT_K_ALIGN)
     part = x2.new_empty((split_k, m, weight.shape[0]), dtype=torch.float32) if split_k > 1 else x2
     fused_reduce = split_k > 1 and semaphores is not None
     if fused_reduce:

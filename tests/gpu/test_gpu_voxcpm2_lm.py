@@ -168,3 +168,16 @@ def test_a_nan_row_input_leaves_the_cache_and_positions_untouched(fp32_artifact,
     x[1, 3] = 0.0
     bs.step(x, cache=bc)
     assert torch.equal(bc.positions, pos + 1)
+
+
+@FP32_GROUP
+def test_a_plain_call_with_explicit_caches_checks_its_device_inputs(fp32_artifact):
+    """`stage(*inputs)` with explicit caches runs the package directly, not over a (bucket, cache) graph's buffers:
+    its device inputs' value checks run eagerly there, and a NaN input is refused."""
+    bs = load(fp32_artifact, device="cuda")["base_lm_step"]
+    c = bs.new_cache(1)
+    x = torch.randn(1, H, device="cuda")
+    x[0, 0] = float("nan")
+    named = {"embeds": x, "positions": torch.zeros(1, dtype=torch.long, device="cuda"), "k_cache": c.k, "v_cache": c.v}
+    with pytest.raises(InputValueError, match="'embeds' contains NaN or Inf"):
+        bs(*[named[s.name] for s in bs.entry.inputs])
