@@ -200,6 +200,7 @@ KERNEL_SWITCHES = (
     "TTSAOT_QKV_ATTENTION",
     "TTSAOT_WHOLE_ATTENTION_WARPS",
     "TTSAOT_NORM_OUT",
+    "TTSAOT_ATTENTION_O",
 )
 
 
@@ -210,7 +211,8 @@ def _inductor_env() -> dict[str, str]:
     TTSAOT_GEMV_PRELOAD (kernels/skinny_linear_triton.py: =0, no one-row call loads its W before the wait),
     TTSAOT_QKV_ATTENTION (kernels/qkv_attention.py: =1, the predictors' steps trace the fused qkv + attention op),
     TTSAOT_WHOLE_ATTENTION_WARPS (kernels/decode_attention.py: the whole-cache attention's warps, not autotuned),
-    TTSAOT_NORM_OUT (kernels/skinny_linear.py: =0, no layer hands its next RMSNorm to the projection before it)."""
+    TTSAOT_NORM_OUT (kernels/skinny_linear.py: =0, no layer hands its next RMSNorm to the projection before it),
+    TTSAOT_ATTENTION_O (kernels/sequence_attention_o.py: =1, the LocDiT layers' attention inside o_proj, one op)."""
     skip = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS"}  # where / how fast
     return {
         k: v

@@ -1,5 +1,5 @@
 """torch's access analysis of the decode-step kernels, as AOTInductor runs it on the build GPU: every launch form of
-skinny_linear, decode_attention, qkv_attention, sequence_attention, window_attention and the sampler, launched by
+skinny_linear, decode_attention, qkv_attention, sequence_attention(_o), window_attention and the sampler, launched by
 its real launcher on small CPU tensors, each launch recorded instead of run and handed to torch's analysis (TTIR
 for sm_90: no GPU needed), with PDL on as on an sm_90 build. Printed: one JSON line per launch, {"form", "kernel",
 "writes"}. Run in a child process without TRITON_INTERPRET (test_kernel_analysis.py): the analysis compiles the
@@ -25,13 +25,14 @@ from triton.backends.compiler import GPUTarget
 from ttsaot.builder.kernels.kernel_analysis import check_writes, written_args
 
 # the modules by path: the package re-exports each op under its module's name
-decode_attention, qkv_attention, sample, sequence_attention, skinny_linear, window_attention = (
+decode_attention, qkv_attention, sample, sequence_attention, sequence_attention_o, skinny_linear, window_attention = (
     importlib.import_module(f"ttsaot.builder.kernels.{name}")
     for name in (
         "decode_attention",
         "qkv_attention",
         "sample",
         "sequence_attention",
+        "sequence_attention_o",
         "skinny_linear",
         "window_attention",
     )
@@ -149,6 +150,12 @@ def _launches() -> list:
     sequence_attention.launch_sequence_attention(
         r(2, 8, (hq + 2 * hkv) * hd), cos, sin, hq, hkv, 0.2, wrap=_recorder(calls, "sequence attention")
     )
+    for split in (1, 2):  # unsplit: the kernel's epilogue writes y; split: fp32 partials, the second pass adds them
+        d_out = 32
+        sequence_attention_o.launch_sequence_attention_o(
+            r(2, 8, (hq + 2 * hkv) * hd), cos, sin, hq, hkv, 0.2, r(d_out, hq * hd), r(d_out), r(2, 8, d_out), 1.0,
+            r(d_out), 1e-6, config=(split, 16, 4), wrap=_recorder(calls, f"sequence attention o split {split}"),
+        )  # fmt: skip
     q = r(1, 16, 2, 64)
     window_attention.launch_window_attention(
         q, r(1, 16, 2, 64), r(1, 16, 2, 64), 8, 0.1, "ieee", wrap=_recorder(calls, "window attention")

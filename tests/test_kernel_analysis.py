@@ -154,6 +154,11 @@ WRITES = {
     "qkv attention": {"qkv_attention_kernel": ["kc_ptr", "o_ptr", "qkv_ptr", "vc_ptr", "ws_ptr"]},
     "qkv attention preload": {"qkv_attention_kernel": ["kc_ptr", "o_ptr", "qkv_ptr", "vc_ptr", "ws_ptr"]},
     "sequence attention": {"sequence_attention_kernel": ["o_ptr"]},
+    "sequence attention o split 1": {"sequence_attention_o_kernel": ["y_ptr"], "norm_out_epilogue_kernel": ["yn_ptr"]},
+    "sequence attention o split 2": {
+        "sequence_attention_o_kernel": ["part_ptr"],
+        "norm_out_epilogue_kernel": ["y_ptr", "yn_ptr"],
+    },
     "window attention": {"window_attention_kernel": ["o_ptr"]},
     "sample": {"sample_tokens_kernel": ["out_ptr"]},
 }

@@ -25,6 +25,8 @@ SCRIPT = textwrap.dedent(r"""
     from triton.backends.compiler import GPUTarget
     from ttsaot.builder.kernels import decode_attention_triton as A, skinny_linear_triton as S
     from ttsaot.builder.kernels import sequence_attention_triton as Q
+    from ttsaot.builder.kernels import sequence_attention_o_triton as QO
+    from ttsaot.builder.kernels.sequence_attention_o import plan as attention_o_plan
     from ttsaot.builder.kernels import qkv_attention_triton as QA
     from ttsaot.builder.kernels import sample_triton as SM
 
@@ -177,6 +179,16 @@ SCRIPT = textwrap.dedent(r"""
             Q.sequence_attention_kernel, sq_types,
             dict(HQ=16, HKV=2, HEAD_DIM=128, T_PAD=16, ROPE=rope, FP32_DOT=False, PDL=True), 4, 1,
             {"qkv_ptr", "cos_ptr", "sin_ptr", "o_ptr", "row_stride"})
+    # the LocDiT's attention inside its o_proj (22 rows in a 32-row tile, hidden 1024), at the op's plan
+    qo_types = dict(qkv_ptr="*bf16", cos_ptr="*fp32", sin_ptr="*fp32", w_ptr="*bf16", b_ptr="*bf16", r_ptr="*bf16",
+                    y_ptr="*bf16", part_ptr="*fp32", M="i32", T="i32", QKV_ROW="i32", N_OUT="i32", K="i32",
+                    scale_log2="fp32", residual_scale="fp32")
+    split, block_n, warps = attention_o_plan(16)
+    results["sequence_o/locdit"] = build(
+        QO.sequence_attention_o_kernel, qo_types,
+        dict(HQ=16, HKV=2, HEAD_DIM=128, HEADS_PER_SPLIT=16 // split, SPLIT=split, ROPE=1, HAS_BIAS=False,
+             FP32_DOT=False, PDL=True, BLOCK_M=32, BLOCK_N=block_n), warps, 2,
+        {n for n in qo_types if n.endswith("_ptr")} | {"QKV_ROW", "N_OUT", "K"})
     # without PDL (pre-Hopper builds): no griddepcontrol at all
     results["nopdl/skinny/gemv"] = build(
         S.skinny_linear_kernel, sl_types,
@@ -221,8 +233,8 @@ def test_kernels_compile_for_sm90_with_the_intended_machine_code(sm90):
         elif key.startswith("skinny/stream"):
             # tensor cores fed from registers: 16-byte loads, no cp.async pipeline
             assert r["HMMA"] > 0 and r["LDG.E.128"] > 0 and r["LDGSTS"] == 0, (key, r)
-        elif key.startswith("sequence/"):
-            assert r["HMMA"] > 0, (key, r)  # q·kᵀ and p·v on the tensor cores
+        elif key.startswith(("sequence/", "sequence_o/")):
+            assert r["HMMA"] > 0, (key, r)  # q·kᵀ and p·v (and the o_proj product) on the tensor cores
         elif key.startswith("qkv_attention/"):
             # the projection's 16-byte W loads, the attention's tensor cores, the arrival counter's atomic
             assert r["LDG.E.128"] > 0 and r["HMMA"] > 0 and r["ATOM"] >= 1, (key, r)
@@ -258,5 +270,5 @@ def test_decode_kernels_wait_on_their_predecessor_after_loading_weights_only(sm9
         assert r["trigger_after_wait"] == key.startswith("skinny/dot"), (key, r)
         if key.startswith(("skinny/gemv", "skinny/stream", "qkv_attention/")):
             assert r["loads_before_wait"] > 0, (key, r)
-        elif key.startswith(("attention/", "sequence/", "skinny/split_k_epilogue")):
+        elif key.startswith(("attention/", "sequence/", "sequence_o/", "skinny/split_k_epilogue")):
             assert r["loads_before_wait"] == 0, (key, r)

@@ -96,6 +96,7 @@ def test_every_listed_kernel_exists_and_waits():
     from ttsaot.builder.kernels import (
         decode_attention_triton,
         qkv_attention_triton,
+        sequence_attention_o_triton,
         sequence_attention_triton,
         skinny_linear_triton,
     )
@@ -111,7 +112,13 @@ def test_every_listed_kernel_exists_and_waits():
 
     kernels = {
         k.fn.__name__: k
-        for mod in (decode_attention_triton, qkv_attention_triton, sequence_attention_triton, skinny_linear_triton)
+        for mod in (
+            decode_attention_triton,
+            qkv_attention_triton,
+            sequence_attention_o_triton,
+            sequence_attention_triton,
+            skinny_linear_triton,
+        )
         for k in vars(mod).values()
         if hasattr(k, "fn") and hasattr(k, "arg_names") and inspect.isfunction(k.fn)
     }
@@ -119,6 +126,10 @@ def test_every_listed_kernel_exists_and_waits():
         assert name in kernels, name
         assert "PDL" in kernels[name].arg_names
         assert waits(kernels[name].fn), name
+    # and the converse: a kernel that waits but is left off the list launches plainly, so its launch cannot
+    # overlap the kernel before it (skinny_linear_norm_out's second pass was, from e6c5913 until this test)
+    waiting = {name for name, k in kernels.items() if "PDL" in k.arg_names and waits(k.fn)}
+    assert waiting == set(pdl.PDL_KERNELS), waiting ^ set(pdl.PDL_KERNELS)
 
 
 _REEMIT = textwrap.dedent("""

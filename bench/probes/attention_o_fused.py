@@ -2,11 +2,12 @@
 
 The LocDiT's b1 call runs 108 layer passes of qkv → `sequence_attention` (4.48 µs a launch on the H200, one program
 per (sequence, head) over 11 tokens) → o_proj (+ residual, the next RMSNorm in its split-K second pass); the
-profile at 237c7e7 puts the attention at 12 % of the call (bench/results/nvidia-h200/probes/norm_out_ab/). Here a
-probe kernel, `attention_o_kernel`, computes each o_proj program's K range of heads itself: for each head of its
-range, the attention of all rows of the bucket at once (both CFG sequences in one [BLOCK_M, BLOCK_M] score tile,
-block-diagonal by sequence, NeoX RoPE in fp32 as `sequence_attention` does, probabilities rounded to the compute
-dtype, the head's output rounded once), then that head's [BLOCK_M, head_dim] × W[:, head]ᵀ on the tensor cores.
+profile at 237c7e7 puts the attention at 12 % of the call (bench/results/nvidia-h200/probes/norm_out_ab/). Here
+`ttsaot::sequence_attention_o`'s kernel (builder/kernels/sequence_attention_o_triton.py) computes each o_proj
+program's K range of heads itself: for each head of its range, the attention of all rows of the bucket at once (both
+CFG sequences in one [BLOCK_M, BLOCK_M] score tile, block-diagonal by sequence, NeoX RoPE in fp32 as
+`sequence_attention` does, probabilities rounded to the compute dtype, the head's output rounded once), then that
+head's [BLOCK_M, head_dim] × W[:, head]ᵀ on the tensor cores.
 Every column tile recomputes its heads' attention (N_OUT / BLOCK_N times the work, a few KFLOP each), which is the
 price of dropping the launch, the attention's programmatic-launch wait and o's round trip through L2.
 
@@ -18,21 +19,19 @@ programmatic dependent launch where the kernels wait for it.
 
     python -m bench.probes.attention_o_fused OUT.json [cuda|cpu]   (cpu: a smoke run under TRITON_INTERPRET=1)
 
-Not part of the kernel layer: if it wins, it becomes an op (an o_proj prologue of `skinny_linear`'s tile form)."""
+The op's own launcher takes its config from `sequence_attention_o.plan`; this probe launches the kernel itself, with
+the programmatic-launch attribute the packages' launches carry, to sweep the plan's choices."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
 import torch
-import triton
-import triton.language as tl
 
-from ttsaot.builder.kernels.decode_attention_triton import _norm_rope
-from ttsaot.builder.kernels.pdl_triton import grid_dependency_wait
-from ttsaot.builder.kernels.skinny_linear_triton import _epilogue, _mma
+from ttsaot.builder.kernels.sequence_attention_o_triton import sequence_attention_o_kernel
 
 LOG2E = 1.4426950408889634
 # the LocDiT at b1: 2 sequences (CFG) of 11 tokens, hidden 1024, 16 q heads / 2 kv heads of 128; (a tiny smoke shape)
@@ -40,88 +39,18 @@ SHAPES = {
     "locdit": dict(N=2, T=11, D=1024, hq=16, hkv=2, hd=128),
     "smoke": dict(N=2, T=5, D=64, hq=4, hkv=2, hd=16),
 }
-SPLITS = (1, 2, 4, 8, 16)
-BLOCK_NS = (16, 32, 64)
-WARPS = (4, 8)  # an sm_90 compile at the LocDiT shape: 255 registers and spills for 2+ heads a program at either
+
+
+def _sweep(name: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """A swept choice, narrowed by the environment (e.g. ATTENTION_O_SPLITS=4,8,16) where a call has little time."""
+    value = os.environ.get(f"ATTENTION_O_{name}", "")
+    return tuple(int(v) for v in value.split(",")) if value else default
+
+
+SPLITS = _sweep("SPLITS", (1, 2, 4, 8, 16))
+BLOCK_NS = _sweep("BLOCK_NS", (16, 32, 64))
+WARPS = _sweep("WARPS", (4, 8))  # sm_90 at the LocDiT shape: 255 registers and spills for 2+ heads a program
 CHAIN = 32
-
-
-@triton.jit
-def attention_o_kernel(
-    qkv_ptr,
-    cos_ptr,
-    sin_ptr,
-    w_ptr,
-    r_ptr,
-    y_ptr,
-    part_ptr,
-    M,
-    T,
-    QKV_ROW,
-    N_OUT,
-    K,
-    scale_log2,
-    HQ: tl.constexpr,
-    HKV: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEADS_PER_SPLIT: tl.constexpr,
-    SPLIT: tl.constexpr,
-    ROPE: tl.constexpr,
-    FP32_DOT: tl.constexpr,
-    PDL: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """Grid (cdiv(N_OUT, BLOCK_N), SPLIT): o_proj columns × head ranges. SPLIT == 1: y = r + o @ Wᵀ; else fp32
-    partials [SPLIT, M, N_OUT] for the second pass."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    token = grid_dependency_wait(PDL, True)
-    dt = qkv_ptr.dtype.element_ty
-    offs_m = tl.arange(0, BLOCK_M)
-    m_mask = offs_m < M
-    seq = offs_m // T
-    pos = (offs_m % T)[:, None]
-    same = (seq[:, None] == seq[None, :]) & m_mask[None, :]  # a token attends to its own sequence's tokens
-    offs_d = tl.arange(0, HEAD_DIM)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N_OUT
-    rows = offs_m * QKV_ROW + token
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for i in range(HEADS_PER_SPLIT):
-        h = pid_k * HEADS_PER_SPLIT + i
-        kvh = h // (HQ // HKV)
-        q = _norm_rope(qkv_ptr, rows + h * HEAD_DIM, offs_d, m_mask, qkv_ptr, cos_ptr, sin_ptr, pos, 0.0, False, ROPE,
-                       HEAD_DIM, "")  # fmt: skip
-        k = _norm_rope(qkv_ptr, rows + (HQ + kvh) * HEAD_DIM, offs_d, m_mask, qkv_ptr, cos_ptr, sin_ptr, pos, 0.0,
-                       False, ROPE, HEAD_DIM, "")  # fmt: skip
-        v_rows = rows + (HQ + HKV + kvh) * HEAD_DIM
-        v = tl.load(qkv_ptr + v_rows[:, None] + offs_d[None, :], mask=m_mask[:, None], other=0.0)
-        if FP32_DOT:
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(same, s * scale_log2, float("-inf"))
-        mx = tl.max(s, axis=1)
-        mx = tl.where(mx == float("-inf"), 0.0, mx)  # padded rows: no key at all
-        p = tl.where(same, tl.exp2(s - mx[:, None]), 0.0)
-        den = tl.sum(p, axis=1)
-        p = (p / tl.where(den > 0, den, 1.0)[:, None]).to(dt)
-        if FP32_DOT:
-            o = tl.dot(p.to(tl.float32), v.to(tl.float32), input_precision="ieee")
-        else:
-            o = tl.dot(p, v)
-        # the head's W columns after the attention (loaded first, they held registers the attention spilled)
-        w = tl.load(
-            w_ptr + offs_n.to(tl.int64)[:, None] * K + (h * HEAD_DIM + offs_d)[None, :], mask=n_mask[:, None], other=0.0
-        )
-        acc = _mma(o.to(dt), w, acc, FP32_DOT)
-    if SPLIT > 1:
-        part = part_ptr + (pid_k * M + offs_m)[:, None] * N_OUT + offs_n[None, :]
-        tl.store(part, acc, mask=m_mask[:, None] & n_mask[None, :])
-    else:
-        _epilogue(acc, acc, offs_m, offs_n, m_mask, n_mask, r_ptr, r_ptr + token, y_ptr, N_OUT, 1.0, False, False,
-                  True)  # fmt: skip
 
 
 def launch_attention_o(
@@ -154,9 +83,9 @@ def launch_attention_o(
     part = qkv2.new_empty((split, M, n_out), dtype=torch.float32) if split > 1 else qkv2
     wait = kernels_wait(qkv.device)
     launch = {"launch_pdl": True} if pdl and qkv.device.type == "cuda" else {}
-    attention_o_kernel[(cdiv(n_out, block_n), split)](
-        qkv2, cos, sin, w_o, r2, y, part, M, T, qkv2.shape[1], n_out, K, float(scale) * LOG2E,
-        HQ=hq, HKV=hkv, HEAD_DIM=hd, HEADS_PER_SPLIT=hq // split, SPLIT=split, ROPE=1,
+    sequence_attention_o_kernel[(cdiv(n_out, block_n), split)](
+        qkv2, cos, sin, w_o, r2, r2, y, part, M, T, qkv2.shape[1], n_out, K, float(scale) * LOG2E, 1.0,
+        HQ=hq, HKV=hkv, HEAD_DIM=hd, HEADS_PER_SPLIT=hq // split, SPLIT=split, ROPE=1, HAS_BIAS=False,
         FP32_DOT=qkv.dtype == torch.float32 or qkv.device.type != "cuda", PDL=wait,
         BLOCK_M=max(16, next_power_of_2(M)), BLOCK_N=block_n, num_warps=num_warps, num_stages=2, **launch,
     )  # fmt: skip

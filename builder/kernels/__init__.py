@@ -7,6 +7,7 @@ from .decompositions import CPU_DECOMPOSITIONS, lower_for_cpu
 from .qkv_attention import qkv_attention, qkv_attention_reference
 from .sample import sample_tokens
 from .sequence_attention import sequence_attention, sequence_attention_reference
+from .sequence_attention_o import sequence_attention_o, sequence_attention_o_reference
 from .skinny_linear import (
     skinny_linear,
     skinny_linear_norm_out,
@@ -27,6 +28,8 @@ __all__ = [
     "sample_tokens",
     "sequence_attention",
     "sequence_attention_reference",
+    "sequence_attention_o",
+    "sequence_attention_o_reference",
     "skinny_linear",
     "skinny_linear_norm_out",
     "skinny_linear_norm_out_reference",

@@ -42,7 +42,10 @@ from .qkv_attention import enabled as fused_enabled
 from .qkv_attention import fits as fused_fits
 from .qkv_attention import qkv_attention
 from .sequence_attention import sequence_attention
-from .skinny_linear import norm_out_pays, skinny_linear, skinny_linear_norm_out
+from .sequence_attention_o import enabled as attention_o_enabled
+from .sequence_attention_o import fits as attention_o_fits
+from .sequence_attention_o import sequence_attention_o
+from .skinny_linear import norm_out_enabled, norm_out_pays, skinny_linear, skinny_linear_norm_out
 
 
 class KernelAttention(nn.Module):
@@ -102,11 +105,21 @@ class KernelAttention(nn.Module):
         positions 0..T-1 with the fp32 tables cos/sin [≥ T, hd], or None; GQA) → skinny_linear (o_proj + residual
         epilogue). `x_normed`: norm(x) already computed (by the projection before, `residual_projection`): qkv
         without its prologue. `next_norm`: the RMSNorm the next block applies to the output, computed with it where
-        that pays (`residual_projection`)."""
+        that pays (`residual_projection`); where `sequence_attention_o` fits the call (CUDA, 16-32 rows: the
+        LocDiT's) and TTSAOT_ATTENTION_O=1 at build time, the attention and o_proj are that one op, its second pass
+        writing the output and next_norm of it."""
         if self.q_norm is not None or self.rope_interleaved:
             raise ValueError("KernelAttention.sequence: q/k norms and interleaved RoPE are not supported")
         qkv = _normed_projection(self.qkv_proj, x, norm, x_normed)
-        o = sequence_attention(qkv, cos, sin, self.n_heads, self.n_kv_heads, self.head_dim**-0.5)
+        heads = (self.n_heads, self.n_kv_heads, self.head_dim**-0.5)
+        fused = norm_out_enabled() and attention_o_enabled() and attention_o_fits(qkv, self.n_heads, self.n_kv_heads)
+        if next_norm is not None and fused:
+            # the attention inside o_proj, whose second pass also writes next_norm of the output
+            o = self.o_proj
+            return sequence_attention_o(
+                qkv, cos, sin, *heads, o.weight, o.bias, x, residual_scale, next_norm.weight, next_norm.eps
+            )
+        o = sequence_attention(qkv, cos, sin, *heads)
         return residual_projection(self.o_proj, o, x, residual_scale, next_norm)
 
     def project_out(self, o: torch.Tensor, x: torch.Tensor, residual_scale: float) -> torch.Tensor:

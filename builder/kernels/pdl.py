@@ -33,9 +33,11 @@ import torch
 PDL_KERNELS = (
     "skinny_linear_kernel",
     "split_k_epilogue_kernel",
+    "norm_out_epilogue_kernel",
     "decode_attention_kernel",
     "qkv_attention_kernel",
     "sequence_attention_kernel",
+    "sequence_attention_o_kernel",
 )
 ENV_SWITCH = "TTSAOT_PDL"
 METADATA_KEY = "ttsaot_pdl"  # "1" / "0" in each package's metadata: whether its launches carry the attribute
