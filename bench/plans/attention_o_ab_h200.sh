@@ -9,9 +9,11 @@
 #     bash bench/plans/attention_o_ab_h200.sh   (carry .snap)
 . "$(dirname "$0")/setup_device.sh"
 STAGES=${STAGES:-voxcpm2/locdit}; VARIANTS=${VARIANTS:-attno noattno old}
-timeout "${PROBE_S:-150}" python3 -m bench.probes.attention_o_fused "$OUT/attention_o.json" cuda \
-  > "$OUT/attention_o.txt" 2>&1
-echo "probe rc $? at $(( $(date +%s) - T0 )) s"; cut -c1-200 "$OUT/attention_o.txt" | tail -16
+if [ "${PROBE_S:-150}" -gt 0 ]; then  # PROBE_S=0: no probe
+  timeout "${PROBE_S:-150}" python3 -m bench.probes.attention_o_fused "$OUT/attention_o.json" cuda \
+    > "$OUT/attention_o.txt" 2>&1
+  echo "probe rc $? at $(( $(date +%s) - T0 )) s"; cut -c1-200 "$OUT/attention_o.txt" | tail -16
+fi
 [ -n "${TESTS:-}" ] && (eval "timeout ${TESTS_S:-300} python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider $TESTS" \
   > "$OUT/gpu_tests.txt" 2>&1 &)
 OUT=$OUT/stages TESTS= STAGES=$STAGES VARIANTS=$VARIANTS AXIS=batch=1 JOBS=${JOBS:-3} VERIFY=1 BUILD_S=${BUILD_S:-300} END_S=0 \
