@@ -23,6 +23,7 @@ import triton.language as tl
 
 from .decode_attention_triton import _norm_rope
 from .pdl_triton import grid_dependency_wait
+from .sequence_attention_triton import _attend
 from .skinny_linear_triton import _epilogue, _mma
 
 LOG2E = 1.4426950408889634
@@ -87,20 +88,7 @@ def sequence_attention_o_kernel(
                        False, ROPE, HEAD_DIM, "")  # fmt: skip
         v_rows = rows + (HQ + HKV + kvh) * HEAD_DIM
         v = tl.load(qkv_ptr + v_rows[:, None] + offs_d[None, :], mask=m_mask[:, None], other=0.0)
-        if FP32_DOT:  # fp32 stages, and the interpreter (which multiplies 16-bit operands as raw integers)
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(same, s * scale_log2, float("-inf"))
-        mx = tl.max(s, axis=1)
-        mx = tl.where(mx == float("-inf"), 0.0, mx)  # padded rows: no key at all
-        p = tl.where(same, tl.exp2(s - mx[:, None]), 0.0)
-        den = tl.sum(p, axis=1)
-        p = (p / tl.where(den > 0, den, 1.0)[:, None]).to(dt)
-        if FP32_DOT:
-            o = tl.dot(p.to(tl.float32), v.to(tl.float32), input_precision="ieee")
-        else:
-            o = tl.dot(p, v)
+        o = _attend(q, k, v, same, scale_log2, FP32_DOT)  # padded rows see no key: zeros
         # the head's W columns after its attention (loaded first, they held registers the attention then spilled)
         w = tl.load(
             w_ptr + offs_n.to(tl.int64)[:, None] * K + (h * HEAD_DIM + offs_d)[None, :], mask=n_mask[:, None], other=0.0

@@ -21,6 +21,27 @@ from .pdl_triton import grid_dependency_wait
 LOG2E = 1.4426950408889634
 
 
+@triton.jit
+def _attend(q, k, v, keys, scale_log2, FP32_DOT: tl.constexpr):
+    """softmax(q·kᵀ · scale) · v of one head's rows in fp32: [R, hd] q, k, v in the compute dtype, `keys` [R, R] the
+    keys each query row sees. Scores on the tensor cores in fp32, softmax in fp32 (exp2), probabilities rounded to
+    the compute dtype, · v accumulated in fp32 (returned unrounded). A row that sees no key (padding) gets zeros."""
+    dt = q.dtype
+    if FP32_DOT:  # fp32 stages, and the interpreter (which multiplies 16-bit operands as raw integers)
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(keys, s * scale_log2, float("-inf"))
+    mx = tl.max(s, axis=1)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    p = tl.where(keys, tl.exp2(s - mx[:, None]), 0.0)
+    den = tl.sum(p, axis=1)
+    p = (p / tl.where(den > 0, den, 1.0)[:, None]).to(dt)
+    if FP32_DOT:
+        return tl.dot(p.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+    return tl.dot(p, v)
+
+
 # What each kernel here may write (kernel_analysis.check_writes holds torch's access analysis to it)
 WRITES = {"sequence_attention_kernel": frozenset({"o_ptr"})}
 
@@ -60,17 +81,7 @@ def sequence_attention_kernel(
     k = _norm_rope(qkv_ptr, k_rows, offs_d, t_mask, qkv_ptr, cos_ptr, sin_ptr, pos, 0.0, False, ROPE, HEAD_DIM, "")
     v_rows = rows + (HQ + HKV + kvh) * HEAD_DIM
     v = tl.load(qkv_ptr + v_rows[:, None] + offs_d[None, :], mask=t_mask[:, None], other=0.0)
-    if FP32_DOT:  # fp32 stages, and the interpreter (which multiplies 16-bit operands as raw integers)
-        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k))
-    s = tl.where(t_mask[None, :], s * scale_log2, float("-inf"))
-    m = tl.max(s, axis=1)
-    p = tl.exp2(s - m[:, None])
-    p = (p / tl.sum(p, axis=1)[:, None]).to(dt)
-    if FP32_DOT:
-        o = tl.dot(p.to(tl.float32), v.to(tl.float32), input_precision="ieee")
-    else:
-        o = tl.dot(p, v)
+    keys = tl.broadcast_to(t_mask[None, :], (T_PAD, T_PAD))
+    o = _attend(q, k, v, keys, scale_log2, FP32_DOT)
     out = o_ptr + token + ((n * T + offs_t) * (HQ * HEAD_DIM) + h * HEAD_DIM)[:, None] + offs_d[None, :]
     tl.store(out, o.to(dt), mask=t_mask[:, None])
