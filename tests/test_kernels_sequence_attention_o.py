@@ -62,14 +62,13 @@ SHAPES = [(2, 11, 40, 4, 2, 16), (3, 5, 48, 4, 2, 16), (1, 16, 24, 2, 2, 32)]
 
 
 @pytest.mark.skipif(ON_GPU, reason="fp32 under the interpreter; the GPU tests below")
-@pytest.mark.parametrize("split", [1, 2, 4])
 @pytest.mark.parametrize("bias,rope", [(False, True), (True, True), (False, False)], ids=["rope", "bias", "norope"])
-@pytest.mark.parametrize("N,T,D,hq,hkv,hd", SHAPES)
-def test_kernel_is_the_attention_then_the_residual_projection(N, T, D, hq, hkv, hd, bias, rope, split):
-    """fp32 on the kernel (the interpreter): y and its next RMSNorm as the two ops' references give them; only
-    o_proj's fp32 sums over K run in another order."""
-    if hq % split:
-        pytest.skip("heads do not split that many ways")
+@pytest.mark.parametrize(
+    "N,T,D,hq,hkv,hd,split", [(*shape, split) for shape in SHAPES for split in (1, 2, 4) if shape[3] % split == 0]
+)
+def test_kernel_is_the_attention_then_the_residual_projection(N, T, D, hq, hkv, hd, split, bias, rope):
+    """fp32 on the kernel (the interpreter): y and its next RMSNorm as the two ops' references give them, with the
+    heads split 1, 2 and 4 ways where they divide; only o_proj's fp32 sums over K run in another order."""
     t = _case(N, T, D, hq, hkv, hd, torch.float32, bias=bias, rope=rope, seed=split)
     args = _args(t, hq, hkv, hd, residual_scale=0.7, eps=1e-5)
     y, yn = launch_sequence_attention_o(*args, config=(split, 16, 4))
