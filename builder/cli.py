@@ -580,6 +580,10 @@ def inspect(ctx, artifact, as_json, debug_here):
                     "norm_out_off_buckets": [
                         b["key"] for b in st["buckets"] if _cuda(metas[b["file"]], "ttsaot_norm_out_off")
                     ],
+                    # CUDA packages traced with the LocDiT's attention inside o_proj (TTSAOT_ATTENTION_O=1)
+                    "attention_o_buckets": [
+                        b["key"] for b in st["buckets"] if _cuda(metas[b["file"]], "ttsaot_attention_o")
+                    ],
                 }
             )
         if as_json:
@@ -632,6 +636,7 @@ def inspect(ctx, artifact, as_json, debug_here):
                 *([f"skinny_stream={','.join(r['stream_buckets'])}"] if r["stream_buckets"] else []),
                 *([f"qkv_attention={','.join(r['qkv_attention_buckets'])}"] if r["qkv_attention_buckets"] else []),
                 *([f"norm_out_off={','.join(r['norm_out_off_buckets'])}"] if r["norm_out_off_buckets"] else []),
+                *([f"attention_o={','.join(r['attention_o_buckets'])}"] if r["attention_o_buckets"] else []),
             ]
             t.add_row(
                 r["stage"],

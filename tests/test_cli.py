@@ -128,7 +128,7 @@ def test_inspect_names_the_packages_launched_with_pdl(cli_artifact, tmp_path):
     stage = json.loads(r.output)["stages"][0]
     # a CPU build
     assert stage["pdl_buckets"] == [] == stage["stream_buckets"] == stage["qkv_attention_buckets"]
-    assert stage["norm_out_off_buckets"] == []
+    assert stage["norm_out_off_buckets"] == [] == stage["attention_o_buckets"]
 
 
 def test_packages_record_the_norm_hand_over_switch(monkeypatch):
@@ -139,6 +139,16 @@ def test_packages_record_the_norm_hand_over_switch(monkeypatch):
     assert _trace_switches()["ttsaot_norm_out_off"] == "0"
     monkeypatch.setenv("TTSAOT_NORM_OUT", "0")
     assert _trace_switches()["ttsaot_norm_out_off"] == "1"
+
+
+def test_packages_record_the_attention_o_switch(monkeypatch):
+    """And whether they were traced with TTSAOT_ATTENTION_O=1 (off by default), which inspect lists too."""
+    from ttsaot.builder.build import _trace_switches
+
+    monkeypatch.delenv("TTSAOT_ATTENTION_O", raising=False)
+    assert _trace_switches()["ttsaot_attention_o"] == "0"
+    monkeypatch.setenv("TTSAOT_ATTENTION_O", "1")
+    assert _trace_switches()["ttsaot_attention_o"] == "1"
 
 
 def test_verify_ok_then_regression_exits_1(cli_artifact, tmp_path):

@@ -43,6 +43,7 @@ OP_NAME = "ttsaot::sequence_attention_o"
 # of the stage says it pays): they keep the attention → o_proj chain. A package-key switch (package_cache).
 ENV = "TTSAOT_ATTENTION_O"
 DEFAULT = "0"
+METADATA_KEY = "ttsaot_attention_o"  # "1" / "0" in each package's metadata: whether it was traced with the switch on
 MAX_ROWS = 32  # N·T rows in one [BLOCK_M, BLOCK_M] score tile and one BLOCK_M row tile of the product
 MAX_HEAD_DIM = 128  # q, k, v [BLOCK_M, hd] and the W tile [BLOCK_N, hd] of one head stay in registers
 
