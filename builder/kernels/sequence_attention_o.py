@@ -16,7 +16,9 @@ tile form's RMSNorm prologue rounds); only the fp32 sums over o_proj's K run in 
 Why (issue 14): VoxCPM2's LocDiT runs 108 layer passes per b1 call of qkv → sequence_attention (4.48 µs a launch on
 the H200 for a few KiB of work) → o_proj (4.93 µs for 4 MiB of W, split in 2) → its second pass; the attention is a
 dependency step of its own between two projections. Here each o_proj program computes its own heads' attention
-from the qkv rows (sequence_attention_o_triton.py), so the layer has one launch and one wait fewer.
+from the qkv rows (sequence_attention_o_triton.py), so the layer has one launch and one wait fewer. (Figures: the
+committed H200 profile, bench/results/nvidia-h200/profiles/voxcpm2__locdit__ttsaot.txt. The op itself has not run
+on a GPU yet, so layers trace it only with ENV=1: bench/plans/attention_o_ab_h200.sh is the A/B.)
 
 The kernel runs on CUDA where `fits` holds (every row of the call in one tile: rows ≤ MAX_ROWS; power-of-2 head dims
 16-128; Hq divisible by the plan's split) and the call's rows are at least skinny_linear.NORM_OUT_MIN_ROWS (below
@@ -50,7 +52,8 @@ MAX_HEAD_DIM = 128  # q, k, v [BLOCK_M, hd] and the W tile [BLOCK_N, hd] of one 
 
 def plan(n_heads: int) -> tuple[int, int, int]:
     """(head ranges SPLIT, BLOCK_N, warps): one head a program (an sm_90 compile of two or more heads a program at
-    the LocDiT's shape took 255 registers and spilled), at the tile width and warps the H200 probe timed fastest."""
+    the LocDiT's shape took 255 registers and spilled; this one compiles without spills). BLOCK_N 64 and 4 warps are
+    a first choice, not yet timed: bench/probes/attention_o_fused.py sweeps them on a GPU."""
     return n_heads, 64, 4
 
 
