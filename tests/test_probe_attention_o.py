@@ -29,7 +29,7 @@ def test_attention_inside_o_proj_is_the_two_ops(split):
     x = torch.randn(N, T, D, generator=g)
     norm = torch.rand(D, generator=g) + 0.5
     cos, sin = rope_table(hd, T, 10000.0)
-    y, yn = launch_attention_o(qkv, cos, sin, w_o, x, norm, hq, hkv, T, hd**-0.5, split, 16, False)
+    y, yn = launch_attention_o(qkv, cos, sin, w_o, x, norm, hq, hkv, hd**-0.5, split, 16, False)
     want = x + sequence_attention_reference(qkv, cos, sin, hq, hkv, hd**-0.5) @ w_o.T
     assert rel_err(y, want) < 1e-5
     assert rel_err(yn, rms_norm(want, norm, 1e-6)) < 1e-5

@@ -19,8 +19,8 @@ programmatic dependent launch where the kernels wait for it.
 
     python -m bench.probes.attention_o_fused OUT.json [cuda|cpu]   (cpu: a smoke run under TRITON_INTERPRET=1)
 
-The op's own launcher takes its config from `sequence_attention_o.plan`; this probe launches the kernel itself, with
-the programmatic-launch attribute the packages' launches carry, to sweep the plan's choices."""
+The probe runs the ops' own launchers, at each swept config instead of `sequence_attention_o.plan`'s, every launch
+with the programmatic-launch attribute the packages' launches carry."""
 
 from __future__ import annotations
 
@@ -31,9 +31,6 @@ from typing import Any
 
 import torch
 
-from ttsaot.builder.kernels.sequence_attention_o_triton import sequence_attention_o_kernel
-
-LOG2E = 1.4426950408889634
 # the LocDiT at b1: 2 sequences (CFG) of 11 tokens, hidden 1024, 16 q heads / 2 kv heads of 128; (a tiny smoke shape)
 SHAPES = {
     "locdit": dict(N=2, T=11, D=1024, hq=16, hkv=2, hd=128),
@@ -53,6 +50,22 @@ WARPS = _sweep("WARPS", (4, 8))  # sm_90 at the LocDiT shape: 255 registers and 
 CHAIN = 32
 
 
+def _pdl_wrap(pdl: bool, dev: torch.device):
+    """The launchers' `wrap`: every launch with the programmatic-launch attribute (as the packages' launch helper
+    adds it, pdl.py) when asked and on CUDA; plain launches otherwise."""
+    if not (pdl and dev.type == "cuda"):
+        return lambda kernel: kernel
+
+    def wrap(kernel):
+        class Launch:
+            def __getitem__(self, grid):
+                return lambda *args, **kwargs: kernel[grid](*args, **kwargs, launch_pdl=True)
+
+        return Launch()
+
+    return wrap
+
+
 def launch_attention_o(
     qkv: torch.Tensor,
     cos: torch.Tensor,
@@ -62,57 +75,26 @@ def launch_attention_o(
     norm_weight: torch.Tensor,
     hq: int,
     hkv: int,
-    T: int,
     scale: float,
     split: int,
     block_n: int,
     pdl: bool,
     num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y, RMSNorm(y)) for y = residual + o_proj(attention(qkv)): the probe kernel, then the op's second pass."""
-    from ttsaot.builder.kernels import skinny_linear_triton as S
-    from ttsaot.builder.kernels.common import cdiv, next_power_of_2
-    from ttsaot.builder.kernels.pdl import kernels_wait
+    """(y, RMSNorm(y)) for y = residual + o_proj(attention(qkv)): the op's launcher at (split, block_n, warps)."""
+    from ttsaot.builder.kernels.sequence_attention_o import launch_sequence_attention_o
 
-    qkv2 = qkv.reshape(-1, qkv.shape[-1])
-    M, n_out, K = qkv2.shape[0], w_o.shape[0], w_o.shape[1]
-    hd = K // hq
-    r2 = residual.reshape(M, n_out)
-    y = r2.new_empty((M, n_out))
-    yn = torch.empty_like(y)
-    part = qkv2.new_empty((split, M, n_out), dtype=torch.float32) if split > 1 else qkv2
-    wait = kernels_wait(qkv.device)
-    launch = {"launch_pdl": True} if pdl and qkv.device.type == "cuda" else {}
-    sequence_attention_o_kernel[(cdiv(n_out, block_n), split)](
-        qkv2, cos, sin, w_o, r2, r2, y, part, M, T, qkv2.shape[1], n_out, K, float(scale) * LOG2E, 1.0,
-        HQ=hq, HKV=hkv, HEAD_DIM=hd, HEADS_PER_SPLIT=hq // split, SPLIT=split, ROPE=1, HAS_BIAS=False,
-        FP32_DOT=qkv.dtype == torch.float32 or qkv.device.type != "cuda", PDL=wait,
-        BLOCK_M=max(16, next_power_of_2(M)), BLOCK_N=block_n, num_warps=num_warps, num_stages=2, **launch,
+    return launch_sequence_attention_o(
+        qkv, cos, sin, hq, hkv, scale, w_o, None, residual, 1.0, norm_weight, 1e-6,
+        config=(split, block_n, num_warps), wrap=_pdl_wrap(pdl, qkv.device),
     )  # fmt: skip
-    S.norm_out_epilogue_kernel[(M,)](
-        part, r2, r2, norm_weight, y, yn, M, n_out, 1.0, 1e-6,
-        HAS_BIAS=False, HAS_RESIDUAL=True, SPLIT_K=split if split > 1 else 0, PDL=wait, BLOCK_M=1,
-        BLOCK_N=next_power_of_2(n_out), **launch,
-    )  # fmt: skip
-    return y.reshape(residual.shape), yn.reshape(residual.shape)
 
 
 def _sequence_attention(qkv, cos, sin, hq, hkv, scale, pdl: bool) -> torch.Tensor:
     """launch_sequence_attention with the programmatic-launch attribute when asked."""
-    from ttsaot.builder.kernels import sequence_attention_triton as A
-    from ttsaot.builder.kernels.common import next_power_of_2
-    from ttsaot.builder.kernels.pdl import kernels_wait
+    from ttsaot.builder.kernels.sequence_attention import launch_sequence_attention
 
-    N, T, width = qkv.shape
-    hd = width // (hq + 2 * hkv)
-    o = qkv.new_empty((N, T, hq * hd))
-    launch = {"launch_pdl": True} if pdl and qkv.device.type == "cuda" else {}
-    A.sequence_attention_kernel[(N, hq)](
-        qkv, cos, sin, o, T, width, float(scale) * LOG2E, HQ=hq, HKV=hkv, HEAD_DIM=hd,
-        T_PAD=max(16, next_power_of_2(T)), ROPE=1, FP32_DOT=qkv.dtype == torch.float32 or qkv.device.type != "cuda",
-        PDL=kernels_wait(qkv.device), **launch,
-    )  # fmt: skip
-    return o
+    return launch_sequence_attention(qkv, cos, sin, hq, hkv, scale, wrap=_pdl_wrap(pdl, qkv.device))
 
 
 def run_shape(name: str, s: dict, dev: torch.device, reps: int) -> dict:
@@ -135,16 +117,15 @@ def run_shape(name: str, s: dict, dev: torch.device, reps: int) -> dict:
     scale = hd**-0.5
     cq = {"BLOCK_N": 32, "BLOCK_K": min(256, D), "num_warps": 4, "num_stages": 4 if cuda else 1}
     co = {"BLOCK_N": 16, "BLOCK_K": min(256, K), "num_warps": 4, "num_stages": 4 if cuda else 1}
-    if cuda:
-        cq["launch_pdl"] = co["launch_pdl"] = True
+    pdl = _pdl_wrap(True, dev)  # every launch of both forms with the attribute, as in the packages
 
     def qkv_of(i: int) -> torch.Tensor:
-        return launch_skinny_linear(x, w_qkv[i], norm_weight=g1, config=cq)
+        return launch_skinny_linear(x, w_qkv[i], norm_weight=g1, config=cq, wrap=pdl)
 
     def baseline(i: int, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         o = _sequence_attention(qkv, cos, sin, hq, hkv, scale, True)
         split = 2 if K >= 2048 else 1  # the plan's at 22 rows (skinny_linear.plan_split_k), 1 for the smoke shape
-        return launch_skinny_linear(o, w_o[i], residual=x, config=co, split_k=split, out_norm_weight=g2)
+        return launch_skinny_linear(o, w_o[i], residual=x, config=co, split_k=split, out_norm_weight=g2, wrap=pdl)
 
     qkv0 = qkv_of(0)
     want_y, want_yn = baseline(0, qkv0)
@@ -159,12 +140,12 @@ def run_shape(name: str, s: dict, dev: torch.device, reps: int) -> dict:
         for bn, warps in [(b, w) for b in BLOCK_NS for w in WARPS] if cuda else [(16, 4)]:
             key = f"split{split}/bn{bn}/w{warps}"
             try:
-                y, yn = launch_attention_o(qkv0, cos, sin, w_o[0], x, g2, hq, hkv, T, scale, split, bn, True, warps)
+                y, yn = launch_attention_o(qkv0, cos, sin, w_o[0], x, g2, hq, hkv, scale, split, bn, True, warps)
                 case = {"rel_err_y": kb.rel_err(y.float(), want_y.float()),
                         "rel_err_yn": kb.rel_err(yn.float(), want_yn.float())}  # fmt: skip
                 calls = [
                     lambda i=i, sp=split, b=bn, w=warps: launch_attention_o(
-                        qkv_of(i), cos, sin, w_o[i], x, g2, hq, hkv, T, scale, sp, b, True, w
+                        qkv_of(i), cos, sin, w_o[i], x, g2, hq, hkv, scale, sp, b, True, w
                     )
                     for i in rot
                 ]

@@ -115,9 +115,9 @@ class KernelAttention(nn.Module):
         fused = norm_out_enabled() and attention_o_enabled() and attention_o_fits(qkv, self.n_heads, self.n_kv_heads)
         if next_norm is not None and fused:
             # the attention inside o_proj, whose second pass also writes next_norm of the output
-            o = self.o_proj
+            w = self.o_proj
             return sequence_attention_o(
-                qkv, cos, sin, *heads, o.weight, o.bias, x, residual_scale, next_norm.weight, next_norm.eps
+                qkv, cos, sin, *heads, w.weight, w.bias, x, residual_scale, next_norm.weight, next_norm.eps
             )
         o = sequence_attention(qkv, cos, sin, *heads)
         return residual_projection(self.o_proj, o, x, residual_scale, next_norm)

@@ -38,7 +38,12 @@ from .decompositions import register_cpu_decomposition
 from .pdl import kernels_wait
 from .sequence_attention import _check as _check_attention
 from .sequence_attention import _heads, sequence_attention_reference
-from .skinny_linear import NORM_OUT_MIN_ROWS, _check_norm_out, skinny_linear_norm_out_reference
+from .skinny_linear import (
+    NORM_OUT_MIN_ROWS,
+    _check_norm_out,
+    launch_norm_out_pass,
+    skinny_linear_norm_out_reference,
+)
 
 OP_NAME = "ttsaot::sequence_attention_o"
 # TTSAOT_ATTENTION_O=1 at build time: the LocDiT layers trace this op where it fits; =0 (the default until a GPU A/B
@@ -135,7 +140,7 @@ def launch_sequence_attention_o(
     """Run the kernel and the second pass (CUDA, or CPU under TRITON_INTERPRET=1) on a call `fits` allows, at
     `config` ((SPLIT, BLOCK_N, warps): the bench's sweep and the interpreter tests) or the plan."""
     from . import sequence_attention_o_triton as kernels
-    from . import skinny_linear_triton as S
+    from .sequence_attention_triton import LOG2E
 
     N, T, width = qkv.shape
     m = N * T
@@ -144,24 +149,18 @@ def launch_sequence_attention_o(
     qkv2 = qkv.reshape(m, width).contiguous()
     r2 = residual.reshape(m, n_out).contiguous()
     y = r2.new_empty((m, n_out))
-    yn = torch.empty_like(y)
     part = qkv2.new_empty((split, m, n_out), dtype=torch.float32) if split > 1 else y
-    wait = kernels_wait(qkv.device)
     has_bias = bias is not None
     wrap(kernels.sequence_attention_o_kernel)[(cdiv(n_out, block_n), split)](
         qkv2, cos if cos is not None else qkv2, sin if sin is not None else qkv2, weight, bias if has_bias else r2,
-        r2, y, part, m, T, width, n_out, k, float(scale) * kernels.LOG2E, float(residual_scale),
+        r2, y, part, m, T, width, n_out, k, float(scale) * LOG2E, float(residual_scale),
         HQ=n_heads, HKV=n_kv_heads, HEAD_DIM=k // n_heads, HEADS_PER_SPLIT=n_heads // split, SPLIT=split,
         ROPE=0 if cos is None else 1, HAS_BIAS=has_bias,
         FP32_DOT=qkv.dtype == torch.float32 or qkv.device.type != "cuda",  # off-GPU = the interpreter
-        PDL=wait, BLOCK_M=max(16, next_power_of_2(m)), BLOCK_N=block_n, num_warps=warps, num_stages=2,
+        PDL=kernels_wait(qkv.device), BLOCK_M=max(16, next_power_of_2(m)), BLOCK_N=block_n, num_warps=warps,
+        num_stages=2,
     )  # fmt: skip
-    # whole rows: y's RMSNorm needs every column (from the partials, or from y itself when unsplit)
-    wrap(S.norm_out_epilogue_kernel)[(m,)](
-        part, bias if has_bias else r2, r2, out_norm_weight, y, yn, m, n_out, float(residual_scale),
-        float(out_norm_eps), HAS_BIAS=has_bias, HAS_RESIDUAL=True, SPLIT_K=split if split > 1 else 0, PDL=wait,
-        BLOCK_M=1, BLOCK_N=next_power_of_2(n_out),
-    )  # fmt: skip
+    yn = launch_norm_out_pass(part, bias, r2, residual_scale, out_norm_weight, out_norm_eps, y, split, wrap=wrap)
     return y.reshape(residual.shape), yn.reshape(residual.shape)
 
 

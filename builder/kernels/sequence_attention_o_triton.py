@@ -26,8 +26,6 @@ from .pdl_triton import grid_dependency_wait
 from .sequence_attention_triton import _attend
 from .skinny_linear_triton import _epilogue, _mma
 
-LOG2E = 1.4426950408889634
-
 # What each kernel here may write (kernel_analysis.check_writes holds torch's access analysis to it)
 WRITES = {"sequence_attention_o_kernel": frozenset({"y_ptr", "part_ptr"})}
 

@@ -365,27 +365,10 @@ def launch_skinny_linear(
     else:
         wrap(kernels.skinny_linear_kernel)[grid](*args, **{**meta, "PRELOAD": False, **config})
     if norm_out:
-        # whole rows per program: the row's RMSNorm needs every column of y (from the partials, or from y itself
-        # when the projection ran unsplit and wrote it)
-        yn = y.new_empty(y.shape)
-        wrap(kernels.norm_out_epilogue_kernel)[(m,)](
-            part,
-            args[2],
-            r2,
-            out_norm_weight,
-            y,
-            yn,
-            m,
-            n_out,
-            float(residual_scale),
-            float(out_norm_eps),
-            HAS_BIAS=bias is not None,
-            HAS_RESIDUAL=residual is not None,
-            SPLIT_K=split_k if split_k > 1 else 0,
-            PDL=meta["PDL"],
-            BLOCK_M=1,
-            BLOCK_N=next_power_of_2(n_out),
-        )
+        yn = launch_norm_out_pass(
+            part, bias, r2 if residual is not None else None, residual_scale, out_norm_weight, out_norm_eps, y,
+            split_k, wrap=wrap,
+        )  # fmt: skip
         return y, yn
     if split_k > 1 and not fused_reduce:
         # The norm was applied in the first pass: the epilogue kernel takes the epilogue flags only.
@@ -406,6 +389,47 @@ def launch_skinny_linear(
             BLOCK_N=128,
         )
     return y
+
+
+def launch_norm_out_pass(
+    part: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    residual_scale: float,
+    out_norm_weight: torch.Tensor,
+    out_norm_eps: float,
+    y: torch.Tensor,
+    split_k: int,
+    *,
+    wrap: Callable[[Any], Any] = no_wrap,
+) -> torch.Tensor:
+    """The norm hand-over's second pass (`norm_out_epilogue_kernel`) after a projection into y ([..., N], written
+    here from the fp32 partials [split_k, M, N] when split_k > 1, else already written by the projection and read
+    back), whole rows per program: the row's RMSNorm needs every column of y. Returns the RMSNorm of y's rows."""
+    from . import skinny_linear_triton as kernels
+
+    n_out = y.shape[-1]
+    m = y.numel() // n_out
+    yn = torch.empty_like(y)
+    wrap(kernels.norm_out_epilogue_kernel)[(m,)](
+        part,
+        bias if bias is not None else y,
+        residual if residual is not None else y,
+        out_norm_weight,
+        y,
+        yn,
+        m,
+        n_out,
+        float(residual_scale),
+        float(out_norm_eps),
+        HAS_BIAS=bias is not None,
+        HAS_RESIDUAL=residual is not None,
+        SPLIT_K=split_k if split_k > 1 else 0,
+        PDL=kernels_wait(y.device),
+        BLOCK_M=1,
+        BLOCK_N=next_power_of_2(n_out),
+    )
+    return yn
 
 
 if HAVE_TRITON:
