@@ -17,8 +17,10 @@ Why (issue 14): VoxCPM2's LocDiT runs 108 layer passes per b1 call of qkv → se
 the H200 for a few KiB of work) → o_proj (4.93 µs for 4 MiB of W, split in 2) → its second pass; the attention is a
 dependency step of its own between two projections. Here each o_proj program computes its own heads' attention
 from the qkv rows (sequence_attention_o_triton.py), so the layer has one launch and one wait fewer. (Figures: the
-committed H200 profile, bench/results/nvidia-h200/profiles/voxcpm2__locdit__ttsaot.txt. The op itself has not run
-on a GPU yet, so layers trace it only with ENV=1: bench/plans/attention_o_ab_h200.sh is the A/B.)
+committed H200 profile, bench/results/nvidia-h200/profiles/voxcpm2__locdit__ttsaot.txt.) It does not pay, so layers
+trace it only with ENV=1: on an H100 (bench/results/nvidia-h100/probes/attention_o_ab/) a LocDiT layer's qkv → op
+took 17.02-22.81 µs over the probe's sweep (the plan's 17.46) against 15.65 for qkv → attention → o_proj, and the
+stage's graph replays 3,829.7 µs with it against 3,828.3 without (5 alternating rounds of two verified builds).
 
 The kernel runs on CUDA where `fits` holds (every row of the call in one tile: rows ≤ MAX_ROWS; power-of-2 head dims
 16-128; Hq divisible by the plan's split) and the call's rows are at least skinny_linear.NORM_OUT_MIN_ROWS (below
@@ -46,8 +48,8 @@ from .skinny_linear import (
 )
 
 OP_NAME = "ttsaot::sequence_attention_o"
-# TTSAOT_ATTENTION_O=1 at build time: the LocDiT layers trace this op where it fits; =0 (the default until a GPU A/B
-# of the stage says it pays): they keep the attention → o_proj chain. A package-key switch (package_cache).
+# TTSAOT_ATTENTION_O=1 at build time: the LocDiT layers trace this op where it fits; =0 (the default: the H100 A/B
+# found no gain, above): they keep the attention → o_proj chain. A package-key switch (package_cache).
 ENV = "TTSAOT_ATTENTION_O"
 DEFAULT = "0"
 METADATA_KEY = "ttsaot_attention_o"  # "1" / "0" in each package's metadata: whether it was traced with the switch on
@@ -57,8 +59,10 @@ MAX_HEAD_DIM = 128  # q, k, v [BLOCK_M, hd] and the W tile [BLOCK_N, hd] of one 
 
 def plan(n_heads: int) -> tuple[int, int, int]:
     """(head ranges SPLIT, BLOCK_N, warps): one head a program (an sm_90 compile of two or more heads a program at
-    the LocDiT's shape took 255 registers and spilled; this one compiles without spills). BLOCK_N 64 and 4 warps are
-    a first choice, not yet timed: bench/probes/attention_o_fused.py sweeps them on a GPU."""
+    the LocDiT's shape took 255 registers and spilled; this one compiles without spills). BLOCK_N 64 and 4 warps: the
+    H100 sweep of bench/probes/attention_o_fused.py (splits 8 / 16, BLOCK_N 32 / 64, 4 / 8 warps) had 4 warps at
+    BLOCK_N 64 within 0.44 µs of its best (17.02 µs a layer at 8 head ranges) and 8 warps at BLOCK_N 32 the slowest
+    (22.3-22.8); none reached the chain's 15.65."""
     return n_heads, 64, 4
 
 
