@@ -586,6 +586,10 @@ def _measure_bucket(
         v.stage.capture_value_checks = False
         b["ms_eager_input_checks"] = time_fn(lambda: fn(xs), device, run.warmup, run.reps)["ms"]
         v.stage.capture_value_checks = True
+        # the captured checks read back before the bucket's plain graph, as before the guarded graphs
+        v.stage.guard_value_checks = False
+        b["ms_two_graph_checks"] = time_fn(lambda: fn(xs), device, run.warmup, run.reps)["ms"]
+        v.stage.guard_value_checks = True
     return b
 
 

@@ -70,6 +70,11 @@ def new_pool() -> Any:
     return torch.cuda.graph_pool_handle()
 
 
+# Written into a guarded graph's host flags before each replay: a value no check writes, so a flag still holding it
+# after the graph's "checked" event has not arrived (and the host then waits for the whole replay).
+_UNSET = 2
+
+
 class StaticGraph:
     """`fn(static_inputs)` captured once and replayed.
 
@@ -78,7 +83,16 @@ class StaticGraph:
     use static buffers; exercises the same scatter/gather code without a GPU). keep_alive: an object the graph
     must not outlive (e.g. the KV cache whose tensors are among the static inputs). pool_reserve=False skips the
     first capture's pool reserve (module docstring; for comparisons). warmup_calls: None = WARMUP_CALLS, read at
-    construction. `warmup_s` / `capture_s`: seconds the warm-up calls (synchronised) and the capture took."""
+    construction. `warmup_s` / `capture_s`: seconds the warm-up calls (synchronised) and the capture took.
+
+    guard: `guard(static_inputs)` -> a 1-D bool tensor, True where a check FAILED (read-only, no side effects). The
+    graph then runs fn only when every flag is False: captured, the checks, their copy to pinned host memory and an
+    event come first, then fn inside a conditional node, so a call whose checks fail leaves fn's work (and its
+    writes: an LM step's KV cache) undone, in ONE graph launch; the host waits for the event only, not for fn. Where
+    a check graph is replayed and read back before fn's graph is launched, the GPU idles for the read-back and the
+    launch: 62-69 µs of a decode-step call on an H200 (bench/results/nvidia-h200/probes/input_checks_graph/). After
+    each `replay`, `failures` holds the flags as host bools. The warm-up runs the guard, never fn: a lazily built
+    guarded graph holds a live request in its buffers, and fn was warmed up by the bucket's plain graph."""
 
     def __init__(
         self,
@@ -90,15 +104,21 @@ class StaticGraph:
         warmup_calls: int | None = None,
         keep_alive: Any = None,
         pool_reserve: bool = True,
+        guard: Callable[[list[torch.Tensor]], torch.Tensor] | None = None,
     ) -> None:
         self.fn = fn
+        self.guard = guard
         self.inputs = list(static_inputs)
         self.keep_alive = keep_alive
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: Any = None
+        self.failures: list[bool] = []
         self.warmup_peak_bytes: int | None = None
         self.warmup_s = self.capture_s = 0.0
         if not capture:
+            return
+        if guard is not None:
+            self._capture_guarded(device if device is not None else self.inputs[0].device, pool)
             return
         if warmup_calls is None:
             warmup_calls = WARMUP_CALLS
@@ -129,16 +149,64 @@ class StaticGraph:
             self.outputs = fn(self.inputs)
         self.capture_s = time.perf_counter() - t1
 
+    def _capture_guarded(self, device: torch.device, pool: Any) -> None:
+        assert self.guard is not None
+        self._device = device
+        _claim_pool(pool)  # a later capture into the pool: no reserve (the bucket's plain graph made it)
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        side = warmup_stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            self.guard(self.inputs).any()  # loads the checks' kernels before the capture; fn is not run
+        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
+        t1 = time.perf_counter()
+        self.warmup_s = t1 - t0
+        graph = torch.cuda.CUDAGraph()
+        self._checked = torch.cuda.Event(external=True)  # a node of the graph: its arrival is the checks'
+        with torch.cuda.graph(graph, pool=pool):
+            failed = self.guard(self.inputs)
+            self._flags_host = torch.empty(failed.shape, dtype=torch.uint8, pin_memory=True)
+            self._flags_host.copy_(failed.to(torch.uint8), non_blocking=True)
+            self._checked.record()
+            graph.begin_capture_to_if_node(torch.logical_not(failed.any()))
+            try:
+                self.outputs = self.fn(self.inputs)
+            finally:
+                graph.end_capture_to_conditional_node()
+        self.graph = graph
+        self.capture_s = time.perf_counter() - t1
+
     @property
     def captured(self) -> bool:
         return self.graph is not None
 
     def replay(self) -> Any:
         """Run on the current contents of the static inputs; returns the static outputs (overwritten by the next
-        replay)."""
+        replay). Guarded: fn runs only where the guard passes (`failures`); the outputs are then last time's."""
+        if self.guard is not None:
+            return self._replay_guarded()
         if self.graph is None:
             return self.fn(self.inputs)
         self.graph.replay()
+        return self.outputs
+
+    def _replay_guarded(self) -> Any:
+        assert self.guard is not None
+        if self.graph is None:  # the CPU path: the same decision, eagerly
+            self.failures = [bool(f) for f in self.guard(self.inputs).tolist()]
+            if not any(self.failures):
+                self.outputs = self.fn(self.inputs)
+            return self.outputs
+        self._flags_host.fill_(_UNSET)
+        self.graph.replay()
+        self._checked.synchronize()
+        flags = self._flags_host.tolist()
+        if _UNSET in flags:  # the event did not cover the copy (not seen; a safeguard): wait for the replay
+            torch.cuda.current_stream(self._device).synchronize()
+            flags = self._flags_host.tolist()
+        self.failures = [bool(f) for f in flags]
         return self.outputs
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> Any:

@@ -161,6 +161,8 @@ class _LMStage(Stage):
         # rows' zero padding passes them. (Stage's own `_values_capturable` stays False here, the packages having
         # no graphs of their own: a plain `stage(*inputs)` call with explicit caches checks its inputs eagerly.)
         self._value_checks: dict[tuple[str, int], DeviceValueChecks] = {}
+        self._guarded: dict[tuple[str, int], StaticGraph | None] = {}  # `_guarded_graph`
+        self.guard_error: str | None = None  # why a guarded graph could not be captured
         self._row_specs = [entry.inputs[i] for i in self._row_idx]
         self._rows_capturable = DeviceValueChecks.capturable(self._row_specs, [0] * len(self._row_specs))
         self._caches: dict[int, KVCache] = {}
@@ -192,6 +194,7 @@ class _LMStage(Stage):
             for key in [k for k in self._graphs if k[1] == id(cache)]:
                 del self._graphs[key]
                 self._value_checks.pop(key, None)
+                self._guarded.pop(key, None)
             if self.uses_cuda_graphs and not self._graphs:
                 # The last graph of the pool is gone, and with it the pool: capturing into the old handle again
                 # trips the allocator's `use_count > 0` assert (H100, a step after release + new_cache).
@@ -293,10 +296,17 @@ class _LMStage(Stage):
                         continue
                     dst.zero_()
                     dst[(row_index, *(slice(0, s) for s in x.shape[1:]))] = x
-                if pending is not None:  # the rows' value checks, on the filled buffers; the cache is not touched
-                    self._value_checks[(bucket.key, id(cache))].run(pending)
+                checks = self._value_checks[(bucket.key, id(cache))]
+                guard = pending is not None and self.guard_value_checks
+                guarded = self._guarded_graph((bucket.key, id(cache)), g, runner) if guard else None
+                if pending is not None and guarded is None:
+                    checks.run(pending)  # the rows' value checks, on the filled buffers; the cache is not touched
                 copy_to_device(g.inputs[self._control_idx], ctl)
-                outs = g.replay()
+                if guarded is not None:  # the checks and, where they pass, the step: one launch
+                    outs = guarded.replay()
+                    checks.raise_failures(guarded.failures, pending)
+                else:
+                    outs = g.replay()
             else:
                 full = [None] * len(self.entry.inputs)
                 for i, x in zip(self._row_idx, row_inputs):
@@ -316,6 +326,27 @@ class _LMStage(Stage):
                 # replay, which rewrites the graph's output buffers
                 result.append(o[tuple(idx)].clone() if whole else o[tuple(idx)])
         return result
+
+    def _guarded_graph(self, key: tuple[str, int], g: StaticGraph, runner) -> StaticGraph | None:
+        """The (bucket, cache) graph behind its rows' value checks (graphs.StaticGraph `guard`: a failed check
+        leaves the step unrun, the cache untouched), over g's buffers, made at the first call whose checks are
+        pending; None where it cannot be captured (this torch or GPU), and the checks are then read back first."""
+        if key not in self._guarded:
+            checks = self._value_checks[key]
+            try:
+                self._guarded[key] = StaticGraph(
+                    runner.call,
+                    g.inputs,
+                    self.device,
+                    self._graph_pool,
+                    capture=g.captured,
+                    keep_alive=g.keep_alive,
+                    guard=lambda inputs: checks.failures([inputs[i] for i in self._row_idx]),
+                )
+            except Exception as e:  # an older torch or driver; the two-graph path gives the same answers
+                self._guarded[key] = None
+                self.guard_error = f"{type(e).__name__}: {e}"
+        return self._guarded[key]
 
     def _resolve_rows(self, cache: KVCache, rows: Sequence[int] | None, n: int) -> torch.Tensor:
         r = cache._rows(range(n) if rows is None else rows)

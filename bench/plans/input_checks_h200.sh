@@ -3,9 +3,9 @@
 # check device inputs, and the fast_ar whole-cache attention at 4 against 8 warps.
 # 1. `bench build` of STAGES (verified) and of fast_ar with TTSAOT_WHOLE_ATTENTION_WARPS=8, while the GPU tests of
 #    the change (TESTS) run beside them;
-# 2. per stage, `bench run --variants ttsaot_graph` (one process): the call with the captured checks (`ms`), with
-#    the same checks run eagerly (`ms_eager_input_checks`, the runtime before) and without checks
-#    (`ms_without_input_validation`);
+# 2. per stage, `bench run --variants ttsaot_graph` (one process): the call with the checks inside the bucket's
+#    guarded graph (`ms`), with the check graph read back before the plain graph (`ms_two_graph_checks`), with the
+#    same checks run eagerly (`ms_eager_input_checks`) and without checks (`ms_without_input_validation`);
 # 3. bench.probes.replay_ab of the two fast_ar builds (graph replays alone, alternating, REPLAY_ROUNDS rounds);
 # 4. `bench profile` of PROFILES (b1) for what is left of END_S.
 #   BENCH_GIT_COMMIT=$(git rev-parse --short HEAD) bash bench/plans/input_checks_h200.sh
@@ -38,8 +38,10 @@ from pathlib import Path
 fam, st = sys.argv[2].split("/")
 for f in Path(sys.argv[1]).rglob(f"{fam}__{st}.json"):
     for k, b in json.load(open(f))["variants"]["ttsaot_graph"].get("buckets", {}).items():
-        print(f"  {k}: captured checks {b.get('ms', 0) * 1e3:.1f} us, eager checks "
-              f"{b.get('ms_eager_input_checks', 0) * 1e3:.1f} us, no checks {b.get('ms_without_input_validation', 0) * 1e3:.1f} us")
+        print(f"  {k}: guarded graph {b.get('ms', 0) * 1e3:.1f} us, check graph read back first "
+              f"{b.get('ms_two_graph_checks', 0) * 1e3:.1f} us, eager checks "
+              f"{b.get('ms_eager_input_checks', 0) * 1e3:.1f} us, no checks {b.get('ms_without_input_validation', 0) * 1e3:.1f} us, "
+              f"rel err {b.get('rel_err_vs_fp32')}")
 PY
 done
 [ "${WHOLE8:-1}" = 1 ] && for _ in 1; do

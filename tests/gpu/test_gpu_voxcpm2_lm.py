@@ -165,6 +165,8 @@ def test_a_nan_row_input_leaves_the_cache_and_positions_untouched(fp32_artifact,
         bs.step(x, cache=bc)
     assert torch.equal(bc.k, k) and torch.equal(bc.v, v) and torch.equal(bc.positions, pos)
     assert [key for key in bs._value_checks if key[1] == id(bc)] == [key for key in bs._graphs if key[1] == id(bc)]
+    guarded = [g for key, g in bs._guarded.items() if key[1] == id(bc)]
+    assert guarded and all(g is not None and g.captured for g in guarded), bs.guard_error  # the one-launch path
     x[1, 3] = 0.0
     bs.step(x, cache=bc)
     assert torch.equal(bc.positions, pos + 1)
