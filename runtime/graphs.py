@@ -70,11 +70,6 @@ def new_pool() -> Any:
     return torch.cuda.graph_pool_handle()
 
 
-# Written into a guarded graph's host flags before each replay: a value no check writes, so a flag still holding it
-# after the graph's "checked" event has not arrived (and the host then waits for the whole replay).
-_UNSET = 2
-
-
 class StaticGraph:
     """`fn(static_inputs)` captured once and replayed.
 
@@ -86,13 +81,14 @@ class StaticGraph:
     construction. `warmup_s` / `capture_s`: seconds the warm-up calls (synchronised) and the capture took.
 
     guard: `guard(static_inputs)` -> a 1-D bool tensor, True where a check FAILED (read-only, no side effects). The
-    graph then runs fn only when every flag is False: captured, the checks, their copy to pinned host memory and an
-    event come first, then fn inside a conditional node, so a call whose checks fail leaves fn's work (and its
-    writes: an LM step's KV cache) undone, in ONE graph launch; the host waits for the event only, not for fn. Where
-    a check graph is replayed and read back before fn's graph is launched, the GPU idles for the read-back and the
-    launch: 62-69 µs of a decode-step call on an H200 (bench/results/nvidia-h200/probes/input_checks_graph/). After
-    each `replay`, `failures` holds the flags as host bools. The warm-up runs the guard, never fn: a lazily built
-    guarded graph holds a live request in its buffers, and fn was warmed up by the bucket's plain graph."""
+    graph then runs fn only where every flag is False. Captured: the checks and an event recorded as a node of the
+    graph come first, then fn inside a conditional node, so a call whose checks fail leaves fn's work (and its
+    writes: an LM step's KV cache) undone, in ONE graph launch; the host reads the flags behind that event, on a
+    stream of their own, without waiting for fn. Where a check graph is replayed and read back before fn's graph
+    is launched, the GPU idles for the read-back and the launch: 62-69 µs of a decode-step call on an H200
+    (bench/results/nvidia-h200/probes/input_checks_graph/). After each `replay`, `failures` holds the flags as host
+    bools. The warm-up runs the guard, never fn: a lazily built guarded graph holds a live request in its buffers,
+    and fn was warmed up by the bucket's plain graph."""
 
     def __init__(
         self,
@@ -151,26 +147,27 @@ class StaticGraph:
 
     def _capture_guarded(self, device: torch.device, pool: Any) -> None:
         assert self.guard is not None
-        self._device = device
         _claim_pool(pool)  # a later capture into the pool: no reserve (the bucket's plain graph made it)
         torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         side = warmup_stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            self.guard(self.inputs).any()  # loads the checks' kernels before the capture; fn is not run
+            probe = self.guard(self.inputs)  # loads the checks' kernels before the capture; fn is not run
         torch.cuda.current_stream(device).wait_stream(side)
         torch.cuda.synchronize(device)
         t1 = time.perf_counter()
         self.warmup_s = t1 - t0
-        graph = torch.cuda.CUDAGraph()
+        # Read after each replay on a stream of their own, behind the graph's event: nothing host-side is captured
+        # (a copy into pinned memory inside a capture depends on how torch's host allocator treats captures).
+        self._flags_host = torch.empty(probe.shape, dtype=torch.bool, pin_memory=True)
+        self._reader = torch.cuda.Stream(device)
         self._checked = torch.cuda.Event(external=True)  # a node of the graph: its arrival is the checks'
+        graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            failed = self.guard(self.inputs)
-            self._flags_host = torch.empty(failed.shape, dtype=torch.uint8, pin_memory=True)
-            self._flags_host.copy_(failed.to(torch.uint8), non_blocking=True)
+            self._failed = self.guard(self.inputs)
             self._checked.record()
-            graph.begin_capture_to_if_node(torch.logical_not(failed.any()))
+            graph.begin_capture_to_if_node(torch.logical_not(self._failed.any()))
             try:
                 self.outputs = self.fn(self.inputs)
             finally:
@@ -199,14 +196,12 @@ class StaticGraph:
             if not any(self.failures):
                 self.outputs = self.fn(self.inputs)
             return self.outputs
-        self._flags_host.fill_(_UNSET)
         self.graph.replay()
-        self._checked.synchronize()
-        flags = self._flags_host.tolist()
-        if _UNSET in flags:  # the event did not cover the copy (not seen; a safeguard): wait for the replay
-            torch.cuda.current_stream(self._device).synchronize()
-            flags = self._flags_host.tolist()
-        self.failures = [bool(f) for f in flags]
+        self._reader.wait_event(self._checked)  # this replay's checks, not its body
+        with torch.cuda.stream(self._reader):
+            self._flags_host.copy_(self._failed, non_blocking=True)
+        self._reader.synchronize()
+        self.failures = [bool(f) for f in self._flags_host.tolist()]
         return self.outputs
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> Any:
