@@ -29,7 +29,8 @@ HOW_TO_READ = """\
   bucket), through the public `Stage.__call__` including input validation (`ms_without_input_validation` in
   the JSON drops the value checks; `ms_eager_input_checks` runs them as eager aten ops, the runtime before each
   bucket replayed them as one captured graph; `ms_two_graph_checks` replays that check graph and reads it back
-  before the bucket's graph, the runtime before the checks moved into each bucket's guarded graph), built with
+  before the bucket's graph, `ms_guarded_checks` runs the checks inside each bucket's guarded graph: checks and
+  package in one launch, `stage.guard_value_checks`), built with
   `--kernels auto` (the ttsaot Triton kernel layer on CUDA);
   `ttsaot_inductor` = `ttsaot_graph` of the same stage built with `--kernels inductor` (Inductor's own code
   for the hot paths), from the same checkout and run; `ttsaot_kernels` = the same built with `--kernels ttsaot`

@@ -323,10 +323,11 @@ class Stage:
         # False: the device inputs' value checks run eagerly (aten ops from the host) instead of replaying the
         # bucket's captured check graph (validation.DeviceValueChecks): the same checks, for A/Bs
         self.capture_value_checks = True
-        # False: pending device checks are replayed and read back before the bucket's plain graph is launched,
-        # instead of running inside the bucket's guarded graph (graphs.StaticGraph `guard`): the same checks and
-        # errors, for A/Bs (bench `ms_two_graph_checks`)
-        self.guard_value_checks = True
+        # True: pending device checks run inside the bucket's guarded graph (graphs.StaticGraph `guard`: the checks
+        # and the package in one launch) instead of being replayed and read back before its plain graph; the same
+        # checks and errors. Off by default until a GPU run has checked and timed it (bench `ms_guarded_checks`
+        # against `ms_two_graph_checks`; bench/plans/guarded_checks_h100.sh).
+        self.guard_value_checks = False
         self.cpu_threads = cpu_threads if device.type == "cpu" else None
         self._lock = threading.RLock()
         self._inputs = InputChecker(self.name, device)

@@ -456,6 +456,7 @@ def test_pending_row_checks_guard_the_step_on_static_buffers(voxcpm2_lm_tiny, bu
 
     static = _step_bundle(voxcpm2_lm_tiny, static=True)
     step = static["base_lm_step"]
+    step.guard_value_checks = True
     plain = InputChecker.check_deferring
 
     def as_if_on_device(self, specs, named, sizes=None, values=True, defer=True):

@@ -4,8 +4,9 @@
 # 1. `bench build` of STAGES (verified) and of fast_ar with TTSAOT_WHOLE_ATTENTION_WARPS=8, while the GPU tests of
 #    the change (TESTS) run beside them;
 # 2. per stage, `bench run --variants ttsaot_graph` (one process): the call with the checks inside the bucket's
-#    guarded graph (`ms`), with the check graph read back before the plain graph (`ms_two_graph_checks`), with the
-#    same checks run eagerly (`ms_eager_input_checks`) and without checks (`ms_without_input_validation`);
+#    guarded graph (`ms_guarded_checks`), with the check graph read back before the plain graph
+#    (`ms_two_graph_checks`), with the same checks run eagerly (`ms_eager_input_checks`) and without checks
+#    (`ms_without_input_validation`);
 # 3. bench.probes.replay_ab of the two fast_ar builds (graph replays alone, alternating, REPLAY_ROUNDS rounds);
 # 4. `bench profile` of PROFILES (b1) for what is left of END_S.
 #   BENCH_GIT_COMMIT=$(git rev-parse --short HEAD) bash bench/plans/input_checks_h200.sh
@@ -38,7 +39,7 @@ from pathlib import Path
 fam, st = sys.argv[2].split("/")
 for f in Path(sys.argv[1]).rglob(f"{fam}__{st}.json"):
     for k, b in json.load(open(f))["variants"]["ttsaot_graph"].get("buckets", {}).items():
-        print(f"  {k}: guarded graph {b.get('ms', 0) * 1e3:.1f} us, check graph read back first "
+        print(f"  {k}: guarded graph {b.get('ms_guarded_checks', 0) * 1e3:.1f} us, check graph read back first "
               f"{b.get('ms_two_graph_checks', 0) * 1e3:.1f} us, eager checks "
               f"{b.get('ms_eager_input_checks', 0) * 1e3:.1f} us, no checks {b.get('ms_without_input_validation', 0) * 1e3:.1f} us, "
               f"rel err {b.get('rel_err_vs_fp32')}")

@@ -82,6 +82,7 @@ def test_device_codes_are_checked_in_one_replay_before_the_graph(gpu_artifact):
     code is refused with the index and value of the caller's tensor (also off-bucket, in the padded region's
     bucket), and the package does not run."""
     st = load(gpu_artifact, device="cuda")["code2wav"]
+    st.guard_value_checks = True
     assert all(r.value_checks is not None and r.value_checks.graph.captured for r in st._runners.values())
     good = torch.randint(0, 64, (1, 16, 11), device="cuda")
     first = st(good)  # the bucket's one-time output check synchronises; not counted below
