@@ -326,7 +326,7 @@ class Stage:
         # True: pending device checks run inside the bucket's guarded graph (graphs.StaticGraph `guard`: the checks
         # and the package in one launch) instead of being replayed and read back before its plain graph; the same
         # checks and errors. Off by default until a GPU run has checked and timed it (bench `ms_guarded_checks`
-        # against `ms_two_graph_checks`; bench/plans/guarded_checks_h100.sh).
+        # against `ms_two_graph_checks`; bench/plans/input_checks_h200.sh).
         self.guard_value_checks = False
         self.cpu_threads = cpu_threads if device.type == "cpu" else None
         self._lock = threading.RLock()
