@@ -84,11 +84,12 @@ class StaticGraph:
     graph then runs fn only where every flag is False. Captured: the checks and an event recorded as a node of the
     graph come first, then fn inside a conditional node, so a call whose checks fail leaves fn's work (and its
     writes: an LM step's KV cache) undone, in ONE graph launch; the host reads the flags behind that event, on a
-    stream of their own, without waiting for fn. Where a check graph is replayed and read back before fn's graph
-    is launched, the GPU idles for the read-back and the launch: 62-69 µs of a decode-step call on an H200
-    (bench/results/nvidia-h200/probes/input_checks_graph/). After each `replay`, `failures` holds the flags as host
-    bools. The warm-up runs the guard, never fn: a lazily built guarded graph holds a live request in its buffers,
-    and fn was warmed up by the bucket's plain graph."""
+    stream of their own, without waiting for fn. (A check graph replayed and read back before fn's graph is
+    launched cost 62-69 µs a decode-step call on an H200 against no checks: its launch, its kernels, the read-back
+    and the launch after it; bench/results/nvidia-h200/probes/input_checks_graph/.) After each `replay`, `failures`
+    holds the flags as host bools. The warm-up runs the guard, never fn (warmup_calls is ignored): a guarded graph
+    is made lazily over buffers that hold a live request (`guarded_twin`), and fn was warmed up by the plain graph
+    over the same buffers."""
 
     def __init__(
         self,
@@ -113,13 +114,10 @@ class StaticGraph:
         self.warmup_s = self.capture_s = 0.0
         if not capture:
             return
-        if guard is not None:
-            self._capture_guarded(device if device is not None else self.inputs[0].device, pool)
-            return
-        if warmup_calls is None:
-            warmup_calls = WARMUP_CALLS
+        # a guarded graph warms up its checks only (module docstring above: never fn on a live request)
+        warmup_calls = 0 if guard is not None else WARMUP_CALLS if warmup_calls is None else warmup_calls
         device = device if device is not None else self.inputs[0].device
-        first_in_pool = _claim_pool(pool) and pool_reserve
+        first_in_pool = _claim_pool(pool) and pool_reserve and guard is None
         torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         base = torch.cuda.memory_allocated(device)
@@ -128,6 +126,7 @@ class StaticGraph:
         side = warmup_stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
+            probe = guard(self.inputs) if guard is not None else None  # loads the checks' kernels
             for _ in range(warmup_calls):
                 fn(self.inputs)
         torch.cuda.current_stream(device).wait_stream(side)
@@ -136,43 +135,29 @@ class StaticGraph:
         self.warmup_s = t1 - t0
         #: bytes allocated beyond the static inputs at the warm-up's peak (one call's intermediates + outputs)
         self.warmup_peak_bytes = torch.cuda.max_memory_allocated(device) - base if first_in_pool else None
+        if probe is not None:
+            # The flags are read after each replay on a stream of their own, behind the graph's event: nothing
+            # host-side is captured (a copy into pinned memory inside a capture depends on how torch's host
+            # allocator treats captures).
+            self._flags_host = torch.empty(probe.shape, dtype=torch.bool, pin_memory=True)
+            self._reader = torch.cuda.Stream(device)
+            self._checked = torch.cuda.Event(external=True)  # a node of the graph: its arrival is the checks'
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             if self.warmup_peak_bytes:
                 # allocated and freed inside the capture, so the block lands in the pool (no kernel is recorded)
                 reserve = torch.empty(self.warmup_peak_bytes, dtype=torch.uint8, device=device)
                 del reserve
-            self.outputs = fn(self.inputs)
-        self.capture_s = time.perf_counter() - t1
-
-    def _capture_guarded(self, device: torch.device, pool: Any) -> None:
-        assert self.guard is not None
-        _claim_pool(pool)  # a later capture into the pool: no reserve (the bucket's plain graph made it)
-        torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        side = warmup_stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            probe = self.guard(self.inputs)  # loads the checks' kernels before the capture; fn is not run
-        torch.cuda.current_stream(device).wait_stream(side)
-        torch.cuda.synchronize(device)
-        t1 = time.perf_counter()
-        self.warmup_s = t1 - t0
-        # Read after each replay on a stream of their own, behind the graph's event: nothing host-side is captured
-        # (a copy into pinned memory inside a capture depends on how torch's host allocator treats captures).
-        self._flags_host = torch.empty(probe.shape, dtype=torch.bool, pin_memory=True)
-        self._reader = torch.cuda.Stream(device)
-        self._checked = torch.cuda.Event(external=True)  # a node of the graph: its arrival is the checks'
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            self._failed = self.guard(self.inputs)
-            self._checked.record()
-            graph.begin_capture_to_if_node(torch.logical_not(self._failed.any()))
-            try:
-                self.outputs = self.fn(self.inputs)
-            finally:
-                graph.end_capture_to_conditional_node()
-        self.graph = graph
+            if guard is None:
+                self.outputs = fn(self.inputs)
+            else:
+                self._failed = guard(self.inputs)
+                self._checked.record()
+                self.graph.begin_capture_to_if_node(torch.logical_not(self._failed.any()))
+                try:
+                    self.outputs = fn(self.inputs)
+                finally:
+                    self.graph.end_capture_to_conditional_node()
         self.capture_s = time.perf_counter() - t1
 
     @property
@@ -210,3 +195,19 @@ class StaticGraph:
             if dst.data_ptr() != src.data_ptr():
                 dst.copy_(src)
         return self.replay()
+
+
+def guarded_twin(
+    plain: StaticGraph, guard: Callable[[list[torch.Tensor]], torch.Tensor], pool: Any = None
+) -> tuple[StaticGraph | None, str | None]:
+    """A guarded graph of `plain`'s fn over its buffers (StaticGraph `guard`; captured where `plain` is), and None;
+    or None and why, where this torch or driver cannot capture one (the caller then reads its checks back before
+    replaying `plain`)."""
+    device = plain.inputs[0].device
+    try:
+        twin = StaticGraph(
+            plain.fn, plain.inputs, device, pool, capture=plain.captured, keep_alive=plain.keep_alive, guard=guard
+        )
+    except Exception as e:  # an older torch or driver: conditional nodes, external events
+        return None, f"{type(e).__name__}: {e}"
+    return twin, None

@@ -30,7 +30,7 @@ import torch
 
 from .artifact import DTYPES, TensorSpec
 from .errors import InputDTypeError, InputRangeError, InputShapeError, InputValueError
-from .graphs import StaticGraph, new_pool
+from .graphs import StaticGraph, guarded_twin, new_pool
 from .host_copies import copy_to_device, to_device
 from .stage import Stage
 from .validation import DeviceValueChecks
@@ -298,7 +298,7 @@ class _LMStage(Stage):
                     dst[(row_index, *(slice(0, s) for s in x.shape[1:]))] = x
                 checks = self._value_checks[(bucket.key, id(cache))]
                 guard = pending is not None and self.guard_value_checks
-                guarded = self._guarded_graph((bucket.key, id(cache)), g, runner) if guard else None
+                guarded = self._guarded_graph((bucket.key, id(cache)), g) if guard else None
                 if pending is not None and guarded is None:
                     checks.run(pending)  # the rows' value checks, on the filled buffers; the cache is not touched
                 copy_to_device(g.inputs[self._control_idx], ctl)
@@ -327,25 +327,16 @@ class _LMStage(Stage):
                 result.append(o[tuple(idx)].clone() if whole else o[tuple(idx)])
         return result
 
-    def _guarded_graph(self, key: tuple[str, int], g: StaticGraph, runner) -> StaticGraph | None:
+    def _guarded_graph(self, key: tuple[str, int], g: StaticGraph) -> StaticGraph | None:
         """The (bucket, cache) graph behind its rows' value checks (graphs.StaticGraph `guard`: a failed check
         leaves the step unrun, the cache untouched), over g's buffers, made at the first call whose checks are
         pending; None where it cannot be captured (this torch or GPU), and the checks are then read back first."""
         if key not in self._guarded:
             checks = self._value_checks[key]
-            try:
-                self._guarded[key] = StaticGraph(
-                    runner.call,
-                    g.inputs,
-                    self.device,
-                    self._graph_pool,
-                    capture=g.captured,
-                    keep_alive=g.keep_alive,
-                    guard=lambda inputs: checks.failures([inputs[i] for i in self._row_idx]),
-                )
-            except Exception as e:  # an older torch or driver; the two-graph path gives the same answers
-                self._guarded[key] = None
-                self.guard_error = f"{type(e).__name__}: {e}"
+            self._guarded[key], error = guarded_twin(
+                g, lambda inputs: checks.failures([inputs[i] for i in self._row_idx]), self._graph_pool
+            )
+            self.guard_error = error or self.guard_error
         return self._guarded[key]
 
     def _resolve_rows(self, cache: KVCache, rows: Sequence[int] | None, n: int) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 
 from .artifact import DTYPES, BucketEntry, StageEntry, TensorSpec, WeightSpec
 from .errors import BindingError, InputDTypeError, InputShapeError
-from .graphs import StaticGraph, new_pool
+from .graphs import StaticGraph, guarded_twin, new_pool
 from .threads import cpu_threads_mode
 from .validation import DeviceValueChecks, InputChecker, check_outputs
 
@@ -251,16 +251,11 @@ class _BucketRunner:
         this torch or GPU cannot capture it (the check graph is then read back before the plain graph)."""
         if self.guarded is None and self.guard_error is None and self.graph is not None and self.graph.captured:
             assert self.value_checks is not None
-            try:
-                self.guarded = StaticGraph(
-                    self.call, self.graph.inputs, self.device, self.pool, guard=self.value_checks.failures
-                )
-            except Exception as e:  # an older torch or driver; the two-graph path gives the same answers
-                self.guard_error = f"{type(e).__name__}: {e}"
+            self.guarded, self.guard_error = guarded_twin(self.graph, self.value_checks.failures, self.pool)
         return self.guarded
 
     def run(
-        self, inputs: list[torch.Tensor], pads: list, check: dict[str, torch.Tensor] | None = None, guard: bool = True
+        self, inputs: list[torch.Tensor], pads: list, check: dict[str, torch.Tensor] | None = None, guard: bool = False
     ) -> list[torch.Tensor]:
         """inputs: the caller's (unpadded, validated) tensors; padding to the bucket happens here. `check`: the
         caller's tensors by name, whose value checks are pending (InputChecker.check_deferring): they run on the
