@@ -114,7 +114,7 @@ class StaticGraph:
         self.warmup_s = self.capture_s = 0.0
         if not capture:
             return
-        # a guarded graph warms up its checks only (module docstring above: never fn on a live request)
+        # a guarded graph warms up its checks only (the class docstring: never fn on a live request)
         warmup_calls = 0 if guard is not None else WARMUP_CALLS if warmup_calls is None else warmup_calls
         device = device if device is not None else self.inputs[0].device
         first_in_pool = _claim_pool(pool) and pool_reserve and guard is None
