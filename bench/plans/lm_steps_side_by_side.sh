@@ -6,7 +6,7 @@
 # 1. `bench build` of STAGES at BATCHES (verified) while the GPU tests of TESTS run beside them;
 # 2. per stage, `bench run` with VARIANTS (COMPILE_S per torch.compile variant, its compile time recorded); the
 #    ttsaot_graph cell also records the input checks each way (`ms_guarded_checks`, `ms_two_graph_checks`);
-# 3. `bench report` over the results, packed with the logs.
+# 3. a summary of the result JSONs ($OUT/results/<device>/, to copy into bench/results/ before `bench report`).
 #   BENCH_GIT_COMMIT=$(git rev-parse --short HEAD) bash bench/plans/lm_steps_side_by_side.sh      (carry .whl:
 #   `make gpu-wheels` first, for upstream_eager)
 #   STAGES=base_lm_step VARIANTS=compile_graph COMPILE_S=420 MERGE=1 TESTS= ...: a second call for what the first
@@ -20,6 +20,10 @@ L=tests/gpu/test_gpu_voxcpm2_lm.py
 TESTS=${TESTS-tests/test_runtime_core.py $L::test_a_nan_row_input_leaves_the_cache_and_positions_untouched $L::test_graph_path_equals_direct_path_and_overflow}
 ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps .whl/*.whl >> "$LOGS/install.txt" 2>&1
 CACHE=/tmp/side_cache
+# results and logs go straight under $OUT, so a call cut short still returns what it measured
+RES=$OUT/results; mkdir -p "$RES"
+[ -n "${MERGE:-}" ] && for f in bench/results/*/voxcpm2__*_lm_step.json; do  # the files a merge adds to
+  d=$RES/$(basename "$(dirname "$f")"); mkdir -p "$d"; cp "$f" "$d"/; done
 BUILD=$(for s in $STAGES; do printf 'voxcpm2/%s ' "$s"; done)
 timeout -s INT -k 10 "${BUILD_S:-200}" python3 -m bench build $BUILD --axis "batch=$BATCHES" --jobs 2 \
   --cache-dir "$CACHE" > "$LOGS/build.log" 2>&1 &
@@ -40,14 +44,14 @@ for st in $STAGES; do
   timeout -s INT -k 10 "$LEFT" python3 -m bench run --family voxcpm2 --stages "$st" --axis "batch=$BATCHES" \
     --variants "$VARIANTS" --compile-budget "$C" --no-coldstart --no-snake --stream-variants none \
     --throughput-variants none --stage-timeout $(( LEFT - 5 )) --cache-dir "$CACHE" --record-failures \
-    ${MERGE:+--merge} --out bench/results > "$LOGS/run_$st.log" 2>&1
+    ${MERGE:+--merge} --out "$RES" > "$LOGS/run_$st.log" 2>&1
   echo "run $st rc $? at $(( $(date +%s) - T0 )) s (compile budget $C s)"; grep "\[bench\]" "$LOGS/run_$st.log" | cut -c1-240 | tail -12
 done
-python3 - $STAGES <<'PY'
+python3 - "$RES" $STAGES <<'PY'
 import json, sys
 from pathlib import Path
-for st in sys.argv[1:]:
-    for f in Path("bench/results").glob(f"*/voxcpm2__{st}.json"):
+for st in sys.argv[2:]:
+    for f in Path(sys.argv[1]).glob(f"*/voxcpm2__{st}.json"):
         r = json.loads(f.read_text())
         print(f"{f.parent.name}/{st} at {r.get('git_commit')}:")
         for name, v in r.get("variants", {}).items():
@@ -60,7 +64,4 @@ for st in sys.argv[1:]:
             print(f"  {name}: status {v.get('status')}, setup {v.get('setup_s')} s "
                   f"{str(v.get('error') or v.get('skipped') or '')[:160]}")
 PY
-python3 -m bench report > "$LOGS/report.log" 2>&1
-tar czf "$OUT/bench_results.tar.gz" bench/results/*/voxcpm2__*_lm_step.json BENCHMARKS.md
-tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
-echo "done at $(( $(date +%s) - T0 )) s; unpack here: tar xzf <files_at>/bench_results.tar.gz"
+echo "done at $(( $(date +%s) - T0 )) s; copy $OUT/results/<device>/*.json into bench/results/<device>/ and run bench report"
