@@ -28,10 +28,7 @@ HOW_TO_READ = """\
   built artifact loaded with `cuda_graphs=False` / the default (AOTInductor package + CUDA-graph replay per
   bucket), through the public `Stage.__call__` including input validation (`ms_without_input_validation` in
   the JSON drops the value checks; `ms_eager_input_checks` runs them as eager aten ops, the runtime before each
-  bucket replayed them as one captured graph; `ms_two_graph_checks` replays that check graph and reads it back
-  before the bucket's graph, `ms_guarded_checks` runs the checks inside each bucket's guarded graph: checks and
-  package in one launch, `stage.guard_value_checks`), built with
-  `--kernels auto` (the ttsaot Triton kernel layer on CUDA);
+  bucket replayed them as one captured graph), built with `--kernels auto` (the ttsaot Triton kernel layer on CUDA);
   `ttsaot_inductor` = `ttsaot_graph` of the same stage built with `--kernels inductor` (Inductor's own code
   for the hot paths), from the same checkout and run; `ttsaot_kernels` = the same built with `--kernels ttsaot`
   where `auto` keeps Inductor's code (the opt-in kernel layer); the header names the kernels each manifest records;

@@ -586,13 +586,6 @@ def _measure_bucket(
         v.stage.capture_value_checks = False
         b["ms_eager_input_checks"] = time_fn(lambda: fn(xs), device, run.warmup, run.reps)["ms"]
         v.stage.capture_value_checks = True
-        # the checks inside each bucket's guarded graph (one launch), and their graph read back before the
-        # bucket's plain graph: both ways whatever the runtime's default
-        default = v.stage.guard_value_checks
-        for guard, key in ((True, "ms_guarded_checks"), (False, "ms_two_graph_checks")):
-            v.stage.guard_value_checks = guard
-            b[key] = time_fn(lambda: fn(xs), device, run.warmup, run.reps)["ms"]
-        v.stage.guard_value_checks = default
     return b
 
 

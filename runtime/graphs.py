@@ -78,18 +78,7 @@ class StaticGraph:
     use static buffers; exercises the same scatter/gather code without a GPU). keep_alive: an object the graph
     must not outlive (e.g. the KV cache whose tensors are among the static inputs). pool_reserve=False skips the
     first capture's pool reserve (module docstring; for comparisons). warmup_calls: None = WARMUP_CALLS, read at
-    construction. `warmup_s` / `capture_s`: seconds the warm-up calls (synchronised) and the capture took.
-
-    guard: `guard(static_inputs)` -> a 1-D bool tensor, True where a check FAILED (read-only, no side effects). The
-    graph then runs fn only where every flag is False. Captured: the checks and an event recorded as a node of the
-    graph come first, then fn inside a conditional node, so a call whose checks fail leaves fn's work (and its
-    writes: an LM step's KV cache) undone, in ONE graph launch; the host reads the flags behind that event, on a
-    stream of their own, without waiting for fn. (A check graph replayed and read back before fn's graph is
-    launched cost 62-69 µs a decode-step call on an H200 against no checks: its launch, its kernels, the read-back
-    and the launch after it; bench/results/nvidia-h200/probes/input_checks_graph/.) After each `replay`, `failures`
-    holds the flags as host bools. The warm-up runs the guard, never fn (warmup_calls is ignored): a guarded graph
-    is made lazily over buffers that hold a live request (`guarded_twin`), and fn was warmed up by the plain graph
-    over the same buffers."""
+    construction. `warmup_s` / `capture_s`: seconds the warm-up calls (synchronised) and the capture took."""
 
     def __init__(
         self,
@@ -101,23 +90,20 @@ class StaticGraph:
         warmup_calls: int | None = None,
         keep_alive: Any = None,
         pool_reserve: bool = True,
-        guard: Callable[[list[torch.Tensor]], torch.Tensor] | None = None,
     ) -> None:
         self.fn = fn
-        self.guard = guard
         self.inputs = list(static_inputs)
         self.keep_alive = keep_alive
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: Any = None
-        self.failures: list[bool] = []
         self.warmup_peak_bytes: int | None = None
         self.warmup_s = self.capture_s = 0.0
         if not capture:
             return
-        # a guarded graph warms up its checks only (the class docstring: never fn on a live request)
-        warmup_calls = 0 if guard is not None else WARMUP_CALLS if warmup_calls is None else warmup_calls
+        if warmup_calls is None:
+            warmup_calls = WARMUP_CALLS
         device = device if device is not None else self.inputs[0].device
-        first_in_pool = _claim_pool(pool) and pool_reserve and guard is None
+        first_in_pool = _claim_pool(pool) and pool_reserve
         torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         base = torch.cuda.memory_allocated(device)
@@ -126,7 +112,6 @@ class StaticGraph:
         side = warmup_stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            probe = guard(self.inputs) if guard is not None else None  # loads the checks' kernels
             for _ in range(warmup_calls):
                 fn(self.inputs)
         torch.cuda.current_stream(device).wait_stream(side)
@@ -135,29 +120,13 @@ class StaticGraph:
         self.warmup_s = t1 - t0
         #: bytes allocated beyond the static inputs at the warm-up's peak (one call's intermediates + outputs)
         self.warmup_peak_bytes = torch.cuda.max_memory_allocated(device) - base if first_in_pool else None
-        if probe is not None:
-            # The flags are read after each replay on a stream of their own, behind the graph's event: nothing
-            # host-side is captured (a copy into pinned memory inside a capture depends on how torch's host
-            # allocator treats captures).
-            self._flags_host = torch.empty(probe.shape, dtype=torch.bool, pin_memory=True)
-            self._reader = torch.cuda.Stream(device)
-            self._checked = torch.cuda.Event(external=True)  # a node of the graph: its arrival is the checks'
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             if self.warmup_peak_bytes:
                 # allocated and freed inside the capture, so the block lands in the pool (no kernel is recorded)
                 reserve = torch.empty(self.warmup_peak_bytes, dtype=torch.uint8, device=device)
                 del reserve
-            if guard is None:
-                self.outputs = fn(self.inputs)
-            else:
-                self._failed = guard(self.inputs)
-                self._checked.record()
-                self.graph.begin_capture_to_if_node(torch.logical_not(self._failed.any()))
-                try:
-                    self.outputs = fn(self.inputs)
-                finally:
-                    self.graph.end_capture_to_conditional_node()
+            self.outputs = fn(self.inputs)
         self.capture_s = time.perf_counter() - t1
 
     @property
@@ -166,27 +135,10 @@ class StaticGraph:
 
     def replay(self) -> Any:
         """Run on the current contents of the static inputs; returns the static outputs (overwritten by the next
-        replay). Guarded: fn runs only where the guard passes (`failures`); the outputs are then last time's."""
-        if self.guard is not None:
-            return self._replay_guarded()
+        replay)."""
         if self.graph is None:
             return self.fn(self.inputs)
         self.graph.replay()
-        return self.outputs
-
-    def _replay_guarded(self) -> Any:
-        assert self.guard is not None
-        if self.graph is None:  # the CPU path: the same decision, eagerly
-            self.failures = [bool(f) for f in self.guard(self.inputs).tolist()]
-            if not any(self.failures):
-                self.outputs = self.fn(self.inputs)
-            return self.outputs
-        self.graph.replay()
-        self._reader.wait_event(self._checked)  # this replay's checks, not its body
-        with torch.cuda.stream(self._reader):
-            self._flags_host.copy_(self._failed, non_blocking=True)
-        self._reader.synchronize()
-        self.failures = [bool(f) for f in self._flags_host.tolist()]
         return self.outputs
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> Any:
@@ -195,19 +147,3 @@ class StaticGraph:
             if dst.data_ptr() != src.data_ptr():
                 dst.copy_(src)
         return self.replay()
-
-
-def guarded_twin(
-    plain: StaticGraph, guard: Callable[[list[torch.Tensor]], torch.Tensor], pool: Any = None
-) -> tuple[StaticGraph | None, str | None]:
-    """A guarded graph of `plain`'s fn over its buffers (StaticGraph `guard`; captured where `plain` is), and None;
-    or None and why, where this torch or driver cannot capture one (the caller then reads its checks back before
-    replaying `plain`)."""
-    device = plain.inputs[0].device
-    try:
-        twin = StaticGraph(
-            plain.fn, plain.inputs, device, pool, capture=plain.captured, keep_alive=plain.keep_alive, guard=guard
-        )
-    except Exception as e:  # an older torch or driver: conditional nodes, external events
-        return None, f"{type(e).__name__}: {e}"
-    return twin, None

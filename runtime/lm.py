@@ -30,7 +30,7 @@ import torch
 
 from .artifact import DTYPES, TensorSpec
 from .errors import InputDTypeError, InputRangeError, InputShapeError, InputValueError
-from .graphs import StaticGraph, guarded_twin, new_pool
+from .graphs import StaticGraph, new_pool
 from .host_copies import copy_to_device, to_device
 from .stage import Stage
 from .validation import DeviceValueChecks
@@ -161,8 +161,6 @@ class _LMStage(Stage):
         # rows' zero padding passes them. (Stage's own `_values_capturable` stays False here, the packages having
         # no graphs of their own: a plain `stage(*inputs)` call with explicit caches checks its inputs eagerly.)
         self._value_checks: dict[tuple[str, int], DeviceValueChecks] = {}
-        self._guarded: dict[tuple[str, int], StaticGraph | None] = {}  # `_guarded_graph`
-        self.guard_error: str | None = None  # why a guarded graph could not be captured
         self._row_specs = [entry.inputs[i] for i in self._row_idx]
         self._rows_capturable = DeviceValueChecks.capturable(self._row_specs, [0] * len(self._row_specs))
         self._caches: dict[int, KVCache] = {}
@@ -194,7 +192,6 @@ class _LMStage(Stage):
             for key in [k for k in self._graphs if k[1] == id(cache)]:
                 del self._graphs[key]
                 self._value_checks.pop(key, None)
-                self._guarded.pop(key, None)
             if self.uses_cuda_graphs and not self._graphs:
                 # The last graph of the pool is gone, and with it the pool: capturing into the old handle again
                 # trips the allocator's `use_count > 0` assert (H100, a step after release + new_cache).
@@ -296,17 +293,10 @@ class _LMStage(Stage):
                         continue
                     dst.zero_()
                     dst[(row_index, *(slice(0, s) for s in x.shape[1:]))] = x
-                checks = self._value_checks[(bucket.key, id(cache))]
-                guard = pending is not None and self.guard_value_checks
-                guarded = self._guarded_graph((bucket.key, id(cache)), g) if guard else None
-                if pending is not None and guarded is None:
-                    checks.run(pending)  # the rows' value checks, on the filled buffers; the cache is not touched
+                if pending is not None:  # the rows' value checks, on the filled buffers; the cache is not touched
+                    self._value_checks[(bucket.key, id(cache))].run(pending)
                 copy_to_device(g.inputs[self._control_idx], ctl)
-                if guarded is not None:  # the checks and, where they pass, the step: one launch
-                    outs = guarded.replay()
-                    checks.raise_failures(guarded.failures, pending)
-                else:
-                    outs = g.replay()
+                outs = g.replay()
             else:
                 full = [None] * len(self.entry.inputs)
                 for i, x in zip(self._row_idx, row_inputs):
@@ -326,18 +316,6 @@ class _LMStage(Stage):
                 # replay, which rewrites the graph's output buffers
                 result.append(o[tuple(idx)].clone() if whole else o[tuple(idx)])
         return result
-
-    def _guarded_graph(self, key: tuple[str, int], g: StaticGraph) -> StaticGraph | None:
-        """The (bucket, cache) graph behind its rows' value checks (graphs.StaticGraph `guard`: a failed check
-        leaves the step unrun, the cache untouched), over g's buffers, made at the first call whose checks are
-        pending; None where it cannot be captured (this torch or GPU), and the checks are then read back first."""
-        if key not in self._guarded:
-            checks = self._value_checks[key]
-            self._guarded[key], error = guarded_twin(
-                g, lambda inputs: checks.failures([inputs[i] for i in self._row_idx]), self._graph_pool
-            )
-            self.guard_error = error or self.guard_error
-        return self._guarded[key]
 
     def _resolve_rows(self, cache: KVCache, rows: Sequence[int] | None, n: int) -> torch.Tensor:
         r = cache._rows(range(n) if rows is None else rows)

@@ -17,7 +17,7 @@ import torch
 
 from .artifact import DTYPES, BucketEntry, StageEntry, TensorSpec, WeightSpec
 from .errors import BindingError, InputDTypeError, InputShapeError
-from .graphs import StaticGraph, guarded_twin, new_pool
+from .graphs import StaticGraph, new_pool
 from .threads import cpu_threads_mode
 from .validation import DeviceValueChecks, InputChecker, check_outputs
 
@@ -202,9 +202,6 @@ class _BucketRunner:
         self.threads = cpu_threads_mode(cpu_threads if device.type == "cpu" else None)
         self.graph: StaticGraph | None = None
         self.value_checks: DeviceValueChecks | None = None
-        self.pool = pool
-        self.guarded: StaticGraph | None = None  # `_guarded`
-        self.guard_error: str | None = None  # why no guarded graph could be captured
         self.outputs_checked = False
         t0 = time.perf_counter()
         if use_graph:
@@ -245,17 +242,8 @@ class _BucketRunner:
         with self.fp32, self.threads:
             return self.run_fn(inputs)
 
-    def _guarded(self) -> StaticGraph | None:
-        """The bucket's guarded graph (checks, then the package where they pass: one launch, graphs.StaticGraph
-        `guard`) over the plain graph's buffers, captured at the first call whose checks are pending; None where
-        this torch or GPU cannot capture it (the check graph is then read back before the plain graph)."""
-        if self.guarded is None and self.guard_error is None and self.graph is not None and self.graph.captured:
-            assert self.value_checks is not None
-            self.guarded, self.guard_error = guarded_twin(self.graph, self.value_checks.failures, self.pool)
-        return self.guarded
-
     def run(
-        self, inputs: list[torch.Tensor], pads: list, check: dict[str, torch.Tensor] | None = None, guard: bool = False
+        self, inputs: list[torch.Tensor], pads: list, check: dict[str, torch.Tensor] | None = None
     ) -> list[torch.Tensor]:
         """inputs: the caller's (unpadded, validated) tensors; padding to the bucket happens here. `check`: the
         caller's tensors by name, whose value checks are pending (InputChecker.check_deferring): they run on the
@@ -267,11 +255,6 @@ class _BucketRunner:
                 dst[tuple(slice(0, n) for n in src.shape)].copy_(src)
             if check is not None:
                 assert self.value_checks is not None  # pending only where every runner has them
-                guarded = self._guarded() if guard else None
-                if guarded is not None:
-                    outs = guarded.replay()
-                    self.value_checks.raise_failures(guarded.failures, check)
-                    return outs
                 self.value_checks.run(check)
             return self.graph.replay()
         padded = []
@@ -318,11 +301,6 @@ class Stage:
         # False: the device inputs' value checks run eagerly (aten ops from the host) instead of replaying the
         # bucket's captured check graph (validation.DeviceValueChecks): the same checks, for A/Bs
         self.capture_value_checks = True
-        # True: pending device checks run inside the bucket's guarded graph (graphs.StaticGraph `guard`: the checks
-        # and the package in one launch) instead of being replayed and read back before its plain graph; the same
-        # checks and errors. Off by default until a GPU run has checked and timed it (bench `ms_guarded_checks`
-        # against `ms_two_graph_checks`; bench/plans/input_checks_h200.sh).
-        self.guard_value_checks = False
         self.cpu_threads = cpu_threads if device.type == "cpu" else None
         self._lock = threading.RLock()
         self._inputs = InputChecker(self.name, device)
@@ -494,7 +472,7 @@ class Stage:
         inputs = [named[s.name] for s in self.entry.inputs]
         pads = [s.pad for s in self.entry.inputs]
         with self._lock:
-            outs = runner.run(inputs, pads, named if pending else None, self.guard_value_checks)
+            outs = runner.run(inputs, pads, named if pending else None)
             if not runner.outputs_checked:
                 self._check_outputs(runner, outs)
             trimmed = []

@@ -238,11 +238,6 @@ class DeviceValueChecks:
             (i, spec, what) for i, spec in enumerate(specs) if buffers[i].numel() for what in value_checks(spec)
         ]
         self._checks = [(spec, what) for _, spec, what in self.items]
-        # made here, not in `failures`: a tensor from a list is a host copy, which a capture may not hold
-        self._fail_if_false = torch.tensor(
-            [what == "finite" for _, _, what in self.items],
-            device=buffers[0].device if len(buffers) else device,
-        )
         self.graph = (
             StaticGraph(self._flags, buffers, device, pool, capture=capture, pool_reserve=False) if self.items else None
         )
@@ -266,17 +261,6 @@ class DeviceValueChecks:
         its details from `named` (the caller's tensors, by input name)."""
         if self.graph is not None:
             self.checker.raise_first_failed(self._checks, self.graph.replay(), named)
-
-    def failures(self, buffers: Sequence[torch.Tensor]) -> torch.Tensor:
-        """The checks of `buffers` (the ones this object was built over, in order) as a guard: a 1-D bool tensor,
-        True where a check failed (`StaticGraph(guard=...)`: the bucket's package graph behind its checks)."""
-        return self._flags(list(buffers)) != self._fail_if_false  # "finite" fails when False, "range" when True
-
-    def raise_failures(self, failures: Sequence[bool], named: dict[str, torch.Tensor]) -> None:
-        """The typed error of the first of `failures` (a guarded graph's, in `items` order), explained from `named`."""
-        for (spec, what), failed in zip(self._checks, failures, strict=True):
-            if failed:
-                self.checker.raise_failed(spec, what, named[spec.name])
 
 
 def check_outputs(

@@ -104,54 +104,6 @@ def test_static_graph_capture_and_replay_on_cuda():
     torch.testing.assert_close(g([y]).clone(), (y + 1).sin())
 
 
-def _guarded_pair(dev):
-    """A guarded graph's parts: fn adds 1 to a counter it owns (a write a failed check must leave undone, as an LM
-    step's cache write) and returns 2·x; the guard fails where x holds NaN."""
-    count = torch.zeros(1, device=dev)
-
-    def fn(xs):
-        count.add_(1)
-        return xs[0] * 2
-
-    return count, fn, lambda xs: xs[0].isnan().any().reshape(1)
-
-
-def test_guarded_static_graph_runs_fn_only_where_its_guard_passes():
-    """Without capture (the CPU path) a guarded graph makes the decision of the captured one eagerly: fn runs
-    when every guard flag is False; otherwise its writes and outputs stay as they were and `failures` says why.
-    Its construction runs nothing (no warm-up of fn on a live request)."""
-    count, fn, guard = _guarded_pair("cpu")
-    x = torch.ones(3)
-    g = StaticGraph(fn, [x], capture=False, guard=guard)
-    assert count.item() == 0 and g.failures == []
-    assert torch.equal(g.replay(), torch.full((3,), 2.0)) and g.failures == [False] and count.item() == 1
-    x[1] = float("nan")
-    out = g.replay()
-    assert g.failures == [True] and count.item() == 1 and torch.equal(out, torch.full((3,), 2.0))
-    x[1] = 3.0
-    assert torch.equal(g.replay(), torch.tensor([2.0, 6.0, 2.0])) and g.failures == [False] and count.item() == 2
-
-
-@pytest.mark.gpu
-def test_guarded_graph_capture_leaves_its_body_unrun_where_a_check_fails():
-    """Captured: the guard, its flags to the host and an event, then fn inside a conditional node: one replay
-    per call; a NaN input leaves fn's write undone and the outputs as they were; the next good call runs it."""
-    dev = torch.device("cuda")
-    count, fn, guard = _guarded_pair(dev)
-    x = torch.ones(4, device=dev)
-    g = StaticGraph(fn, [x], dev, pool=torch.cuda.graph_pool_handle(), guard=guard)
-    assert g.captured and count.item() == 0  # the warm-up ran the guard only
-    runs, last_good = 0, None
-    for value in [1.0, float("nan"), 5.0, float("nan"), 2.0]:
-        x.fill_(value)
-        out = g.replay()
-        torch.cuda.synchronize()
-        failed = math.isnan(value)
-        runs, last_good = (runs, last_good) if failed else (runs + 1, value)
-        assert g.failures == [failed] and count.item() == runs, value
-        assert torch.equal(out, torch.full((4,), 2 * last_good, device=dev)), value
-
-
 @pytest.mark.gpu
 def test_warmup_calls_are_read_at_construction_and_timed(monkeypatch):
     """WARMUP_CALLS calls before the capture (the module constant as it is when the graph is made; the cold-start
@@ -367,16 +319,6 @@ def test_device_value_checks_run_on_the_buffers_and_explain_from_the_callers_ten
     assert DeviceValueChecks.capturable(specs, [0, None])
     assert not DeviceValueChecks.capturable(specs, [4, 0])  # codebook 0 holds 4 codes: pad 4 is out of range
     assert not DeviceValueChecks.capturable(specs, [0, float("inf")])
-    # the same checks as a guard (True = failed) and the error of its first failure
-    bufs[0].zero_(), bufs[1].zero_()
-    assert checks.failures(bufs).tolist() == [False, False]
-    bufs[0][1, 1, 5], bufs[1][0] = 8, float("inf")
-    assert checks.failures(bufs).tolist() == [True, True]
-    bufs[0][1, 1, 5] = 0
-    assert checks.failures(bufs).tolist() == [False, True]
-    checks.raise_failures([False, False], {})
-    with pytest.raises(InputValueError, match="'scale' contains NaN or Inf"):
-        checks.raise_failures([False, True], {"scale": bufs[1]})
     none = DeviceValueChecks(chk, [TensorSpec("mask", "bool", ["batch"])], [torch.ones(2, dtype=torch.bool)], None)
     assert none.graph is None and none.run({}) is None  # nothing to check: no graph, no synchronisation
 

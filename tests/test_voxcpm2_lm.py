@@ -19,7 +19,7 @@ from ttsaot.builder.families.voxcpm2 import lm as vlm
 from ttsaot.builder.families.voxcpm2 import stages as vst
 from ttsaot.builder.families.voxcpm2.options import VoxCPM2Options
 from ttsaot.builder.passes import count_parameters, fuse_projections
-from ttsaot.runtime import InputRangeError, InputShapeError, InputValueError, load
+from ttsaot.runtime import InputRangeError, InputShapeError, load
 from ttsaot.runtime.lm import KVCache, LMPrefillStage, LMStepStage
 from ttsaot.runtime.verify import verify_bundle
 
@@ -445,44 +445,3 @@ def test_whole_batch_step_equals_the_row_indexed_step(voxcpm2_lm_tiny, static):
         assert torch.equal(a, c)  # the second step did not write into the first step's outputs
     assert torch.equal(whole.positions, indexed.positions)
     assert torch.equal(whole.k[:, :, :, :MAX_LEN], indexed.k[:, :, :, :MAX_LEN])
-
-
-def test_pending_row_checks_guard_the_step_on_static_buffers(voxcpm2_lm_tiny, bundle):
-    """Row inputs whose value checks are pending (on a GPU: inputs already on the device) run behind them: the
-    (bucket, cache) graph's guarded twin (graphs.StaticGraph `guard`, run here on CPU without capture, the decision
-    the captured graph's conditional node makes) refuses a NaN row with the step unrun, the cache and positions as
-    they were, and runs the next good step exactly as the direct path does."""
-    from ttsaot.runtime.validation import InputChecker
-
-    static = _step_bundle(voxcpm2_lm_tiny, static=True)
-    step = static["base_lm_step"]
-    step.guard_value_checks = True
-    plain = InputChecker.check_deferring
-
-    def as_if_on_device(self, specs, named, sizes=None, values=True, defer=True):
-        # the host-side value checks skipped and reported pending, as for inputs that arrive on the GPU
-        return plain(self, specs, named, sizes, values=False, defer=False)[0], values and defer
-
-    step._inputs.check_deferring = as_if_on_device.__get__(step._inputs)
-    tok, tm, fe, x = _prompt_and_steps(seed=9, tokens=4, steps=2)
-    caches = []
-    for b in (bundle, static):
-        cache = b["base_lm_step"].new_cache(2)
-        b["base_lm_prefill"].prefill(tok, tm, fe, 1 - tm, lengths=[4, 2], cache=cache)
-        caches.append(cache)
-    k, v, pos = caches[1].k.clone(), caches[1].v.clone(), caches[1].positions.clone()
-    bad = x[0].clone()
-    bad[1, 2] = float("nan")
-    with pytest.raises(InputValueError, match="'embeds' contains NaN or Inf"):
-        step.step(bad, cache=caches[1])
-    assert torch.equal(caches[1].k, k) and torch.equal(caches[1].v, v) and torch.equal(caches[1].positions, pos)
-    (guarded,) = [g for (_key, cid), g in step._guarded.items() if cid == id(caches[1])]
-    assert guarded is not None and guarded.failures == [True]
-    want = bundle["base_lm_step"].step(x[0], cache=caches[0])
-    got = step.step(x[0], cache=caches[1])
-    assert guarded.failures == [False]
-    for a, c in zip(want, got):
-        assert torch.equal(a, c)
-    assert torch.equal(caches[0].positions, caches[1].positions)
-    step.release(caches[1])
-    assert not step._guarded
