@@ -17,6 +17,7 @@ from pathlib import Path
 from ttsaot.runtime.dtypes import SHORT_DTYPE_NAMES
 
 from .common import (
+    INTERRUPTED,
     REPO,
     child_env,
     csv,
@@ -311,6 +312,8 @@ def _run_stage_worker(a, fam: str, st: str, env: dict, timeout: float) -> dict:
                     "stage": {"family": fam, "stage": st},
                 },
             )
+        if rc == INTERRUPTED:
+            raise KeyboardInterrupt
         return {"stage": f"{fam}/{st}", "status": "failed", "detail": err_tail}
     if rc != 0:
         res["status"] = "incomplete"
@@ -323,6 +326,8 @@ def _run_stage_worker(a, fam: str, st: str, env: dict, timeout: float) -> dict:
     if a.merge and path.is_file():
         res = merge_results(json.loads(path.read_text()), res)
     write_json(path, res)
+    if rc == INTERRUPTED:  # what the stage measured is written; the interrupt still stops the run
+        raise KeyboardInterrupt
     return {"stage": f"{fam}/{st}", "status": res.get("status"), "detail": _stage_summary(res), "path": str(path)}
 
 

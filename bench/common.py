@@ -303,9 +303,14 @@ def child_env(device: str, **extra: str) -> dict[str, str]:
     return env
 
 
+INTERRUPTED = 130  # spawn's rc when this process was interrupted (SIGINT) while its worker ran
+
+
 def spawn(cmd: list[str], env: dict, timeout: float, log_path: Path | None = None) -> tuple[int, str]:
     """Run a worker in its own session (a timeout kills it and its children, never anything else), echo its
-    progress lines, keep its whole output in `log_path`; return (rc, the last line of output)."""
+    progress lines, keep its whole output in `log_path`; return (rc, the last line of output). A SIGINT to this
+    process (a device plan's `timeout -s INT`) kills the worker too and returns INTERRUPTED, so the caller can
+    keep what the worker had written before it re-raises (the worker, in its own session, never sees the signal)."""
     import selectors
 
     tail: list[str] = []
@@ -328,7 +333,7 @@ def spawn(cmd: list[str], env: dict, timeout: float, log_path: Path | None = Non
     deadline = time.time() + timeout
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
-    killed = False
+    killed = interrupted = False
     while True:
         if time.time() > deadline and proc.poll() is None and not killed:
             try:
@@ -336,7 +341,16 @@ def spawn(cmd: list[str], env: dict, timeout: float, log_path: Path | None = Non
             except ProcessLookupError:
                 pass
             killed = True
-        if sel.select(timeout=1.0):
+        try:
+            ready = sel.select(timeout=1.0)
+        except KeyboardInterrupt:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            killed = interrupted = True
+            continue
+        if ready:
             line = proc.stdout.readline()
             if line:
                 if log is not None:
@@ -356,6 +370,8 @@ def spawn(cmd: list[str], env: dict, timeout: float, log_path: Path | None = Non
     if log is not None:
         log.close()
     last = next((ln for ln in reversed(tail) if ln.strip() and not ln.startswith("[bench]")), "")
+    if interrupted:
+        return INTERRUPTED, f"interrupted (SIGINT) while running; last output: {last[:300]}"
     if killed:
         return 124, f"killed after the {timeout:.0f} s stage timeout; last output: {last[:300]}"
     if rc < 0:

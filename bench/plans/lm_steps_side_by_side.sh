@@ -38,9 +38,9 @@ fi
 N=$(echo $STAGES | wc -w); i=0
 for st in $STAGES; do
   i=$((i + 1))
-  # what is left, shared out among the stages still to run. bench run writes its JSON only when its stage process
-  # ends, so its own stage timeout must come well inside this box (an H100 call at a816fdd lost both stages'
-  # JSONs when the box's SIGINT arrived first) and the compile budget inside that
+  # what is left, shared out among the stages still to run; the stage timeout inside this box and the compile budget
+  # inside that, so each stage ends on its own terms (an H100 call at a816fdd lost both stages' JSONs when the box's
+  # SIGINT arrived first; bench run now writes what a stage measured when interrupted, too)
   LEFT=$(( (END_S - 25 - ($(date +%s) - T0)) / (N - i + 1) )); [ "$LEFT" -gt 60 ] || { echo "skipped $st (time)"; continue; }
   C=$(( ${COMPILE_S:-170} < LEFT - 60 ? ${COMPILE_S:-170} : LEFT - 60 ))
   timeout -s INT -k 10 "$LEFT" python3 -m bench run --family voxcpm2 --stages "$st" --axis "batch=$BATCHES" \
