@@ -7,7 +7,7 @@
 # 2. per stage, `bench run` with VARIANTS (COMPILE_S per torch.compile variant, its compile time recorded); the
 #    ttsaot_graph cell also records the call without its input checks and with them eager;
 # 3. a summary of the result JSONs ($OUT/results/<device>/, to copy into bench/results/ before `bench report`).
-#   BENCH_GIT_COMMIT=$(git rev-parse --short HEAD) bash bench/plans/lm_steps_side_by_side.sh      (carry .whl:
+#   BENCH_GIT_COMMIT=<this tree's commit, spelled out> bash bench/plans/lm_steps_side_by_side.sh  (carry .whl:
 #   `make gpu-wheels` first, for upstream_eager)
 #   STAGES=base_lm_step VARIANTS=compile_graph COMPILE_S=420 MERGE=1 TESTS= ...: a second call for what the first
 #   could not fit (merged into the first call's JSON, marked merged_from)
