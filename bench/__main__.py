@@ -275,7 +275,6 @@ def _run_snake_worker(a, env: dict, timeout: float) -> dict:
 
 def _run_stage_worker(a, fam: str, st: str, env: dict, timeout: float) -> dict:
     """`python -m bench _stage` for one stage; its result (completed, merged) written under --out; a summary row."""
-    out_root = Path(a.out)
     with tempfile.TemporaryDirectory(prefix="bench-stage-") as tmp:
         tmp_json = Path(tmp) / "result.json"
         cmd = [
@@ -295,6 +294,15 @@ def _run_stage_worker(a, fam: str, st: str, env: dict, timeout: float) -> dict:
         t0 = time.time()
         rc, err_tail = spawn(cmd, env, timeout, Path(a.cache_dir) / "logs" / f"{fam}__{st}.log")
         res = json.loads(tmp_json.read_text()) if tmp_json.is_file() else None
+    summary = _record_stage(a, fam, st, rc, err_tail, res, t0)
+    if rc == INTERRUPTED:  # what the stage measured is written; the interrupt still stops the run
+        raise KeyboardInterrupt
+    return summary
+
+
+def _record_stage(a, fam: str, st: str, rc: int, err_tail: str, res: dict | None, t0: float) -> dict:
+    """A stage worker's result (None: it wrote none) completed, merged and written under --out; a summary row."""
+    out_root = Path(a.out)
     if res is not None and "stage" not in res:  # died before its StageSpec existed (family in progress)
         res = None
     if res is None:
@@ -312,8 +320,6 @@ def _run_stage_worker(a, fam: str, st: str, env: dict, timeout: float) -> dict:
                     "stage": {"family": fam, "stage": st},
                 },
             )
-        if rc == INTERRUPTED:
-            raise KeyboardInterrupt
         return {"stage": f"{fam}/{st}", "status": "failed", "detail": err_tail}
     if rc != 0:
         res["status"] = "incomplete"
@@ -326,8 +332,6 @@ def _run_stage_worker(a, fam: str, st: str, env: dict, timeout: float) -> dict:
     if a.merge and path.is_file():
         res = merge_results(json.loads(path.read_text()), res)
     write_json(path, res)
-    if rc == INTERRUPTED:  # what the stage measured is written; the interrupt still stops the run
-        raise KeyboardInterrupt
     return {"stage": f"{fam}/{st}", "status": res.get("status"), "detail": _stage_summary(res), "path": str(path)}
 
 

@@ -343,12 +343,8 @@ def spawn(cmd: list[str], env: dict, timeout: float, log_path: Path | None = Non
             killed = True
         try:
             ready = sel.select(timeout=1.0)
-        except KeyboardInterrupt:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            killed = interrupted = True
+        except KeyboardInterrupt:  # the timeout's kill above, at once
+            interrupted, deadline = True, 0.0
             continue
         if ready:
             line = proc.stdout.readline()

@@ -6,7 +6,7 @@
 # 1. `bench build` of STAGES at BATCHES (verified) while the GPU tests of TESTS run beside them;
 # 2. per stage, `bench run` with VARIANTS (COMPILE_S per torch.compile variant, its compile time recorded); the
 #    ttsaot_graph cell also records the call without its input checks and with them eager;
-# 3. a summary of the result JSONs ($OUT/results/<device>/, to copy into bench/results/ before `bench report`).
+# 3. each run's own summary; the JSONs in $OUT/results/<device>/ (to copy into bench/results/ before `bench report`).
 #   BENCH_GIT_COMMIT=<this tree's commit, spelled out> bash bench/plans/lm_steps_side_by_side.sh  (carry .whl:
 #   `make gpu-wheels` first, for upstream_eager)
 #   STAGES=base_lm_step VARIANTS=compile_graph COMPILE_S=420 MERGE=1 TESTS= ...: a second call for what the first
@@ -47,22 +47,7 @@ for st in $STAGES; do
     --variants "$VARIANTS" --compile-budget "$C" --no-coldstart --no-snake --stream-variants none \
     --throughput-variants none --stage-timeout $(( LEFT - 30 )) --cache-dir "$CACHE" --record-failures \
     ${MERGE:+--merge} --out "$RES" > "$LOGS/run_$st.log" 2>&1
-  echo "run $st rc $? at $(( $(date +%s) - T0 )) s (compile budget $C s)"; grep "\[bench\]" "$LOGS/run_$st.log" | cut -c1-240 | tail -12
+  echo "run $st rc $? at $(( $(date +%s) - T0 )) s (compile budget $C s)"
+  grep "\[bench\]" "$LOGS/run_$st.log" | cut -c1-240 | tail -12; sed -n '/== bench summary/,$p' "$LOGS/run_$st.log" | cut -c1-240
 done
-python3 - "$RES" $STAGES <<'PY'
-import json, sys
-from pathlib import Path
-for st in sys.argv[2:]:
-    for f in Path(sys.argv[1]).glob(f"*/voxcpm2__{st}.json"):
-        r = json.loads(f.read_text())
-        print(f"{f.parent.name}/{st} at {r.get('git_commit')}:")
-        for name, v in r.get("variants", {}).items():
-            for k, b in (v.get("buckets") or {}).items():
-                extra = {x: round(b[x] * 1e3, 1) for x in ("ms_eager_input_checks", "ms_without_input_validation") if b.get(x)}
-                ms = b.get("ms")
-                print(f"  {name} {k}: {ms * 1e3 if ms else float('nan'):.1f} us, x floor {b.get('x_floor')}, "
-                      f"rel err {b.get('rel_err_vs_fp32')} {extra or ''}")
-            print(f"  {name}: status {v.get('status')}, setup {v.get('setup_s')} s "
-                  f"{str(v.get('error') or v.get('skipped') or '')[:160]}")
-PY
 echo "done at $(( $(date +%s) - T0 )) s; copy $OUT/results/<device>/*.json into bench/results/<device>/ and run bench report"
