@@ -9,8 +9,9 @@
 # 3. each run's own summary; the JSONs in $OUT/results/<device>/ (to copy into bench/results/ before `bench report`).
 #   BENCH_GIT_COMMIT=<this tree's commit, spelled out> bash bench/plans/lm_steps_side_by_side.sh  (carry .whl:
 #   `make gpu-wheels` first, for upstream_eager)
-#   STAGES=base_lm_step VARIANTS=compile_graph COMPILE_S=420 MERGE=1 TESTS= ...: a second call for what the first
-#   could not fit (merged into the first call's JSON, marked merged_from)
+#   STAGES=base_lm_step VARIANTS=compile_graph BATCHES=1 COMPILE_S=520 MERGE=nvidia-h100 BUILD_S=0 TESTS= ...: a
+#   second call for what the first could not fit, merged into the JSON committed under bench/results/$MERGE/
+#   (entries marked merged_from); BUILD_S=0 skips the build (the torch.compile variant needs no artifact)
 . "$(dirname "$0")/setup_device.sh"
 END_S=${END_S:-570}
 STAGES=${STAGES:-residual_lm_step base_lm_step}
@@ -22,11 +23,13 @@ ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps .whl/*.whl 
 CACHE=/tmp/side_cache
 # results and logs go straight under $OUT, so a call cut short still returns what it measured
 RES=$OUT/results; mkdir -p "$RES"
-[ -n "${MERGE:-}" ] && for f in bench/results/*/voxcpm2__*_lm_step.json; do  # the files a merge adds to
-  d=$RES/$(basename "$(dirname "$f")"); mkdir -p "$d"; cp "$f" "$d"/; done
+if [ -n "${MERGE:-}" ]; then  # the committed files a merge adds to, where `bench run` writes: the device's slug
+  SLUG=$(python3 -c "import torch; from bench.common import device_info; print(device_info(torch.device('cuda'))['slug'])")
+  mkdir -p "$RES/$SLUG"; cp "bench/results/$MERGE"/voxcpm2__*_lm_step.json "$RES/$SLUG"/
+fi
 BUILD=$(for s in $STAGES; do printf 'voxcpm2/%s ' "$s"; done)
-timeout -s INT -k 10 "${BUILD_S:-200}" python3 -m bench build $BUILD --axis "batch=$BATCHES" --jobs 2 \
-  --cache-dir "$CACHE" > "$LOGS/build.log" 2>&1 &
+[ "${BUILD_S:-200}" = 0 ] || timeout -s INT -k 10 "${BUILD_S:-200}" python3 -m bench build $BUILD \
+  --axis "batch=$BATCHES" --jobs 2 --cache-dir "$CACHE" > "$LOGS/build.log" 2>&1 &
 [ -n "$TESTS" ] && timeout "${TESTS_S:-200}" python3 -m pytest -m gpu -v -n "${TEST_WORKERS:-3}" -p no:cacheprovider \
   $TESTS > "$LOGS/gpu_tests.txt" 2>&1 &
 wait
