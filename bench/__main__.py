@@ -158,6 +158,11 @@ def merge_results(old: dict, new: dict) -> dict:
     keys = {b["key"] for b in new.get("buckets", [])}
     out["buckets"] = list(new.get("buckets", [])) + [b for b in old.get("buckets", []) if b["key"] not in keys]
     out["floor"] = {**old.get("floor", {}), **new.get("floor", {})}
+    if "stage" in new and "axes" in old.get("stage", {}):  # the header names every bucket the tables show
+        axes = {**old["stage"]["axes"]}
+        for axis, sizes in new["stage"].get("axes", {}).items():
+            axes[axis] = sorted(set(axes.get(axis, [])) | set(sizes))
+        out["stage"] = {**new["stage"], "axes": axes}
     out["notes"] = list(new.get("notes", [])) + [
         f"merged with the run of {origin['started']} (commit {origin['git_commit']}): entries marked merged_from"
     ]

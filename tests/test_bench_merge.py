@@ -40,6 +40,15 @@ def test_merge_keeps_unmeasured_variants_and_buckets_and_marks_them():
     assert any("merged" in n for n in out["notes"])
 
 
+def test_merge_unions_the_stage_axes_the_report_header_names():
+    old = _res("t1", {"eager": {"buckets": {"b1": {"ms": 9.0}, "b16": {"ms": 12.0}}}}, ["b1", "b16"])
+    new = _res("t2", {"compile_graph": {"buckets": {"b1": {"ms": 3.1}}}}, ["b1"])
+    old["stage"] = {"stage": "s", "axes": {"batch": [1, 16]}}
+    new["stage"] = {"stage": "s", "axes": {"batch": [1]}, "kernels": "auto"}
+    out = merge_results(old, new)
+    assert out["stage"] == {"stage": "s", "axes": {"batch": [1, 16]}, "kernels": "auto"}
+
+
 def test_merge_never_mixes_devices():
     old = _res("t1", {"ttsaot_graph": {"buckets": {"b1": {"ms": 3.0}}}}, ["b1"], slug="nvidia-h100")
     new = _res("t2", {"eager": {"buckets": {"b1": {"ms": 8.0}}}}, ["b1"])
