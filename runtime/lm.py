@@ -250,8 +250,16 @@ class _LMStage(Stage):
         idle_control: int,
         out_sizes: dict[str, int],
         pending: dict[str, torch.Tensor] | None = None,
+        verdict_first: bool = False,
     ) -> list[torch.Tensor]:
         """Scatter the rows into bucket-shaped inputs, run (graph or direct) on the cache, gather the rows.
+
+        `pending`: the rows' value checks run over the filled buffers (validation.DeviceValueChecks), their
+        verdict read once the step's graph is launched: a step writes each stepped row's cache slot at its position
+        only (and idle rows the scratch slot), which no row reads yet, so a refused step leaves every live slot as
+        it was; the check graph has replaced what failed in its buffers by finite values first, so that slot holds
+        nothing non-finite either. `verdict_first`: the verdict before the launch, for a prefill, whose writes
+        reach its rows' live slots.
 
         When the rows are the whole bucket in order (a decode loop over a full batch) the inputs are copied in
         and the outputs copied out whole, with no index tensor; the host-side control (and row) vectors reach
@@ -293,10 +301,17 @@ class _LMStage(Stage):
                         continue
                     dst.zero_()
                     dst[(row_index, *(slice(0, s) for s in x.shape[1:]))] = x
-                if pending is not None:  # the rows' value checks, on the filled buffers; the cache is not touched
-                    self._value_checks[(bucket.key, id(cache))].run(pending)
+                checks = self._value_checks[(bucket.key, id(cache))] if pending is not None else None
+                flags = None
+                if checks is not None:
+                    if verdict_first:
+                        checks.run(pending)
+                    else:
+                        flags = checks.launch()
                 copy_to_device(g.inputs[self._control_idx], ctl)
                 outs = g.replay()
+                if checks is not None and not verdict_first:
+                    checks.verdict(flags, pending)
             else:
                 full = [None] * len(self.entry.inputs)
                 for i, x in zip(self._row_idx, row_inputs):
@@ -423,6 +438,6 @@ class LMPrefillStage(_LMStage):
             (b for b in self.entry.buckets if b.sizes["batch"] == cache.batch and b.sizes["tokens"] >= T),
             key=lambda b: b.sizes["tokens"],
         )
-        outs = self._run_rows(bucket, cache, r, x, lengths, 0, {"tokens": T}, pending)
+        outs = self._run_rows(bucket, cache, r, x, lengths, 0, {"tokens": T}, pending, verdict_first=True)
         cache.positions[r] = lengths
         return outs[0] if len(outs) == 1 else tuple(outs)

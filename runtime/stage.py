@@ -211,7 +211,7 @@ class _BucketRunner:
             ]
             self.graph = StaticGraph(self.call, static, device, pool)
             if checker is not None:
-                # the inputs' value checks over the same buffers, replayed before the package's graph
+                # the inputs' value checks over the same buffers, replayed right before the package's graph
                 self.value_checks = DeviceValueChecks(checker, entry.inputs, static, device, pool)
         self.capture_s = time.perf_counter() - t0
 
@@ -247,16 +247,20 @@ class _BucketRunner:
     ) -> list[torch.Tensor]:
         """inputs: the caller's (unpadded, validated) tensors; padding to the bucket happens here. `check`: the
         caller's tensors by name, whose value checks are pending (InputChecker.check_deferring): they run on the
-        filled buffers (`value_checks`) before the package's graph, which a failure leaves unrun."""
+        filled buffers (`value_checks`) right before the package's graph, and their verdict is read once that graph
+        is launched (a stateless package: a refused call's outputs are never handed out)."""
         if self.graph is not None:
             for dst, src, pad in zip(self.graph.inputs, inputs, pads):
                 if tuple(src.shape) != tuple(dst.shape):
                     dst.fill_(pad if pad is not None else 0)
                 dst[tuple(slice(0, n) for n in src.shape)].copy_(src)
-            if check is not None:
-                assert self.value_checks is not None  # pending only where every runner has them
-                self.value_checks.run(check)
-            return self.graph.replay()
+            if check is None:
+                return self.graph.replay()
+            assert self.value_checks is not None  # pending only where every runner has them
+            flags = self.value_checks.launch()
+            outs = self.graph.replay()
+            self.value_checks.verdict(flags, check)
+            return outs
         padded = []
         for src, shape, pad in zip(inputs, self.shapes, pads):
             buf = (

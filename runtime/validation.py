@@ -16,6 +16,7 @@ import torch
 from .artifact import TensorSpec
 from .errors import BindingError, InputDeviceError, InputDTypeError, InputRangeError, InputShapeError, InputValueError
 from .graphs import StaticGraph
+from .host_copies import PendingHost
 
 
 def all_finite(x: torch.Tensor) -> bool:
@@ -142,14 +143,22 @@ class InputChecker:
             if not flag_ok(what, flag):
                 self.raise_failed(spec, what, named[spec.name])
 
-    def flag(self, spec: TensorSpec, what: str, x: torch.Tensor) -> torch.Tensor:
+    def flag(self, spec: TensorSpec, what: str, x: torch.Tensor, clear: bool = False) -> torch.Tensor:
         """One value check of x as a 0-d bool where x lives (no synchronisation; `flag_ok` reads it): "range" =
         some value is out of its range, "finite" = x holds no NaN/Inf: its ∞-norm (one reduction) is below ∞, one
         compare, where `isfinite` of it is four kernels on CUDA (abs, two compares, an and), each a node of the
-        captured check graph."""
+        captured check graph. `clear`: afterwards (in stream order) replace in x, in place, every value that fails
+        the check by one that passes: a code outside its range by the range's low end, NaN / ±Inf by 0."""
         if what == "range":
-            return self._out_of_range(spec, x).any()
-        return _inf_norm(x) < math.inf  # NaN compares False too
+            bad = self._out_of_range(spec, x)
+            flag = bad.any()
+            if clear:
+                x.masked_fill_(bad, spec.range.get("low", 0))
+            return flag
+        flag = _inf_norm(x) < math.inf  # NaN compares False too
+        if clear:
+            torch.nan_to_num_(x, nan=0.0, posinf=0.0, neginf=0.0)
+        return flag
 
     def raise_failed(self, spec: TensorSpec, what: str, x: torch.Tensor) -> None:
         """The typed error of a failed value check of input x (the caller's tensor: the details name its values)."""
@@ -211,12 +220,24 @@ class InputChecker:
 
 class DeviceValueChecks:
     """The value checks (code ranges, NaN/Inf) of one bucket's device inputs as ONE CUDA graph over its static
-    input buffers, read back with one synchronisation.
+    input buffers, its verdict read back without a stream synchronisation.
 
-    Why: eagerly each check is 4-5 small aten ops, each a few µs of host time while the GPU waits for the call's
-    graph (the sync that reads the flags comes before it): with checks vs without, one call of the H200 bench took
-    +156 µs for the code_predictor (24 check kernels), +200 fast_ar, +188 locdit, +71 residual_lm_step
-    (bench/results/nvidia-h200/*.json, `ms_without_input_validation`). Replayed, the same kernels cost one launch.
+    Why a graph: eagerly each check is 4-5 small aten ops, each a few µs of host time while the GPU waits for the
+    call's graph: with checks vs without, one call of the H200 bench took +156 µs for the code_predictor (24 check
+    kernels), +200 fast_ar, +188 locdit, +71 residual_lm_step (bench/results/nvidia-h200/*.json,
+    `ms_without_input_validation`). Replayed, the same kernels cost one launch.
+
+    Why the verdict after the package's launch (`launch`, then the package's graph, then `verdict`): read back
+    BEFORE that launch, the flags cost a stream synchronisation, during which the GPU idles, and then the GPU
+    waits again for the host's launch of the package: 66-104 µs a call on the H100 at ee27d29 (residual_lm_step
+    b1 0.420 ms with its checks, 0.354 without; base_lm_step 1.306 / 1.202 ms;
+    bench/results/nvidia-h100/voxcpm2__*_lm_step.json). Now the flags go to pinned host memory behind the check
+    graph and the host waits for that copy alone (an event), while the GPU goes on into the package's graph. The
+    package may then run before its inputs are judged, so the check graph also clears, in the buffers, every
+    value that fails its check (`InputChecker.flag(clear=True)`): a refused call's package reads no code out of
+    its range (an embedding gather out of bounds would fault the CUDA context) and writes nothing non-finite,
+    and its outputs are never handed out. A caller whose package writes state a refused call must leave as it
+    was (an LM prefill rewrites its rows' live cache slots) calls `run`: the verdict first, then its launch.
 
     The buffers hold the inputs padded to the bucket, so the pads are checked too: `capturable` accepts only pads
     that pass (codes' pad in range, finite float pads); a stage whose pads do not keeps the eager checks. A failed
@@ -254,13 +275,23 @@ class DeviceValueChecks:
         return True
 
     def _flags(self, buffers: list[torch.Tensor]) -> torch.Tensor:
-        return torch.stack([self.checker.flag(spec, what, buffers[i]) for i, spec, what in self.items])
+        return torch.stack([self.checker.flag(spec, what, buffers[i], clear=True) for i, spec, what in self.items])
+
+    def launch(self) -> PendingHost | None:
+        """Check the buffers (they hold this call's inputs): the flags on their way to the host, the failing
+        values cleared. The flags are copied out at once, so a graph replayed next in the same pool cannot
+        overwrite them before they are read. None: nothing to check."""
+        return PendingHost(self.graph.replay()) if self.graph is not None else None
+
+    def verdict(self, flags: PendingHost | None, named: dict[str, torch.Tensor]) -> None:
+        """Wait for `launch`'s flags; raise the typed error of the first failed check, with its details from
+        `named` (the caller's tensors, by input name)."""
+        if flags is not None:
+            self.checker.raise_first_failed(self._checks, flags.wait(), named)
 
     def run(self, named: dict[str, torch.Tensor]) -> None:
-        """Check the buffers (they hold this call's inputs); raise the typed error of the first failed check, with
-        its details from `named` (the caller's tensors, by input name)."""
-        if self.graph is not None:
-            self.checker.raise_first_failed(self._checks, self.graph.replay(), named)
+        """The checks and their verdict, before anything else is launched."""
+        self.verdict(self.launch(), named)
 
 
 def check_outputs(

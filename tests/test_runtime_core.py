@@ -312,15 +312,32 @@ def test_device_value_checks_run_on_the_buffers_and_explain_from_the_callers_ten
         checks.run({"codes": codes, "scale": scale})
 
     call(torch.tensor([[[3, 1], [7, 0]]]), torch.ones(1))
+    assert bufs[0][0, :, :2].tolist() == [[3, 1], [7, 0]]  # values that pass are left as they are
     with pytest.raises(InputRangeError, match=r"\[0, 1, 1\] = 8 is outside \[0, 8\) \(codebook 1\)"):
         call(torch.tensor([[[3, 1], [7, 8]]]), torch.ones(1))
+    # what failed is cleared in the buffer (a package launched before the verdict reads no code out of range)
+    assert bufs[0][0, :, :2].tolist() == [[3, 1], [7, 0]]
     with pytest.raises(InputValueError, match="'scale' contains NaN or Inf"):
         call(torch.zeros(1, 2, 2, dtype=torch.long), torch.tensor([float("nan")]))
+    assert bufs[1].tolist() == [0.0, 0.0]  # NaN → 0 (±Inf too)
+    # launch, then whatever the caller launches, then the verdict: the same checks, split around a package
+    bufs[1][0] = float("inf")
+    flags = checks.launch()
+    assert bufs[1].tolist() == [0.0, 0.0]
+    scale = torch.tensor([float("inf"), 1.0])
+    with pytest.raises(InputValueError, match="'scale' contains NaN or Inf"):
+        checks.verdict(flags, {"codes": torch.zeros(2, 2, 6, dtype=torch.long), "scale": scale})
+    assert scale[0] == float("inf")  # the caller's tensor is never cleared
+    bufs[0][1, 0, 5] = -1
+    with pytest.raises(InputRangeError, match=r"\[1, 0, 5\] = -1 is outside \[0, 4\)"):
+        checks.run({"codes": bufs[0].clone(), "scale": torch.ones(2)})
+    assert bufs[0][1, 0, 5] == 0
     assert DeviceValueChecks.capturable(specs, [0, None])
     assert not DeviceValueChecks.capturable(specs, [4, 0])  # codebook 0 holds 4 codes: pad 4 is out of range
     assert not DeviceValueChecks.capturable(specs, [0, float("inf")])
     none = DeviceValueChecks(chk, [TensorSpec("mask", "bool", ["batch"])], [torch.ones(2, dtype=torch.bool)], None)
     assert none.graph is None and none.run({}) is None  # nothing to check: no graph, no synchronisation
+    assert none.launch() is None and none.verdict(None, {}) is None
 
 
 def test_checks_of_device_inputs_can_be_deferred_host_inputs_never_are():

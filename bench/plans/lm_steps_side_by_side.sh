@@ -18,7 +18,7 @@ STAGES=${STAGES:-residual_lm_step base_lm_step}
 BATCHES=${BATCHES:-1,16}
 VARIANTS=${VARIANTS:-eager,ttsaot_graph,upstream_eager,compile_graph}
 L=tests/gpu/test_gpu_voxcpm2_lm.py
-TESTS=${TESTS-tests/test_runtime_core.py $L::test_a_nan_row_input_leaves_the_cache_and_positions_untouched}
+TESTS=${TESTS-tests/test_runtime_core.py $L::test_a_nan_row_input_leaves_the_live_cache_and_positions_untouched}
 ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps .whl/*.whl >> "$LOGS/install.txt" 2>&1
 CACHE=/tmp/side_cache
 # results and logs go straight under $OUT, so a call cut short still returns what it measured

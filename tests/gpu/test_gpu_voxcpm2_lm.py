@@ -150,24 +150,38 @@ def test_bf16_error_vs_fp32_eager(bf16_artifact, eager):
 
 
 @FP32_GROUP
-def test_a_nan_row_input_leaves_the_cache_and_positions_untouched(fp32_artifact, eager):
-    """Row inputs on the GPU are checked by the (bucket, cache) graph's captured value checks over its buffers:
-    a NaN embedding is refused before the step's graph runs, so the cache and its positions stay as they were,
-    and the next good step runs."""
+def test_a_nan_row_input_leaves_the_live_cache_and_positions_untouched(fp32_artifact, eager):
+    """Row inputs on the GPU are checked by the (bucket, cache) graph's captured value checks over its buffers,
+    their verdict read once the step's graph is launched (validation.DeviceValueChecks): a NaN embedding is
+    refused, every row's live slots (below its position) and the positions stay as they were, the slot the refused
+    step wrote holds the finite values of the cleared input, and the next good step equals that step on a copy of
+    the state taken before the refusal."""
     bundle = load(fp32_artifact, device="cuda")
     _request(bundle, eager, 2, [8, 5], 1)
     bs = bundle["base_lm_step"]
     bc = bs.cache(2)
+    twin = bs.new_cache(2)  # the state before the refused step, stepped with the good input only
+    twin.k.copy_(bc.k)
+    twin.v.copy_(bc.v)
+    twin.positions.copy_(bc.positions)
     k, v, pos = bc.k.clone(), bc.v.clone(), bc.positions.clone()
     x = torch.randn(2, H, device="cuda")
     x[1, 3] = float("nan")
     with pytest.raises(InputValueError, match="'embeds' contains NaN or Inf"):
         bs.step(x, cache=bc)
-    assert torch.equal(bc.k, k) and torch.equal(bc.v, v) and torch.equal(bc.positions, pos)
+    assert torch.equal(bc.positions, pos)
+    for row, p in enumerate(pos.tolist()):
+        assert torch.equal(bc.k[:, row, :, :p], k[:, row, :, :p]) and torch.equal(bc.v[:, row, :, :p], v[:, row, :, :p])
+        assert bool(bc.k[:, row, :, p].isfinite().all()) and bool(bc.v[:, row, :, p].isfinite().all())
     assert [key for key in bs._value_checks if key[1] == id(bc)] == [key for key in bs._graphs if key[1] == id(bc)]
     x[1, 3] = 0.0
-    bs.step(x, cache=bc)
-    assert torch.equal(bc.positions, pos + 1)
+    got = bs.step(x, cache=bc)
+    want = bs.step(x, cache=twin)
+    assert torch.equal(bc.positions, pos + 1) and torch.equal(twin.positions, pos + 1)
+    for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert rel_err(a, b) < 1e-6
+    assert rel_err(bc.k, twin.k) < 1e-6 and rel_err(bc.v, twin.v) < 1e-6
+    bs.release(twin)
 
 
 @FP32_GROUP
