@@ -340,6 +340,66 @@ def test_device_value_checks_run_on_the_buffers_and_explain_from_the_callers_ten
     assert none.launch() is None and none.verdict(None, {}) is None
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_device_value_checks_around_a_package_graph_on_cuda():
+    """The order every CUDA-graph stage now uses: the check graph, the package's graph (captured FIRST into the same
+    pool, as the runners do), then the verdict. Both capture (the clearing ops included); the flags survive the
+    package's replay (copied out before it); the host waits without a stream synchronisation; a bad code is refused
+    after the package ran on the cleared buffer, which read nothing out of bounds (the context stays usable)."""
+    import warnings
+
+    from ttsaot.runtime.graphs import new_pool
+    from ttsaot.runtime.validation import DeviceValueChecks
+
+    dev = torch.device("cuda")
+    specs, chk, pool = _specs(), InputChecker("s", dev), new_pool()
+    bufs = [torch.zeros(2, 2, 6, dtype=torch.long, device=dev), torch.zeros(2, device=dev)]
+    table = torch.randn(8, 64, device=dev)
+
+    def package(b):  # an embedding gather (out of bounds on a bad code) and an intermediate the pool can reuse
+        h = torch.relu(table[b[0]] * 3.0)
+        return (h.sum(-1) * b[1][:, None, None]).contiguous()
+
+    main = StaticGraph(package, bufs, dev, pool)
+    checks = DeviceValueChecks(chk, specs, bufs, dev, pool)
+    assert main.captured and checks.graph.captured
+
+    def call(codes, scale):
+        bufs[0].copy_(codes)
+        bufs[1].copy_(scale)
+        flags = checks.launch()
+        out = main.replay().clone()
+        checks.verdict(flags, {"codes": codes, "scale": scale})
+        return out
+
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 4, (2, 2, 6), generator=g).to(dev)
+    scale = (torch.rand(2, generator=g) + 0.5).to(dev)
+    torch.testing.assert_close(call(codes, scale), package([codes, scale]))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call(codes, scale)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert not [w for w in caught if "synchroniz" in str(w.message)], [str(w.message) for w in caught]
+    bad = codes.clone()
+    bad[1, 1, 4] = 10**6
+    with pytest.raises(InputRangeError, match=r"'codes'\[1, 1, 4\] = 1000000 is outside \[0, 8\) \(codebook 1\)"):
+        call(bad, scale)
+    assert int(bufs[0][1, 1, 4]) == 0
+    nan_scale = scale.clone()
+    nan_scale[0] = float("nan")
+    with pytest.raises(InputValueError, match="'scale' contains NaN or Inf"):
+        call(codes, nan_scale)
+    assert bool(main.outputs.isfinite().all())  # the package ran on the cleared scale
+    torch.testing.assert_close(call(codes, scale), package([codes, scale]))  # the context is fine
+    torch.cuda.synchronize()
+
+
 def test_checks_of_device_inputs_can_be_deferred_host_inputs_never_are():
     chk = InputChecker("s", torch.device("cpu"))
     bad = {"codes": torch.full((1, 2, 3), 9, dtype=torch.long), "scale": torch.ones(1)}
