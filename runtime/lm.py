@@ -138,6 +138,8 @@ class _LMStage(Stage):
     """Shared machinery of the two LM kinds: cache checks, row scatter/gather, per-(bucket, cache) graphs."""
 
     control_key = ""  # metadata key naming the positions / lengths input
+    # the rows' device value checks read back before the launch (`_run_rows`): a kind whose writes reach live slots
+    verdict_first = False
 
     def __init__(self, root, entry, device, weights, cuda_graphs: bool = True, cpu_threads: int | None = None) -> None:
         _share_weights(root, device, weights)
@@ -250,16 +252,15 @@ class _LMStage(Stage):
         idle_control: int,
         out_sizes: dict[str, int],
         pending: dict[str, torch.Tensor] | None = None,
-        verdict_first: bool = False,
     ) -> list[torch.Tensor]:
         """Scatter the rows into bucket-shaped inputs, run (graph or direct) on the cache, gather the rows.
 
         `pending`: the rows' value checks run over the filled buffers (validation.DeviceValueChecks), their
         verdict read once the step's graph is launched: a step writes each stepped row's cache slot at its position
         only (and idle rows the scratch slot), which no row reads yet, so a refused step leaves every live slot as
-        it was; the check graph has replaced what failed in its buffers by finite values first, so that slot holds
-        nothing non-finite either. `verdict_first`: the verdict before the launch, for a prefill, whose writes
-        reach its rows' live slots.
+        it was; the check graph has replaced what failed in its buffers by finite values first, so that slot is
+        computed from finite inputs. A kind whose writes reach its rows' live slots (a prefill) sets
+        `verdict_first`: the verdict before the launch.
 
         When the rows are the whole bucket in order (a decode loop over a full batch) the inputs are copied in
         and the outputs copied out whole, with no index tensor; the host-side control (and row) vectors reach
@@ -302,15 +303,13 @@ class _LMStage(Stage):
                     dst.zero_()
                     dst[(row_index, *(slice(0, s) for s in x.shape[1:]))] = x
                 checks = self._value_checks[(bucket.key, id(cache))] if pending is not None else None
-                flags = None
-                if checks is not None:
-                    if verdict_first:
-                        checks.run(pending)
-                    else:
-                        flags = checks.launch()
+                if checks is not None and self.verdict_first:
+                    checks.run(pending)
+                    checks = None
+                flags = checks.launch() if checks is not None else None
                 copy_to_device(g.inputs[self._control_idx], ctl)
                 outs = g.replay()
-                if checks is not None and not verdict_first:
+                if checks is not None:
                     checks.verdict(flags, pending)
             else:
                 full = [None] * len(self.entry.inputs)
@@ -414,6 +413,7 @@ class LMPrefillStage(_LMStage):
     to [n, T, ...]; positions ≥ a row's length hold padding values."""
 
     control_key = "length_input"
+    verdict_first = True  # a prefill rewrites its rows' slots from 0: a refused one must not have run
 
     def prefill(self, *row_inputs, lengths, cache: KVCache, rows: Sequence[int] | None = None):
         self._check_cache(cache)
@@ -438,6 +438,6 @@ class LMPrefillStage(_LMStage):
             (b for b in self.entry.buckets if b.sizes["batch"] == cache.batch and b.sizes["tokens"] >= T),
             key=lambda b: b.sizes["tokens"],
         )
-        outs = self._run_rows(bucket, cache, r, x, lengths, 0, {"tokens": T}, pending, verdict_first=True)
+        outs = self._run_rows(bucket, cache, r, x, lengths, 0, {"tokens": T}, pending)
         cache.positions[r] = lengths
         return outs[0] if len(outs) == 1 else tuple(outs)
