@@ -180,7 +180,10 @@ def test_a_nan_row_input_leaves_the_live_cache_and_positions_untouched(fp32_arti
     assert torch.equal(bc.positions, pos + 1) and torch.equal(twin.positions, pos + 1)
     for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         assert rel_err(a, b) < 1e-6
-    assert rel_err(bc.k, twin.k) < 1e-6 and rel_err(bc.v, twin.v) < 1e-6
+    # every slot but the scratch slot (max_len), which each (bucket, cache) graph's capture warm-up writes from
+    # whatever its buffers held (an H100 run at dc28bab: rel err 0.097 over the whole caches, from that slot)
+    live = (..., slice(0, -1), slice(None))
+    assert rel_err(bc.k[live], twin.k[live]) < 1e-6 and rel_err(bc.v[live], twin.v[live]) < 1e-6
     bs.release(twin)
 
 
