@@ -32,20 +32,39 @@ def copy_to_device(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 class PendingHost:
     """A device tensor on its way to the host: the copy is queued at construction, `wait()` returns the host
-    tensor once it has arrived (at once when the GPU is already past it). On CPU: a plain tensor."""
+    tensor once it has arrived (at once when the GPU is already past it). On CPU: a plain tensor.
+
+    `again(t)` queues the next copy of a tensor of the same shape and dtype into the same pinned buffer behind the
+    same event, for a readback repeated every call (the input checks' flags): no pinned allocation and no event
+    created per call. The host tensor `wait()` returned is then overwritten, so read it before calling `again`."""
 
     def __init__(self, t: torch.Tensor) -> None:
         self._event = None
+        self._pending = False
         if t.device.type != "cuda":
             self._host = t.detach().clone()
             return
         self._host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        self._host.copy_(t.detach(), non_blocking=True)
         self._event = torch.cuda.Event()
+        self.again(t)
+
+    def again(self, t: torch.Tensor) -> PendingHost:
+        if tuple(t.shape) != tuple(self._host.shape) or t.dtype != self._host.dtype:
+            raise ValueError(
+                f"PendingHost.again: {tuple(t.shape)} {t.dtype}, the buffer is "
+                f"{tuple(self._host.shape)} {self._host.dtype}"
+            )
+        if self._event is None:  # CPU
+            self._host.copy_(t.detach())
+            return self
+        # a copy still in flight into the buffer is ordered before this one on the stream: the buffer ends with t
+        self._host.copy_(t.detach(), non_blocking=True)
         self._event.record(torch.cuda.current_stream(t.device))
+        self._pending = True
+        return self
 
     def wait(self) -> torch.Tensor:
-        if self._event is not None:
+        if self._pending:
             self._event.synchronize()
-            self._event = None
+            self._pending = False
         return self._host

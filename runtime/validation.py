@@ -262,6 +262,7 @@ class DeviceValueChecks:
         self.graph = (
             StaticGraph(self._flags, buffers, device, pool, capture=capture, pool_reserve=False) if self.items else None
         )
+        self._readback: PendingHost | None = None
 
     @staticmethod
     def capturable(specs: Sequence[TensorSpec], pads: Sequence[float | int | None]) -> bool:
@@ -280,8 +281,15 @@ class DeviceValueChecks:
     def launch(self) -> PendingHost | None:
         """Check the buffers (they hold this call's inputs): the flags on their way to the host, the failing
         values cleared. The flags are copied out at once, so a graph replayed next in the same pool cannot
-        overwrite them before they are read. None: nothing to check."""
-        return PendingHost(self.graph.replay()) if self.graph is not None else None
+        overwrite them before they are read; every call reuses one pinned buffer and one event (the runner reads
+        each verdict before its next launch). None: nothing to check."""
+        if self.graph is None:
+            return None
+        flags = self.graph.replay()
+        if self._readback is None:
+            self._readback = PendingHost(flags)
+            return self._readback
+        return self._readback.again(flags)
 
     def verdict(self, flags: PendingHost | None, named: dict[str, torch.Tensor]) -> None:
         """Wait for `launch`'s flags; raise the typed error of the first failed check, with its details from

@@ -3,6 +3,7 @@ same calls go through pinned memory, exercised by the LM-stage GPU tests and the
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ttsaot.runtime.host_copies import PendingHost, copy_to_device, to_device
@@ -23,3 +24,17 @@ def test_pending_host_is_a_snapshot_at_construction():
     t.zero_()  # the device tensor changes after the copy was queued (the next step's argmax)
     assert pending.wait().tolist() == [0, 1, 1]
     assert pending.wait().tolist() == [0, 1, 1]  # waiting twice is fine
+
+
+def test_pending_host_again_reuses_its_buffer_and_snapshots_each_copy():
+    t = torch.tensor([True, False])
+    pending = PendingHost(t)
+    host = pending.wait()
+    assert host.tolist() == [True, False]
+    t.fill_(False)
+    again = pending.again(t)
+    assert again is pending and again.wait() is host  # one buffer, no allocation per call
+    t.fill_(True)  # changed after the copy was queued
+    assert pending.wait().tolist() == [False, False]
+    with pytest.raises(ValueError, match="PendingHost.again"):
+        pending.again(torch.zeros(3, dtype=torch.bool))
