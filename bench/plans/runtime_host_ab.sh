@@ -6,7 +6,8 @@
 # 1. `bench build` of both VoxCPM2 LM steps (verified) while the GPU TESTS run beside them, at this tree;
 # 2. residual_lm_step new, old; base_lm_step new, old; residual_lm_step new again (time allowing): ttsaot_graph at
 #    b1 and b16, each its own `bench run`;
-# 3. per run its summary line; the JSONs in $OUT/results_<n>_<new|old>/<device>/.
+# 3. per run its summary line; the JSONs (results_<n>_<new|old>/<device>/) in $OUT/results.tgz, the logs in
+#    $OUT/run_logs.tgz (a call brings back 8 files at most).
 #   BENCH_GIT_COMMIT=<this tree's commit, spelled out> OLD=.snap/ab_dc28bab bash bench/plans/runtime_host_ab.sh
 #   (carry OLD)
 . "$(dirname "$0")/setup_device.sh"
@@ -44,4 +45,7 @@ for f in pathlib.Path(sys.argv[1]).glob(f"*/voxcpm2__{sys.argv[2]}.json"):
 P
 done
 cp /tmp/ab_new/*.py runtime/
+# at most 8 files come back from a device call: the runs' JSONs and logs as one archive each
+tar czf "$OUT/results.tgz" -C "$OUT" $(cd "$OUT" && ls -d results_* 2>/dev/null) && rm -rf "$OUT"/results_*
+tar czf "$OUT/run_logs.tgz" -C "$LOGS" $(cd "$LOGS" && ls run_*.log 2>/dev/null) && rm -f "$LOGS"/run_*.log
 echo "done at $(( $(date +%s) - T0 )) s"
