@@ -195,6 +195,7 @@ def program_fingerprint(ep: torch.export.ExportedProgram) -> str:
 
 KERNEL_SWITCHES = (
     "TTSAOT_PDL",
+    "TTSAOT_PDL_MAX_ROWS",
     "TTSAOT_SKINNY_STREAM",
     "TTSAOT_GEMV_PRELOAD",
     "TTSAOT_QKV_ATTENTION",
@@ -207,7 +208,8 @@ KERNEL_SWITCHES = (
 def _inductor_env() -> dict[str, str]:
     """Environment variables that change what Inductor or Triton generate (the cache location does not), and the
     kernel layer's build switches: TTSAOT_PDL (kernels/pdl.py: whether the launch helper gets the
-    programmatic-launch attribute), TTSAOT_SKINNY_STREAM (kernels/skinny_linear.py: the streamed tile form),
+    programmatic-launch attribute), TTSAOT_PDL_MAX_ROWS (kernels/pdl.py: up to how many rows a package gets it),
+    TTSAOT_SKINNY_STREAM (kernels/skinny_linear.py: the streamed tile form),
     TTSAOT_GEMV_PRELOAD (kernels/skinny_linear_triton.py: =0, no one-row call loads its W before the wait),
     TTSAOT_QKV_ATTENTION (kernels/qkv_attention.py: =1, the predictors' steps trace the fused qkv + attention op),
     TTSAOT_WHOLE_ATTENTION_WARPS (kernels/decode_attention.py: the whole-cache attention's warps, not autotuned),

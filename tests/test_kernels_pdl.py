@@ -180,7 +180,22 @@ def test_only_gemv_sized_buckets_get_the_attribute(monkeypatch):
     of larger batch buckets are compiled without it (their kernels still wait: harmless without the attribute)."""
     from torch._inductor.codegen.cuda.device_op_overrides import CUDADeviceOpOverrides
 
+    monkeypatch.delenv(pdl.MAX_ROWS_ENV, raising=False)
     assert pdl.wanted_for({"batch": 1}) and pdl.wanted_for({"batch": 2}) and pdl.wanted_for({"frames": 50})
     assert not pdl.wanted_for({"batch": 4}) and not pdl.wanted_for({"batch": 16, "frames": 8})
     with pdl.programmatic_launches(torch.device("cuda"), wanted=False) as applied:
         assert applied is False and "ttsaotLaunchKernel" not in CUDADeviceOpOverrides().kernel_driver()
+
+
+def test_the_row_limit_of_the_attribute_is_a_package_key_switch(monkeypatch):
+    """TTSAOT_PDL_MAX_ROWS (an A/B switch: the streamed tile form at B=16 with the attribute) raises the limit, is
+    refused when it is not a number of rows, and is part of the package cache key, so a build with it never reuses
+    a package compiled without it."""
+    from ttsaot.builder import package_cache
+
+    monkeypatch.setenv(pdl.MAX_ROWS_ENV, "16")
+    assert pdl.wanted_for({"batch": 16}) and not pdl.wanted_for({"batch": 17})
+    assert package_cache._inductor_env()[pdl.MAX_ROWS_ENV] == "16"
+    monkeypatch.setenv(pdl.MAX_ROWS_ENV, "all")
+    with pytest.raises(ValueError, match="TTSAOT_PDL_MAX_ROWS='all'"):
+        pdl.wanted_for({"batch": 1})

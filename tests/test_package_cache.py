@@ -662,3 +662,15 @@ def test_two_builds_started_together_compile_each_package_once(tmp_path):
     for rel in ("code2wav/b1_f8.pt2", "code2wav/b1_f16.pt2"):
         a, b = (tmp_path / f"o{i}/qwen3-tts-12hz" / rel for i in (0, 1))
         assert a.read_bytes() == b.read_bytes()
+
+
+def test_every_build_switch_of_the_kernel_layer_is_in_the_package_key():
+    """A `TTSAOT_*` variable the kernel layer reads at build time changes the packages it compiles, so it must be
+    part of every package key (package_cache.KERNEL_SWITCHES), or a build with it set would reuse a package
+    compiled without it."""
+    import re
+
+    kernels = Path(package_cache.__file__).parent / "kernels"
+    read = {name for f in kernels.glob("*.py") for name in re.findall(r"\"(TTSAOT_[A-Z0-9_]+)\"", f.read_text())}
+    assert "TTSAOT_PDL_MAX_ROWS" in read
+    assert not read - set(package_cache.KERNEL_SWITCHES), read - set(package_cache.KERNEL_SWITCHES)

@@ -7,13 +7,15 @@
 #   mkdir -p .snap/old && git archive <old> builder runtime bench pyproject.toml | tar -x -C .snap/old --exclude=bench/results
 #   OTHER=.snap/old BENCH_GIT_COMMIT=$(git rev-parse --short HEAD) bash bench/plans/split_rule_ab_h200.sh  (carry .snap)
 #   VARIANTS="new nonormout" STAGES="voxcpm2/locdit voxcpm2/local_encoder" TESTS="tests/x.py" bash bench/plans/...
+#   VARIANTS="new stream streampdl" AXIS=batch=16 TESTS= ...: the LM steps at B=16, the streamed tile form with and
+#   without the programmatic-launch attribute (AXIS: the bucket axis of builds, replays and profiles; default batch=1)
 . "$(dirname "$0")/setup_device.sh"
 STAGES=${STAGES:-voxcpm2/base_lm_step voxcpm2/residual_lm_step}; VARIANTS=${VARIANTS:-new old}
 TESTS=${TESTS-tests/test_kernels_decode_attention.py}
 # TESTS: pytest arguments, a quoted -k expression too
 [ -n "$TESTS" ] && (eval "timeout ${TESTS_S:-300} python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider $TESTS" \
   > "$OUT/gpu_tests.txt" 2>&1 &)
-OUT=$OUT/stages TESTS= STAGES=$STAGES VARIANTS=$VARIANTS AXIS=batch=1 JOBS=${JOBS:-3} VERIFY=1 BUILD_S=${BUILD_S:-300} END_S=0 \
+OUT=$OUT/stages TESTS= STAGES=$STAGES VARIANTS=$VARIANTS AXIS=${AXIS:-batch=1} JOBS=${JOBS:-3} VERIFY=1 BUILD_S=${BUILD_S:-300} END_S=0 \
   bash bench/plans/stage_ab_h100.sh > "$LOGS/stage_ab.txt" 2>&1
 while pgrep -f "pytest -q -m gpu" > /dev/null; do sleep 2; done  # the tests, started in a subshell
 echo "builds + tests at $(( $(date +%s) - T0 )) s"; tail -3 "$OUT/gpu_tests.txt" 2>/dev/null
@@ -29,7 +31,7 @@ for st in $STAGES; do
 done
 for st in ${PROFILES:-}; do
   LEFT=$(( ${END_S:-560} - ($(date +%s) - T0) )); [ "$LEFT" -gt 40 ] || { echo "skipped profile $st"; continue; }
-  timeout -s INT -k 10 "$LEFT" python3 -m bench profile "$st" --axis batch=1 --cache-dir "/tmp/ab_cache_${PROFILE_VARIANT:-new}" \
+  timeout -s INT -k 10 "$LEFT" python3 -m bench profile "$st" --axis "${AXIS:-batch=1}" --cache-dir "/tmp/ab_cache_${PROFILE_VARIANT:-new}" \
     --out "$OUT/profiles" --calls 10 --reps 50 > "$LOGS/profile_${st//\//_}.log" 2>&1
   echo "profile $st: $(grep -E '^\[b' "$LOGS/profile_${st//\//_}.log" | cut -c1-220)"
 done

@@ -46,6 +46,11 @@ METADATA_KEY = "ttsaot_pdl"  # "1" / "0" in each package's metadata: whether its
 # decode_stages_*_pdl*.json): B=1 base_lm_step 0.413 vs 0.459 ms, residual_lm_step 0.395 vs 0.437 ms; B=16
 # base_lm_step (tile form) 0.596 vs 0.570 ms, slower with an early or a late trigger.
 MAX_ROWS = 2
+# TTSAOT_PDL_MAX_ROWS=N at build time: packages of buckets up to N rows get the attribute instead (an A/B switch, a
+# package-key switch in package_cache). For the streamed tile form (TTSAOT_SKINNY_STREAM=1: several programs per SM,
+# the first W tile loaded before the wait, an early trigger), whose B=16 steps were never timed with the attribute:
+# the cp.async tile form measured above holds one program per SM, so its dependents could not start early anyway.
+MAX_ROWS_ENV = "TTSAOT_PDL_MAX_ROWS"
 
 # The statement of AOTInductor's launchKernel helper (torch/_inductor/codegen/cuda/device_op_overrides.py) that is
 # replaced, and what replaces it. Same arguments, same error handling.
@@ -125,9 +130,20 @@ def kernels_wait(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 9
 
 
+def max_rows() -> int:
+    """The most rows a package may have and launch with the attribute: MAX_ROWS, or TTSAOT_PDL_MAX_ROWS."""
+    value = os.environ.get(MAX_ROWS_ENV, "").strip()
+    if not value:
+        return MAX_ROWS
+    if not value.isdigit():
+        raise ValueError(f"{MAX_ROWS_ENV}={value!r}: expected a whole number of rows")
+    return int(value)
+
+
 def wanted_for(sizes: dict[str, int]) -> bool:
-    """Whether a package of these bucket sizes should launch with the attribute (MAX_ROWS; no batch axis = 1 row)."""
-    return sizes.get("batch", 1) <= MAX_ROWS
+    """Whether a package of these bucket sizes should launch with the attribute (max_rows(); no batch axis = 1
+    row)."""
+    return sizes.get("batch", 1) <= max_rows()
 
 
 @contextlib.contextmanager
