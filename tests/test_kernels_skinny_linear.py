@@ -101,7 +101,8 @@ EPILOGUES = {
     "norm_bias_residual_scaled": {"norm": True, "bias": True, "residual": True, "scale": 0.7},
 }
 # (rows, N, K, form, split-K): GEMV and tensor-core forms, N and K off the block sizes, B = 3 and 5, M > 16,
-# leading dims [2, 3] (a re-prefill's [B, T, D]); one K past NORM_ROW_ELEMENTS (the GEMV prologue in two chunks).
+# leading dims [2, 3] (a re-prefill's [B, T, D]); one K past NORM_ROW_ELEMENTS (the GEMV prologue in two chunks);
+# N = 2.
 CASES = [
     ((1,), 40, 100, "gemv", 1),
     ((1,), 16, NORM_ROW_ELEMENTS + 300, "gemv", 1),
@@ -109,6 +110,8 @@ CASES = [
     ((5,), 24, 130, "dot", 1),
     ((20,), 48, 96, "dot", 3),
     ((2, 3), 32, 80, "dot", 2),
+    ((1,), 2, 100, "gemv", 1),  # N below every block: VoxCPM2's stop head (two logits)
+    ((3,), 2, 70, "dot", 1),
 ]
 
 
@@ -511,6 +514,12 @@ REAL_SHAPES = {  # name: (N, K, epilogue) as the stages use them
     "voxcpm2_o_residual": (2048, 2048, {"residual": True}),
     "voxcpm2_gate_up_norm_silu": (12288, 2048, {"norm": True, "gated": True}),
     "voxcpm2_down_residual": (2048, 6144, {"residual": True}),
+    # the LM steps' own Linears (use_decode_kernels): FSQ in / out, stop projection and head, residual fusion
+    "voxcpm2_fsq_in_bias": (512, 2048, {"bias": True}),
+    "voxcpm2_fsq_out_bias": (2048, 512, {"bias": True}),
+    "voxcpm2_stop_proj_bias": (2048, 2048, {"bias": True}),
+    "voxcpm2_stop_head": (2, 2048, {}),
+    "voxcpm2_fusion_concat_bias": (2048, 4096, {"bias": True}),
     "fish_qkv_norm": (6144, 2560, {"norm": True}),
     "fish_gate_up_norm_silu": (19456, 2560, {"norm": True, "gated": True}),
     "fish_down_residual": (2560, 9728, {"residual": True}),

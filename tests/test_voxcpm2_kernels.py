@@ -15,7 +15,7 @@ from ttsaot.builder.families.voxcpm2 import checkpoint as vck
 from ttsaot.builder.families.voxcpm2 import lm as vlm
 from ttsaot.builder.families.voxcpm2 import stages as vst
 from ttsaot.builder.families.voxcpm2.options import VoxCPM2Options
-from ttsaot.builder.kernels.decode_modules import KernelAttention, KernelSwiGLU
+from ttsaot.builder.kernels.decode_modules import KernelAttention, KernelLinear, KernelSwiGLU
 from ttsaot.builder.passes import cast_to_compute_dtype, fuse_projections
 from ttsaot.runtime import load
 
@@ -24,6 +24,10 @@ from .kernel_fixtures import build_recording_exported_ops, exported_ops
 from .test_voxcpm2_lm import MAX_LEN, PREFILL, TINY, voxcpm2_lm_tiny  # noqa: F401  (the inductor build)
 
 STEPS = ("base_lm_step", "residual_lm_step")
+TAIL_LINEARS = {
+    "base_lm_step": ("fsq_layer.in_proj", "fsq_layer.out_proj", "stop_proj", "stop_head"),
+    "residual_lm_step": ("fusion_concat_proj",),
+}
 OPS = ("ttsaot.skinny_linear.default", "ttsaot.decode_attention.default")
 
 
@@ -62,10 +66,17 @@ def test_pass_swaps_every_layer_and_keeps_parameter_names(name):
     lm = kern.base_lm if name.startswith("base") else kern.residual_lm
     assert report["layers"] == len(lm.layers) and lm.uses_kernels
     assert all(isinstance(ly.self_attn, KernelAttention) and isinstance(ly.mlp, KernelSwiGLU) for ly in lm.layers)
+    # the step's own Linears (FSQ, stop projection and head; the residual step's fusion) on skinny_linear too
+    tail = TAIL_LINEARS[name]
+    assert report["linears"] == len(tail)
+    assert all(isinstance(kern.get_submodule(n), KernelLinear) for n in tail)
+    lm_name = "base_lm" if name.startswith("base") else "residual_lm"
+    assert not [n for n, m in kern.named_modules() if type(m) is torch.nn.Linear and not n.startswith(lm_name)]
     fused = copy.deepcopy(orig)
     fuse_projections(fused)
     assert sorted(kern.state_dict()) == sorted(fused.state_dict())  # same constants, shared with the prefill
-    assert vlm.use_decode_kernels(kern)["layers"] == 0  # idempotent
+    again = vlm.use_decode_kernels(kern)
+    assert again["layers"] == 0 and again["linears"] == 0  # idempotent
 
 
 @pytest.mark.parametrize("name", STEPS)
@@ -118,8 +129,9 @@ def test_exported_programs_hold_the_kernel_ops(kernels_build):
     path, seen = kernels_build
     assert len(seen) == len(STEPS)  # one bucket per stage
     layers = [TINY.lm.num_hidden_layers, TINY.residual.num_hidden_layers]
-    for targets, n in zip(seen, layers):
-        assert targets.count(OPS[1]) == n and targets.count(OPS[0]) == 4 * n, targets
+    for targets, n, name in zip(seen, layers, STEPS):
+        assert targets.count(OPS[1]) == n and targets.count(OPS[0]) == 4 * n + len(TAIL_LINEARS[name]), targets
+        assert not {"aten.linear.default", "aten.addmm.default", "aten.mm.default"} & set(targets), targets
         assert not any("index_put" in t for t in targets)  # the cache writes are inside the op
     bundle = load(path)
     assert all(bundle[s].entry.kernels == "ttsaot" for s in STEPS)

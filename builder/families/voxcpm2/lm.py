@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...kernels.decode_attention import attention_workspace
-from ...kernels.decode_modules import KernelAttention, KernelSwiGLU
+from ...kernels.decode_modules import KernelAttention, KernelLinear, KernelSwiGLU
 from ...layers import RMSNorm, SwiGLU, apply_rope_neox, rope_table
 from ...layers.attention import Attention
 from .config import MiniCPM4Config, VoxCPM2LMConfig
@@ -213,17 +213,33 @@ class MiniCPM4(nn.Module):
 def use_decode_kernels(module: nn.Module) -> dict:
     """Kernel pass of the step stages (StageSpec.kernel_passes): every MiniCPM4 decoder layer's attention and MLP
     blocks become kernel-layer blocks holding the same weights (builder/kernels/decode_modules.py). Only
-    `forward_step` uses them: the pass is for step stages only."""
-    layers = 0
+    `forward_step` uses them: the pass is for step stages only.
+
+    The step's other Linears (the base step's FSQ in/out projections, stop_proj and stop_head; the residual step's
+    fusion_concat_proj) become KernelLinears too, under the same parameter names. Inductor left them to cuBLAS:
+    in the H100 profiles at 1d24e0d (bench/results/nvidia-h100/profiles/voxcpm2__*_lm_step__ttsaot.txt, b1) four
+    cuBLAS launches took ~19 µs of the base step's tail (5.1-5.7 µs each for 2-8 MB of weights, where the layers'
+    2048 × 2048 o_proj on skinny_linear took 2.2 µs in the chain), and the residual step's fusion_concat_proj
+    11.4 µs (a split-K GEMM and its reduce) for 16.8 MB; a cuBLAS kernel also takes no part in the programmatic
+    launch chain of the kernels around it."""
+    layers = linears = 0
     for sub in module.modules():
         if isinstance(sub, MiniCPM4) and not sub.uses_kernels:
             for layer in sub.layers:
                 layer.self_attn = KernelAttention(layer.self_attn)
                 layer.mlp = KernelSwiGLU(layer.mlp)
                 layers += 1
+    # outside the LMs only: their blocks are the kernel blocks above
+    in_lm = {id(m) for lm in module.modules() if isinstance(lm, MiniCPM4) for m in lm.modules()}
+    for parent in [m for m in module.modules() if id(m) not in in_lm]:
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, KernelLinear(child))
+                linears += 1
     return {
         "pass": "use_decode_kernels",
         "layers": layers,
+        "linears": linears,
         "ops": ["ttsaot::skinny_linear", "ttsaot::decode_attention"],
     }
 
