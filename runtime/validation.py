@@ -41,9 +41,10 @@ def value_checks(spec: TensorSpec) -> tuple[str, ...]:
     )
 
 
-def flag_ok(what: str, flag: bool | torch.Tensor) -> bool:
-    """Whether a read-back `InputChecker.flag` of check `what` passed."""
-    return bool(flag) if what == "finite" else not bool(flag)
+def flag_ok(what: str, flag: float | bool | torch.Tensor) -> bool:
+    """Whether a read-back `InputChecker.flag` of check `what` passed: "finite", an ∞-norm that is finite; "range",
+    no value out of range (False / 0)."""
+    return math.isfinite(float(flag)) if what == "finite" else not bool(flag)
 
 
 def shape_str(spec: TensorSpec) -> str:
@@ -144,18 +145,19 @@ class InputChecker:
                 self.raise_failed(spec, what, named[spec.name])
 
     def flag(self, spec: TensorSpec, what: str, x: torch.Tensor, clear: bool = False) -> torch.Tensor:
-        """One value check of x as a 0-d bool where x lives (no synchronisation; `flag_ok` reads it): "range" =
-        some value is out of its range, "finite" = x holds no NaN/Inf: its ∞-norm (one reduction) is below ∞, one
-        compare, where `isfinite` of it is four kernels on CUDA (abs, two compares, an and), each a node of the
-        captured check graph. `clear`: afterwards (in stream order) replace in x, in place, every value that fails
-        the check by one that passes: a code outside its range by the range's low end, NaN / ±Inf by 0."""
+        """One value check of x as a 0-d tensor where x lives (no synchronisation; `flag_ok` reads it back):
+        "range", a bool, True where some value is out of its range; "finite", x's ∞-norm (one reduction), finite
+        exactly when x holds no NaN/Inf, compared on the host once read back: `isfinite` on the device is four
+        kernels on CUDA (abs, two compares, an and) and a compare one more, each a node of the captured check graph.
+        `clear`: afterwards (in stream order) replace in x, in place, every value that fails the check by one that
+        passes: a code outside its range by the range's low end, NaN / ±Inf by 0."""
         if what == "range":
             bad = self._out_of_range(spec, x)
             flag = bad.any()
             if clear:
                 x.masked_fill_(bad, spec.range.get("low", 0))
             return flag
-        flag = _inf_norm(x) < math.inf  # NaN compares False too
+        flag = _inf_norm(x)  # NaN / ±Inf carry into it
         if clear:
             torch.nan_to_num_(x, nan=0.0, posinf=0.0, neginf=0.0)
         return flag
