@@ -140,6 +140,26 @@ def test_kernel_matches_reference_with_its_rounding_order(epilogue, dtype):
             assert same >= 0.99, (lead, N, K, form, split, same)
 
 
+def test_every_gemv_config_computes_a_two_output_head_at_its_planned_split():
+    """VoxCPM2's stop head (use_decode_kernels: N = 2 outputs over K = 2048, one row) narrower than every config's
+    BLOCK_N, at the split-K the op plans for it on an H100's 132 SMs: every GEMV config the autotuner may pick, and
+    each that can hold a program's whole K range with PRELOAD, gives the reference."""
+    from ttsaot.builder.kernels import skinny_linear_triton as kernels
+
+    t = _inputs(1, 2, 2048, torch.float32)
+    split = plan_split_k(1, 2, 2048, 132, False)
+    ref = skinny_linear_reference(t["x"], t["weight"])
+    ran = 0
+    for c in kernels.GEMV_CONFIGS:
+        config = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
+        preloads = (False, True) if config["BLOCK_K"] >= -(-2048 // split) else (False,)
+        for preload in preloads:
+            y = launch_skinny_linear(t["x"], t["weight"], config={**config, "PRELOAD": preload}, split_k=split)
+            assert rel_err(y.cpu(), ref.cpu()) < 1e-5, (config, preload, split)
+            ran += 1
+    assert ran > len(kernels.GEMV_CONFIGS)  # some configs preload too
+
+
 @pytest.mark.parametrize("epilogue", ["norm", "norm_gated", "norm_bias_residual_scaled"])
 def test_preloaded_gemv_equals_the_streamed_loop(epilogue):
     """PRELOAD: the program's whole K range is one W tile loaded before the wait, and with no split-K the RMSNorm's
