@@ -72,10 +72,6 @@ class KVCache:
         return self.max_len - int(self.positions[row])
 
     def _rows(self, rows: Sequence[int]) -> torch.Tensor:
-        if isinstance(rows, range) and rows.start == 0 and rows.step == 1 and 0 < len(rows) <= self.batch:
-            # the default rows 0..n-1 of a step or prefill: distinct and in range by construction, so none of the
-            # host-side checks below (six small tensor ops a call, in a loop the host must keep ahead of the GPU)
-            return torch.arange(len(rows))
         r = torch.as_tensor(list(rows), dtype=torch.int64)
         if r.numel() == 0:
             raise InputValueError("KVCache: no rows given")
@@ -273,12 +269,8 @@ class _LMStage(Stage):
         B = bucket.sizes["batch"]
         whole = rows.numel() == B and rows.tolist() == list(range(B))  # a list compare: no tensor ops on the host
         row_index = slice(None) if whole else to_device(rows, self.device)
-        if whole and control.dtype == torch.int64:
-            ctl = control  # every row's own value, in order; a private tensor of the caller's (step: indexed
-            # positions; prefill: its copy of the lengths), only read here, through a pinned copy
-        else:
-            ctl = torch.full((B,), idle_control, dtype=torch.int64)
-            ctl[rows] = control
+        ctl = torch.full((B,), idle_control, dtype=torch.int64)
+        ctl[rows] = control
         with self._lock:
             if self.static_buffers or self.uses_cuda_graphs:
                 g = self._graphs.get((bucket.key, id(cache)))
@@ -406,10 +398,7 @@ class LMStepStage(_LMStage):
         x, pending = self._row_inputs(row_inputs, n, {})
         bucket = next(b for b in self.entry.buckets if b.sizes["batch"] == cache.batch)
         outs = self._run_rows(bucket, cache, r, x, pos, self.max_len, {}, pending)
-        if r.numel() == cache.batch:  # distinct rows, as many as the cache has: every row
-            cache.positions += 1
-        else:
-            cache.positions[r] += 1
+        cache.positions[r] += 1
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -427,9 +416,7 @@ class LMPrefillStage(_LMStage):
 
     def prefill(self, *row_inputs, lengths, cache: KVCache, rows: Sequence[int] | None = None):
         self._check_cache(cache)
-        # a private copy: it may become the control vector whose pinned copy reaches the device asynchronously
-        # (_run_rows), which must not read a caller's (possibly pinned) tensor changed after this call returns
-        lengths = torch.as_tensor(lengths, dtype=torch.int64).cpu().reshape(-1).clone()
+        lengths = torch.as_tensor(lengths, dtype=torch.int64).cpu().reshape(-1)
         n = lengths.numel()
         r = self._resolve_rows(cache, rows, n)
         tok = next(j for j, i in enumerate(self._row_idx) if "tokens" in self.entry.inputs[i].shape)

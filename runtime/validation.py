@@ -147,8 +147,8 @@ class InputChecker:
     def flag(self, spec: TensorSpec, what: str, x: torch.Tensor, clear: bool = False) -> torch.Tensor:
         """One value check of x as a 0-d tensor where x lives (no synchronisation; `flag_ok` reads it back):
         "range", a bool, True where some value is out of its range; "finite", x's ∞-norm (one reduction), finite
-        exactly when x holds no NaN/Inf, compared on the host once read back: `isfinite` on the device is four
-        kernels on CUDA (abs, two compares, an and) and a compare one more, each a node of the captured check graph.
+        exactly when x holds no NaN/Inf, compared on the host once read back (`flag_ok`): on the device, `isfinite`
+        would be four kernels (abs, two compares, an and) and a compare one more, each a node of the check graph.
         `clear`: afterwards (in stream order) replace in x, in place, every value that fails the check by one that
         passes: a code outside its range by the range's low end, NaN / ±Inf by 0."""
         if what == "range":
@@ -290,8 +290,9 @@ class DeviceValueChecks:
         flags = self.graph.replay()
         if self._readback is None:
             self._readback = PendingHost(flags)
-            return self._readback
-        return self._readback.again(flags)
+        else:
+            self._readback.again(flags)
+        return self._readback
 
     def verdict(self, flags: PendingHost | None, named: dict[str, torch.Tensor]) -> None:
         """Wait for `launch`'s flags; raise the typed error of the first failed check, with its details from

@@ -217,11 +217,11 @@ def use_decode_kernels(module: nn.Module) -> dict:
 
     The step's other Linears (the base step's FSQ in/out projections, stop_proj and stop_head; the residual step's
     fusion_concat_proj) become KernelLinears too, under the same parameter names. Inductor left them to cuBLAS:
-    in the H100 profiles at 1d24e0d (bench/results/nvidia-h100/profiles/voxcpm2__*_lm_step__ttsaot.txt, b1) four
-    cuBLAS launches took ~19 µs of the base step's tail (5.1-5.7 µs each for 2-8 MB of weights, where the layers'
-    2048 × 2048 o_proj on skinny_linear took 2.2 µs in the chain), and the residual step's fusion_concat_proj
-    11.4 µs (a split-K GEMM and its reduce) for 16.8 MB; a cuBLAS kernel also takes no part in the programmatic
-    launch chain of the kernels around it."""
+    in the H100 profiles at 1d24e0d (bench/results/nvidia-h100/profiles/voxcpm2__*_lm_step__ttsaot.txt, b1) five
+    cuBLAS launches took ~19 µs of the base step's tail (three GEMMs of 5.1-5.7 µs each for 2-8 MB of weights,
+    where the layers' 2048 × 2048 o_proj on skinny_linear took 2.2 µs in the chain), and the residual step's
+    fusion_concat_proj 11.4 µs (a split-K GEMM and its reduce) for 16.8 MB; a cuBLAS kernel also takes no part in
+    the programmatic launch chain of the kernels around it."""
     layers = linears = 0
     for sub in module.modules():
         if isinstance(sub, MiniCPM4) and not sub.uses_kernels:
