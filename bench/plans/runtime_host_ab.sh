@@ -10,10 +10,12 @@
 #    $OUT/run_logs.tgz (a call brings back 8 files at most).
 #   BENCH_GIT_COMMIT=<this tree's commit, spelled out> OLD=.snap/ab_dc28bab bash bench/plans/runtime_host_ab.sh
 #   (carry OLD)
+#   CACHE=/tmp/ab_cache_new TESTS= RUNS="residual_lm_step:new residual_lm_step:old residual_lm_step:new" ...: after
+#   split_rule_ab_h200.sh in the same call, on its `new` builds, the residual step alone
 . "$(dirname "$0")/setup_device.sh"
 OLD=${OLD:?an ignored folder holding the older runtime/*.py, carried with the call}
 TESTS=${TESTS-tests/test_runtime_core.py tests/gpu/test_gpu_voxcpm2_lm.py}
-CACHE=/tmp/ab_cache
+CACHE=${CACHE:-/tmp/ab_cache}  # another plan's build cache (e.g. /tmp/ab_cache_new): the build below is then a no-change rebuild
 mkdir -p /tmp/ab_new && cp runtime/*.py /tmp/ab_new/
 timeout -s INT -k 10 "${BUILD_S:-200}" python3 -m bench build voxcpm2/residual_lm_step voxcpm2/base_lm_step \
   --axis batch=1,16 --jobs 2 --cache-dir "$CACHE" > "$LOGS/build.log" 2>&1 &
@@ -26,7 +28,8 @@ if [ -n "$TESTS" ]; then
   grep -E "FAILED|ERROR" "$LOGS/gpu_tests.txt" | head -20 | cut -c1-300
 fi
 n=0
-for run in residual_lm_step:new residual_lm_step:old base_lm_step:new base_lm_step:old residual_lm_step:new; do
+RUNS=${RUNS:-residual_lm_step:new residual_lm_step:old base_lm_step:new base_lm_step:old residual_lm_step:new}
+for run in $RUNS; do
   st=${run%%:*}; which=${run##*:}; n=$((n + 1))
   [ $(( $(date +%s) - T0 )) -lt "${END_S:-560}" ] || { echo "skipped $run (time)"; continue; }
   if [ "$which" = old ]; then cp "$OLD"/runtime/*.py runtime/; else cp /tmp/ab_new/*.py runtime/; fi
