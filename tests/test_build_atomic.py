@@ -22,6 +22,8 @@ from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
 from ttsaot.builder.families.qwen3_tts_12hz import stages as qst
 from ttsaot.builder.families.qwen3_tts_12hz.options import Qwen3TTSOptions
 
+from . import package_cache_fixtures as pcf
+
 
 def _specs(**kw):
     opts = Qwen3TTSOptions(
@@ -37,10 +39,11 @@ def previous(qwen_tiny_fp32, tmp_path):
     return out, (out / "qwen3-tts-12hz" / "manifest.json").read_text()
 
 
-def _cached() -> dict:
-    """The run's package cache (tests/conftest.py): the tests below that build the same b1_f8 package compile it
-    once; a reused package still goes through the subprocess load check and the golden comparison they test."""
-    return {"cache_dir": os.environ["TTSAOT_CACHE_DIR"]}
+# A private copy of a cache holding the b1_f8 package (tests/package_cache_fixtures.py): the tests below that build
+# it reuse it instead of compiling it; a reused package still goes through the subprocess load check and the golden
+# comparison they test. (With the run's shared cache, each build that failed its load check dropped the entry, and
+# the next test compiled it again: three compiles here.)
+filled_cache, cached = pcf.filled_cache, pcf.cached
 
 
 def _no_temp(out):
@@ -81,31 +84,31 @@ def test_lock_prevents_interleaved_builds(previous):
     assert not (out / ".qwen3-tts-12hz.lock").exists()
 
 
-def test_package_crash_on_load_fails_the_build(previous, monkeypatch, tmp_path):
+def test_package_crash_on_load_fails_the_build(previous, cached, monkeypatch, tmp_path):
     out, before = previous
     fake = tmp_path / "crashing-python"
     fake.write_text("#!/bin/sh\nkill -SEGV $$\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setattr(build_mod.sys, "executable", str(fake))
     with pytest.raises(BuildError, match="signal 11"):
-        build_family(QWEN.name, _specs(), out, "cpu", **_cached())
+        build_family(QWEN.name, _specs(), out, "cpu", cache_dir=cached[0])
     assert (out / "qwen3-tts-12hz" / "manifest.json").read_text() == before
     assert _no_temp(out)
 
 
-def test_verification_really_compares(previous):
+def test_verification_really_compares(previous, cached):
     # A zero tolerance cannot be met (kernel-order noise ~1e-7): the subprocess check must catch it.
     out, before = previous
     specs = _specs()
     specs[0].tolerance = 0.0
     with pytest.raises(BuildError, match="differs from eager"):
-        build_family(QWEN.name, specs, out, "cpu", **_cached())
+        build_family(QWEN.name, specs, out, "cpu", cache_dir=cached[0])
     assert (out / "qwen3-tts-12hz" / "manifest.json").read_text() == before
 
 
-def test_rebuild_replaces_and_keeps_permissions(previous):
+def test_rebuild_replaces_and_keeps_permissions(previous, cached):
     out, before = previous
-    res = build_family(QWEN.name, _specs(), out, "cpu", **_cached())
+    res = build_family(QWEN.name, _specs(), out, "cpu", cache_dir=cached[0])
     m = json.loads((res.path / "manifest.json").read_text())
     assert [b["key"] for b in m["stages"]["code2wav"]["buckets"]] == ["b1_f8"]
     assert (res.path / "manifest.json").read_text() != before

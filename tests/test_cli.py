@@ -4,6 +4,8 @@ import hashlib
 import json
 import re
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -11,7 +13,9 @@ from safetensors.torch import load_file, save_file
 
 from ttsaot.builder.cli import main
 
+from . import package_cache_fixtures as pcf
 from .conftest import built_artifact
+from .package_cache_fixtures import cache_copy
 
 CLI_BUILD = [
     "build",
@@ -30,19 +34,26 @@ CLI_BUILD = [
 ]
 
 
-def _cli_build(out):
-    r = CliRunner().invoke(main, [*CLI_BUILD, "--out", str(out)])
+def _cli_build(out, cache):
+    # the CLI's package cache is $TTSAOT_CACHE_DIR (the run's, tests/conftest.py), here a copy of a cache that holds
+    # this build's one package (tests/package_cache_fixtures.py `filled_cache`): the CLI reuses it, not compiles it
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"TTSAOT_CACHE_DIR": str(cache_copy(cache, Path(tmp) / "cache"))}
+        r = CliRunner().invoke(main, [*CLI_BUILD, "--out", str(out)], env=env)
     assert r.exit_code == 0, r.output
     # not a terminal: one progress line per compiled package (what `bench builds` keeps of a stopped build)
     assert re.search(r"\[\s*\d+\.\ds\] code2wav/b1_f8 compiled \(\d+s\)", r.output), r.output
     return out / "qwen3-tts-12hz"
 
 
+filled_cache = pcf.filled_cache
+
+
 @pytest.fixture(scope="session")
-def cli_artifact():
+def cli_artifact(filled_cache):
     """Built once per run (tests/conftest.py `built_artifact`; a module fixture built it again on each xdist worker
     that ran a test of this file). Read-only: the tests that edit it take a copy."""
-    return built_artifact("cli-qwen-b1-f8", _cli_build)
+    return built_artifact("cli-qwen-b1-f8", lambda out: _cli_build(out, filled_cache[0]))
 
 
 def test_build_writes_a_verified_artifact(cli_artifact):

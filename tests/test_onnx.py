@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from ttsaot.builder.stage_spec import StageSpec  # noqa: E402
 from ttsaot.runtime.artifact import parse_manifest, read_manifest  # noqa: E402
 from ttsaot.runtime.errors import IntegrityError, ManifestError  # noqa: E402
 
+from . import package_cache_fixtures as pcf  # noqa: E402
 from .conftest import built_artifact, rel_err  # noqa: E402
 
 CPU = ["CPUExecutionProvider"]
@@ -385,15 +387,23 @@ def _rewritten(spec: StageSpec) -> torch.nn.Module:
 
 
 # --------------------------------------------------------------- code2wav: dynamic frames vs AOTI buckets
+dynamic_filled_cache = pcf.dynamic_filled_cache
+
+
 @pytest.fixture(scope="session")
-def code2wav_aoti_onnx() -> Path:
+def code2wav_aoti_onnx(dynamic_filled_cache) -> Path:
     """Tiny code2wav fp32 with both formats: AOTI buckets batch {1} × frames {8, 16}, one ONNX model with a
-    dynamic frame axis (batch has one size: static)."""
+    dynamic frame axis (batch has one size: static). Its AOTI package is the one dynamic package of
+    tests/package_cache_fixtures.py `dynamic_specs` (the same program), reused from a copy of that fixture's cache
+    instead of compiled again; the ONNX model is exported here."""
     from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
 
     def build(root: Path) -> Path:
         opts = QWEN.options(dtype=torch.float32, batch_buckets=(1,), frame_buckets=(8, 16))
-        return build_family(QWEN.name, QWEN.specs(opts, ["code2wav"]), root, "cpu", formats="aoti,onnx").path
+        specs = QWEN.specs(opts, ["code2wav"])
+        with tempfile.TemporaryDirectory() as tmp:
+            cache = pcf.cache_copy(dynamic_filled_cache[0], Path(tmp) / "cache")
+            return build_family(QWEN.name, specs, root, "cpu", formats="aoti,onnx", cache_dir=cache).path
 
     return built_artifact("qwen-code2wav-aoti-onnx", build)
 

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from ttsaot.builder import build as build_mod
 from ttsaot.builder import package_cache
 from ttsaot.builder.buckets import BucketPlan
-from ttsaot.builder.build import BuildError, Reporter, build_family
+from ttsaot.builder.build import BuildError, build_family
 from ttsaot.builder.families.qwen3_tts_12hz import FAMILY as QWEN
 from ttsaot.builder.package_cache import (
     ENTRY,
@@ -33,44 +33,13 @@ from ttsaot.builder.package_cache import (
     program_sources,
 )
 
-from .conftest import built_artifact
+from . import package_cache_fixtures as pcf
+from .package_cache_fixtures import Notes, cache_copy, dynamic_specs
 from .test_build_atomic import _specs
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class Notes(Reporter):
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-
-    def note(self, msg: str) -> None:
-        self.notes.append(msg)
-
-
-def _fill_a_fresh_cache(root: Path) -> Path:
-    rep = Notes()
-    res = build_family(QWEN.name, _specs(), root / "first", "cpu", cache_dir=root / "cache", reporter=rep)
-    assert "code2wav: 0 of 1 packages reused from the package cache" in rep.notes
-    return res.path
-
-
-@pytest.fixture(scope="session")
-def filled_cache() -> tuple[Path, Path]:
-    """One real build (b1_f8, fp32) that fills a fresh cache, once per run (tests/conftest.py `built_artifact`:
-    shared by the xdist workers, where a module fixture compiled it again on each worker that ran a test of this
-    file): (cache dir, artifact path). Read-only: tests take `cached`."""
-    first = built_artifact("package-cache-b1-f8", _fill_a_fresh_cache)
-    return first.parent.parent / "cache", first
-
-
-@pytest.fixture
-def cached(filled_cache, tmp_path_factory):
-    """(a private copy of the filled cache, the artifact its build wrote): each test edits, corrupts or adds to
-    its own copy, so no test sees another's changes."""
-    cache, first = filled_cache
-    copy = tmp_path_factory.mktemp("package_cache") / "cache"
-    shutil.copytree(cache, copy, ignore=shutil.ignore_patterns("*.lock"))
-    return copy, first
+# the run's filled caches (tests/package_cache_fixtures.py): one real build each, a private copy per test (`cached`)
+filled_cache, cached, dynamic_filled_cache = pcf.filled_cache, pcf.cached, pcf.dynamic_filled_cache
 
 
 def _entries(cache: Path) -> list[Path]:
@@ -465,14 +434,16 @@ def test_added_bucket_compiles_one_package_in_a_worker(cached, tmp_path):
     assert "code2wav: 2 of 2 packages reused from the package cache" in rep.notes, rep.notes
 
 
-def test_dynamic_package_is_reused_on_a_no_change_rebuild_and_recompiled_for_a_new_bucket(monkeypatch, tmp_path):
+def test_dynamic_package_is_reused_on_a_no_change_rebuild_and_recompiled_for_a_new_bucket(
+    dynamic_filled_cache, monkeypatch, tmp_path
+):
     """A dynamic package (one for the stage's buckets) keys on every bucket it serves: a rebuild with no change
-    exports and compiles nothing; a bucket added to the plan widens the range, so the package is compiled again."""
-    cache = tmp_path / "cache"
-    specs = [replace(_specs()[0], plan=BucketPlan({"batch": (1,), "frames": (8, 16)}), dynamic_packages="on")]
-    rep = Notes()
-    first = build_family(QWEN.name, specs, tmp_path / "first", "cpu", cache_dir=cache, reporter=rep).path
-    assert "code2wav: 0 of 1 packages reused from the package cache" in rep.notes, rep.notes
+    exports and compiles nothing; a bucket added to the plan widens the range, so the package is compiled again.
+    The first build (a fresh cache: 0 of 1 packages reused, the package compiled) is `dynamic_filled_cache`'s."""
+    cache = cache_copy(dynamic_filled_cache[0], tmp_path / "cache")
+    first = dynamic_filled_cache[1]
+    specs = dynamic_specs()
+    assert specs[0].plan.axes == {"batch": (1,), "frames": (8, 16)} and specs[0].dynamic_packages == "on"
     calls, exports = _no_compile(monkeypatch), _count_exports(monkeypatch)
     rep = Notes()
     res = build_family(QWEN.name, specs, tmp_path / "again", "cpu", cache_dir=cache, reporter=rep)  # verified

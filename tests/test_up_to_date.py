@@ -17,6 +17,8 @@ from ttsaot.builder.families.qwen3_tts_12hz import stages as qst
 from ttsaot.builder.families.qwen3_tts_12hz.options import Qwen3TTSOptions
 from ttsaot.runtime.artifact import read_manifest
 
+from . import package_cache_fixtures as pcf
+
 
 def _specs():
     opts = Qwen3TTSOptions(
@@ -26,7 +28,6 @@ def _specs():
 
 
 def _build(out, inputs, **kw):
-    # the run's package cache (tests/conftest.py): the b1_f8 package other tests build is compiled once per run
     kw.setdefault("cache_dir", os.environ["TTSAOT_CACHE_DIR"])
     return build_family(QWEN.name, _specs(), out, "cpu", inputs=inputs, **kw)
 
@@ -35,7 +36,12 @@ class _Built(Exception):
     """Raised where a build would start preparing its stages: it did not skip."""
 
 
-def test_same_inputs_check_the_installed_artifact_and_leave_it(tmp_path, monkeypatch):
+filled_cache, cached = pcf.filled_cache, pcf.cached
+
+
+def test_same_inputs_check_the_installed_artifact_and_leave_it(tmp_path, monkeypatch, cached):
+    # the builds' cache: a copy of one holding the b1_f8 package (tests/package_cache_fixtures.py), not compiled here
+    monkeypatch.setenv("TTSAOT_CACHE_DIR", str(cached[0]))
     out = tmp_path / "out"
     first = _build(out, {"options": "a"})
     manifest = (first.path / "manifest.json").read_text()
