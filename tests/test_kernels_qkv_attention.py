@@ -68,13 +68,17 @@ def _attention_args(t: dict) -> dict:
 
 
 # (B, D, Hq, Hkv, hd, S, L, config): GQA 2 over 1 row with 8-column programs (4 per head of 16: 8 per kv head with
-# its q heads), MHA over 2 rows with 16-column programs, GQA 4 with 2-column programs over a 64-wide head (96 per kv
-# head), and a PRELOAD config (the whole K range one tile).
+# its q heads), MHA over 2 rows with 16-column programs, GQA 4 with 2-column programs over a 64-wide head (192 per kv
+# head, the one kv head), a PRELOAD config (the whole K range one tile), and GQA 4 over two kv heads (12 programs
+# each). The interpreter runs a program at a time (~35 ms each here): the 2-column case had two kv heads (384
+# programs, 27 of the test's 31 s per form); its kv head keeps its 192 arrivals, and GQA 4's head mapping over
+# two kv heads is the last case's.
 CASES = [
     (1, 48, 4, 2, 16, 10, 2, {"BLOCK_N": 8, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1}),
     (2, 40, 2, 2, 16, 7, 3, {"BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 2, "num_stages": 1}),
-    (1, 32, 8, 2, 64, 17, 1, {"BLOCK_N": 2, "BLOCK_K": 32, "num_warps": 1, "num_stages": 1}),
+    (1, 32, 4, 1, 64, 17, 1, {"BLOCK_N": 2, "BLOCK_K": 32, "num_warps": 1, "num_stages": 1}),
     (1, 64, 4, 2, 16, 16, 2, {"BLOCK_N": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1, "PRELOAD": True}),
+    (2, 24, 8, 2, 16, 9, 2, {"BLOCK_N": 8, "BLOCK_K": 16, "num_warps": 2, "num_stages": 1}),
 ]
 # (rope, q/k norm, bias, dtype): every form in bf16, the fp32 path (exact fp32 dots) with the most steps
 VARIANTS = [
