@@ -564,6 +564,11 @@ def test_gpu_real_shapes_autotuned(name, M):
     gated = spec.get("gated", False)
     y = skinny_linear(**t, norm_eps=1e-5, gated=gated, residual_scale=0.7 if spec.get("residual") else 1.0)
     ref = skinny_linear_reference(**t, norm_eps=1e-5, gated=gated, residual_scale=0.7 if spec.get("residual") else 1.0)
+    if not kernel_rows(t["x"]):
+        # More rows than the kernels take: the op is its aten reference (cuBLAS), whose reduction order is cuBLAS's
+        # (H100: 55 % of the two-output stop head's values bit-equal to the kernels' documented order at M = 176).
+        assert torch.equal(y, ref)
+        return
     assert rel_err(y.float(), ref.float()) < 1e-2
     mirror = _bf16_mirror(t, gated, 0.7 if spec.get("residual") else 1.0)
     assert (y.cpu().float() == mirror).float().mean().item() >= 0.99
