@@ -415,13 +415,15 @@ def bench_skinny_configs(
     candidates: tuple[tuple, ...] | None = None,
     splits: tuple[int, ...] | None = None,
     shared_counters: bool = False,
+    plan_variants: dict[str, dict] | None = None,
 ) -> dict:
     """Every candidate launch config × split-K of one (shape, M, form) on one weight rotation, each checked against
     the aten reference and timed in a graph of back-to-back calls; the same-bytes copy once. Candidates that would
     start past `time_left()` are recorded as skipped; splits that round to the same K ranges run once. A split runs
     as the op does (its epilogue kernel adds the partials); `shared_counters` also times it on one zeroed counter
     workspace that every call reuses (the kernel adds the partials and leaves the workspace zeroed). form "stream":
-    the streamed tensor-core form. `with_plan`: also the op's own plan (the autotuned tile form) as "plan".
+    the streamed tensor-core form. `with_plan`: also the op's own plan (the autotuned tile form) as "plan", and each
+    of `plan_variants` (name: launch keywords, e.g. {"swap_ab": True}) under its name.
     A candidate is (BLOCK_N, BLOCK_K, num_warps, num_stages[, extra launch constants: `_launch_extra`]); without
     them the op's own."""
     from ttsaot.builder.kernels.common import cdiv
@@ -477,15 +479,25 @@ def bench_skinny_configs(
                 }
             except Exception as e:  # noqa: BLE001 - a config the compiler refuses is a result too
                 runs[key] = {"error": short_error(e)}
-    if with_plan and time_left() > 0:
+    for name, plan_kw in ({"plan": {}, **(plan_variants or {})} if with_plan else {}).items():
+        if time_left() <= 0:
+            break
         try:
-            calls = [lambda i=i: launch_skinny_linear(t["x"], t["weights"][i], **kw) for i in _rotation(n_sets, device)]
-            launch_skinny_linear(t["x"], t["weights"][0], **kw)  # autotunes here
+            calls = [
+                lambda i=i, p=plan_kw: launch_skinny_linear(t["x"], t["weights"][i], **kw, **p)
+                for i in _rotation(n_sets, device)
+            ]
+            y = launch_skinny_linear(t["x"], t["weights"][0], **kw, **plan_kw)  # autotunes here
             ms = graph_ms(calls, reps, device)
             gbps = nbytes / (ms * 1e-3) / 1e9
-            out["plan"] = {"graph_ms": ms, "gb_per_s": gbps, "ratio_to_copy": gbps / copy["gb_per_s"]}
+            out[name] = {
+                "graph_ms": ms,
+                "gb_per_s": gbps,
+                "ratio_to_copy": gbps / copy["gb_per_s"],
+                "rel_err_vs_reference": rel_err(y.float(), ref),
+            }
         except Exception as e:  # noqa: BLE001
-            out["plan"] = {"error": short_error(e)}
+            out[name] = {"error": short_error(e)}
     out["runs"] = runs
     timed = {k: r for k, r in runs.items() if "graph_ms" in r}
     if timed:

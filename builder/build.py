@@ -61,7 +61,13 @@ from .kernels.qkv_attention import enabled as qkv_attention_enabled
 from .kernels.sequence_attention_o import METADATA_KEY as ATTENTION_O_METADATA_KEY
 from .kernels.sequence_attention_o import enabled as attention_o_enabled
 from .kernels.skinny_linear import METADATA_KEY as STREAM_METADATA_KEY
-from .kernels.skinny_linear import NORM_OUT_OFF_METADATA_KEY, norm_out_enabled, stream_tiles
+from .kernels.skinny_linear import (
+    NORM_OUT_OFF_METADATA_KEY,
+    SWAP_AB_METADATA_KEY,
+    norm_out_enabled,
+    stream_tiles,
+    swap_ab_tiles,
+)
 from .load_check import LoadCheck
 from .module_copy import module_sharing_tensors
 from .package_cache import (
@@ -236,10 +242,11 @@ def _io_specs(descs: list[dict[str, Any]], where: str) -> list[TensorSpec]:
 
 def _trace_switches() -> dict[str, str]:
     """Package metadata: the kernel layer's trace-time switches this process built with ("1" / "0"), which
-    `inspect` reports: skinny_linear's streamed tile form, the fused qkv + attention, the RMSNorm hand-over off, the
-    LocDiT's attention inside o_proj."""
+    `inspect` reports: skinny_linear's streamed and swapped tile forms, the fused qkv + attention, the RMSNorm
+    hand-over off, the LocDiT's attention inside o_proj."""
     return {
         STREAM_METADATA_KEY: "1" if stream_tiles() else "0",
+        SWAP_AB_METADATA_KEY: "1" if swap_ab_tiles() else "0",
         QKV_ATTENTION_METADATA_KEY: "1" if qkv_attention_enabled() else "0",
         NORM_OUT_OFF_METADATA_KEY: "0" if norm_out_enabled() else "1",
         ATTENTION_O_METADATA_KEY: "1" if attention_o_enabled() else "0",

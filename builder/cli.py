@@ -572,6 +572,10 @@ def inspect(ctx, artifact, as_json, debug_here):
                     "stream_buckets": [
                         b["key"] for b in st["buckets"] if _cuda(metas[b["file"]], "ttsaot_skinny_stream")
                     ],
+                    # CUDA packages whose 16-bit tile form computes W · xᵀ on warpgroup MMAs (TTSAOT_SKINNY_SWAP_AB)
+                    "swap_ab_buckets": [
+                        b["key"] for b in st["buckets"] if _cuda(metas[b["file"]], "ttsaot_skinny_swap_ab")
+                    ],
                     # CUDA packages traced with the predictors' fused qkv + attention (TTSAOT_QKV_ATTENTION)
                     "qkv_attention_buckets": [
                         b["key"] for b in st["buckets"] if _cuda(metas[b["file"]], "ttsaot_qkv_attention")
@@ -634,6 +638,7 @@ def inspect(ctx, artifact, as_json, debug_here):
                 *_numerics_cell(r["numerics"]),
                 *([f"pdl={','.join(r['pdl_buckets'])}"] if r["pdl_buckets"] else []),
                 *([f"skinny_stream={','.join(r['stream_buckets'])}"] if r["stream_buckets"] else []),
+                *([f"skinny_swap_ab={','.join(r['swap_ab_buckets'])}"] if r["swap_ab_buckets"] else []),
                 *([f"qkv_attention={','.join(r['qkv_attention_buckets'])}"] if r["qkv_attention_buckets"] else []),
                 *([f"norm_out_off={','.join(r['norm_out_off_buckets'])}"] if r["norm_out_off_buckets"] else []),
                 *([f"attention_o={','.join(r['attention_o_buckets'])}"] if r["attention_o_buckets"] else []),

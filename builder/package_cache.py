@@ -197,6 +197,7 @@ KERNEL_SWITCHES = (
     "TTSAOT_PDL",
     "TTSAOT_PDL_MAX_ROWS",
     "TTSAOT_SKINNY_STREAM",
+    "TTSAOT_SKINNY_SWAP_AB",
     "TTSAOT_GEMV_PRELOAD",
     "TTSAOT_QKV_ATTENTION",
     "TTSAOT_WHOLE_ATTENTION_WARPS",
@@ -210,6 +211,7 @@ def _inductor_env() -> dict[str, str]:
     kernel layer's build switches: TTSAOT_PDL (kernels/pdl.py: whether the launch helper gets the
     programmatic-launch attribute), TTSAOT_PDL_MAX_ROWS (kernels/pdl.py: up to how many rows a package gets it),
     TTSAOT_SKINNY_STREAM (kernels/skinny_linear.py: the streamed tile form),
+    TTSAOT_SKINNY_SWAP_AB (kernels/skinny_linear.py: =1, the 16-bit tile form as W · xᵀ on warpgroup MMAs),
     TTSAOT_GEMV_PRELOAD (kernels/skinny_linear_triton.py: =0, no one-row call loads its W before the wait),
     TTSAOT_QKV_ATTENTION (kernels/qkv_attention.py: =1, the predictors' steps trace the fused qkv + attention op),
     TTSAOT_WHOLE_ATTENTION_WARPS (kernels/decode_attention.py: the whole-cache attention's warps, not autotuned),

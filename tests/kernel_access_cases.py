@@ -96,6 +96,12 @@ def _launches() -> list:
         "skinny dot stream": dict(
             config={"BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}, use_dot=True, stream=True
         ),
+        "skinny dot swap": dict(
+            config={"BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2},
+            use_dot=True,
+            swap_ab=True,
+            split_k=1,
+        ),
     }
     for form, kw in forms.items():
         skinny_linear.launch_skinny_linear(x, w, None, norm, wrap=_recorder(calls, form), **kw)

@@ -139,6 +139,7 @@ def test_inspect_names_the_packages_launched_with_pdl(cli_artifact, tmp_path):
     stage = json.loads(r.output)["stages"][0]
     # a CPU build
     assert stage["pdl_buckets"] == [] == stage["stream_buckets"] == stage["qkv_attention_buckets"]
+    assert stage["swap_ab_buckets"] == []
     assert stage["norm_out_off_buckets"] == [] == stage["attention_o_buckets"]
 
 

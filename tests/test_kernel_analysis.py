@@ -108,7 +108,7 @@ REAL = textwrap.dedent(r"""
                         eps=1e-5, scale=1.0,
                         HAS_NORM=True, HAS_BIAS=False, GATED=False, HAS_RESIDUAL=True, SPLIT_K=1, FUSED_REDUCE=False,
                         USE_DOT=True, FP32_DOT=False, PDL=True, NORM_BLOCK=0, BLOCK_M=32, BLOCK_N=32,
-                        BLOCK_K=256, STREAM=False, NORM_CHUNKS=0, PRELOAD=False)
+                        BLOCK_K=256, STREAM=False, NORM_CHUNKS=0, PRELOAD=False, SWAP_AB=False)
 
     def writes(result):
         result = result.read_writes.writes if hasattr(result, "read_writes") else result
@@ -139,6 +139,7 @@ WRITES = {
     "skinny gemv split-k fused reduce": {"skinny_linear_kernel": ["part_ptr", "sem_ptr", "y_ptr"]},
     "skinny dot": {"skinny_linear_kernel": ["y_ptr"]},
     "skinny dot stream": {"skinny_linear_kernel": ["y_ptr"]},
+    "skinny dot swap": {"skinny_linear_kernel": ["y_ptr"]},
     "skinny gated": {"skinny_linear_kernel": ["y_ptr"]},
     "skinny residual": {"skinny_linear_kernel": ["y_ptr"]},
     # skinny_linear_norm_out: split, the second pass writes y and its norm; unsplit, it reads y back

@@ -34,8 +34,11 @@ SCRIPT = textwrap.dedent(r"""
     OPS = ("LDG.E.128", "LDGSTS", "HMMA", "HGMMA", "LDL", "STL", "ATOM", "BAR.SYNC")
 
     def build(fn, types, constexprs, num_warps, num_stages, aligned):
-        # constexprs a case leaves out take the kernel's own defaults (STREAM, NORM_CHUNKS)
+        # constexprs a case leaves out take the kernel's own defaults (STREAM, NORM_CHUNKS); skinny_linear's
+        # SWAP_AB (no default: the launcher always passes it) is off unless the case sets it
         constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **constexprs}
+        if "SWAP_AB" in fn.arg_names:
+            constexprs.setdefault("SWAP_AB", False)
         sig = {n: ("constexpr" if n in constexprs else types[n]) for n in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned}
         src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
@@ -96,6 +99,12 @@ SCRIPT = textwrap.dedent(r"""
                   NORM_BLOCK=256, BLOCK_M=block_m, STREAM=True, NORM_CHUNKS=4, **c.kwargs)
         key = f"skinny/stream/{fname}/m{block_m}/bn{c.kwargs['BLOCK_N']}bk{c.kwargs['BLOCK_K']}"
         results[key] = build(S.skinny_linear_kernel, sl_types, cx, c.num_warps, c.num_stages, sl_aligned)
+    # the swapped tile form (W · xᵀ, 64-row W tiles as the warpgroup MMA's M side): gated + norm, and residual split
+    for fname, c, split in (("norm_gated", S.SWAP_CONFIGS[0], 1), ("bias_residual", S.SWAP_CONFIGS[0], 4)):
+        cx = dict(flags[fname], SPLIT_K=split, FUSED_REDUCE=False, USE_DOT=True, FP32_DOT=False, PDL=True,
+                  NORM_BLOCK=256, BLOCK_M=16, STREAM=False, NORM_CHUNKS=8, SWAP_AB=True, **c.kwargs)
+        results[f"skinny/dot/swap/{fname}/m16/split{split}"] = build(
+            S.skinny_linear_kernel, sl_types, cx, c.num_warps, c.num_stages, sl_aligned)
     # the tile form's RMSNorm prologue unrolled into 256-wide chunks (skinny_linear.norm_block), K = 2048
     for fname, block_m, c in (("norm_gated", 16, S.GEMM_CONFIGS[1]), ("norm_gated", 32, S.GEMM_CONFIGS[0])):
         cx = dict(flags[fname], SPLIT_K=1, FUSED_REDUCE=False, USE_DOT=True, FP32_DOT=False, PDL=True,
@@ -245,6 +254,9 @@ def test_kernels_compile_for_sm90_with_the_intended_machine_code(sm90):
             if "splits1" not in key and "layer1" not in key:
                 assert r["ATOM"] > 0, (key, r)  # the ticket of the split merge
     assert sum(k.startswith("skinny/dot64") and sm90[k]["HGMMA"] > 0 for k in sm90) > 0  # wgmma at 64 rows
+    for key in ("skinny/dot/swap/norm_gated/m16/split1", "skinny/dot/swap/bias_residual/m16/split4"):
+        # swapped at 16 rows: warpgroup MMAs on W where cp.async put it, no mma.sync
+        assert sm90[key]["HGMMA"] > 0 and sm90[key]["HMMA"] == 0 and sm90[key]["LDGSTS"] > 0, (key, sm90[key])
     # one warp (TTSAOT_WHOLE_ATTENTION_WARPS=1): the tile's reductions and dot operands stay in the warp
     whole = sm90["attention/whole/code_predictor"]["BAR.SYNC"]
     assert sm90["attention/whole/code_predictor_w1"]["BAR.SYNC"] < whole / 2, whole

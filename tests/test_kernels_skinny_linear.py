@@ -232,15 +232,46 @@ def test_streamed_gated_calls_at_32_rows_are_offered_no_spilling_tile():
     assert prune(kernels.STREAM_CONFIGS, {"M": 16}, GATED=True, BLOCK_M=16) == kernels.STREAM_CONFIGS
 
 
-def test_the_stream_switch_is_read_at_trace_time_and_keys_the_packages(monkeypatch):
+@pytest.mark.parametrize("switch", ["stream", "swap_ab"])
+def test_the_tile_form_switches_are_read_at_trace_time_and_key_the_packages(monkeypatch, switch):
     from ttsaot.builder import package_cache
-    from ttsaot.builder.kernels.skinny_linear import STREAM_ENV, stream_tiles
+    from ttsaot.builder.kernels.skinny_linear import STREAM_ENV, SWAP_AB_ENV, stream_tiles, swap_ab_tiles
 
-    monkeypatch.delenv(STREAM_ENV, raising=False)
+    env, read = {"stream": (STREAM_ENV, stream_tiles), "swap_ab": (SWAP_AB_ENV, swap_ab_tiles)}[switch]
+    monkeypatch.delenv(env, raising=False)
     off = package_cache._inductor_env()
-    assert not stream_tiles()
-    monkeypatch.setenv(STREAM_ENV, "1")
-    assert stream_tiles() and package_cache._inductor_env() != off
+    assert not read()
+    monkeypatch.setenv(env, "1")
+    assert read() and package_cache._inductor_env() != off
+
+
+@pytest.mark.parametrize("epilogue", ["norm", "norm_gated", "norm_bias_residual_scaled", "residual"])
+def test_swapped_tile_form_keeps_the_rounding_order(epilogue):
+    """The swapped tile form (W · xᵀ, W the MMA's M side) computes what the tile form computes, with the same
+    roundings (≥ 99 % of outputs bit-equal to the mirror; the interpreter's fp32 sums of the transposed product may
+    differ from the tile form's in the last bit): rows 5, 20 and [2, 3], N and K off the block sizes, splits."""
+    spec = dict(EPILOGUES[epilogue])
+    scale = spec.pop("scale", 1.0)
+    rnd = kernel_rounding(torch.bfloat16)
+    for i, (lead, N, K, split) in enumerate([((5,), 80, 130, 1), ((20,), 48, 96, 3), ((2, 3), 72, 200, 2)]):
+        t = _inputs(None, N, K, torch.bfloat16, lead=lead, seed=i, **spec)
+        kw = dict(norm_eps=1e-5, gated=spec.get("gated", False), residual_scale=scale)
+        launch = dict(config={"BLOCK_N": 64, "BLOCK_K": 32}, split_k=split, use_dot=True)
+        y = launch_skinny_linear(**t, **kw, **launch, swap_ab=True)
+        mirror = _mirror(t["x"], t["weight"], t["bias"], t["norm_weight"], 1e-5, kw["gated"], t["residual"], scale, rnd)
+        assert (y.cpu().float() == mirror.view(y.shape)).float().mean().item() >= 0.99, (lead, N, K, split)
+        assert rel_err(y.cpu(), launch_skinny_linear(**t, **kw, **launch).cpu()) < 1e-2, (lead, N, K, split)
+
+
+def test_swapped_form_is_asked_for_16_bit_cp_async_tiles_only():
+    from ttsaot.builder.kernels.skinny_linear import swaps
+
+    bf16, fp32 = torch.zeros(2, dtype=torch.bfloat16), torch.zeros(2)
+    assert swaps(bf16, use_dot=True, stream=False, swap_ab=True)
+    assert not swaps(fp32, use_dot=True, stream=False, swap_ab=True)  # exact fp32 products: no warpgroup MMA
+    assert not swaps(bf16, use_dot=False, stream=False, swap_ab=True)  # the GEMV form (≤ 2 rows)
+    assert not swaps(bf16, use_dot=True, stream=True, swap_ab=True)
+    assert not swaps(bf16, use_dot=True, stream=False, swap_ab=False)
 
 
 def _record_meta(kernel, seen):
@@ -354,6 +385,11 @@ def test_split_k_plan():
     assert plan_split_k(1, 2048, 2048, 132, False) == 1  # VoxCPM2 o_proj: 256 GEMV programs fill the GPU
     assert plan_split_k(16, 1024, 3072, 132, True) == 2  # Qwen predictor down: 64 tensor-core tiles do not
     assert plan_split_k(176, 19456, 2560, 132, True) == 1  # Fish gate_up with 176 rows fills the GPU
+    # swapped (64-row W tiles), the VoxCPM2 LM steps at 16 rows: gate_up's 96 tiles in 2 K ranges, the 2048- and
+    # 2560-column projections' 32 / 40 in 4, each range ≥ SWAP_MIN_SPLIT_K_CHUNK
+    for n, k, want in ((6144, 2048, 2), (2048, 6144, 4), (2560, 2048, 4), (2048, 2048, 4)):
+        assert plan_split_k(16, n, k, 132, True, swapped=True) == want, (n, k)
+    assert plan_split_k(16, 2048, 1024, 132, True, swapped=True) == 2  # K 1024: no range below 512
 
 
 def test_tile_width_rule_picks_the_swept_best():
@@ -596,6 +632,39 @@ def test_gpu_real_shapes_streamed(name, M):
         for split in (1,) if gated else (1, 2):
             launch = dict(config=config, split_k=split, use_dot=True, stream=True)
             y = launch_skinny_linear(**t, **kw, **launch)
+            assert (y.cpu().float() == mirror).float().mean().item() >= 0.99, (config, split)
+            assert torch.equal(y, launch_skinny_linear(**t, **kw, **launch)), (config, split)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("M", [3, 16, 22])
+@pytest.mark.parametrize("name", list(REAL_SHAPES))
+def test_gpu_real_shapes_swapped(name, M):
+    """The swapped tile form (warpgroup MMAs on sm_90) at the stages' shapes: its autotuned plan, and every config
+    unsplit and at its planned split: the documented rounding order (≥ 99% of outputs bit-equal to the mirror) and
+    deterministic."""
+    from ttsaot.builder.kernels import skinny_linear_triton as kernels
+
+    N, K, spec = REAL_SHAPES[name]
+    t = _inputs(M, N, K, torch.bfloat16, **spec)
+    gated = spec.get("gated", False)
+    scale = 0.7 if spec.get("residual") else 1.0
+    kw = dict(norm_eps=1e-5, gated=gated, residual_scale=scale)
+    mirror = _bf16_mirror(t, gated, scale)
+    y = launch_skinny_linear(**t, **kw, swap_ab=True)
+    assert (y.cpu().float() == mirror).float().mean().item() >= 0.99
+    planned = plan_split_k(M, N // 2 if gated else N, K, torch.cuda.get_device_properties(0).multi_processor_count,
+                           True, swapped=True)  # fmt: skip
+    for c in kernels.SWAP_CONFIGS:
+        config = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
+        for split in sorted({1, planned}):
+            launch = dict(config=config, split_k=split, use_dot=True, swap_ab=True)
+            try:
+                y = launch_skinny_linear(**t, **kw, **launch)
+            except Exception as e:  # noqa: BLE001 - a config past the shared memory is pruned in the op's launches
+                assert "OutOfResources" in type(e).__name__ or "shared memory" in str(e), (config, split, e)
+                continue
             assert (y.cpu().float() == mirror).float().mean().item() >= 0.99, (config, split)
             assert torch.equal(y, launch_skinny_linear(**t, **kw, **launch)), (config, split)
 

@@ -2,7 +2,8 @@
 # One device call: stages built from two source trees and timed in turn on the same GPU — A: this tree, B: OTHER (a
 # `git archive` of another commit carried beside this one; its builder and runtime shadow the installed ones through
 # PYTHONPATH), C: this tree with TTSAOT_PDL=0, `stream`: this tree with TTSAOT_SKINNY_STREAM=1 (skinny_linear's
-# streamed tile form), `streampdl`: the streamed form with the programmatic-launch attribute up to 16-row buckets
+# streamed tile form), `swap`: this tree with TTSAOT_SKINNY_SWAP_AB=1 (the tile form as W · xᵀ on warpgroup MMAs),
+# `streampdl`: the streamed form with the programmatic-launch attribute up to 16-row buckets
 # (TTSAOT_PDL_MAX_ROWS=16), `pdl16`: the default tile form with it, `nopreload`: this tree with TTSAOT_GEMV_PRELOAD=0 (no one-row call loads its W before the
 # wait), `fused`: this tree with TTSAOT_QKV_ATTENTION=1 (the predictors' qkv projection and attention in one
 # launch, kernels/qkv_attention.py), `whole1` / `whole2` / `whole4` / `whole8`: this tree with the whole-cache attention at that
@@ -38,6 +39,7 @@ variant() {  # NAME: run the rest of the line in that variant's tree and environ
     old) (cd "${OTHER:?OTHER: a second source tree}" && PYTHONPATH="$SHADOW" "$@") ;;
     nopdl) (cd "$HERE" && TTSAOT_PDL=0 "$@") ;;
     stream) (cd "$HERE" && TTSAOT_SKINNY_STREAM=1 "$@") ;;
+    swap) (cd "$HERE" && TTSAOT_SKINNY_SWAP_AB=1 "$@") ;;
     streampdl) (cd "$HERE" && TTSAOT_SKINNY_STREAM=1 TTSAOT_PDL_MAX_ROWS=16 "$@") ;;
     pdl16) (cd "$HERE" && TTSAOT_PDL_MAX_ROWS=16 "$@") ;;
     nopreload) (cd "$HERE" && TTSAOT_GEMV_PRELOAD=0 "$@") ;;

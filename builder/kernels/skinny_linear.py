@@ -56,6 +56,14 @@ SPLIT_K_ALIGN = 512  # split boundaries are multiples of the largest BLOCK_K of 
 # (bench/plans/stage_ab_h100.sh, variant `stream`); part of every package key (package_cache.KERNEL_SWITCHES).
 STREAM_ENV = "TTSAOT_SKINNY_STREAM"
 METADATA_KEY = "ttsaot_skinny_stream"  # "1" / "0" in each package's metadata: whether it was traced streamed
+# TTSAOT_SKINNY_SWAP_AB=1 at build time: the op's 16-bit tile form computes W · xᵀ instead of x · Wᵀ
+# (skinny_linear_triton._dot_loop), W tiles of SWAP_BLOCK_N rows as the sm_90 warpgroup MMA's M side, read where the
+# cp.async stages put them; split-K makes up the programs the 64-row width leaves too few of (plan_split_k). Off by
+# default until a GPU has timed it in the stages (bench/plans/stage_ab_h100.sh, variant `swap`); a package key switch.
+SWAP_AB_ENV = "TTSAOT_SKINNY_SWAP_AB"
+SWAP_AB_METADATA_KEY = "ttsaot_skinny_swap_ab"  # "1" / "0" in each package's metadata
+SWAP_BLOCK_N = 64  # one warpgroup MMA's rows
+SWAP_MIN_SPLIT_K_CHUNK = 512  # the swapped form's split-K gives a program at least this much of K
 TILE_NORM_BLOCK = 256  # the tile forms' RMSNorm chunk: [BLOCK_M ≤ 32, 256] per unrolled load
 
 
@@ -157,13 +165,16 @@ def _check_norm_out(
     )
 
 
-def plan_split_k(m: int, n_out: int, k: int, multiprocessors: int, use_dot: bool) -> int:
+def plan_split_k(m: int, n_out: int, k: int, multiprocessors: int, use_dot: bool, swapped: bool = False) -> int:
     """How many K ranges. Each range costs a second (epilogue) launch, so only when the column tiles (nominal
-    BLOCK_N 8 for the GEMV form, 16 for tensor cores) × row tiles leave more than a quarter of the SMs idle; doubled
-    while that holds and each range keeps at least MIN_SPLIT_K_CHUNK of K."""
-    tiles = cdiv(n_out, 16 if use_dot else 8) * (cdiv(m, _block_m(m, use_dot)))
+    BLOCK_N 8 for the GEMV form, 16 for tensor cores, SWAP_BLOCK_N swapped) × row tiles leave more than a quarter of
+    the SMs idle; doubled while that holds and each range keeps at least MIN_SPLIT_K_CHUNK of K
+    (SWAP_MIN_SPLIT_K_CHUNK swapped: its 64-row tiles leave the LM steps' 2048-column projections 32 programs)."""
+    width = SWAP_BLOCK_N if swapped else 16 if use_dot else 8
+    min_chunk = SWAP_MIN_SPLIT_K_CHUNK if swapped else MIN_SPLIT_K_CHUNK
+    tiles = cdiv(n_out, width) * (cdiv(m, _block_m(m, use_dot)))
     split = 1
-    while 4 * tiles * split < 3 * multiprocessors and k // (2 * split) >= MIN_SPLIT_K_CHUNK and split < 8:
+    while 4 * tiles * split < 3 * multiprocessors and k // (2 * split) >= min_chunk and split < 8:
         split *= 2
     return split
 
@@ -221,6 +232,17 @@ def stream_tiles() -> bool:
     return os.environ.get(STREAM_ENV, "0") == "1"
 
 
+def swap_ab_tiles() -> bool:
+    """Whether this build's 16-bit tile-form calls compute W · xᵀ (SWAP_AB_ENV), decided at trace time."""
+    return os.environ.get(SWAP_AB_ENV, "0") == "1"
+
+
+def swaps(x: torch.Tensor, use_dot: bool, stream: bool, swap_ab: bool) -> bool:
+    """Whether a call runs the swapped tile form: asked for, the cp.async tile form (not streamed), 16-bit operands
+    (an fp32 call's exact products are not a warpgroup MMA's)."""
+    return swap_ab and use_dot and not stream and x.element_size() == 2
+
+
 NORM_OUT_ENV = "TTSAOT_NORM_OUT"  # =0 at build time: layers keep every RMSNorm in the next projection's prologue
 NORM_OUT_OFF_METADATA_KEY = "ttsaot_norm_out_off"  # "1" in each package's metadata traced with NORM_OUT_ENV=0
 # Fewest rows for which a layer hands its RMSNorm to the projection before it: the prologue cost 1.25-3.36 µs a
@@ -249,7 +271,9 @@ def norm_out_pays(x: torch.Tensor, weight: torch.Tensor) -> bool:
     m = size_hint(x.numel() // max(k, 1))
     if m < NORM_OUT_MIN_ROWS:
         return False
-    split = plan_split_k(m, n_out, k, multiprocessor_count(x.device), m > GEMV_MAX_M)
+    use_dot = m > GEMV_MAX_M
+    swapped = swaps(x, use_dot, stream_tiles(), swap_ab_tiles())
+    split = plan_split_k(m, n_out, k, multiprocessor_count(x.device), use_dot, swapped)
     return k_ranges(k, split, SPLIT_K_ALIGN)[1] > 1
 
 
@@ -278,6 +302,7 @@ def launch_skinny_linear(
     stream: bool = False,
     out_norm_weight: torch.Tensor | None = None,
     out_norm_eps: float = 1e-6,
+    swap_ab: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Run the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1). `config` ({"BLOCK_N", "BLOCK_K", "num_warps",
     "num_stages"}, and launch constants to override, e.g. "PRELOAD": True) skips autotuning (the interpreter tests and
@@ -290,7 +315,8 @@ def launch_skinny_linear(
     serially where the epilogue kernel's programs, launched early, run at once; probes/skinny_counters_ab/). The bench
     times both (`--sections configs_predictors`). `stream`: the tensor-core form with the GEMV form's memory schedule
     (skinny_linear_triton._dot_stream_loop). `out_norm_weight`: `skinny_linear_norm_out`'s call, returning (y, the
-    RMSNorm of y's rows), its second pass `norm_out_epilogue_kernel` (in place of the split-K epilogue kernel)."""
+    RMSNorm of y's rows), its second pass `norm_out_epilogue_kernel` (in place of the split-K epilogue kernel).
+    `swap_ab`: a 16-bit tile-form call computes W · xᵀ (`swaps`; skinny_linear_triton.SWAP_CONFIGS)."""
     from . import skinny_linear_triton as kernels
 
     norm_out = out_norm_weight is not None
@@ -305,13 +331,14 @@ def launch_skinny_linear(
     if use_dot is None:
         use_dot = m > GEMV_MAX_M
     block_m = _block_m(m, use_dot)
+    swapped = swaps(x, use_dot, stream, swap_ab)
     if split_k is None:
-        split_k = plan_split_k(m, n_out, k, multiprocessor_count(x.device), use_dot)
+        split_k = plan_split_k(m, n_out, k, multiprocessor_count(x.device), use_dot, swapped)
     k_split, split_k = k_ranges(k, split_k, config["BLOCK_K"] if config else SPLIT_K_ALIGN)
     part = x2.new_empty((split_k, m, weight.shape[0]), dtype=torch.float32) if split_k > 1 else x2
     fused_reduce = split_k > 1 and semaphores is not None
     if fused_reduce:
-        configs = kernels.GEMM_CONFIGS if use_dot else kernels.GEMV_CONFIGS
+        configs = kernels.SWAP_CONFIGS if swapped else kernels.GEMM_CONFIGS if use_dot else kernels.GEMV_CONFIGS
         block_n = config["BLOCK_N"] if config else min(c.kwargs["BLOCK_N"] for c in configs)
         tiles = cdiv(m, block_m) * cdiv(n_out, block_n)
         torch._check(
@@ -347,6 +374,7 @@ def launch_skinny_linear(
         PDL=kernels_wait(x.device),
         NORM_BLOCK=norm_block(k, m, use_dot, stream, gated),
         STREAM=use_dot and stream,
+        SWAP_AB=swapped,
     )  # off-GPU = the interpreter
     # the tile forms' chunks unrolled (the GEMV form's norm_block covers the row where it fits: no loop to unroll)
     unroll = use_dot and meta["NORM_BLOCK"] > 0 and isinstance(k, int)
@@ -356,11 +384,12 @@ def launch_skinny_linear(
         return (cdiv(m, meta["BLOCK_M"]), cdiv(n_out, meta["BLOCK_N"]), split_k)
 
     if config is None:
-        kernel = (
-            (kernels.skinny_stream_autotuned if stream else kernels.skinny_gemm_autotuned)
-            if use_dot
-            else kernels.skinny_gemv_autotuned
-        )
+        if not use_dot:
+            kernel = kernels.skinny_gemv_autotuned
+        elif stream:
+            kernel = kernels.skinny_stream_autotuned
+        else:
+            kernel = kernels.skinny_swap_autotuned if swapped else kernels.skinny_gemm_autotuned
         wrap(kernel)[grid](*args, **meta)
     else:
         wrap(kernels.skinny_linear_kernel)[grid](*args, **{**meta, "PRELOAD": False, **config})
@@ -461,6 +490,7 @@ if HAVE_TRITON:
             residual_scale,
             wrap=torch.library.wrap_triton,
             stream=stream_tiles(),
+            swap_ab=swap_ab_tiles(),
         )
 
     @torch.library.triton_op(NORM_OUT_OP_NAME, mutates_args=())
@@ -486,6 +516,7 @@ if HAVE_TRITON:
             residual_scale=residual_scale,
             wrap=torch.library.wrap_triton,
             stream=stream_tiles(),
+            swap_ab=swap_ab_tiles(),
             out_norm_weight=out_norm_weight,
             out_norm_eps=out_norm_eps,
         )

@@ -180,6 +180,16 @@ def _mma(x, w, acc, FP32_DOT: tl.constexpr):
 
 
 @triton.jit
+def _mma_t(w, x, acc_t, FP32_DOT: tl.constexpr):
+    """acc_t + w · xᵀ on the tensor cores: `_mma`'s products, transposed."""
+    if FP32_DOT:
+        acc_t = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), acc_t, input_precision="ieee")
+    else:
+        acc_t = tl.dot(w, tl.trans(x), acc_t)
+    return acc_t
+
+
+@triton.jit
 def _dot_loop(
     x_ptr,
     w_ptr,
@@ -199,8 +209,23 @@ def _dot_loop(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):
-    """Tensor-core form: [BLOCK_M, BLOCK_K] x tile · [BLOCK_N, BLOCK_K]ᵀ W tile per step (cp.async-pipelined)."""
+    """Tensor-core form: [BLOCK_M, BLOCK_K] x tile · [BLOCK_N, BLOCK_K]ᵀ W tile per step (cp.async-pipelined).
+    SWAP_AB: the same products as [BLOCK_N, BLOCK_K] W · [BLOCK_K, BLOCK_M] xᵀ, so W is the MMA's M side: on sm_90
+    a BLOCK_N ≥ 64 tile is one warpgroup MMA (wgmma) that reads W from shared memory where the cp.async stages put
+    it, instead of each warp moving it into registers first (mma.sync at ≤ 32 rows takes the x side as M)."""
+    if SWAP_AB:
+        acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        acc_up_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            x = _x_tile(x_ptr, offs_m, m_mask, K, k0, k_hi, BLOCK_K)
+            if HAS_NORM:
+                x = _normed(x, g_ptr, rstd, k0, k_hi, BLOCK_K)
+            acc_t = _mma_t(_w_rows(w_ptr, offs_n, n_mask, K, k0, k_hi, BLOCK_K), x, acc_t, FP32_DOT)
+            if GATED:
+                acc_up_t = _mma_t(_w_rows(w_ptr, offs_n + N_OUT, n_mask, K, k0, k_hi, BLOCK_K), x, acc_up_t, FP32_DOT)
+        return tl.trans(acc_t), tl.trans(acc_up_t)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -469,6 +494,7 @@ def skinny_linear_kernel(
     STREAM: tl.constexpr,
     NORM_CHUNKS: tl.constexpr,
     PRELOAD: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):
     """Grid (cdiv(M, BLOCK_M), cdiv(N_OUT, BLOCK_N), SPLIT_K): the row tiles of one W block are neighbours in
     launch order, so with several row tiles W is read from HBM once and from L2 after. USE_DOT: tensor-core
@@ -483,7 +509,8 @@ def skinny_linear_kernel(
     NORM_CHUNKS > 0: that many chunks, unrolled (all loads in flight at once). STREAM (with USE_DOT): the streamed
     tensor-core form (`_dot_stream_loop`), which like the GEMV form loads its first W tile before the wait and lets
     its dependents launch at once. PRELOAD (GEMV form; the config's BLOCK_K covers the program's whole K range):
-    all of the program's W is that first tile, loaded before the wait (`_fma_preloaded`).
+    all of the program's W is that first tile, loaded before the wait (`_fma_preloaded`). SWAP_AB (tile form):
+    the products as W · xᵀ, W the MMA's M side (`_dot_loop`).
     """
     # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
     # _use_fp64_for_unbacked_floats), which turned the loop-carried state fp64 (H100 AOTI build failed).
@@ -588,6 +615,7 @@ def skinny_linear_kernel(
                 BLOCK_M,
                 BLOCK_N,
                 BLOCK_K,
+                SWAP_AB,
             )
             offs_m += grid_dependency_trigger(PDL)
     finish = True  # this program writes y (a static True/False, or the runtime answer of the in-kernel reduction)
@@ -862,7 +890,7 @@ def _shallower(config: triton.Config) -> list[triton.Config]:
 # The tile configs' shallower variants. The stages are sized for bf16 on sm_90: at most 204,800 bytes (32 rows,
 # gated, BLOCK_N 32) of its 232,448. fp32 operands take twice the bytes (the same gated tile at 16 / 32 rows:
 # 335,872 / 401,408) and other GPUs have less (A100: 166,912).
-SHALLOWER_GEMM_CONFIGS = {id(c): _shallower(c) for c in GEMM_CONFIGS}
+SHALLOWER_GEMM_CONFIGS = {id(c): _shallower(c) for c in GEMM_CONFIGS}  # SWAP_CONFIGS' join below
 
 
 def fit_shared_memory(
@@ -931,4 +959,30 @@ def _prune_stream(configs, named_args, **kwargs):
 
 skinny_stream_autotuned = triton.autotune(
     configs=STREAM_CONFIGS, key=AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_stream}
+)(skinny_linear_kernel)
+
+
+# The swapped tile form (the launcher's SWAP_AB, skinny_linear.SWAP_AB_ENV): W tiles of SWAP_BLOCK_N rows as the
+# sm_90 warpgroup MMA's M side, read from the cp.async stages in shared memory. Autotuning picks the depth; the width
+# is fixed (a warpgroup MMA is 64 rows) and split-K makes up the programs (skinny_linear.plan_split_k). Shared memory
+# of an sm_90 compile (Triton 3.7), gated at 16 rows: 147,456 bytes at 64 × 128 × 4 stages, 111,232 at 64 × 64 × 6;
+# the plain 64 × 128 × 4: 81,920 (tile_shared_memory counts 8,192 more).
+SWAP_CONFIGS = [
+    _config(64, 128, 4, 4),
+    _config(64, 64, 4, 6),
+    _config(64, 256, 4, 3),
+]
+SHALLOWER_GEMM_CONFIGS.update({id(c): _shallower(c) for c in SWAP_CONFIGS})
+
+
+def _prune_swap(configs, named_args, **kwargs):
+    """The swapped form's candidates, each with as many pipeline stages as the GPU's shared memory holds."""
+    meta = {**named_args, **kwargs}
+    x = meta["x_ptr"]
+    limit = shared_memory_per_block(x.device)
+    return fit_shared_memory(configs, meta["BLOCK_M"], x.element_size(), bool(meta.get("GATED")), limit) or configs
+
+
+skinny_swap_autotuned = triton.autotune(
+    configs=SWAP_CONFIGS, key=AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_swap}
 )(skinny_linear_kernel)

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# One device call (issue 14): skinny_linear's swapped tile form (TTSAOT_SKINNY_SWAP_AB=1: W · xᵀ on sm_90 warpgroup
+# MMAs) 1. per projection (bench.probes.swap_ab_tiles: the op's plan, its tile configs and swapped tiles × split-K
+# against a same-bytes copy), alone on the GPU; then 2. the VoxCPM2 LM steps built both ways (`new`, `swap`) at
+# B=16 with the swapped form's GPU tests beside the builds, replayed A/B, and the swapped residual step profiled
+# (split_rule_ab_h200.sh).
+#   BENCH_GIT_COMMIT=<this tree's commit> bash bench/plans/swap_ab_h100.sh
+. "$(dirname "$0")/setup_device.sh"
+timeout "${PROBE_S:-260}" python3 -m bench.probes.swap_ab_tiles "$OUT/swap_ab_tiles.json" "$(( ${PROBE_S:-260} - 40 ))" \
+  > "$OUT/swap_ab_tiles.txt" 2>&1
+echo "probe at $(( $(date +%s) - T0 )) s"; grep -v Warning "$OUT/swap_ab_tiles.txt" | tail -14 | cut -c1-260
+OUT=$OUT STAGES="${STAGES:-voxcpm2/residual_lm_step voxcpm2/base_lm_step}" VARIANTS="new swap" AXIS=batch=16 \
+  TESTS="tests/test_kernels_skinny_linear.py -k gpu_real_shapes_swapped" PROFILES="${PROFILES-voxcpm2/residual_lm_step}" \
+  PROFILE_VARIANT=swap BUILD_S=${BUILD_S:-220} END_S=$(( ${END_S:-560} - ($(date +%s) - T0) )) ROUNDS=${ROUNDS:-5} \
+  bash "$(dirname "$0")/split_rule_ab_h200.sh"
