@@ -51,6 +51,9 @@ def main(argv: list[str]) -> int:
     res: dict = {"device": device_info(dev), "peak_copy": peak, "cases": {}}
     for name, (n, k, spec, rows) in SHAPES.items():
         for m in rows:
+            if time.monotonic() > deadline:
+                print(f"{name} M={m}: skipped (time)", flush=True)
+                continue
             splits = (1, 2) if spec.get("gated") else (1, 2, 4)
             r = kb.bench_skinny_configs(
                 m, n, k, spec, "dot", peak["gb_per_s"], 100, dev, time_left=lambda: deadline - time.monotonic(),
