@@ -257,21 +257,26 @@ def test_swapped_tile_form_keeps_the_rounding_order(epilogue):
         t = _inputs(None, N, K, torch.bfloat16, lead=lead, seed=i, **spec)
         kw = dict(norm_eps=1e-5, gated=spec.get("gated", False), residual_scale=scale)
         launch = dict(config={"BLOCK_N": 64, "BLOCK_K": 32}, split_k=split, use_dot=True)
-        y = launch_skinny_linear(**t, **kw, **launch, swap_ab=True)
+        y = launch_skinny_linear(**t, **kw, **{**launch, "config": {**launch["config"], "SWAP_AB": True}})
         mirror = _mirror(t["x"], t["weight"], t["bias"], t["norm_weight"], 1e-5, kw["gated"], t["residual"], scale, rnd)
         assert (y.cpu().float() == mirror.view(y.shape)).float().mean().item() >= 0.99, (lead, N, K, split)
         assert rel_err(y.cpu(), launch_skinny_linear(**t, **kw, **launch).cpu()) < 1e-2, (lead, N, K, split)
 
 
-def test_swapped_form_is_asked_for_16_bit_cp_async_tiles_only():
+def test_swapped_form_is_asked_for_16_bit_cp_async_tiles_of_gate_up_and_down_only():
     from ttsaot.builder.kernels.skinny_linear import swaps
 
     bf16, fp32 = torch.zeros(2, dtype=torch.bfloat16), torch.zeros(2)
-    assert swaps(bf16, use_dot=True, stream=False, swap_ab=True)
-    assert not swaps(fp32, use_dot=True, stream=False, swap_ab=True)  # exact fp32 products: no warpgroup MMA
-    assert not swaps(bf16, use_dot=False, stream=False, swap_ab=True)  # the GEMV form (≤ 2 rows)
-    assert not swaps(bf16, use_dot=True, stream=True, swap_ab=True)
-    assert not swaps(bf16, use_dot=True, stream=False, swap_ab=False)
+    on = dict(use_dot=True, stream=False, swap_ab=True)
+    assert swaps(bf16, 16, 6144, 2048, True, **on)  # gate_up
+    assert swaps(bf16, 8, 2048, 6144, False, **on)  # down: K ≥ 2·N
+    assert not swaps(bf16, 16, 2560, 2048, False, **on)  # qkv
+    assert not swaps(bf16, 16, 2048, 2048, False, **on)  # o
+    assert not swaps(bf16, 22, 8192, 1024, True, **on)  # a 32-row tile (the LocDiT's 22 rows)
+    assert not swaps(fp32, 16, 6144, 2048, True, **on)  # exact fp32 products: no warpgroup MMA
+    assert not swaps(bf16, 2, 6144, 2048, True, **{**on, "use_dot": False})  # the GEMV form (≤ 2 rows)
+    assert not swaps(bf16, 16, 6144, 2048, True, **{**on, "stream": True})
+    assert not swaps(bf16, 16, 6144, 2048, True, **{**on, "swap_ab": False})
 
 
 def _record_meta(kernel, seen):
@@ -385,9 +390,9 @@ def test_split_k_plan():
     assert plan_split_k(1, 2048, 2048, 132, False) == 1  # VoxCPM2 o_proj: 256 GEMV programs fill the GPU
     assert plan_split_k(16, 1024, 3072, 132, True) == 2  # Qwen predictor down: 64 tensor-core tiles do not
     assert plan_split_k(176, 19456, 2560, 132, True) == 1  # Fish gate_up with 176 rows fills the GPU
-    # swapped (64-row W tiles), the VoxCPM2 LM steps at 16 rows: gate_up's 96 tiles in 2 K ranges, the 2048- and
-    # 2560-column projections' 32 / 40 in 4, each range ≥ SWAP_MIN_SPLIT_K_CHUNK
-    for n, k, want in ((6144, 2048, 2), (2048, 6144, 4), (2560, 2048, 4), (2048, 2048, 4)):
+    # swapped (64-row W tiles), the VoxCPM2 LM steps at 16 rows: gate_up's 96 tiles unsplit, down's 32 in 4 K ranges
+    # (the H200 sweep's best), qkv's 40 in 2, each range ≥ SWAP_MIN_SPLIT_K_CHUNK
+    for n, k, want in ((6144, 2048, 1), (2048, 6144, 4), (2560, 2048, 2), (2048, 2048, 4)):
         assert plan_split_k(16, n, k, 132, True, swapped=True) == want, (n, k)
     assert plan_split_k(16, 2048, 1024, 132, True, swapped=True) == 2  # K 1024: no range below 512
 
@@ -659,7 +664,7 @@ def test_gpu_real_shapes_swapped(name, M):
     for c in kernels.SWAP_CONFIGS:
         config = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
         for split in sorted({1, planned}):
-            launch = dict(config=config, split_k=split, use_dot=True, swap_ab=True)
+            launch = dict(config={**config, "SWAP_AB": True}, split_k=split, use_dot=True)
             try:
                 y = launch_skinny_linear(**t, **kw, **launch)
             except Exception as e:  # noqa: BLE001 - a config past the shared memory is pruned in the op's launches

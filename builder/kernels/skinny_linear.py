@@ -167,14 +167,23 @@ def _check_norm_out(
 
 def plan_split_k(m: int, n_out: int, k: int, multiprocessors: int, use_dot: bool, swapped: bool = False) -> int:
     """How many K ranges. Each range costs a second (epilogue) launch, so only when the column tiles (nominal
-    BLOCK_N 8 for the GEMV form, 16 for tensor cores, SWAP_BLOCK_N swapped) × row tiles leave more than a quarter of
-    the SMs idle; doubled while that holds and each range keeps at least MIN_SPLIT_K_CHUNK of K
-    (SWAP_MIN_SPLIT_K_CHUNK swapped: its 64-row tiles leave the LM steps' 2048-column projections 32 programs)."""
-    width = SWAP_BLOCK_N if swapped else 16 if use_dot else 8
-    min_chunk = SWAP_MIN_SPLIT_K_CHUNK if swapped else MIN_SPLIT_K_CHUNK
-    tiles = cdiv(n_out, width) * (cdiv(m, _block_m(m, use_dot)))
+    BLOCK_N 8 for the GEMV form, 16 for tensor cores) × row tiles leave more than a quarter of the SMs idle; doubled
+    while that holds and each range keeps at least MIN_SPLIT_K_CHUNK of K. Swapped (SWAP_BLOCK_N-row tiles): while
+    they leave more than half the SMs idle, each range ≥ SWAP_MIN_SPLIT_K_CHUNK (down at 16 rows: 32 tiles × 4)."""
+    if swapped:  # while under half the SMs: the H200 sweep's best at 8 and 16 rows (probes/swap_ab_tiles/)
+        tiles, fill, min_chunk = (
+            cdiv(n_out, SWAP_BLOCK_N) * cdiv(m, _block_m(m, use_dot)),
+            (2, 1),
+            SWAP_MIN_SPLIT_K_CHUNK,
+        )
+    else:
+        tiles, fill, min_chunk = (
+            cdiv(n_out, 16 if use_dot else 8) * cdiv(m, _block_m(m, use_dot)),
+            (4, 3),
+            MIN_SPLIT_K_CHUNK,
+        )
     split = 1
-    while 4 * tiles * split < 3 * multiprocessors and k // (2 * split) >= min_chunk and split < 8:
+    while fill[0] * tiles * split < fill[1] * multiprocessors and k // (2 * split) >= min_chunk and split < 8:
         split *= 2
     return split
 
@@ -237,10 +246,13 @@ def swap_ab_tiles() -> bool:
     return os.environ.get(SWAP_AB_ENV, "0") == "1"
 
 
-def swaps(x: torch.Tensor, use_dot: bool, stream: bool, swap_ab: bool) -> bool:
+def swaps(x: torch.Tensor, m: int, n_out: int, k: int, gated: bool, use_dot: bool, stream: bool, swap_ab: bool) -> bool:
     """Whether a call runs the swapped tile form: asked for, the cp.async tile form (not streamed), 16-bit operands
-    (an fp32 call's exact products are not a warpgroup MMA's)."""
-    return swap_ab and use_dot and not stream and x.element_size() == 2
+    (an fp32 call's exact products are not a warpgroup MMA's), one 16-row tile, and gate_up or a down-like K ≥ 2·N
+    projection: in the H200 sweep (bench/results/nvidia-h200/probes/swap_ab_tiles/) those gained (VoxCPM2 gate_up at
+    16 rows 20.17 → 16.73 µs, down at 8 rows 13.28 → 10.58) while qkv, o and the LocDiT's 22-row calls lost."""
+    tall = gated or k >= 2 * n_out
+    return swap_ab and use_dot and not stream and x.element_size() == 2 and _block_m(m, use_dot) == 16 and tall
 
 
 NORM_OUT_ENV = "TTSAOT_NORM_OUT"  # =0 at build time: layers keep every RMSNorm in the next projection's prologue
@@ -272,7 +284,7 @@ def norm_out_pays(x: torch.Tensor, weight: torch.Tensor) -> bool:
     if m < NORM_OUT_MIN_ROWS:
         return False
     use_dot = m > GEMV_MAX_M
-    swapped = swaps(x, use_dot, stream_tiles(), swap_ab_tiles())
+    swapped = swaps(x, m, n_out, k, False, use_dot, stream_tiles(), swap_ab_tiles())
     split = plan_split_k(m, n_out, k, multiprocessor_count(x.device), use_dot, swapped)
     return k_ranges(k, split, SPLIT_K_ALIGN)[1] > 1
 
@@ -331,7 +343,7 @@ def launch_skinny_linear(
     if use_dot is None:
         use_dot = m > GEMV_MAX_M
     block_m = _block_m(m, use_dot)
-    swapped = swaps(x, use_dot, stream, swap_ab)
+    swapped = swaps(x, m, n_out, k, gated, use_dot, stream, swap_ab)
     if split_k is None:
         split_k = plan_split_k(m, n_out, k, multiprocessor_count(x.device), use_dot, swapped)
     k_split, split_k = k_ranges(k, split_k, config["BLOCK_K"] if config else SPLIT_K_ALIGN)
