@@ -180,22 +180,36 @@ def test_preloaded_gemv_equals_the_streamed_loop(epilogue):
         assert rel_err(pre.cpu(), ref.cpu()) < 1e-5
 
 
+# (rows, N, K, split-K) per form: the streamed form at BLOCK_N 16, the swapped one at 64 (a warpgroup MMA's rows)
+ALTERNATIVE_TILE_CASES = {
+    "stream": (16, [((5,), 24, 130, 1), ((20,), 48, 96, 3), ((2, 3), 32, 200, 2)]),
+    "swap": (64, [((5,), 80, 130, 1), ((20,), 48, 96, 3), ((2, 3), 72, 200, 2)]),
+}
+
+
+@pytest.mark.parametrize("form", list(ALTERNATIVE_TILE_CASES))
 @pytest.mark.parametrize("epilogue", ["norm", "norm_gated", "norm_bias_residual_scaled", "residual"])
-def test_streamed_tile_form_keeps_the_rounding_order(epilogue):
-    """The streamed tensor-core form (registers instead of cp.async stages, its RMSNorm prologue unrolled) computes
-    what the tile form computes, with the same roundings: rows 5, 20 and [2, 3], K off the block size, splits."""
+def test_alternative_tile_forms_keep_the_rounding_order(epilogue, form):
+    """The streamed tensor-core form (registers instead of cp.async stages, its RMSNorm prologue unrolled) and the
+    swapped one (W · xᵀ, W the MMA's M side) compute what the tile form computes, with the same roundings: rows 5, 20
+    and [2, 3], N and K off the block sizes, splits."""
     spec = dict(EPILOGUES[epilogue])
     scale = spec.pop("scale", 1.0)
     rnd = kernel_rounding(torch.bfloat16)
-    for i, (lead, N, K, split) in enumerate([((5,), 24, 130, 1), ((20,), 48, 96, 3), ((2, 3), 32, 200, 2)]):
+    block_n, cases = ALTERNATIVE_TILE_CASES[form]
+    for i, (lead, N, K, split) in enumerate(cases):
         t = _inputs(None, N, K, torch.bfloat16, lead=lead, seed=i, **spec)
         kw = dict(norm_eps=1e-5, gated=spec.get("gated", False), residual_scale=scale)
-        launch = dict(config={"BLOCK_N": 16, "BLOCK_K": 32}, split_k=split, use_dot=True)
-        y = launch_skinny_linear(**t, **kw, **launch, stream=True)
+        launch = dict(config={"BLOCK_N": block_n, "BLOCK_K": 32}, split_k=split, use_dot=True)
+        alt = {"stream": True} if form == "stream" else {"config": {**launch["config"], "SWAP_AB": True}}
+        y = launch_skinny_linear(**t, **kw, **{**launch, **alt})
         mirror = _mirror(t["x"], t["weight"], t["bias"], t["norm_weight"], 1e-5, kw["gated"], t["residual"], scale, rnd)
         assert (y.cpu().float() == mirror.view(y.shape)).float().mean().item() >= 0.99, (lead, N, K, split)
-        if not ON_GPU:  # the interpreter's products are numpy's whatever the tiling: bit-equal to the tile form
-            assert torch.equal(y, launch_skinny_linear(**t, **kw, **launch)), (lead, N, K, split)
+        tile = launch_skinny_linear(**t, **kw, **launch)
+        if not ON_GPU and form == "stream":  # the interpreter's products are numpy's whatever the tiling
+            assert torch.equal(y, tile), (lead, N, K, split)
+        else:  # numpy's fp32 sums of the transposed product may differ from the tile form's in the last bit
+            assert rel_err(y.cpu(), tile.cpu()) < 1e-2, (lead, N, K, split)
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "tile"])
@@ -243,24 +257,6 @@ def test_the_tile_form_switches_are_read_at_trace_time_and_key_the_packages(monk
     assert not read()
     monkeypatch.setenv(env, "1")
     assert read() and package_cache._inductor_env() != off
-
-
-@pytest.mark.parametrize("epilogue", ["norm", "norm_gated", "norm_bias_residual_scaled", "residual"])
-def test_swapped_tile_form_keeps_the_rounding_order(epilogue):
-    """The swapped tile form (W · xᵀ, W the MMA's M side) computes what the tile form computes, with the same
-    roundings (≥ 99 % of outputs bit-equal to the mirror; the interpreter's fp32 sums of the transposed product may
-    differ from the tile form's in the last bit): rows 5, 20 and [2, 3], N and K off the block sizes, splits."""
-    spec = dict(EPILOGUES[epilogue])
-    scale = spec.pop("scale", 1.0)
-    rnd = kernel_rounding(torch.bfloat16)
-    for i, (lead, N, K, split) in enumerate([((5,), 80, 130, 1), ((20,), 48, 96, 3), ((2, 3), 72, 200, 2)]):
-        t = _inputs(None, N, K, torch.bfloat16, lead=lead, seed=i, **spec)
-        kw = dict(norm_eps=1e-5, gated=spec.get("gated", False), residual_scale=scale)
-        launch = dict(config={"BLOCK_N": 64, "BLOCK_K": 32}, split_k=split, use_dot=True)
-        y = launch_skinny_linear(**t, **kw, **{**launch, "config": {**launch["config"], "SWAP_AB": True}})
-        mirror = _mirror(t["x"], t["weight"], t["bias"], t["norm_weight"], 1e-5, kw["gated"], t["residual"], scale, rnd)
-        assert (y.cpu().float() == mirror.view(y.shape)).float().mean().item() >= 0.99, (lead, N, K, split)
-        assert rel_err(y.cpu(), launch_skinny_linear(**t, **kw, **launch).cpu()) < 1e-2, (lead, N, K, split)
 
 
 def test_swapped_form_is_asked_for_16_bit_cp_async_tiles_of_gate_up_and_down_only():
@@ -619,11 +615,12 @@ def test_gpu_real_shapes_autotuned(name, M):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("M", [3, 11, 16, 22])
+@pytest.mark.parametrize("form, M", [("stream", m) for m in (3, 11, 16, 22)] + [("swap", m) for m in (3, 16, 22)])
 @pytest.mark.parametrize("name", list(REAL_SHAPES))
-def test_gpu_real_shapes_streamed(name, M):
-    """The streamed tile form at the stages' shapes, every autotuning candidate, unsplit and split: the documented
-    rounding order (≥ 99% of outputs bit-equal to the mirror) and deterministic."""
+def test_gpu_real_shapes_alternative_tile_forms(name, form, M):
+    """The streamed tile form and the swapped one (warpgroup MMAs on sm_90) at the stages' shapes, every autotuning
+    candidate, unsplit and split (streamed: in 2; swapped: its planned split), and the swapped form's autotuned plan:
+    the documented rounding order (≥ 99% of outputs bit-equal to the mirror) and deterministic."""
     from ttsaot.builder.kernels import skinny_linear_triton as kernels
 
     N, K, spec = REAL_SHAPES[name]
@@ -632,43 +629,25 @@ def test_gpu_real_shapes_streamed(name, M):
     scale = 0.7 if spec.get("residual") else 1.0
     kw = dict(norm_eps=1e-5, gated=gated, residual_scale=scale)
     mirror = _bf16_mirror(t, gated, scale)
-    for c in kernels.STREAM_CONFIGS:
+    if form == "stream":
+        configs, splits, alt = kernels.STREAM_CONFIGS, (1,) if gated else (1, 2), {"stream": True}
+    else:
+        y = launch_skinny_linear(**t, **kw, swap_ab=True)
+        assert (y.cpu().float() == mirror).float().mean().item() >= 0.99
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        planned = plan_split_k(M, N // 2 if gated else N, K, sms, True, swapped=True)
+        configs, splits, alt = kernels.SWAP_CONFIGS, sorted({1, planned}), {"SWAP_AB": True}
+    for c in configs:
         config = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
-        for split in (1,) if gated else (1, 2):
-            launch = dict(config=config, split_k=split, use_dot=True, stream=True)
-            y = launch_skinny_linear(**t, **kw, **launch)
-            assert (y.cpu().float() == mirror).float().mean().item() >= 0.99, (config, split)
-            assert torch.equal(y, launch_skinny_linear(**t, **kw, **launch)), (config, split)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("M", [3, 16, 22])
-@pytest.mark.parametrize("name", list(REAL_SHAPES))
-def test_gpu_real_shapes_swapped(name, M):
-    """The swapped tile form (warpgroup MMAs on sm_90) at the stages' shapes: its autotuned plan, and every config
-    unsplit and at its planned split: the documented rounding order (≥ 99% of outputs bit-equal to the mirror) and
-    deterministic."""
-    from ttsaot.builder.kernels import skinny_linear_triton as kernels
-
-    N, K, spec = REAL_SHAPES[name]
-    t = _inputs(M, N, K, torch.bfloat16, **spec)
-    gated = spec.get("gated", False)
-    scale = 0.7 if spec.get("residual") else 1.0
-    kw = dict(norm_eps=1e-5, gated=gated, residual_scale=scale)
-    mirror = _bf16_mirror(t, gated, scale)
-    y = launch_skinny_linear(**t, **kw, swap_ab=True)
-    assert (y.cpu().float() == mirror).float().mean().item() >= 0.99
-    planned = plan_split_k(M, N // 2 if gated else N, K, torch.cuda.get_device_properties(0).multi_processor_count,
-                           True, swapped=True)  # fmt: skip
-    for c in kernels.SWAP_CONFIGS:
-        config = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
-        for split in sorted({1, planned}):
-            launch = dict(config={**config, "SWAP_AB": True}, split_k=split, use_dot=True)
+        for split in splits:
+            if form == "stream":
+                launch = dict(config=config, split_k=split, use_dot=True, **alt)
+            else:
+                launch = dict(config={**config, **alt}, split_k=split, use_dot=True)
             try:
                 y = launch_skinny_linear(**t, **kw, **launch)
-            except Exception as e:  # noqa: BLE001 - a config past the shared memory is pruned in the op's launches
-                assert "OutOfResources" in type(e).__name__ or "shared memory" in str(e), (config, split, e)
+            except Exception as e:  # noqa: BLE001 - a swapped config past the shared memory: the op's launches prune it
+                assert form == "swap" and "OutOfResources" in type(e).__name__, (config, split, e)
                 continue
             assert (y.cpu().float() == mirror).float().mean().item() >= 0.99, (config, split)
             assert torch.equal(y, launch_skinny_linear(**t, **kw, **launch)), (config, split)

@@ -12,6 +12,6 @@ if [ "${PROBE_S:-260}" -gt 0 ]; then  # PROBE_S=0: the stages only
   echo "probe at $(( $(date +%s) - T0 )) s"; grep -v Warning "$OUT/swap_ab_tiles.txt" | tail -14 | cut -c1-260
 fi
 OUT=$OUT STAGES="${STAGES:-voxcpm2/residual_lm_step voxcpm2/base_lm_step}" VARIANTS="new swap" AXIS=batch=16 \
-  TESTS="${TESTS-tests/test_kernels_skinny_linear.py -k gpu_real_shapes_swapped}" PROFILES="${PROFILES-voxcpm2/residual_lm_step}" \
+  TESTS="${TESTS-tests/test_kernels_skinny_linear.py -k 'alternative_tile_forms and swap'}" PROFILES="${PROFILES-voxcpm2/residual_lm_step}" \
   PROFILE_VARIANT=swap BUILD_S=${BUILD_S:-220} END_S=$(( ${END_S:-560} - ($(date +%s) - T0) )) ROUNDS=${ROUNDS:-5} \
   bash "$(dirname "$0")/split_rule_ab_h200.sh"

@@ -171,7 +171,7 @@ def _normed(x, g_ptr, rstd, k0, k_hi, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _mma(x, w, acc, FP32_DOT: tl.constexpr):
-    """acc + x · wᵀ on the tensor cores (exact fp32 products with FP32_DOT)."""
+    """acc + x · wᵀ on the tensor cores (exact fp32 products with FP32_DOT); swapped, `_mma(w, x, acc_t)`."""
     if FP32_DOT:
         acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
     else:
@@ -180,13 +180,13 @@ def _mma(x, w, acc, FP32_DOT: tl.constexpr):
 
 
 @triton.jit
-def _mma_t(w, x, acc_t, FP32_DOT: tl.constexpr):
-    """acc_t + w · xᵀ on the tensor cores: `_mma`'s products, transposed."""
-    if FP32_DOT:
-        acc_t = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), acc_t, input_precision="ieee")
+def _mma_either(x, w, acc, SWAP_AB: tl.constexpr, FP32_DOT: tl.constexpr):
+    """acc + x · wᵀ, or swapped acc + w · xᵀ (acc transposed): the same products."""
+    if SWAP_AB:
+        acc = _mma(w, x, acc, FP32_DOT)
     else:
-        acc_t = tl.dot(w, tl.trans(x), acc_t)
-    return acc_t
+        acc = _mma(x, w, acc, FP32_DOT)
+    return acc
 
 
 @triton.jit
@@ -215,26 +215,19 @@ def _dot_loop(
     SWAP_AB: the same products as [BLOCK_N, BLOCK_K] W · [BLOCK_K, BLOCK_M] xᵀ, so W is the MMA's M side: on sm_90
     a BLOCK_N ≥ 64 tile is one warpgroup MMA (wgmma) that reads W from shared memory where the cp.async stages put
     it, instead of each warp moving it into registers first (mma.sync at ≤ 32 rows takes the x side as M)."""
-    if SWAP_AB:
-        acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        acc_up_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            x = _x_tile(x_ptr, offs_m, m_mask, K, k0, k_hi, BLOCK_K)
-            if HAS_NORM:
-                x = _normed(x, g_ptr, rstd, k0, k_hi, BLOCK_K)
-            acc_t = _mma_t(_w_rows(w_ptr, offs_n, n_mask, K, k0, k_hi, BLOCK_K), x, acc_t, FP32_DOT)
-            if GATED:
-                acc_up_t = _mma_t(_w_rows(w_ptr, offs_n + N_OUT, n_mask, K, k0, k_hi, BLOCK_K), x, acc_up_t, FP32_DOT)
-        return tl.trans(acc_t), tl.trans(acc_up_t)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         x = _x_tile(x_ptr, offs_m, m_mask, K, k0, k_hi, BLOCK_K)
         if HAS_NORM:
             x = _normed(x, g_ptr, rstd, k0, k_hi, BLOCK_K)
-        acc = _mma(x, _w_rows(w_ptr, offs_n, n_mask, K, k0, k_hi, BLOCK_K), acc, FP32_DOT)
+        acc = _mma_either(x, _w_rows(w_ptr, offs_n, n_mask, K, k0, k_hi, BLOCK_K), acc, SWAP_AB, FP32_DOT)
         if GATED:  # the up rows loaded after the gate product (150 vs 200 registers at the gated 16-row tile)
-            acc_up = _mma(x, _w_rows(w_ptr, offs_n + N_OUT, n_mask, K, k0, k_hi, BLOCK_K), acc_up, FP32_DOT)
+            w_up = _w_rows(w_ptr, offs_n + N_OUT, n_mask, K, k0, k_hi, BLOCK_K)
+            acc_up = _mma_either(x, w_up, acc_up, SWAP_AB, FP32_DOT)
+    if SWAP_AB:  # back to [BLOCK_M, BLOCK_N] for the epilogue
+        acc = tl.trans(acc)
+        acc_up = tl.trans(acc_up)
     return acc, acc_up
 
 
