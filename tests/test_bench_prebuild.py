@@ -1,14 +1,16 @@
 """`python -m bench build`: artifacts built ahead of `bench run`, into the cache `bench run` then reuses."""
 
 import argparse
-import subprocess
-import sys
 
 import pytest
 
 from bench.artifacts import artifact_key
 from bench.prebuild import parse_target
 from bench.specs import make_spec
+
+from . import bench_fixtures
+
+local_encoder_bench_cache = bench_fixtures.local_encoder_bench_cache  # one prebuild, shared with test_bench_profile
 
 
 def test_targets_parse_and_bad_ones_are_refused():
@@ -19,27 +21,15 @@ def test_targets_parse_and_bad_ones_are_refused():
 
 
 @pytest.mark.slow
-def test_build_lands_where_bench_run_looks(tmp_path):
+def test_build_lands_where_bench_run_looks(local_encoder_bench_cache):
+    # the fixture ran `python -m bench build voxcpm2/local_encoder:fp32 --axis batch=1 --device cpu --cache-dir ...`
     import torch
 
-    cmd = [
-        sys.executable,
-        "-m",
-        "bench",
-        "build",
-        "voxcpm2/local_encoder",
-        "--device",
-        "cpu",
-        "--jobs",
-        "1",
-        "--cache-dir",
-        str(tmp_path),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    spec, desc = make_spec("voxcpm2", "local_encoder", "tiny")
+    family, stage, dtype = parse_target(bench_fixtures.TARGET)
+    spec, desc = make_spec(family, stage, "tiny", axes=bench_fixtures.AXES, dtype=dtype, device="cpu")
     key = artifact_key(spec, desc, torch.device("cpu"))
-    assert (tmp_path / key / ".done").is_file() and (tmp_path / key / "voxcpm2" / "manifest.json").is_file()
+    cache = local_encoder_bench_cache
+    assert (cache / key / ".done").is_file() and (cache / key / "voxcpm2" / "manifest.json").is_file()
 
 
 def test_a_second_kernel_choice_is_built_only_where_it_changes_the_program():

@@ -1,6 +1,7 @@
 """`python -m bench profile`: the per-bucket kernel profile of one stage, on CPU (no graph: the package call)."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,19 +23,26 @@ from bench.profile import (
     write_profile,
 )
 
+from . import bench_fixtures
+
+local_encoder_bench_cache = bench_fixtures.local_encoder_bench_cache  # the prebuild of test_bench_prebuild.py
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_local_encoder_profile_on_cpu(tmp_path):
+def test_local_encoder_profile_on_cpu(local_encoder_bench_cache, tmp_path):
+    # a copy of the bench cache tests/bench_fixtures.py prebuilt: the artifact this profile asks for is in it
+    cache = shutil.copytree(local_encoder_bench_cache, tmp_path / "cache", ignore=shutil.ignore_patterns("*.lock"))
     res = profile_stage(
         "voxcpm2",
         "local_encoder",
         device=torch.device("cpu"),
-        axes={"batch": (1,)},
+        axes=bench_fixtures.AXES,
         calls=2,
         reps=3,
-        cache=tmp_path / "cache",
+        cache=cache,
     )
+    assert res["build"]["cached"] is True  # reused, not compiled again
     assert res["status"] == "ok" and res["kernels"] == "inductor" == res["manifest_kernels"]
     assert res["stage"]["dtype"] == "float32" and res["settings"]["graphs"] is False
     lay = res["layers"]
