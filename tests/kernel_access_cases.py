@@ -97,9 +97,8 @@ def _launches() -> list:
             config={"BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}, use_dot=True, stream=True
         ),
         "skinny dot swap": dict(
-            config={"BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2},
+            config={"BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2, "SWAP_AB": True},
             use_dot=True,
-            swap_ab=True,
             split_k=1,
         ),
     }

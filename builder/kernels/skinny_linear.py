@@ -170,20 +170,13 @@ def plan_split_k(m: int, n_out: int, k: int, multiprocessors: int, use_dot: bool
     BLOCK_N 8 for the GEMV form, 16 for tensor cores) × row tiles leave more than a quarter of the SMs idle; doubled
     while that holds and each range keeps at least MIN_SPLIT_K_CHUNK of K. Swapped (SWAP_BLOCK_N-row tiles): while
     they leave more than half the SMs idle, each range ≥ SWAP_MIN_SPLIT_K_CHUNK (down at 16 rows: 32 tiles × 4)."""
-    if swapped:  # while under half the SMs: the H200 sweep's best at 8 and 16 rows (probes/swap_ab_tiles/)
-        tiles, fill, min_chunk = (
-            cdiv(n_out, SWAP_BLOCK_N) * cdiv(m, _block_m(m, use_dot)),
-            (2, 1),
-            SWAP_MIN_SPLIT_K_CHUNK,
-        )
-    else:
-        tiles, fill, min_chunk = (
-            cdiv(n_out, 16 if use_dot else 8) * cdiv(m, _block_m(m, use_dot)),
-            (4, 3),
-            MIN_SPLIT_K_CHUNK,
-        )
+    # swapped: while under half the SMs (the H200 sweep's best at 8 and 16 rows, probes/swap_ab_tiles/)
+    width, min_chunk, (num, den) = (
+        (SWAP_BLOCK_N, SWAP_MIN_SPLIT_K_CHUNK, (2, 1)) if swapped else (16 if use_dot else 8, MIN_SPLIT_K_CHUNK, (4, 3))
+    )
+    tiles = cdiv(n_out, width) * cdiv(m, _block_m(m, use_dot))
     split = 1
-    while fill[0] * tiles * split < fill[1] * multiprocessors and k // (2 * split) >= min_chunk and split < 8:
+    while num * tiles * split < den * multiprocessors and k // (2 * split) >= min_chunk and split < 8:
         split *= 2
     return split
 
@@ -250,7 +243,8 @@ def swaps(x: torch.Tensor, m: int, n_out: int, k: int, gated: bool, use_dot: boo
     """Whether a call runs the swapped tile form: asked for, the cp.async tile form (not streamed), 16-bit operands
     (an fp32 call's exact products are not a warpgroup MMA's), one 16-row tile, and gate_up or a down-like K ≥ 2·N
     projection: in the H200 sweep (bench/results/nvidia-h200/probes/swap_ab_tiles/) those gained (VoxCPM2 gate_up at
-    16 rows 20.17 → 16.73 µs, down at 8 rows 13.28 → 10.58) while qkv, o and the LocDiT's 22-row calls lost."""
+    16 rows 20.17 → 16.73 µs, down at 8 rows 13.28 → 10.58) while qkv, o and the LocDiT's 22-row calls gained nothing
+    or lost (o at 8 rows 6.34 against 6.38; qkv at 16 rows 9.49 against 9.00)."""
     tall = gated or k >= 2 * n_out
     return swap_ab and use_dot and not stream and x.element_size() == 2 and _block_m(m, use_dot) == 16 and tall
 

@@ -883,7 +883,7 @@ def _shallower(config: triton.Config) -> list[triton.Config]:
 # The tile configs' shallower variants. The stages are sized for bf16 on sm_90: at most 204,800 bytes (32 rows,
 # gated, BLOCK_N 32) of its 232,448. fp32 operands take twice the bytes (the same gated tile at 16 / 32 rows:
 # 335,872 / 401,408) and other GPUs have less (A100: 166,912).
-SHALLOWER_GEMM_CONFIGS = {id(c): _shallower(c) for c in GEMM_CONFIGS}  # SWAP_CONFIGS' join below
+SHALLOWER_GEMM_CONFIGS = {id(c): _shallower(c) for c in GEMM_CONFIGS}  # and SWAP_CONFIGS' (below)
 
 
 def fit_shared_memory(
@@ -968,14 +968,7 @@ SWAP_CONFIGS = [
 SHALLOWER_GEMM_CONFIGS.update({id(c): _shallower(c) for c in SWAP_CONFIGS})
 
 
-def _prune_swap(configs, named_args, **kwargs):
-    """The swapped form's candidates, each with as many pipeline stages as the GPU's shared memory holds."""
-    meta = {**named_args, **kwargs}
-    x = meta["x_ptr"]
-    limit = shared_memory_per_block(x.device)
-    return fit_shared_memory(configs, meta["BLOCK_M"], x.element_size(), bool(meta.get("GATED")), limit) or configs
-
-
+# the tile form's pruning: one width to choose from, each depth fitted to the GPU's shared memory
 skinny_swap_autotuned = triton.autotune(
-    configs=SWAP_CONFIGS, key=AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_swap}
+    configs=SWAP_CONFIGS, key=AUTOTUNE_KEY, prune_configs_by={"early_config_prune": _prune_tiles}
 )(skinny_linear_kernel)
