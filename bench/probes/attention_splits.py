@@ -1,9 +1,10 @@
 """Decode attention's context splits at the LM steps' batch sizes: `python -m bench.probes.attention_splits OUT.json`.
 
 At B = 16 the VoxCPM2 residual step's attention took 8.3 µs a layer on an H100, 12-13 % of the step
-(bench/results/nvidia-h100/probes/tail_linears_ab/profiles/), over 128 programs: `plan_num_splits` gives the 32
-(row, kv head) pairs 4 splits each, about one program per SM. Each program walks its split's positions BLOCK_S at a
-time, so a short split is a few dependent loads. This times, like the bench's `sweep` section (a CUDA graph of calls
+(bench/results/nvidia-h100/probes/tail_linears_ab/profiles/), over 128 programs: `plan_num_splits` gave the 32
+(row, kv head) pairs 4 splits each, about one program per SM (8 since, bench/results/nvidia-h100/probes/
+swap_ab_step/). Each program walks its split's positions BLOCK_S at a time, so a short split is a few dependent
+loads. This times, like the bench's `sweep` section (a CUDA graph of calls
 over layers rotated past L2, outputs checked against the reference, the bytes' floor at the peak copy rate), the
 plan's split count against 2-16 splits and BLOCK_S 32 / 64 at B = 1, 4, 16 and contexts 512 / 2048."""
 

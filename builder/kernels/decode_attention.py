@@ -50,10 +50,13 @@ from .pdl import kernels_wait
 
 OP_NAME = "ttsaot::decode_attention"
 # Split plan (per bucket, from B·Hkv and the GPU's SM count; the split SIZE follows each row's position at run time).
-# Phase 1 (bench/results/nvidia-h100/kernels_phase1.json, fixed 64-position splits + a combine launch): ctx 512 took
+# Phase 1 (bench/results/nvidia-h100/probes/kernels_phase1/, fixed 64-position splits + a combine launch): ctx 512 took
 # 6.2-6.5 us at B=1 (bytes: 0.2 us) and 13.5 us at B=16, i.e. launch/latency-bound; the combine is now done by the
 # last split in the same launch, and a short context runs as one program.
-SPLIT_PROGRAMS_PER_SM = 1  # NUM_SPLITS ≈ this many programs per SM over the B·Hkv (row, kv head) pairs
+# NUM_SPLITS ≈ this many programs per SM over the B·Hkv (row, kv head) pairs. 2, not 1: H100, VoxCPM2 base-LM heads
+# (bench/results/nvidia-h100/probes/swap_ab_step/attention_splits.txt), B = 16 took 10.34 µs at 8 splits against
+# 10.96 at 4 (ctx 512) and 20.10 against 23.54 (ctx 2048); B = 1 and 4 were best at 16 splits, which both give.
+SPLIT_PROGRAMS_PER_SM = 2
 MAX_SPLITS = 16  # the last split merges ≤ this many partials
 MIN_CHUNK = 64  # fewest positions per split: shorter contexts run in one program
 BLOCK_S = 64  # cache positions per loop step (a whole number of them per split)

@@ -44,8 +44,8 @@ NORM_OUT_OP_NAME = "ttsaot::skinny_linear_norm_out"
 # BLOCK_M·BLOCK_N·BLOCK_K fp32 values (200+ registers per thread at M = 4 with the GEMV configs).
 GEMV_MAX_M = 2
 # Above this many rows the op is plain aten (cuBLAS + Inductor's fused epilogue), decided at trace time from the
-# bucket's static shape: the tile form falls behind cuBLAS there (H100, bench/results/nvidia-h100/
-# kernels_phase1.json: 1.4-3.2x torch at M = 11..20, but 0.46-0.9x at the Fish fast_ar's M = 44 / 176).
+# bucket's static shape: the tile form falls behind cuBLAS there (H100, bench/results/nvidia-h100/probes/
+# kernels_phase1/: 1.4-3.2x torch at M = 11..20, but 0.46-0.9x at the Fish fast_ar's M = 44 / 176).
 MAX_KERNEL_ROWS = 32
 NORM_ROW_ELEMENTS = 4096  # the GEMV form's RMSNorm prologue reads up to this many x values at once (norm_block)
 MIN_SPLIT_K_CHUNK = 1024  # split-K never gives a program less than this much of K
