@@ -47,9 +47,10 @@ METADATA_KEY = "ttsaot_pdl"  # "1" / "0" in each package's metadata: whether its
 # base_lm_step (tile form) 0.596 vs 0.570 ms, slower with an early or a late trigger.
 MAX_ROWS = 2
 # TTSAOT_PDL_MAX_ROWS=N at build time: packages of buckets up to N rows get the attribute instead (an A/B switch, a
-# package-key switch in package_cache). For the streamed tile form (TTSAOT_SKINNY_STREAM=1: several programs per SM,
-# the first W tile loaded before the wait, an early trigger), whose B=16 steps were never timed with the attribute:
-# the cp.async tile form measured above holds one program per SM, so its dependents could not start early anyway.
+# package-key switch in package_cache). Kept for the streamed tile form (TTSAOT_SKINNY_STREAM=1: several programs per
+# SM, the first W tile loaded before the wait, an early trigger), where dependents could start early as they cannot
+# behind the cp.async form's one program per SM. Timed, it lost: H100 B=16 residual_lm_step 746.6 vs 512.2 µs,
+# base_lm_step 2,448.0 vs 1,780.4 (bench/results/nvidia-h100/probes/attention_plan_step/).
 MAX_ROWS_ENV = "TTSAOT_PDL_MAX_ROWS"
 
 # The statement of AOTInductor's launchKernel helper (torch/_inductor/codegen/cuda/device_op_overrides.py) that is
