@@ -485,6 +485,8 @@ def _add_tool_parsers(sub) -> None:
         p.add_argument("--result", default=None)
         p.add_argument("--out", default=str(REPO / "bench" / "results"))
 
+    from .kernels import SECTIONS as KERNEL_SECTIONS
+
     p = sub.add_parser("kernels", help="the Triton kernel layer on the stages' shapes vs copy bandwidth and torch")
     p.add_argument("--device", default=None)
     p.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
@@ -493,8 +495,7 @@ def _add_tool_parsers(sub) -> None:
         "--sections",
         type=csv,
         default=None,
-        help="copy,skinny,attention,aoti,layer,predictors,sampler,sweep,sweep_predictors,configs,configs_predictors,configs_stream,"
-        "configs_gemv,norm_prologue,gemv_preload,norm_cost (default: not the last eight)",
+        help=",".join(KERNEL_SECTIONS) + " (default: not the last eight)",
     )
     p.add_argument("--with-compile", action="store_true", help="layer: also torch.compile max-autotune (minutes)")
     p.add_argument("--result", default=None)

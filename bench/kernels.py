@@ -24,8 +24,10 @@ after the time budget are recorded as skipped):
   projections at their decode steps' M = 1 and 4, the VoxCPM2 locdit's at 22 and 88.
 - `sampler`: `ttsaot::sample_tokens` at the predictors' vocabularies (Qwen 2048, Fish 4096) and rows, against the
   aten sampler it replaces (a sort and a dozen small ops) in the same kind of graph; tokens compared.
-- `sweep`: split-K × GEMV/tensor-core form for the VoxCPM2 shapes, split count × BLOCK_S for attention: what
-  phase 2 tunes the plans from.
+- `sweep`: split-K × GEMV/tensor-core form for the VoxCPM2 shapes: what the split-K plan is tuned from.
+- `sweep_attention`: decode attention's split count × BLOCK_S at B = 1, 4, 16 and both contexts, each case marked
+  with the launcher's plan (`decode_attention.plan_num_splits`), which the summary prints beside the best:
+  `--sections sweep_attention` alone takes ~1 minute.
 - `sweep_predictors`: split-K 1/2/4 of the tensor-core form at the predictors' own shapes and rows (VoxCPM2 locdit:
   each epilogue launch against the SMs a split fills; not run by default).
 - `configs`: explicit launch configs (block sizes, warps, stages) × split-K × form for the VoxCPM2 decode shapes at
@@ -43,7 +45,7 @@ after the time budget are recorded as skipped):
   config with the prologue and without it (x taken as already normed), rolled and unrolled chunks, 4 and 8 warps:
   what moving the norm out of the projection (into the kernel that writes x) could save (not run by default).
 A fresh machine compiles ~50 Triton kernels for the first four sections: ~3-4 minutes with the default budget;
-`--budget 540` also covers `predictors` and `sweep`. Writes `<out>/<device-slug>/kernels.json` (rewritten after
+`--budget 540` also covers `predictors` and the sweeps. Writes `<out>/<device-slug>/kernels.json` (rewritten after
 every case, so a crash keeps what was measured).
 """
 
@@ -75,6 +77,7 @@ SECTIONS = (
     "predictors",
     "sampler",
     "sweep",
+    "sweep_attention",
     "sweep_predictors",
     "configs",
     "configs_predictors",
@@ -121,6 +124,8 @@ PREDICTOR_SHAPES: dict[str, tuple[int, int, dict, tuple[int, ...]]] = {
 SAMPLER_CASES = ((2048, 1), (2048, 8), (4096, 1), (4096, 8))
 # VoxCPM2's base/residual LM attention (16 q heads, 2 kv heads, hd 128) over a cache of max_len 4096 (+ scratch).
 ATTENTION = {"hq": 16, "hkv": 2, "hd": 128, "cache_positions": 4097, "contexts": (512, 2048)}
+# `sweep_attention`: the grid (splits × BLOCK_S at each batch size and context). BLOCK_S 64 is the launcher's.
+ATTENTION_SWEEP = {"batches": (1, 4, 16), "splits": (1, 2, 4, 8, 16), "blocks": (32, 64)}
 LAYER = {"preset": "full", "cache_positions": 4097, "context": 512, "layers": 4}
 # `configs` candidates: (BLOCK_N, BLOCK_K, num_warps, num_stages) per form, tried with split-K 1/2/4 (1 only for
 # gate_up, whose 6144 output columns already give every SM several programs).
@@ -945,25 +950,33 @@ def run_kernels(
                                 ),
                             )
                         )
-        out = cases(bench_skinny_case, items)
-        attn = [
-            (
-                f"attention/base/B={B}/ctx={contexts[0]}/splits={splits}/block_s={block_s}",
-                dict(
-                    B=B,
-                    ctx=contexts[0],
-                    rope=True,
-                    launch_kw={"num_splits": splits, "min_chunk": block_s, "block_s": block_s},
-                ),
-            )
-            for B in (1, 16)
-            for splits in (1, 2, 4, 8, 16)
-            for block_s in (32, 64, 128)
-        ]
-        out.update(cases(bench_attention_case, attn))
-        return out
+        return cases(bench_skinny_case, items)
 
     guarded("sweep", sweep_section)
+
+    def sweep_attention_section() -> dict:
+        """Decode attention's context splits × BLOCK_S for the base LM's heads at the steps' batch sizes and both
+        contexts, each case marked with the split count `plan_num_splits` gives it and whether it is the launcher's
+        own plan (the summary sets the plan's time beside the best)."""
+        from ttsaot.builder.kernels.common import multiprocessor_count
+        from ttsaot.builder.kernels.decode_attention import BLOCK_S, plan_num_splits
+
+        items, planned = [], {}
+        for B in (1, 16) if quick else ATTENTION_SWEEP["batches"]:
+            plan = plan_num_splits(B * ATTENTION["hkv"], ATTENTION["cache_positions"], multiprocessor_count(device))
+            for ctx in contexts:
+                for splits in ATTENTION_SWEEP["splits"]:
+                    for block_s in ATTENTION_SWEEP["blocks"]:
+                        key = f"attention/base/B={B}/ctx={ctx}/splits={splits}/block_s={block_s}"
+                        planned[key] = (plan, splits == plan and block_s == BLOCK_S)
+                        kw = {"num_splits": splits, "min_chunk": block_s, "block_s": block_s}
+                        items.append((key, dict(B=B, ctx=ctx, rope=True, launch_kw=kw)))
+        out = cases(bench_attention_case, items)
+        for key, case in out.items():
+            case["planned_splits"], case["is_plan"] = planned[key]
+        return out
+
+    guarded("sweep_attention", sweep_attention_section)
 
     def sweep_predictors_section() -> dict:
         """split-K 1/2/4 of the tensor-core form at the predictors' own row counts: what plan_split_k chooses
@@ -1120,17 +1133,20 @@ def summary(res: dict) -> str:
         )
     elif a:
         lines.append(f"aoti {a.get('error') or a.get('skipped')}")
-    sw = {**sec.get("sweep", {}), **sec.get("sweep_predictors", {})}
-    if sw and "error" not in sw and "skipped" not in sw:
-        best: dict[str, tuple[float, str]] = {}
-        for key, c in sw.items():
-            if "kernel" in c:
-                group = key.rsplit("/", 2)[0]
-                ms = c["kernel"]["graph_ms"]
-                if group not in best or ms < best[group][0]:
-                    best[group] = (ms, key)
-        for ms, key in best.values():
-            lines.append(f"sweep best {key}: {ms * 1e3:.1f} us")
+    sweeps = [sec.get(name, {}) for name in ("sweep", "sweep_attention", "sweep_predictors")]
+    sw = {k: c for part in sweeps if "error" not in part and "skipped" not in part for k, c in part.items()}
+    best: dict[str, tuple[float, str]] = {}
+    plan: dict[str, str] = {}
+    for key, c in sw.items():
+        if "kernel" in c:
+            group = key.rsplit("/", 2)[0]
+            ms = c["kernel"]["graph_ms"]
+            if group not in best or ms < best[group][0]:
+                best[group] = (ms, key)
+            if c.get("is_plan"):
+                plan[group] = f"; plan ({c['planned_splits']} splits) {ms * 1e3:.1f} us"
+    for group, (ms, key) in best.items():
+        lines.append(f"sweep best {key}: {ms * 1e3:.1f} us" + plan.get(group, ""))
     for key, c in [*sec.get("configs", {}).items(), *sec.get("configs_predictors", {}).items()]:
         if isinstance(c, dict) and "best" in c:
             b = c["best"]

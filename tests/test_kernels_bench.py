@@ -222,3 +222,29 @@ def test_kernels_bench_norm_prologue_sweep_on_cpu(monkeypatch):
     assert set(case["runs"]) == {"bn16/bk32/w4/s2/split1", "bn16/bk32/w4/s2/split1/norm64"}
     for key, run in case["runs"].items():
         assert "error" not in run and run["rel_err_vs_reference"] < 5e-2, (key, run)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the GPU runs the real bench")
+def test_kernels_bench_attention_sweep_marks_the_plan_on_cpu(monkeypatch):
+    """`--sections sweep_attention`: every splits × BLOCK_S case checked against the reference and timed, each
+    marked with the launcher's split count; exactly one case per (batch, context) is the launcher's own plan, and the
+    summary prints the plan's time beside the best."""
+    require_kernel_runtime()
+    from ttsaot.builder.kernels.common import multiprocessor_count
+    from ttsaot.builder.kernels.decode_attention import BLOCK_S, plan_num_splits
+
+    monkeypatch.setattr(kb, "ATTENTION", {"hq": 4, "hkv": 2, "hd": 16, "cache_positions": 40, "contexts": (7, 30)})
+    monkeypatch.setattr(kb, "ATTENTION_SWEEP", {"batches": (1, 3), "splits": (1, 2), "blocks": (16, BLOCK_S)})
+    res = kb.run_kernels(torch.device("cpu"), budget_s=600, sections=("copy", "sweep_attention"))
+    sec = res["sections"]["sweep_attention"]
+    assert len(sec) == 2 * 2 * 2 * 2, sorted(sec)
+    for key, case in sec.items():
+        assert "error" not in case, (key, case)
+        assert case["rel_err_vs_reference"] < 3e-2 and case["workspace_zero_after_timing"], key
+        assert case["planned_splits"] == plan_num_splits(case["B"] * 2, 40, multiprocessor_count(torch.device("cpu")))
+    plans = [k for k, c in sec.items() if c["is_plan"]]
+    # the 40-position cache holds one 64-position chunk: the plan is one split at the launcher's BLOCK_S
+    assert sorted(plans) == sorted(f"attention/base/B={b}/ctx={c}/splits=1/block_s={BLOCK_S}" for b in (1, 3)
+                                   for c in (7, 30))  # fmt: skip
+    text = kb.summary(res)
+    assert text.count("; plan (1 splits)") == 4, text
