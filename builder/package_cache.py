@@ -203,6 +203,7 @@ KERNEL_SWITCHES = (
     "TTSAOT_WHOLE_ATTENTION_WARPS",
     "TTSAOT_NORM_OUT",
     "TTSAOT_ATTENTION_O",
+    "TTSAOT_ATTENTION_EARLY_BLOCK",
 )
 
 
@@ -216,7 +217,9 @@ def _inductor_env() -> dict[str, str]:
     TTSAOT_QKV_ATTENTION (kernels/qkv_attention.py: =1, the predictors' steps trace the fused qkv + attention op),
     TTSAOT_WHOLE_ATTENTION_WARPS (kernels/decode_attention.py: the whole-cache attention's warps, not autotuned),
     TTSAOT_NORM_OUT (kernels/skinny_linear.py: =0, no layer hands its next RMSNorm to the projection before it),
-    TTSAOT_ATTENTION_O (kernels/sequence_attention_o.py: =1, the LocDiT layers' attention inside o_proj, one op)."""
+    TTSAOT_ATTENTION_O (kernels/sequence_attention_o.py: =1, the LocDiT layers' attention inside o_proj, one op),
+    TTSAOT_ATTENTION_EARLY_BLOCK (kernels/decode_attention.py: =1, the split attention's first cache block loaded
+    before its PDL wait)."""
     skip = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS"}  # where / how fast
     return {
         k: v

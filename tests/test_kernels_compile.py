@@ -137,9 +137,13 @@ SCRIPT = textwrap.dedent(r"""
                                        "interleaved_gqa4": (32, 8, 2, False), "qk_norm": (16, 8, 1, True)}.items():
         for ns in ((1, 16) if name == "voxcpm2" else (4,)):
             cx = dict(HQ=hq, HKV=hkv, HEAD_DIM=128, D_PAD=128, G_PAD=16, ROPE=rope, QK_NORM=qkn, NUM_SPLITS=ns,
-                      MIN_CHUNK=64, BLOCK_S=64, FP32_DOT=False, PDL=True, WHOLE=False)
+                      MIN_CHUNK=64, BLOCK_S=64, FP32_DOT=False, PDL=True, WHOLE=False, EARLY_BLOCK=False)
             results[f"attention/{name}/splits{ns}"] = build(A.decode_attention_kernel, da_types, cx, A.split_warps(128),
                                                             A.SPLIT_STAGES, da_aligned)
+    # TTSAOT_ATTENTION_EARLY_BLOCK=1: each split's first cache block loaded before the PDL wait
+    results["early_attention/voxcpm2/splits16"] = build(
+        A.decode_attention_kernel, da_types, dict(cx, HQ=16, HKV=2, ROPE=1, NUM_SPLITS=16, EARLY_BLOCK=True),
+        A.split_warps(128), A.SPLIT_STAGES, da_aligned)
     # AOTInductor types float arguments of user kernels fp64: the kernels must keep their fp32 state (the loop-carried
     # softmax state of decode attention became fp64 and failed to compile on the H100)
     results["attention/voxcpm2/fp64_scalars"] = build(
@@ -249,7 +253,7 @@ def test_kernels_compile_for_sm90_with_the_intended_machine_code(sm90):
             assert r["LDG.E.128"] > 0 and r["HMMA"] > 0 and r["ATOM"] >= 1, (key, r)
         elif key.startswith("attention/whole"):
             assert r["HMMA"] > 0 and r["LDG.E.128"] > 0, (key, r)  # one tile in registers, 16-byte loads
-        elif key.startswith("attention/"):
+        elif key.startswith(("attention/", "early_attention/")):
             assert r["HMMA"] > 0 and r["LDGSTS"] > 0, (key, r)
             if "splits1" not in key and "layer1" not in key:
                 assert r["ATOM"] > 0, (key, r)  # the ticket of the split merge
@@ -272,7 +276,8 @@ def test_decode_kernels_wait_on_their_predecessor_after_loading_weights_only(sm9
     the wait in its PTX (a kernel launched with the attribute that never waits would race its predecessor); the
     GEMV and streamed tile forms issue their first W tile's loads BEFORE the wait (the overlap PDL is for) and let
     their dependent launch at once, the cp.async tile form only after its K loop (measured slower otherwise at
-    B=16), while the kernels that read only activations first (attention, split-K epilogue) load nothing before it."""
+    B=16), while the kernels that read only activations first (attention, split-K epilogue) load nothing before it,
+    but for the split attention's first cache block under TTSAOT_ATTENTION_EARLY_BLOCK=1."""
     for key, r in sm90.items():
         if key.startswith("nopdl/"):
             assert r["pdl_wait"] == 0 and r["pdl_trigger"] == 0, (key, r)
@@ -280,7 +285,7 @@ def test_decode_kernels_wait_on_their_predecessor_after_loading_weights_only(sm9
         assert r["pdl_wait"] >= 1 and r["pdl_trigger"] >= 1, (key, r)
         # the GEMV and streamed forms trigger their dependent at once, the tile form only after its K loop
         assert r["trigger_after_wait"] == key.startswith("skinny/dot"), (key, r)
-        if key.startswith(("skinny/gemv", "skinny/stream", "qkv_attention/")):
+        if key.startswith(("skinny/gemv", "skinny/stream", "qkv_attention/", "early_attention/")):
             assert r["loads_before_wait"] > 0, (key, r)
         elif key.startswith(("attention/", "sequence/", "sequence_o/", "skinny/split_k_epilogue")):
             assert r["loads_before_wait"] == 0, (key, r)

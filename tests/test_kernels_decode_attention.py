@@ -170,7 +170,7 @@ def test_merge_of_partly_active_splits_matches_the_reference():
     every = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
     every["positions"] = torch.full((B,), S - 1, device=DEVICE)  # every split active: partials in every slot
     launch_decode_attention(**every, **launch, workspace=ws, config={"num_warps": 4})
-    t["positions"] = torch.tensor([20, 70, 129], device=DEVICE)  # 1, 3 and 5 of the 5 splits of 32 positions
+    t["positions"] = torch.tensor([10, 40, 129], device=DEVICE)  # 1, 3 and 5 of the 5 splits (16-position blocks)
     ref_t = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
     o = launch_decode_attention(**t, **launch, workspace=ws, config={"num_warps": 4})
     assert not ws.any()
@@ -183,7 +183,7 @@ def test_min_chunk_keeps_a_short_context_in_one_program():
     bucket plans several; a longer row of the same launch still merges its splits."""
     B, hq, hkv, hd, S, L = 2, 4, 2, 16, 200, 1
     t = _case(B, hq, hkv, hd, S, L, torch.float32, "neox", True)
-    t["positions"] = torch.tensor([40, 190], device=DEVICE)  # 41 positions < min_chunk 64; 191 → three 64-chunks
+    t["positions"] = torch.tensor([40, 190], device=DEVICE)  # 41 positions < min_chunk 64; 191: 12 blocks, 3 splits
     ref_t = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
     ws = torch.zeros(B * hkv, dtype=torch.int32, device=DEVICE)
     o = launch_decode_attention(
@@ -214,6 +214,42 @@ def test_whole_cache_form_ignores_slots_past_the_position(rope, qk_norm):
     assert rel_err(o.cpu(), ref.cpu()) < 1e-5 and rel_err(o.cpu(), by_loop.cpu()) < 1e-6
     at = (1, torch.arange(B), slice(None), t["positions"].cpu())
     assert torch.equal(t["v_cache"].cpu()[at], clean["v_cache"].cpu()[at])  # this token's v written
+
+
+@pytest.mark.parametrize("early", [False, True], ids=["after-wait", "early-block"])
+def test_split_form_deals_blocks_and_ignores_slots_past_the_position(early, monkeypatch):
+    """The split form deals the cache blocks to its splits in turn (split s: blocks s, s + n, ...), each split's first
+    block loaded whatever the position, slot p and the slots past it too: what they hold (NaN here) must not reach
+    the output. Rows whose positions leave 1, some and all splits active, an inactive split whose first block lies
+    inside the context (MIN_CHUNK of 2 blocks), p at a block's start and at the cache end; the reference's output
+    over a clean copy, this token's k/v written; EARLY_BLOCK (the first block before the PDL wait) gives the same
+    bits."""
+    from ttsaot.builder.kernels.decode_attention import EARLY_BLOCK_ENV
+
+    monkeypatch.setenv(EARLY_BLOCK_ENV, "1" if early else "0")
+    B, hq, hkv, hd, S, L = 5, 8, 2, 16, 97, 2
+    t = _case(B, hq, hkv, hd, S, L, torch.float32, "neox", True)
+    t["positions"] = torch.tensor([0, 20, 32, 50, S - 1], device=DEVICE)
+    clean = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
+    for b, p in enumerate(t["positions"].tolist()):
+        t["k_cache"][:, b, :, p:] = float("nan")
+        t["v_cache"][:, b, :, p:] = float("nan")
+    ws = torch.zeros(B * hkv, dtype=torch.int32, device=DEVICE)
+    args = dict(layer=1, scale=hd**-0.5)
+    o = launch_decode_attention(
+        **t, **args, workspace=ws, num_splits=4, min_chunk=16, block_s=8, config={"num_warps": 4}
+    )
+    ref = decode_attention_reference(**clean, **args)
+    assert torch.isfinite(o).all() and not ws.any()
+    assert rel_err(o.cpu(), ref.cpu()) < 1e-5
+    at = (1, torch.arange(B), slice(None), t["positions"].cpu())
+    assert torch.equal(t["v_cache"].cpu()[at], clean["v_cache"].cpu()[at])
+    monkeypatch.setenv(EARLY_BLOCK_ENV, "0" if early else "1")
+    again = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
+    other = launch_decode_attention(
+        **again, **args, workspace=ws, num_splits=4, min_chunk=16, block_s=8, config={"num_warps": 4}
+    )
+    assert torch.equal(o, other)
 
 
 def test_whole_form_warps_rule_and_switch(monkeypatch):

@@ -73,6 +73,9 @@ ROPE_TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64: t
 # timed in separate processes with the host's ±100 µs, had ranked 4 first in one session and 8 in the next).
 WHOLE_WARPS_BY_ROPE = (1, 1, 8)  # by the kernels' ROPE constant: none, NeoX, interleaved
 WHOLE_WARPS_ENV = "TTSAOT_WHOLE_ATTENTION_WARPS"
+# TTSAOT_ATTENTION_EARLY_BLOCK=1 at build time: the split form loads each split's first cache block before its PDL
+# wait (the kernel's EARLY_BLOCK says when that is sound). A package-key switch (package_cache), for A/Bs.
+EARLY_BLOCK_ENV = "TTSAOT_ATTENTION_EARLY_BLOCK"
 
 
 def _heads(qkv: torch.Tensor, k_cache: torch.Tensor) -> tuple[int, int, int]:
@@ -264,6 +267,12 @@ def whole_warps(rope: int) -> int:
     return int(value)
 
 
+def early_block() -> bool:
+    """Whether the split form loads its first cache block before the PDL wait (EARLY_BLOCK_ENV, read at trace
+    time)."""
+    return os.environ.get(EARLY_BLOCK_ENV, "").strip() == "1"
+
+
 def whole_block(cache_len: int) -> int:
     """The whole-cache form's tile: the cache's positions rounded up to a power of 2, at least 16 (tl.dot's)."""
     return max(16, next_power_of_2(cache_len))
@@ -379,6 +388,7 @@ def launch_decode_attention(
         BLOCK_S=block_s,
         PDL=kernels_wait(qkv.device),
         WHOLE=whole,
+        EARLY_BLOCK=not whole and early_block(),
     )
     grid = (B * hkv, num_splits)
     if config is not None:

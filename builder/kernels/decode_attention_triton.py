@@ -205,27 +205,41 @@ def _softmax_start(G_PAD: tl.constexpr, D_PAD: tl.constexpr):
 
 
 @triton.jit
-def _attend_cached(
+def _cache_block(k_base, v_base, block, S, offs_d, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Cache block `block` of one (row, kv head) ([S, HEAD_DIM] at k_base / v_base): its positions [BLOCK_S] and
+    keys / values [BLOCK_S, D_PAD], loaded within the cache (zero past it) whatever the position; the caller masks
+    the slots it may not read."""
+    offs_s = block * BLOCK_S + tl.arange(0, BLOCK_S)
+    kv_off = offs_s[:, None] * HEAD_DIM + offs_d[None, :]
+    in_cache = (offs_s < S)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    kt = tl.load(k_base + kv_off, mask=in_cache, other=0.0)
+    return offs_s, kt, tl.load(v_base + kv_off, mask=in_cache, other=0.0)
+
+
+@triton.jit
+def _attend_dealt(
     q,
     k_base,
     v_base,
-    lo,
-    hi,
+    first,
+    end,
+    step,
+    pos,
+    m_i,
+    l_i,
+    acc,
     qk_scale,
     offs_d,
     HEAD_DIM: tl.constexpr,
-    G_PAD: tl.constexpr,
-    D_PAD: tl.constexpr,
     BLOCK_S: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
-    """The online softmax of q [G_PAD, D_PAD] over the cached keys/values lo ≤ s < hi of one (row, kv head)
-    ([S, HEAD_DIM] at k_base / v_base), BLOCK_S positions per step."""
+    """The online softmax of q continued over the cache blocks first, first + step, ... < end of one (row, kv head)
+    (the blocks dealt to one split), their positions < pos only."""
     d_mask = offs_d < HEAD_DIM
-    m_i, l_i, acc = _softmax_start(G_PAD, D_PAD)
-    for start in range(lo, hi, BLOCK_S):
-        offs_s = start + tl.arange(0, BLOCK_S)
-        valid = offs_s < hi
+    for block in range(first, end, step):
+        offs_s = block * BLOCK_S + tl.arange(0, BLOCK_S)
+        valid = offs_s < pos
         kv_off = offs_s[:, None] * HEAD_DIM + offs_d[None, :]
         kv_mask = valid[:, None] & d_mask[None, :]
         kt = tl.load(k_base + kv_off, mask=kv_mask, other=0.0)
@@ -359,6 +373,7 @@ def decode_attention_kernel(
     FP32_DOT: tl.constexpr,
     PDL: tl.constexpr,
     WHOLE: tl.constexpr,
+    EARLY_BLOCK: tl.constexpr,
 ):
     """Grid (B·HKV, NUM_SPLITS). qk_scale = softmax scale · log2(e) (the softmax runs in base 2). D_PAD = the head
     dim padded to ≥ 16 for tl.dot (lanes past HEAD_DIM are masked). NUM_SPLITS == 1: no partials, no workspace.
@@ -368,11 +383,26 @@ def decode_attention_kernel(
     active splits gave the same bits and took 1.4-2.0 µs more per layer in the VoxCPM2 LMs' chains on the H200,
     bench/results/nvidia-h200/probes/lm_split_norm_cost/). PDL (pdl.py): everything here is written
     by earlier kernels or by this step (qkv, positions, caches, workspace, output buffers), so the wait comes first;
-    the early launch of the next kernel (o_proj, which starts loading its weights) is what it buys."""
+    the early launch of the next kernel (o_proj, which starts loading its weights) is what it buys.
+    EARLY_BLOCK (split form, an A/B switch: decode_attention.EARLY_BLOCK_ENV): each split's first cache block is
+    loaded BEFORE the wait. Sound only where no kernel of the step's launch chain writes the cache slots before a
+    row's position (one decode step per graph: they were written by earlier steps); a loop of steps in one graph
+    (the predictors) breaks that."""
     # fp32 scalars whatever the caller passes: AOTInductor types a float argument of a user kernel fp64 (torch's
     # _use_fp64_for_unbacked_floats), which turned the loop-carried softmax state fp64 (H100 AOTI build failed).
     eps = tl.cast(eps, tl.float32)
     qk_scale = tl.cast(qk_scale, tl.float32)
+    G: tl.constexpr = HQ // HKV
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    b = pid // HKV
+    h = pid % HKV
+    offs_d = tl.arange(0, D_PAD)
+    # (layer, b, h, 0, 0). No `.to` on `layer`: Triton specialises an int argument equal to 1 into a constexpr
+    # (a plain Python int), which has no `.to` (H100: every layer-1 launch failed to compile under AOTI).
+    cache_off = (pid.to(tl.int64) * S + layer * CACHE_LAYER) * HEAD_DIM
+    if EARLY_BLOCK and not WHOLE:
+        offs_s0, k0, v0 = _cache_block(kc_ptr + cache_off, vc_ptr + cache_off, split, S, offs_d, HEAD_DIM, BLOCK_S)
     token = grid_dependency_wait(PDL, True)
     qkv_ptr += token
     pos_ptr += token
@@ -382,17 +412,9 @@ def decode_attention_kernel(
     part_o_ptr += token
     part_ml_ptr += token
     ws_ptr += token
-    G: tl.constexpr = HQ // HKV
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    b = pid // HKV
-    h = pid % HKV
     dt = qkv_ptr.dtype.element_ty
     pos = tl.load(pos_ptr + b).to(tl.int32)
     pos = tl.minimum(tl.maximum(pos, 0), S - 1)  # never write or read outside the cache
-    # (layer, b, h, 0, 0). No `.to` on `layer`: Triton specialises an int argument equal to 1 into a constexpr
-    # (a plain Python int), which has no `.to` (H100: every layer-1 launch failed to compile under AOTI).
-    cache_off = (pid.to(tl.int64) * S + layer * CACHE_LAYER) * HEAD_DIM
     k_base = kc_ptr + cache_off
     v_base = vc_ptr + cache_off
     row = qkv_ptr + b.to(tl.int64) * QKV_ROW
@@ -424,15 +446,19 @@ def decode_attention_kernel(
             "",
         )
     else:
-        # This row's split size: p + 1 positions over NUM_SPLITS programs, whole BLOCK_S blocks, ≥ MIN_CHUNK.
-        chunk = tl.cdiv(tl.cdiv(pos + 1, NUM_SPLITS), BLOCK_S) * BLOCK_S
-        chunk = tl.maximum(chunk, MIN_CHUNK)
-        n_active = tl.cdiv(pos + 1, chunk)  # splits holding positions (the last one holds p)
-        lo = split * chunk
-        active = lo <= pos
-        writer = active & (pos < lo + chunk)
+        # The cache blocks are dealt to the splits in turn: split s holds blocks s, s + n, s + 2n, ... of the
+        # row's p + 1 positions, n = the splits in use (NUM_SPLITS, fewer where a split would get under MIN_CHUNK
+        # positions: a short context runs in one program). So a split's first block is addressed without the
+        # position: its loads go out with the position's (or before the wait, EARLY_BLOCK), where a contiguous
+        # chunk's bounds waited for the position.
+        if not EARLY_BLOCK:
+            offs_s0, k0, v0 = _cache_block(k_base, v_base, split, S, offs_d, HEAD_DIM, BLOCK_S)
+        MIN_BLOCKS: tl.constexpr = (MIN_CHUNK + BLOCK_S - 1) // BLOCK_S
+        n_blocks = pos // BLOCK_S + 1  # blocks holding positions 0..p
+        n_active = tl.minimum(tl.maximum(n_blocks // MIN_BLOCKS, 1), NUM_SPLITS)
+        active = split < n_active
+        writer = active & ((pos // BLOCK_S) % n_active == split)  # the split holding p
 
-        offs_d = tl.arange(0, D_PAD)
         d_mask = offs_d < HEAD_DIM
         offs_g = tl.arange(0, G_PAD)
         g_mask = offs_g < G
@@ -440,19 +466,26 @@ def decode_attention_kernel(
             row, h, pos, k_base, v_base, writer, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV,
             HEAD_DIM, QK_NORM, ROPE, "",
         )  # fmt: skip
-        # Cached keys lo ≤ s < min(lo + chunk, p) (none for an inactive split), then this token's key/value
-        # (position p) from registers, in the split that holds p; other splits add nothing.
-        m_i, l_i, acc = _attend_cached(
+        # Cached keys s < p of this split's blocks (none for an inactive split; the first block's slot p and those
+        # past it, read as they were, masked out), then this token's key/value (position p) from registers, in the
+        # split that holds p; other splits add nothing.
+        seen = (offs_s0 < pos) & active
+        m_i, l_i, acc = _softmax_start(G_PAD, D_PAD)
+        m_i, l_i, acc = _attend_block(q, k0, tl.where(seen[:, None], v0, 0.0), seen, m_i, l_i, acc, qk_scale, FP32_DOT)
+        m_i, l_i, acc = _attend_dealt(
             q,
             k_base,
             v_base,
-            lo,
-            tl.minimum(lo + chunk, pos),
+            split + n_active,
+            tl.where(active, tl.cdiv(pos, BLOCK_S), 0),
+            n_active,
+            pos,
+            m_i,
+            l_i,
+            acc,
             qk_scale,
             offs_d,
             HEAD_DIM,
-            G_PAD,
-            D_PAD,
             BLOCK_S,
             FP32_DOT,
         )
