@@ -124,8 +124,10 @@ PREDICTOR_SHAPES: dict[str, tuple[int, int, dict, tuple[int, ...]]] = {
 SAMPLER_CASES = ((2048, 1), (2048, 8), (4096, 1), (4096, 8))
 # VoxCPM2's base/residual LM attention (16 q heads, 2 kv heads, hd 128) over a cache of max_len 4096 (+ scratch).
 ATTENTION = {"hq": 16, "hkv": 2, "hd": 128, "cache_positions": 4097, "contexts": (512, 2048)}
-# `sweep_attention`: the grid (splits × BLOCK_S at each batch size and context). BLOCK_S 64 is the launcher's.
-ATTENTION_SWEEP = {"batches": (1, 4, 16), "splits": (1, 2, 4, 8, 16), "blocks": (32, 64)}
+# `sweep_attention`: the grid (splits × BLOCK_S at each batch size and context). BLOCK_S 64 is the launcher's. One
+# split and BLOCK_S 32 lost every case on the H100 (bench/results/nvidia-h100/probes/swap_ab_step/attention_splits.txt);
+# 32 splits (past MAX_SPLITS) and BLOCK_S 128 ask whether a long context wants fewer blocks a split.
+ATTENTION_SWEEP = {"batches": (1, 4, 16), "splits": (2, 4, 8, 16, 32), "blocks": (64, 128)}
 LAYER = {"preset": "full", "cache_positions": 4097, "context": 512, "layers": 4}
 # `configs` candidates: (BLOCK_N, BLOCK_K, num_warps, num_stages) per form, tried with split-K 1/2/4 (1 only for
 # gate_up, whose 6144 output columns already give every SM several programs).
