@@ -218,7 +218,7 @@ def _inductor_env() -> dict[str, str]:
     TTSAOT_WHOLE_ATTENTION_WARPS (kernels/decode_attention.py: the whole-cache attention's warps, not autotuned),
     TTSAOT_NORM_OUT (kernels/skinny_linear.py: =0, no layer hands its next RMSNorm to the projection before it),
     TTSAOT_ATTENTION_O (kernels/sequence_attention_o.py: =1, the LocDiT layers' attention inside o_proj, one op),
-    TTSAOT_ATTENTION_EARLY_BLOCK (kernels/decode_attention.py: =1, the split attention's first cache block loaded
+    TTSAOT_ATTENTION_EARLY_BLOCK (kernels/decode_attention.py: =0, no split attention loads its first cache block
     before its PDL wait)."""
     skip = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS"}  # where / how fast
     return {

@@ -216,17 +216,15 @@ def test_whole_cache_form_ignores_slots_past_the_position(rope, qk_norm):
     assert torch.equal(t["v_cache"].cpu()[at], clean["v_cache"].cpu()[at])  # this token's v written
 
 
-@pytest.mark.parametrize("early", [False, True], ids=["after-wait", "early-block"])
-def test_split_form_deals_blocks_and_ignores_slots_past_the_position(early, monkeypatch):
+def test_split_form_deals_blocks_and_ignores_slots_past_the_position(monkeypatch):
     """The split form deals the cache blocks to its splits in turn (split s: blocks s, s + n, ...), each split's first
     block loaded whatever the position, slot p and the slots past it too: what they hold (NaN here) must not reach
     the output. Rows whose positions leave 1, some and all splits active, an inactive split whose first block lies
     inside the context (MIN_CHUNK of 2 blocks), p at a block's start and at the cache end; the reference's output
-    over a clean copy, this token's k/v written; EARLY_BLOCK (the first block before the PDL wait) gives the same
-    bits."""
-    from ttsaot.builder.kernels.decode_attention import EARLY_BLOCK_ENV
+    over a clean copy, this token's k/v written. `cache_settled` (the first block loaded before the PDL wait) gives
+    the same bits, and TTSAOT_ATTENTION_EARLY_BLOCK=0 turns it off."""
+    from ttsaot.builder.kernels.decode_attention import EARLY_BLOCK_ENV, early_block
 
-    monkeypatch.setenv(EARLY_BLOCK_ENV, "1" if early else "0")
     B, hq, hkv, hd, S, L = 5, 8, 2, 16, 97, 2
     t = _case(B, hq, hkv, hd, S, L, torch.float32, "neox", True)
     t["positions"] = torch.tensor([0, 20, 32, 50, S - 1], device=DEVICE)
@@ -235,21 +233,21 @@ def test_split_form_deals_blocks_and_ignores_slots_past_the_position(early, monk
         t["k_cache"][:, b, :, p:] = float("nan")
         t["v_cache"][:, b, :, p:] = float("nan")
     ws = torch.zeros(B * hkv, dtype=torch.int32, device=DEVICE)
-    args = dict(layer=1, scale=hd**-0.5)
-    o = launch_decode_attention(
-        **t, **args, workspace=ws, num_splits=4, min_chunk=16, block_s=8, config={"num_warps": 4}
-    )
-    ref = decode_attention_reference(**clean, **args)
-    assert torch.isfinite(o).all() and not ws.any()
-    assert rel_err(o.cpu(), ref.cpu()) < 1e-5
-    at = (1, torch.arange(B), slice(None), t["positions"].cpu())
-    assert torch.equal(t["v_cache"].cpu()[at], clean["v_cache"].cpu()[at])
-    monkeypatch.setenv(EARLY_BLOCK_ENV, "0" if early else "1")
-    again = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
-    other = launch_decode_attention(
-        **again, **args, workspace=ws, num_splits=4, min_chunk=16, block_s=8, config={"num_warps": 4}
-    )
-    assert torch.equal(o, other)
+    args = dict(layer=1, scale=hd**-0.5, workspace=ws, num_splits=4, min_chunk=16, block_s=8, config={"num_warps": 4})
+    ref = decode_attention_reference(**clean, layer=1, scale=hd**-0.5)
+    outs = []
+    for settled in (False, True):
+        tt = {**t, "k_cache": t["k_cache"].clone(), "v_cache": t["v_cache"].clone()}
+        outs.append(launch_decode_attention(**tt, **args, cache_settled=settled))
+        assert torch.isfinite(outs[-1]).all() and not ws.any()
+        assert rel_err(outs[-1].cpu(), ref.cpu()) < 1e-5
+        at = (1, torch.arange(B), slice(None), t["positions"].cpu())
+        assert torch.equal(tt["v_cache"].cpu()[at], clean["v_cache"].cpu()[at])
+    assert torch.equal(outs[0], outs[1])
+    monkeypatch.delenv(EARLY_BLOCK_ENV, raising=False)
+    assert early_block(True) and not early_block(False)
+    monkeypatch.setenv(EARLY_BLOCK_ENV, "0")
+    assert not early_block(True)
 
 
 def test_whole_form_warps_rule_and_switch(monkeypatch):

@@ -107,7 +107,8 @@ def test_frame_reads_positions_and_rope_tables_from_module_buffers(B):
     """The compiled graph recomputes an input of a user kernel it has not realized into a new buffer at each use
     (one fill kernel per layer per input on the H100): decode_attention's positions must be a row of the
     `frame_positions` buffer and its RoPE tables the module's buffers themselves, not a torch.full / an fp32 copy.
-    Past the table's rows (B = 65) the frame makes its own positions, with the same codes."""
+    Past the table's rows (B = 65) the frame makes its own positions, with the same codes. No call promises a settled
+    cache (the frame writes it in the graph)."""
     cfg = replace(QWEN_TINY, head_dim=16)
     ref, kern, report = _pair(qck.init_random_code_predictor(CodePredictor(cfg), 0), prune_code_predictor)
     assert report["frame_positions"] == [cfg.num_code_groups, 64]
@@ -119,6 +120,9 @@ def test_frame_reads_positions_and_rope_tables_from_module_buffers(B):
     consts = {**ep.graph_signature.inputs_to_buffers, **ep.graph_signature.inputs_to_parameters}
     calls = [n for n in ep.graph.nodes if n.target == torch.ops.ttsaot.decode_attention.default]
     assert len(calls) == cfg.num_hidden_layers * cfg.num_code_groups
+    # the frame writes (and zeroes) its cache in the graph: no call may promise a settled one (cache_settled)
+    settled = [a.name for a in torch.ops.ttsaot.decode_attention.default._schema.arguments].index("cache_settled")
+    assert not any(len(n.args) > settled and n.args[settled] for n in calls)
     for n in calls:
         positions, cos, sin = _source(n.args[1]), n.args[6], n.args[7]
         if B <= 64:

@@ -170,7 +170,8 @@ def test_artifact_steps_and_caches_match_the_inductor_build(kernels_build, voxcp
 @pytest.mark.parametrize("name", STEPS)
 def test_one_attention_workspace_per_step(name):
     """The exported step zeroes ONE decode_attention workspace and hands it to every layer (each call leaves it
-    zeroed), instead of a zeroing launch per layer."""
+    zeroed), instead of a zeroing launch per layer; and every call says the cache is settled (one step per stage
+    call: the split attention may load its first cache block before its PDL wait)."""
     _, kern, _ = _module_pair(name)
     cfg = TINY.lm if name.startswith("base") else TINY.residual
     xs = tuple(torch.randn(3, cfg.hidden_size) for _ in range(1 if name.startswith("base") else 2))
@@ -180,4 +181,7 @@ def test_one_attention_workspace_per_step(name):
     zeros = [n for n in nodes if "zeros" in str(n.target)]
     lm = kern.base_lm if name.startswith("base") else kern.residual_lm
     assert len(attn) == len(lm.layers)
-    assert len(zeros) == 1 and all(n.args[-1] is zeros[0] for n in attn), [n.args[-1] for n in attn]
+    names = [a.name for a in torch.ops.ttsaot.decode_attention.default._schema.arguments]
+    ws, settled = names.index("workspace"), names.index("cache_settled")
+    assert len(zeros) == 1 and all(n.args[ws] is zeros[0] for n in attn), [n.args[ws] for n in attn]
+    assert all(n.args[settled] is True for n in attn), [n.args[settled] for n in attn]

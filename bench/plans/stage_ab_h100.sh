@@ -8,8 +8,8 @@
 # wait), `fused`: this tree with TTSAOT_QKV_ATTENTION=1 (the predictors' qkv projection and attention in one
 # launch, kernels/qkv_attention.py), `whole1` / `whole2` / `whole4` / `whole8`: this tree with the whole-cache attention at that
 # many warps (TTSAOT_WHOLE_ATTENTION_WARPS, not autotuned), `nonormout`: this tree with TTSAOT_NORM_OUT=0 (every RMSNorm
-# in the next projection's prologue, none handed to the projection before), `early`: this tree with
-# TTSAOT_ATTENTION_EARLY_BLOCK=1 (the split attention's first cache block loaded before its PDL wait), `attno` / `noattno`: this tree with TTSAOT_ATTENTION_O=1 / 0 (the LocDiT layers' attention inside o_proj, or not), D (`alt`, optional): a third tree ALT carried like OTHER — `bench
+# in the next projection's prologue, none handed to the projection before), `noearly`: this tree with
+# TTSAOT_ATTENTION_EARLY_BLOCK=0 (no split attention loads its first cache block before its PDL wait), `attno` / `noattno`: this tree with TTSAOT_ATTENTION_O=1 / 0 (the LocDiT layers' attention inside o_proj, or not), D (`alt`, optional): a third tree ALT carried like OTHER — `bench
 # build` of all of them side by side (caches apart), then `bench profile` of each, one at a time. $OUT/<variant>/:
 # the profile JSONs; the logs and tables in one tarball.
 #   OTHER=../.snap_old STAGES="voxcpm2/locdit voxcpm2/local_encoder" AXIS=batch=1 bash bench/plans/stage_ab_h100.sh
@@ -47,7 +47,7 @@ variant() {  # NAME: run the rest of the line in that variant's tree and environ
     fused) (cd "$HERE" && TTSAOT_QKV_ATTENTION=1 "$@") ;;
     whole1|whole2|whole4|whole8) (cd "$HERE" && TTSAOT_WHOLE_ATTENTION_WARPS=${name#whole} "$@") ;;
     nonormout) (cd "$HERE" && TTSAOT_NORM_OUT=0 "$@") ;;
-    early) (cd "$HERE" && TTSAOT_ATTENTION_EARLY_BLOCK=1 "$@") ;;
+    noearly) (cd "$HERE" && TTSAOT_ATTENTION_EARLY_BLOCK=0 "$@") ;;
     attno) (cd "$HERE" && TTSAOT_ATTENTION_O=1 "$@") ;;
     noattno) (cd "$HERE" && TTSAOT_ATTENTION_O=0 "$@") ;;
     alt) (cd "$ALT" && PYTHONPATH="$SHADOW_ALT" "$@") ;;

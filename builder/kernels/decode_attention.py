@@ -2,7 +2,7 @@
 
     decode_attention(qkv [B, (Hq + 2·Hkv)·hd], positions [B] int, k_cache!, v_cache! [L, B, Hkv, S, hd],
                      layer: int, scale: float, cos? , sin?, rope_interleaved = False, q_norm? [hd], k_norm? [hd],
-                     norm_eps = 1e-6, workspace!? [≥ B·Hkv] int32) -> o [B, Hq·hd]
+                     norm_eps = 1e-6, workspace!? [≥ B·Hkv] int32, cache_settled = False) -> o [B, Hq·hd]
 
 `qkv` is the fused projection output (rows q ∣ k ∣ v, heads contiguous, as `fuse_projections` builds it; rows may be
 strided, e.g. one position of a [B, T, ·] tensor). Per row b with p = positions[b] (clamped to [0, S-1]: slot S-1
@@ -26,6 +26,13 @@ step modules route by.
 `workspace` (optional): a ZEROED int32 buffer of ≥ B·Hkv entries, returned zeroed. The kernel's context splits
 meet there (the last split of a (row, kv head) merges the partials: one launch, no combine kernel); a step module
 can allocate one per step and pass it to every layer. Without it the op zeroes a buffer of its own per call.
+
+`cache_settled`: the caller's promise that every cache slot before each row's position was written before the call's
+stage began (a stage of one decode step per call: the VoxCPM2 LM steps), never by an earlier kernel of the same
+stage call (the predictors' frame loops write and zero theirs in the graph). Then the split form loads each split's
+first cache block before its PDL wait, while the kernel before it (the qkv projection) drains: under the
+programmatic launch an earlier kernel of the chain may still be running, so without the promise every cache read
+waits. Numerics are the same either way.
 
 Mutation, export and lowering: the op declares `mutates_args={"k_cache", "v_cache", "workspace"}`; `torch.export`
 keeps it as ONE node (on CUDA, AOTInductor traces the body into the Triton kernel and re-inplaces the
@@ -73,8 +80,10 @@ ROPE_TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64: t
 # timed in separate processes with the host's ±100 µs, had ranked 4 first in one session and 8 in the next).
 WHOLE_WARPS_BY_ROPE = (1, 1, 8)  # by the kernels' ROPE constant: none, NeoX, interleaved
 WHOLE_WARPS_ENV = "TTSAOT_WHOLE_ATTENTION_WARPS"
-# TTSAOT_ATTENTION_EARLY_BLOCK=1 at build time: the split form loads each split's first cache block before its PDL
-# wait (the kernel's EARLY_BLOCK says when that is sound). A package-key switch (package_cache), for A/Bs.
+# TTSAOT_ATTENTION_EARLY_BLOCK=0 at build time: no split loads its first cache block before the PDL wait, even where
+# the caller says the cache is settled (`cache_settled`). A package-key switch (package_cache), for A/Bs. H100, b1
+# graph replays (bench/results/nvidia-h100/probes/attention_early_block/): base_lm_step 1,155.3 µs with the early
+# block against 1,174.5 without, residual_lm_step 335.2 against 339.5.
 EARLY_BLOCK_ENV = "TTSAOT_ATTENTION_EARLY_BLOCK"
 
 
@@ -97,9 +106,10 @@ def decode_attention_reference(
     k_norm: torch.Tensor | None = None,
     norm_eps: float = 1e-6,
     workspace: torch.Tensor | None = None,
+    cache_settled: bool = False,
 ) -> torch.Tensor:
     """The op in aten (writes the caches in place, like the kernel; the workspace is left as it is, as the kernel
-    leaves it)."""
+    leaves it; `cache_settled` only moves the kernel's loads)."""
     hq, hkv, hd = _heads(qkv, k_cache)
     B, S, dt = qkv.shape[0], k_cache.shape[3], qkv.dtype
     pos = positions.clamp(0, S - 1)
@@ -267,10 +277,10 @@ def whole_warps(rope: int) -> int:
     return int(value)
 
 
-def early_block() -> bool:
-    """Whether the split form loads its first cache block before the PDL wait (EARLY_BLOCK_ENV, read at trace
-    time)."""
-    return os.environ.get(EARLY_BLOCK_ENV, "").strip() == "1"
+def early_block(cache_settled: bool) -> bool:
+    """Whether the split form loads its first cache block before the PDL wait: where the caller says the cache is
+    settled, unless EARLY_BLOCK_ENV (read at trace time) is 0."""
+    return cache_settled and os.environ.get(EARLY_BLOCK_ENV, "").strip() != "0"
 
 
 def whole_block(cache_len: int) -> int:
@@ -325,6 +335,7 @@ def launch_decode_attention(
     k_norm: torch.Tensor | None = None,
     norm_eps: float = 1e-6,
     workspace: torch.Tensor | None = None,
+    cache_settled: bool = False,
     *,
     wrap: Callable[[Any], Any] = no_wrap,
     num_splits: int | None = None,
@@ -388,7 +399,7 @@ def launch_decode_attention(
         BLOCK_S=block_s,
         PDL=kernels_wait(qkv.device),
         WHOLE=whole,
-        EARLY_BLOCK=not whole and early_block(),
+        EARLY_BLOCK=not whole and early_block(cache_settled),
     )
     grid = (B * hkv, num_splits)
     if config is not None:
@@ -417,6 +428,7 @@ if HAVE_TRITON:
         k_norm: torch.Tensor | None = None,
         norm_eps: float = 1e-6,
         workspace: torch.Tensor | None = None,
+        cache_settled: bool = False,
     ) -> torch.Tensor:
         _check(qkv, positions, k_cache, v_cache, layer, cos, sin, rope_interleaved, q_norm, k_norm, workspace)
         if qkv.device.type != "cuda" or qkv.dtype != k_cache.dtype:
@@ -452,6 +464,7 @@ if HAVE_TRITON:
             k_norm,
             norm_eps,
             workspace,
+            cache_settled,
             wrap=torch.library.wrap_triton,
         )
 
@@ -473,6 +486,7 @@ else:
         k_norm=None,
         norm_eps=1e-6,
         workspace=None,
+        cache_settled=False,
     ):
         _check(qkv, positions, k_cache, v_cache, layer, cos, sin, rope_interleaved, q_norm, k_norm, workspace)
         return decode_attention_reference(
@@ -517,6 +531,7 @@ def decode_attention(
     k_norm: torch.Tensor | None = None,
     norm_eps: float = 1e-6,
     workspace: torch.Tensor | None = None,
+    cache_settled: bool = False,
 ) -> torch.Tensor:
     """The op with every argument passed and a workspace always given (a zeroed one of B·Hkv entries when None):
     torch 2.11's version bump of a mutating custom op indexes the positional arguments by the schema's mutated
@@ -524,5 +539,18 @@ def decode_attention(
     if workspace is None:
         workspace = attention_workspace(qkv, k_cache)
     return _decode_attention_op(
-        qkv, positions, k_cache, v_cache, layer, scale, cos, sin, rope_interleaved, q_norm, k_norm, norm_eps, workspace
+        qkv,
+        positions,
+        k_cache,
+        v_cache,
+        layer,
+        scale,
+        cos,
+        sin,
+        rope_interleaved,
+        q_norm,
+        k_norm,
+        norm_eps,
+        workspace,
+        cache_settled,
     )

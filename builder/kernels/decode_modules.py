@@ -70,12 +70,15 @@ class KernelAttention(nn.Module):
         sin: torch.Tensor | None,
         residual_scale: float = 1.0,
         workspace: torch.Tensor | None = None,
+        cache_settled: bool = False,
     ) -> torch.Tensor:
         """x [B, D] → x + residual_scale · attention branch; this token's k/v written at (layer, b, :, positions[b]).
         cos/sin: the WHOLE tables [≥ cache positions, hd], fp32 or the compute dtype (the op picks each row's
         position and rotates in fp32), or None.
         workspace: the step's zeroed split-merge tickets (`attention_workspace`), shared by every layer (the op
-        leaves it zeroed); None = the op zeroes one per call (one more launch per layer)."""
+        leaves it zeroed); None = the op zeroes one per call (one more launch per layer).
+        cache_settled: the stage runs one decode step per call, so no earlier kernel of it writes the cache slots
+        this step reads (decode_attention's promise; not a frame loop's)."""
         qn = kn = None
         qk_eps = 1e-6
         if self.q_norm is not None:
@@ -87,7 +90,7 @@ class KernelAttention(nn.Module):
             o = qkv_attention(x, w.weight, w.bias, norm.weight, norm.eps, *attention, qk_eps, workspace)
         else:
             qkv = skinny_linear(x, self.qkv_proj.weight, self.qkv_proj.bias, norm.weight, norm.eps)
-            o = decode_attention(qkv, *attention, qk_eps, workspace)
+            o = decode_attention(qkv, *attention, qk_eps, workspace, cache_settled)
         return self.project_out(o, x, residual_scale)
 
     def sequence(

@@ -107,8 +107,9 @@ class MiniCPMLayer(nn.Module):
         cos/sin are the whole RoPE tables."""
         if isinstance(self.self_attn, KernelAttention):
             scale = 1.0 if self.branch_scale is None else self.branch_scale
+            # (MiniCPMModel.forward_step: one step per stage call, the cache slots it reads written by earlier calls)
             x = self.self_attn.decode_step(
-                x, self.input_layernorm, positions, k_cache, v_cache, layer, cos, sin, scale, workspace
+                x, self.input_layernorm, positions, k_cache, v_cache, layer, cos, sin, scale, workspace, True
             )
             return self.mlp.decode_step(x, self.post_attention_layernorm, scale)
         a = self.self_attn
