@@ -458,81 +458,78 @@ def decode_attention_kernel(
         active = split < n_active
         writer = active & ((pos // BLOCK_S) % n_active == split)  # the split holding p
 
-        # An inactive split (its first block past the context: a short context, or past MIN_CHUNK's split count)
-        # stops here; its early block, if any, was loaded for nothing.
-        if active:
-            d_mask = offs_d < HEAD_DIM
-            offs_g = tl.arange(0, G_PAD)
-            g_mask = offs_g < G
-            q, k_new, v_new = _token_to_cache(
-                row, h, pos, k_base, v_base, writer, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV,
-                HEAD_DIM, QK_NORM, ROPE, "",
-            )  # fmt: skip
-            # Cached keys s < p of this split's blocks (the first block's slot p and those past it, read as they
-            # were, masked out), then this token's key/value (position p) from registers, in the split that holds
-            # p; other splits add nothing.
-            seen = offs_s0 < pos
-            m_i, l_i, acc = _softmax_start(G_PAD, D_PAD)
-            m_i, l_i, acc = _attend_block(
-                q, k0, tl.where(seen[:, None], v0, 0.0), seen, m_i, l_i, acc, qk_scale, FP32_DOT
-            )
-            m_i, l_i, acc = _attend_dealt(
-                q,
-                k_base,
-                v_base,
-                split + n_active,
-                tl.cdiv(pos, BLOCK_S),
-                n_active,
-                pos,
-                m_i,
-                l_i,
-                acc,
-                qk_scale,
-                offs_d,
-                HEAD_DIM,
-                BLOCK_S,
-                FP32_DOT,
-            )
-            m_i, l_i, acc = _attend_token(q, k_new, v_new, writer, m_i, l_i, acc, qk_scale)
+        d_mask = offs_d < HEAD_DIM
+        offs_g = tl.arange(0, G_PAD)
+        g_mask = offs_g < G
+        q, k_new, v_new = _token_to_cache(
+            row, h, pos, k_base, v_base, writer, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV,
+            HEAD_DIM, QK_NORM, ROPE, "",
+        )  # fmt: skip
+        # Cached keys s < p of this split's blocks (none for an inactive split; the first block's slot p and those
+        # past it, read as they were, masked out), then this token's key/value (position p) from registers, in the
+        # split that holds p; other splits add nothing. An inactive split runs through masked rather than leaving
+        # early: the early exit measured slower (H100, b1: base_lm_step 1,169.2 µs against 1,155.3,
+        # bench/results/nvidia-h100/probes/attention_early_block/).
+        seen = (offs_s0 < pos) & active
+        m_i, l_i, acc = _softmax_start(G_PAD, D_PAD)
+        m_i, l_i, acc = _attend_block(q, k0, tl.where(seen[:, None], v0, 0.0), seen, m_i, l_i, acc, qk_scale, FP32_DOT)
+        m_i, l_i, acc = _attend_dealt(
+            q,
+            k_base,
+            v_base,
+            split + n_active,
+            tl.where(active, tl.cdiv(pos, BLOCK_S), 0),
+            n_active,
+            pos,
+            m_i,
+            l_i,
+            acc,
+            qk_scale,
+            offs_d,
+            HEAD_DIM,
+            BLOCK_S,
+            FP32_DOT,
+        )
+        m_i, l_i, acc = _attend_token(q, k_new, v_new, writer, m_i, l_i, acc, qk_scale)
 
-            heads = h * G + offs_g
-            o_ptrs = o_row + heads[:, None] * HEAD_DIM + offs_d[None, :]
-            out_mask = g_mask[:, None] & d_mask[None, :]
-            if NUM_SPLITS == 1:
-                tl.store(o_ptrs, (acc / l_i[:, None]).to(dt), mask=out_mask)
-            else:
-                # One active split (a short context): it is the whole answer. (l = 0 only where nothing is stored:
-                # padded heads; 1 there keeps the masked lanes finite.)
-                l_safe = tl.where(l_i > 0, l_i, 1.0)
-                tl.store(o_ptrs, (acc / l_safe[:, None]).to(dt), mask=out_mask & (n_active == 1))
-                multi = n_active > 1
-                slot = (b * HQ + heads).to(tl.int64) * NUM_SPLITS + split  # [G_PAD]
-                tl.store(part_o_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None] & multi)
-                tl.store(part_ml_ptr + slot * 2, m_i, mask=g_mask & multi)
-                tl.store(part_ml_ptr + slot * 2 + 1, l_i, mask=g_mask & multi)
-                tl.debug_barrier()  # every thread's partial is written before the ticket is taken
-                ticket = tl.atomic_add(ws_ptr + pid, 1, mask=multi, sem="acq_rel", scope="gpu")
-                if multi & (ticket == n_active - 1):
-                    # The last of the row's splits: merge the partials in split order (deterministic), from L2.
-                    tl.debug_barrier()
-                    base = (b * HQ + heads).to(tl.int64) * NUM_SPLITS  # [G_PAD]
-                    m_all = tl.full([G_PAD], -1.0e30, dtype=tl.float32)
-                    l_all = tl.zeros([G_PAD], dtype=tl.float32)
-                    o_all = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
-                    for s in tl.static_range(NUM_SPLITS):
-                        m_all, l_all, o_all = _merge_partial(
-                            part_o_ptr,
-                            part_ml_ptr,
-                            base + s,
-                            g_mask & (s < n_active),
-                            offs_d,
-                            m_all,
-                            l_all,
-                            o_all,
-                            D_PAD,
-                        )
-                    tl.store(o_ptrs, (o_all / tl.where(l_all > 0, l_all, 1.0)[:, None]).to(dt), mask=out_mask)
-                    tl.atomic_xchg(ws_ptr + pid, 0, sem="relaxed", scope="gpu")  # the workspace is zero again
+        heads = h * G + offs_g
+        o_ptrs = o_row + heads[:, None] * HEAD_DIM + offs_d[None, :]
+        out_mask = g_mask[:, None] & d_mask[None, :]
+        if NUM_SPLITS == 1:
+            tl.store(o_ptrs, (acc / l_i[:, None]).to(dt), mask=out_mask)
+        else:
+            # One active split (a short context): it is the whole answer. (l = 0 only where nothing is stored:
+            # inactive splits, padded heads; 1 there keeps the masked lanes finite.)
+            l_safe = tl.where(l_i > 0, l_i, 1.0)
+            tl.store(o_ptrs, (acc / l_safe[:, None]).to(dt), mask=out_mask & active & (n_active == 1))
+            multi = active & (n_active > 1)
+            slot = (b * HQ + heads).to(tl.int64) * NUM_SPLITS + split  # [G_PAD]
+            tl.store(part_o_ptr + slot[:, None] * D_PAD + offs_d[None, :], acc, mask=g_mask[:, None] & multi)
+            tl.store(part_ml_ptr + slot * 2, m_i, mask=g_mask & multi)
+            tl.store(part_ml_ptr + slot * 2 + 1, l_i, mask=g_mask & multi)
+            tl.debug_barrier()  # every thread's partial is written before the ticket is taken
+            ticket = tl.atomic_add(ws_ptr + pid, 1, mask=multi, sem="acq_rel", scope="gpu")
+            if multi & (ticket == n_active - 1):
+                # The last of the row's splits: merge the partials in split order (deterministic), from L2.
+                tl.debug_barrier()
+                base = (b * HQ + heads).to(tl.int64) * NUM_SPLITS  # [G_PAD]
+                m_all = tl.full([G_PAD], -1.0e30, dtype=tl.float32)
+                l_all = tl.zeros([G_PAD], dtype=tl.float32)
+                o_all = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+                for s in tl.static_range(NUM_SPLITS):
+                    m_all, l_all, o_all = _merge_partial(
+                        part_o_ptr,
+                        part_ml_ptr,
+                        base + s,
+                        g_mask & (s < n_active),
+                        offs_d,
+                        m_all,
+                        l_all,
+                        o_all,
+                        D_PAD,
+                    )
+                tl.store(o_ptrs, (o_all / tl.where(l_all > 0, l_all, 1.0)[:, None]).to(dt), mask=out_mask)
+                tl.atomic_xchg(ws_ptr + pid, 0, sem="relaxed", scope="gpu")  # the workspace is zero again
 
 
 # The split form at a fixed config, a rule instead of the autotuner, which times the kernel alone and baked
