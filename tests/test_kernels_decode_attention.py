@@ -250,6 +250,34 @@ def test_split_form_deals_blocks_and_ignores_slots_past_the_position(monkeypatch
     assert not early_block(True)
 
 
+def test_cache_settled_reaches_the_split_kernel_as_early_block(monkeypatch):
+    """What a traced op's body hands the split kernel (AOTInductor runs the same launcher): EARLY_BLOCK where the
+    caller says the cache is settled, not otherwise, not under TTSAOT_ATTENTION_EARLY_BLOCK=0, never in the
+    whole-cache form."""
+    from ttsaot.builder.kernels import decode_attention_triton as kernels
+    from ttsaot.builder.kernels.decode_attention import EARLY_BLOCK_ENV
+
+    seen = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *args, **meta: seen.append((meta["WHOLE"], meta["EARLY_BLOCK"]))
+
+    monkeypatch.setattr(kernels, "decode_attention_split", {w: Spy() for w in (4, 8)})
+    monkeypatch.setattr(kernels, "decode_attention_whole", {w: Spy() for w in kernels.WHOLE_WARPS})
+    t = _case(2, 4, 2, 16, 200, 1, torch.float32, "neox", False)
+    short = _case(2, 4, 2, 16, 12, 1, torch.float32, "neox", False)
+    for env, case, splits, settled, want in (
+        ("", t, 4, True, (False, True)),
+        ("", t, 4, False, (False, False)),
+        ("0", t, 4, True, (False, False)),
+        ("", short, 1, True, (True, False)),
+    ):
+        monkeypatch.setenv(EARLY_BLOCK_ENV, env)
+        launch_decode_attention(**case, layer=0, scale=0.25, num_splits=splits, cache_settled=settled)
+        assert seen[-1] == want, (env, splits, settled)
+
+
 def test_whole_form_warps_rule_and_switch(monkeypatch):
     """The whole-cache form launches the fixed-warp kernel of WHOLE_WARPS_BY_ROPE (1 warp for NeoX RoPE, 8 for
     interleaved) or of TTSAOT_WHOLE_ATTENTION_WARPS (a build-time A/B switch), with the same result; the loop form
