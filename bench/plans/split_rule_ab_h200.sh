@@ -21,8 +21,10 @@ while pgrep -f "pytest -q -m gpu" > /dev/null; do sleep 2; done  # the tests, st
 echo "builds + tests at $(( $(date +%s) - T0 )) s"; tail -3 "$OUT/gpu_tests.txt" 2>/dev/null
 grep -h "bench build" "$LOGS/stage_ab.txt" | cut -c1-160
 for st in $STAGES; do
-  A=(); for v in $VARIANTS; do  # the artifact that holds this stage (bench build makes one per stage)
-    m=$(grep -l "\"${st#*/}\"" $(find "/tmp/ab_cache_$v" -path "*/${st%/*}/manifest.json") | head -1)
+  # the artifact that holds this stage, the newest (bench build makes one per stage and axis: a second run at
+  # another AXIS on the same machine would otherwise replay the first run's buckets)
+  A=(); for v in $VARIANTS; do
+    m=$(ls -t $(grep -l "\"${st#*/}\"" $(find "/tmp/ab_cache_$v" -path "*/${st%/*}/manifest.json")) | head -1)
     A+=(--artifact "$v=$(dirname "$m")"); done
   LEFT=$(( ${END_S:-560} - ($(date +%s) - T0) )); [ "$LEFT" -gt 30 ] || { echo "skipped replay $st"; continue; }
   timeout "$LEFT" python3 -m bench.probes.replay_ab "${A[@]}" --stage "${st#*/}" --rounds "${ROUNDS:-7}" \

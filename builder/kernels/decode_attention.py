@@ -539,18 +539,6 @@ def decode_attention(
     if workspace is None:
         workspace = attention_workspace(qkv, k_cache)
     return _decode_attention_op(
-        qkv,
-        positions,
-        k_cache,
-        v_cache,
-        layer,
-        scale,
-        cos,
-        sin,
-        rope_interleaved,
-        q_norm,
-        k_norm,
-        norm_eps,
-        workspace,
-        cache_settled,
-    )
+        qkv, positions, k_cache, v_cache, layer, scale, cos, sin, rope_interleaved, q_norm, k_norm, norm_eps,
+        workspace, cache_settled,
+    )  # fmt: skip
