@@ -205,15 +205,15 @@ def _softmax_start(G_PAD: tl.constexpr, D_PAD: tl.constexpr):
 
 
 @triton.jit
-def _cache_block(k_base, v_base, block, S, offs_d, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+def _cache_block(k_base, v_base, block, limit, offs_d, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
     """Cache block `block` of one (row, kv head) ([S, HEAD_DIM] at k_base / v_base): its positions [BLOCK_S] and
-    keys / values [BLOCK_S, D_PAD], loaded within the cache (zero past it) whatever the position; the caller masks
-    the slots it may not read."""
+    keys / values [BLOCK_S, D_PAD], loaded at positions < `limit` (zero elsewhere). limit = S: the whole block
+    whatever the position (the caller masks the slots it may not read); limit = p: the cached keys only."""
     offs_s = block * BLOCK_S + tl.arange(0, BLOCK_S)
     kv_off = offs_s[:, None] * HEAD_DIM + offs_d[None, :]
-    in_cache = (offs_s < S)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    kt = tl.load(k_base + kv_off, mask=in_cache, other=0.0)
-    return offs_s, kt, tl.load(v_base + kv_off, mask=in_cache, other=0.0)
+    mask = (offs_s < limit)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    kt = tl.load(k_base + kv_off, mask=mask, other=0.0)
+    return offs_s, kt, tl.load(v_base + kv_off, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -236,15 +236,9 @@ def _attend_dealt(
 ):
     """The online softmax of q continued over the cache blocks first, first + step, ... < end of one (row, kv head)
     (the blocks dealt to one split), their positions < pos only."""
-    d_mask = offs_d < HEAD_DIM
     for block in range(first, end, step):
-        offs_s = block * BLOCK_S + tl.arange(0, BLOCK_S)
-        valid = offs_s < pos
-        kv_off = offs_s[:, None] * HEAD_DIM + offs_d[None, :]
-        kv_mask = valid[:, None] & d_mask[None, :]
-        kt = tl.load(k_base + kv_off, mask=kv_mask, other=0.0)
-        vt = tl.load(v_base + kv_off, mask=kv_mask, other=0.0)
-        m_i, l_i, acc = _attend_block(q, kt, vt, valid, m_i, l_i, acc, qk_scale, FP32_DOT)
+        offs_s, kt, vt = _cache_block(k_base, v_base, block, pos, offs_d, HEAD_DIM, BLOCK_S)
+        m_i, l_i, acc = _attend_block(q, kt, vt, offs_s < pos, m_i, l_i, acc, qk_scale, FP32_DOT)
     return m_i, l_i, acc
 
 
@@ -300,11 +294,7 @@ def _whole_cache_head(
     offs_d = tl.arange(0, D_PAD)
     d_mask = offs_d < HEAD_DIM
     offs_g = tl.arange(0, G_PAD)
-    offs_s = tl.arange(0, BLOCK_S)
-    kv_off = offs_s[:, None] * HEAD_DIM + offs_d[None, :]
-    in_cache = (offs_s < S)[:, None] & d_mask[None, :]
-    k_all = tl.load(k_base + kv_off, mask=in_cache, other=0.0)
-    v_all = tl.load(v_base + kv_off, mask=in_cache, other=0.0)
+    offs_s, k_all, v_all = _cache_block(k_base, v_base, 0, S, offs_d, HEAD_DIM, BLOCK_S)
     every = pos >= 0  # (one program per (row, kv head): it holds the position)
     q, k_new, v_new = _token_to_cache(
         row, h, pos, k_base, v_base, every, offs_d, offs_g, qn_ptr, kn_ptr, cos_ptr, sin_ptr, eps, HQ, HKV,

@@ -26,7 +26,9 @@ def grid_dependency_wait(PDL: tl.constexpr, TRIGGER: tl.constexpr):
     """0 (int32). With PDL (sm_90+): wait until the previous grid has completed and its writes are visible; with
     TRIGGER, first let the dependent grid launch (its programs then start loading their weights while this kernel
     runs). Every program of a kernel launched with the attribute must call this before it reads or writes
-    anything a previous kernel writes (activations, caches, workspaces, buffers the allocator reuses)."""
+    anything a previous kernel writes (activations, caches, workspaces, buffers the allocator reuses). The one
+    exception: the split decode attention's first cache block where its caller promises a settled cache
+    (decode_attention.py `cache_settled`: no kernel of the stage call writes those slots)."""
     # One line each, no escapes: AOTInductor re-emits user kernel sources (comments too) inside a non-raw
     # triple-quoted string, where an escaped newline became a real one (H100: "unterminated string literal").
     if PDL:
